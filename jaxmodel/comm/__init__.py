@@ -1,0 +1,3 @@
+"""jaxmodel.comm."""
+
+__all__: list[str] = []

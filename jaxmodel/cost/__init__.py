@@ -1,0 +1,3 @@
+"""jaxmodel.cost."""
+
+__all__: list[str] = []

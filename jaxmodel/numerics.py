@@ -1,0 +1,157 @@
+"""Numerical helpers shared by every model: safe division, masked minima, feasibility.
+
+Convention 4 of DESIGN.md: no NaN, ever. Infeasible configurations carry ``feasible=False``, a
+reason code and ``+inf`` time, and their gradients stay finite. The "double-where" trick is used
+throughout: the *inputs* of a partial function are replaced by harmless values where the result
+will be discarded, so the discarded branch never produces NaN (whose cotangent would poison the
+gradient even though the forward value is masked).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+
+INF = jnp.inf
+
+# Reason codes for feasible=False (first failing check wins). One place for all modules.
+REASONS = (
+    "ok",                        # 0
+    "invalid_device",            # 1  non-positive bandwidth, cores, clock ...
+    "buffer_too_small",          # 2  no tile of the candidate grid fits the buffers
+    "out_of_memory",             # 3  weights + activations + KV cache exceed capacity
+    "devices_mismatch",          # 4  dp·tp·pp differs from the system's device count
+    "heads_not_divisible",       # 5  attention heads (or KV heads) not divisible by tp
+    "layers_not_divisible",      # 6  layers not divisible by pp · interleave
+    "batch_not_divisible",       # 7  global batch not a multiple of dp · micro_batch
+    "topology_mismatch",         # 8  group does not fit the topology (prime mesh, too large)
+    "experts_not_divisible",     # 9  experts not divisible by ep, or ep not dividing dp·tp
+    "invalid_parallelism",       # 10 a degree < 1 or not an integer
+    "invalid_model",             # 11 non-positive dimensions
+    "invalid_network",           # 12 non-positive link bandwidth / size
+    "sequence_not_divisible",    # 13 sequence not divisible by tp under sequence parallelism
+)
+
+
+def reason_code(name: str) -> int:
+    """Numeric code of a reason name (see ``REASONS``)."""
+    return REASONS.index(name)
+
+
+def reason_name(code) -> str:
+    """Name of a (concrete) reason code."""
+    return REASONS[int(code)]
+
+
+def safe_div(num, den, fill=0.0):
+    """``num / den`` where ``den > 0``, else ``fill``; finite gradients in both branches."""
+    ok = den > 0
+    safe_den = jnp.where(ok, den, 1.0)
+    return jnp.where(ok, num / safe_den, fill)
+
+
+def ceil_div(a, b):
+    """``ceil(a / b)`` on floats (b > 0). Used for tile counts; gradient is zero a.e."""
+    return jnp.ceil(safe_div(a, b, fill=0.0) - 1e-9)
+
+
+def smooth_ceil_div(a, b):
+    """``a / b`` rounded up in value but with the gradient of ``a / b``.
+
+    Straight-through estimator: the forward value is the exact ceiling (so latencies match the
+    discrete model), the backward pass sees the continuous ratio, so d(latency)/d(bandwidth)
+    is informative rather than zero almost everywhere.
+    """
+    x = safe_div(a, b, fill=0.0)
+    return x + jax.lax.stop_gradient(jnp.ceil(x - 1e-9) - x)
+
+
+def masked_min(values, mask, axis=-1):
+    """Minimum of ``values`` over ``axis`` restricted to ``mask``; ``+inf`` when none qualify.
+
+    Convention 3: the tile search is a fixed candidate grid + masked min. The gradient flows to
+    the winning candidate only (envelope theorem). Masked entries are replaced before the
+    reduction, so infinities/NaNs in them never reach the gradient.
+    """
+    return jnp.min(jnp.where(mask, values, INF), axis=axis)
+
+
+def masked_argmin(values, mask, axis=-1):
+    """Index of the masked minimum (0 when no entry qualifies)."""
+    return jnp.argmin(jnp.where(mask, values, INF), axis=axis)
+
+
+def soft_min(values, mask, temperature):
+    """Smooth minimum ``-T·logsumexp(-v/T)`` over the masked last axis (smooth optimisation).
+
+    Tends to :func:`masked_min` as ``temperature → 0``; computed relative to the hard minimum so
+    it is stable at any scale. Returns ``+inf`` when no entry qualifies.
+    """
+    hard = masked_min(values, mask)
+    any_ok = jnp.any(mask, axis=-1)
+    ref = jnp.where(any_ok, hard, 0.0)
+    safe_vals = jnp.where(mask, values, ref[..., None])
+    z = jnp.where(mask, -(safe_vals - ref[..., None]) / temperature, -INF)
+    z = jnp.where(any_ok[..., None], z, 0.0)
+    soft = ref - temperature * jax.nn.logsumexp(z, axis=-1)
+    return jnp.where(any_ok, soft, INF)
+
+
+def first_reason(checks: Iterable[Tuple[jax.Array, str]]):
+    """Combine feasibility checks; return ``(feasible, reason_code)``.
+
+    Args:
+        checks: pairs ``(ok, reason_name)``; the first failing check names the reason.
+
+    Returns:
+        ``feasible`` (bool array) and ``reason`` (int32 array, 0 when feasible).
+    """
+    feasible = None
+    reason = None
+    for ok, name in checks:
+        ok = jnp.asarray(ok, dtype=bool)
+        code = jnp.int32(reason_code(name))
+        if feasible is None:
+            feasible = ok
+            reason = jnp.where(ok, jnp.int32(0), code)
+        else:
+            reason = jnp.where((reason == 0) & ~ok, code, reason)
+            feasible = feasible & ok
+    if feasible is None:
+        return jnp.asarray(True), jnp.int32(0)
+    return feasible, reason
+
+
+def where_feasible(feasible, value):
+    """``value`` where feasible, else ``+inf`` (compute ``value`` from sanitised inputs)."""
+    return jnp.where(feasible, value, INF)
+
+
+def sanitize(x, ok, fallback=1.0):
+    """Double-where helper: replace ``x`` by ``fallback`` where ``ok`` is False."""
+    return jnp.where(ok, x, fallback)
+
+
+def is_integer(x, tol=1e-6):
+    """True where ``x`` is (numerically) an integer."""
+    return jnp.abs(x - jnp.round(x)) <= tol * jnp.maximum(1.0, jnp.abs(x))
+
+
+def divides(a, b):
+    """True where integer ``a`` divides ``b`` (``a > 0``)."""
+    q = safe_div(b, a, fill=0.5)
+    return (a > 0) & is_integer(q)
+
+
+def broadcast_batch(*trees) -> Sequence:
+    """Broadcast every leaf of several config pytrees to one common batch shape.
+
+    DESIGN.md: "configs whose leaves carry a leading batch axis (leaves broadcast against each
+    other)". Returns the trees with leaves of identical shape (``()`` for a single config).
+    """
+    leaves = [jnp.asarray(x) for t in trees for x in jax.tree_util.tree_leaves(t)]
+    shape = jnp.broadcast_shapes(*[x.shape for x in leaves]) if leaves else ()
+    return [jax.tree_util.tree_map(lambda x: jnp.broadcast_to(jnp.asarray(x), shape), t)
+            for t in trees], shape

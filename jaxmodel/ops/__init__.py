@@ -1,0 +1,3 @@
+"""jaxmodel.ops."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""jaxmodel.parallel."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""jaxmodel.search."""
+
+__all__: list[str] = []

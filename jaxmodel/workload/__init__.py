@@ -1,0 +1,3 @@
+"""jaxmodel.workload."""
+
+__all__: list[str] = []

@@ -1,0 +1,37 @@
+"""Strict JAX configuration for the whole suite (equinox/diffrax style).
+
+- rank promotion raises, so accidental broadcasting between a batch axis and a candidate axis
+  is an error rather than a silent wrong answer;
+- float64 is enabled: gradient checks compare against finite differences in float64. Models
+  themselves run in the default float dtype, so float32 behaviour is tested by the
+  ``float32`` fixture where it matters.
+"""
+
+
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture
+def float32():
+    """Run a test with float64 disabled (the library's default precision)."""
+    jax.config.update("jax_enable_x64", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture(scope="session")
+def anchors():
+    """Path to ``../shared/anchors`` (real measurements and reference outputs)."""
+    from pathlib import Path
+    here = Path(__file__).resolve().parent.parent
+    for cand in (here.parent / "shared" / "anchors", here / "shared" / "anchors"):
+        if cand.exists():
+            return cand
+    pytest.skip("shared/anchors not found beside the repository")
