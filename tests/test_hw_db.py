@@ -1,0 +1,106 @@
+"""hw_db loaders: every contract name loads; bad files raise errors naming file/field/value."""
+
+import json
+
+import pytest
+
+import hw_db
+import jaxmodel as jm
+
+CONTRACT_DEVICES = "a100_80gb a100_40gb h100_sxm h200 b200 v100 mi210 mi300x tpuv3".split()
+CONTRACT_MODELS = ("gpt2-small gpt2-medium gpt3-13b gpt3-175b llama2-7b llama2-13b llama2-70b "
+                   "llama3-8b llama3-70b mixtral-8x7b").split()
+
+
+@pytest.mark.parametrize("name", CONTRACT_DEVICES)
+def test_contract_devices_load(name):
+    dev = hw_db.device(name)
+    assert isinstance(dev, jm.Device) and dev.name == name
+    assert float(dev.peak_matrix_flops) > 1e13
+
+
+def test_every_device_value_has_a_source():
+    for name in hw_db.names("device"):
+        data = hw_db.load_toml(hw_db.ROOT / "devices" / f"{name}.toml")
+        for key, entry in data["device"].items():
+            assert entry.get("source", "").strip(), f"{name}.{key} has no source"
+
+
+@pytest.mark.parametrize("name", CONTRACT_MODELS)
+def test_contract_models_load(name):
+    m = hw_db.model(name)
+    assert isinstance(m, jm.Model)
+    assert float(m.n_heads) % float(m.n_kv_heads) == 0
+
+
+def test_model_hf_keys_and_gqa():
+    m = hw_db.model("llama3-70b")
+    assert (m.n_layers, m.d_model, m.n_heads, m.n_kv_heads, m.d_ff) == (80, 8192, 64, 8, 28672)
+    assert m.activation == 1.0 and m.ffn_matrices == 3.0
+    g = hw_db.model("gpt2-small")  # GPT-2 keys n_layer/n_embd/n_head, d_ff defaults to 4h
+    assert (g.n_layers, g.d_model, g.n_heads, g.d_ff) == (12, 768, 12, 3072)
+    x = hw_db.model("mixtral-8x7b")
+    assert (x.n_experts, x.top_k) == (8, 2)
+
+
+def test_model_from_dict_and_path(tmp_path):
+    cfg = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+           "vocab_size": 100, "hidden_act": "silu"}
+    assert hw_db.model(cfg).d_ff == 256
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    assert hw_db.model(str(p)).n_layers == 2
+
+
+def test_model_errors_name_the_field(tmp_path):
+    with pytest.raises(ValueError, match="hidden_size"):
+        hw_db.model({"num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 10})
+    with pytest.raises(ValueError, match="num_attention_heads.*-4"):
+        hw_db.model({"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": -4,
+                     "vocab_size": 10})
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json"):
+        hw_db.model(str(bad))
+    with pytest.raises(ValueError, match="unknown model"):
+        hw_db.model("gpt-42")
+
+
+def _write_device(tmp_path, body):
+    p = tmp_path / "dev.toml"
+    p.write_text(body)
+    return p
+
+
+def test_device_file_errors_name_file_field_value(tmp_path):
+    src = (hw_db.ROOT / "devices" / "a100_80gb.toml").read_text()
+    p = _write_device(tmp_path, src.replace("mem_bw = { value = 2.039e12",
+                                            "mem_bw = { value = -5"))
+    with pytest.raises(ValueError, match=r"dev.toml.*mem_bw.*-5"):
+        hw_db.device(p)
+    p = _write_device(tmp_path, src.replace("core_count = { value = 108",
+                                            "core_count = { value = \"many\""))
+    with pytest.raises(ValueError, match="core_count.*many"):
+        hw_db.device(p)
+    p = _write_device(tmp_path, src + "\nwarp_drive = { value = 1, source = \"x\" }\n")
+    with pytest.raises(ValueError, match="warp_drive"):
+        hw_db.device(p)
+    p = _write_device(tmp_path, src.replace("[device]", "[device\n"))
+    with pytest.raises(ValueError, match="malformed TOML"):
+        hw_db.device(p)
+    with pytest.raises(ValueError, match="unknown device"):
+        hw_db.device("a101")
+
+
+def test_device_overrides():
+    dev = hw_db.device("a100_80gb", mem_bw=3e12)
+    assert dev.mem_bw == 3e12
+    with pytest.raises(ValueError, match="mem_bw"):
+        hw_db.device("a100_80gb", mem_bw=0.0)
+
+
+def test_systems_load_and_scale():
+    s = hw_db.system("hgx_a100_4gpu")
+    assert float(s.n_devices) == 4 and s.device.name == "a100_80gb"
+    with pytest.raises(ValueError, match="nodes"):
+        hw_db.system("hgx_a100_4gpu", nodes=2)

@@ -1,0 +1,91 @@
+"""numerics helpers and the batching edge: hand values, NaN-free gradients, vmap vs loop."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hw_db
+from jaxmodel import numerics as nm
+from jaxmodel.batching import batched, batch_shape
+
+
+def test_safe_div_and_grad_are_finite():
+    assert float(nm.safe_div(6.0, 3.0)) == 2.0
+    assert float(nm.safe_div(6.0, 0.0, fill=jnp.inf)) == jnp.inf
+    g = jax.grad(lambda b: nm.safe_div(1.0, b, fill=0.0))(0.0)
+    assert jnp.isfinite(g)
+
+
+def test_masked_min_and_soft_min():
+    v = jnp.array([3.0, 1.0, 2.0])
+    assert float(nm.masked_min(v, jnp.array([True, False, True]))) == 2.0
+    assert float(nm.masked_min(v, jnp.array([False, False, False]))) == jnp.inf
+    s = nm.soft_min(v, jnp.array([True, True, True]), 1e-3)
+    assert float(s) == pytest.approx(1.0, abs=1e-2)
+    s_none = nm.soft_min(v, jnp.array([False, False, False]), 0.1)
+    assert float(s_none) == jnp.inf
+    g = jax.grad(lambda x: nm.soft_min(x, jnp.array([True, False, True]), 0.5))(v)
+    assert bool(jnp.all(jnp.isfinite(g))) and float(g[1]) == 0.0
+
+
+def test_smooth_ceil_div_value_and_gradient():
+    assert float(nm.smooth_ceil_div(7.0, 2.0)) == 4.0
+    assert float(jax.grad(lambda a: nm.smooth_ceil_div(a, 2.0))(7.0)) == pytest.approx(0.5)
+
+
+def test_first_reason_picks_first_failure():
+    ok, why = nm.first_reason([(jnp.array([True, False, False]), "out_of_memory"),
+                               (jnp.array([True, True, False]), "heads_not_divisible")])
+    assert ok.tolist() == [True, False, False]
+    assert [nm.reason_name(c) for c in why] == ["ok", "out_of_memory", "out_of_memory"]
+    ok, why = nm.first_reason([(jnp.array(True), "out_of_memory"),
+                               (jnp.array(False), "heads_not_divisible")])
+    assert nm.reason_name(why) == "heads_not_divisible"
+
+
+def test_divides():
+    assert nm.divides(jnp.array([2.0, 3.0, 0.0]), jnp.array([8.0, 8.0, 8.0])).tolist() == [
+        True, False, False]
+
+
+@batched
+def _toy(dev, m, mode="sum"):
+    cand = jnp.array([1.0, 2.0, 4.0])
+    t = m / (dev.mem_bw * cand) + cand / dev.freq_hz
+    return jnp.min(t) if mode == "sum" else jnp.max(t)
+
+
+def test_batched_vmap_matches_loop_and_jit_matches_eager():
+    dev = hw_db.device("a100_80gb")
+    bws = np.array([1e12, 2e12, 3e12])
+    batch = dataclasses.replace(dev, mem_bw=jnp.asarray(bws))
+    got = _toy(batch, 1e9)
+    loop = [_toy(dataclasses.replace(dev, mem_bw=float(b)), 1e9) for b in bws]
+    np.testing.assert_allclose(got, loop, rtol=1e-12)
+    eager = _toy.single(dataclasses.replace(dev, mem_bw=2e12), 1e9)
+    np.testing.assert_allclose(got[1], eager, rtol=1e-12)
+    assert _toy(batch, 1e9, mode="max").shape == (3,)
+
+
+def test_batched_broadcasts_and_chunks():
+    dev = hw_db.device("a100_80gb")
+    batch = dataclasses.replace(dev, mem_bw=jnp.linspace(1e12, 2e12, 5000))
+    assert batch_shape(batch) == (5000,)
+    out = _toy(batch, jnp.full((5000,), 1e9))
+    ref = _toy(dataclasses.replace(dev, mem_bw=jnp.linspace(1e12, 2e12, 5000)[4321]), 1e9)
+    assert out.shape == (5000,) and float(out[4321]) == pytest.approx(float(ref))
+    grid = _toy(dataclasses.replace(dev, mem_bw=jnp.array([[1e12], [2e12]])),
+                jnp.array([1e8, 1e9, 1e10]))
+    assert grid.shape == (2, 3)
+
+
+def test_batched_grad():
+    dev = hw_db.device("a100_80gb")
+    g = jax.grad(lambda bw: _toy(dataclasses.replace(dev, mem_bw=bw), 1e9))(2e12)
+    h = 1e6
+    fd = (_toy(dataclasses.replace(dev, mem_bw=2e12 + h), 1e9)
+          - _toy(dataclasses.replace(dev, mem_bw=2e12 - h), 1e9)) / (2 * h)
+    assert float(g) == pytest.approx(float(fd), rel=1e-5)
