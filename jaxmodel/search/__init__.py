@@ -1,3 +1,5 @@
-"""jaxmodel.search."""
+"""jaxmodel.search: design-space sweeps, parallelism search and gradient co-design."""
 
-__all__: list[str] = []
+from jaxmodel.search.explore import save, sweep
+
+__all__: list[str] = ["sweep", "save"]
