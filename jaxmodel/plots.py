@@ -1,0 +1,197 @@
+"""Figures for sweeps and predictions (matplotlib, Agg canvas; no pyplot global state).
+
+- :func:`pareto_plot` — performance vs cost of a design sweep with its Pareto front;
+- :func:`breakdown_plot` — stacked latency breakdowns (one bar per configuration);
+- :func:`roofline_plot` — a device's roofline with operators placed on it;
+- :func:`heatmap_plot` — a metric over two swept knobs.
+
+Every function returns the :class:`matplotlib.figure.Figure` and writes it when ``path`` is
+given (PNG by suffix). Figures are drawn on an Agg canvas directly, so importing this module
+never changes the user's matplotlib backend.
+
+Example:
+    >>> df = jm.sweep(...)                                   # a design sweep
+    >>> pareto_plot(df, x="cost_usd", y="tokens_per_s", path="pareto.png")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["pareto_mask", "pareto_plot", "breakdown_plot", "roofline_plot", "heatmap_plot"]
+
+
+def _figure(figsize=(6.4, 4.4)):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path):
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=130)
+    return fig
+
+
+def pareto_mask(cost, perf, maximize: bool = True) -> np.ndarray:
+    """Boolean mask of Pareto-optimal points: lower ``cost`` and better ``perf``.
+
+    A point is on the front when no other point has ``cost <=`` and ``perf >=`` (``<=`` when
+    ``maximize`` is False) with one strict. Non-finite points are never on the front.
+    O(n log n): sort by cost (ties: better perf first), keep strict running records.
+    """
+    cost = np.asarray(cost, dtype=float)
+    perf = np.asarray(perf, dtype=float)
+    p = perf if maximize else -perf
+    ok = np.isfinite(cost) & np.isfinite(p)
+    mask = np.zeros(cost.shape, dtype=bool)
+    idx = np.flatnonzero(ok)
+    if idx.size == 0:
+        return mask
+    order = idx[np.lexsort((-p[idx], cost[idx]))]
+    ps = p[order]
+    prev = np.concatenate([[-np.inf], np.maximum.accumulate(ps)[:-1]])
+    mask[order[ps > prev]] = True
+    return mask
+
+
+def pareto_plot(df, x: str, y: str, maximize: bool = True, color: str | None = None,
+                logx: bool = False, logy: bool = False, title: str | None = None,
+                path=None, label_front: str | None = None):
+    """Scatter of a sweep (``x`` = cost, ``y`` = performance) with its Pareto front.
+
+    Args:
+        df: a sweep DataFrame.
+        x, y: column names (cost, performance).
+        maximize: ``y`` is better when larger (throughput) rather than smaller (latency).
+        color: optional column that colours the points.
+        label_front: optional column annotated on a few front points.
+    """
+    fig = _figure()
+    ax = fig.add_subplot()
+    xs, ys = np.asarray(df[x], float), np.asarray(df[y], float)
+    ok = np.isfinite(xs) & np.isfinite(ys)
+    c = np.asarray(df[color], float)[ok] if color else None
+    sc = ax.scatter(xs[ok], ys[ok], s=3, c=c, alpha=0.35, rasterized=True, linewidths=0,
+                    cmap="viridis", label=f"{ok.sum():,} feasible designs")
+    if color:
+        fig.colorbar(sc, ax=ax, label=color)
+    m = pareto_mask(xs, ys, maximize)
+    order = np.argsort(xs[m])
+    ax.plot(xs[m][order], ys[m][order], "-o", color="crimson", ms=3, lw=1.2,
+            label=f"Pareto front ({m.sum()} designs)", drawstyle="steps-post")
+    if label_front and m.any():
+        lab = np.asarray(df[label_front])[m][order]
+        for k in np.linspace(0, m.sum() - 1, min(5, m.sum())).astype(int):
+            ax.annotate(str(lab[k]), (xs[m][order][k], ys[m][order][k]), fontsize=7)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or f"{y} vs {x}")
+    return _save(fig, path)
+
+
+def breakdown_plot(breakdowns: Mapping[str, Mapping[str, float]], unit: str = "ms",
+                   title: str = "latency breakdown", path=None, horizontal: bool = False):
+    """Stacked bars: one bar per configuration, one segment per component (seconds in).
+
+    Args:
+        breakdowns: ``{config label: {component: seconds}}``.
+        unit: ``"s"``, ``"ms"`` or ``"us"`` for the axis.
+    """
+    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
+    labels = list(breakdowns)
+    comps: list[str] = []
+    for b in breakdowns.values():
+        comps += [k for k in b if k not in comps]
+    fig = _figure((max(6.4, 1.1 * len(labels) + 3), 4.6))
+    ax = fig.add_subplot()
+    base = np.zeros(len(labels))
+    cmap = __import__("matplotlib").colormaps["tab20"]
+    for j, comp in enumerate(comps):
+        vals = np.array([float(np.nan_to_num(breakdowns[lab].get(comp, 0.0), posinf=0.0))
+                         for lab in labels]) * scale
+        if horizontal:
+            ax.barh(labels, vals, left=base, color=cmap(j % 20), label=comp)
+        else:
+            ax.bar(labels, vals, bottom=base, color=cmap(j % 20), label=comp)
+        base += vals
+    (ax.set_xlabel if horizontal else ax.set_ylabel)(f"time ({unit})")
+    if not horizontal:
+        ax.tick_params(axis="x", labelrotation=30)
+    ax.legend(fontsize=7, ncols=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="x" if horizontal else "y")
+    return _save(fig, path)
+
+
+def roofline_plot(peak_flops: float, mem_bw: float, ops: Sequence[Mapping],
+                  title: str = "roofline", path=None, extra_roofs: Mapping | None = None):
+    """A roofline (Williams et al., CACM 2009) with operators placed on it.
+
+    Args:
+        peak_flops: compute roof, FLOP/s.
+        mem_bw: memory roof, bytes/s.
+        ops: dicts with ``name``, ``flops`` (FLOP), ``bytes`` (bytes moved) and optionally
+            ``time_s`` (modelled or measured latency: the point is then drawn at the achieved
+            FLOP/s, else on the roof).
+        extra_roofs: ``{label: bytes/s}`` additional bandwidth roofs (e.g. L2).
+    """
+    fig = _figure()
+    ax = fig.add_subplot()
+    ai = np.array([o["flops"] / max(o["bytes"], 1e-30) for o in ops] or [1.0])
+    lo, hi = min(ai.min() / 4, peak_flops / mem_bw / 20), max(ai.max() * 4,
+                                                               peak_flops / mem_bw * 20)
+    grid = np.geomspace(lo, hi, 256)
+    ax.loglog(grid, np.minimum(peak_flops, grid * mem_bw), "k-", lw=1.5,
+              label=f"roof: {peak_flops / 1e12:.0f} TFLOP/s, {mem_bw / 1e9:.0f} GB/s")
+    for lab, bw in (extra_roofs or {}).items():
+        ax.loglog(grid, np.minimum(peak_flops, grid * bw), "--", lw=1, label=lab)
+    for o, a in zip(ops, ai):
+        t = o.get("time_s")
+        perf = o["flops"] / t if t else min(peak_flops, a * mem_bw)
+        ax.loglog([a], [perf], "o", ms=6, label=o["name"])
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("performance (FLOP/s)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def heatmap_plot(df, x: str, y: str, value: str, agg: str = "min", log: bool = True,
+                 title: str | None = None, path=None, fmt: str = "{:.3g}"):
+    """Heat map of ``value`` over two swept knobs (other knobs aggregated with ``agg``)."""
+    import pandas as pd
+    clean = df.replace([np.inf, -np.inf], np.nan)
+    table = pd.pivot_table(clean, index=y, columns=x, values=value, aggfunc=agg)
+    fig = _figure((max(5.0, 0.55 * table.shape[1] + 2.5), max(4.0, 0.4 * table.shape[0] + 1.5)))
+    ax = fig.add_subplot()
+    data = table.to_numpy(dtype=float)
+    shown = np.log10(np.where(data > 0, data, np.nan)) if log else data
+    im = ax.imshow(shown, origin="lower", aspect="auto", cmap="magma_r")
+    fig.colorbar(im, ax=ax, label=f"log10 {value}" if log else value)
+    ax.set_xticks(range(table.shape[1]), [fmt.format(v) for v in table.columns], rotation=45,
+                  fontsize=7)
+    ax.set_yticks(range(table.shape[0]), [fmt.format(v) for v in table.index], fontsize=7)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    if data.size <= 144:
+        for (i, j), v in np.ndenumerate(data):
+            if np.isfinite(v):
+                ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=6,
+                        color="w")
+    ax.set_title(title or f"{agg} {value}")
+    return _save(fig, path)
