@@ -1,0 +1,211 @@
+"""Vector-unit operators on one device: softmax, layernorm, GELU and a generic elementwise kernel.
+
+Source: LLMCompass (seed 003) §III-B3 "Other Operators" and ``software_model/{softmax,
+layernorm,gelu}.py`` as described in shared/notes/llmcompass_internals.md §2. They run on the
+vector units only; data move main memory → global buffer → local buffer like the GEMM, with a
+small static search (softmax) or a closed-form tiling (layernorm, GELU). Element size is the
+vector unit's (``dev.vector_dtype_bytes``: fp16 on A100, fp32 on MI210/TPUv3), as LLMCompass
+forces it. Each adds its per-kernel overhead (``dev.<op>_overhead_s``) when ``overhead``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmodel import numerics as nx
+from jaxmodel.batching import batched
+from jaxmodel.ops.gemm import _device_ok, _f, _rates
+
+SOFTMAX_SPLITS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+SOFTMAX_L1_ROWS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
+_SM_GRID = np.asarray(list(itertools.product(SOFTMAX_SPLITS, SOFTMAX_L1_ROWS, (0.0, 1.0))),
+                      dtype=np.float64).T                      # (3, 108): splits, rows, dbuf
+
+
+def _softmax_single(dev, rows, cols, overhead=True):
+    ok = _device_ok(dev) & (rows > 0) & (cols > 0)
+    freq, dram, l2bw, vec_core, cores = _rates(dev)
+    word = nx.sanitize(dev.vector_dtype_bytes, dev.vector_dtype_bytes > 0)
+    M = nx.sanitize(rows, rows > 0)
+    N = nx.sanitize(cols, cols > 0)
+    exp = dev.exp_flops
+    # L2 tile: full rows, as many as fit the global buffer.
+    r2 = jnp.clip(jnp.floor(nx.safe_div(dev.global_buffer_bytes, N * word)), 1.0, M)
+    n2 = nx.ceil_div(M, r2)
+    rem = M - (n2 - 1.0) * r2
+
+    g = _f(_SM_GRID)
+    split, l1_rows, dbuf = g[0], g[1], g[2]
+    n1 = jnp.maximum(N / split, 1.0)                             # L1 tile columns
+    fits = (l1_rows * n1 * word * (1.0 + dbuf) <= dev.local_buffer_bytes) & (split <= N)
+
+    def l2_tile(r):                                              # r rows, (C,) cycles
+        m1 = jnp.minimum(l1_rows, r)
+        elems = m1 * n1
+        compute = elems * (3.0 * exp + 7.0) / vec_core
+        io = elems * word / l2bw                                 # read = write
+        reduction = elems * (exp + 2.0) / vec_core + 2.0 * elems * word * cores / l2bw
+        l1 = jnp.where(dbuf > 0, jnp.maximum(2.0 * io, compute), 2.0 * io + compute)
+        l1 = l1 + jnp.log2(split) * reduction
+        tiles = nx.ceil_div(r, m1) * split
+        return (r * N * word / dram + (nx.ceil_div(tiles, cores) + 1.0) * l1
+                + r * N * word / dram)
+
+    cyc = (n2 - 1.0) * l2_tile(r2) + l2_tile(rem)
+    best = nx.masked_min(cyc, fits)
+    t = best / freq
+    if overhead:
+        t = t + dev.softmax_overhead_s
+    return jnp.where(ok, t, jnp.inf)
+
+
+@batched
+def softmax_latency(dev, rows, cols, overhead=True):
+    """Softmax over the last axis of a ``[rows × cols]`` tensor, seconds.
+
+    LLMCompass online softmax (seed 003 §III-B3, notes §2): full-row L2 tiles; a search over the
+    column split (1–32), L1 rows (1–256) and L1 double buffering; per L1 tile
+    ``compute = elems·(3·exp + 7) / core vector FLOP/cycle``, read and write at the global-buffer
+    bandwidth, ``log2(splits)`` partial-row reductions; per L2 tile
+    ``DRAM read + (ceil(L1 tiles / cores) + 1)·L1 step + DRAM write`` without overlap.
+
+    Example:
+        >>> softmax_latency(hw_db.device("a100_80gb"), 4096, 4096)
+    """
+    return _softmax_single(dev, rows, cols, overhead)
+
+
+softmax_latency.single = _softmax_single
+
+
+def _layernorm_single(dev, rows, cols, overhead=True):
+    ok = _device_ok(dev) & (rows > 0) & (cols > 0)
+    freq, dram, l2bw, vec_core, cores = _rates(dev)
+    word = nx.sanitize(dev.vector_dtype_bytes, dev.vector_dtype_bytes > 0)
+    M = nx.sanitize(rows, rows > 0)
+    N = nx.sanitize(cols, cols > 0)
+    lanes = nx.sanitize(dev.lanes_per_core, dev.lanes_per_core > 0)
+    width = nx.sanitize(dev.vector_width, dev.vector_width > 0)
+    fpc = nx.sanitize(dev.vector_flops_per_cycle, dev.vector_flops_per_cycle > 0)
+    half_l1 = 0.5 * dev.local_buffer_bytes / word                # elements
+    # L2 tile: full rows filling half the global buffer.
+    r2 = jnp.clip(jnp.floor(nx.safe_div(0.5 * dev.global_buffer_bytes, N * word)), 1.0, M)
+    n2 = nx.ceil_div(M, r2)
+    rem = M - (n2 - 1.0) * r2
+    # L1 tile: full rows in half the local buffer; N halved until >= `lanes` rows fit.
+    need = nx.safe_div(lanes * N, half_l1, fill=1.0)
+    split = jnp.where(need > 1.0, 2.0 ** jnp.ceil(jnp.log2(jnp.maximum(need, 1.0)) - 1e-6),
+                      1.0)
+    n1 = N / split
+    rows_fit = jnp.maximum(jnp.floor(nx.safe_div(half_l1, n1)), 1.0)
+
+    def l2_tile(r):
+        m1 = jnp.minimum(rows_fit, r)
+        passes = nx.ceil_div(n1 / width * m1 / lanes, fpc)
+        compute = 7.0 * passes + 2.0 * jnp.log2(width)
+        io = 4.0 * m1 * n1 * word / l2bw
+        reduction = (2.0 * m1 * n1 / vec_core + 2.0 * m1 * n1 * word * cores / l2bw
+                     + 2.0 * jnp.log2(width))
+        tiles = nx.ceil_div(r, m1) * split
+        return (2.0 * r * N * word / dram
+                + nx.ceil_div(tiles, cores) * (compute + io + (split - 1.0) * reduction))
+
+    cyc = (n2 - 1.0) * l2_tile(r2) + l2_tile(rem)
+    t = cyc / freq
+    if overhead:
+        t = t + dev.layernorm_overhead_s
+    return jnp.where(ok, t, jnp.inf)
+
+
+@batched
+def layernorm_latency(dev, rows, cols, overhead=True):
+    """LayerNorm over the last axis of a ``[rows × cols]`` tensor, seconds.
+
+    LLMCompass (seed 003 §III-B3, notes §2): L2 tiles of full rows filling half the global
+    buffer; L1 tiles of full rows filling half the local buffer, the row split in halves until
+    at least ``lanes_per_core`` rows fit; 7 vector passes (mean 1, variance 2, normalise 4) plus
+    ``2·log2(width)`` reduction-tree cycles, 3 reads + 1 write at global-buffer bandwidth, a
+    partial reduction per extra column split; per L2 tile ``DRAM read + waves·L1 + DRAM write``.
+
+    Example:
+        >>> layernorm_latency(hw_db.device("a100_80gb"), 4096, 12288)
+    """
+    return _layernorm_single(dev, rows, cols, overhead)
+
+
+layernorm_latency.single = _layernorm_single
+
+
+def _gelu_single(dev, n, overhead=True):
+    ok = _device_ok(dev) & (n > 0)
+    word = nx.sanitize(dev.vector_dtype_bytes, dev.vector_dtype_bytes > 0)
+    n_ = nx.sanitize(n, n > 0)
+    lanes_total = dev.core_count * dev.lanes_per_core * dev.vector_width
+    padded = nx.ceil_div(n_, nx.sanitize(lanes_total, lanes_total > 0)) * lanes_total
+    io = (nx.safe_div(2.0 * padded * word, dev.mem_bw * dev.mem_bw_efficiency, fill=jnp.inf)
+          + nx.safe_div(2.0 * padded * word, dev.global_buffer_bw, fill=jnp.inf))
+    compute = nx.safe_div(padded * (10.0 + dev.exp_flops), dev.peak_vector_flops, fill=jnp.inf)
+    t = jnp.maximum(io, compute)
+    if overhead:
+        t = t + dev.gelu_overhead_s
+    return jnp.where(ok, t, jnp.inf)
+
+
+@batched
+def gelu_latency(dev, n, overhead=True):
+    """Tanh-approximate GELU over ``n`` elements, seconds.
+
+    LLMCompass (seed 003 §III-B3, notes §2): ``n`` padded to a multiple of all vector lanes;
+    ``io = 2·n·word / DRAM BW + 2·n·word / global-buffer BW``, ``compute = n·(10 + exp) / vector
+    FLOP/s``, latency ``max(io, compute)``.
+
+    Example:
+        >>> gelu_latency(hw_db.device("a100_80gb"), 2**24)
+    """
+    return _gelu_single(dev, n, overhead)
+
+
+gelu_latency.single = _gelu_single
+
+
+def _elementwise_single(dev, n_elements, bytes_per_element_moved, flops_per_element,
+                        overhead=True):
+    ok = _device_ok(dev) & (n_elements >= 0)
+    n = jnp.maximum(n_elements, 0.0)
+    mem = nx.safe_div(n * bytes_per_element_moved, dev.mem_bw * dev.mem_bw_efficiency,
+                      fill=jnp.inf)
+    compute = nx.safe_div(n * flops_per_element, dev.peak_vector_flops, fill=jnp.inf)
+    t = jnp.maximum(mem, compute)
+    if overhead:
+        t = t + dev.gelu_overhead_s
+    return jnp.where(ok, t, jnp.inf)
+
+
+@batched
+def elementwise_latency(dev, n_elements, bytes_per_element_moved, flops_per_element,
+                        overhead=True):
+    """A generic memory/vector-bound kernel (residual add, dropout, optimizer step), seconds.
+
+    Roofline of one streaming kernel: ``max(n·bytes / achievable DRAM BW, n·flops / vector
+    FLOP/s)`` — the GELU model of LLMCompass (notes §2) without its global-buffer term, which a
+    streaming kernel overlaps. The per-kernel overhead is ``dev.gelu_overhead_s``: GELU is the
+    one elementwise kernel whose launch floor is measured (LLMCompass anchors), and it stands
+    for any single-pass elementwise kernel.
+
+    Args:
+        n_elements: elements processed.
+        bytes_per_element_moved: main-memory bytes per element, reads + writes (e.g. a bf16
+            residual add: 2 reads + 1 write = 6).
+        flops_per_element: vector FLOP per element.
+
+    Example:
+        >>> elementwise_latency(dev, 8 * 2048 * 12288, 6.0, 1.0)
+    """
+    return _elementwise_single(dev, n_elements, bytes_per_element_moved, flops_per_element,
+                               overhead)
+
+
+elementwise_latency.single = _elementwise_single
