@@ -1,0 +1,87 @@
+"""The ``jaxmodel`` command, run in-process."""
+
+import io
+import json
+
+import pandas as pd
+import pytest
+
+from jaxmodel import cli
+
+SUBCOMMANDS = ("list", "predict", "sweep", "search", "codesign", "cost")
+
+
+def run(*argv):
+    out = io.StringIO()
+    code = cli.main(list(argv), stdout=out)
+    return code, out.getvalue()
+
+
+def test_help_lists_subcommands(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for cmd in SUBCOMMANDS:
+        assert cmd in text
+
+
+@pytest.mark.parametrize("cmd", SUBCOMMANDS)
+def test_each_subcommand_has_help(cmd, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([cmd, "--help"])
+    assert e.value.code == 0
+    assert "--format" in capsys.readouterr().out
+
+
+def test_list_json_and_csv():
+    code, text = run("list", "models")
+    assert code == 0
+    assert "gpt3-175b" in json.loads(text)["models"]
+    code, text = run("list", "devices", "--format", "csv")
+    assert code == 0 and "a100_80gb" in text
+
+
+def test_predict_prefill_returns_json():
+    code, text = run("predict", "prefill", "--system", "hgx_a100_4gpu", "--model",
+                     "gpt2-small", "--tp", "4", "--batch", "4", "--prompt-len", "128",
+                     "--gen-len", "8")
+    assert code == 0
+    out = json.loads(text)
+    assert out["phase"] == "prefill" and out["parallelism"]["tp"] == 4.0
+    assert out["parallelism"]["dp"] == 1.0          # derived: 4 devices / (tp 4 · pp 1)
+    assert out["feasible"] is True
+    assert 0 < out["latency_s"] == out["ttft_s"] < out["total_s"]
+
+
+def test_predict_train_returns_json():
+    code, text = run("predict", "train", "--system", "hgx_a100_4gpu", "--model", "gpt2-small",
+                     "--tp", "2", "--global-batch", "16", "--seq-len", "256")
+    assert code == 0
+    out = json.loads(text)
+    assert out["parallelism"]["dp"] == 2.0
+    assert out["step_time_s"] > 0 and 0 < out["mfu"] < 1
+
+
+def test_bad_arguments_give_exit_code_2(capsys):
+    code, _ = run("predict", "prefill", "--system", "no_such_system")
+    assert code == 2
+    assert "no_such_system" in capsys.readouterr().err
+
+
+def test_sweep_from_toml(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text('function = "gemm_latency"\ndevice = "a100_80gb"\n'
+                    '[args]\nm = 256\nn = 1024\nk = 1024\n'
+                    '[grid]\n"dev.mem_bw" = [1e12, 2e12]\n"dev.core_count" = [32, 108]\n')
+    out = tmp_path / "res.csv"
+    code, _ = run("sweep", str(spec), "--quiet", "--out", str(out))
+    assert code == 0
+    df = pd.read_csv(out)
+    assert len(df) == 4 and list(df.columns) == ["dev.mem_bw", "dev.core_count",
+                                                  "gemm_latency"]
+    assert (df["gemm_latency"] > 0).all()
+    spec.write_text('function = "gemm_latency"\ndevice = "a100_80gb"\n[args]\nm = 1\nn = 1\n'
+                    'k = 1\n[grid]\n"dev.bogus" = [1]\n')
+    code, _ = run("sweep", str(spec), "--quiet")
+    assert code == 2
