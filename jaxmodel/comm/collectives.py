@@ -1,0 +1,444 @@
+"""Collective communication latency on multi-tier networks.
+
+Sources:
+
+- Seed 001 §III-D: topology-specific all-reduce — ring algorithm on a ring, Rabenseifner
+  (recursive halving + doubling, Thakur, Rabenseifner & Gropp 2005) on a switch, direct
+  reduction on a fully connected network, the 2D algorithm of Kumar & Jouppi (2020) on a 2D
+  mesh; eq. 4 ``D = d/b + l·h + D_r`` for every message; multi-level hierarchies.
+- LLMCompass (seed 003) §III-B2 eq. 1–2: packet overhead (see :mod:`jaxmodel.comm.link`).
+- NCCL's hierarchical all-reduce (reduce-scatter inside a node, all-reduce across nodes,
+  all-gather inside) for groups spanning tiers; NVLink SHARP (NVLS) in-network reduction.
+
+Size convention (NCCL's, as nccl-tests counts it): ``nbytes`` is the full, unsharded buffer of
+one device — the all-reduce buffer; the reduce-scatter *input*; the all-gather *output*; the
+all-to-all send buffer (``nbytes / g`` to every member); the broadcast buffer; the p2p message.
+
+Algorithm model (one tier, ``m`` members, buffer ``n``; ``B`` = ``bw_per_device · efficiency``,
+``b`` the link bandwidth of :func:`jaxmodel.comm.topology.link_bw`, ``l`` the link latency,
+``D_r`` the switch latency; bandwidth terms carry the packet overhead of eq. 2):
+
+==================  =========================================================================
+``ring``            ``m−1`` steps of ``n/m`` per reduce-scatter (and all-gather). Closed ring:
+                    two counter-rotating rings, bandwidth ``2b``; a sub-ring of a larger ring
+                    is a line (both link directions used by one ring: bandwidth ``b``, the
+                    wrap-around step crosses ``m−1`` hops); switch ``B`` with 2 hops + D_r;
+                    fully connected: ``m−1`` edge-disjoint rings, bandwidth ``(m−1)·b``.
+``halving_doubling``  Rabenseifner: ``log2 m`` steps of ``n/2, n/4, …``; non-powers of two
+                    add one step of ``n/2`` per phase (Thakur et al. §4). On rings/grids step
+                    ``k`` spans ``2^k`` hops and ``2^k`` messages share each link.
+``direct``          every member sends ``n/m`` to every other member at once; the busiest
+                    link (dimension-ordered shortest paths) sets the time.
+``2d``              Kumar & Jouppi: reduce-scatter along rows then columns for one half of the
+                    data and columns then rows for the other half, concurrently; rings on a
+                    torus (bandwidth ``2b`` per dimension), lines on a mesh (``b``; the
+                    wrap-around crosses ``len−1`` hops). Mesh/torus only.
+``tree``            double binary tree (NCCL): ``2·log2 m`` hops, ``2n`` sent per device;
+                    all-reduce and broadcast only.
+``in_network``      NVLink SHARP on a switch tier with ``in_network_reduction = 1``: each
+                    device sends and receives ``n`` once (all-reduce) — half the traffic of
+                    a ring.
+==================  =========================================================================
+
+All-reduce = reduce-scatter + all-gather for ring, halving_doubling, direct and 2d. A group
+spanning tiers uses the hierarchical composition: reduce-scatter on every inner tier,
+all-reduce on the outermost tier the group reaches (on ``n / Π inner members``), all-gather back
+down. ``"hierarchical"`` is accepted as a name for ``"auto"`` (the composition is always
+hierarchical). Each collective adds the largest ``base_latency`` among the tiers it uses
+(software/launch overhead, a calibration constant in hw_db).
+
+Example:
+    >>> sys = hw_db.system("hgx_a100_4gpu")
+    >>> jm.collective_latency(sys, "all_reduce", 64 * 2**20, 4)          # seconds
+    >>> jm.collective_latency(sys, "all_reduce", jnp.logspace(12, 30, 10, base=2), 4,
+    ...                       algorithm="best")                           # shape (10,)
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmodel.batching import batched
+from jaxmodel.comm import topology as topo
+from jaxmodel.comm.link import effective_bw, overhead_factor
+from jaxmodel.numerics import INF, first_reason, reason_name, safe_div
+from jaxmodel.types import System, is_concrete
+
+__all__ = ["OPS", "ALGORITHMS", "AUTO_ALGORITHM", "collective_latency", "collective_cost",
+           "collective_feasible", "level_algorithm_times"]
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "p2p")
+ALGORITHMS = ("ring", "halving_doubling", "direct", "2d", "tree", "in_network")
+_ALIASES = {"rabenseifner": "halving_doubling", "recursive_halving_doubling": "halving_doubling",
+            "hd": "halving_doubling", "mesh2d": "2d", "2d_mesh": "2d", "torus": "2d",
+            "nvls": "in_network", "sharp": "in_network", "double_binary_tree": "tree",
+            "hierarchical": "auto"}
+# Seed 001 §III-D: ring → ring, switch → Rabenseifner, fully connected → direct, 2D → 2D.
+AUTO_ALGORITHM = {"ring": "ring", "switch": "halving_doubling", "fully_connected": "direct",
+                  "mesh2d": "2d", "torus2d": "2d"}
+_AUTO_INDEX = tuple(float(ALGORITHMS.index(AUTO_ALGORITHM[t])) for t in
+                    ("ring", "switch", "fully_connected", "mesh2d", "torus2d"))
+
+
+def _canonical(op: str, algorithm: str) -> tuple[str, str]:
+    if not isinstance(op, str) or op.lower() not in OPS:
+        raise ValueError(f"op={op!r} is not one of {list(OPS)}")
+    if not isinstance(algorithm, str):
+        raise ValueError(f"algorithm={algorithm!r} must be a string")
+    a = algorithm.lower().replace("-", "_")
+    a = _ALIASES.get(a, a)
+    if a not in ALGORITHMS + ("auto", "best"):
+        raise ValueError(f"algorithm={algorithm!r} is not one of "
+                         f"{['auto', 'best', *ALGORITHMS, *sorted(_ALIASES)]}")
+    return op.lower(), a
+
+
+def _log2(x):
+    return jnp.log2(jnp.maximum(x, 1.0))
+
+
+def _dim_load(c, closed):
+    """Busiest-link load of an all-to-all along one dimension of ``c`` members, in units of
+    one member-to-member message: ``c²/8`` on a bidirectional ring, ``⌊c/2⌋·⌈c/2⌉`` on a line."""
+    return jnp.where(closed, c * c / 8.0, jnp.floor(c / 2.0) * jnp.ceil(c / 2.0))
+
+
+def level_algorithm_times(level, m, n, spacing=1.0):
+    """Times of every algorithm and op on one tier, s (no base latency).
+
+    Args:
+        level: the :class:`~jaxmodel.types.NetLevel`.
+        m: members of the group joined by this tier.
+        n: buffer size at this tier, bytes (NCCL convention, see module docstring).
+        spacing: distance between consecutive members in tier positions (ring/grid hops).
+
+    Returns:
+        ``(times, applicable, ok)``: ``times[op]`` an array over ``ALGORITHMS`` (+inf where not
+        applicable), ``applicable[op]`` the matching bool array, ``ok`` False when the group
+        shape does not fit a 2D tier. ``m = 1`` gives zero time for every algorithm.
+    """
+    f = jnp.result_type(float)
+    t = level.topology
+    is_ring, is_sw, is_fc = topo._is(t, topo.RING), topo._is(t, topo.SWITCH), topo._is(
+        t, topo.FULLY_CONNECTED)
+    is_mesh, is_torus = topo._is(t, topo.MESH2D), topo._is(t, topo.TORUS2D)
+    is_grid = is_mesh | is_torus
+
+    bw_ok = effective_bw(level) > 0
+    B = jnp.where(bw_ok, effective_bw(level), 1.0)
+    b = topo.link_bw(level, B)
+    lat, d_r = level.link_latency, level.switch_latency
+    sp = jnp.maximum(spacing, 1.0)
+    m = jnp.maximum(jnp.asarray(m, dtype=f), 1.0)
+    n = jnp.maximum(jnp.asarray(n, dtype=f), 0.0)
+    active = m > 1.5
+
+    # ---- group shape: a 1 x m line on a ring, an r x c sub-grid on a 2D tier ----------------
+    R, C, grid_ok = topo.level_grid(level)
+    r_grid = topo.grid_rows(m, max_rows=R)
+    c_grid = m / r_grid
+    shape_ok = jnp.where(is_grid, grid_ok & (c_grid <= C + 1e-9), True)
+    r = jnp.where(is_grid, r_grid, 1.0)
+    c = jnp.where(is_grid, c_grid, m)
+    closed_x = jnp.where(is_ring, jnp.abs(m * sp - level.size) < 0.5,
+                         is_torus & (jnp.abs(c - C) < 0.5))
+    closed_y = is_torus & (jnp.abs(r - R) < 0.5)
+    hop = lat * sp                                    # latency between consecutive members
+    sw_hop = 2.0 * lat + d_r                          # device → switch → device
+
+    def ovh(msg):
+        return overhead_factor(level, msg)
+
+    # ---- reduce-scatter (= all-gather) per algorithm ---------------------------------------
+    # ring
+    ring_bw_1d = jnp.where(closed_x, 2.0 * b, b)
+    ring_step_1d = jnp.where(closed_x, hop, hop * (m - 1.0))
+    ring_bw = jnp.select([is_sw, is_fc, is_ring | (is_grid & (r < 1.5))],
+                         [B, (m - 1.0) * b, ring_bw_1d], 2.0 * b)
+    ring_step = jnp.select([is_sw, is_fc, is_ring | (is_grid & (r < 1.5))],
+                           [sw_hop, lat, ring_step_1d], hop)
+    rs_ring = (m - 1.0) * ring_step + (m - 1.0) / m * n * ovh(n / m) / ring_bw
+
+    # halving-doubling (Rabenseifner); the power-of-two core p' = 2^floor(log2 m)
+    p2 = 2.0 ** jnp.floor(_log2(m) + 1e-9)
+    extra = jnp.where(m - p2 > 0.5, 1.0, 0.0)        # non-power of two: one more step
+    steps = jnp.floor(_log2(m) + 1e-9)
+    hd_msg = n / 2.0
+    hd_sw = steps * sw_hop + (p2 - 1.0) / p2 * n * ovh(hd_msg) / B
+    hd_fc = steps * lat + (p2 - 1.0) / p2 * n * ovh(hd_msg) / b
+    # rings/grids: dimension X (c members) then Y (r members) on n / c; step k spans 2^k hops
+    hd_dims = ((c - 1.0) + (r - 1.0)) * hop + (
+        _log2(c) * n / 2.0 + _log2(r) * n / (2.0 * c)) * ovh(hd_msg) / b
+    hd_extra = extra * (jnp.select([is_sw, is_fc], [sw_hop, lat], hop)
+                        + n / 2.0 * ovh(hd_msg) / jnp.select([is_sw], [B], b))
+    rs_hd = jnp.select([is_sw, is_fc], [hd_sw, hd_fc], hd_dims) + hd_extra
+
+    # direct: one step, n/m to each of the m−1 others
+    u = n / m
+    x_load = _dim_load(c, closed_x) * r * u
+    y_load = _dim_load(r, closed_y) * c * u
+    diam = jnp.where(closed_x, jnp.floor(c / 2.0), c - 1.0) + jnp.where(
+        closed_y, jnp.floor(r / 2.0), r - 1.0)
+    direct_dims = diam * hop + jnp.maximum(x_load, y_load) * ovh(u) / b
+    rs_direct = jnp.select(
+        [is_sw, is_fc],
+        [sw_hop + (m - 1.0) * u * ovh(u) / B, lat + u * ovh(u) / b], direct_dims)
+
+    # 2D (Kumar & Jouppi): two halves, X-then-Y and Y-then-X, concurrently
+    bw_x = jnp.where(closed_x, 2.0 * b, b)
+    bw_y = jnp.where(closed_y, 2.0 * b, b)
+    step_x = jnp.where(closed_x, 1.0, c - 1.0)
+    step_y = jnp.where(closed_y, 1.0, r - 1.0)
+    load_x = (c - 1.0) / c * (n / 2.0 + n / (2.0 * r))
+    load_y = (r - 1.0) / r * (n / 2.0 + n / (2.0 * c))
+    rs_2d = ((c - 1.0) * step_x + (r - 1.0) * step_y) * hop + jnp.maximum(
+        load_x / bw_x, load_y / bw_y) * ovh(n / (2.0 * c))
+
+    # in-network (NVLS): RS via multimem loads, one switch round trip
+    inr = is_sw & (level.in_network_reduction > 0.5)
+    rs_inr = sw_hop + (m - 1.0) / m * n * ovh(u) / B
+
+    # tree: double binary tree, depth ceil(log2 m)
+    depth = jnp.ceil(_log2(m) - 1e-9)
+    h_avg = jnp.where(closed_x, c / 4.0, (c + 1.0) / 3.0) + jnp.where(
+        r > 1.5, jnp.where(closed_y, r / 4.0, (r + 1.0) / 3.0), 0.0)
+    tree_hop = jnp.select([is_sw, is_fc], [sw_hop, lat], hop * jnp.maximum(h_avg, 1.0))
+    tree_bw = jnp.select([is_sw], [B], b)
+
+    rs = jnp.stack([rs_ring, rs_hd, rs_direct, rs_2d, INF * jnp.ones_like(rs_ring), rs_inr])
+    rs_app = jnp.stack([jnp.asarray(True), True, True, is_grid, False, inr])
+
+    ar_tree = 2.0 * depth * tree_hop + 2.0 * n * ovh(n) / tree_bw
+    ar_inr = 2.0 * sw_hop + n * ovh(u) / B
+    ar = jnp.stack([2.0 * rs_ring, 2.0 * rs_hd, 2.0 * rs_direct, 2.0 * rs_2d, ar_tree, ar_inr])
+    ar_app = rs_app.at[4].set(True)
+
+    a2a = jnp.where(jnp.arange(len(ALGORITHMS)) == 2, rs_direct, INF)
+    a2a_app = jnp.arange(len(ALGORITHMS)) == 2
+
+    # broadcast: pipelined chain (ring), scatter + all-gather (hd, 2d), root to all (direct)
+    bc_ring = (m - 1.0) * ring_step + n * ovh(n) / jnp.where(is_fc, b, ring_bw)
+    bc_direct = 2.0 * rs_direct     # direct scatter + direct all-gather (van de Geijn)
+    bc_tree = depth * tree_hop + n * ovh(n) / tree_bw
+    bc_inr = sw_hop + n * ovh(n) / B
+    bc = jnp.stack([bc_ring, 2.0 * rs_hd, bc_direct, 2.0 * rs_2d, bc_tree, bc_inr])
+    bc_app = ar_app
+
+    p2p_one = jnp.select([is_sw, is_fc], [sw_hop + n * ovh(n) / B, lat + n * ovh(n) / b],
+                         hop + n * ovh(n) / b)
+    p2p = jnp.broadcast_to(p2p_one, (len(ALGORITHMS),))
+    p2p_app = jnp.ones(len(ALGORITHMS), dtype=bool)
+
+    def finish(x, app):
+        x = jnp.where(app, x, INF)
+        return jnp.where(active, x, jnp.where(app, 0.0, INF))
+
+    times = {"all_reduce": finish(ar, ar_app), "reduce_scatter": finish(rs, rs_app),
+             "all_gather": finish(rs, rs_app), "all_to_all": finish(a2a, a2a_app),
+             "broadcast": finish(bc, bc_app), "p2p": finish(p2p, p2p_app)}
+    apps = {"all_reduce": ar_app, "reduce_scatter": rs_app, "all_gather": rs_app,
+            "all_to_all": a2a_app, "broadcast": bc_app, "p2p": p2p_app}
+    return times, apps, shape_ok | ~active
+
+
+def _choose(times, app, topology, algorithm):
+    """Pick one algorithm's time on a tier: auto (seed 001), best (masked min) or a name.
+
+    A named algorithm that does not apply to this tier falls back to the tier's auto choice;
+    ``used`` tells whether the named one was applied.
+    """
+    auto_idx = jnp.asarray(_AUTO_INDEX)[jnp.clip(jnp.round(topology), 0, 4).astype(jnp.int32)]
+    auto = times[auto_idx.astype(jnp.int32)]
+    auto = jnp.where(jnp.isfinite(auto), auto, jnp.min(times))  # e.g. all-to-all: direct only
+    if algorithm == "auto":
+        return auto, jnp.asarray(True)
+    if algorithm == "best":
+        return jnp.min(times), jnp.asarray(True)
+    i = ALGORITHMS.index(algorithm)
+    return jnp.where(app[i], times[i], auto), app[i]
+
+
+def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", stride=1.0):
+    """Single-configuration collective model: ``(latency_s, feasible, reason)``."""
+    op, algorithm = _canonical(op, algorithm)
+    f = jnp.result_type(float)
+    n = jnp.asarray(nbytes, dtype=f)
+    n_ok = (n >= 0) & jnp.isfinite(n)
+    n = jnp.where(n_ok, n, 0.0)
+    net_ok = jnp.asarray(True)
+    for lvl in system.levels:
+        net_ok = net_ok & (lvl.size >= 1) & (lvl.bw_per_device > 0) & (lvl.efficiency > 0) & (
+            lvl.link_latency >= 0) & (lvl.switch_latency >= 0) & (lvl.base_latency >= 0) & (
+            lvl.max_payload_bytes > 0) & (lvl.flit_bytes > 0)
+    members, spacing, place_ok = topo.placement(system, group_size, stride)
+    n_levels = len(system.levels)
+
+    # tier k sees the buffer divided by the members of the tiers inside it
+    inner = [jnp.asarray(1.0, dtype=f)]
+    for m in members[:-1]:
+        inner.append(inner[-1] * m)
+    top = []
+    for k in range(n_levels):
+        above = jnp.asarray(True)
+        for j in range(k + 1, n_levels):
+            above = above & (members[j] < 1.5)
+        top.append(above & (members[k] > 1.5))
+    g = inner[-1] * members[-1] if n_levels else jnp.asarray(1.0, dtype=f)
+
+    total = jnp.asarray(0.0, dtype=f)
+    base = jnp.asarray(0.0, dtype=f)
+    shape_ok = jnp.asarray(True)
+    used_any = jnp.asarray(algorithm in ("auto", "best"))
+    any_active = jnp.asarray(False)
+    for k, lvl in enumerate(system.levels):
+        m = members[k]
+        active = m > 1.5
+        any_active = any_active | active
+        if op == "all_to_all":
+            n_k = n * inner[k] * m / jnp.maximum(g, 1.0)
+        elif op in ("broadcast", "p2p"):
+            n_k = n
+        elif op == "all_gather":
+            n_k = n / inner[k]
+        else:
+            n_k = n / inner[k]
+        times, apps, ok = level_algorithm_times(lvl, m, n_k, spacing[k])
+        shape_ok = shape_ok & ok
+        if op == "all_reduce":
+            # inner tiers: reduce-scatter + all-gather with the same algorithm; top: all-reduce
+            inner_t = times["reduce_scatter"] + times["all_gather"]
+            t_top, used_top = _choose(times["all_reduce"], apps["all_reduce"], lvl.topology,
+                                      algorithm)
+            t_in, used_in = _choose(inner_t, apps["reduce_scatter"], lvl.topology, algorithm)
+            t_k = jnp.where(top[k], t_top, t_in)
+            used = jnp.where(top[k], used_top, used_in)
+        elif op in ("broadcast",):
+            t_k, used = _choose(times[op], apps[op], lvl.topology, algorithm)
+        elif op == "p2p":
+            t_k, used = _choose(times[op], apps[op], lvl.topology, algorithm)
+            t_k = jnp.where(top[k], t_k, 0.0)
+        else:
+            t_k, used = _choose(times[op], apps[op], lvl.topology, algorithm)
+        t_k = jnp.where(active, t_k, 0.0)
+        total = total + t_k
+        used_any = used_any | (active & used)
+        base = jnp.maximum(base, jnp.where(active, lvl.base_latency, 0.0))
+
+    feasible, reason = first_reason([
+        (net_ok, "invalid_network"),
+        (n_ok, "invalid_workload"),
+        (place_ok, "topology_mismatch"),
+        (shape_ok, "topology_mismatch"),
+        (used_any | ~any_active, "topology_mismatch"),
+    ])
+    latency = jnp.where(feasible, total + base, INF)
+    return latency, feasible, reason
+
+
+_cost_batched = batched(_cost)
+
+
+def collective_cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto",
+                    stride=1.0):
+    """Collective latency with feasibility: ``(latency_s, feasible, reason_code)``.
+
+    Same arguments as :func:`collective_latency`. Never raises for values: an infeasible
+    configuration gives ``latency = +inf``, ``feasible = False`` and a reason code from
+    :data:`jaxmodel.numerics.REASONS` (``topology_mismatch`` for a group that does not fit,
+    ``invalid_network`` for non-positive bandwidth or size, ``invalid_workload`` for a
+    negative size). ``collective_cost.single`` is the single-configuration function.
+
+    Example:
+        >>> t, ok, why = jm.collective_cost(hw_db.system("tpuv3_8"), "all_reduce", 2**20, 7)
+        >>> bool(ok), jm.reason_name(why)        # (False, 'topology_mismatch')
+    """
+    _canonical(op, algorithm)
+    return _cost_batched(system, op, nbytes, group_size, algorithm, stride)
+
+
+collective_cost.single = _cost
+
+
+def _latency_single(system: System, op: str, nbytes, group_size, algorithm: str = "auto",
+                    stride=1.0):
+    return _cost(system, op, nbytes, group_size, algorithm, stride)[0]
+
+
+def collective_latency(system: System, op: str, nbytes, group_size, algorithm: str = "auto",
+                       stride=1.0):
+    """Latency of one collective on a (possibly multi-tier) system, seconds.
+
+    Sources: seed 001 §III-D (topologies, topology-specific algorithms, eq. 4, multi-level
+    hierarchies), LLMCompass §III-B2 eq. 1–2 (packets); see the module docstring for every
+    algorithm's formula.
+
+    Args:
+        system: :class:`~jaxmodel.types.System` (leaves may carry a batch axis).
+        op: ``"all_reduce"``, ``"reduce_scatter"``, ``"all_gather"``, ``"all_to_all"``,
+            ``"broadcast"`` or ``"p2p"`` (static).
+        nbytes: the full buffer per device, bytes, as NCCL counts it: the all-reduce buffer,
+            the reduce-scatter input, the all-gather output, the all-to-all send buffer, the
+            broadcast buffer, the p2p message.
+        group_size: devices in the group (traced; a batch may vary it).
+        algorithm: ``"auto"`` (seed 001's choice per topology: ring → ring, switch →
+            Rabenseifner, fully connected → direct, 2D → 2D), ``"best"`` (fastest applicable,
+            per tier), or one of ``"ring"``, ``"halving_doubling"`` (``"rabenseifner"``),
+            ``"direct"``, ``"2d"``, ``"tree"``, ``"in_network"`` (NVLS; switch tiers with
+            ``in_network_reduction = 1``), ``"hierarchical"`` (= auto). A named algorithm is
+            used on every tier where it applies, the tier's auto choice elsewhere.
+        stride: devices between consecutive group members (1 = contiguous, e.g. TP; ``tp·pp``
+            for a DP group whose members sit in different nodes).
+
+    Returns:
+        Seconds, with the batch shape of the arguments. ``+inf`` for infeasible entries of a
+        batch; see :func:`collective_cost` for the reason.
+
+    Raises:
+        ValueError: unknown ``op``/``algorithm``, or a concrete single configuration that is
+            infeasible (group larger than the system, a 2D tier of prime size, a named
+            algorithm that applies to none of the tiers used, ...).
+
+    Example:
+        >>> sys = hw_db.system("dgx_a100", nodes=2)
+        >>> jm.collective_latency(sys, "all_reduce", 2**26, 16)          # hierarchical
+        >>> jm.collective_latency(sys, "all_reduce", 2**26, 2, stride=8)  # DP across nodes
+    """
+    _canonical(op, algorithm)
+    t, ok, why = _cost_batched(system, op, nbytes, group_size, algorithm, stride)
+    if is_concrete(system, nbytes, group_size, stride) and np.ndim(t) == 0 and not bool(ok):
+        raise ValueError(
+            f"collective_latency: infeasible {op} of group_size={_fmt(group_size)} "
+            f"(stride={_fmt(stride)}, algorithm={algorithm!r}) on system "
+            f"{getattr(system, 'name', '?')!r} with tier sizes "
+            f"{[_fmt(l.size) for l in system.levels]}: {reason_name(why)}")
+    return t
+
+
+def _fmt(x):
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return x
+
+
+collective_latency.single = _latency_single
+
+
+def collective_feasible(system: System, group_size, op: str = "all_reduce",
+                        algorithm: str = "auto", stride=1.0):
+    """``(feasible, reason_code)`` of placing a group on ``system`` (no exception).
+
+    Example:
+        >>> ok, why = jm.collective_feasible(hw_db.system("dgx_a100", nodes=2), 24)
+    """
+    _, ok, why = collective_cost(system, op, 0.0, group_size, algorithm, stride)
+    return ok, why
+
+
+def _feasible_single(system, group_size, op="all_reduce", algorithm="auto", stride=1.0):
+    _, ok, why = _cost(system, op, 0.0, group_size, algorithm, stride)
+    return ok, why
+
+
+collective_feasible.single = _feasible_single
