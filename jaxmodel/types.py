@@ -102,6 +102,15 @@ class Device:
         device_links: off-device links (NVLink, ICI, Infinity Fabric) per device.
         tdp_w: board power, W (total cost of ownership).
         name: hw_db name (static metadata).
+        physical_global_buffer_bytes, physical_local_buffer_bytes, physical_mem_channels,
+        physical_device_links: on-die counts incl. disabled ones (area model).
+        regfile_bytes_per_lane, regfile_ports: register file per lane (area model).
+        lane_int32_units, lane_fp16_units, lane_fp32_units, lane_fp64_units: vector ALUs per
+            lane (area model).
+        sa_mantissa_bits: systolic-array data-type mantissa (10 = fp16, 7 = bf16; area model).
+        mem_protocol: 0 HBM2e, 1 DDR5, 2 PCIe5, 3 PCIe4 (area and memory cost).
+        link_protocol: 0 NVLink3, 1 NVLink4, 2 InfinityFabric, 3 PCIe5, 4 PCIe4 (area model).
+        All area-only fields default to -1 = "look up hw_db/tech/device_area.toml by name".
     """
 
     freq_hz: Array
@@ -130,6 +139,22 @@ class Device:
     device_links: Array = 12.0
     tdp_w: Array = 400.0
     name: str = "custom"
+    # Area model only (jaxmodel.cost.area). -1 = unspecified: the value listed for this device
+    # name in hw_db/tech/device_area.toml, else its [generic] (GA100) value; physical_* fall
+    # back to the active count.
+    physical_global_buffer_bytes: Array = -1.0
+    physical_local_buffer_bytes: Array = -1.0
+    physical_mem_channels: Array = -1.0
+    physical_device_links: Array = -1.0
+    regfile_bytes_per_lane: Array = -1.0
+    regfile_ports: Array = -1.0
+    lane_int32_units: Array = -1.0
+    lane_fp16_units: Array = -1.0
+    lane_fp32_units: Array = -1.0
+    lane_fp64_units: Array = -1.0
+    sa_mantissa_bits: Array = -1.0
+    mem_protocol: Array = -1.0
+    link_protocol: Array = -1.0
 
     @property
     def peak_matrix_flops(self) -> Array:
