@@ -1,3 +1,28 @@
-"""jaxmodel.workload."""
+"""jaxmodel.workload: the transformer layer op graph under TP/SP, its training variant,
+parameter/FLOP counts and the memory footprint (weights, optimizer, activations, KV cache).
 
-__all__: list[str] = []
+Public names (each batched at the API edge; ``.single`` is the single-configuration body for
+use inside other formulas):
+
+- :func:`layer_breakdown` — per-op seconds of one layer (LLMCompass rows, :data:`LAYER_OPS`);
+- :func:`training_layer_times`, :func:`embedding_times` — training graph (fwd, bwd,
+  recompute, TP communication), embedding / LM head / loss;
+- :func:`param_count`, :func:`params_per_device`, :func:`model_flops_per_token`;
+- :func:`activation_bytes_per_layer`, :func:`training_memory`, :func:`kv_cache_bytes`,
+  :func:`inference_memory`;
+
+:func:`~jaxmodel.parallel.inference.inference` and ``InferenceResult`` live in
+``jaxmodel.parallel.inference`` and are exported by ``jaxmodel.parallel`` (data flows
+workload → parallel, so this package does not import them).
+"""
+
+from jaxmodel.workload.layer import (LAYER_OPS, embedding_times, layer_breakdown,
+                                     training_layer_times)
+from jaxmodel.workload.memory import (activation_bytes_per_layer, inference_memory,
+                                      kv_cache_bytes, training_memory)
+from jaxmodel.workload.params import model_flops_per_token, param_count, params_per_device
+
+__all__ = ["LAYER_OPS", "layer_breakdown", "training_layer_times", "embedding_times",
+           "param_count", "params_per_device", "model_flops_per_token",
+           "activation_bytes_per_layer", "training_memory", "kv_cache_bytes",
+           "inference_memory"]

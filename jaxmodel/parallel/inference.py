@@ -1,0 +1,245 @@
+"""LLM inference latency and throughput: prefill (time to first token) and decode (per token).
+
+Source: LLMCompass (seed 003) §II-B, §III-C and §V (prefill computes the KV cache, decoding
+generates one token per step against it; inference latency = prefill + decoding); seed 001 §III
+(Optimus inference with TP/PP, KV caching, GQA); Pope et al. 2023 (KV cache).
+
+Model: ``dp`` replicas serve ``batch/dp`` sequences each; within a replica ``pp`` stages of
+``n_layers/pp`` layers run one after another (no micro-batching, i.e. latency-optimal
+pipelining; a hop between stages is a point-to-point transfer of the hidden states) and each
+layer is the LLMCompass layer of :func:`jaxmodel.workload.layer.layer_breakdown` under ``tp``.
+
+- ``ttft_s``: embedding of the prompt + all layers in prefill + ``pp − 1`` hops + LM head on the
+  last position (``[b, d]×[d, V/t]``), an all-gather of the logits and a softmax over them.
+- ``tpot_s``: one decode step (one new token per sequence) averaged over the KV growth: the
+  mean of ``KV_SAMPLES`` steps at KV lengths evenly spaced (midpoints) over the decode phase
+  (``prompt_len … prompt_len + gen_len − 2`` cached tokens; the latency is close to affine in
+  the KV length, so the midpoint rule is near exact).
+- ``total_s = ttft_s + (gen_len − 1)·tpot_s`` (the first token comes from the prefill);
+  ``tokens_per_s = batch·gen_len / total_s``.
+- ``memory_bytes``: weights (split over tp, pp), KV cache of ``prompt_len + gen_len`` tokens and
+  the prefill working set (:func:`jaxmodel.workload.memory.inference_memory`).
+
+Units: seconds, bytes, tokens/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxmodel import comm as _comm
+from jaxmodel import ops as _ops
+from jaxmodel.batching import batch_shape, batched
+from jaxmodel.numerics import INF, divides, first_reason, is_integer, reason_name, safe_div
+from jaxmodel.types import Model, Parallelism, System, is_concrete
+from jaxmodel.workload.layer import (LAYER_OPS, default_gemm, layer_checks, layer_times,
+                                     tp_collective)
+from jaxmodel.workload.memory import inference_memory_single
+
+#: Decode steps sampled over the KV growth for ``tpot_s``.
+KV_SAMPLES = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceResult:
+    """Result of :func:`inference` (a pytree; every field may carry batch axes).
+
+    Attributes:
+        ttft_s: time to first token, s.
+        tpot_s: time per output token (one decode step), s.
+        total_s: end-to-end latency of the request batch, s.
+        tokens_per_s: generated tokens per second over all replicas.
+        memory_bytes: memory per device, bytes.
+        feasible: False for inconsistent plans or out of memory (times are then ``+inf``).
+        reason: reason code (``jaxmodel.numerics.REASONS``; 0 when feasible).
+        breakdown: dict of components (s or bytes), e.g. ``"prefill.qkv"`` (one layer),
+            ``"prefill_layers"`` (all layers), ``"decode_layers"``, ``"pp_comm_prefill"``,
+            ``"head_prefill"``, ``"memory.kv_cache"``.
+    """
+
+    ttft_s: jax.Array
+    tpot_s: jax.Array
+    total_s: jax.Array
+    tokens_per_s: jax.Array
+    memory_bytes: jax.Array
+    feasible: jax.Array
+    reason: jax.Array
+    breakdown: dict
+
+    @property
+    def reason_name(self) -> str:
+        """Name of the reason code of a single (unbatched) result."""
+        return reason_name(self.reason)
+
+
+jax.tree_util.register_dataclass(
+    InferenceResult,
+    data_fields=[f.name for f in dataclasses.fields(InferenceResult)], meta_fields=[])
+
+
+def _elementwise(dev, n, bytes_moved, flops):
+    return _ops.elementwise_latency.single(dev, n, bytes_moved, flops, overhead=True)
+
+
+def embedding_and_head(system: System, model: Model, par: Parallelism, batch, seq_len,
+                       gemm=None, dtype_bytes=2.0):
+    """Embedding of ``batch·seq_len`` tokens and the LM head on the last position (s).
+
+    Megatron vocab-parallel embedding: a lookup (read + write one row per token) and a TP
+    all-reduce of the ``[b·s, d]`` output; LM head ``[b, d]×[d, V/t]``, an all-gather of the
+    ``[b, V]`` logits and a softmax over ``[b, V/t]`` (sampling). Shoeybi et al. 2019 §3.
+    """
+    gemm = gemm or default_gemm
+    dev = system.device
+    tp = jnp.maximum(par.tp, 1.0)
+    tokens = batch * seq_len
+    embed = _elementwise(dev, tokens * model.d_model, 2.0 * dtype_bytes, 0.0)
+    embed = embed + tp_collective(system, dataclasses.replace(par, sp=0.0),
+                                  tokens * model.d_model * dtype_bytes)
+    vocab = model.vocab_size / tp
+    head = gemm(dev, batch, vocab, model.d_model, 1.0, dtype_bytes)
+    multi = par.tp > 1.5
+    gather = _comm.collective_latency.single(system, "all_gather",
+                                             batch * model.vocab_size * dtype_bytes,
+                                             jnp.where(multi, par.tp, 2.0))
+    head = head + jnp.where(multi, gather, 0.0)
+    head = head + _ops.softmax_latency.single(dev, batch, vocab, overhead=True)
+    return embed, head
+
+
+def _pp_hop(system: System, par: Parallelism, nbytes):
+    """Point-to-point transfer of ``nbytes`` between adjacent stages (``tp`` devices apart)."""
+    multi = par.pp > 1.5
+    t = _comm.collective_latency.single(system, "p2p", nbytes, 2.0,
+                                        stride=jnp.maximum(par.tp, 1.0))
+    return jnp.where(multi, t, 0.0)
+
+
+def inference_checks(system: System, model: Model, par: Parallelism, batch, prompt_len,
+                     gen_len):
+    """Consistency checks of an inference plan, memory excluded: ``[(ok, reason_name)]``."""
+    dev = system.device
+    dev_ok = ((dev.freq_hz > 0) & (dev.mem_bw > 0) & (dev.core_count > 0)
+              & (dev.mem_capacity > 0))
+    devices_ok = jnp.abs(par.n_devices - system.n_devices) < 0.5
+    layers_ok = divides(jnp.maximum(par.pp, 1.0), model.n_layers)
+    batch_ok = (batch >= 1) & is_integer(batch) & divides(jnp.maximum(par.dp, 1.0), batch)
+    lens_ok = (prompt_len >= 1) & (gen_len >= 1) & is_integer(prompt_len) & is_integer(gen_len)
+    return ([(dev_ok, "invalid_device")] + layer_checks(model, par)
+            + [(devices_ok, "devices_mismatch"), (layers_ok, "layers_not_divisible"),
+               (batch_ok, "batch_not_divisible"), (lens_ok, "invalid_workload")])
+
+
+def inference_feasibility(system: System, model: Model, par: Parallelism, batch, prompt_len,
+                          gen_len):
+    """``(feasible, reason)`` of :func:`inference_checks` (memory excluded)."""
+    return first_reason(inference_checks(system, model, par, batch, prompt_len, gen_len))
+
+
+def inference_single(system: System, model: Model, par: Parallelism, batch, prompt_len,
+                     gen_len, gemm=None, dtype_bytes=2.0, kv_samples: int = KV_SAMPLES):
+    """Single-configuration body of :func:`inference` (use inside other formulas)."""
+    dev = system.device
+    dp = jnp.maximum(par.dp, 1.0)
+    b = jnp.maximum(batch / dp, 1.0)            # sequences per replica
+    prompt = jnp.maximum(prompt_len, 1.0)
+    gen = jnp.maximum(gen_len, 1.0)
+    n_layers = model.n_layers
+    pp = jnp.maximum(par.pp, 1.0)
+
+    # Prefill is the decode formula with no cache (s_kv = s): the prefill and the decode
+    # samples share one traced layer, vmapped over (new tokens, cached tokens).
+    span = jnp.maximum(gen - 2.0, 0.0)
+    kvs = [prompt + span * (i + 0.5) / kv_samples for i in range(kv_samples)]
+    new_tokens = jnp.stack([prompt] + [jnp.ones_like(prompt)] * kv_samples)
+    cached = jnp.stack([jnp.zeros_like(prompt)] + kvs)
+    steps = jax.vmap(lambda s, kv: layer_times(system, model, par, b, s, "decode", kv, gemm,
+                                               dtype_bytes))(new_tokens, cached)
+    pre = {k: v[0] for k, v in steps.items()}
+    dec = {k: jnp.mean(v[1:]) for k, v in steps.items()}
+
+    hidden = model.d_model * dtype_bytes
+    hop_pre = (pp - 1.0) * _pp_hop(system, par, b * prompt * hidden)
+    hop_dec = (pp - 1.0) * _pp_hop(system, par, b * hidden)
+    emb_pre, head_pre = embedding_and_head(system, model, par, b, prompt, gemm, dtype_bytes)
+    emb_dec, head_dec = embedding_and_head(system, model, par, b, 1.0, gemm, dtype_bytes)
+
+    ttft = n_layers * pre["total"] + hop_pre + emb_pre + head_pre
+    tpot = n_layers * dec["total"] + hop_dec + emb_dec + head_dec
+    total = ttft + (gen - 1.0) * tpot
+
+    mem = inference_memory_single(model, par, b, prompt, gen, dtype_bytes)
+    mem_ok = mem["total"] <= dev.mem_capacity
+    feasible, reason = first_reason(
+        inference_checks(system, model, par, batch, prompt_len, gen_len)
+        + [(mem_ok, "out_of_memory")])
+
+    def gate(x):
+        return jnp.where(feasible, x, INF)
+
+    breakdown = {f"prefill.{k}": pre[k] for k in LAYER_OPS}
+    breakdown.update({f"decode.{k}": dec[k] for k in LAYER_OPS})
+    breakdown.update({
+        "prefill_layers": n_layers * pre["total"], "decode_layers": n_layers * dec["total"],
+        "pp_comm_prefill": hop_pre, "pp_comm_decode": hop_dec,
+        "embedding_prefill": emb_pre, "embedding_decode": emb_dec,
+        "head_prefill": head_pre, "head_decode": head_dec})
+    breakdown = {k: gate(v) for k, v in breakdown.items()}
+    breakdown.update({f"memory.{k}": v for k, v in mem.items()})
+    return InferenceResult(
+        ttft_s=gate(ttft), tpot_s=gate(tpot), total_s=gate(total),
+        tokens_per_s=jnp.where(feasible, safe_div(batch * gen, total), 0.0),
+        memory_bytes=mem["total"], feasible=feasible, reason=reason, breakdown=breakdown)
+
+
+@batched
+def _inference(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes):
+    return inference_single(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes)
+
+
+def inference(system: System, model: Model, par: Parallelism, batch, prompt_len, gen_len,
+              gemm=None, dtype_bytes=2.0) -> InferenceResult:
+    """Latency, throughput and memory of serving ``batch`` requests (see module docstring).
+
+    Args:
+        system: devices and network; ``par.dp·tp·pp`` must equal ``system.n_devices``.
+        model: the transformer.
+        par: ``dp`` replicas (each serving ``batch/dp`` sequences), ``tp``, ``pp``, ``sp``.
+        batch: sequences served together (global over ``dp``).
+        prompt_len: prompt tokens per sequence.
+        gen_len: generated tokens per sequence (``>= 1``).
+        gemm: optional static GEMM function ``(dev, m, n, k, batch, dtype_bytes) -> s``.
+        dtype_bytes: bytes per weight / activation / KV element.
+
+    Returns:
+        :class:`InferenceResult`; batch axes of the inputs lead every field.
+
+    Raises:
+        ValueError: a single concrete configuration whose plan is inconsistent (tp not
+            dividing the heads, dp·tp·pp ≠ devices, pp not dividing the layers, batch not
+            divisible by dp, ...). Out of memory is not an error: ``feasible=False``.
+
+    Example:
+        >>> r = jm.inference(hw_db.system("hgx_a100_4gpu"), hw_db.model("llama2-13b"),
+        ...                  jm.Parallelism(tp=4), batch=8, prompt_len=2048, gen_len=256)
+        >>> float(r.ttft_s), float(r.tpot_s), bool(r.feasible)
+    """
+    if is_concrete(system, model, par, batch, prompt_len, gen_len) and batch_shape(
+            system, model, par, batch, prompt_len, gen_len) == ():
+        ok, why = inference_feasibility(system, model, par, jnp.asarray(float(batch)),
+                                        jnp.asarray(float(prompt_len)),
+                                        jnp.asarray(float(gen_len)))
+        if not bool(ok):
+            raise ValueError(
+                f"inconsistent inference plan ({reason_name(why)}): dp={par.dp!r}, "
+                f"tp={par.tp!r}, pp={par.pp!r} on {system.n_devices!r} devices; "
+                f"n_heads={model.n_heads!r}, n_kv_heads={model.n_kv_heads!r}, "
+                f"n_layers={model.n_layers!r}; batch={batch!r}, prompt_len={prompt_len!r}, "
+                f"gen_len={gen_len!r}")
+    return _inference(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes)
+
+
+inference.single = inference_single

@@ -1,0 +1,536 @@
+"""Op graph of one decoder layer on one device: inference (prefill/decode) and training.
+
+Source: LLMCompass (seed 003) §III-C and Fig. 2, ``TransformerBlockInitComputationTP`` /
+``TransformerBlockAutoRegressionTP`` (``shared/notes/llmcompass_internals.md`` §2 "Transformer
+layer"); Megatron-LM tensor parallelism (Shoeybi et al. 2019) and sequence parallelism
+(Korthikanti et al. 2022 §4.2.2); seed 001 §III (Optimus-style training graph).
+
+Semantics (LLMCompass): every kernel runs serially, each pays its per-kernel overhead (inside
+the ``ops`` latencies), no compute/communication overlap, no residual adds, biases or dropout
+kernels. Per device with tensor-parallel degree ``t``, ``b`` sequences, ``s`` new tokens each
+and ``s_kv`` keys per sequence (``s`` in prefill, ``kv_len + s`` in decode):
+
+==================  ==============================================================  ==========
+row                 kernel(s)                                                        LLMCompass
+==================  ==============================================================  ==========
+``qkv``             Q [b·s, d]×[d, h·d_h/t]; K and V [b·s, d]×[d, h_kv'·d_h] each     Q_K_V
+``qk``              batched: b·h_kv' × ([s·g, d_h]×[d_h, s_kv])                       Q_mul_K
+``softmax``         rows b·h/t·s, cols s_kv                                           Softmax
+``av``              batched: b·h_kv' × ([s·g, s_kv]×[s_kv, d_h])                      A_mul_V
+``wo``              [b·s, h·d_h/t]×[h·d_h/t, d]                                       Wo_proj
+``layernorm_mha``   rows b·s (b·s/t under SP), cols d                                 LayerNorm_MHA
+``allreduce_mha``   all-reduce of b·s·d words over t (SP: reduce-scatter+all-gather)  AllReduce_MHA
+``w1``              [b·s, d]×[d, (m−1)·d_ff/t]  (m = 2 GELU, 3 SwiGLU: gate+up fused)  W1_proj
+``act``             GELU (LLMCompass GeLU op) or SiLU·gate (elementwise), b·s·d_ff/t  GeLU
+``w2``              [b·s, d_ff/t]×[d_ff/t, d]                                         W2_proj
+``layernorm_ffn``   as layernorm_mha                                                  LayerNorm_FFN
+``allreduce_ffn``   as allreduce_mha                                                  AllReduce_FFN
+``total``           sum of the 12 rows
+==================  ==============================================================  ==========
+
+``h_kv' = max(h_kv/t, 1)`` KV heads per device (replicated when ``t > h_kv``) and
+``g = (h/t)/h_kv'`` query heads per KV head: grouped-query attention folds the group into the
+GEMM's M so each KV head (and, in decode, its slice of the KV cache) is read once per group;
+with multi-head attention ``g = 1`` and the batched GEMMs are exactly LLMCompass's
+(batch ``b·h/t``, ``[s, d_h]×[d_h, s_kv]``). In decode the KV cache is read through these two
+GEMMs (the concat is not timed, as in LLMCompass).
+
+The attention core (``qk, softmax, av``) and the FFN are separate functions
+(:func:`attention_core`, :func:`ffn_block`) so MoE and FlashAttention variants can replace them.
+
+Training (:func:`training_layer_times`) reuses the same kernels: backward GEMMs are the two
+transposed products ``dX = dY·Wᵀ`` and ``dW = Xᵀ·dY`` (2× the forward GEMM work, timed as real
+GEMM shapes by the tile search); backward softmax/layernorm/activation are memory-bound
+elementwise kernels. Megatron fuses the QKV projection into one GEMM in training.
+
+Units: seconds, bytes, FLOP.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxmodel import comm as _comm
+from jaxmodel import ops as _ops
+from jaxmodel.batching import batched
+from jaxmodel.numerics import INF, divides, first_reason, is_integer
+from jaxmodel.types import Model, Parallelism, System
+
+#: The 12 per-op rows of LLMCompass's layer breakdown, in the order of its CSVs.
+LAYER_OPS = ("qkv", "qk", "av", "wo", "w1", "w2", "softmax", "layernorm_mha",
+             "layernorm_ffn", "act", "allreduce_mha", "allreduce_ffn")
+
+GemmFn = Callable  # (dev, m, n, k, batch, dtype_bytes) -> seconds, one kernel incl. overhead
+
+
+def default_gemm(dev, m, n, k, batch=1.0, dtype_bytes=2.0):
+    """GEMM latency by the ops tile search, per-kernel overhead included (s).
+
+    ``C[m, n] = A[m, k]·B[k, n]``, ``batch`` independent products. Wraps
+    :func:`jaxmodel.ops.gemm_latency` (LLMCompass §III-B mapper).
+    """
+    return _ops.gemm_latency.single(dev, m, n, k, batch=batch, dtype_bytes=dtype_bytes,
+                                    overhead=True)
+
+
+class Shard(NamedTuple):
+    """Per-device dimensions of one layer under tensor parallelism (counts)."""
+
+    tp: jnp.ndarray        # tensor-parallel degree (sanitised >= 1)
+    heads: jnp.ndarray     # query heads per device, h/t
+    kv_heads: jnp.ndarray  # KV heads per device, max(h_kv/t, 1)
+    group: jnp.ndarray     # query heads per KV head on a device
+    head_dim: jnp.ndarray
+    d_model: jnp.ndarray
+    d_ff: jnp.ndarray      # FFN width per device, d_ff/t
+    ffn_in: jnp.ndarray    # W1 output width per device: (ffn_matrices - 1)·d_ff/t
+
+
+def shard(model: Model, par: Parallelism) -> Shard:
+    """Megatron TP split of one layer (Shoeybi et al. 2019 §3): heads and the FFN width over t.
+
+    Degrees are sanitised (``t >= 1``) so infeasible plans still give finite numbers; callers
+    flag them through :func:`layer_feasibility`.
+    """
+    tp = jnp.maximum(par.tp, 1.0)
+    heads = model.n_heads / tp
+    kv_heads = jnp.maximum(model.n_kv_heads / tp, 1.0)
+    d_ff = model.d_ff / tp
+    return Shard(tp=tp, heads=heads, kv_heads=kv_heads, group=heads / kv_heads,
+                 head_dim=model.head_dim, d_model=model.d_model, d_ff=d_ff,
+                 ffn_in=(model.ffn_matrices - 1.0) * d_ff)
+
+
+def layer_checks(model: Model, par: Parallelism):
+    """Checks of a layer's TP split as ``[(ok, reason_name), ...]`` (see ``numerics.REASONS``).
+
+    - model dimensions are positive;
+    - degrees ``dp, tp, pp`` are integers ``>= 1``;
+    - ``t`` divides the query heads, and the KV heads divide over (or are replicated across)
+      ``t`` (Megatron GQA).
+    """
+    degrees_ok = ((par.tp >= 1) & is_integer(par.tp) & (par.pp >= 1) & is_integer(par.pp)
+                  & (par.dp >= 1) & is_integer(par.dp))
+    model_ok = ((model.d_model > 0) & (model.n_heads > 0) & (model.n_kv_heads > 0)
+                & (model.head_dim > 0) & (model.d_ff > 0) & (model.n_layers > 0)
+                & (model.vocab_size > 0))
+    tp = jnp.maximum(par.tp, 1.0)
+    heads_ok = divides(tp, model.n_heads) & (divides(tp, model.n_kv_heads)
+                                               | divides(model.n_kv_heads, tp))
+    return [(model_ok, "invalid_model"), (degrees_ok, "invalid_parallelism"),
+            (heads_ok, "heads_not_divisible")]
+
+
+def layer_feasibility(model: Model, par: Parallelism):
+    """``(feasible, reason)`` of :func:`layer_checks` (first failing check wins)."""
+    return first_reason(layer_checks(model, par))
+
+
+# --------------------------------------------------------------------------------------------
+# building blocks (single configuration)
+#
+# A block returns its GEMMs as shapes, ``{row: [(Gemm, count), ...]}``, and its other kernels
+# as times, ``{row: (fwd_s, bwd_s)}``. :func:`evaluate` then times every GEMM of the layer (and,
+# for training, its two gradient GEMMs) in ONE vmapped call per kind, so the tile search is
+# traced and compiled once per layer instead of once per kernel.
+# --------------------------------------------------------------------------------------------
+class Gemm(NamedTuple):
+    """One GEMM kernel ``C[m, n] = A[m, k]·B[k, n]``; ``batch`` products (None: a weight GEMM)."""
+
+    m: jnp.ndarray
+    n: jnp.ndarray
+    k: jnp.ndarray
+    batch: jnp.ndarray | None = None
+
+
+def _grads(g: Gemm):
+    """The two gradient GEMMs of ``C = A·B``: ``dA = dC·Bᵀ`` ``[m,n]×[n,k]`` and
+    ``dB = Aᵀ·dC`` ``[k,m]×[m,n]`` (Narayanan et al. 2021 Appendix: backward = 2× forward)."""
+    return (Gemm(g.m, g.k, g.n, g.batch), Gemm(g.k, g.n, g.m, g.batch))
+
+
+def _time_gemms(gemm, dev, shapes, batched_kind, dtype_bytes):
+    if not shapes:
+        return []
+    dtype = jnp.result_type(float)
+    mnk = [jnp.stack([jnp.asarray(getattr(g, f), dtype=dtype) for g in shapes])
+           for f in ("m", "n", "k")]
+    if batched_kind:
+        bs = jnp.stack([jnp.asarray(g.batch, dtype=dtype) for g in shapes])
+        times = jax.vmap(lambda m, n, k, b: gemm(dev, m, n, k, b, dtype_bytes))(*mnk, bs)
+    else:
+        # batch=1.0 as a Python float lets the ops skip the merged-batch alternative
+        times = jax.vmap(lambda m, n, k: gemm(dev, m, n, k, 1.0, dtype_bytes))(*mnk)
+    return [times[i] for i in range(len(shapes))]
+
+
+def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=2.0, backward=False):
+    """Time a layer's rows: ``{row: (fwd_s, bwd_s)}``.
+
+    Args:
+        gemm: GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s``.
+        gemm_rows: ``{row: [(Gemm, count), ...]}``.
+        vector_rows: ``{row: (fwd_s, bwd_s)}`` already timed.
+        backward: also time the gradient GEMMs (else ``bwd_s = 0`` for GEMM rows).
+    """
+    entries = []   # (row, count, direction, Gemm)
+    for row, items in gemm_rows.items():
+        for g, count in items:
+            entries.append((row, count, 0, g))
+            if backward:
+                for gb in _grads(g):
+                    entries.append((row, count, 1, gb))
+    plain = [e for e in entries if e[3].batch is None]
+    multi = [e for e in entries if e[3].batch is not None]
+    times = (_time_gemms(gemm, dev, [e[3] for e in plain], False, dtype_bytes)
+             + _time_gemms(gemm, dev, [e[3] for e in multi], True, dtype_bytes))
+    out = {row: [0.0, 0.0] for row in gemm_rows}
+    for (row, count, direction, _), t in zip(plain + multi, times):
+        out[row][direction] = out[row][direction] + count * t
+    out = {row: (jnp.asarray(f), jnp.asarray(b)) for row, (f, b) in out.items()}
+    out.update(vector_rows)
+    return out
+
+
+def _elementwise(dev, n, bytes_moved, flops):
+    return _ops.elementwise_latency.single(dev, n, bytes_moved, flops, overhead=True)
+
+
+def qkv_projection(sh: Shard, tokens, fused=False):
+    """Q, K, V projection GEMMs of ``tokens`` rows.
+
+    LLMCompass: three kernels ``[b·s, d]×[d, d/t]``; K and V follow ``h_kv`` (GQA).
+    ``fused=True``: one kernel ``[b·s, d]×[d, (h/t + 2h_kv')·d_h]`` (Megatron's
+    ``query_key_value`` ColumnParallelLinear, used in training).
+    """
+    if fused:
+        n = (sh.heads + 2.0 * sh.kv_heads) * sh.head_dim
+        return {"qkv": [(Gemm(tokens, n, sh.d_model), 1.0)]}
+    return {"qkv": [(Gemm(tokens, sh.heads * sh.head_dim, sh.d_model), 1.0),
+                    (Gemm(tokens, sh.kv_heads * sh.head_dim, sh.d_model), 2.0)]}
+
+
+def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, backward=False):
+    """Scores, softmax and weighted sum of standard (unfused) attention.
+
+    Source: LLMCompass §III-C / notes §2: ``Q·Kᵀ`` and ``A·V`` as batched GEMMs (one product per
+    sequence and KV head, the query group folded into M), softmax over ``[b·h/t·s, s_kv]``.
+    Softmax backward ``dx = y·(dy − Σ dy·y)`` reads ``y, dy`` and writes ``dx`` (3 words,
+    4 FLOP per element; memory-bound).
+
+    Returns:
+        ``(gemm_rows, vector_rows)`` with rows ``qk``, ``av`` and ``softmax``.
+    """
+    nb = batch * sh.kv_heads
+    m = seq_len * sh.group
+    gemms = {"qk": [(Gemm(m, kv_seq, sh.head_dim, nb), 1.0)],
+             "av": [(Gemm(m, sh.head_dim, kv_seq, nb), 1.0)]}
+    rows = batch * sh.heads * seq_len
+    sm = _ops.softmax_latency.single(dev, rows, kv_seq, overhead=True)
+    sm_b = (_elementwise(dev, rows * kv_seq, 3.0 * dtype_bytes, 4.0) if backward
+            else jnp.zeros_like(sm))
+    return gemms, {"softmax": (sm, sm_b)}
+
+
+def output_projection(sh: Shard, tokens):
+    """``W_o``: ``[b·s, h·d_h/t]×[h·d_h/t, d]`` (RowParallelLinear)."""
+    return {"wo": [(Gemm(tokens, sh.d_model, sh.heads * sh.head_dim), 1.0)]}
+
+
+def ffn_block(dev, model: Model, sh: Shard, tokens, dtype_bytes=2.0, backward=False):
+    """Dense FFN of ``tokens`` rows: ``w1``, activation, ``w2``.
+
+    GELU FFN (GPT): ``W1 [d, d_ff/t]``, GELU (LLMCompass GeLU kernel), ``W2 [d_ff/t, d]``.
+    SwiGLU (Llama; Shazeer 2020): gate and up fused into one ``[d, 2·d_ff/t]`` GEMM, then
+    ``silu(gate)·up`` as an elementwise kernel reading 2 and writing 1 word per output element
+    (``exp + 5`` FLOP: sigmoid and two multiplies), then ``W2``.
+    Backward activation (memory-bound): GELU reads ``x, dy`` and writes ``dx`` (3 words,
+    ``2·(10 + exp)`` FLOP, twice LLMCompass's forward count); SwiGLU reads ``gate, up, dy`` and
+    writes ``dgate, dup`` (5 words, ``2·(exp + 5)`` FLOP).
+
+    Returns:
+        ``(gemm_rows, vector_rows)`` with rows ``w1``, ``w2`` and ``act``.
+    """
+    n_act = tokens * sh.d_ff
+    gemms = {"w1": [(Gemm(tokens, sh.ffn_in, sh.d_model), 1.0)],
+             "w2": [(Gemm(tokens, sh.d_model, sh.d_ff), 1.0)]}
+    is_swiglu = model.activation > 0.5
+    gelu = _ops.gelu_latency.single(dev, n_act, overhead=True)
+    swiglu = _elementwise(dev, n_act, 3.0 * dtype_bytes, dev.exp_flops + 5.0)
+    act = jnp.where(is_swiglu, swiglu, gelu)
+    if backward:
+        gelu_b = _elementwise(dev, n_act, 3.0 * dtype_bytes, 2.0 * (10.0 + dev.exp_flops))
+        swiglu_b = _elementwise(dev, n_act, 5.0 * dtype_bytes, 2.0 * (dev.exp_flops + 5.0))
+        act_b = jnp.where(is_swiglu, swiglu_b, gelu_b)
+    else:
+        act_b = jnp.zeros_like(act)
+    return gemms, {"act": (act, act_b)}
+
+
+def layernorm(dev, sh: Shard, par: Parallelism, tokens, dtype_bytes=2.0, backward=False):
+    """One layernorm over ``[tokens, d]`` (``tokens/t`` rows under sequence parallelism), s.
+
+    LLMCompass LayerNorm kernel (notes §2); SP shards it (Korthikanti et al. 2022 §4.2.2).
+    Backward: reads ``x, dy``, writes ``dx`` (3 words, ~10 FLOP per element), memory-bound.
+
+    Returns:
+        ``(fwd_s, bwd_s)``.
+    """
+    rows = jnp.where(par.sp > 0.5, tokens / sh.tp, tokens)
+    fwd = _ops.layernorm_latency.single(dev, rows, sh.d_model, overhead=True)
+    bwd = (_elementwise(dev, rows * sh.d_model, 3.0 * dtype_bytes, 10.0) if backward
+           else jnp.zeros_like(fwd))
+    return fwd, bwd
+
+
+def tp_collective(system: System, par: Parallelism, nbytes):
+    """One Megatron TP synchronisation point on a ``[b·s, d]`` activation of ``nbytes`` (s).
+
+    Without SP: an all-reduce over the ``t`` devices (Shoeybi et al. 2019, the ``g``/``f``
+    operators); with SP: a reduce-scatter and an all-gather of the same buffer (Korthikanti
+    et al. 2022 §4.2.2, same bandwidth cost). ``nbytes`` is the full per-device buffer (NCCL
+    convention), passed to :func:`jaxmodel.comm.collective_latency`. Zero when ``t = 1``.
+    """
+    tp = par.tp
+    multi = tp > 1.5
+    group = jnp.where(multi, tp, 2.0)      # double-where: never evaluate a group of 1
+    ar = _comm.collective_latency.single(system, "all_reduce", nbytes, group)
+    rs = _comm.collective_latency.single(system, "reduce_scatter", nbytes, group)
+    ag = _comm.collective_latency.single(system, "all_gather", nbytes, group)
+    t = jnp.where(par.sp > 0.5, rs + ag, ar)
+    return jnp.where(multi, t, 0.0)
+
+
+def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dtype_bytes=2.0,
+                training=False):
+    """All compute rows of one layer: ``(gemm_rows, vector_rows)`` (see :func:`evaluate`).
+
+    ``training`` fuses the QKV GEMM (Megatron) and times the backward vector kernels.
+    """
+    sh = shard(model, par)
+    tokens = batch * seq_len
+    core_g, core_v = attention_core(dev, sh, batch, seq_len, kv_seq, dtype_bytes, training)
+    ffn_g, ffn_v = ffn_block(dev, model, sh, tokens, dtype_bytes, training)
+    ln = layernorm(dev, sh, par, tokens, dtype_bytes, training)
+    gemms = {**qkv_projection(sh, tokens, fused=training), **core_g,
+             **output_projection(sh, tokens), **ffn_g}
+    vectors = {**core_v, **ffn_v, "layernorm_mha": ln, "layernorm_ffn": ln}
+    return gemms, vectors
+
+
+# --------------------------------------------------------------------------------------------
+# inference layer
+# --------------------------------------------------------------------------------------------
+def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
+                phase: str = "prefill", kv_len=0.0, gemm: GemmFn | None = None,
+                dtype_bytes=2.0):
+    """Single-configuration body of :func:`layer_breakdown` (use inside other formulas)."""
+    if phase not in ("prefill", "decode"):
+        raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
+    gemm = gemm or default_gemm
+    dev = system.device
+    kv_seq = seq_len if phase == "prefill" else kv_len + seq_len
+    gemms, vectors = layer_graph(dev, model, par, batch, seq_len, kv_seq, dtype_bytes)
+    rows = evaluate(gemm, dev, gemms, vectors, dtype_bytes)
+    out = {k: v[0] for k, v in rows.items()}
+    sync = tp_collective(system, par, batch * seq_len * model.d_model * dtype_bytes)
+    out["allreduce_mha"] = sync
+    out["allreduce_ffn"] = sync
+    ok, _ = layer_feasibility(model, par)
+    out = {k: jnp.where(ok, out[k], INF) for k in LAYER_OPS}
+    out["total"] = sum(out[k] for k in LAYER_OPS)
+    return out
+
+
+@batched
+def _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm, dtype_bytes):
+    return layer_times(system, model, par, batch, seq_len, phase, kv_len, gemm, dtype_bytes)
+
+
+def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_len,
+                    phase: str = "prefill", kv_len=0, gemm: GemmFn | None = None,
+                    dtype_bytes=2.0):
+    """Latency of one decoder layer on one device, per op (LLMCompass layer model), s.
+
+    Source: LLMCompass (seed 003) §III-C, notes §2: every kernel serial with its per-kernel
+    overhead, two TP all-reduces (reduce-scatter + all-gather under ``par.sp``). See the module
+    docstring for the op shapes. ``phase="decode"`` means ``seq_len`` new tokens per sequence
+    against ``kv_len`` cached ones.
+
+    Args:
+        system: the device and its network (``system.device`` runs the kernels).
+        model: the transformer (GQA through ``n_kv_heads``; GELU/SwiGLU FFN).
+        par: parallelism; only ``tp`` and ``sp`` matter for one layer.
+        batch: sequences (``b``).
+        seq_len: new tokens per sequence (``s``): the prompt in prefill, usually 1 in decode.
+        phase: ``"prefill"`` or ``"decode"`` (static).
+        kv_len: cached tokens per sequence in decode.
+        gemm: optional GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s``
+            (static; default: the ops tile search).
+        dtype_bytes: bytes per activation/weight element (2 = fp16/bf16).
+
+    Returns:
+        dict op name → seconds with the 12 rows of :data:`LAYER_OPS` and ``"total"``; leading
+        batch axes as in the inputs. Infeasible TP splits give ``+inf``.
+
+    Raises:
+        ValueError: concrete single configuration with heads not divisible by ``tp``, or
+            non-integer / < 1 degrees.
+
+    Example:
+        >>> t = jm.layer_breakdown(hw_db.system("hgx_a100_4gpu"), hw_db.model("gpt3-175b"),
+        ...                        jm.Parallelism(tp=4), 8, 2048)
+        >>> float(t["total"])  # ~0.066 s
+    """
+    _raise_if_invalid(model, par)
+    return _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm,
+                            dtype_bytes)
+
+
+layer_breakdown.single = layer_times
+
+
+def _raise_if_invalid(model, par):
+    """Raise ``ValueError`` for an inconsistent *concrete, unbatched* plan (API edge)."""
+    from jaxmodel.batching import batch_shape
+    from jaxmodel.numerics import reason_name
+    from jaxmodel.types import is_concrete
+    if not is_concrete(model, par) or batch_shape(model, par) != ():
+        return
+    ok, why = layer_feasibility(model, par)
+    if not bool(ok):
+        raise ValueError(f"infeasible layer split ({reason_name(why)}): tp={par.tp!r}, "
+                         f"n_heads={model.n_heads!r}, n_kv_heads={model.n_kv_heads!r}, "
+                         f"pp={par.pp!r}, dp={par.dp!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# training layer
+# --------------------------------------------------------------------------------------------
+def training_layer_single(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
+                          gemm: GemmFn | None = None, dtype_bytes=2.0):
+    """Single-configuration body of :func:`training_layer_times`."""
+    gemm = gemm or default_gemm
+    dev = system.device
+    gemms, vectors = layer_graph(dev, model, par, micro_batch, seq_len, seq_len, dtype_bytes,
+                                 training=True)
+    rows = evaluate(gemm, dev, gemms, vectors, dtype_bytes, backward=True)
+    fwd = sum(f for f, _ in rows.values())
+    bwd = sum(b for _, b in rows.values())
+    attn_core_fwd = rows["qk"][0] + rows["softmax"][0] + rows["av"][0]
+    sync = tp_collective(system, par, micro_batch * seq_len * model.d_model * dtype_bytes)
+    comm_fwd = 2.0 * sync
+    comm_bwd = 2.0 * sync
+    rc = par.recompute
+    recompute = jnp.select([rc < 0.5, rc < 1.5], [jnp.zeros_like(fwd), attn_core_fwd],
+                           fwd + comm_fwd)
+    out = {"fwd": fwd, "bwd": bwd, "recompute": recompute, "tp_comm_fwd": comm_fwd,
+           "tp_comm_bwd": comm_bwd}
+    ok, _ = layer_feasibility(model, par)
+    return {k: jnp.where(ok, v, INF) for k, v in out.items()}
+
+
+@batched
+def _training_layer_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes):
+    return training_layer_single(system, model, par, micro_batch, seq_len, gemm, dtype_bytes)
+
+
+def training_layer_times(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
+                         gemm: GemmFn | None = None, dtype_bytes=2.0):
+    """Per-layer, per-micro-batch, per-device training times (s).
+
+    Source: seed 001 §III (Optimus training graph); Narayanan et al. 2021 Appendix (backward =
+    2× forward GEMM work); Korthikanti et al. 2022 §4.2 (TP/SP communication, §5 selective
+    recomputation); LLMCompass kernels for every op.
+
+    Returns:
+        dict with
+        ``fwd`` — forward compute (fused QKV, attention core, ``W_o``, FFN, 2 layernorms);
+        ``bwd`` — backward compute: input- and weight-gradient GEMMs of every product,
+        memory-bound backward softmax / layernorm / activation;
+        ``recompute`` — extra forward work per ``par.recompute``: none = 0, selective = the
+        attention core (``QKᵀ``, softmax, ``AV``), full = the whole forward incl. its TP
+        collectives;
+        ``tp_comm_fwd`` / ``tp_comm_bwd`` — 2 all-reduces each (SP: 2 × (reduce-scatter +
+        all-gather)), not overlapped.
+        Infeasible TP splits give ``+inf``.
+
+    Args:
+        gemm: optional static GEMM function ``(dev, m, n, k, batch, dtype_bytes) -> s`` that
+            the parallelism search may substitute with a precomputed lookup.
+
+    Example:
+        >>> t = jm.training_layer_times(hw_db.system("hgx_a100_4gpu"), hw_db.model("gpt3-13b"),
+        ...                             jm.Parallelism(tp=4), 1, 2048)
+    """
+    _raise_if_invalid(model, par)
+    return _training_layer_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes)
+
+
+training_layer_times.single = training_layer_single
+
+
+def embedding_single(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
+                     gemm: GemmFn | None = None, dtype_bytes=2.0):
+    """Single-configuration body of :func:`embedding_times`."""
+    gemm = gemm or default_gemm
+    dev = system.device
+    sh = shard(model, par)
+    tokens = micro_batch * seq_len
+    vocab = model.vocab_size / sh.tp
+    n_hidden = tokens * model.d_model
+    # lookup: gather one row per token (read + write a word per element)
+    embed_f = _elementwise(dev, n_hidden, 2.0 * dtype_bytes, 0.0)
+    # backward: scatter-add of dY into the embedding gradient (read dY, read+write the row)
+    embed_b = _elementwise(dev, n_hidden, 3.0 * dtype_bytes, 1.0)
+    head = evaluate(gemm, dev, {"head": [(Gemm(tokens, vocab, model.d_model), 1.0)]}, {},
+                    dtype_bytes, backward=True)
+    head_f, head_b = head["head"]
+    loss_f = _ops.softmax_latency.single(dev, tokens, vocab, overhead=True)
+    # d logits = softmax − onehot: read p, write dlogits
+    loss_b = _elementwise(dev, tokens * vocab, 2.0 * dtype_bytes, 2.0)
+    # vocab-parallel embedding output all-reduce (fwd) and its input-grad mirror (bwd);
+    # vocab-parallel cross entropy: 2 small fp32 all-reduces (max, sum-exp) of [tokens]
+    sync = tp_collective(system, par, n_hidden * dtype_bytes)
+    multi = par.tp > 1.5
+    group = jnp.where(multi, par.tp, 2.0)
+    small = _comm.collective_latency.single(system, "all_reduce", tokens * 4.0, group)
+    small = jnp.where(multi, small, 0.0)
+    comm_f = sync + 2.0 * small
+    comm_b = sync
+    out = {"embed_fwd": embed_f, "embed_bwd": embed_b, "lm_head_fwd": head_f,
+           "lm_head_bwd": head_b, "loss_fwd": loss_f, "loss_bwd": loss_b,
+           "comm_fwd": comm_f, "comm_bwd": comm_b,
+           "fwd": embed_f + head_f + loss_f, "bwd": embed_b + head_b + loss_b}
+    ok, _ = layer_feasibility(model, par)
+    return {k: jnp.where(ok, v, INF) for k, v in out.items()}
+
+
+@batched
+def _embedding_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes):
+    return embedding_single(system, model, par, micro_batch, seq_len, gemm, dtype_bytes)
+
+
+def embedding_times(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
+                    gemm: GemmFn | None = None, dtype_bytes=2.0):
+    """Embedding lookup, LM head and loss per micro-batch per device, forward and backward (s).
+
+    Source: Megatron-LM vocab-parallel embedding and cross entropy (Shoeybi et al. 2019 §3);
+    LM head GEMM ``[b·s, d]×[d, V/t]`` (Narayanan et al. 2021 eq. 3's ``V/(16lh)`` term);
+    loss = softmax over ``[b·s, V/t]`` (LLMCompass Softmax kernel).
+
+    Returns:
+        dict with ``embed_fwd/bwd`` (first stage), ``lm_head_fwd/bwd`` and ``loss_fwd/bwd``
+        (last stage), ``comm_fwd/bwd`` (TP all-reduce of the embedding output / its gradient,
+        two small fp32 all-reduces of the vocab-parallel loss), and the totals ``fwd``/``bwd``
+        of compute (embedding + head + loss; a pipeline splits them over its first and last
+        stage).
+    """
+    _raise_if_invalid(model, par)
+    return _embedding_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes)
+
+
+embedding_times.single = embedding_single
