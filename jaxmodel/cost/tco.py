@@ -1,0 +1,112 @@
+"""Total cost of ownership: capital amortised over a lifetime + energy.
+
+``usd_per_hour = capex / (lifetime·8760 h) + P·PUE·price/1000``, with
+``P = n_devices · (TDP·utilization + host share)`` W. Derived: USD per million generated tokens
+(``usd_per_hour / (3600·tokens_per_s) · 1e6``) and USD per training run
+(``usd_per_hour · run_time_s / 3600``). Defaults and their sources: ``hw_db/tech/datacenter.toml``
+(lifetime, PUE, electricity price, host power). Seed 001 §VI names TCO as the extension of its
+chiplet cost model; the formula is the standard capex + opex amortisation (e.g. Barroso et al.,
+"The Datacenter as a Computer", ch. 6).
+
+Example:
+    >>> t = jm.tco(hw_db.system("dgx_a100", nodes=128), tokens_per_s=2.0e5)
+    >>> float(t.usd_per_hour), float(t.usd_per_million_tokens)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxmodel.batching import batched
+from jaxmodel.cost import tech
+from jaxmodel.cost.area import area_fields
+from jaxmodel.cost.device import _system_cost_single
+from jaxmodel.numerics import safe_div
+from jaxmodel.types import System
+
+HOURS_PER_YEAR = 365.0 * 24.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TCO:
+    """Cost of ownership (USD).
+
+    Attributes:
+        usd_per_hour: capital + energy per hour of operation.
+        capex_usd: system capital cost.
+        capex_per_hour: capital amortised per hour.
+        energy_per_hour: electricity per hour (incl. PUE).
+        power_w: IT power drawn, W.
+        usd_per_million_tokens: per million generated tokens (``inf`` when no rate given).
+        usd_per_run: per training run (``0`` when no run time given).
+    """
+
+    usd_per_hour: Any
+    capex_usd: Any
+    capex_per_hour: Any
+    energy_per_hour: Any
+    power_w: Any
+    usd_per_million_tokens: Any
+    usd_per_run: Any
+
+
+jax.tree_util.register_dataclass(TCO, data_fields=[f.name for f in dataclasses.fields(TCO)],
+                                 meta_fields=[])
+
+
+def _default(key):
+    return tech.table("datacenter")["operation"][key]
+
+
+def _tco_single(system: System, tokens_per_s=0.0, run_time_s=0.0, capex_usd=-1.0,
+                lifetime_years=-1.0, pue=-1.0, usd_per_kwh=-1.0, utilization=-1.0,
+                include_yield: bool = True) -> TCO:
+    pick = lambda v, k: jnp.where(v > 0, v, _default(k))  # noqa: E731
+    life = pick(lifetime_years, "lifetime_years")
+    pue_ = pick(pue, "pue")
+    price = pick(usd_per_kwh, "usd_per_kwh")
+    util = pick(utilization, "utilization")
+    built = _system_cost_single(system, include_yield).total_usd
+    capex = jnp.where(capex_usd > 0, capex_usd, built)
+    n = system.n_devices
+    power = n * (system.device.tdp_w * util + _default("host_power_w_per_device"))
+    capex_h = capex / (life * HOURS_PER_YEAR)
+    energy_h = power / 1000.0 * pue_ * price
+    per_hour = capex_h + energy_h
+    per_mtok = safe_div(per_hour * 1e6, 3600.0 * tokens_per_s, jnp.inf)
+    return TCO(usd_per_hour=per_hour, capex_usd=capex, capex_per_hour=capex_h,
+               energy_per_hour=energy_h, power_w=power, usd_per_million_tokens=per_mtok,
+               usd_per_run=per_hour * run_time_s / 3600.0)
+
+
+_tco_batched = batched(_tco_single)
+
+
+def tco(system: System, tokens_per_s=0.0, run_time_s=0.0, *, capex_usd=-1.0,
+        lifetime_years=-1.0, pue=-1.0, usd_per_kwh=-1.0, utilization=-1.0,
+        include_yield: bool = True) -> TCO:
+    """Total cost of ownership of a system (capital + energy), USD.
+
+    Args:
+        system: a :class:`jaxmodel.System` (leaves may be batched).
+        tokens_per_s: generated tokens per second of the whole system (for
+            ``usd_per_million_tokens``), e.g. ``jm.inference(...).tokens_per_s`` × replicas.
+        run_time_s: duration of a training run, s (for ``usd_per_run``), e.g.
+            ``jm.train_step(...).step_time_s × steps``.
+        capex_usd: system price; ≤ 0 uses :func:`jaxmodel.system_cost` (manufacturing cost).
+        lifetime_years, pue, usd_per_kwh, utilization: ≤ 0 uses ``hw_db/tech/datacenter.toml``.
+        include_yield: see :func:`jaxmodel.device_cost`.
+
+    Returns:
+        :class:`TCO`. All inputs may be batched arrays; the result is differentiable.
+    """
+    sys_ = dataclasses.replace(system, device=area_fields(system.device))
+    return _tco_batched(sys_, tokens_per_s, run_time_s, capex_usd, lifetime_years, pue,
+                        usd_per_kwh, utilization, include_yield=include_yield)
+
+
+tco.single = _tco_single
