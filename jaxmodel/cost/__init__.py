@@ -16,6 +16,8 @@ from jaxmodel.cost.chiplet import (ChipletCost, ChipletSystem, chiplet_cost,
 from jaxmodel.cost.device import (DeviceCost, SystemCost, device_cost, die_cost,
                                   dies_per_wafer_ttm, system_cost)
 from jaxmodel.cost.tco import TCO, tco
+from jaxmodel.cost.uarch import (LinkTech, SRAMTech, UArchBudgets, UArchTech, dvfs,
+                                 load_deepflow_config, uarch)
 from jaxmodel.cost.wafer import (dies_per_wafer, dies_per_wafer_grid, dies_per_wafer_smooth,
                                  negative_binomial_yield, reticle_utilization)
 
@@ -27,4 +29,5 @@ __all__: list[str] = [
     "negative_binomial_yield", "reticle_utilization",
     "die_cost", "device_cost", "system_cost", "dies_per_wafer_ttm", "DeviceCost", "SystemCost",
     "tco", "TCO",
+    "uarch", "load_deepflow_config", "UArchTech", "UArchBudgets", "SRAMTech", "LinkTech", "dvfs",
 ]
