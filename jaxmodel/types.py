@@ -245,6 +245,10 @@ class NetLevel:
         base_latency: fixed software/launch latency per collective, s (calibration constant).
         flit_bytes, header_bytes, max_payload_bytes: packet format (LLMCompass eq. 1–2).
         in_network_reduction: 1 when switches reduce in-network (NVLink SHARP), else 0.
+        chunk_latency: per-chunk overhead of a pipelined collective, s (calibration constant;
+            0 = the seed's unpipelined formulas). See ``jaxmodel.comm.collectives``.
+        bw_per_node: uplink bandwidth shared by the devices of one lower-tier unit (a node's
+            NICs), bytes/s per direction; 0 = no shared limit (one NIC per device).
     """
 
     size: Array
@@ -258,6 +262,8 @@ class NetLevel:
     header_bytes: Array = 0.0
     max_payload_bytes: Array = 256.0
     in_network_reduction: Array = 0.0
+    chunk_latency: Array = 0.0
+    bw_per_node: Array = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "topology", code_of(self.topology, TOPOLOGIES, "topology"))
@@ -302,7 +308,8 @@ def validate_system(system: System, where: str = "System") -> System:
         _check_fields(lvl, ("size", "bw_per_device", "efficiency", "flit_bytes",
                             "max_payload_bytes"),
                       ("link_latency", "switch_latency", "base_latency", "header_bytes",
-                       "in_network_reduction", "topology"), f"{where}.levels[{i}]")
+                       "in_network_reduction", "topology", "chunk_latency", "bw_per_node"),
+                      f"{where}.levels[{i}]")
     return system
 
 

@@ -104,7 +104,23 @@ def _dim_load(c, closed):
     return jnp.where(closed, c * c / 8.0, jnp.floor(c / 2.0) * jnp.ceil(c / 2.0))
 
 
-def level_algorithm_times(level, m, n, spacing=1.0):
+def _pipelined(lat, bwt, steps, chunk_latency):
+    """``lat + bwt + S·c + 2·√(S·c·bwt)`` = ``lat + (√(S·c) + √bwt)²``.
+
+    Optimally chunked pipeline (Bar-Noy & Kipnis 1994; Träff & Ripke 2008 for pipelined
+    collectives): ``k`` chunks through ``S`` sequential steps, each chunk paying an overhead
+    ``c`` (synchronisation, flag polling, kernel loop), cost ``(S + k − 1)(c + bwt/k)``, minimal
+    at ``k* = √((S−1)·bwt / c)``. Its cross term makes the achieved bandwidth ramp up with
+    message size, as measured (NCCL). ``c = 0`` gives the seed's ``lat + bwt`` exactly; the
+    double-where keeps the gradient finite there.
+    """
+    x = steps * chunk_latency * bwt
+    ok = x > 0
+    root = jnp.where(ok, jnp.sqrt(jnp.where(ok, x, 1.0)), 0.0)
+    return lat + bwt + steps * chunk_latency + 2.0 * root
+
+
+def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0):
     """Times of every algorithm and op on one tier, s (no base latency).
 
     Args:
@@ -112,6 +128,8 @@ def level_algorithm_times(level, m, n, spacing=1.0):
         m: members of the group joined by this tier.
         n: buffer size at this tier, bytes (NCCL convention, see module docstring).
         spacing: distance between consecutive members in tier positions (ring/grid hops).
+        sharers: devices of one lower-tier unit communicating at this tier at the same time
+            (they share ``bw_per_node`` when it is set).
 
     Returns:
         ``(times, applicable, ok)``: ``times[op]`` an array over ``ALGORITHMS`` (+inf where not
@@ -125,14 +143,18 @@ def level_algorithm_times(level, m, n, spacing=1.0):
     is_mesh, is_torus = topo._is(t, topo.MESH2D), topo._is(t, topo.TORUS2D)
     is_grid = is_mesh | is_torus
 
-    bw_ok = effective_bw(level) > 0
-    B = jnp.where(bw_ok, effective_bw(level), 1.0)
+    per_dev = level.bw_per_device
+    node_cap = safe_div(level.bw_per_node, jnp.maximum(sharers, 1.0), fill=jnp.inf)
+    per_dev = jnp.where(level.bw_per_node > 0, jnp.minimum(per_dev, node_cap), per_dev)
+    raw_B = per_dev * level.efficiency
+    B = jnp.where(raw_B > 0, raw_B, 1.0)
     b = topo.link_bw(level, B)
-    lat, d_r = level.link_latency, level.switch_latency
+    lat, d_r, cl = level.link_latency, level.switch_latency, level.chunk_latency
     sp = jnp.maximum(spacing, 1.0)
     m = jnp.maximum(jnp.asarray(m, dtype=f), 1.0)
     n = jnp.maximum(jnp.asarray(n, dtype=f), 0.0)
     active = m > 1.5
+    one = jnp.ones_like(m)
 
     # ---- group shape: a 1 x m line on a ring, an r x c sub-grid on a 2D tier ----------------
     R, C, grid_ok = topo.level_grid(level)
@@ -145,100 +167,102 @@ def level_algorithm_times(level, m, n, spacing=1.0):
                          is_torus & (jnp.abs(c - C) < 0.5))
     closed_y = is_torus & (jnp.abs(r - R) < 0.5)
     hop = lat * sp                                    # latency between consecutive members
-    sw_hop = 2.0 * lat + d_r                          # device → switch → device
+    sw_hop = 2.0 * lat + d_r                          # device -> switch -> device
 
     def ovh(msg):
         return overhead_factor(level, msg)
 
-    # ---- reduce-scatter (= all-gather) per algorithm ---------------------------------------
-    # ring
+    def sel(sw, fc, other):
+        return jnp.select([is_sw, is_fc], [sw, fc], other)
+
+    # Each algorithm below is (latency, bandwidth time, sequential steps) of one phase.
+    # ---- ring: reduce-scatter (= all-gather) -------------------------------------------------
+    line_like = is_ring | (is_grid & (r < 1.5))
     ring_bw_1d = jnp.where(closed_x, 2.0 * b, b)
     ring_step_1d = jnp.where(closed_x, hop, hop * (m - 1.0))
-    ring_bw = jnp.select([is_sw, is_fc, is_ring | (is_grid & (r < 1.5))],
-                         [B, (m - 1.0) * b, ring_bw_1d], 2.0 * b)
-    ring_step = jnp.select([is_sw, is_fc, is_ring | (is_grid & (r < 1.5))],
-                           [sw_hop, lat, ring_step_1d], hop)
-    rs_ring = (m - 1.0) * ring_step + (m - 1.0) / m * n * ovh(n / m) / ring_bw
+    ring_bw = jnp.select([is_sw, is_fc, line_like], [B, (m - 1.0) * b, ring_bw_1d], 2.0 * b)
+    ring_step = jnp.select([is_sw, is_fc, line_like], [sw_hop, lat, ring_step_1d], hop)
+    ring = ((m - 1.0) * ring_step, (m - 1.0) / m * n * ovh(n / m) / ring_bw, m - 1.0)
 
-    # halving-doubling (Rabenseifner); the power-of-two core p' = 2^floor(log2 m)
+    # ---- halving-doubling (Rabenseifner); power-of-two core p' = 2^floor(log2 m) -------------
     p2 = 2.0 ** jnp.floor(_log2(m) + 1e-9)
     extra = jnp.where(m - p2 > 0.5, 1.0, 0.0)        # non-power of two: one more step
     steps = jnp.floor(_log2(m) + 1e-9)
-    hd_msg = n / 2.0
-    hd_sw = steps * sw_hop + (p2 - 1.0) / p2 * n * ovh(hd_msg) / B
-    hd_fc = steps * lat + (p2 - 1.0) / p2 * n * ovh(hd_msg) / b
+    o_hd = ovh(n / 2.0)
     # rings/grids: dimension X (c members) then Y (r members) on n / c; step k spans 2^k hops
-    hd_dims = ((c - 1.0) + (r - 1.0)) * hop + (
-        _log2(c) * n / 2.0 + _log2(r) * n / (2.0 * c)) * ovh(hd_msg) / b
-    hd_extra = extra * (jnp.select([is_sw, is_fc], [sw_hop, lat], hop)
-                        + n / 2.0 * ovh(hd_msg) / jnp.select([is_sw], [B], b))
-    rs_hd = jnp.select([is_sw, is_fc], [hd_sw, hd_fc], hd_dims) + hd_extra
+    hd_lat = sel(steps * sw_hop, steps * lat, ((c - 1.0) + (r - 1.0)) * hop)
+    hd_bwt = sel((p2 - 1.0) / p2 * n * o_hd / B, (p2 - 1.0) / p2 * n * o_hd / b,
+                 (_log2(c) * n / 2.0 + _log2(r) * n / (2.0 * c)) * o_hd / b)
+    hd_lat = hd_lat + extra * sel(sw_hop, lat, hop)
+    hd_bwt = hd_bwt + extra * n / 2.0 * o_hd / jnp.where(is_sw, B, b)
+    hd = (hd_lat, hd_bwt, steps + extra)
 
-    # direct: one step, n/m to each of the m−1 others
+    # ---- direct: one step, n/m to each of the m-1 others -------------------------------------
     u = n / m
     x_load = _dim_load(c, closed_x) * r * u
     y_load = _dim_load(r, closed_y) * c * u
     diam = jnp.where(closed_x, jnp.floor(c / 2.0), c - 1.0) + jnp.where(
         closed_y, jnp.floor(r / 2.0), r - 1.0)
-    direct_dims = diam * hop + jnp.maximum(x_load, y_load) * ovh(u) / b
-    rs_direct = jnp.select(
-        [is_sw, is_fc],
-        [sw_hop + (m - 1.0) * u * ovh(u) / B, lat + u * ovh(u) / b], direct_dims)
+    direct = (sel(sw_hop, lat, diam * hop),
+              sel((m - 1.0) * u * ovh(u) / B, u * ovh(u) / b,
+                  jnp.maximum(x_load, y_load) * ovh(u) / b), one)
 
-    # 2D (Kumar & Jouppi): two halves, X-then-Y and Y-then-X, concurrently
+    # ---- 2D (Kumar & Jouppi): halves X-then-Y and Y-then-X, concurrently ---------------------
     bw_x = jnp.where(closed_x, 2.0 * b, b)
     bw_y = jnp.where(closed_y, 2.0 * b, b)
     step_x = jnp.where(closed_x, 1.0, c - 1.0)
     step_y = jnp.where(closed_y, 1.0, r - 1.0)
     load_x = (c - 1.0) / c * (n / 2.0 + n / (2.0 * r))
     load_y = (r - 1.0) / r * (n / 2.0 + n / (2.0 * c))
-    rs_2d = ((c - 1.0) * step_x + (r - 1.0) * step_y) * hop + jnp.maximum(
-        load_x / bw_x, load_y / bw_y) * ovh(n / (2.0 * c))
+    two_d = (((c - 1.0) * step_x + (r - 1.0) * step_y) * hop,
+             jnp.maximum(load_x / bw_x, load_y / bw_y) * ovh(n / (2.0 * c)),
+             (c - 1.0) + (r - 1.0))
 
-    # in-network (NVLS): RS via multimem loads, one switch round trip
+    # ---- in-network (NVLS): one switch round trip per phase ----------------------------------
     inr = is_sw & (level.in_network_reduction > 0.5)
-    rs_inr = sw_hop + (m - 1.0) / m * n * ovh(u) / B
+    inr_rs = (sw_hop, (m - 1.0) / m * n * ovh(u) / B, one)
 
-    # tree: double binary tree, depth ceil(log2 m)
+    # ---- tree: double binary tree, depth ceil(log2 m) ----------------------------------------
     depth = jnp.ceil(_log2(m) - 1e-9)
     h_avg = jnp.where(closed_x, c / 4.0, (c + 1.0) / 3.0) + jnp.where(
         r > 1.5, jnp.where(closed_y, r / 4.0, (r + 1.0) / 3.0), 0.0)
-    tree_hop = jnp.select([is_sw, is_fc], [sw_hop, lat], hop * jnp.maximum(h_avg, 1.0))
-    tree_bw = jnp.select([is_sw], [B], b)
+    tree_hop = sel(sw_hop, lat, hop * jnp.maximum(h_avg, 1.0))
+    tree_bw = jnp.where(is_sw, B, b)
 
-    rs = jnp.stack([rs_ring, rs_hd, rs_direct, rs_2d, INF * jnp.ones_like(rs_ring), rs_inr])
-    rs_app = jnp.stack([jnp.asarray(True), True, True, is_grid, False, inr])
+    def twice(a):
+        return (2.0 * a[0], 2.0 * a[1], 2.0 * a[2])
 
-    ar_tree = 2.0 * depth * tree_hop + 2.0 * n * ovh(n) / tree_bw
-    ar_inr = 2.0 * sw_hop + n * ovh(u) / B
-    ar = jnp.stack([2.0 * rs_ring, 2.0 * rs_hd, 2.0 * rs_direct, 2.0 * rs_2d, ar_tree, ar_inr])
-    ar_app = rs_app.at[4].set(True)
+    nothing = (0.0 * one, 0.0 * one, one)
+    true_, false_ = jnp.asarray(True), jnp.asarray(False)
+    rs_algs = [ring, hd, direct, two_d, nothing, inr_rs]
+    rs_app = [true_, true_, true_, is_grid, false_, inr]
+    ar_algs = [twice(ring), twice(hd), twice(direct), twice(two_d),
+               (2.0 * depth * tree_hop, 2.0 * n * ovh(n) / tree_bw, 2.0 * depth),
+               (2.0 * sw_hop, n * ovh(u) / B, 2.0 * one)]
+    ar_app = [true_, true_, true_, is_grid, true_, inr]
+    a2a_algs = [nothing, nothing, direct, nothing, nothing, nothing]
+    a2a_app = [false_, false_, true_, false_, false_, false_]
+    # broadcast: pipelined chain (ring); scatter + all-gather (hd, direct, 2d)
+    bc_algs = [((m - 1.0) * ring_step, n * ovh(n) / jnp.where(is_fc, b, ring_bw), m - 1.0),
+               twice(hd), twice(direct), twice(two_d),
+               (depth * tree_hop, n * ovh(n) / tree_bw, depth),
+               (sw_hop, n * ovh(n) / B, one)]
+    p2p_one = (sel(sw_hop, lat, hop), n * ovh(n) / jnp.where(is_sw, B, b), one)
+    p2p_algs = [p2p_one] * len(ALGORITHMS)
+    all_app = [true_] * len(ALGORITHMS)
 
-    a2a = jnp.where(jnp.arange(len(ALGORITHMS)) == 2, rs_direct, INF)
-    a2a_app = jnp.arange(len(ALGORITHMS)) == 2
-
-    # broadcast: pipelined chain (ring), scatter + all-gather (hd, 2d), root to all (direct)
-    bc_ring = (m - 1.0) * ring_step + n * ovh(n) / jnp.where(is_fc, b, ring_bw)
-    bc_direct = 2.0 * rs_direct     # direct scatter + direct all-gather (van de Geijn)
-    bc_tree = depth * tree_hop + n * ovh(n) / tree_bw
-    bc_inr = sw_hop + n * ovh(n) / B
-    bc = jnp.stack([bc_ring, 2.0 * rs_hd, bc_direct, 2.0 * rs_2d, bc_tree, bc_inr])
-    bc_app = ar_app
-
-    p2p_one = jnp.select([is_sw, is_fc], [sw_hop + n * ovh(n) / B, lat + n * ovh(n) / b],
-                         hop + n * ovh(n) / b)
-    p2p = jnp.broadcast_to(p2p_one, (len(ALGORITHMS),))
-    p2p_app = jnp.ones(len(ALGORITHMS), dtype=bool)
-
-    def finish(x, app):
+    def finish(algs, app):
+        x = jnp.stack([_pipelined(a[0], a[1], a[2], cl) for a in algs])
+        app = jnp.stack(app)
         x = jnp.where(app, x, INF)
-        return jnp.where(active, x, jnp.where(app, 0.0, INF))
+        return jnp.where(active, x, jnp.where(app, 0.0, INF)), app
 
-    times = {"all_reduce": finish(ar, ar_app), "reduce_scatter": finish(rs, rs_app),
-             "all_gather": finish(rs, rs_app), "all_to_all": finish(a2a, a2a_app),
-             "broadcast": finish(bc, bc_app), "p2p": finish(p2p, p2p_app)}
-    apps = {"all_reduce": ar_app, "reduce_scatter": rs_app, "all_gather": rs_app,
-            "all_to_all": a2a_app, "broadcast": bc_app, "p2p": p2p_app}
+    out = {"all_reduce": finish(ar_algs, ar_app), "reduce_scatter": finish(rs_algs, rs_app),
+           "all_to_all": finish(a2a_algs, a2a_app), "broadcast": finish(bc_algs, ar_app),
+           "p2p": finish(p2p_algs, all_app)}
+    out["all_gather"] = out["reduce_scatter"]
+    times = {k: v[0] for k, v in out.items()}
+    apps = {k: v[1] for k, v in out.items()}
     return times, apps, shape_ok | ~active
 
 
@@ -303,7 +327,7 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
             n_k = n / inner[k]
         else:
             n_k = n / inner[k]
-        times, apps, ok = level_algorithm_times(lvl, m, n_k, spacing[k])
+        times, apps, ok = level_algorithm_times(lvl, m, n_k, spacing[k], inner[k])
         shape_ok = shape_ok & ok
         if op == "all_reduce":
             # inner tiers: reduce-scatter + all-gather with the same algorithm; top: all-reduce

@@ -1,0 +1,86 @@
+"""Loaders for the measured all-reduce anchors (``shared/anchors``), as tidy arrays.
+
+Each loader returns a dict with ``name``, ``system`` (hw_db name), ``nodes``, ``group`` (group
+size per row), ``nbytes`` and ``seconds`` (measured latency), all numpy arrays, filtered to
+the rows the acceptance criteria use. Used by ``experiments/validate_collectives.py``,
+``experiments/calibrate_collectives.py`` and ``tests/comm``.
+
+Sources (see the READMEs in the anchor folders):
+
+- ``llmcompass_measured/allreduce_A100x4_measured.csv``: nccl-tests on a 4xA100 NVLink3 node
+  (LLMCompass Fig. 5h), sizes >= 4 KiB.
+- ``llmcompass_measured/allreduce_TPUv3.csv``: JAX psum on a TPUv3-8, sizes >= 4 KiB.
+- ``network/nccl_allreduce_busbw_8xA100.csv``: nccl-tests bus bandwidth on 8xA100 (Azure ND
+  A100 v4), sizes >= 64 KiB; latency = size / algbw, algbw = busbw · n / (2(n − 1)).
+- ``network/allreduce_kernel_times_A100.csv``: vidur kernel times (median) on A100 DGX nodes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["load_all", "a100x4", "tpuv3", "nccl_8xa100", "vidur"]
+
+
+def _pack(name, system, nodes, group, nbytes, seconds):
+    nbytes = np.asarray(nbytes, dtype=float)
+    return {"name": name, "system": system, "nodes": int(nodes),
+            "group": np.broadcast_to(np.asarray(group, dtype=float), nbytes.shape).copy(),
+            "nbytes": nbytes, "seconds": np.asarray(seconds, dtype=float)}
+
+
+def a100x4(root: Path, min_bytes: float = 4096):
+    """LLMCompass 4xA100 NVLink3 all-reduce (sizes >= ``min_bytes``)."""
+    d = pd.read_csv(Path(root) / "llmcompass_measured" / "allreduce_A100x4_measured.csv")
+    d = d[d.size_bytes >= min_bytes]
+    return _pack("llmcompass_a100x4", "hgx_a100_4gpu", 1, 4, d.size_bytes, d.latency_us * 1e-6)
+
+
+def tpuv3(root: Path, min_bytes: float = 4096):
+    """LLMCompass TPUv3-8 all-reduce (sizes >= ``min_bytes``)."""
+    d = pd.read_csv(Path(root) / "llmcompass_measured" / "allreduce_TPUv3.csv", header=None,
+                    sep=r",\s*", engine="python", names=["size", "seconds", "gbps"])
+    d = d[d["size"] >= min_bytes]
+    return _pack("llmcompass_tpuv3_8", "tpuv3_8", 1, 8, d["size"], d["seconds"])
+
+
+def nccl_8xa100(root: Path, min_bytes: float = 65536):
+    """nccl-tests all-reduce on 8xA100 (Azure ND A100 v4), converted from bus bandwidth."""
+    d = pd.read_csv(Path(root) / "network" / "nccl_allreduce_busbw_8xA100.csv")
+    d = d[d.size_bytes >= min_bytes]
+    n = d.num_gpus.to_numpy(dtype=float)
+    algbw = d.busbw_GBps.to_numpy() * 1e9 * n / (2.0 * (n - 1.0))
+    return _pack("nccl_8xa100", "dgx_a100", 1, n, d.size_bytes, d.size_bytes / algbw)
+
+
+def vidur(root: Path, which: str = "single_node"):
+    """vidur A100 DGX all-reduce kernel times (median).
+
+    Args:
+        which: ``"single_node"`` (2/4/8 GPUs in one node), ``"two_node_16"`` (16 GPUs,
+            8 per node) or ``"two_node_other"`` (2x1, 2x2, 2x4 GPUs across two nodes).
+    """
+    d = pd.read_csv(Path(root) / "network" / "allreduce_kernel_times_A100.csv")
+    single = d.num_workers == d.devices_per_node
+    if which == "single_node":
+        d, nodes = d[single], 1
+    elif which == "two_node_16":
+        d, nodes = d[(d.num_workers == 16) & (d.devices_per_node == 8)], 2
+    elif which == "two_node_other":
+        d, nodes = d[~single & (d.num_workers < 16)], 2
+    else:
+        raise ValueError(f"which={which!r} is not one of single_node, two_node_16, "
+                         f"two_node_other")
+    out = _pack(f"vidur_{which}", "a100_dgx_vidur", nodes, d.num_workers, d.size_bytes,
+                d.time_median_ms * 1e-3)
+    out["per_node"] = d.devices_per_node.to_numpy(dtype=float)
+    return out
+
+
+def load_all(root: Path):
+    """Every acceptance dataset, in the order of the acceptance list."""
+    return [a100x4(root), tpuv3(root), nccl_8xa100(root), vidur(root, "single_node"),
+            vidur(root, "two_node_16")]
