@@ -1,9 +1,13 @@
 """jaxmodel.ops: single-device operator models (LLMCompass seed 003 §III-B).
 
 GEMM tile-level mapper (:func:`gemm_latency`) with a roofline reference, the vector-unit
-operators (softmax, layernorm, GELU, a generic elementwise kernel), and feasibility checks.
+operators (softmax, layernorm, GELU, a generic elementwise kernel), feasibility checks, and the
+attention kernels (standard three-pass and FlashAttention-1/2, :mod:`jaxmodel.ops.attention`).
 """
 
+from jaxmodel.ops.attention import (FA_VERSIONS, flash_attention_latency,
+                                    flash_attention_rows, flash_attention_tiles,
+                                    standard_attention_latency)
 from jaxmodel.ops.feasibility import ops_feasible, validate_device_for_ops
 from jaxmodel.ops.gemm import gemm_latency, gemm_roofline
 from jaxmodel.ops.systolic import systolic_cycles
@@ -12,4 +16,5 @@ from jaxmodel.ops.vector import (elementwise_latency, gelu_latency, layernorm_la
 
 __all__ = ["gemm_latency", "gemm_roofline", "softmax_latency", "layernorm_latency",
            "gelu_latency", "elementwise_latency", "ops_feasible", "validate_device_for_ops",
-           "systolic_cycles"]
+           "systolic_cycles", "flash_attention_latency", "standard_attention_latency",
+           "flash_attention_tiles", "flash_attention_rows", "FA_VERSIONS"]

@@ -1,9 +1,10 @@
 """Can a device run the operator models at all? Batched check and a concrete validator.
 
-The GEMM search (:mod:`jaxmodel.ops.gemm`) needs at least its smallest tiles to fit: a
-``32×32`` output L1 tile with ``tk ≥ 1``, double buffered, in the local buffer, and the
-smallest L2 tile of the grid in the global buffer (fp16). Inside a batch an infeasible device
-gives ``feasible=False`` with a reason code (``numerics.REASONS``) and ``+inf`` latencies.
+The GEMM search (:mod:`jaxmodel.ops.gemm`) needs its smallest tiles to fit: the smallest L1
+tile of the grid (``MIN_L1_ARRAYS`` systolic arrays on a side, ``tk ≥ 1``, double buffered, fp16)
+in the local buffer, and the smallest L2 working set of the grid (fp16) in the global buffer.
+Smaller problems clip their tiles and need less. Inside a batch an infeasible device gives
+``feasible=False`` with a reason code (``numerics.REASONS``) and ``+inf`` latencies.
 """
 
 from __future__ import annotations
@@ -15,26 +16,27 @@ import numpy as np
 
 from jaxmodel import numerics as nx
 from jaxmodel.batching import batched
-from jaxmodel.ops.gemm import MIN_L1_TILE, MIN_L2_TILE, _device_ok
+from jaxmodel.ops.gemm import MIN_L1_ARRAYS, MIN_L2_ELEMENTS, _device_ok
 from jaxmodel.types import validate_device
 
 _WORD = 2.0  # fp16: the precision the buffer check is made for
 
 
-def _min_local_bytes():
-    t = MIN_L1_TILE
-    return 2.0 * (t * t + 2.0 * t) * _WORD          # double-buffered 32×32×1 tile
+def min_local_bytes(sa_rows, sa_cols):
+    """Local-buffer bytes the smallest GEMM L1 tile needs (double-buffered, fp16)."""
+    t = MIN_L1_ARRAYS * jnp.maximum(sa_rows, sa_cols)
+    return 2.0 * (t * t + 2.0 * t) * _WORD
 
 
-def _min_global_bytes():
-    tm, tn, tk = MIN_L2_TILE
-    return (tm * tn + tn * tk + tm * tk) * _WORD
+def min_global_bytes():
+    """Global-buffer bytes the smallest GEMM L2 tile needs (fp16)."""
+    return MIN_L2_ELEMENTS * _WORD
 
 
 def _ops_feasible_single(dev):
     valid = _device_ok(dev)
-    fits = ((dev.local_buffer_bytes >= _min_local_bytes())
-            & (dev.global_buffer_bytes >= _min_global_bytes()))
+    fits = ((dev.local_buffer_bytes >= min_local_bytes(dev.sa_rows, dev.sa_cols))
+            & (dev.global_buffer_bytes >= min_global_bytes()))
     return nx.first_reason([(valid, "invalid_device"), (fits, "buffer_too_small")])
 
 
@@ -43,8 +45,9 @@ def ops_feasible(dev):
     """``(feasible, reason)`` of a (batched) device for the operator models.
 
     ``invalid_device``: a rate, count or size is not a finite positive number;
-    ``buffer_too_small``: the smallest GEMM tile of the search grid does not fit (local buffer
-    below 4.2 KB or global buffer below 147 KB at fp16).
+    ``buffer_too_small``: the smallest GEMM tile of the search grid does not fit (see
+    :func:`min_local_bytes`, :func:`min_global_bytes`). Reason codes index
+    ``jaxmodel.numerics.REASONS``.
 
     Example:
         >>> ok, why = ops_feasible(hw_db.device("a100_80gb"))     # True, 0 ("ok")
@@ -61,12 +64,19 @@ def validate_device_for_ops(dev, where: str = "Device"):
     Runs :func:`jaxmodel.validate_device` (field ranges) and then checks that the smallest GEMM
     tile of the search grid fits the buffers, naming the field and the value otherwise.
     Returns ``dev``.
+
+    Example:
+        >>> validate_device_for_ops(hw_db.device("a100_80gb", local_buffer_bytes=512))
+        ValueError: Device: field 'local_buffer_bytes' = 512 is too small ...
     """
     validate_device(dev, where)
-    for field, need in (("local_buffer_bytes", _min_local_bytes()),
-                        ("global_buffer_bytes", _min_global_bytes())):
+    need_local = np.asarray(min_local_bytes(np.asarray(dev.sa_rows, dtype=float),
+                                            np.asarray(dev.sa_cols, dtype=float)))
+    for field, need in (("local_buffer_bytes", need_local),
+                        ("global_buffer_bytes", np.asarray(min_global_bytes()))):
         v = np.asarray(getattr(dev, field), dtype=float)
         if not np.all(v >= need):
             raise ValueError(f"{where}: field '{field}' = {getattr(dev, field)!r} is too small "
-                             f"for any GEMM tile (needs >= {math.ceil(need)} bytes)")
+                             f"for any GEMM tile (needs >= {math.ceil(float(np.max(need)))} "
+                             "bytes)")
     return dev

@@ -107,8 +107,10 @@ def _layernorm_single(dev, rows, cols, overhead=True):
         passes = nx.ceil_div(n1 / width * m1 / lanes, fpc)
         compute = 7.0 * passes + 2.0 * jnp.log2(width)
         io = 4.0 * m1 * n1 * word / l2bw
-        reduction = (2.0 * m1 * n1 / vec_core + 2.0 * m1 * n1 * word * cores / l2bw
-                     + 2.0 * jnp.log2(width))
+        # A split row is normalised only once its statistics are complete: the chunk is read
+        # again at the core's share of the global-buffer bandwidth, and the partial
+        # statistics pass a reduction tree.
+        reduction = m1 * n1 * word * cores / l2bw + 2.0 * jnp.log2(width)
         tiles = nx.ceil_div(r, m1) * split
         return (2.0 * r * N * word / dram
                 + nx.ceil_div(tiles, cores) * (compute + io + (split - 1.0) * reduction))
@@ -127,8 +129,10 @@ def layernorm_latency(dev, rows, cols, overhead=True):
     LLMCompass (seed 003 §III-B3, notes §2): L2 tiles of full rows filling half the global
     buffer; L1 tiles of full rows filling half the local buffer, the row split in halves until
     at least ``lanes_per_core`` rows fit; 7 vector passes (mean 1, variance 2, normalise 4) plus
-    ``2·log2(width)`` reduction-tree cycles, 3 reads + 1 write at global-buffer bandwidth, a
-    partial reduction per extra column split; per L2 tile ``DRAM read + waves·L1 + DRAM write``.
+    ``2·log2(width)`` reduction-tree cycles, 3 reads + 1 write at global-buffer bandwidth; each
+    extra column split costs one re-read of the chunk at the core's share of the global-buffer
+    bandwidth plus a reduction tree (our reading of LLMCompass's split reduction); per L2 tile
+    ``DRAM read + waves·L1 + DRAM write``, without overlap.
 
     Example:
         >>> layernorm_latency(hw_db.device("a100_80gb"), 4096, 12288)

@@ -1,0 +1,409 @@
+"""Attention kernels on one device: standard (three-pass) attention and FlashAttention-1/2.
+
+Sources:
+
+- Seed 001 §III-B: standard attention is three passes over HBM — (I) ``S = Q·Kᵀ`` written to
+  HBM, (II) ``P = softmax(S)`` (with masking / dropout) read and written, (III) ``O = P·V`` —
+  with ``O(N²)`` memory traffic; FlashAttention fuses them into one tiled kernel whose time is
+  eq. 1, ``t_FA = t_HBM-ld + t_GEMM + t_pt-reduc-ops + t_HBM-st``, with ``B × d`` tiles and
+  ``4·B·d ≈ M`` (on-chip SRAM).
+- Dao et al. 2022, "FlashAttention" (FA-1): Algorithm 1 (forward: outer loop over K/V blocks
+  ``j``, inner loop over Q blocks ``i``, ``B_c = ⌈M/4d⌉``, ``B_r = min(B_c, d)``; ``Q_i, O_i,
+  ℓ_i, m_i`` reloaded and ``O_i, ℓ_i, m_i`` stored for every ``(i, j)``), Algorithm 4
+  (backward: ``Q_i, O_i, dO_i, dQ_i, ℓ_i, m_i`` reloaded and ``dQ_i`` stored for every
+  ``(i, j)``; five block GEMMs), Theorem 2 (``Θ(N²d²/M)`` HBM accesses); one thread block per
+  (sequence, head).
+- Dao 2023, "FlashAttention-2" (FA-2): §3.1 fewer non-matmul FLOPs (un-scaled ``O`` rescaled
+  once at the end, only the log-sum-exp stored), §3.2 parallelism over the sequence (one
+  thread block per query block in the forward pass, per key block in the backward pass),
+  loop order swapped (``Q_i`` stays on chip, ``K_j, V_j`` are streamed), ``dQ`` accumulated
+  with atomic adds in fp32 and a ``D = rowsum(dO∘O)`` pre-processing kernel in the backward.
+  Decoding splits the KV sequence over thread blocks (Flash-Decoding, Dao et al. 2023).
+- Hierarchical roofline (seed 001 §III-A via Optimus/DeepFlow): each byte is charged at the
+  slowest memory level it must cross; re-reads of a working set that fits the global buffer
+  (L2) are served from it, otherwise from HBM.
+
+Model of one FlashAttention call on one device (``b`` sequences, ``h`` query heads and
+``h_kv`` KV heads on the device, ``n_q`` queries and ``n_kv`` keys per sequence, head
+dimension ``d``, ``w`` bytes per element, SRAM ``M = dev.local_buffer_bytes`` per core):
+
+- tiles ``B_c = ⌊M / (4·d·w)⌋`` (≤ ``n_kv``) and ``B_r = min(B_c, d)`` (≤ rows);
+  a *unit* is one (sequence, head) for FA-1 and one (sequence, KV head) with its ``g = h/h_kv``
+  query heads folded into the rows for FA-2 (GQA packing; ``g = 1`` for multi-head attention);
+  ``T_r = ⌈rows/B_r⌉``, ``T_c = ⌈n_kv/B_c⌉``; causal masking skips fully masked blocks:
+  a fraction ``f = min(1, 1 − (n_q − B_c)/(2·n_kv))`` of the ``T_r·T_c`` block pairs runs;
+- ``t_GEMM``: block products on one core's ``lanes`` systolic arrays
+  (:func:`~jaxmodel.ops.systolic.systolic_cycles`, best split of the block over the lanes),
+  times the block pairs of one work item, times the waves ``⌈items / cores⌉`` (FA-1: one item
+  per unit; FA-2: one per query block, per key block in the backward, and KV splits to fill the
+  cores in decoding);
+- ``t_pt-reduc-ops``: scale, mask, row max, ``exp``, row sum and the output rescale per block
+  on the core's vector units (FLOP counts below); dropout adds its RNG and multiply;
+- ``t_HBM-ld`` / ``t_HBM-st``: every access of the algorithm crosses the global buffer; the
+  HBM sees only the compulsory traffic (each operand read once, each result written once) when
+  the re-read working set of the concurrently running work items fits the global buffer, and
+  every access otherwise; each is charged at its level's bandwidth, the slower level wins;
+- plus one kernel-launch overhead per kernel (``dev.matmul_overhead_s``; FA-1: one kernel
+  forward, one backward; FA-2: one forward, three backward).
+
+The four eq.-1 terms are added (no overlap), as in the seed.
+
+Units: seconds, bytes, FLOP.
+
+Example:
+    >>> dev = hw_db.device("a100_40gb")
+    >>> fa = jm.flash_attention_latency(dev, 8, 12, 1024, 1024, 64)
+    >>> sa = jm.standard_attention_latency(dev, 8, 12, 1024, 1024, 64)
+    >>> float(sa["fwd"] / fa["fwd"])          # FlashAttention forward speed-up
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jaxmodel import numerics as nx
+from jaxmodel.batching import batched
+from jaxmodel.ops.gemm import L0_SPLIT_M, _device_ok, _rates
+from jaxmodel.ops.gemm import _gemm_latency_single as _gemm
+from jaxmodel.ops.systolic import systolic_cycles
+from jaxmodel.ops.vector import _elementwise_single, _softmax_single
+
+__all__ = ["flash_attention_latency", "standard_attention_latency", "flash_attention_tiles",
+           "flash_attention_rows", "FA_VERSIONS"]
+
+#: ``par.flash_attention`` codes: 0 standard attention, 1 FlashAttention-1 (the seed's model),
+#: 2 FlashAttention-2.
+FA_VERSIONS = ("standard", "fa1", "fa2")
+
+# Non-matmul FLOP of the online softmax (Dao et al. 2022 Alg. 1 lines 9-12; 2023 §3.1.1),
+# counted per element of a block of scores: scale 1, mask 1, row max 1, subtract 1, exp
+# (``dev.exp_flops``), row sum 1 -> exp + 5.
+_PT_PER_SCORE = 5.0
+# Per element of an output block per block pair: FA-1 rescales O_i by diag(ℓ)^-1·e^(m - m_new)
+# and adds the new term (4 FLOP); FA-2 keeps O un-normalised (2 FLOP: scale and add).
+_PT_PER_OUT = {1: 4.0, 2: 2.0}
+# Per row per block pair: new max, new sum and their exponentials: FA-1 2 exp + 6,
+# FA-2 1 exp + 4 (only the running max needs an exp).
+_PT_PER_ROW = {1: (2.0, 6.0), 2: (1.0, 4.0)}
+# Backward, per score element: recompute P = exp(S·scale − L) (exp + 3), dS = P∘(dP − D) (2).
+_PT_BWD_PER_SCORE = 5.0
+# Dropout (Philox RNG + compare + scale) per score element, forward and regenerated backward.
+_DROPOUT_FLOP = 6.0
+_STAT_BYTES = 4.0   # ℓ, m, L, D statistics are fp32 (Dao et al. 2022 §3.1)
+
+
+def flash_attention_tiles(dev, head_dim, rows, kv_len, dtype_bytes=2.0):
+    """FA block sizes ``(B_r, B_c)`` (elements): ``B_c = ⌊M/(4·d·w)⌋``, ``B_r = min(B_c, d)``.
+
+    Source: Dao et al. 2022 Algorithm 1 line 1 (``B_c = ⌈M/4d⌉``, ``B_r = min(⌈M/4d⌉, d)``,
+    ``M`` in elements); seed 001 §III-B (``4·B·d ≈ M``). Clipped to the problem
+    (``B_c ≤ n_kv``, ``B_r ≤ rows``) and to at least one element. Single configuration.
+    """
+    word = nx.sanitize(dtype_bytes, dtype_bytes > 0)
+    d = nx.sanitize(head_dim, head_dim > 0)
+    bc = jnp.floor(nx.safe_div(dev.local_buffer_bytes, 4.0 * d * word, fill=1.0))
+    bc = jnp.clip(bc, 1.0, jnp.maximum(kv_len, 1.0))
+    br = jnp.clip(jnp.minimum(bc, d), 1.0, jnp.maximum(rows, 1.0))
+    return br, bc
+
+
+def _block_cycles(dev, m, n, k):
+    """Cycles of one ``[m×k]·[k×n]`` block product on one core (best split over its lanes)."""
+    lanes = nx.sanitize(dev.lanes_per_core, dev.lanes_per_core > 0)
+    H = nx.sanitize(dev.sa_rows, dev.sa_rows > 0)
+    W = nx.sanitize(dev.sa_cols, dev.sa_cols > 0)
+    mac = nx.sanitize(dev.sa_mac_per_cycle, dev.sa_mac_per_cycle > 0)
+    best = jnp.inf
+    for i in L0_SPLIT_M:
+        j = lanes / i
+        ok = (j >= 1.0) & nx.is_integer(j)
+        j = jnp.where(ok, j, 1.0)
+        cyc = systolic_cycles(nx.ceil_div(m, i), nx.ceil_div(n, j), k, H, W, mac)
+        best = jnp.minimum(best, jnp.where(ok, cyc, jnp.inf))
+    return best
+
+
+def _level_time(hbm_bytes, l2_bytes, dram_bw, l2_bw):
+    """Hierarchical roofline of a transfer: the slower of HBM and global-buffer traffic (s)."""
+    return jnp.maximum(nx.safe_div(hbm_bytes, dram_bw, fill=jnp.inf),
+                       nx.safe_div(l2_bytes, l2_bw, fill=jnp.inf))
+
+
+def _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None, causal=1.0,
+                  dropout=0.0, version=1.0, dtype_bytes=2.0, overhead=True):
+    """Single-configuration body of :func:`flash_attention_latency` (both FA versions)."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    ok = (_device_ok(dev) & (batch > 0) & (heads > 0) & (kv_heads > 0) & (q_len > 0)
+          & (kv_len > 0) & (head_dim > 0) & (dtype_bytes > 0))
+    b, h, hk, nq, nkv, d = (nx.sanitize(x, x > 0) for x in
+                            (batch, heads, kv_heads, q_len, kv_len, head_dim))
+    w = nx.sanitize(dtype_bytes, dtype_bytes > 0)
+    freq, dram, l2bw, vec_core, cores = _rates(dev)      # per-cycle rates
+    dram_bw, l2_bw = dram * freq, l2bw * freq            # bytes/s
+    g = jnp.maximum(h / hk, 1.0)
+    drop = jnp.where(dropout > 0, 1.0, 0.0)
+    l2_cap = dev.global_buffer_bytes
+    out = {}
+
+    for v in (1, 2):
+        # ---- work decomposition -------------------------------------------------------------
+        units = b * h if v == 1 else b * hk                  # FA-1 per head, FA-2 per KV head
+        rows = nq if v == 1 else g * nq                      # query rows of one unit
+        br, bc = flash_attention_tiles(dev, d, rows, nkv, w)
+        if v == 2:
+            br = jnp.clip(bc, 1.0, jnp.maximum(rows, 1.0))   # B×d tiles (seed §III-B)
+        t_r, t_c = nx.ceil_div(rows, br), nx.ceil_div(nkv, bc)
+        f = jnp.where(causal > 0.5, jnp.clip(1.0 - (nq - bc) / (2.0 * nkv), 0.0, 1.0), 1.0)
+        pairs = f * t_r * t_c                                # block pairs per unit
+        if v == 1:
+            items_f, items_b = units, units
+        else:
+            # FA-2: a thread block per query block (fwd) / key block (bwd); Flash-Decoding
+            # splits the keys when the query blocks alone cannot fill the cores.
+            split = jnp.clip(jnp.floor(nx.safe_div(cores, units * t_r, fill=1.0)), 1.0, t_c)
+            items_f, items_b = units * t_r * split, units * t_c
+        waves_f, waves_b = nx.ceil_div(items_f, cores), nx.ceil_div(items_b, cores)
+
+        # ---- t_GEMM: S = Q·Kᵀ and O = P·V per block pair (bwd: S, dP, dV, dQ, dK) -----------
+        c_qk = _block_cycles(dev, br, bc, d)                 # [B_r×d]·[d×B_c]
+        c_pv = _block_cycles(dev, br, d, bc)                 # [B_r×B_c]·[B_c×d]
+        c_kt = _block_cycles(dev, bc, d, br)                 # dK, dV: [B_c×B_r]·[B_r×d]
+        per_item_f = pairs * units / items_f
+        per_item_b = pairs * units / items_b
+        gemm_qk = waves_f * per_item_f * c_qk / freq
+        gemm_pv = waves_f * per_item_f * c_pv / freq
+        gemm_qk_b = waves_b * per_item_b * (c_qk + c_pv + c_kt) / freq   # S, dQ, dK
+        gemm_pv_b = waves_b * per_item_b * (c_qk + c_kt) / freq          # dP, dV
+
+        # ---- t_pt-reduc-ops on the vector units ---------------------------------------------
+        exp = dev.exp_flops
+        e_row, c_row = _PT_PER_ROW[v]
+        pt_pair = (br * bc * (exp + _PT_PER_SCORE + drop * _DROPOUT_FLOP)
+                   + br * d * _PT_PER_OUT[v] + br * (e_row * exp + c_row))
+        pt_pair_b = br * bc * (exp + _PT_BWD_PER_SCORE + drop * _DROPOUT_FLOP)
+        if v == 1:
+            pt_pair_b = pt_pair_b + 2.0 * br * d           # D_i = rowsum(dO_i∘O_i) per pair
+        pt = waves_f * per_item_f * pt_pair / vec_core / freq
+        pt_b = waves_b * per_item_b * pt_pair_b / vec_core / freq
+        # final normalisation O = diag(ℓ)^-1·O (FA-2 only; FA-1 normalises every step)
+        if v == 2:
+            pt = pt + nx.ceil_div(items_f, cores) * (rows * d / t_r) / vec_core / freq
+
+        # ---- HBM / global-buffer traffic (bytes over all units) -----------------------------
+        qo = rows * d * w                                   # Q (or O, dO) of one unit
+        kv = nkv * d * w                                    # K (or V) of one unit
+        st = rows * _STAT_BYTES                             # one fp32 statistic of one unit
+        if v == 1:
+            # Alg. 1: K, V once; Q_i, O_i, ℓ_i, m_i loaded and O_i, ℓ_i, m_i stored per pair;
+            # O, ℓ, m initialised in HBM.
+            reload = f * t_c
+            ld_all = 2.0 * kv + reload * (2.0 * qo + 2.0 * st)
+            st_all = (reload + 1.0) * (qo + 2.0 * st)
+            ld_min = 2.0 * kv + qo
+            st_min = qo + 2.0 * st
+            ws = jnp.minimum(units, cores) * (2.0 * qo + 2.0 * st)
+            # Alg. 4: K, V once; Q_i, O_i, dO_i, dQ_i, ℓ_i, m_i per pair; dQ_i stored per pair;
+            # dK, dV stored once.
+            ld_all_b = 2.0 * kv + reload * (4.0 * qo + 2.0 * st)
+            st_all_b = reload * qo + 2.0 * kv
+            ld_min_b = 2.0 * kv + 3.0 * qo + 2.0 * st
+            st_min_b = qo + 2.0 * kv
+            ws_b = jnp.minimum(units, cores) * (4.0 * qo + 2.0 * st)
+            kernels_f, kernels_b = 1.0, 1.0
+        else:
+            # Q_i stays on chip; K_j, V_j streamed for every pair; O and L stored once.
+            reload = f * t_r
+            ld_all = qo + reload * 2.0 * kv
+            st_all = qo + st
+            ld_min = qo + 2.0 * kv
+            st_min = st_all
+            heads_live = jnp.minimum(units, nx.ceil_div(cores, t_r * split))
+            ws = heads_live * 2.0 * kv
+            # backward: pre-processing D = rowsum(dO∘O) (reads dO, O; writes D); main loop
+            # over key blocks streams Q_i, dO_i, L_i, D_i and read-modify-writes dQ_i (fp32);
+            # dK, dV stored once; dQ converted fp32 -> w.
+            dq32 = rows * d * 4.0
+            pre = 2.0 * qo + st
+            reload_b = f * t_c
+            ld_all_b = pre + 2.0 * kv + reload_b * (2.0 * qo + 2.0 * st + dq32) + dq32
+            st_all_b = st + reload_b * dq32 + 2.0 * kv + qo
+            ld_min_b = pre + 2.0 * kv + 2.0 * qo + 2.0 * st + dq32
+            st_min_b = st + dq32 + 2.0 * kv + qo
+            heads_live_b = jnp.minimum(units, nx.ceil_div(cores, t_c))
+            ws_b = heads_live_b * (2.0 * qo + 2.0 * st + dq32)
+            kernels_f, kernels_b = 1.0, 3.0
+        fits, fits_b = ws <= l2_cap, ws_b <= l2_cap
+        hbm_ld = units * jnp.where(fits, ld_min, ld_all)
+        hbm_st = units * jnp.where(fits, st_min, st_all)
+        hbm_ld_b = units * jnp.where(fits_b, ld_min_b, ld_all_b)
+        hbm_st_b = units * jnp.where(fits_b, st_min_b, st_all_b)
+        load = _level_time(hbm_ld, units * ld_all, dram_bw, l2_bw)
+        store = _level_time(hbm_st, units * st_all, dram_bw, l2_bw)
+        load_b = _level_time(hbm_ld_b, units * ld_all_b, dram_bw, l2_bw)
+        store_b = _level_time(hbm_st_b, units * st_all_b, dram_bw, l2_bw)
+
+        ov = dev.matmul_overhead_s if overhead else 0.0
+        gemm_f = gemm_qk + gemm_pv
+        gemm_b = gemm_qk_b + gemm_pv_b
+        res = {
+            "load": load, "gemm": gemm_f, "pointwise": pt, "store": store,
+            "overhead": kernels_f * ov * jnp.ones_like(load),
+            "gemm_qk": gemm_qk, "gemm_pv": gemm_pv,
+            "load_bwd": load_b, "gemm_bwd": gemm_b, "pointwise_bwd": pt_b,
+            "store_bwd": store_b, "overhead_bwd": kernels_b * ov * jnp.ones_like(load),
+            "gemm_qk_bwd": gemm_qk_b, "gemm_pv_bwd": gemm_pv_b,
+            "hbm_bytes": hbm_ld + hbm_st, "hbm_bytes_bwd": hbm_ld_b + hbm_st_b,
+            "flops": 4.0 * units * pairs * br * bc * d,
+            "flops_bwd": 10.0 * units * pairs * br * bc * d,
+            "block_rows": br, "block_cols": bc,
+        }
+        res["fwd"] = res["load"] + res["gemm"] + res["pointwise"] + res["store"] + res[
+            "overhead"]
+        res["bwd"] = (res["load_bwd"] + res["gemm_bwd"] + res["pointwise_bwd"]
+                      + res["store_bwd"] + res["overhead_bwd"])
+        out[v] = res
+
+    use2 = version > 1.5
+    sel = {k: jnp.where(use2, out[2][k], out[1][k]) for k in out[1]}
+    times = ("load", "gemm", "pointwise", "store", "overhead", "gemm_qk", "gemm_pv",
+             "load_bwd", "gemm_bwd", "pointwise_bwd", "store_bwd", "overhead_bwd",
+             "gemm_qk_bwd", "gemm_pv_bwd", "fwd", "bwd")
+    for k in times:
+        sel[k] = jnp.where(ok, sel[k], jnp.inf)
+    sel["total"] = sel["fwd"] + sel["bwd"]
+    return sel
+
+
+@batched
+def flash_attention_latency(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None,
+                            causal=1.0, dropout=0.0, version=1.0, dtype_bytes=2.0,
+                            overhead=True):
+    """FlashAttention forward and backward on one device (seed 001 eq. 1), seconds.
+
+    See the module docstring for the model (Dao et al. 2022 Alg. 1/4 for ``version=1``,
+    Dao 2023 for ``version=2``).
+
+    Args:
+        dev: :class:`jaxmodel.Device`.
+        batch: sequences ``b``.
+        heads: query heads on the device ``h``.
+        q_len: queries per sequence ``n_q`` (the prompt; 1 per step in decoding).
+        kv_len: keys per sequence ``n_kv`` (``n_q`` in prefill and training; cached + new in
+            decoding, read from the KV cache).
+        head_dim: ``d``.
+        kv_heads: KV heads on the device (GQA/MQA); default ``heads``.
+        causal: 1 for a causal mask (fully masked blocks are skipped), 0 for none.
+        dropout: attention-dropout probability (> 0 adds the RNG work; no extra traffic).
+        version: 1 (FA-1, the seed's model) or 2 (FA-2); a code, may vary in a batch.
+        dtype_bytes: bytes per element of Q, K, V, O.
+        overhead: add one kernel-launch overhead (``dev.matmul_overhead_s``) per kernel.
+
+    Returns:
+        dict of seconds — ``load``, ``gemm`` (= ``gemm_qk + gemm_pv``), ``pointwise``,
+        ``store``, ``overhead``, ``fwd`` (their sum, eq. 1), the same with ``_bwd`` for the
+        backward and ``total = fwd + bwd`` — plus ``hbm_bytes``/``hbm_bytes_bwd`` (main-memory
+        traffic), ``flops``/``flops_bwd`` (matmul FLOP actually executed) and the tile sizes
+        ``block_rows``/``block_cols``. ``+inf`` times for invalid inputs.
+
+    Example:
+        >>> r = flash_attention_latency(hw_db.device("a100_40gb"), 8, 16, 4096, 4096, 64)
+        >>> float(r["gemm"] + r["pointwise"]) > float(r["load"] + r["store"])  # compute-bound
+        True
+    """
+    return _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, causal,
+                         dropout, version, dtype_bytes, overhead)
+
+
+flash_attention_latency.single = _flash_single
+
+
+def _standard_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None, dropout=0.0,
+                     dtype_bytes=2.0, overhead=True):
+    """Single-configuration body of :func:`standard_attention_latency`."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    ok = ((batch > 0) & (heads > 0) & (kv_heads > 0) & (q_len > 0) & (kv_len > 0)
+          & (head_dim > 0))
+    b, h, hk, nq, nkv, d = (nx.sanitize(x, x > 0) for x in
+                            (batch, heads, kv_heads, q_len, kv_len, head_dim))
+    w = dtype_bytes
+    kvh = jnp.minimum(hk, h)
+    g = h / kvh
+    nb, m = b * kvh, g * nq                     # one product per (sequence, KV head)
+    qk = _gemm(dev, m, nkv, d, nb, w, overhead)                      # pass I: S to HBM
+    av = _gemm(dev, m, d, nkv, nb, w, overhead)                      # pass III: O = P·V
+    # backward GEMMs: dQ = dS·K, dKᵀ = Qᵀ·dS; dP = dO·Vᵀ, dV = Pᵀ·dO
+    qk_b = _gemm(dev, m, d, nkv, nb, w, overhead) + _gemm(dev, d, nkv, m, nb, w, overhead)
+    av_b = _gemm(dev, m, nkv, d, nb, w, overhead) + _gemm(dev, nkv, d, m, nb, w, overhead)
+    rows, n_scores = b * h * nq, b * h * nq * nkv
+    sm = _softmax_single(dev, rows, nkv, overhead)                   # pass II (scale+mask)
+    sm_b = _elementwise_single(dev, n_scores, 3.0 * w, 4.0, overhead)
+    has_drop = dropout > 0
+    # dropout: read P, write P' and a 1-byte mask; backward reads dP' and the mask, writes dP
+    dr = jnp.where(has_drop, _elementwise_single(dev, n_scores, 2.0 * w + 1.0, _DROPOUT_FLOP,
+                                                 overhead), 0.0)
+    dr_b = jnp.where(has_drop, _elementwise_single(dev, n_scores, 2.0 * w + 1.0, 1.0,
+                                                   overhead), 0.0)
+    s_bytes = n_scores * w
+    io = (2.0 * b * h * nq * d + 2.0 * b * kvh * nkv * d) * w        # Q, O and K, V
+    hbm = io + s_bytes * (1.0 + 2.0 + 1.0) + has_drop * n_scores * (2.0 * w + 1.0)
+    out = {"qk": qk, "softmax": sm, "dropout": dr, "av": av,
+           "qk_bwd": qk_b, "softmax_bwd": sm_b, "dropout_bwd": dr_b, "av_bwd": av_b}
+    out = {k: jnp.where(ok, v, jnp.inf) for k, v in out.items()}
+    out["fwd"] = out["qk"] + out["softmax"] + out["dropout"] + out["av"]
+    out["bwd"] = out["qk_bwd"] + out["softmax_bwd"] + out["dropout_bwd"] + out["av_bwd"]
+    out["total"] = out["fwd"] + out["bwd"]
+    out["hbm_bytes"] = hbm
+    out["flops"] = 4.0 * b * h * nq * nkv * d
+    return out
+
+
+@batched
+def standard_attention_latency(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None,
+                               dropout=0.0, dtype_bytes=2.0, overhead=True):
+    """Standard (unfused, three-pass) attention forward and backward on one device, seconds.
+
+    Seed 001 §III-B passes I–III as separate kernels, each through HBM, with the ops models:
+    ``S = Q·Kᵀ`` and ``O = P·V`` as batched GEMMs (:func:`~jaxmodel.ops.gemm_latency`; one
+    product per sequence and KV head, GQA query groups folded into M, as
+    :func:`jaxmodel.workload.layer.attention_core`), the scale-mask-softmax fused kernel
+    (:func:`~jaxmodel.ops.softmax_latency`; Megatron's ``FusedScaleMaskSoftmax``), an optional
+    dropout kernel (reads ``P``, writes ``P'`` and a 1-byte mask). Backward: the four gradient
+    GEMMs, the softmax backward (reads ``P, dP``, writes ``dS``: 3 words, 4 FLOP per element)
+    and the dropout backward. The full ``n_q × n_kv`` score matrix is computed (no causal
+    saving), as Megatron-LM does.
+
+    Returns:
+        dict of seconds: ``qk``, ``softmax``, ``dropout``, ``av``, the same with ``_bwd``,
+        ``fwd``, ``bwd``, ``total``; plus ``hbm_bytes`` (forward main-memory traffic: Q, K, V,
+        O and four passes over the score matrix, five with dropout) and ``flops``.
+
+    Example:
+        >>> r = standard_attention_latency(hw_db.device("a100_40gb"), 8, 12, 1024, 1024, 64)
+    """
+    return _standard_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, dropout,
+                            dtype_bytes, overhead)
+
+
+standard_attention_latency.single = _standard_single
+
+
+def flash_attention_rows(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, version=1.0,
+                         dtype_bytes=2.0, backward=False):
+    """FlashAttention time spread over the standard attention rows, ``{row: (fwd_s, bwd_s)}``.
+
+    Keeps a layer breakdown comparable between the two implementations (single configuration,
+    causal): ``qk`` = HBM loads + the score GEMMs (``S = Q·Kᵀ``; backward: ``S``, ``dQ``,
+    ``dK``), ``softmax`` = the pointwise/reduction work + kernel launches, ``av`` = the value
+    GEMMs (``P·V``; backward: ``dP``, ``dV``) + HBM stores. The rows sum to
+    :func:`flash_attention_latency`'s ``fwd`` (and ``bwd`` when ``backward``).
+    """
+    r = _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, 1.0, 0.0,
+                      version, dtype_bytes, True)
+    fwd = {"qk": r["load"] + r["gemm_qk"], "softmax": r["pointwise"] + r["overhead"],
+           "av": r["gemm_pv"] + r["store"]}
+    bwd = {"qk": r["load_bwd"] + r["gemm_qk_bwd"],
+           "softmax": r["pointwise_bwd"] + r["overhead_bwd"],
+           "av": r["gemm_pv_bwd"] + r["store_bwd"]}
+    if not backward:
+        bwd = {k: jnp.zeros_like(v) for k, v in bwd.items()}
+    return {k: (fwd[k], bwd[k]) for k in fwd}
