@@ -90,18 +90,25 @@ def sram_area(nbytes, bitcell_um2):
     """SRAM macro area, mm² (LLMCompass: CACTI efficiency per ≤ 512 KiB unit).
 
     Args:
-        nbytes: capacity, bytes (continuous; the unit count is ``bytes / 512 KiB`` above 512 KiB).
+        nbytes: capacity, bytes: ``⌊bytes/512 KiB⌋`` full units + one unit for the remainder
+            (e.g. 768 KiB = 512 + 256 KiB); differentiable inside each piece.
         bitcell_um2: bit-cell area, µm².
     """
     s = tech.table("area_model")["sram"]
     eff = jnp.asarray(s["efficiency"])
     unit_max = s["max_unit_bytes"]
     unit_min = s["min_unit_bytes"]
-    unit = jnp.clip(nbytes, unit_min, unit_max)
-    idx = jnp.clip(jnp.ceil(jnp.log2(unit / unit_min) - 1e-9), 0, eff.shape[0] - 1).astype(int)
-    per_unit = unit * 8.0 * bitcell_um2 * 1e-6 / eff[idx]
-    n_units = jnp.where(nbytes > unit_max, nbytes / unit_max, 1.0)
-    return jnp.where(nbytes > 0, per_unit * n_units, 0.0)
+    def unit_area(b):
+        unit = jnp.clip(b, unit_min, unit_max)
+        idx = jnp.clip(jnp.ceil(jnp.log2(unit / unit_min) - 1e-9), 0, eff.shape[0] - 1
+                       ).astype(int)
+        return unit * 8.0 * bitcell_um2 * 1e-6 / eff[idx]
+
+    full = jnp.floor(nbytes / unit_max + 1e-9)       # whole 512 KiB units
+    rest = nbytes - full * unit_max                  # one smaller unit for the remainder
+    area = full * unit_area(jnp.asarray(unit_max, dtype=jnp.result_type(float))) + jnp.where(
+        rest > 1e-6 * unit_max, unit_area(jnp.maximum(rest, 1.0)), 0.0)
+    return jnp.where(nbytes > 0, area, 0.0)
 
 
 def _fpu_transistors(mantissa_bits):

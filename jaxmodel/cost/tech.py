@@ -16,12 +16,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
 import jax.numpy as jnp
 import numpy as np
 
-import hw_db
-
-TECH = Path(hw_db.ROOT) / "tech"
+# hw_db imports jaxmodel.types (and so this package): locate its data without importing it.
+TECH = Path(__file__).resolve().parents[2] / "hw_db" / "tech"
 
 
 def _strip(path: Path, key: str, entry: Any):
@@ -48,7 +49,11 @@ def table(name: str) -> dict:
     path = TECH / f"{name}.toml"
     if not path.exists():
         raise ValueError(f"unknown tech table {name!r}: {path} not found")
-    data = hw_db.load_toml(path)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: malformed TOML: {e}") from None
     return {k: _strip(path, k, v) for k, v in data.items()}
 
 

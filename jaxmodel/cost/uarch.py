@@ -172,10 +172,13 @@ def dvfs(power_ratio, v_nom, v_th, v_margin, f_nom, v_max=jnp.inf, iters: int = 
 
     v = jax.lax.stop_gradient(v_th + jnp.cbrt(jnp.maximum(k, 0.0)) + 1e-3)
     kk = jax.lax.stop_gradient(k)
-    for _ in range(iters):
-        v = v - (v * (v - v_th) ** 2 - kk) / jnp.maximum(
-            (v - v_th) ** 2 + 2.0 * v * (v - v_th), 1e-12)
-    v = jax.lax.stop_gradient(v)
+    vt = jax.lax.stop_gradient(v_th)
+
+    def newton(_, v):
+        return v - (v * (v - vt) ** 2 - kk) / jnp.maximum((v - vt) ** 2 + 2.0 * v * (v - vt),
+                                                         1e-12)
+
+    v = jax.lax.stop_gradient(jax.lax.fori_loop(0, iters, newton, v))
     v = v - g(v) / jnp.maximum(dg(v), 1e-12)  # one implicit-function step carries the gradient
     v_floor = v_th + v_margin
     v_c = jnp.clip(v, v_floor, v_max)
