@@ -2,15 +2,15 @@
 
 Public names: :func:`collective_latency` (seconds), :func:`collective_cost`
 (``(latency, feasible, reason)``), :func:`collective_feasible`, and the name tables
-``OPS``, ``ALGORITHMS``, ``AUTO_ALGORITHM``. Each has ``.single`` for use inside other
+``OPS``, ``ALGORITHMS``, ``ALGORITHM_CODES``, ``AUTO_ALGORITHM`` and :func:`algorithm_code`. Each has ``.single`` for use inside other
 single-configuration formulas.
 """
 
-from jaxmodel.comm.collectives import (ALGORITHMS, AUTO_ALGORITHM, OPS, collective_cost,
-                                       collective_feasible, collective_latency,
-                                       level_algorithm_times)
+from jaxmodel.comm.collectives import (ALGORITHM_CODES, ALGORITHMS, AUTO_ALGORITHM, OPS,
+                                       algorithm_code, collective_cost, collective_feasible,
+                                       collective_latency, level_algorithm_times)
 from jaxmodel.comm.link import effective_bw, overhead_factor, p2p_delay, wire_bytes
 from jaxmodel.comm.topology import placement
 
-__all__ = ["collective_latency", "collective_cost", "collective_feasible", "OPS",
-           "ALGORITHMS", "AUTO_ALGORITHM"]
+__all__ = ["collective_latency", "collective_cost", "collective_feasible", "algorithm_code",
+           "OPS", "ALGORITHMS", "ALGORITHM_CODES", "AUTO_ALGORITHM"]

@@ -65,8 +65,9 @@ from jaxmodel.comm.link import effective_bw, overhead_factor
 from jaxmodel.numerics import INF, first_reason, reason_name, safe_div
 from jaxmodel.types import System, is_concrete
 
-__all__ = ["OPS", "ALGORITHMS", "AUTO_ALGORITHM", "collective_latency", "collective_cost",
-           "collective_feasible", "level_algorithm_times"]
+__all__ = ["OPS", "ALGORITHMS", "ALGORITHM_CODES", "AUTO_ALGORITHM", "algorithm_code",
+           "collective_latency", "collective_cost", "collective_feasible",
+           "level_algorithm_times"]
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "p2p")
 ALGORITHMS = ("ring", "halving_doubling", "direct", "2d", "tree", "in_network")
@@ -81,16 +82,36 @@ _AUTO_INDEX = tuple(float(ALGORITHMS.index(AUTO_ALGORITHM[t])) for t in
                     ("ring", "switch", "fully_connected", "mesh2d", "torus2d"))
 
 
-def _canonical(op: str, algorithm: str) -> tuple[str, str]:
+ALGORITHM_CODES = ("auto", "best") + ALGORITHMS
+
+
+def algorithm_code(algorithm) -> float:
+    """Numeric code of an algorithm name (its index in ``ALGORITHM_CODES``).
+
+    ``auto`` = 0, ``best`` = 1, then ``ALGORITHMS`` in order (ring = 2 ... in_network = 7).
+    Codes let a batch vary the algorithm: pass an array of codes as ``algorithm``.
+    """
+    return float(ALGORITHM_CODES.index(_canonical("all_reduce", algorithm)[1]))
+
+
+def _canonical(op: str, algorithm) -> tuple[str, object]:
     if not isinstance(op, str) or op.lower() not in OPS:
         raise ValueError(f"op={op!r} is not one of {list(OPS)}")
     if not isinstance(algorithm, str):
-        raise ValueError(f"algorithm={algorithm!r} must be a string")
+        if isinstance(algorithm, bool) or algorithm is None:
+            raise ValueError(f"algorithm={algorithm!r} must be a name or a numeric code")
+        if is_concrete(algorithm):
+            codes = np.asarray(algorithm, dtype=float)
+            bad = (codes < 0) | (codes > len(ALGORITHM_CODES) - 1) | (codes != np.round(codes))
+            if np.any(bad):
+                raise ValueError(f"algorithm code(s) {codes[bad].tolist()} are not in "
+                                 f"0..{len(ALGORITHM_CODES) - 1} ({list(ALGORITHM_CODES)})")
+        return op.lower(), algorithm
     a = algorithm.lower().replace("-", "_")
     a = _ALIASES.get(a, a)
-    if a not in ALGORITHMS + ("auto", "best"):
+    if a not in ALGORITHM_CODES:
         raise ValueError(f"algorithm={algorithm!r} is not one of "
-                         f"{['auto', 'best', *ALGORITHMS, *sorted(_ALIASES)]}")
+                         f"{[*ALGORITHM_CODES, *sorted(_ALIASES)]}")
     return op.lower(), a
 
 
@@ -120,7 +141,7 @@ def _pipelined(lat, bwt, steps, chunk_latency):
     return lat + bwt + steps * chunk_latency + 2.0 * root
 
 
-def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0):
+def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
     """Times of every algorithm and op on one tier, s (no base latency).
 
     Args:
@@ -130,6 +151,7 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0):
         spacing: distance between consecutive members in tier positions (ring/grid hops).
         sharers: devices of one lower-tier unit communicating at this tier at the same time
             (they share ``bw_per_node`` when it is set).
+        ops: the ops to evaluate (static; fewer ops trace faster).
 
     Returns:
         ``(times, applicable, ok)``: ``times[op]`` an array over ``ALGORITHMS`` (+inf where not
@@ -175,81 +197,88 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0):
     def sel(sw, fc, other):
         return jnp.select([is_sw, is_fc], [sw, fc], other)
 
-    # Each algorithm below is (latency, bandwidth time, sequential steps) of one phase.
-    # ---- ring: reduce-scatter (= all-gather) -------------------------------------------------
+    # Each algorithm below is (latency, bandwidth time, sequential steps) of one phase. They
+    # are built lazily so that tracing only pays for the ops requested.
+    memo = {}
+
+    def lazy(fn):
+        def get():
+            if fn.__name__ not in memo:
+                memo[fn.__name__] = fn()
+            return memo[fn.__name__]
+        return get
+
     line_like = is_ring | (is_grid & (r < 1.5))
     ring_bw_1d = jnp.where(closed_x, 2.0 * b, b)
     ring_step_1d = jnp.where(closed_x, hop, hop * (m - 1.0))
     ring_bw = jnp.select([is_sw, is_fc, line_like], [B, (m - 1.0) * b, ring_bw_1d], 2.0 * b)
     ring_step = jnp.select([is_sw, is_fc, line_like], [sw_hop, lat, ring_step_1d], hop)
-    ring = ((m - 1.0) * ring_step, (m - 1.0) / m * n * ovh(n / m) / ring_bw, m - 1.0)
-
-    # ---- halving-doubling (Rabenseifner); power-of-two core p' = 2^floor(log2 m) -------------
-    p2 = 2.0 ** jnp.floor(_log2(m) + 1e-9)
-    extra = jnp.where(m - p2 > 0.5, 1.0, 0.0)        # non-power of two: one more step
-    steps = jnp.floor(_log2(m) + 1e-9)
-    o_hd = ovh(n / 2.0)
-    # rings/grids: dimension X (c members) then Y (r members) on n / c; step k spans 2^k hops
-    hd_lat = sel(steps * sw_hop, steps * lat, ((c - 1.0) + (r - 1.0)) * hop)
-    hd_bwt = sel((p2 - 1.0) / p2 * n * o_hd / B, (p2 - 1.0) / p2 * n * o_hd / b,
-                 (_log2(c) * n / 2.0 + _log2(r) * n / (2.0 * c)) * o_hd / b)
-    hd_lat = hd_lat + extra * sel(sw_hop, lat, hop)
-    hd_bwt = hd_bwt + extra * n / 2.0 * o_hd / jnp.where(is_sw, B, b)
-    hd = (hd_lat, hd_bwt, steps + extra)
-
-    # ---- direct: one step, n/m to each of the m-1 others -------------------------------------
     u = n / m
-    x_load = _dim_load(c, closed_x) * r * u
-    y_load = _dim_load(r, closed_y) * c * u
     diam = jnp.where(closed_x, jnp.floor(c / 2.0), c - 1.0) + jnp.where(
         closed_y, jnp.floor(r / 2.0), r - 1.0)
-    direct = (sel(sw_hop, lat, diam * hop),
-              sel((m - 1.0) * u * ovh(u) / B, u * ovh(u) / b,
-                  jnp.maximum(x_load, y_load) * ovh(u) / b), one)
-
-    # ---- 2D (Kumar & Jouppi): halves X-then-Y and Y-then-X, concurrently ---------------------
-    bw_x = jnp.where(closed_x, 2.0 * b, b)
-    bw_y = jnp.where(closed_y, 2.0 * b, b)
-    step_x = jnp.where(closed_x, 1.0, c - 1.0)
-    step_y = jnp.where(closed_y, 1.0, r - 1.0)
-    load_x = (c - 1.0) / c * (n / 2.0 + n / (2.0 * r))
-    load_y = (r - 1.0) / r * (n / 2.0 + n / (2.0 * c))
-    two_d = (((c - 1.0) * step_x + (r - 1.0) * step_y) * hop,
-             jnp.maximum(load_x / bw_x, load_y / bw_y) * ovh(n / (2.0 * c)),
-             (c - 1.0) + (r - 1.0))
-
-    # ---- in-network (NVLS): one switch round trip per phase ----------------------------------
     inr = is_sw & (level.in_network_reduction > 0.5)
-    inr_rs = (sw_hop, (m - 1.0) / m * n * ovh(u) / B, one)
-
-    # ---- tree: double binary tree, depth ceil(log2 m) ----------------------------------------
     depth = jnp.ceil(_log2(m) - 1e-9)
-    h_avg = jnp.where(closed_x, c / 4.0, (c + 1.0) / 3.0) + jnp.where(
-        r > 1.5, jnp.where(closed_y, r / 4.0, (r + 1.0) / 3.0), 0.0)
-    tree_hop = sel(sw_hop, lat, hop * jnp.maximum(h_avg, 1.0))
     tree_bw = jnp.where(is_sw, B, b)
 
-    def twice(a):
-        return (2.0 * a[0], 2.0 * a[1], 2.0 * a[2])
+    @lazy
+    def ring():
+        # reduce-scatter (= all-gather)
+        return ((m - 1.0) * ring_step, (m - 1.0) / m * n * ovh(n / m) / ring_bw, m - 1.0)
+
+    @lazy
+    def hd():
+        # Rabenseifner; power-of-two core p' = 2^floor(log2 m), one extra step otherwise.
+        # Rings/grids: dimension X (c members) then Y (r) on n / c; step k spans 2^k hops.
+        p2 = 2.0 ** jnp.floor(_log2(m) + 1e-9)
+        extra = jnp.where(m - p2 > 0.5, 1.0, 0.0)
+        steps = jnp.floor(_log2(m) + 1e-9)
+        o_hd = ovh(n / 2.0)
+        hd_lat = sel(steps * sw_hop, steps * lat, ((c - 1.0) + (r - 1.0)) * hop)
+        hd_bwt = sel((p2 - 1.0) / p2 * n * o_hd / B, (p2 - 1.0) / p2 * n * o_hd / b,
+                     (_log2(c) * n / 2.0 + _log2(r) * n / (2.0 * c)) * o_hd / b)
+        hd_lat = hd_lat + extra * sel(sw_hop, lat, hop)
+        hd_bwt = hd_bwt + extra * n / 2.0 * o_hd / jnp.where(is_sw, B, b)
+        return (hd_lat, hd_bwt, steps + extra)
+
+    @lazy
+    def direct():
+        # one step, n/m to each of the m-1 others; the busiest link sets the time
+        x_load = _dim_load(c, closed_x) * r * u
+        y_load = _dim_load(r, closed_y) * c * u
+        return (sel(sw_hop, lat, diam * hop),
+                sel((m - 1.0) * u * ovh(u) / B, u * ovh(u) / b,
+                    jnp.maximum(x_load, y_load) * ovh(u) / b), one)
+
+    @lazy
+    def two_d():
+        # Kumar & Jouppi: halves X-then-Y and Y-then-X, concurrently
+        bw_x = jnp.where(closed_x, 2.0 * b, b)
+        bw_y = jnp.where(closed_y, 2.0 * b, b)
+        step_x = jnp.where(closed_x, 1.0, c - 1.0)
+        step_y = jnp.where(closed_y, 1.0, r - 1.0)
+        load_x = (c - 1.0) / c * (n / 2.0 + n / (2.0 * r))
+        load_y = (r - 1.0) / r * (n / 2.0 + n / (2.0 * c))
+        return (((c - 1.0) * step_x + (r - 1.0) * step_y) * hop,
+                jnp.maximum(load_x / bw_x, load_y / bw_y) * ovh(n / (2.0 * c)),
+                (c - 1.0) + (r - 1.0))
+
+    @lazy
+    def inr_rs():
+        # NVLS reduce-scatter / all-gather: one switch round trip
+        return (sw_hop, (m - 1.0) / m * n * ovh(u) / B, one)
+
+    @lazy
+    def tree_hop():
+        # double binary tree edge: one switch round trip, one link, or h_avg ring/grid hops
+        h_avg = jnp.where(closed_x, c / 4.0, (c + 1.0) / 3.0) + jnp.where(
+            r > 1.5, jnp.where(closed_y, r / 4.0, (r + 1.0) / 3.0), 0.0)
+        return sel(sw_hop, lat, hop * jnp.maximum(h_avg, 1.0))
+
+    def twice(x):
+        return (2.0 * x[0], 2.0 * x[1], 2.0 * x[2])
 
     nothing = (0.0 * one, 0.0 * one, one)
     true_, false_ = jnp.asarray(True), jnp.asarray(False)
-    rs_algs = [ring, hd, direct, two_d, nothing, inr_rs]
-    rs_app = [true_, true_, true_, is_grid, false_, inr]
-    ar_algs = [twice(ring), twice(hd), twice(direct), twice(two_d),
-               (2.0 * depth * tree_hop, 2.0 * n * ovh(n) / tree_bw, 2.0 * depth),
-               (2.0 * sw_hop, n * ovh(u) / B, 2.0 * one)]
-    ar_app = [true_, true_, true_, is_grid, true_, inr]
-    a2a_algs = [nothing, nothing, direct, nothing, nothing, nothing]
-    a2a_app = [false_, false_, true_, false_, false_, false_]
-    # broadcast: pipelined chain (ring); scatter + all-gather (hd, direct, 2d)
-    bc_algs = [((m - 1.0) * ring_step, n * ovh(n) / jnp.where(is_fc, b, ring_bw), m - 1.0),
-               twice(hd), twice(direct), twice(two_d),
-               (depth * tree_hop, n * ovh(n) / tree_bw, depth),
-               (sw_hop, n * ovh(n) / B, one)]
-    p2p_one = (sel(sw_hop, lat, hop), n * ovh(n) / jnp.where(is_sw, B, b), one)
-    p2p_algs = [p2p_one] * len(ALGORITHMS)
-    all_app = [true_] * len(ALGORITHMS)
 
     def finish(algs, app):
         x = jnp.stack([_pipelined(a[0], a[1], a[2], cl) for a in algs])
@@ -257,30 +286,65 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0):
         x = jnp.where(app, x, INF)
         return jnp.where(active, x, jnp.where(app, 0.0, INF)), app
 
-    out = {"all_reduce": finish(ar_algs, ar_app), "reduce_scatter": finish(rs_algs, rs_app),
-           "all_to_all": finish(a2a_algs, a2a_app), "broadcast": finish(bc_algs, ar_app),
-           "p2p": finish(p2p_algs, all_app)}
-    out["all_gather"] = out["reduce_scatter"]
+    def table(op):
+        if op in ("reduce_scatter", "all_gather"):
+            return finish([ring(), hd(), direct(), two_d(), nothing, inr_rs()],
+                          [true_, true_, true_, is_grid, false_, inr])
+        if op == "all_reduce":
+            return finish([twice(ring()), twice(hd()), twice(direct()), twice(two_d()),
+                           (2.0 * depth * tree_hop(), 2.0 * n * ovh(n) / tree_bw, 2.0 * depth),
+                           (2.0 * sw_hop, n * ovh(u) / B, 2.0 * one)],
+                          [true_, true_, true_, is_grid, true_, inr])
+        if op == "all_to_all":
+            t_d = _pipelined(*direct(), cl)
+            t_d = jnp.where(active, t_d, 0.0)
+            idx = jnp.arange(len(ALGORITHMS))
+            return jnp.where(idx == 2, t_d, INF), idx == 2
+        if op == "broadcast":
+            # pipelined chain (ring); scatter + all-gather (hd, direct, 2d)
+            return finish([((m - 1.0) * ring_step, n * ovh(n) / jnp.where(is_fc, b, ring_bw),
+                            m - 1.0),
+                           twice(hd()), twice(direct()), twice(two_d()),
+                           (depth * tree_hop(), n * ovh(n) / tree_bw, depth),
+                           (sw_hop, n * ovh(n) / B, one)],
+                          [true_, true_, true_, is_grid, true_, inr])
+        # p2p: every algorithm is the same single message
+        t_p = _pipelined(sel(sw_hop, lat, hop), n * ovh(n) / jnp.where(is_sw, B, b), one, cl)
+        t_p = jnp.where(active, t_p, 0.0)
+        return (jnp.broadcast_to(t_p, (len(ALGORITHMS),)),
+                jnp.ones(len(ALGORITHMS), dtype=bool))
+
+    out = {op: table(op) for op in ops}
     times = {k: v[0] for k, v in out.items()}
     apps = {k: v[1] for k, v in out.items()}
     return times, apps, shape_ok | ~active
 
 
 def _choose(times, app, topology, algorithm):
-    """Pick one algorithm's time on a tier: auto (seed 001), best (masked min) or a name.
+    """Pick one algorithm's time on a tier: auto (seed 001), best (min) or a named one.
 
+    ``algorithm`` is a name (static) or a numeric code (``ALGORITHM_CODES``; may be traced).
     A named algorithm that does not apply to this tier falls back to the tier's auto choice;
     ``used`` tells whether the named one was applied.
     """
     auto_idx = jnp.asarray(_AUTO_INDEX)[jnp.clip(jnp.round(topology), 0, 4).astype(jnp.int32)]
     auto = times[auto_idx.astype(jnp.int32)]
     auto = jnp.where(jnp.isfinite(auto), auto, jnp.min(times))  # e.g. all-to-all: direct only
-    if algorithm == "auto":
-        return auto, jnp.asarray(True)
-    if algorithm == "best":
-        return jnp.min(times), jnp.asarray(True)
-    i = ALGORITHMS.index(algorithm)
-    return jnp.where(app[i], times[i], auto), app[i]
+    if isinstance(algorithm, str):
+        code = ALGORITHM_CODES.index(algorithm)
+        if code == 0:
+            return auto, jnp.asarray(True)
+        if code == 1:
+            return jnp.min(times), jnp.asarray(True)
+        i = code - 2
+        return jnp.where(app[i], times[i], auto), app[i]
+    code = jnp.clip(jnp.round(jnp.asarray(algorithm)), 0, len(ALGORITHM_CODES) - 1)
+    i = jnp.clip(code - 2, 0, len(ALGORITHMS) - 1).astype(jnp.int32)
+    named_ok = app[i]
+    named = jnp.where(named_ok, times[i], auto)
+    t = jnp.select([code < 0.5, code < 1.5], [auto, jnp.min(times)], named)
+    used = jnp.where(code < 1.5, True, named_ok)
+    return t, used
 
 
 def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", stride=1.0):
@@ -313,7 +377,7 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
     total = jnp.asarray(0.0, dtype=f)
     base = jnp.asarray(0.0, dtype=f)
     shape_ok = jnp.asarray(True)
-    used_any = jnp.asarray(algorithm in ("auto", "best"))
+    used_any = jnp.asarray(False)
     any_active = jnp.asarray(False)
     for k, lvl in enumerate(system.levels):
         m = members[k]
@@ -327,11 +391,12 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
             n_k = n / inner[k]
         else:
             n_k = n / inner[k]
-        times, apps, ok = level_algorithm_times(lvl, m, n_k, spacing[k], inner[k])
+        needed = ("all_reduce", "reduce_scatter") if op == "all_reduce" else (op,)
+        times, apps, ok = level_algorithm_times(lvl, m, n_k, spacing[k], inner[k], needed)
         shape_ok = shape_ok & ok
         if op == "all_reduce":
             # inner tiers: reduce-scatter + all-gather with the same algorithm; top: all-reduce
-            inner_t = times["reduce_scatter"] + times["all_gather"]
+            inner_t = 2.0 * times["reduce_scatter"]
             t_top, used_top = _choose(times["all_reduce"], apps["all_reduce"], lvl.topology,
                                       algorithm)
             t_in, used_in = _choose(inner_t, apps["reduce_scatter"], lvl.topology, algorithm)
@@ -410,7 +475,9 @@ def collective_latency(system: System, op: str, nbytes, group_size, algorithm: s
             per tier), or one of ``"ring"``, ``"halving_doubling"`` (``"rabenseifner"``),
             ``"direct"``, ``"2d"``, ``"tree"``, ``"in_network"`` (NVLS; switch tiers with
             ``in_network_reduction = 1``), ``"hierarchical"`` (= auto). A named algorithm is
-            used on every tier where it applies, the tier's auto choice elsewhere.
+            used on every tier where it applies, the tier's auto choice elsewhere. A number
+            or array of codes (:func:`algorithm_code`, ``ALGORITHM_CODES``) lets a batch vary
+            the algorithm.
         stride: devices between consecutive group members (1 = contiguous, e.g. TP; ``tp·pp``
             for a DP group whose members sit in different nodes).
 
@@ -430,7 +497,8 @@ def collective_latency(system: System, op: str, nbytes, group_size, algorithm: s
     """
     _canonical(op, algorithm)
     t, ok, why = _cost_batched(system, op, nbytes, group_size, algorithm, stride)
-    if is_concrete(system, nbytes, group_size, stride) and np.ndim(t) == 0 and not bool(ok):
+    if (is_concrete(system, nbytes, group_size, stride, algorithm) and np.ndim(t) == 0
+            and not bool(ok)):
         raise ValueError(
             f"collective_latency: infeasible {op} of group_size={_fmt(group_size)} "
             f"(stride={_fmt(stride)}, algorithm={algorithm!r}) on system "
