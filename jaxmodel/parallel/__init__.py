@@ -1,3 +1,12 @@
-"""jaxmodel.parallel."""
+"""jaxmodel.parallel: pipeline schedules, the training step, and inference (engineer D).
 
-__all__: list[str] = []
+Public names: :func:`train_step` → :class:`TrainResult`; :func:`inference` →
+:class:`InferenceResult` (from :mod:`jaxmodel.parallel.inference`). Modules:
+:mod:`~jaxmodel.parallel.pipeline` (schedule formulas), :mod:`~jaxmodel.parallel.gemm_table`
+(GEMM de-duplication for big parallelism sweeps).
+"""
+
+from jaxmodel.parallel.inference import InferenceResult, inference
+from jaxmodel.parallel.train import TrainResult, train_step
+
+__all__ = ["train_step", "TrainResult", "inference", "InferenceResult"]

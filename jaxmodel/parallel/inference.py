@@ -84,30 +84,40 @@ def _elementwise(dev, n, bytes_moved, flops):
     return _ops.elementwise_latency.single(dev, n, bytes_moved, flops, overhead=True)
 
 
-def embedding_and_head(system: System, model: Model, par: Parallelism, batch, seq_len,
-                       gemm=None, dtype_bytes=2.0):
-    """Embedding of ``batch·seq_len`` tokens and the LM head on the last position (s).
+def embedding_time(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0):
+    """Vocab-parallel embedding of ``tokens`` rows, s.
 
-    Megatron vocab-parallel embedding: a lookup (read + write one row per token) and a TP
-    all-reduce of the ``[b·s, d]`` output; LM head ``[b, d]×[d, V/t]``, an all-gather of the
-    ``[b, V]`` logits and a softmax over ``[b, V/t]`` (sampling). Shoeybi et al. 2019 §3.
+    Megatron (Shoeybi et al. 2019 §3): each TP rank looks up its vocabulary slice (read + write
+    one ``d``-row per token, memory-bound) and an all-reduce over ``t`` combines the
+    ``[tokens, d]`` result.
+    """
+    dev = system.device
+    lookup = _elementwise(dev, tokens * model.d_model, 2.0 * dtype_bytes, 0.0)
+    multi = par.tp > 1.5
+    ar = _comm.collective_latency.single(system, "all_reduce",
+                                         tokens * model.d_model * dtype_bytes,
+                                         jnp.where(multi, par.tp, 2.0))
+    return lookup + jnp.where(multi, ar, 0.0)
+
+
+def lm_head_time(system: System, model: Model, par: Parallelism, batch, gemm=None,
+                 dtype_bytes=2.0):
+    """LM head on the last position of ``batch`` sequences and sampling, s.
+
+    GEMM ``[b, d]×[d, V/t]`` (vocab-parallel), an all-gather of the ``[b, V]`` logits over
+    ``t`` and a softmax over ``[b, V/t]``. The same in prefill (only the last prompt position
+    produces a token) and in every decode step.
     """
     gemm = gemm or default_gemm
     dev = system.device
-    tp = jnp.maximum(par.tp, 1.0)
-    tokens = batch * seq_len
-    embed = _elementwise(dev, tokens * model.d_model, 2.0 * dtype_bytes, 0.0)
-    embed = embed + tp_collective(system, dataclasses.replace(par, sp=0.0),
-                                  tokens * model.d_model * dtype_bytes)
-    vocab = model.vocab_size / tp
+    vocab = model.vocab_size / jnp.maximum(par.tp, 1.0)
     head = gemm(dev, batch, vocab, model.d_model, 1.0, dtype_bytes)
     multi = par.tp > 1.5
     gather = _comm.collective_latency.single(system, "all_gather",
                                              batch * model.vocab_size * dtype_bytes,
                                              jnp.where(multi, par.tp, 2.0))
-    head = head + jnp.where(multi, gather, 0.0)
-    head = head + _ops.softmax_latency.single(dev, batch, vocab, overhead=True)
-    return embed, head
+    return (head + jnp.where(multi, gather, 0.0)
+            + _ops.softmax_latency.single(dev, batch, vocab, overhead=True))
 
 
 def _pp_hop(system: System, par: Parallelism, nbytes):
@@ -161,11 +171,14 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     pre = {k: v[0] for k, v in steps.items()}
     dec = {k: jnp.mean(v[1:]) for k, v in steps.items()}
 
-    hidden = model.d_model * dtype_bytes
-    hop_pre = (pp - 1.0) * _pp_hop(system, par, b * prompt * hidden)
-    hop_dec = (pp - 1.0) * _pp_hop(system, par, b * hidden)
-    emb_pre, head_pre = embedding_and_head(system, model, par, b, prompt, gemm, dtype_bytes)
-    emb_dec, head_dec = embedding_and_head(system, model, par, b, 1.0, gemm, dtype_bytes)
+    # embedding and stage hops of the prompt and of one decode token: one trace, vmapped
+    tokens = jnp.stack([b * prompt, b])
+    emb = jax.vmap(lambda n: embedding_time(system, model, par, n, dtype_bytes))(tokens)
+    hops = (pp - 1.0) * jax.vmap(lambda n: _pp_hop(system, par, n * model.d_model
+                                                   * dtype_bytes))(tokens)
+    emb_pre, emb_dec = emb[0], emb[1]
+    hop_pre, hop_dec = hops[0], hops[1]
+    head_pre = head_dec = lm_head_time(system, model, par, b, gemm, dtype_bytes)
 
     ttft = n_layers * pre["total"] + hop_pre + emb_pre + head_pre
     tpot = n_layers * dec["total"] + hop_dec + emb_dec + head_dec

@@ -31,6 +31,7 @@ WEIGHT_BYTES = 2.0      # fp16/bf16 weights
 OPTIMIZER_BYTES = 12.0  # fp32 master weights + Adam m + v (ZeRO §3, K = 12)
 
 
+@batched
 def activation_bytes_per_layer(model: Model, par: Parallelism, micro_batch, seq_len):
     """Activation memory one layer stores for the backward pass, bytes per device.
 
@@ -104,7 +105,8 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
     grads = grad_bytes * params / jnp.where(zero >= 1.5, dp, 1.0)
     optim = OPTIMIZER_BYTES * params / jnp.where(zero >= 0.5, dp, 1.0)
     layers = model.n_layers / jnp.maximum(par.pp, 1.0)
-    acts = in_flight * layers * activation_bytes_per_layer(model, par, par.micro_batch, seq_len)
+    acts = in_flight * layers * activation_bytes_per_layer.single(model, par, par.micro_batch,
+                                                                  seq_len)
     return {"weights": weights, "gradients": grads, "optimizer": optim, "activations": acts,
             "total": weights + grads + optim + acts}
 

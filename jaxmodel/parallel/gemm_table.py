@@ -1,0 +1,170 @@
+"""GEMM de-duplication for big sweeps: evaluate each unique GEMM shape once, then look it up.
+
+A parallelism sweep on one system evaluates thousands of plans, but their GEMMs come from a
+handful of shapes (they depend on ``tp``, the micro-batch, the sequence and the model only).
+The tile search (:func:`jaxmodel.ops.gemm_latency`) is the expensive part of a plan, so:
+
+1. :func:`collect_gemm_shapes` runs the batched model once with a *recording* GEMM hook
+   (a ``jax.pure_callback`` that returns 0 and stores the requested ``(m, n, k, batch,
+   dtype_bytes)``) — it captures exactly the shapes the model asks for, whatever the op graph;
+2. :meth:`GemmTable.build` times the unique shapes with ONE batched tile search;
+3. :meth:`GemmTable.lookup` is a GEMM hook ``(dev, m, n, k, batch, dtype_bytes) -> s`` for the
+   models' static ``gemm=`` argument: each dimension is located by ``searchsorted`` in its
+   sorted unique values and the time gathered from a dense table (O(log U) per call). A shape
+   that is not in the table gives ``+inf`` (the plan becomes infeasible), never a wrong value.
+
+The table is valid for ONE device (the one it was built with); :meth:`lookup` ignores its
+``dev`` argument, so use it only in sweeps whose device is fixed (as in a parallelism search).
+Gradients w.r.t. device knobs do not flow through a table (use the tile search for those).
+
+Example:
+    >>> table = GemmTable.for_train_step(system, model, par_batch, 1536, 2048)
+    >>> r = jm.train_step(system, model, par_batch, 1536, 2048, gemm=table.lookup)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmodel import ops as _ops
+from jaxmodel.types import Device
+
+_FIELDS = ("m", "n", "k", "batch", "dtype_bytes")
+_MAX_DENSE = 1 << 22   # entries of the dense lookup grid
+
+
+class _Recorder:
+    """Collects the GEMM shapes passed to its hook (thread-safe; host callbacks)."""
+
+    def __init__(self):
+        self.rows = []
+        self.lock = threading.Lock()
+
+    def _record(self, *cols):
+        cols = np.broadcast_arrays(*[np.asarray(c, dtype=np.float64) for c in cols])
+        with self.lock:
+            self.rows.append(np.stack([c.reshape(-1) for c in cols], axis=-1))
+        return np.zeros(cols[0].shape, dtype=jnp.result_type(float))
+
+    def hook(self, dev, m, n, k, batch=1.0, dtype_bytes=2.0):
+        f = jnp.result_type(float)
+        args = [jnp.asarray(x, dtype=f) for x in (m, n, k, batch, dtype_bytes)]
+        shape = jnp.broadcast_shapes(*[a.shape for a in args])
+        args = [jnp.broadcast_to(a, shape) for a in args]
+        return jax.pure_callback(self._record, jax.ShapeDtypeStruct(shape, f), *args,
+                                 vmap_method="broadcast_all")
+
+    def shapes(self) -> np.ndarray:
+        if not self.rows:
+            return np.zeros((0, len(_FIELDS)))
+        allrows = np.concatenate(self.rows, axis=0)
+        allrows = allrows[np.all(np.isfinite(allrows), axis=1)]
+        return np.unique(allrows, axis=0)
+
+
+def collect_gemm_shapes(fn: Callable, *args, **kwargs) -> np.ndarray:
+    """Unique GEMM shapes a batched model function requests, ``(U, 5)`` [m, n, k, batch, dtype].
+
+    ``fn`` must accept a static ``gemm=`` hook (e.g. :func:`jaxmodel.train_step`,
+    :func:`jaxmodel.workload.layer.training_layer_times`). It is run once on ``args`` with a
+    recording hook that returns 0 s for every GEMM (so the rest of the model runs as usual).
+    """
+    rec = _Recorder()
+    out = fn(*args, gemm=rec.hook, **kwargs)
+    jax.block_until_ready(out)
+    return rec.shapes()
+
+
+class GemmTable:
+    """Precomputed GEMM latencies of one device on a set of shapes, with a lookup hook.
+
+    Attributes:
+        shapes: ``(U, 5)`` numpy array of unique ``(m, n, k, batch, dtype_bytes)``.
+        times: ``(U,)`` seconds from the tile search (incl. the per-kernel overhead).
+    """
+
+    def __init__(self, shapes: np.ndarray, times: np.ndarray):
+        shapes = np.asarray(shapes, dtype=np.float64).reshape(-1, len(_FIELDS))
+        times = np.asarray(times, dtype=np.float64).reshape(-1)
+        if shapes.shape[0] != times.shape[0]:
+            raise ValueError(f"GemmTable: {shapes.shape[0]} shapes but {times.shape[0]} times")
+        self.shapes, self.times = shapes, times
+        self.axes = [np.unique(shapes[:, j]) if len(shapes) else np.zeros(1)
+                     for j in range(len(_FIELDS))]
+        dims = [len(a) for a in self.axes]
+        self.dense = int(np.prod(dims)) <= _MAX_DENSE and len(shapes) > 0
+        if self.dense:
+            grid = np.full(dims, np.inf)
+            idx = tuple(np.searchsorted(self.axes[j], shapes[:, j]) for j in range(len(dims)))
+            grid[idx] = times
+            self._grid = grid.reshape(-1)
+            self._strides = np.cumprod([1] + dims[::-1][:-1])[::-1].astype(np.int64)
+
+    def __len__(self):
+        return len(self.shapes)
+
+    @classmethod
+    def build(cls, dev: Device, shapes: np.ndarray, chunk: int = 1024) -> "GemmTable":
+        """Time ``shapes`` (rows of m, n, k, batch, dtype_bytes) on ``dev`` with ONE batched
+        tile search (:func:`jaxmodel.ops.gemm_latency`)."""
+        shapes = np.asarray(shapes, dtype=np.float64).reshape(-1, len(_FIELDS))
+        leaves = jax.tree_util.tree_leaves(dev)
+        if any(np.ndim(x) for x in leaves):
+            raise ValueError("GemmTable.build: the device must be a single configuration "
+                             "(a table is valid for one device)")
+        if len(shapes) == 0:
+            return cls(shapes, np.zeros(0))
+        times = np.empty(len(shapes))
+        # batch = 1 GEMMs and batched GEMMs go through the same public function; the ops
+        # model skips the merged-batch alternative only for a Python 1.0, which a table
+        # cannot express per row, so split the two kinds as the workload does.
+        single = shapes[:, 3] == 1.0
+        for mask, batch_arg in ((single, None), (~single, "rows")):
+            if not mask.any():
+                continue
+            s = shapes[mask]
+            b = 1.0 if batch_arg is None else jnp.asarray(s[:, 3])
+            t = _ops.gemm_latency(dev, jnp.asarray(s[:, 0]), jnp.asarray(s[:, 1]),
+                                  jnp.asarray(s[:, 2]), batch=b,
+                                  dtype_bytes=jnp.asarray(s[:, 4]))
+            times[mask] = np.asarray(t, dtype=np.float64)
+        return cls(shapes, times)
+
+    @classmethod
+    def for_train_step(cls, system, model, par, global_batch, seq_len, **kwargs) -> "GemmTable":
+        """Collect the GEMMs of a (batched) :func:`jaxmodel.train_step` call and time them."""
+        from jaxmodel.parallel.train import train_step
+        shapes = collect_gemm_shapes(train_step, system, model, par, global_batch, seq_len,
+                                     **kwargs)
+        return cls.build(system.device, shapes)
+
+    def lookup(self, dev, m, n, k, batch=1.0, dtype_bytes=2.0):
+        """GEMM hook: the tabulated latency of ``[batch×m×k]·[batch×k×n]`` (s); ``+inf`` when
+        the shape is not in the table. ``dev`` is ignored (the table's device is used)."""
+        f = jnp.result_type(float)
+        q = [jnp.asarray(x, dtype=f) for x in (m, n, k, batch, dtype_bytes)]
+        if not len(self.shapes):
+            return jnp.full(jnp.broadcast_shapes(*[x.shape for x in q]), jnp.inf, dtype=f)
+        hit = jnp.asarray(True)
+        idx = []
+        for j, x in enumerate(q):
+            axis = jnp.asarray(self.axes[j], dtype=f)
+            i = jnp.clip(jnp.searchsorted(axis, x), 0, len(self.axes[j]) - 1)
+            hit = hit & (jnp.abs(axis[i] - x) <= 1e-6 * jnp.maximum(1.0, jnp.abs(x)))
+            idx.append(i)
+        if self.dense:
+            flat = sum(i.astype(jnp.int32) * int(s) for i, s in zip(idx, self._strides))
+            t = jnp.asarray(self._grid, dtype=f)[flat]
+        else:  # sparse fallback: exact match against every row
+            keys = jnp.asarray(self.shapes, dtype=f)
+            qv = jnp.stack(jnp.broadcast_arrays(*q), axis=-1)
+            match = jnp.all(jnp.abs(keys - qv[..., None, :])
+                            <= 1e-6 * jnp.maximum(1.0, jnp.abs(qv[..., None, :])), axis=-1)
+            t = jnp.where(jnp.any(match, axis=-1),
+                          jnp.asarray(self.times, dtype=f)[jnp.argmax(match, axis=-1)], jnp.inf)
+        return jnp.where(hit, t, jnp.inf)

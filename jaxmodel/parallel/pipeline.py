@@ -1,0 +1,167 @@
+"""Pipeline-parallel schedules: micro-batches, bubble, in-flight activations, stage transfers.
+
+Single-configuration formulas (scalar leaves); the schedule is a numeric code
+(``types.SCHEDULES``: gpipe=0, 1f1b=1, interleaved=2) selected with ``jnp.where``.
+
+Sources:
+    * GPipe: Huang et al., "GPipe", NeurIPS 2019 — all forwards, then all backwards; bubble
+      (p−1)/m; every micro-batch's activations are held until its backward (m in flight).
+    * 1F1B (PipeDream-Flush): Narayanan et al., "Memory-Efficient Pipeline-Parallel DNN
+      Training", ICML 2021, and Narayanan et al., "Efficient Large-Scale Language Model
+      Training on GPU Clusters Using Megatron-LM", SC'21 (here "PTD-P") §2.2.1: same bubble
+      (p−1)/m, at most p micro-batches in flight on the first stage.
+    * Interleaved 1F1B: PTD-P §2.2.2 — each device holds v model chunks; bubble
+      (p−1)/(m·v); the number of micro-batches must be a multiple of p; every micro-batch
+      crosses v times more stage boundaries. Activation memory of the first stage
+      (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+      MLSys 2023, §4.2.3): the L/p layers' activations of p micro-batches times
+      (1 + (p−1)/(p·v)), i.e. p + (p−1)/v micro-batch-stages.
+
+Symbols: p pipeline stages (``par.pp``), v virtual stages per device (``par.interleave``),
+m micro-batches per step and per data-parallel replica.
+
+Example:
+    >>> from jaxmodel.parallel import pipeline
+    >>> float(pipeline.bubble_fraction(1.0, 8.0, 64.0, 1.0))     # 1F1B, p=8, m=64
+    0.109375
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jaxmodel.numerics import safe_div
+
+GPIPE, ONE_F_ONE_B, INTERLEAVED = 0.0, 1.0, 2.0
+
+
+def n_microbatches(global_batch, dp, micro_batch):
+    """Micro-batches per step per data-parallel replica, m = B / (dp · b) (PTD-P §2.2).
+
+    Args:
+        global_batch: sequences per optimizer step (all replicas), B.
+        dp: data-parallel degree.
+        micro_batch: sequences per micro-batch, b.
+
+    Returns:
+        m (float; an integer for a consistent plan, checked by the caller).
+    """
+    return safe_div(global_batch, dp * micro_batch, fill=0.0)
+
+
+def effective_interleave(schedule, interleave):
+    """Virtual stages per device actually used: ``interleave`` for the interleaved schedule,
+    1 otherwise (GPipe and 1F1B have one chunk per device)."""
+    return jnp.where(schedule == INTERLEAVED, jnp.maximum(interleave, 1.0), 1.0)
+
+
+def bubble_fraction(schedule, pp, m, interleave):
+    """Pipeline bubble as a fraction of the ideal (bubble-free) compute time.
+
+    GPipe and 1F1B: (p−1)/m; interleaved 1F1B: (p−1)/(m·v) (PTD-P §2.2.1 and §2.2.2).
+
+    Args:
+        schedule: schedule code (gpipe=0, 1f1b=1, interleaved=2).
+        pp: pipeline stages p.
+        m: micro-batches per step per replica.
+        interleave: virtual stages per device v (ignored unless interleaved).
+
+    Returns:
+        Bubble time / ideal time, dimensionless (0 for p = 1; +inf for m = 0).
+    """
+    v = effective_interleave(schedule, interleave)
+    return safe_div(pp - 1.0, m * v, fill=jnp.inf)
+
+
+def in_flight_microbatches(schedule, pp, m, interleave):
+    """Micro-batches whose stage activations the most loaded (first) stage holds at its peak.
+
+    In units of "one micro-batch's activations for the L/p layers of one stage":
+    GPipe m; 1F1B min(p, m); interleaved p·(1 + (p−1)/(p·v)) = p + (p−1)/v, capped at
+    m·(1 + (p−1)/(p·v)) when m < p (Korthikanti et al. 2023 §4.2.3; PTD-P §2.2).
+
+    Args:
+        schedule: schedule code.
+        pp: pipeline stages p.
+        m: micro-batches per step per replica.
+        interleave: virtual stages per device v.
+
+    Returns:
+        In-flight micro-batch-stages (float ≥ 0).
+    """
+    v = effective_interleave(schedule, interleave)
+    warm = jnp.minimum(pp, m)
+    interleaved = warm * (1.0 + safe_div(pp - 1.0, pp * v, fill=0.0))
+    return jnp.select([schedule == GPIPE, schedule == INTERLEAVED], [m, interleaved], warm)
+
+
+def p2p_bytes(micro_batch, seq_len, d_model, tp, dtype_bytes=2.0):
+    """Bytes one tensor-parallel rank sends across a stage boundary per micro-batch, direction.
+
+    The activation tensor is b·s·h elements (PTD-P §4.1). With tensor parallelism Megatron
+    sends only a 1/t slice per rank: under sequence parallelism the activations are already
+    sharded (Korthikanti §4.2.2); without it the "scatter/gather optimisation" (PTD-P §4.1)
+    splits the replicated tensor and re-assembles it with an all-gather over the fast
+    intra-node links on the receiving side (costed by the caller).
+
+    Args:
+        micro_batch: sequences per micro-batch b.
+        seq_len: sequence length s.
+        d_model: hidden size h.
+        tp: tensor-parallel degree t.
+        dtype_bytes: bytes per activation element (2 for fp16/bf16).
+
+    Returns:
+        Bytes, b·s·h·dtype_bytes / t.
+    """
+    return safe_div(micro_batch * seq_len * d_model * dtype_bytes, tp, fill=0.0)
+
+
+def p2p_transfers_on_critical_path(schedule, pp, m, interleave):
+    """Stage-boundary transfers (each one activation or one gradient) on the critical path.
+
+    Steady state: every device sends one activation and one gradient per micro-batch and
+    chunk (2·m·v; sends and receives overlap on full-duplex links). Fill and drain add the
+    2·(p−1) hops the first forward and the last backward travel before every device is busy.
+    Megatron-LM (2021) issues these transfers synchronously between compute steps, so they
+    are not overlapped (PTD-P §4.1). Zero for p = 1.
+
+    Returns:
+        Number of transfers (float).
+    """
+    v = effective_interleave(schedule, interleave)
+    return jnp.where(pp > 1.0, 2.0 * (m * v + pp - 1.0), 0.0)
+
+
+def pipeline_time(schedule, pp, m, interleave, t_max, t_mean, t_p2p):
+    """Time of the pipelined forward+backward passes of one step, s.
+
+    ``m·t_max + (p−1)/v · t_mean + n_p2p·t_p2p``: the slowest stage bounds the steady state
+    (m micro-batches), the fill/drain bubble costs (p−1)/v average stage-steps (PTD-P §2.2,
+    bubble fraction (p−1)/(m·v)), and the stage-boundary transfers of
+    :func:`p2p_transfers_on_critical_path` are exposed. With equal stages and no transfers
+    this is the textbook (m + (p−1)/v)·(t_f + t_b).
+
+    Args:
+        schedule: schedule code.
+        pp: pipeline stages p.
+        m: micro-batches per step per replica.
+        interleave: virtual stages per device v.
+        t_max: forward+backward time of one micro-batch on the slowest device (all of its
+            chunks), s.
+        t_mean: the same averaged over the p devices, s.
+        t_p2p: one stage-boundary transfer, s.
+
+    Returns:
+        Seconds.
+    """
+    v = effective_interleave(schedule, interleave)
+    bubble = safe_div(pp - 1.0, v, fill=0.0) * t_mean
+    n_p2p = p2p_transfers_on_critical_path(schedule, pp, m, interleave)
+    return m * t_max + bubble + n_p2p * t_p2p
+
+
+def bubble_time(schedule, pp, interleave, t_mean):
+    """The fill/drain part of :func:`pipeline_time`: (p−1)/v · t_mean, s."""
+    v = effective_interleave(schedule, interleave)
+    return safe_div(pp - 1.0, v, fill=0.0) * t_mean

@@ -1,0 +1,540 @@
+"""One training step of a decoder-only transformer under DP × TP × PP (+SP, ZeRO, recompute).
+
+``train_step(system, model, par, global_batch, seq_len)`` → :class:`TrainResult`.
+
+The step is built from engineer D's per-layer times (:func:`jaxmodel.workload.layer.
+training_layer_times`, :func:`~jaxmodel.workload.layer.embedding_times`), B's collectives
+(:func:`jaxmodel.comm.collective_cost`) and A's elementwise kernel (optimizer), composed as
+Megatron-LM executes them (Narayanan et al., SC'21, "PTD-P"; Korthikanti et al., MLSys 2023):
+
+**Placement** (PTD-P §3.2 "Takeaway #1/#2"): device id = tp_rank + tp·(pp_rank + pp·dp_rank),
+i.e. TP innermost (inside a node), then PP, then DP across nodes. Collective groups: TP
+contiguous (stride 1), DP at stride tp·pp; pipeline transfers cross the outermost network tier
+the tp·pp devices of one pipeline span.
+
+**Per stage and micro-batch** (slowest stage): ``L/(p)`` layers (all ``v`` chunks of a device)
+× (forward + backward + recompute + TP collectives, all serial — Megatron does not overlap TP
+communication), plus the embedding on the first stage and the LM head + loss on the last
+(both on the one stage when p = 1).
+
+**Pipeline** (:mod:`jaxmodel.parallel.pipeline`): m·t_max + (p−1)/v·t_mean + exposed
+stage-boundary transfers (2 per micro-batch and chunk, plus fill/drain), each b·s·h·2/t bytes
+(scatter/gather optimisation, PTD-P §4.1; the re-assembling all-gather over TP when SP is off).
+With p > 1 and tied embeddings the first and last stage all-reduce the embedding gradient.
+
+**Data parallelism and ZeRO** (Rajbhandari et al., SC'20, §5 and §7): gradients are reduced in
+``grad_bytes`` (4 = fp32 main gradients, as Megatron-LM keeps them), parameters gathered in
+2-byte precision, over the DP group of the most loaded stage:
+
+===========  =====================================================  =======================
+ZeRO stage   collectives                                           overlap window
+===========  =====================================================  =======================
+0            all-reduce(grads) once per step                       last micro-batch's bwd
+1            reduce-scatter(grads) once + all-gather(params) once  last bwd / next first fwd
+2            reduce-scatter(grads) every micro-batch + all-gather   that micro-batch's bwd /
+             (params) once                                           next first fwd
+3            per micro-batch: all-gather(params) for fwd and for    that micro-batch's fwd
+             bwd, reduce-scatter(grads)                             and bwd
+===========  =====================================================  =======================
+
+**Overlap model.** Gradient buckets are reduced while the backward pass of the last
+micro-batch still runs (PyTorch DDP, Li et al., VLDB 2020, §3.2.3 "bucketing" and overlap;
+Megatron-core ``--overlap-grad-reduce``), and the ZeRO parameter all-gather overlaps the next
+forward (``--overlap-param-gather``; FSDP prefetching, Zhao et al., VLDB 2023, §3.3). Only the
+part of a collective longer than ``dp_overlap ×`` its compute window is exposed:
+``exposed = max(0, t_comm − dp_overlap · t_window)``. ``dp_overlap = 1`` (default) is full
+overlap; ``dp_overlap = 0`` serialises everything, as Megatron-LM 2021 did (its "local" DDP
+all-reduced after the last backward). Contention of overlapped communication for memory
+bandwidth/SMs is not modelled.
+
+**Optimizer**: mixed-precision Adam on the local parameter shard (÷dp from ZeRO-1), a
+memory-bound elementwise kernel moving ``adam_bytes_per_param`` (hw_db/tech/training.toml).
+
+**Memory**: D's ``training_memory`` with the schedule's in-flight micro-batches; compared
+with ``system.device.mem_capacity``.
+
+**FLOPs and MFU**: Megatron's eq. 3 (PTD-P §5.1), ``96·B·s·l·h²·(1 + s/(6h) + V/(16lh))``
+(generalised to GQA/SwiGLU/MoE by D's ``model_flops_per_token(..., include_recompute=True)``);
+this counts one recompute forward, exactly as PTD-P Table 1 does. ``mfu = F / (T · N ·
+peak)``. Because F does not depend on the plan, ranking by ``mfu`` equals ranking by time.
+
+Units: seconds, bytes, FLOP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmodel import comm as _comm
+from jaxmodel import numerics as nx
+from jaxmodel import ops as _ops
+from jaxmodel.batching import batch_shape, batched
+from jaxmodel.parallel import pipeline as pl
+from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_model,
+                            validate_parallelism, validate_system)
+from jaxmodel.workload import layer as _layer
+from jaxmodel.workload import memory as _memory
+from jaxmodel.workload import params as _params
+
+# --------------------------------------------------------------------------------------------
+# Training constants (hw_db/tech/training.toml, each with its source)
+# --------------------------------------------------------------------------------------------
+_TECH = Path(__file__).resolve().parents[2] / "hw_db" / "tech" / "training.toml"
+
+
+def _load_constants() -> dict:
+    with open(_TECH, "rb") as f:
+        data = tomllib.load(f)
+    out = {}
+    for key, entry in data.get("training", {}).items():
+        if not isinstance(entry, dict) or "value" not in entry or not str(
+                entry.get("source", "")).strip():
+            raise ValueError(f"{_TECH}: field '{key}' must be {{value = ..., source = ...}}")
+        out[key] = float(entry["value"])
+    return out
+
+
+CONSTANTS = _load_constants()
+
+BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble",
+                  "embedding", "optimizer")
+
+
+# --------------------------------------------------------------------------------------------
+# Result
+# --------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """One training step (frozen pytree; every field carries the batch shape in front).
+
+    Attributes:
+        step_time_s: seconds per optimizer step (``+inf`` when infeasible).
+        mfu: Megatron eq. 3 FLOPs / (step time · devices · peak matrix FLOP/s) (0 when
+            infeasible); comparable with PTD-P Table 1's "% of peak".
+        tokens_per_s: global_batch · seq_len / step time.
+        memory_bytes: peak memory of the most loaded device (first stage), bytes — reported
+            for infeasible (e.g. out-of-memory) plans too when their structure is valid.
+        feasible: bool.
+        reason: int32 code into :data:`jaxmodel.numerics.REASONS` (0 = ok).
+        breakdown: dict seconds per step: ``compute`` (layer forward+backward),
+            ``recompute``, ``tp_comm``, ``pp_comm``, ``dp_comm`` (exposed parts only),
+            ``bubble`` (pipeline fill/drain), ``embedding`` (embedding, LM head, loss and their
+            TP collectives), ``optimizer``. They sum to ``step_time_s``.
+        memory: dict bytes per device: ``weights``, ``gradients``, ``optimizer``,
+            ``activations``, ``total``.
+        flops_per_step: Megatron eq. 3 FLOPs of one step (all devices), FLOP.
+        achieved_flops_per_device: flops_per_step / (step time · devices), FLOP/s.
+        microbatches: micro-batches per step per data-parallel replica, m.
+    """
+
+    step_time_s: Any
+    mfu: Any
+    tokens_per_s: Any
+    memory_bytes: Any
+    feasible: Any
+    reason: Any
+    breakdown: dict
+    memory: dict
+    flops_per_step: Any
+    achieved_flops_per_device: Any
+    microbatches: Any
+
+
+jax.tree_util.register_dataclass(
+    TrainResult, data_fields=[f.name for f in dataclasses.fields(TrainResult)], meta_fields=[])
+
+
+# --------------------------------------------------------------------------------------------
+# helpers (single configuration)
+# --------------------------------------------------------------------------------------------
+def _finite(x):
+    """``x`` where finite, else 0 (double-where guard against inf·0 in the composition)."""
+    x = jnp.asarray(x)
+    return jnp.where(jnp.isfinite(x), x, 0.0)
+
+
+def _exposed(t_comm, window, overlap):
+    """Non-overlapped part of a collective: ``max(0, t_comm − overlap · window)`` (s)."""
+    return jnp.maximum(t_comm - overlap * window, 0.0)
+
+
+def plan_checks(system: System, model: Model, par: Parallelism, global_batch, seq_len):
+    """Structural checks of a training plan as ``[(ok, reason_name), ...]`` (single config).
+
+    Degrees are integers ≥ 1, ZeRO ∈ {0..3}, schedule/recompute codes valid; dp·tp·pp equals
+    the system's devices; tp divides the query heads (KV heads divide or are replicated);
+    pp·v divides the layers; m = B/(dp·b) is a positive integer (and a multiple of p for the
+    interleaved schedule, a Megatron-LM requirement, PTD-P §2.2.2); ``interleave > 1`` only
+    with the interleaved schedule; under SP tp divides the sequence; ep divides the experts
+    and dp. Memory is checked separately.
+    """
+    tp, pp, dp = par.tp, par.pp, par.dp
+    ints = [par.dp, par.tp, par.pp, par.ep, par.micro_batch, par.interleave]
+    degrees_ok = jnp.asarray(True)
+    for x in ints:
+        degrees_ok = degrees_ok & (x >= 1) & nx.is_integer(x)
+    codes_ok = ((par.zero >= 0) & (par.zero <= 3) & nx.is_integer(par.zero)
+                & (par.schedule >= 0) & (par.schedule <= 2) & nx.is_integer(par.schedule)
+                & (par.recompute >= 0) & (par.recompute <= 2) & nx.is_integer(par.recompute))
+    schedule_ok = (par.interleave < 1.5) | (par.schedule == pl.INTERLEAVED)
+    model_ok = ((model.d_model > 0) & (model.n_heads > 0) & (model.n_kv_heads > 0)
+                & (model.head_dim > 0) & (model.d_ff > 0) & (model.n_layers > 0)
+                & (model.vocab_size > 0) & (seq_len > 0) & (global_batch > 0))
+    t = jnp.maximum(tp, 1.0)
+    heads_ok = nx.divides(t, model.n_heads) & (nx.divides(t, model.n_kv_heads)
+                                                | nx.divides(model.n_kv_heads, t))
+    v = pl.effective_interleave(par.schedule, par.interleave)
+    layers_ok = nx.divides(jnp.maximum(pp, 1.0) * jnp.maximum(v, 1.0), model.n_layers)
+    m = pl.n_microbatches(global_batch, dp, par.micro_batch)
+    batch_ok = (m >= 1) & nx.is_integer(m)
+    batch_ok = batch_ok & ((par.schedule != pl.INTERLEAVED) | (pp < 1.5)
+                           | nx.divides(jnp.maximum(pp, 1.0), m))
+    devices_ok = jnp.abs(dp * tp * pp - system.n_devices) < 0.5
+    seq_ok = (par.sp < 0.5) | nx.divides(t, seq_len)
+    experts_ok = (nx.divides(jnp.maximum(par.ep, 1.0), model.n_experts)
+                  & nx.divides(jnp.maximum(par.ep, 1.0), jnp.maximum(dp, 1.0)))
+    return [(model_ok, "invalid_model"),
+            (degrees_ok & codes_ok & schedule_ok, "invalid_parallelism"),
+            (devices_ok, "devices_mismatch"),
+            (heads_ok, "heads_not_divisible"),
+            (layers_ok, "layers_not_divisible"),
+            (batch_ok, "batch_not_divisible"),
+            (seq_ok, "sequence_not_divisible"),
+            (experts_ok, "experts_not_divisible")]
+
+
+def _sanitised(par: Parallelism, ok) -> Parallelism:
+    """A structurally harmless plan where ``ok`` is False (double-where: no NaN anywhere)."""
+    def s(x, fallback=1.0):
+        return jnp.where(ok, x, fallback)
+    return dataclasses.replace(
+        par, dp=s(par.dp), tp=s(par.tp), pp=s(par.pp), ep=s(par.ep),
+        micro_batch=s(par.micro_batch), interleave=s(par.interleave),
+        schedule=s(par.schedule), recompute=s(par.recompute, 0.0), zero=s(par.zero, 0.0),
+        sp=s(par.sp, 0.0))
+
+
+def _sanitised_model(model: Model, ok) -> Model:
+    def s(x):
+        return jnp.where(ok, x, 1.0)
+    return dataclasses.replace(
+        model, n_layers=s(model.n_layers), d_model=s(model.d_model), n_heads=s(model.n_heads),
+        n_kv_heads=s(model.n_kv_heads), head_dim=s(model.head_dim), d_ff=s(model.d_ff),
+        vocab_size=s(model.vocab_size))
+
+
+def _collectives(system: System, op: str, calls):
+    """Evaluate several ``op`` collectives ``[(nbytes, group, stride), ...]`` in one vmap.
+
+    Returns ``(times, ok, reason)`` as tuples/arrays over the calls. One trace of the
+    collective model per op keeps the compiled step small.
+    """
+    f = jnp.result_type(float)
+    cols = [jnp.stack([jnp.asarray(c[i], dtype=f) for c in calls]) for i in range(3)]
+    t, ok, why = jax.vmap(
+        lambda n, g, s: _comm.collective_cost.single(system, op, n, g, "auto", s))(*cols)
+    return tuple(t[i] for i in range(len(calls))), ok, why
+
+
+def _cross_stride(system: System, span):
+    """Stride of a 2-member group that crosses the outermost tier ``span`` devices reach.
+
+    With ids counted innermost tier first, ``span`` consecutive devices cross tier k when
+    ``span`` exceeds the devices inside one tier-k element. The returned stride (devices per
+    element of that tier's inner block) makes :func:`jaxmodel.comm.collective_cost` place
+    the pair across exactly that tier. 1 when ``span`` fits the innermost tier.
+    """
+    stride = jnp.asarray(1.0)
+    inner = 1.0
+    for lvl in system.levels:
+        stride = jnp.where(span > inner + 0.5, inner, stride)
+        inner = inner * jnp.maximum(lvl.size, 1.0)
+    return stride
+
+
+# --------------------------------------------------------------------------------------------
+# the single-configuration model
+# --------------------------------------------------------------------------------------------
+def train_step_single(system: System, model: Model, par: Parallelism, global_batch, seq_len,
+                      gemm: Callable | None = None, dp_overlap=1.0, grad_bytes=None,
+                      adam_bytes_per_param=None, dtype_bytes=2.0) -> TrainResult:
+    """Single-configuration body of :func:`train_step` (use inside other formulas).
+
+    Args:
+        gemm: static GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s`` passed
+            to the workload's layer/embedding times (e.g. a :mod:`gemm_table` lookup); None
+            uses the ops tile search.
+        dp_overlap: fraction of the compute window usable to hide DP/ZeRO collectives (0..1).
+        grad_bytes: bytes per gradient element for memory and reduction traffic (default
+            ``training.toml`` ``main_grad_bytes``).
+        adam_bytes_per_param: main-memory bytes the optimizer step moves per parameter
+            (default ``training.toml``).
+        dtype_bytes: bytes per weight/activation element (2 = fp16/bf16).
+    """
+    f = jnp.result_type(float)
+    grad_bytes = CONSTANTS["main_grad_bytes"] if grad_bytes is None else grad_bytes
+    adam_bytes = (CONSTANTS["adam_bytes_per_param"] if adam_bytes_per_param is None
+                  else adam_bytes_per_param)
+    global_batch = jnp.asarray(global_batch, dtype=f)
+    seq_len = jnp.asarray(seq_len, dtype=f)
+
+    checks = plan_checks(system, model, par, global_batch, seq_len)
+    structure_ok, _ = nx.first_reason(checks)
+    model_s = _sanitised_model(model, checks[0][0])
+    par_s = _sanitised(par, structure_ok)
+    gb = jnp.where(structure_ok, global_batch, par_s.dp * par_s.micro_batch)
+    seq = jnp.where(checks[0][0], seq_len, 1.0)
+    dev = system.device
+
+    tp, pp, dp, b = par_s.tp, par_s.pp, par_s.dp, par_s.micro_batch
+    v = pl.effective_interleave(par_s.schedule, par_s.interleave)
+    m = pl.n_microbatches(gb, dp, b)
+    layers = model_s.n_layers / pp                       # per device, all v chunks
+
+    # ---- per-layer and embedding times from the workload model ---------------------------
+    lt = _layer.training_layer_times.single(system, model_s, par_s, b, seq, gemm=gemm,
+                                            dtype_bytes=dtype_bytes)
+    et = _layer.embedding_times.single(system, model_s, par_s, b, seq, gemm=gemm,
+                                       dtype_bytes=dtype_bytes)
+    raw = [lt[k] for k in ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd")] + [
+        et[k] for k in ("embed_fwd", "embed_bwd", "lm_head_fwd", "lm_head_bwd", "loss_fwd",
+                        "loss_bwd", "comm_fwd", "comm_bwd")]
+    times_ok = jnp.asarray(True)
+    for x in raw:
+        times_ok = times_ok & jnp.isfinite(x)
+    fwd, bwd, rc, tpf, tpb = (_finite(lt[k]) for k in ("fwd", "bwd", "recompute",
+                                                         "tp_comm_fwd", "tp_comm_bwd"))
+    e = {k: _finite(x) for k, x in et.items()}
+    emb_comm = e["comm_fwd"] + e["comm_bwd"]
+    # embedding lookup on the first stage, LM head + loss on the last; their TP collectives
+    # split evenly between the two (the embedding output all-reduce vs the head's input-grad
+    # all-reduce + the two small loss all-reduces).
+    first = e["embed_fwd"] + e["embed_bwd"] + 0.5 * emb_comm
+    last = e["lm_head_fwd"] + e["lm_head_bwd"] + e["loss_fwd"] + e["loss_bwd"] + 0.5 * emb_comm
+    multi_stage = pp > 1.5
+    extra_max = jnp.where(multi_stage, jnp.maximum(first, last), first + last)
+    extra_mean = (first + last) / pp
+
+    layer_f = layers * (fwd + tpf)                        # forward of one micro-batch
+    layer_b = layers * (bwd + rc + tpb)                   # backward (+ recompute)
+    window_f = layer_f
+    window_b = layer_b
+
+    # ---- data parallelism / ZeRO ---------------------------------------------------------
+    n_par = _params.params_per_device.single(model_s, par_s)
+    grads_b = grad_bytes * n_par
+    params_b = dtype_bytes * n_par
+    dp_stride = tp * pp
+    dp_multi = dp > 1.5
+    dp_group = jnp.where(dp_multi, dp, 2.0)         # double-where: never a group of 1
+    tp_multi = tp > 1.5
+    act_bytes = pl.p2p_bytes(b, seq, model_s.d_model, tp, dtype_bytes)
+    cross = _cross_stride(system, tp * pp)
+    pair_stride = jnp.maximum(cross, tp)            # first↔last / worst neighbouring stages
+    emb_grad_b = grad_bytes * model_s.vocab_size * model_s.d_model / tp
+    # One vmapped collective evaluation per op (each op's graph is traced once).
+    (t_ar, t_emb_ar), ok_ar, why_ar = _collectives(
+        system, "all_reduce", [(grads_b, dp_group, dp_stride), (emb_grad_b, 2.0, pair_stride)])
+    (t_rs,), _, _ = _collectives(system, "reduce_scatter", [(grads_b, dp_group, dp_stride)])
+    (t_ag, t_regather), _, _ = _collectives(
+        system, "all_gather", [(params_b, dp_group, dp_stride),
+                               (act_bytes * tp, jnp.where(tp_multi, tp, 2.0), 1.0)])
+    (t_send,), ok_p2p, why_p2p = _collectives(system, "p2p", [(act_bytes, 2.0, pair_stride)])
+    t_ar, t_rs, t_ag = (jnp.where(dp_multi, _finite(x), 0.0) for x in (t_ar, t_rs, t_ag))
+    dp_net_ok = ~dp_multi | ok_ar[0]
+    zero = par_s.zero
+    ov = jnp.asarray(dp_overlap, dtype=f)
+    # once per step
+    z0 = _exposed(t_ar, window_b, ov)
+    z12_rs = jnp.where(zero < 1.5, _exposed(t_rs, window_b, ov), 0.0)
+    z12_ag = _exposed(t_ag, window_f, ov)
+    dp_step = jnp.select([zero < 0.5, zero < 2.5], [z0, z12_rs + z12_ag], 0.0)
+    # every micro-batch (on the stage's critical path)
+    z2_mb = _exposed(t_rs, window_b, ov)
+    z3_mb = _exposed(t_ag, window_f, ov) + _exposed(t_ag + t_rs, window_b, ov)
+    dp_mb = jnp.select([zero < 1.5, zero < 2.5], [0.0, z2_mb], z3_mb)
+
+    # ---- pipeline ---------------------------------------------------------------------------
+    stage_core = layer_f + layer_b
+    t_max = stage_core + extra_max + dp_mb
+    t_mean = stage_core + extra_mean + dp_mb
+    t_regather = jnp.where(tp_multi & (par_s.sp < 0.5), _finite(t_regather), 0.0)
+    t_p2p = jnp.where(multi_stage, _finite(t_send) + t_regather, 0.0)
+    pp_net_ok = ~multi_stage | ok_p2p[0]
+    why_ar, why_p2p = why_ar[0], why_p2p[0]
+    n_p2p = pl.p2p_transfers_on_critical_path(par_s.schedule, pp, m, par_s.interleave)
+    bubble = pl.bubble_time(par_s.schedule, pp, par_s.interleave, t_mean)
+    # tied embeddings: first and last stage all-reduce the word-embedding gradient (Megatron)
+    t_emb_ar = jnp.where(multi_stage & (model_s.tied_embeddings > 0.5), _finite(t_emb_ar), 0.0)
+
+    # ---- optimizer ----------------------------------------------------------------------
+    local = n_par / jnp.where(zero >= 0.5, dp, 1.0)
+    t_opt = _finite(_ops.elementwise_latency.single(dev, local, adam_bytes,
+                                                    CONSTANTS["adam_flops_per_param"]))
+
+    breakdown = {
+        "compute": m * layers * (fwd + bwd),
+        "recompute": m * layers * rc,
+        "tp_comm": m * layers * (tpf + tpb),
+        "embedding": m * extra_max,
+        "dp_comm": m * dp_mb + dp_step,
+        "pp_comm": n_p2p * t_p2p + t_emb_ar,
+        "bubble": bubble,
+        "optimizer": t_opt,
+    }
+    step = sum(breakdown[k] for k in BREAKDOWN_KEYS)
+
+    # ---- memory -------------------------------------------------------------------------
+    in_flight = pl.in_flight_microbatches(par_s.schedule, pp, m, par_s.interleave)
+    mem = _memory.training_memory.single(model_s, par_s, seq, in_flight, grad_bytes)
+    mem_ok = mem["total"] <= dev.mem_capacity
+
+    ops_ok, ops_why = _ops.ops_feasible.single(dev)
+    feasible, reason = nx.first_reason(
+        checks + [(ops_ok, "invalid_device"), (dp_net_ok & pp_net_ok, "topology_mismatch"),
+                  (times_ok, "invalid_network"), (mem_ok, "out_of_memory")])
+    # more specific codes from the device / network checks
+    reason = jnp.where(reason == nx.reason_code("invalid_device"), ops_why, reason)
+    reason = jnp.where((reason == nx.reason_code("topology_mismatch")) & ~dp_net_ok, why_ar,
+                       reason)
+    reason = jnp.where((reason == nx.reason_code("topology_mismatch")) & dp_net_ok & ~pp_net_ok,
+                       why_p2p, reason).astype(jnp.int32)
+
+    flops = _params.model_flops_per_token.single(model_s, seq, True) * gb * seq
+    n_dev = dp * tp * pp
+    peak = dev.peak_matrix_flops
+    safe_step = jnp.where(feasible & (step > 0), step, 1.0)
+    step_time = jnp.where(feasible, step, jnp.inf)
+    achieved = jnp.where(feasible, flops / (safe_step * n_dev), 0.0)
+    mfu = jnp.where(feasible, nx.safe_div(achieved, peak, fill=0.0), 0.0)
+    tokens = jnp.where(feasible, gb * seq / safe_step, 0.0)
+    mem = {k: jnp.where(structure_ok, x, jnp.inf) for k, x in mem.items()}
+    return TrainResult(
+        step_time_s=step_time, mfu=mfu, tokens_per_s=tokens, memory_bytes=mem["total"],
+        feasible=feasible, reason=reason,
+        breakdown={k: jnp.where(feasible, x, jnp.inf) for k, x in breakdown.items()},
+        memory=mem, flops_per_step=jnp.where(structure_ok, flops, 0.0),
+        achieved_flops_per_device=achieved, microbatches=jnp.where(structure_ok, m, 0.0))
+
+
+_train_step_batched = batched(train_step_single)
+
+
+def train_step(system: System, model: Model, par: Parallelism, global_batch, seq_len, *,
+               gemm: Callable | None = None, dp_overlap=1.0, grad_bytes=None,
+               adam_bytes_per_param=None, dtype_bytes=2.0, chunk: int | None = None
+               ) -> TrainResult:
+    """Time, throughput and memory of one training step (data × tensor × pipeline parallel).
+
+    Source: Narayanan et al., SC'21 (PTD-P: placement §3, schedules §2.2, scatter/gather §4.1,
+    eq. 3 FLOPs), Korthikanti et al., MLSys 2023 (SP, selective recompute, activation memory),
+    Rajbhandari et al., SC'20 (ZeRO), Li et al., VLDB 2020 (DP overlap); see the module
+    docstring for the composition and the overlap model.
+
+    Args:
+        system: devices and network; ``system.n_devices`` must equal dp·tp·pp.
+        model: the transformer.
+        par: the plan (dp, tp, pp, sp, ep, micro_batch, interleave, schedule, recompute, zero).
+        global_batch: sequences per optimizer step.
+        seq_len: tokens per sequence.
+        gemm: optional static GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s``
+            (e.g. ``gemm_table.GemmTable.lookup``); default the ops tile search.
+        dp_overlap: fraction of the backward/forward window that hides DP/ZeRO collectives
+            (1 = full overlap, 0 = Megatron-LM 2021's serial all-reduce).
+        grad_bytes: gradient bytes per element (default 4, fp32 main gradients).
+        adam_bytes_per_param: optimizer-step traffic per parameter (default from hw_db).
+        dtype_bytes: bytes per weight/activation element.
+        chunk: ``lax.map`` batch size for big batches (default ``batching.DEFAULT_CHUNK``).
+
+    Returns:
+        :class:`TrainResult` with the batch shape of the inputs in front of every field.
+
+    Raises:
+        ValueError: for a concrete single configuration whose plan is inconsistent (devices,
+            divisibility, schedule, codes) — the message names the fields and values. Out of
+            memory never raises: ``feasible=False``, reason ``out_of_memory``, memory figures.
+
+    Example:
+        >>> r = jm.train_step(hw_db.system("dgx_a100", nodes=128), hw_db.model("gpt3-175b"),
+        ...                   jm.Parallelism(dp=8, tp=8, pp=16, micro_batch=1, interleave=3,
+        ...                                  schedule="interleaved", recompute="full"),
+        ...                   1536, 2048)
+        >>> float(r.step_time_s), float(r.mfu)
+    """
+    single = is_concrete(system, model, par, global_batch, seq_len) and batch_shape(
+        system, model, par, global_batch, seq_len) == ()
+    if single:
+        validate_system(system)
+        validate_model(model)
+        validate_parallelism(par)
+        _raise_if_inconsistent(system, model, par, global_batch, seq_len)
+    kwargs = dict(gemm=gemm, dp_overlap=dp_overlap, grad_bytes=grad_bytes,
+                  adam_bytes_per_param=adam_bytes_per_param, dtype_bytes=dtype_bytes)
+    if chunk is None:
+        return _train_step_batched(system, model, par, global_batch, seq_len, **kwargs)
+    return batched(train_step_single, chunk=chunk)(system, model, par, global_batch, seq_len,
+                                                   **kwargs)
+
+
+train_step.single = train_step_single
+
+
+def _raise_if_inconsistent(system, model, par, global_batch, seq_len):
+    """Clear ``ValueError`` for an inconsistent concrete plan (API edge, single config)."""
+    g = lambda x: float(np.asarray(x))  # noqa: E731
+    dp, tp, pp, b = g(par.dp), g(par.tp), g(par.pp), g(par.micro_batch)
+    v, sched = g(par.interleave), g(par.schedule)
+    B, s, n = g(global_batch), g(seq_len), g(system.n_devices)
+    L, H, KV = g(model.n_layers), g(model.n_heads), g(model.n_kv_heads)
+    problems = []
+    for name, x in (("dp", dp), ("tp", tp), ("pp", pp), ("ep", g(par.ep)),
+                    ("micro_batch", b), ("interleave", v)):
+        if x < 1 or x != round(x):
+            problems.append(f"{name}={x:g} must be an integer >= 1")
+    for name, x, hi in (("schedule", sched, 2), ("recompute", g(par.recompute), 2)):
+        if x not in range(hi + 1):
+            problems.append(f"{name} code {x:g} must be 0..{hi}")
+    if problems:
+        raise ValueError("train_step: invalid parallelism: " + "; ".join(problems))
+    if v > 1 and sched != pl.INTERLEAVED:
+        raise ValueError(f"train_step: interleave={v:g} needs schedule='interleaved' "
+                         f"(got schedule code {sched:g})")
+    if abs(dp * tp * pp - n) > 0.5:
+        raise ValueError(f"train_step: dp·tp·pp = {dp:g}·{tp:g}·{pp:g} = {dp * tp * pp:g} "
+                         f"does not match the system's {n:g} devices")
+    if H % tp or (KV % tp and tp % KV):
+        raise ValueError(f"train_step: tp={tp:g} must divide n_heads={H:g} (and n_kv_heads="
+                         f"{KV:g} must divide or be divisible by tp)")
+    vv = v if sched == pl.INTERLEAVED else 1.0
+    if L % (pp * vv):
+        raise ValueError(f"train_step: n_layers={L:g} is not divisible by pp·interleave = "
+                         f"{pp:g}·{vv:g}")
+    m = B / (dp * b)
+    if m < 1 or m != round(m):
+        raise ValueError(f"train_step: global_batch={B:g} is not a multiple of dp·micro_batch"
+                         f" = {dp:g}·{b:g}")
+    if sched == pl.INTERLEAVED and pp > 1 and m % pp:
+        raise ValueError(f"train_step: the interleaved schedule needs the micro-batch count "
+                         f"m = {m:g} to be a multiple of pp = {pp:g} (Megatron-LM)")
+    if g(par.sp) > 0.5 and s % tp:
+        raise ValueError(f"train_step: sequence parallelism needs tp={tp:g} to divide "
+                         f"seq_len={s:g}")
+    ep, E = g(par.ep), g(model.n_experts)
+    if E % ep or dp % ep:
+        raise ValueError(f"train_step: ep={ep:g} must divide n_experts={E:g} and dp={dp:g}")
+    # the network must be able to place the DP group at stride tp·pp
+    if dp > 1:
+        _, ok, why = _comm.collective_cost(system, "all_reduce", 1.0, dp, "auto", tp * pp)
+        if not bool(ok):
+            from jaxmodel.numerics import reason_name
+            raise ValueError(f"train_step: the data-parallel group (dp={dp:g}, stride tp·pp="
+                             f"{tp * pp:g}) cannot be placed on the system's tiers "
+                             f"{[g(l.size) for l in system.levels]}: {reason_name(why)}")

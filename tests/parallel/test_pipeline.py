@@ -1,0 +1,74 @@
+"""Pipeline schedule formulas against hand-derived values (PTD-P §2.2, Korthikanti §4.2.3)."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxmodel.parallel import pipeline as pl
+
+GPIPE, F1B1, INTER = 0.0, 1.0, 2.0
+
+
+def test_microbatches():
+    assert float(pl.n_microbatches(1536.0, 8.0, 2.0)) == 96.0
+    assert float(pl.n_microbatches(512.0, 32.0, 1.0)) == 16.0
+    # degenerate input stays finite (0), the caller flags it
+    assert float(pl.n_microbatches(512.0, 0.0, 1.0)) == 0.0
+
+
+@pytest.mark.parametrize("sched,p,m,v,expected", [
+    (F1B1, 8, 64, 1, 7 / 64),
+    (GPIPE, 8, 64, 1, 7 / 64),
+    (INTER, 8, 64, 4, 7 / 256),
+    (F1B1, 8, 64, 4, 7 / 64),           # interleave ignored without the interleaved schedule
+    (INTER, 1, 16, 1, 0.0),
+])
+def test_bubble_fraction(sched, p, m, v, expected):
+    assert float(pl.bubble_fraction(sched, float(p), float(m), float(v))) == pytest.approx(
+        expected)
+
+
+def test_bubble_fraction_zero_microbatches_is_inf_not_nan():
+    x = float(pl.bubble_fraction(F1B1, 4.0, 0.0, 1.0))
+    assert np.isinf(x)
+
+
+@pytest.mark.parametrize("sched,p,m,v,expected", [
+    (GPIPE, 8, 64, 1, 64.0),                 # GPipe keeps every micro-batch
+    (F1B1, 8, 64, 1, 8.0),                   # 1F1B: p on the first stage
+    (F1B1, 8, 4, 1, 4.0),                    # ... but never more than m
+    (INTER, 8, 64, 3, 8 * (1 + 7 / 24)),     # Korthikanti §4.2.3: p·(1 + (p−1)/(p·v))
+    (INTER, 1, 8, 1, 1.0),
+])
+def test_in_flight(sched, p, m, v, expected):
+    got = float(pl.in_flight_microbatches(sched, float(p), float(m), float(v)))
+    assert got == pytest.approx(expected)
+
+
+def test_p2p_bytes():
+    # b·s·h·2 / t: GPT-3 175B, b = 1, s = 2048, t = 8 -> 6 MiB per rank
+    assert float(pl.p2p_bytes(1.0, 2048.0, 12288.0, 8.0)) == 2048 * 12288 * 2 / 8
+
+
+def test_pipeline_time_equal_stages_textbook():
+    # (m + (p−1)/v)·t for equal stages without transfers
+    p, m, v, t = 4.0, 16.0, 2.0, 0.5
+    got = float(pl.pipeline_time(INTER, p, m, v, t, t, 0.0))
+    assert got == pytest.approx((m + (p - 1) / v) * t)
+    got1 = float(pl.pipeline_time(F1B1, p, m, 1.0, t, t, 0.0))
+    assert got1 == pytest.approx((m + p - 1) * t)
+
+
+def test_pipeline_transfers():
+    # 2 per micro-batch and chunk in steady state plus 2(p−1) fill/drain
+    assert float(pl.p2p_transfers_on_critical_path(F1B1, 4.0, 16.0, 1.0)) == 2 * (16 + 3)
+    assert float(pl.p2p_transfers_on_critical_path(INTER, 4.0, 16.0, 2.0)) == 2 * (32 + 3)
+    assert float(pl.p2p_transfers_on_critical_path(F1B1, 1.0, 16.0, 1.0)) == 0.0
+    got = float(pl.pipeline_time(F1B1, 4.0, 16.0, 1.0, 1.0, 1.0, 0.01))
+    assert got == pytest.approx(16 + 3 + 38 * 0.01)
+
+
+def test_vectorised_codes():
+    sched = jnp.array([GPIPE, F1B1, INTER])
+    got = pl.in_flight_microbatches(sched, 4.0, 8.0, 2.0)
+    np.testing.assert_allclose(np.asarray(got), [8.0, 4.0, 4 * (1 + 3 / 8)])
