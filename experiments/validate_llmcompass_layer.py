@@ -25,8 +25,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import jaxmodel as jm  # noqa: E402  (before hw_db: avoids an import cycle via jaxmodel.cost)
 import hw_db  # noqa: E402
-import jaxmodel as jm  # noqa: E402
 from jaxmodel.workload.layer import LAYER_OPS  # noqa: E402
 
 OUT = ROOT / "experiments" / "out"

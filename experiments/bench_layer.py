@@ -1,0 +1,138 @@
+"""Benchmark: GPT-3 175B layer design points per second over a batch of hardware variants.
+
+One design point = the full LLMCompass-style layer model of one hardware variant: the GPT-3
+175B layer (TP = 4 on the 4×A100 node) in prefill (batch 8, 2048 tokens) AND decode (batch 8,
+KV 3072), every GEMM with the full tile search (``jaxmodel.ops.gemm_latency``), softmax /
+layernorm / GELU kernels and the TP all-reduces. The hardware batch varies main-memory
+bandwidth, global and local buffer sizes, global-buffer bandwidth, core count and clock
+(log-uniform / uniform random, fixed seed).
+
+Measures: compile time (first call), steady-state points per second (best of ``REPEATS``
+timed calls after the compile), the cold start of a single point (fresh configuration shape:
+trace + compile + run), and checks the batch for NaN / inf. Target (issue 2): >= 5,000 points/s
+on 2 CPU cores, no NaN/inf. For scale: LLMCompass needs ~1,000 s for one prefill + decode
+point (shared/notes/llmcompass_internals.md §4).
+
+Run: ``.venv/bin/python experiments/bench_layer.py [n_points]`` → prints the figures and writes
+``experiments/out/bench_layer.csv``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import pandas as pd  # noqa: E402
+
+import jaxmodel as jm  # noqa: E402  (before hw_db: avoids an import cycle via jaxmodel.cost)
+import hw_db  # noqa: E402
+
+OUT = ROOT / "experiments" / "out"
+N_POINTS = 20_480
+REPEATS = 3
+CHUNK = 4096
+
+
+def variants(n: int, seed: int = 0) -> jm.System:
+    """``n`` hardware variants of the 4×A100 node (device leaves carry the batch axis)."""
+    rng = np.random.default_rng(seed)
+    system = hw_db.system("hgx_a100_4gpu")
+    dev = system.device
+
+    def logu(lo, hi):
+        return np.exp(rng.uniform(np.log(lo), np.log(hi), n))
+
+    batch_dev = dataclasses.replace(
+        dev,
+        mem_bw=jnp.asarray(logu(0.4e12, 3.2e12)),
+        global_buffer_bytes=jnp.asarray(logu(10 * 2**20, 80 * 2**20)),
+        local_buffer_bytes=jnp.asarray(logu(64 * 2**10, 1024 * 2**10)),
+        global_buffer_bytes_per_cycle=jnp.asarray(logu(1024, 8192)),
+        core_count=jnp.asarray(rng.integers(32, 161, n).astype(float)),
+        freq_hz=jnp.asarray(rng.uniform(0.9e9, 2.0e9, n)),
+    )
+    return dataclasses.replace(system, device=batch_dev)
+
+
+def design_points(system, model, par):
+    """Prefill + decode layer totals for every variant: two batched calls."""
+    pre = jm.layer_breakdown(system, model, par, 8, 2048)
+    dec = jm.layer_breakdown(system, model, par, 8, 1, phase="decode", kv_len=3072)
+    return pre, dec
+
+
+def main(n: int = N_POINTS):
+    model = hw_db.model("gpt3-175b")
+    par = jm.Parallelism(tp=4)
+    system = variants(n)
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, "
+          f"{os.cpu_count()} CPUs visible, float64={jax.config.jax_enable_x64}")
+
+    t0 = time.perf_counter()
+    pre, dec = design_points(system, model, par)
+    jax.block_until_ready((pre, dec))
+    first = time.perf_counter() - t0
+
+    times = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        pre, dec = design_points(system, model, par)
+        jax.block_until_ready((pre, dec))
+        times.append(time.perf_counter() - t0)
+    best = min(times)
+    compile_s = first - best
+
+    # Cold start of one point: a configuration shape never seen before (unbatched, new model
+    # name so nothing is cached): trace + compile + run of prefill and decode.
+    single = hw_db.system("hgx_a100_4gpu")
+    cold_model = dataclasses.replace(model, name="gpt3-175b-cold")
+    t0 = time.perf_counter()
+    p1, d1 = design_points(single, cold_model, par)
+    jax.block_until_ready((p1, d1))
+    cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    p1, d1 = design_points(single, cold_model, par)
+    jax.block_until_ready((p1, d1))
+    warm_single = time.perf_counter() - t0
+
+    tot = np.concatenate([np.asarray(pre["total"]), np.asarray(dec["total"])])
+    rows_all = np.stack([np.asarray(v) for d in (pre, dec) for v in d.values()])
+    n_bad = int(np.sum(~np.isfinite(rows_all)))
+    pps = n / best
+    res = {
+        "n_points": n, "chunk": CHUNK, "compile_plus_first_run_s": first,
+        "compile_s_estimate": compile_s, "best_run_s": best, "points_per_s": pps,
+        "cold_start_single_point_s": cold, "warm_single_point_s": warm_single,
+        "nan_or_inf_values": n_bad,
+        "prefill_ms_min": float(np.min(pre["total"]) * 1e3),
+        "prefill_ms_max": float(np.max(pre["total"]) * 1e3),
+        "decode_ms_min": float(np.min(dec["total"]) * 1e3),
+        "decode_ms_max": float(np.max(dec["total"]) * 1e3),
+        "a100_prefill_ms": float(p1["total"]) * 1e3, "a100_decode_ms": float(d1["total"]) * 1e3,
+    }
+    print(f"{n} hardware variants × (prefill + decode GPT-3 layer, full tile search)")
+    print(f"  compile + first run: {first:8.2f} s   (compile ≈ {compile_s:.2f} s)")
+    print(f"  steady state:        {best:8.3f} s   → {pps:,.0f} design points/s "
+          f"(target ≥ 5,000; runs {', '.join(f'{t:.3f}' for t in times)})")
+    print(f"  single point cold start (trace + compile + run): {cold:.2f} s; warm {warm_single*1e3:.1f} ms")
+    print(f"  NaN/inf values in the batch: {n_bad} (of {rows_all.size})")
+    print(f"  prefill {res['prefill_ms_min']:.1f}–{res['prefill_ms_max']:.1f} ms, "
+          f"decode {res['decode_ms_min']:.3f}–{res['decode_ms_max']:.3f} ms per layer")
+    print(f"  LLMCompass: ~1,000 s per prefill + decode point → speed-up ≈ {1000 * pps:,.0f}×")
+    OUT.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([res]).to_csv(OUT / "bench_layer.csv", index=False)
+    return res
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else N_POINTS)

@@ -1,0 +1,144 @@
+"""Inference: TTFT / TPOT assembly from the layer model, memory, feasibility, no NaN.
+
+GEMMs are timed by the roofline + per-kernel overhead through the public ``gemm`` hook in the
+structural tests (fast compiles); one slow test runs the default tile search end to end.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxmodel as jm
+import hw_db
+from jaxmodel.numerics import reason_code
+from jaxmodel.parallel.inference import InferenceResult, inference
+
+SYSTEM = hw_db.system("hgx_a100_4gpu")
+
+
+def roofline_gemm(dev, m, n, k, batch, dtype_bytes):
+    return jm.gemm_roofline.single(dev, m, n, k, batch, dtype_bytes) + dev.matmul_overhead_s
+
+
+def model(**kw):
+    base = dict(n_layers=8, d_model=2048, n_heads=16, n_kv_heads=4, head_dim=128, d_ff=5632,
+                vocab_size=32000, activation="swiglu")
+    base.update(kw)
+    return jm.Model(**{k: (float(v) if not isinstance(v, str) else v) for k, v in base.items()})
+
+
+M = model()
+TP4 = jm.Parallelism(tp=4)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return inference(SYSTEM, M, TP4, 8, 512, 64, gemm=roofline_gemm)
+
+
+def test_result_is_assembled_from_the_layer_model(result):
+    r = result
+    assert isinstance(r, InferenceResult) and bool(r.feasible) and int(r.reason) == 0
+    pre = jm.layer_breakdown(SYSTEM, M, TP4, 8, 512, gemm=roofline_gemm)
+    b = r.breakdown
+    for op in jm.LAYER_OPS:
+        assert float(b[f"prefill.{op}"]) == pytest.approx(float(pre[op]), rel=1e-9), op
+    assert float(b["prefill_layers"]) == pytest.approx(8 * float(pre["total"]), rel=1e-9)
+    ttft = (b["prefill_layers"] + b["pp_comm_prefill"] + b["embedding_prefill"]
+            + b["head_prefill"])
+    assert float(r.ttft_s) == pytest.approx(float(ttft), rel=1e-12)
+    assert float(b["pp_comm_prefill"]) == 0.0                  # pp = 1
+    tpot = b["decode_layers"] + b["pp_comm_decode"] + b["embedding_decode"] + b["head_decode"]
+    assert float(r.tpot_s) == pytest.approx(float(tpot), rel=1e-12)
+    assert float(r.total_s) == pytest.approx(float(r.ttft_s + 63 * r.tpot_s), rel=1e-12)
+    assert float(r.tokens_per_s) == pytest.approx(8 * 64 / float(r.total_s), rel=1e-12)
+    # decode average lies between the first and the last decode step
+    ends = jm.layer_breakdown(SYSTEM, M, TP4, 8, 1, phase="decode",
+                              kv_len=jnp.array([512.0, 512.0 + 62]), gemm=roofline_gemm)
+    first, last = np.asarray(ends["total"])
+    per_layer = float(b["decode_layers"]) / 8
+    assert first * (1 - 1e-9) <= per_layer <= last * (1 + 1e-9) and first < last
+    # decode is much cheaper than prefill per token, but not per step
+    assert float(r.tpot_s) < float(r.ttft_s)
+
+
+def test_memory_is_weights_kv_and_working_set(result):
+    mem = jm.inference_memory(M, TP4, 8, 512, 64)
+    assert float(result.memory_bytes) == pytest.approx(float(mem["total"]), rel=1e-12)
+    assert float(result.breakdown["memory.kv_cache"]) == pytest.approx(
+        float(jm.kv_cache_bytes(M, TP4, 8, 576)), rel=1e-12)
+
+
+def test_inconsistent_single_plans_raise():
+    with pytest.raises(ValueError, match="devices_mismatch"):
+        inference(SYSTEM, M, jm.Parallelism(tp=2), 8, 512, 64, gemm=roofline_gemm)
+    with pytest.raises(ValueError, match="heads_not_divisible"):
+        inference(SYSTEM, model(n_heads=6, n_kv_heads=6), TP4, 8, 512, 64, gemm=roofline_gemm)
+    with pytest.raises(ValueError, match="layers_not_divisible"):
+        inference(SYSTEM, model(n_layers=7), jm.Parallelism(tp=2, pp=2), 8, 512, 64,
+                  gemm=roofline_gemm)
+    with pytest.raises(ValueError, match="batch_not_divisible"):
+        inference(SYSTEM, M, jm.Parallelism(tp=2, dp=2), 7, 512, 64, gemm=roofline_gemm)
+    with pytest.raises(ValueError, match="invalid_workload"):
+        inference(SYSTEM, M, TP4, 8, 512, 0, gemm=roofline_gemm)
+
+
+PAR5 = jm.Parallelism(tp=jnp.array([4.0, 3.0, 4.0, 2.0, 4.0]),
+                      dp=jnp.array([1.0, 1.0, 2.0, 1.0, 1.0]),
+                      pp=jnp.array([1.0, 1.0, 1.0, 2.0, 1.0]))
+CAP5 = jnp.array([80e9, 80e9, 80e9, 80e9, 1e8])          # the last device is too small
+
+
+def _batch_system(bw=2.0e12):
+    return dataclasses.replace(SYSTEM, device=dataclasses.replace(
+        SYSTEM.device, mem_capacity=CAP5, mem_bw=bw))
+
+
+def test_batch_flags_infeasible_entries_without_nan():
+    """tp = 4 ok; tp = 3 (heads); dp·tp·pp = 8 on 4 devices; tp = pp = 2 ok; out of memory."""
+    r = inference(_batch_system(), M, PAR5, 8, 512, 64, gemm=roofline_gemm)
+    assert r.feasible.tolist() == [True, False, False, True, False]
+    assert [int(x) for x in r.reason] == [0, reason_code("heads_not_divisible"),
+                                          reason_code("devices_mismatch"), 0,
+                                          reason_code("out_of_memory")]
+    for leaf in jax.tree_util.tree_leaves(r):
+        assert not np.isnan(np.asarray(leaf, dtype=float)).any()
+    tot = np.asarray(r.total_s)
+    assert np.isinf(tot[[1, 2, 4]]).all() and np.isfinite(tot[[0, 3]]).all()
+    assert (np.asarray(r.tokens_per_s)[[1, 2, 4]] == 0).all()
+    # the pipelined plan pays stage hops, the TP-only plan does not
+    assert float(r.breakdown["pp_comm_prefill"][3]) > 0
+    assert float(r.breakdown["pp_comm_prefill"][0]) == 0
+
+
+@pytest.mark.slow
+def test_gradient_is_finite_through_infeasible_entries():
+    def f(bw):
+        r = inference(_batch_system(bw), M, PAR5, 8, 512, 64, gemm=roofline_gemm)
+        return jnp.sum(jnp.where(r.feasible, r.total_s, 0.0))
+
+    g = jax.grad(f)(2.0e12)
+    assert np.isfinite(float(g)) and float(g) < 0
+
+
+def test_out_of_memory_is_not_an_error():
+    # GPT-3 175B dimensions (same pytree structure as M, so the fixture's compilation is reused)
+    gpt3 = model(n_layers=96, d_model=12288, n_heads=96, n_kv_heads=96, head_dim=128,
+                 d_ff=49152, vocab_size=50257, activation="gelu")
+    r = inference(SYSTEM, gpt3, TP4, 8, 512, 64, gemm=roofline_gemm)
+    assert not bool(r.feasible) and r.reason_name == "out_of_memory"
+    assert float(r.memory_bytes) > 80e9
+    assert np.isinf(float(r.ttft_s)) and float(r.tokens_per_s) == 0.0
+
+
+@pytest.mark.slow
+def test_default_tile_search_end_to_end():
+    r = inference(SYSTEM, hw_db.model("llama2-13b"), TP4, 8, 2048, 256)
+    assert bool(r.feasible)
+    pre = jm.layer_breakdown(SYSTEM, hw_db.model("llama2-13b"), TP4, 8, 2048)
+    assert float(r.breakdown["prefill_layers"]) == pytest.approx(40 * float(pre["total"]),
+                                                                 rel=1e-6)
+    assert 0 < float(r.tpot_s) < float(r.ttft_s) < 10.0

@@ -1,0 +1,241 @@
+"""Layer op graph: hand-derived GEMM shapes/FLOPs, rows vs direct op calls, the LLMCompass
+anchors, TP/SP communication, infeasible plans, vmap vs loop, gradients vs finite differences.
+
+Most structural tests time GEMMs with a FLOP-counting stand-in passed through the public
+``gemm`` hook (then a GEMM row is exactly its FLOPs / 1e12), so they compile fast; the tests
+against measurements and the gradient test use the real tile search.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxmodel as jm  # noqa: F401  (import before hw_db)
+import hw_db
+from jaxmodel.workload.layer import LAYER_OPS, layer_times, training_layer_times
+
+FLOP_RATE = 1e12
+
+
+def flop_gemm(dev, m, n, k, batch, dtype_bytes):
+    """Stand-in GEMM: seconds = FLOPs / 1e12 (so a row's time is its FLOP count)."""
+    return 2.0 * m * n * k * batch / FLOP_RATE
+
+
+def small_model(**kw):
+    base = dict(n_layers=4, d_model=1024, n_heads=16, n_kv_heads=16, head_dim=64, d_ff=4096,
+                vocab_size=32000, activation="gelu")
+    base.update(kw)
+    return jm.Model(**{k: (float(v) if not isinstance(v, str) else v) for k, v in base.items()})
+
+
+SYSTEM = hw_db.system("hgx_a100_4gpu")
+
+
+# --------------------------------------------------------------------------------------------
+# shapes and FLOPs
+# --------------------------------------------------------------------------------------------
+def test_gemm_rows_are_the_hand_derived_flops_gqa_swiglu():
+    # Llama-like: GQA (4 KV heads), SwiGLU (3 matrices), TP 4 → 1 KV head per device, 4
+    # query heads folded into the GEMM's M. (Decode shapes: test_rows_equal_direct_op_calls.)
+    m = small_model(n_kv_heads=4, d_ff=2816, activation="swiglu")
+    b, s, t = 2.0, 64.0, 4.0
+    out = jm.layer_breakdown(SYSTEM, m, jm.Parallelism(tp=t), b, s, gemm=flop_gemm)
+    d, h, hkv, dh, dff = 1024.0, 16.0, 4.0, 64.0, 2816.0
+    skv = s
+    tok = b * s
+    want = {
+        "qkv": 2 * tok * d * (h * dh / t + 2 * (hkv / t) * dh),
+        "qk": 2 * b * (h / t) * s * skv * dh,       # every query row against every key
+        "av": 2 * b * (h / t) * s * skv * dh,
+        "wo": 2 * tok * (h * dh / t) * d,
+        "w1": 2 * tok * d * 2 * dff / t,            # gate + up
+        "w2": 2 * tok * (dff / t) * d,
+    }
+    for op, flops in want.items():
+        assert float(out[op]) * FLOP_RATE == pytest.approx(flops, rel=1e-12), op
+    assert float(out["total"]) == pytest.approx(sum(float(out[k]) for k in LAYER_OPS))
+
+
+def test_mqa_replicates_the_kv_head_over_tp():
+    m = small_model(n_kv_heads=1)
+    out = jm.layer_breakdown(SYSTEM, m, jm.Parallelism(tp=4), 1, 8, gemm=flop_gemm)
+    # one (replicated) KV head per device: K and V projections are [8, d]×[d, d_h] each
+    assert float(out["qkv"]) * FLOP_RATE == pytest.approx(2 * 8 * 1024 * (256 + 2 * 64))
+
+
+def test_training_backward_is_twice_the_forward_gemm_work():
+    m = small_model()
+    t = training_layer_times(SYSTEM, m, jm.Parallelism(tp=4), 2, 64, gemm=flop_gemm)
+    inf = jm.layer_breakdown(SYSTEM, m, jm.Parallelism(tp=4), 2, 64, gemm=flop_gemm)
+    gemm_fwd = sum(float(inf[k]) for k in ("qkv", "qk", "av", "wo", "w1", "w2"))
+    vec_fwd = sum(float(inf[k]) for k in ("softmax", "layernorm_mha", "layernorm_ffn", "act"))
+    # training fuses QKV into one GEMM: same FLOPs
+    assert float(t["fwd"]) == pytest.approx(gemm_fwd + vec_fwd, rel=1e-9)
+    vec_bwd = float(t["bwd"]) - 2 * gemm_fwd
+    assert 0 < vec_bwd < 10 * vec_fwd          # memory-bound backward kernels, same order
+    assert float(t["recompute"]) == 0.0
+    assert float(t["tp_comm_fwd"]) == pytest.approx(2 * float(inf["allreduce_mha"]))
+    assert float(t["tp_comm_bwd"]) == float(t["tp_comm_fwd"])
+
+
+def test_recompute_modes():
+    m = small_model()
+    rows = {}
+    for mode in ("none", "selective", "full"):
+        rows[mode] = training_layer_times(SYSTEM, m, jm.Parallelism(tp=4, recompute=mode), 2,
+                                          64, gemm=flop_gemm)
+    inf = jm.layer_breakdown(SYSTEM, m, jm.Parallelism(tp=4), 2, 64, gemm=flop_gemm)
+    core = float(inf["qk"]) + float(inf["softmax"]) + float(inf["av"])
+    assert float(rows["none"]["recompute"]) == 0.0
+    assert float(rows["selective"]["recompute"]) == pytest.approx(core, rel=1e-9)
+    full = float(rows["full"]["fwd"]) + float(rows["full"]["tp_comm_fwd"])
+    assert float(rows["full"]["recompute"]) == pytest.approx(full, rel=1e-9)
+
+
+# --------------------------------------------------------------------------------------------
+# communication, sequence parallelism
+# --------------------------------------------------------------------------------------------
+def test_tp_allreduce_sp_and_tp1():
+    m = small_model()
+    b, s = 2.0, 64.0
+    nbytes = b * s * 1024 * 2
+    plain = jm.layer_breakdown(SYSTEM, m, jm.Parallelism(tp=4), b, s, gemm=flop_gemm)
+    sp = jm.layer_breakdown(SYSTEM, m, jm.Parallelism(tp=4, sp=True), b, s, gemm=flop_gemm)
+    ar = jm.collective_latency(SYSTEM, "all_reduce", nbytes, 4)
+    rs = jm.collective_latency(SYSTEM, "reduce_scatter", nbytes, 4)
+    ag = jm.collective_latency(SYSTEM, "all_gather", nbytes, 4)
+    assert float(plain["allreduce_mha"]) == pytest.approx(float(ar), rel=1e-9)
+    assert float(sp["allreduce_ffn"]) == pytest.approx(float(rs + ag), rel=1e-9)
+    # SP shards the layernorm rows over tp
+    dev = SYSTEM.device
+    assert float(sp["layernorm_mha"]) == pytest.approx(
+        float(jm.layernorm_latency(dev, b * s / 4, 1024.0)), rel=1e-9)
+    assert float(plain["layernorm_mha"]) == pytest.approx(
+        float(jm.layernorm_latency(dev, b * s, 1024.0)), rel=1e-9)
+    one = jm.layer_breakdown(SYSTEM, m, jm.Parallelism(tp=1, dp=4), b, s, gemm=flop_gemm)
+    assert float(one["allreduce_mha"]) == 0.0 and float(one["allreduce_ffn"]) == 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# infeasible plans
+# --------------------------------------------------------------------------------------------
+def test_infeasible_split_raises_single_and_is_inf_with_finite_gradient_in_batch():
+    m = small_model()
+    with pytest.raises(ValueError, match="heads_not_divisible"):
+        jm.layer_breakdown(SYSTEM, m, jm.Parallelism(tp=3), 1, 8, gemm=flop_gemm)
+    with pytest.raises(ValueError, match="invalid_parallelism"):
+        jm.layer_breakdown(SYSTEM, m, jm.Parallelism(tp=2.5), 1, 8, gemm=flop_gemm)
+    par = jm.Parallelism(tp=jnp.array([4.0, 3.0, 0.0]))
+
+    def f(bw):
+        sys_ = dataclasses.replace(SYSTEM, device=dataclasses.replace(SYSTEM.device, mem_bw=bw))
+        out = jm.layer_breakdown(sys_, m, par, 1, 8, gemm=flop_gemm)
+        return out["total"].sum(), out
+
+    (_, out), g = jax.value_and_grad(f, has_aux=True)(2e12)
+    tot = np.asarray(out["total"])
+    assert np.isfinite(tot[0]) and np.isinf(tot[1:]).all()
+    assert not any(np.isnan(np.asarray(v)).any() for v in out.values())
+    assert np.isfinite(float(g))
+
+
+# --------------------------------------------------------------------------------------------
+# the real tile search: anchors, direct op calls, vmap vs loop, grad vs FD
+# --------------------------------------------------------------------------------------------
+GPT3 = hw_db.model("gpt3-175b")
+TP4 = jm.Parallelism(tp=4)
+
+
+@pytest.fixture(scope="module")
+def gpt3_a100():
+    pre = jm.layer_breakdown(SYSTEM, GPT3, TP4, 8, 2048)
+    dec = jm.layer_breakdown(SYSTEM, GPT3, TP4, 8, 1, phase="decode", kv_len=3072)
+    return ({k: float(v) for k, v in pre.items()}, {k: float(v) for k, v in dec.items()})
+
+
+def _anchor(anchors, name):
+    vals = [float(x) for x in (anchors / "llmcompass_measured" / name).read_text().split()]
+    assert len(vals) == 12
+    return dict(zip(LAYER_OPS, vals))
+
+
+def test_gpt3_layer_on_a100_against_measurements(gpt3_a100, anchors):
+    """LLMCompass Fig. 5 (i)/(j) anchors. The 8 % target is tracked by
+    experiments/validate_llmcompass_layer.py; this guards against regressions (prefill within
+    10 %, decode within 20 %: decode is memory-bound and the device's achievable-bandwidth
+    efficiency is uncalibrated at 1.0), and checks the compute-bound GEMM rows."""
+    pre, dec = gpt3_a100
+    meas_pre = _anchor(anchors, "transformer_A100.csv")
+    meas_dec = _anchor(anchors, "transformerAR_A100.csv")
+    assert pre["total"] / sum(meas_pre.values()) - 1 == pytest.approx(0, abs=0.10)
+    assert dec["total"] / sum(meas_dec.values()) - 1 == pytest.approx(0, abs=0.20)
+    for op in ("qkv", "wo", "w1", "w2"):
+        assert pre[op] / meas_pre[op] - 1 == pytest.approx(0, abs=0.10), op
+
+
+def test_rows_equal_direct_op_calls(gpt3_a100):
+    _, dec = gpt3_a100
+    dev = SYSTEM.device
+    b, d, h, dh, kv = 8.0, 12288.0, 96.0, 128.0, 3073.0
+    want = {
+        "qkv": 3 * jm.gemm_latency(dev, b, d / 4, d),
+        "qk": jm.gemm_latency(dev, 1.0, kv, dh, batch=b * h / 4),
+        "av": jm.gemm_latency(dev, 1.0, dh, kv, batch=b * h / 4),
+        "wo": jm.gemm_latency(dev, b, d, d / 4),
+        "w1": jm.gemm_latency(dev, b, 4 * d / 4, d),
+        "w2": jm.gemm_latency(dev, b, d, 4 * d / 4),
+        "softmax": jm.softmax_latency(dev, b * h / 4, kv),
+        "layernorm_mha": jm.layernorm_latency(dev, b, d),
+        "act": jm.gelu_latency(dev, b * 4 * d / 4),
+        "allreduce_mha": jm.collective_latency(SYSTEM, "all_reduce", b * d * 2, 4),
+    }
+    for op, v in want.items():
+        assert dec[op] == pytest.approx(float(v), rel=1e-6), op
+    assert dec["total"] == pytest.approx(sum(dec[k] for k in LAYER_OPS), rel=1e-12)
+
+
+def _system_with(**dev_fields):
+    return dataclasses.replace(SYSTEM, device=dataclasses.replace(SYSTEM.device, **dev_fields))
+
+
+def test_vmap_matches_loop_and_gradient_matches_finite_differences(gpt3_a100):
+    """One batched call (7 variants: base and ± steps in three knobs) serves both checks:
+    batched entries equal unbatched calls, and jax.grad equals central differences (float64).
+    """
+    dev = SYSTEM.device
+    names = ("mem_bw", "global_buffer_bytes_per_cycle", "freq_hz")
+    x0 = np.array([float(getattr(dev, n)) for n in names])
+    rel = 1e-6
+    pts = [x0]
+    for i in range(3):
+        for sgn in (1, -1):
+            x = x0.copy()
+            x[i] *= 1 + sgn * rel
+            pts.append(x)
+    pts = np.array(pts)
+    batch = _system_with(**{n: jnp.asarray(pts[:, i]) for i, n in enumerate(names)})
+    out = jm.layer_breakdown(batch, GPT3, TP4, 8, 1, phase="decode", kv_len=3072)
+    tot = np.asarray(out["total"])
+    assert tot.shape == (7,) and np.isfinite(tot).all()
+    # vmap vs loop (the unbatched calls reuse the fixture's compilation)
+    assert tot[0] == pytest.approx(gpt3_a100[1]["total"], rel=1e-12)
+    single = jm.layer_breakdown(_system_with(**{n: float(pts[1, i])
+                                                for i, n in enumerate(names)}),
+                                GPT3, TP4, 8, 1, phase="decode", kv_len=3072)
+    assert tot[1] == pytest.approx(float(single["total"]), rel=1e-12)
+
+    def f(x):
+        sys_ = _system_with(**{n: x[i] for i, n in enumerate(names)})
+        return layer_times(sys_, GPT3, TP4, 8.0, 1.0, "decode", 3072.0)["total"]
+
+    grad = np.asarray(jax.jit(jax.grad(f))(jnp.asarray(x0)))
+    fd = np.array([(tot[1 + 2 * i] - tot[2 + 2 * i]) / (2 * rel * x0[i]) for i in range(3)])
+    assert np.isfinite(grad).all()
+    assert grad[0] < 0 and grad[2] < 0            # more bandwidth / clock → faster
+    for i in range(3):
+        assert grad[i] == pytest.approx(fd[i], rel=1e-3, abs=1e-6 * abs(tot[0] / x0[i])), \
+            names[i]
