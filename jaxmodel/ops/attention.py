@@ -131,7 +131,11 @@ def _level_time(hbm_bytes, l2_bytes, dram_bw, l2_bw):
 
 def _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None, causal=1.0,
                   dropout=0.0, version=1.0, dtype_bytes=2.0, overhead=True):
-    """Single-configuration body of :func:`flash_attention_latency` (both FA versions)."""
+    """Single-configuration body of :func:`flash_attention_latency`.
+
+    Both versions are evaluated along a length-2 axis (FA-1, FA-2) in one trace and the one
+    named by the ``version`` code is returned.
+    """
     kv_heads = heads if kv_heads is None else kv_heads
     ok = (_device_ok(dev) & (batch > 0) & (heads > 0) & (kv_heads > 0) & (q_len > 0)
           & (kv_len > 0) & (head_dim > 0) & (dtype_bytes > 0))
@@ -142,136 +146,114 @@ def _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None, cau
     dram_bw, l2_bw = dram * freq, l2bw * freq            # bytes/s
     g = jnp.maximum(h / hk, 1.0)
     drop = jnp.where(dropout > 0, 1.0, 0.0)
+    v2 = jnp.asarray([False, True])                      # the version axis: FA-1, FA-2
+
+    def pick(a1, a2):
+        return jnp.where(v2, a2, a1)
+
+    # ---- work decomposition ---------------------------------------------------------------
+    units = pick(b * h, b * hk)                          # FA-1 per head, FA-2 per KV head
+    rows = pick(nq, g * nq)                              # query rows of one unit
+    br, bc = flash_attention_tiles(dev, d, rows, nkv, w)
+    br = pick(br, jnp.clip(bc, 1.0, jnp.maximum(rows, 1.0)))   # FA-2: B×d tiles (seed)
+    t_r, t_c = nx.ceil_div(rows, br), nx.ceil_div(nkv, bc)
+    f = jnp.where(causal > 0.5, jnp.clip(1.0 - (nq - bc) / (2.0 * nkv), 0.0, 1.0), 1.0)
+    pairs = f * t_r * t_c                                # block pairs per unit
+    # FA-2: a thread block per query block (fwd) / key block (bwd); Flash-Decoding splits the
+    # keys when the query blocks alone cannot fill the cores. FA-1: one per unit.
+    split = pick(1.0, jnp.clip(jnp.floor(nx.safe_div(cores, units * t_r, fill=1.0)), 1.0, t_c))
+    items_f = pick(units, units * t_r * split)
+    items_b = pick(units, units * t_c)
+    waves_f, waves_b = nx.ceil_div(items_f, cores), nx.ceil_div(items_b, cores)
+
+    # ---- t_GEMM: S = Q·Kᵀ and O = P·V per block pair (bwd: S, dP, dV, dQ, dK) ---------------
+    c_qk = _block_cycles(dev, br, bc, d)                 # [B_r×d]·[d×B_c]
+    c_pv = _block_cycles(dev, br, d, bc)                 # [B_r×B_c]·[B_c×d]
+    c_kt = _block_cycles(dev, bc, d, br)                 # dK, dV: [B_c×B_r]·[B_r×d]
+    per_item_f = pairs * units / items_f
+    per_item_b = pairs * units / items_b
+    gemm_qk = waves_f * per_item_f * c_qk / freq
+    gemm_pv = waves_f * per_item_f * c_pv / freq
+    gemm_qk_b = waves_b * per_item_b * (c_qk + c_pv + c_kt) / freq   # S, dQ, dK
+    gemm_pv_b = waves_b * per_item_b * (c_qk + c_kt) / freq          # dP, dV
+
+    # ---- t_pt-reduc-ops on the vector units -------------------------------------------------
+    exp = dev.exp_flops
+    per_out = pick(_PT_PER_OUT[1], _PT_PER_OUT[2])
+    per_row = pick(_PT_PER_ROW[1][0] * exp + _PT_PER_ROW[1][1],
+                   _PT_PER_ROW[2][0] * exp + _PT_PER_ROW[2][1])
+    pt_pair = (br * bc * (exp + _PT_PER_SCORE + drop * _DROPOUT_FLOP) + br * d * per_out
+               + br * per_row)
+    # FA-1 computes D_i = rowsum(dO_i∘O_i) per pair; FA-2 in a pre-processing kernel
+    pt_pair_b = (br * bc * (exp + _PT_BWD_PER_SCORE + drop * _DROPOUT_FLOP)
+                 + pick(2.0 * br * d, 0.0))
+    pt = waves_f * per_item_f * pt_pair / vec_core / freq
+    pt_b = waves_b * per_item_b * pt_pair_b / vec_core / freq
+    # FA-2 normalises O = diag(ℓ)^-1·O once at the end (FA-1 every step)
+    pt = pt + pick(0.0, waves_f * (rows * d / t_r) / vec_core / freq)
+
+    # ---- HBM / global-buffer traffic per unit (bytes) ---------------------------------------
+    qo = rows * d * w                                   # Q (or O, dO) of one unit
+    kv = nkv * d * w                                    # K (or V) of one unit
+    st = rows * _STAT_BYTES                             # one fp32 statistic of one unit
+    dq32 = rows * d * 4.0                               # FA-2 fp32 dQ accumulator
+    r1, r2 = f * t_c, f * t_r                           # reload counts
+    # FA-1 Alg. 1: K, V once; Q_i, O_i, ℓ_i, m_i loaded and O_i, ℓ_i, m_i stored per pair; O,
+    # ℓ, m initialised in HBM. FA-2: Q_i stays on chip, K_j, V_j streamed per pair, O and the
+    # log-sum-exp stored once.
+    ld_all = pick(2.0 * kv + r1 * (2.0 * qo + 2.0 * st), qo + r2 * 2.0 * kv)
+    st_all = pick((r1 + 1.0) * (qo + 2.0 * st), qo + st)
+    ld_min = qo + 2.0 * kv
+    st_min = pick(qo + 2.0 * st, qo + st)
+    live = pick(jnp.minimum(units, cores), jnp.minimum(units, nx.ceil_div(cores, t_r * split)))
+    ws = live * pick(2.0 * qo + 2.0 * st, 2.0 * kv)
+    # FA-1 Alg. 4: K, V once; Q_i, O_i, dO_i, dQ_i, ℓ_i, m_i per pair, dQ_i stored per pair;
+    # dK, dV once. FA-2: pre-processing D = rowsum(dO∘O) (reads dO, O, writes D); the loop over
+    # key blocks streams Q_i, dO_i, L_i, D_i and read-modify-writes dQ_i (fp32); dK, dV once;
+    # dQ converted fp32 -> w (reads dq32, writes qo).
+    pre = 2.0 * qo + st
+    ld_all_b = pick(2.0 * kv + r1 * (4.0 * qo + 2.0 * st),
+                    pre + 2.0 * kv + r1 * (2.0 * qo + 2.0 * st + dq32) + dq32)
+    st_all_b = pick(r1 * qo + 2.0 * kv, st + r1 * dq32 + 2.0 * kv + qo)
+    ld_min_b = pick(2.0 * kv + 3.0 * qo + 2.0 * st, pre + 2.0 * kv + 2.0 * qo + 2.0 * st + dq32)
+    st_min_b = pick(qo + 2.0 * kv, st + dq32 + 2.0 * kv + qo)
+    live_b = pick(jnp.minimum(units, cores), jnp.minimum(units, nx.ceil_div(cores, t_c)))
+    ws_b = live_b * pick(4.0 * qo + 2.0 * st, 2.0 * qo + 2.0 * st + dq32)
     l2_cap = dev.global_buffer_bytes
-    out = {}
+    fits, fits_b = ws <= l2_cap, ws_b <= l2_cap
+    hbm_ld = units * jnp.where(fits, ld_min, ld_all)
+    hbm_st = units * jnp.where(fits, st_min, st_all)
+    hbm_ld_b = units * jnp.where(fits_b, ld_min_b, ld_all_b)
+    hbm_st_b = units * jnp.where(fits_b, st_min_b, st_all_b)
+    load = _level_time(hbm_ld, units * ld_all, dram_bw, l2_bw)
+    store = _level_time(hbm_st, units * st_all, dram_bw, l2_bw)
+    load_b = _level_time(hbm_ld_b, units * ld_all_b, dram_bw, l2_bw)
+    store_b = _level_time(hbm_st_b, units * st_all_b, dram_bw, l2_bw)
 
-    for v in (1, 2):
-        # ---- work decomposition -------------------------------------------------------------
-        units = b * h if v == 1 else b * hk                  # FA-1 per head, FA-2 per KV head
-        rows = nq if v == 1 else g * nq                      # query rows of one unit
-        br, bc = flash_attention_tiles(dev, d, rows, nkv, w)
-        if v == 2:
-            br = jnp.clip(bc, 1.0, jnp.maximum(rows, 1.0))   # B×d tiles (seed §III-B)
-        t_r, t_c = nx.ceil_div(rows, br), nx.ceil_div(nkv, bc)
-        f = jnp.where(causal > 0.5, jnp.clip(1.0 - (nq - bc) / (2.0 * nkv), 0.0, 1.0), 1.0)
-        pairs = f * t_r * t_c                                # block pairs per unit
-        if v == 1:
-            items_f, items_b = units, units
-        else:
-            # FA-2: a thread block per query block (fwd) / key block (bwd); Flash-Decoding
-            # splits the keys when the query blocks alone cannot fill the cores.
-            split = jnp.clip(jnp.floor(nx.safe_div(cores, units * t_r, fill=1.0)), 1.0, t_c)
-            items_f, items_b = units * t_r * split, units * t_c
-        waves_f, waves_b = nx.ceil_div(items_f, cores), nx.ceil_div(items_b, cores)
-
-        # ---- t_GEMM: S = Q·Kᵀ and O = P·V per block pair (bwd: S, dP, dV, dQ, dK) -----------
-        c_qk = _block_cycles(dev, br, bc, d)                 # [B_r×d]·[d×B_c]
-        c_pv = _block_cycles(dev, br, d, bc)                 # [B_r×B_c]·[B_c×d]
-        c_kt = _block_cycles(dev, bc, d, br)                 # dK, dV: [B_c×B_r]·[B_r×d]
-        per_item_f = pairs * units / items_f
-        per_item_b = pairs * units / items_b
-        gemm_qk = waves_f * per_item_f * c_qk / freq
-        gemm_pv = waves_f * per_item_f * c_pv / freq
-        gemm_qk_b = waves_b * per_item_b * (c_qk + c_pv + c_kt) / freq   # S, dQ, dK
-        gemm_pv_b = waves_b * per_item_b * (c_qk + c_kt) / freq          # dP, dV
-
-        # ---- t_pt-reduc-ops on the vector units ---------------------------------------------
-        exp = dev.exp_flops
-        e_row, c_row = _PT_PER_ROW[v]
-        pt_pair = (br * bc * (exp + _PT_PER_SCORE + drop * _DROPOUT_FLOP)
-                   + br * d * _PT_PER_OUT[v] + br * (e_row * exp + c_row))
-        pt_pair_b = br * bc * (exp + _PT_BWD_PER_SCORE + drop * _DROPOUT_FLOP)
-        if v == 1:
-            pt_pair_b = pt_pair_b + 2.0 * br * d           # D_i = rowsum(dO_i∘O_i) per pair
-        pt = waves_f * per_item_f * pt_pair / vec_core / freq
-        pt_b = waves_b * per_item_b * pt_pair_b / vec_core / freq
-        # final normalisation O = diag(ℓ)^-1·O (FA-2 only; FA-1 normalises every step)
-        if v == 2:
-            pt = pt + nx.ceil_div(items_f, cores) * (rows * d / t_r) / vec_core / freq
-
-        # ---- HBM / global-buffer traffic (bytes over all units) -----------------------------
-        qo = rows * d * w                                   # Q (or O, dO) of one unit
-        kv = nkv * d * w                                    # K (or V) of one unit
-        st = rows * _STAT_BYTES                             # one fp32 statistic of one unit
-        if v == 1:
-            # Alg. 1: K, V once; Q_i, O_i, ℓ_i, m_i loaded and O_i, ℓ_i, m_i stored per pair;
-            # O, ℓ, m initialised in HBM.
-            reload = f * t_c
-            ld_all = 2.0 * kv + reload * (2.0 * qo + 2.0 * st)
-            st_all = (reload + 1.0) * (qo + 2.0 * st)
-            ld_min = 2.0 * kv + qo
-            st_min = qo + 2.0 * st
-            ws = jnp.minimum(units, cores) * (2.0 * qo + 2.0 * st)
-            # Alg. 4: K, V once; Q_i, O_i, dO_i, dQ_i, ℓ_i, m_i per pair; dQ_i stored per pair;
-            # dK, dV stored once.
-            ld_all_b = 2.0 * kv + reload * (4.0 * qo + 2.0 * st)
-            st_all_b = reload * qo + 2.0 * kv
-            ld_min_b = 2.0 * kv + 3.0 * qo + 2.0 * st
-            st_min_b = qo + 2.0 * kv
-            ws_b = jnp.minimum(units, cores) * (4.0 * qo + 2.0 * st)
-            kernels_f, kernels_b = 1.0, 1.0
-        else:
-            # Q_i stays on chip; K_j, V_j streamed for every pair; O and L stored once.
-            reload = f * t_r
-            ld_all = qo + reload * 2.0 * kv
-            st_all = qo + st
-            ld_min = qo + 2.0 * kv
-            st_min = st_all
-            heads_live = jnp.minimum(units, nx.ceil_div(cores, t_r * split))
-            ws = heads_live * 2.0 * kv
-            # backward: pre-processing D = rowsum(dO∘O) (reads dO, O; writes D); main loop
-            # over key blocks streams Q_i, dO_i, L_i, D_i and read-modify-writes dQ_i (fp32);
-            # dK, dV stored once; dQ converted fp32 -> w.
-            dq32 = rows * d * 4.0
-            pre = 2.0 * qo + st
-            reload_b = f * t_c
-            ld_all_b = pre + 2.0 * kv + reload_b * (2.0 * qo + 2.0 * st + dq32) + dq32
-            st_all_b = st + reload_b * dq32 + 2.0 * kv + qo
-            ld_min_b = pre + 2.0 * kv + 2.0 * qo + 2.0 * st + dq32
-            st_min_b = st + dq32 + 2.0 * kv + qo
-            heads_live_b = jnp.minimum(units, nx.ceil_div(cores, t_c))
-            ws_b = heads_live_b * (2.0 * qo + 2.0 * st + dq32)
-            kernels_f, kernels_b = 1.0, 3.0
-        fits, fits_b = ws <= l2_cap, ws_b <= l2_cap
-        hbm_ld = units * jnp.where(fits, ld_min, ld_all)
-        hbm_st = units * jnp.where(fits, st_min, st_all)
-        hbm_ld_b = units * jnp.where(fits_b, ld_min_b, ld_all_b)
-        hbm_st_b = units * jnp.where(fits_b, st_min_b, st_all_b)
-        load = _level_time(hbm_ld, units * ld_all, dram_bw, l2_bw)
-        store = _level_time(hbm_st, units * st_all, dram_bw, l2_bw)
-        load_b = _level_time(hbm_ld_b, units * ld_all_b, dram_bw, l2_bw)
-        store_b = _level_time(hbm_st_b, units * st_all_b, dram_bw, l2_bw)
-
-        ov = dev.matmul_overhead_s if overhead else 0.0
-        gemm_f = gemm_qk + gemm_pv
-        gemm_b = gemm_qk_b + gemm_pv_b
-        res = {
-            "load": load, "gemm": gemm_f, "pointwise": pt, "store": store,
-            "overhead": kernels_f * ov * jnp.ones_like(load),
-            "gemm_qk": gemm_qk, "gemm_pv": gemm_pv,
-            "load_bwd": load_b, "gemm_bwd": gemm_b, "pointwise_bwd": pt_b,
-            "store_bwd": store_b, "overhead_bwd": kernels_b * ov * jnp.ones_like(load),
-            "gemm_qk_bwd": gemm_qk_b, "gemm_pv_bwd": gemm_pv_b,
-            "hbm_bytes": hbm_ld + hbm_st, "hbm_bytes_bwd": hbm_ld_b + hbm_st_b,
-            "flops": 4.0 * units * pairs * br * bc * d,
-            "flops_bwd": 10.0 * units * pairs * br * bc * d,
-            "block_rows": br, "block_cols": bc,
-        }
-        res["fwd"] = res["load"] + res["gemm"] + res["pointwise"] + res["store"] + res[
-            "overhead"]
-        res["bwd"] = (res["load_bwd"] + res["gemm_bwd"] + res["pointwise_bwd"]
-                      + res["store_bwd"] + res["overhead_bwd"])
-        out[v] = res
-
+    ov = dev.matmul_overhead_s if overhead else 0.0
+    res = {
+        "load": load, "gemm": gemm_qk + gemm_pv, "pointwise": pt, "store": store,
+        "overhead": pick(1.0, 1.0) * ov,                    # one forward kernel
+        "gemm_qk": gemm_qk, "gemm_pv": gemm_pv,
+        "load_bwd": load_b, "gemm_bwd": gemm_qk_b + gemm_pv_b, "pointwise_bwd": pt_b,
+        "store_bwd": store_b, "overhead_bwd": pick(1.0, 3.0) * ov,   # FA-2: pre, main, convert
+        "gemm_qk_bwd": gemm_qk_b, "gemm_pv_bwd": gemm_pv_b,
+        "hbm_bytes": hbm_ld + hbm_st, "hbm_bytes_bwd": hbm_ld_b + hbm_st_b,
+        "flops": 4.0 * units * pairs * br * bc * d,
+        "flops_bwd": 10.0 * units * pairs * br * bc * d,
+        "block_rows": br, "block_cols": bc * jnp.ones_like(br),
+    }
+    res["fwd"] = res["load"] + res["gemm"] + res["pointwise"] + res["store"] + res["overhead"]
+    res["bwd"] = (res["load_bwd"] + res["gemm_bwd"] + res["pointwise_bwd"] + res["store_bwd"]
+                  + res["overhead_bwd"])
     use2 = version > 1.5
-    sel = {k: jnp.where(use2, out[2][k], out[1][k]) for k in out[1]}
-    times = ("load", "gemm", "pointwise", "store", "overhead", "gemm_qk", "gemm_pv",
-             "load_bwd", "gemm_bwd", "pointwise_bwd", "store_bwd", "overhead_bwd",
-             "gemm_qk_bwd", "gemm_pv_bwd", "fwd", "bwd")
-    for k in times:
-        sel[k] = jnp.where(ok, sel[k], jnp.inf)
-    sel["total"] = sel["fwd"] + sel["bwd"]
-    return sel
+    out = {k: jnp.where(use2, x[1], x[0]) for k, x in res.items()}
+    for k in ("load", "gemm", "pointwise", "store", "overhead", "gemm_qk", "gemm_pv",
+              "load_bwd", "gemm_bwd", "pointwise_bwd", "store_bwd", "overhead_bwd",
+              "gemm_qk_bwd", "gemm_pv_bwd", "fwd", "bwd"):
+        out[k] = jnp.where(ok, out[k], jnp.inf)
+    out["total"] = out["fwd"] + out["bwd"]
+    return out
 
 
 @batched

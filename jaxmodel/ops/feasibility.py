@@ -11,33 +11,17 @@ from __future__ import annotations
 
 import math
 
-import jax.numpy as jnp
 import numpy as np
 
 from jaxmodel import numerics as nx
 from jaxmodel.batching import batched
-from jaxmodel.ops.gemm import MIN_L1_ARRAYS, MIN_L2_ELEMENTS, _device_ok
+from jaxmodel.ops.gemm import _device_fits, _device_ok, min_global_bytes, min_local_bytes
 from jaxmodel.types import validate_device
-
-_WORD = 2.0  # fp16: the precision the buffer check is made for
-
-
-def min_local_bytes(sa_rows, sa_cols):
-    """Local-buffer bytes the smallest GEMM L1 tile needs (double-buffered, fp16)."""
-    t = MIN_L1_ARRAYS * jnp.maximum(sa_rows, sa_cols)
-    return 2.0 * (t * t + 2.0 * t) * _WORD
-
-
-def min_global_bytes():
-    """Global-buffer bytes the smallest GEMM L2 tile needs (fp16)."""
-    return MIN_L2_ELEMENTS * _WORD
 
 
 def _ops_feasible_single(dev):
-    valid = _device_ok(dev)
-    fits = ((dev.local_buffer_bytes >= min_local_bytes(dev.sa_rows, dev.sa_cols))
-            & (dev.global_buffer_bytes >= min_global_bytes()))
-    return nx.first_reason([(valid, "invalid_device"), (fits, "buffer_too_small")])
+    return nx.first_reason([(_device_ok(dev), "invalid_device"),
+                            (_device_fits(dev), "buffer_too_small")])
 
 
 @batched

@@ -264,6 +264,26 @@ def _device_ok(dev):
     return ok
 
 
+_MIN_WORD = 2.0  # fp16: the precision the device-level buffer check is made for
+
+
+def min_local_bytes(sa_rows, sa_cols):
+    """Local-buffer bytes the grid's smallest L1 tile needs (``tk = 1``, double buffered, fp16)."""
+    t = MIN_L1_ARRAYS * jnp.maximum(sa_rows, sa_cols)
+    return 2.0 * (t * t + 2.0 * t) * _MIN_WORD
+
+
+def min_global_bytes():
+    """Global-buffer bytes the grid's smallest L2 tile needs (fp16)."""
+    return MIN_L2_ELEMENTS * _MIN_WORD
+
+
+def _device_fits(dev):
+    """True where the smallest GEMM tiles fit the buffers (device-level, shape-independent)."""
+    return ((dev.local_buffer_bytes >= min_local_bytes(dev.sa_rows, dev.sa_cols))
+            & (dev.global_buffer_bytes >= min_global_bytes()))
+
+
 def _cdiv(a, b):
     """``ceil(a / b)`` for a denominator known to be positive (sanitised or a grid constant)."""
     return jnp.ceil(a / b)
@@ -421,7 +441,8 @@ def _one_gemm_seconds(dev, m, n, k, word, soft):
 def _gemm_single(dev, m, n, k, batch=1.0, dtype_bytes=2.0, overhead=True, soft=None,
                  merged=True):
     """Single-config GEMM latency (see :func:`gemm_latency`)."""
-    ok = _device_ok(dev) & (m > 0) & (n > 0) & (k > 0) & (batch > 0) & (dtype_bytes > 0)
+    ok = (_device_ok(dev) & _device_fits(dev) & (m > 0) & (n > 0) & (k > 0) & (batch > 0)
+          & (dtype_bytes > 0))
     word = nx.sanitize(dtype_bytes, dtype_bytes > 0)
     b = nx.sanitize(batch, batch > 0)
     m_, n_, k_ = (nx.sanitize(x, x > 0) for x in (m, n, k))

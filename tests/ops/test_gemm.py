@@ -1,0 +1,178 @@
+"""GEMM mapper: hand-derived values, search consistency, batching, jit, gradients, infeasibility."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxmodel as jm
+from jaxmodel import numerics as nx
+from jaxmodel.ops import gemm as G
+
+
+def _index(pred):
+    idx = [i for i in range(G.N_CANDIDATES) if pred(*G.GRID[:, i])]
+    assert idx, "no such candidate in the grid"
+    return idx[0]
+
+
+def test_gemm_that_fits_one_tile_hand_value(toy):
+    # Candidate whose L2 and L1 tiles clip to the whole 32×32×32 problem.
+    i = _index(lambda tm, tn, tk, t1: tm >= 32 and tn >= 32 and tk >= 32 and t1 * 16 >= 32)
+    cycles, mask = G._candidate_cycles(toy, 32.0, 32.0, 32.0, 2.0)
+    # L0: 1 lane, 2×2 folds of a 16×16 array: 4·(32 + 16 + 16 − 2) − 1 = 247 cycles.
+    # L1: one wave: max(read 2·32·64 B / 4096 B/cyc = 1, 247) + write 2048/4096 + read 1 = 248.5
+    # L2: max(read (A + B) 4096 B / 64 B/cyc = 64, 248.5) + write C 2048/64 = 32
+    #     + prologue (A + B) 64 = 344.5
+    assert bool(mask[i])
+    assert float(cycles[i]) == pytest.approx(344.5)
+    # the search can only do better
+    t = jm.gemm_latency(toy, 32, 32, 32, overhead=False)
+    assert float(t) <= 344.5e-9 + 1e-15
+    assert float(t) >= float(jm.gemm_roofline(toy, 32, 32, 32))
+
+
+def test_search_is_min_over_candidates(a100):
+    cycles, mask = G._candidate_cycles(a100, 2048.0, 12288.0, 12288.0, 2.0)
+    want = float(jnp.min(jnp.where(mask, cycles, jnp.inf))) / float(a100.freq_hz)
+    got = float(jm.gemm_latency(a100, 2048, 12288, 12288, overhead=False))
+    assert got == pytest.approx(want, rel=1e-9)
+    assert int(jnp.sum(mask)) > 10
+
+
+def test_roofline_hand_value(a100):
+    m = n = k = 4096.0
+    flops = 2 * m * n * k
+    io = (m * k + k * n + m * n) * 2
+    bw = min(float(a100.mem_bw * a100.mem_bw_efficiency), float(a100.global_buffer_bw))
+    want = max(flops / float(a100.peak_matrix_flops), io / bw)
+    assert float(jm.gemm_roofline(a100, m, n, k)) == pytest.approx(want)
+    # bytes, not elements (LLMCompass's io_count bug): fp32 doubles the memory term
+    assert float(jm.gemm_roofline(a100, 8, 8192, 8192, dtype_bytes=4)) == pytest.approx(
+        2 * float(jm.gemm_roofline(a100, 8, 8192, 8192, dtype_bytes=2)), rel=1e-6)
+
+
+def test_tiled_latency_above_roofline(a100):
+    for shape in [(8192, 8192, 8192), (64, 12288, 12288), (8192, 64, 64), (8, 3072, 12288)]:
+        t = float(jm.gemm_latency(a100, *shape, overhead=False))
+        assert t >= float(jm.gemm_roofline(a100, *shape)) * 0.999
+        assert t < 5 * float(jm.gemm_roofline(a100, *shape)) + 2e-5
+
+
+def test_gemv_fast_path_hand_value(a100):
+    n, k = 12288.0, 12288.0
+    vec = 2 * n * k / float(a100.peak_vector_flops)
+    mem = (k + n * k + n) * 2 / float(a100.mem_bw * a100.mem_bw_efficiency)
+    want = max(vec, mem) + float(a100.matmul_overhead_s)
+    assert float(jm.gemm_latency(a100, 1, n, k)) == pytest.approx(want)
+
+
+def test_batched_gemm_is_min_of_loop_and_merged(a100):
+    b, m, n, k = 192.0, 2048.0, 2048.0, 128.0
+    one = float(jm.gemm_latency(a100, m, n, k, overhead=False))
+    merged = (float(jm.gemm_latency(a100, m, n, b * k, overhead=False))
+              + (b - 1) * m * n * 2 / float(a100.mem_bw * a100.mem_bw_efficiency))
+    got = float(jm.gemm_latency(a100, m, n, k, batch=b, overhead=False))
+    assert got == pytest.approx(min(b * one, merged), rel=1e-9)
+    # batch given as an array takes the same path
+    got_arr = jm.gemm_latency(a100, m, n, k, batch=jnp.array([1.0, b]), overhead=False)
+    assert float(got_arr[0]) == pytest.approx(one, rel=1e-9)
+    assert float(got_arr[1]) == pytest.approx(got, rel=1e-9)
+
+
+def test_overhead_is_added(a100):
+    a = float(jm.gemm_latency(a100, 512, 512, 512))
+    b = float(jm.gemm_latency(a100, 512, 512, 512, overhead=False))
+    assert a - b == pytest.approx(float(a100.matmul_overhead_s), rel=1e-9)
+
+
+def test_vmap_matches_python_loop(a100):
+    bws = np.array([1.0e12, 2.0e12, 3.0e12])
+    cores = np.array([54.0, 108.0, 132.0])
+    batch = dataclasses.replace(a100, mem_bw=jnp.asarray(bws), core_count=jnp.asarray(cores))
+    shapes = jnp.array([[8.0, 3072.0, 12288.0], [2048.0, 12288.0, 12288.0], [96.0, 200.0, 3000.0]])
+    got = jm.gemm_latency(batch, shapes[:, 0], shapes[:, 1], shapes[:, 2])
+    assert got.shape == (3,)
+    for i in range(3):
+        d = dataclasses.replace(a100, mem_bw=float(bws[i]), core_count=float(cores[i]))
+        want = jm.gemm_latency(d, *[float(x) for x in shapes[i]])
+        assert float(got[i]) == pytest.approx(float(want), rel=1e-9)
+
+
+def test_jit_matches_eager(a100):
+    f = jm.gemm_latency.single
+    eager = f(a100, 300.0, 5000.0, 700.0)
+    jitted = jax.jit(f)(a100, 300.0, 5000.0, 700.0)
+    assert float(eager) == pytest.approx(float(jitted), rel=1e-9)
+
+
+def _fd_check(fn, x0, rel_step=1e-6, rtol=1e-4):
+    g = float(jax.grad(fn)(x0))
+    h = x0 * rel_step
+    fd = (float(fn(x0 + h)) - float(fn(x0 - h))) / (2 * h)
+    assert np.isfinite(g) and g != 0.0
+    assert g == pytest.approx(fd, rel=rtol)
+    return g
+
+
+def test_grad_wrt_mem_bw_matches_finite_differences(a100):
+    # decode GEMM: memory bound, latency ∝ 1 / mem_bw
+    fn = lambda bw: jm.gemm_latency.single(dataclasses.replace(a100, mem_bw=bw),  # noqa: E731
+                                           8.0, 3072.0, 12288.0)
+    g = _fd_check(fn, 2.039e12)
+    assert g < 0
+
+
+def test_grad_wrt_freq_matches_finite_differences(a100):
+    fn = lambda f: jm.gemm_latency.single(dataclasses.replace(a100, freq_hz=f),  # noqa: E731
+                                          4096.0, 4096.0, 4096.0)
+    assert _fd_check(fn, 1.41e9) < 0
+
+
+def test_grad_wrt_global_buffer_bandwidth_matches_finite_differences(a100):
+    slow_l2 = dataclasses.replace(a100, global_buffer_bytes_per_cycle=64.0)
+    fn = lambda b: jm.gemm_latency.single(  # noqa: E731
+        dataclasses.replace(slow_l2, global_buffer_bytes_per_cycle=b), 2048.0, 2048.0, 2048.0)
+    assert _fd_check(fn, 64.0) < 0
+
+
+def test_soft_min_is_smooth_lower_bound(a100):
+    hard = float(jm.gemm_latency(a100, 2048, 12288, 12288, overhead=False))
+    soft = float(jm.gemm_latency(a100, 2048, 12288, 12288, overhead=False, soft=0.05))
+    tiny = float(jm.gemm_latency(a100, 2048, 12288, 12288, overhead=False, soft=1e-6))
+    assert soft <= hard and soft > 0.7 * hard
+    assert tiny == pytest.approx(hard, rel=1e-4)
+    g = jax.grad(lambda bw: jm.gemm_latency.single(
+        dataclasses.replace(a100, mem_bw=bw), 2048.0, 12288.0, 12288.0, soft=0.05))(2.0e12)
+    assert np.isfinite(float(g))
+
+
+def test_infeasible_devices_give_inf_and_finite_gradients(a100):
+    bw = jnp.array([2.0e12, 0.0, 2.0e12, 2.0e12, 2.0e12])
+    local = jnp.array([196608.0, 196608.0, 100.0, 196608.0, 196608.0])
+    cores = jnp.array([108.0, 108.0, 108.0, -1.0, 108.0])
+    glob = jnp.array([4e7, 4e7, 4e7, 4e7, 1000.0])
+    batch = dataclasses.replace(a100, mem_bw=bw, local_buffer_bytes=local, core_count=cores,
+                                global_buffer_bytes=glob)
+    t = jm.gemm_latency(batch, 2048, 2048, 2048)
+    assert bool(jnp.isfinite(t[0]))
+    assert bool(jnp.all(jnp.isinf(t[1:]))) and not bool(jnp.any(jnp.isnan(t)))
+
+    def total(b):
+        (d,), _ = nx.broadcast_batch(dataclasses.replace(batch, mem_bw=b))
+        y = jax.vmap(lambda dd: jm.gemm_latency.single(dd, 2048.0, 2048.0, 2048.0))(d)
+        return jnp.sum(jnp.where(jnp.isfinite(y), y, 0.0))
+
+    g = jax.grad(total)(bw)
+    assert bool(jnp.all(jnp.isfinite(g)))
+    ok, why = jm.ops_feasible(batch)
+    assert [bool(x) for x in ok] == [True, False, False, False, False]
+    assert [jm.reason_name(int(x)) for x in why] == [
+        "ok", "invalid_device", "buffer_too_small", "invalid_device", "buffer_too_small"]
+
+
+def test_float32_default_runs(a100, float32):
+    t = jm.gemm_latency(a100, 2048, 12288, 12288)
+    assert t.dtype == jnp.float32 and bool(jnp.isfinite(t))
