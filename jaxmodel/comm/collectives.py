@@ -191,11 +191,18 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
     hop = lat * sp                                    # latency between consecutive members
     sw_hop = 2.0 * lat + d_r                          # device -> switch -> device
 
-    def ovh(msg):
-        return overhead_factor(level, msg)
+    ovh_memo = {}
+
+    def ovh(key):
+        """Packet overhead factor of the per-step message: ``"u"`` = n/m, ``"half"`` = n/2,
+        ``"2d"`` = n/(2c), ``"n"`` = the whole buffer (memoised: tracing cost)."""
+        if key not in ovh_memo:
+            msg = {"u": n / m, "half": n / 2.0, "2d": n / (2.0 * c), "n": n}[key]
+            ovh_memo[key] = overhead_factor(level, msg)
+        return ovh_memo[key]
 
     def sel(sw, fc, other):
-        return jnp.select([is_sw, is_fc], [sw, fc], other)
+        return jnp.where(is_sw, sw, jnp.where(is_fc, fc, other))
 
     # Each algorithm below is (latency, bandwidth time, sequential steps) of one phase. They
     # are built lazily so that tracing only pays for the ops requested.
@@ -223,7 +230,7 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
     @lazy
     def ring():
         # reduce-scatter (= all-gather)
-        return ((m - 1.0) * ring_step, (m - 1.0) / m * n * ovh(n / m) / ring_bw, m - 1.0)
+        return ((m - 1.0) * ring_step, (m - 1.0) / m * n * ovh("u") / ring_bw, m - 1.0)
 
     @lazy
     def hd():
@@ -232,7 +239,7 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
         p2 = 2.0 ** jnp.floor(_log2(m) + 1e-9)
         extra = jnp.where(m - p2 > 0.5, 1.0, 0.0)
         steps = jnp.floor(_log2(m) + 1e-9)
-        o_hd = ovh(n / 2.0)
+        o_hd = ovh("half")
         hd_lat = sel(steps * sw_hop, steps * lat, ((c - 1.0) + (r - 1.0)) * hop)
         hd_bwt = sel((p2 - 1.0) / p2 * n * o_hd / B, (p2 - 1.0) / p2 * n * o_hd / b,
                      (_log2(c) * n / 2.0 + _log2(r) * n / (2.0 * c)) * o_hd / b)
@@ -246,8 +253,8 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
         x_load = _dim_load(c, closed_x) * r * u
         y_load = _dim_load(r, closed_y) * c * u
         return (sel(sw_hop, lat, diam * hop),
-                sel((m - 1.0) * u * ovh(u) / B, u * ovh(u) / b,
-                    jnp.maximum(x_load, y_load) * ovh(u) / b), one)
+                sel((m - 1.0) * u * ovh("u") / B, u * ovh("u") / b,
+                    jnp.maximum(x_load, y_load) * ovh("u") / b), one)
 
     @lazy
     def two_d():
@@ -259,13 +266,13 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
         load_x = (c - 1.0) / c * (n / 2.0 + n / (2.0 * r))
         load_y = (r - 1.0) / r * (n / 2.0 + n / (2.0 * c))
         return (((c - 1.0) * step_x + (r - 1.0) * step_y) * hop,
-                jnp.maximum(load_x / bw_x, load_y / bw_y) * ovh(n / (2.0 * c)),
+                jnp.maximum(load_x / bw_x, load_y / bw_y) * ovh("2d"),
                 (c - 1.0) + (r - 1.0))
 
     @lazy
     def inr_rs():
         # NVLS reduce-scatter / all-gather: one switch round trip
-        return (sw_hop, (m - 1.0) / m * n * ovh(u) / B, one)
+        return (sw_hop, (m - 1.0) / m * n * ovh("u") / B, one)
 
     @lazy
     def tree_hop():
@@ -281,7 +288,8 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
     true_, false_ = jnp.asarray(True), jnp.asarray(False)
 
     def finish(algs, app):
-        x = jnp.stack([_pipelined(a[0], a[1], a[2], cl) for a in algs])
+        x = _pipelined(*(jnp.stack([jnp.asarray(a[i], dtype=f) for a in algs])
+                         for i in range(3)), cl)
         app = jnp.stack(app)
         x = jnp.where(app, x, INF)
         return jnp.where(active, x, jnp.where(app, 0.0, INF)), app
@@ -292,8 +300,8 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
                           [true_, true_, true_, is_grid, false_, inr])
         if op == "all_reduce":
             return finish([twice(ring()), twice(hd()), twice(direct()), twice(two_d()),
-                           (2.0 * depth * tree_hop(), 2.0 * n * ovh(n) / tree_bw, 2.0 * depth),
-                           (2.0 * sw_hop, n * ovh(u) / B, 2.0 * one)],
+                           (2.0 * depth * tree_hop(), 2.0 * n * ovh("n") / tree_bw, 2.0 * depth),
+                           (2.0 * sw_hop, n * ovh("u") / B, 2.0 * one)],
                           [true_, true_, true_, is_grid, true_, inr])
         if op == "all_to_all":
             t_d = _pipelined(*direct(), cl)
@@ -302,14 +310,14 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
             return jnp.where(idx == 2, t_d, INF), idx == 2
         if op == "broadcast":
             # pipelined chain (ring); scatter + all-gather (hd, direct, 2d)
-            return finish([((m - 1.0) * ring_step, n * ovh(n) / jnp.where(is_fc, b, ring_bw),
+            return finish([((m - 1.0) * ring_step, n * ovh("n") / jnp.where(is_fc, b, ring_bw),
                             m - 1.0),
                            twice(hd()), twice(direct()), twice(two_d()),
-                           (depth * tree_hop(), n * ovh(n) / tree_bw, depth),
-                           (sw_hop, n * ovh(n) / B, one)],
+                           (depth * tree_hop(), n * ovh("n") / tree_bw, depth),
+                           (sw_hop, n * ovh("n") / B, one)],
                           [true_, true_, true_, is_grid, true_, inr])
         # p2p: every algorithm is the same single message
-        t_p = _pipelined(sel(sw_hop, lat, hop), n * ovh(n) / jnp.where(is_sw, B, b), one, cl)
+        t_p = _pipelined(sel(sw_hop, lat, hop), n * ovh("n") / jnp.where(is_sw, B, b), one, cl)
         t_p = jnp.where(active, t_p, 0.0)
         return (jnp.broadcast_to(t_p, (len(ALGORITHMS),)),
                 jnp.ones(len(ALGORITHMS), dtype=bool))
