@@ -733,8 +733,8 @@ def _auto_rows(system: ChipletSystem, rows: int | None) -> int:
         return 8
     radius = float(np.max(c["wafer_wafer_diameter"])) / 2.0
     side = math.sqrt(float(np.min(sizes))) + float(np.min(c["wafer_dicing_distance"]))
-    need = math.ceil(radius / side) + 2
-    return int(min(max(2 ** math.ceil(math.log2(need)), 8), 1024))  # few compile buckets
+    need = math.ceil(radius / side) + 1
+    return int(min(max(8 * math.ceil(need / 8), 8), 1024))  # multiples of 8: few compiles
 
 
 @functools.partial(jax.jit, static_argnames=("dpw_mode", "k_max", "rows", "chunk"))

@@ -24,7 +24,7 @@ def test_grid_dpw_matches_catch(anchors):
     areas = jnp.array([a for a, _, _ in rows])
     side = jnp.sqrt(areas)
     got = np.asarray(jax.vmap(lambda s: wafer.dies_per_wafer_grid(s, s, 300.0, 0.1, 0.13,
-                                                                  rows=300))(side))
+                                                                  k_max=16, rows=300))(side))
     ref = np.array([g for _, g, _ in rows])
     exact = np.sum(got == ref)
     assert exact >= 15, (got, ref)                   # 15 of 21 sizes identical
