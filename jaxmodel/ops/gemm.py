@@ -41,7 +41,7 @@ import numpy as np
 
 from jaxmodel import numerics as nx
 from jaxmodel.batching import batched
-from jaxmodel.ops.systolic import systolic_cycles
+from jaxmodel.ops.systolic import systolic_cycles  # noqa: F401  (inlined below; the reference)
 
 # ------------------------------------------------------------------------------------------
 # Static candidate grid (independent of the problem shape; clipped to it at run time).
@@ -220,8 +220,6 @@ L0_SPLIT_M = (1.0, 2.0, 4.0)          # lanes along m; the rest (lanes / i) alon
 GRID = np.asarray(GRID_CANDIDATES, dtype=np.float64).T      # (4, C)
 N_CANDIDATES = GRID.shape[1]
 
-# The 8 L2 tile classes: 0 = full tile, 1 = remainder tile, per dimension (m, n, k).
-_CLS = np.asarray(list(itertools.product((0, 1), repeat=3)), dtype=np.float64).T  # (3, 8)
 
 # Smallest tiles of the grid (device-level feasibility check, fp16): the L2 working set in
 # elements, and the L1 m = n tile in systolic-array sizes.
@@ -289,25 +287,24 @@ def _cdiv(a, b):
     return jnp.ceil(a / b)
 
 
-# Class masks, shape (8, 1): True where the class takes the remainder tile in that dimension.
-_EDGE_M = _CLS[0][:, None] == 1
-_EDGE_N = _CLS[1][:, None] == 1
-_EDGE_K = _CLS[2][:, None] == 1
 
 
 def _candidate_cycles(dev, m, n, k, word):
     """Cycles of every candidate mapping of one ``[m×k]·[k×n]`` GEMM (single config).
 
     Returns ``(cycles, mask)``, both of shape ``(N_CANDIDATES,)``; ``mask`` is False where the
-    tiles do not fit the buffers. The 8 tile classes (full or remainder tile in m, n, k) form
-    a leading axis: arrays are ``(8, C)`` with the candidate axis innermost.
+    tiles do not fit the buffers. The 8 tile classes (full or remainder tile in m, n and k)
+    are an unrolled Python loop over ``(C,)`` arrays: XLA then fuses the whole cost into one
+    elementwise loop over the candidates (a class axis would materialise intermediates).
     """
     freq, dram, l2bw, vec_core, cores = _rates(dev)
     lanes = nx.sanitize(dev.lanes_per_core, dev.lanes_per_core > 0)
     H = nx.sanitize(dev.sa_rows, dev.sa_rows > 0)
     W = nx.sanitize(dev.sa_cols, dev.sa_cols > 0)
     mac = nx.sanitize(dev.sa_mac_per_cycle, dev.sa_mac_per_cycle > 0)
-    vec_chip = vec_core * cores
+    # reciprocals once per config: the per-candidate arithmetic multiplies instead
+    r_l2, r_dram, r_vc = 1.0 / l2bw, 1.0 / dram, 1.0 / vec_core
+    r_vchip, r_mac = r_vc / cores, 1.0 / mac
     m = jnp.maximum(m, 1.0)
     n = jnp.maximum(n, 1.0)
     k = jnp.maximum(k, 1.0)
@@ -342,63 +339,68 @@ def _candidate_cycles(dev, m, n, k, word):
         best_i = jnp.where(better, i, best_i)
         best_j = jnp.where(better, j, best_j)
         best_c = jnp.where(better, cyc, best_c)
+    r_ratio = 1.0 / (best_i * best_j * H * W * jnp.maximum(H, W))
 
-    # ---- per dimension: full and remainder tiles, (C,) each, then the (8, C) classes -------
-    def per_dim(d, T, t, edge):
+    # ---- per dimension: tile count, then (size, count, L1 tiles, L1 extent, folds) of the
+    # full and the remainder tile ------------------------------------------------------------
+    def per_dim(d, T, t, lane_extent):
         cnt = _cdiv(d, T)
         rem = d - (cnt - 1.0) * T
-        cls = lambda full, r: jnp.where(edge, r[None, :], full[None, :])  # noqa: E731
-        size = cls(T, rem)
-        count = jnp.where(edge, 1.0, (cnt - 1.0)[None, :])
-        a = cls(_cdiv(T, t), _cdiv(rem, t))                       # L1 tiles along d
-        e = cls(jnp.minimum(t, T), jnp.minimum(t, rem))           # L1 tile extent along d
-        return cnt, size, count, a, e
+        out = []
+        for size, count in ((T, cnt - 1.0), (rem, 1.0)):
+            e = jnp.minimum(t, size)
+            out.append((size, count, _cdiv(size, t), e, _cdiv(e, lane_extent)))
+        return cnt, out
 
-    nM, dM, cM, aM, em = per_dim(m, TM, tm, _EDGE_M)
-    nN, dN, cN, aN, en = per_dim(n, TN, tn, _EDGE_N)
-    nK, dK, cK, aK, ek = per_dim(k, TK, tk, _EDGE_K)
-    c_ = lambda x: x[None, :]                                   # noqa: E731  (C,) -> (1, C)
+    nM, cls_m = per_dim(m, TM, tm, best_i * H)
+    nN, cls_n = per_dim(n, TN, tn, best_j * W)
+    nK, cls_k = per_dim(k, TK, tk, 1.0)
+    frac_k = (nK - 1.0) / nK                                    # L2 steps re-reading C
+    reuse_a = jnp.where(nK > 1.0, 1.0, 1.0 / nN)                # mnk: A reused across n if nK == 1
+    inv_nm = 1.0 / nM
+    db = db2
 
-    # ---- L1 level inside one L2 tile of each class ----------------------------------------
-    folds = _cdiv(em, c_(best_i * H)) * _cdiv(en, c_(best_j * W))
-    mn_e = em * en
-    per_lane = mn_e * ek / c_(best_i * best_j)
-    ratio = per_lane / (H * W * jnp.maximum(H, W))
-    sa = jnp.where(ratio >= 64.0, folds * ek / jnp.where(ratio >= 128.0, 0.99, 0.98),
-                   folds * (ek + H + W - 2.0) - 1.0) / mac       # systolic_cycles, inlined
-    wave_compute = sa + jnp.where(aK > 1.0, mn_e / vec_core, 0.0)
-    aMN = aM * aN
-    tiles = aMN * aK
-    waves = _cdiv(tiles, cores)
-    P = jnp.minimum(tiles, cores)                               # tiles in one wave
-    um = jnp.minimum(aM, P)                                     # distinct sub-blocks in it
-    un = jnp.minimum(aN, _cdiv(P, aM))
-    uk = jnp.minimum(aK, _cdiv(P, aMN))
-    wave_read = word * uk * ek * (um * em + un * en) / l2bw
-    wave_c = jnp.where(aMN <= cores, 0.0, 2.0 * word * um * un * mn_e / l2bw)
-    mn_d = dM * dN
-    frac_k = c_((nK - 1.0) / nK)                                # L2 steps re-reading C
-    l1_time = (waves * (jnp.maximum(wave_read, wave_compute) + wave_c) + wave_read
-               + word * mn_d / l2bw
-               # split-K across L2 tiles: the vector units add the re-read partial C
-               + frac_k * (mn_d / vec_chip + 2.0 * word * mn_d / l2bw))
-
-    # ---- L2 level: main memory <-> global buffer ------------------------------------------
-    db = c_(db2)
-    count = cM * cN * cK
-    write = word * mn_d / dram
-    ak = dK * word / dram
-    # knm (LLMCompass): m innermost, B reused across m, partial C re-read and written per k.
-    read = ak * (dM + dN / c_(nM)) + frac_k * write
-    step = jnp.where(db, jnp.maximum(read, l1_time), read + l1_time) + write
-    knm = jnp.sum(count * step, axis=0)
-    # mnk (k innermost, as CUTLASS/XLA): C stays in the global buffer across k and is written
-    # once, after its last k step (the k-remainder class); A is reused across n if nK == 1.
-    read = ak * (dN + dM / jnp.where(c_(nK) > 1.0, 1.0, c_(nN)))
-    step = (jnp.where(db, jnp.maximum(read, l1_time), read + l1_time)
-            + jnp.where(_EDGE_K, write, 0.0))
-    mnk = jnp.sum(count * step, axis=0)
-    prologue = word * (TM * TK + TK * TN) / dram
+    knm = 0.0
+    mnk = 0.0
+    for (dM, cM, aM, em, fm), (dN, cN, aN, en, fn) in itertools.product(cls_m, cls_n):
+        mn_e = em * en
+        mn_d = dM * dN
+        aMN = aM * aN
+        count_mn = cM * cN
+        write = (word * r_dram) * mn_d
+        for ck, (dK, cK, aK, ek, _) in enumerate(cls_k):
+            # ---- L1 level inside one L2 tile of this class --------------------------------
+            ratio = mn_e * ek * r_ratio
+            sa = jnp.where(ratio >= 64.0, fm * fn * ek * jnp.where(ratio >= 128.0, 1 / 0.99,
+                                                                   1 / 0.98),
+                           fm * fn * (ek + H + W - 2.0) - 1.0) * r_mac   # systolic_cycles
+            wave_compute = sa + jnp.where(aK > 1.0, mn_e * r_vc, 0.0)
+            tiles = aMN * aK
+            waves = _cdiv(tiles, cores)
+            P = jnp.minimum(tiles, cores)                       # tiles in one wave
+            um = jnp.minimum(aM, P)                             # distinct sub-blocks in it
+            un = jnp.minimum(aN, _cdiv(P, aM))
+            uk = jnp.minimum(aK, _cdiv(P, aMN))
+            wave_read = (word * r_l2) * uk * ek * (um * em + un * en)
+            wave_c = jnp.where(aMN <= cores, 0.0, (2.0 * word * r_l2) * um * un * mn_e)
+            l1_time = (waves * (jnp.maximum(wave_read, wave_compute) + wave_c) + wave_read
+                       + (word * r_l2) * mn_d
+                       # split-K across L2 tiles: the vector units add the re-read partial C
+                       + frac_k * mn_d * (r_vchip + 2.0 * word * r_l2))
+            # ---- L2 level: main memory <-> global buffer ----------------------------------
+            count = count_mn * cK
+            ak = dK * (word * r_dram)
+            # knm (LLMCompass): m innermost, B reused across m, partial C re-read and
+            # written per k step.
+            read = ak * (dM + dN * inv_nm) + frac_k * write
+            step = jnp.where(db, jnp.maximum(read, l1_time), read + l1_time) + write
+            knm = knm + count * step
+            # mnk (k innermost, as CUTLASS/XLA): C stays in the global buffer across k and
+            # is written once, after its last k step (the k-remainder class).
+            read = ak * (dN + dM * reuse_a)
+            step = jnp.where(db, jnp.maximum(read, l1_time), read + l1_time)
+            mnk = mnk + count * (step + write * ck)
+    prologue = (word * r_dram) * (TM * TK + TK * TN)
     cycles = jnp.minimum(knm, mnk) + prologue
     return jnp.where(mask, cycles, jnp.inf), mask
 

@@ -21,7 +21,7 @@ def _index(pred):
 def test_gemm_that_fits_one_tile_hand_value(toy):
     # Candidate whose L2 and L1 tiles clip to the whole 32×32×32 problem.
     i = _index(lambda tm, tn, tk, t1: tm >= 32 and tn >= 32 and tk >= 32 and t1 * 16 >= 32)
-    cycles, mask = G._candidate_cycles(toy, 32.0, 32.0, 32.0, 2.0)
+    cycles, mask = jax.jit(G._candidate_cycles)(toy, 32.0, 32.0, 32.0, 2.0)
     # L0: 1 lane, 2×2 folds of a 16×16 array: 4·(32 + 16 + 16 − 2) − 1 = 247 cycles.
     # L1: one wave: max(read 2·32·64 B / 4096 B/cyc = 1, 247) + write 2048/4096 + read 1 = 248.5
     # L2: max(read (A + B) 4096 B / 64 B/cyc = 64, 248.5) + write C 2048/64 = 32
@@ -35,7 +35,7 @@ def test_gemm_that_fits_one_tile_hand_value(toy):
 
 
 def test_search_is_min_over_candidates(a100):
-    cycles, mask = G._candidate_cycles(a100, 2048.0, 12288.0, 12288.0, 2.0)
+    cycles, mask = jax.jit(G._candidate_cycles)(a100, 2048.0, 12288.0, 12288.0, 2.0)
     want = float(jnp.min(jnp.where(mask, cycles, jnp.inf))) / float(a100.freq_hz)
     got = float(jm.gemm_latency(a100, 2048, 12288, 12288, overhead=False))
     assert got == pytest.approx(want, rel=1e-9)
@@ -103,13 +103,14 @@ def test_vmap_matches_python_loop(a100):
 
 def test_jit_matches_eager(a100):
     f = jm.gemm_latency.single
-    eager = f(a100, 300.0, 5000.0, 700.0)
+    eager = f(a100, 300.0, 5000.0, 700.0)          # op by op
     jitted = jax.jit(f)(a100, 300.0, 5000.0, 700.0)
     assert float(eager) == pytest.approx(float(jitted), rel=1e-9)
 
 
 def _fd_check(fn, x0, rel_step=1e-6, rtol=1e-4):
-    g = float(jax.grad(fn)(x0))
+    fn = jax.jit(fn)
+    g = float(jax.jit(jax.grad(fn))(x0))
     h = x0 * rel_step
     fd = (float(fn(x0 + h)) - float(fn(x0 - h))) / (2 * h)
     assert np.isfinite(g) and g != 0.0
@@ -144,8 +145,8 @@ def test_soft_min_is_smooth_lower_bound(a100):
     tiny = float(jm.gemm_latency(a100, 2048, 12288, 12288, overhead=False, soft=1e-6))
     assert soft <= hard and soft > 0.7 * hard
     assert tiny == pytest.approx(hard, rel=1e-4)
-    g = jax.grad(lambda bw: jm.gemm_latency.single(
-        dataclasses.replace(a100, mem_bw=bw), 2048.0, 12288.0, 12288.0, soft=0.05))(2.0e12)
+    g = jax.jit(jax.grad(lambda bw: jm.gemm_latency.single(
+        dataclasses.replace(a100, mem_bw=bw), 2048.0, 12288.0, 12288.0, soft=0.05)))(2.0e12)
     assert np.isfinite(float(g))
 
 
@@ -165,7 +166,7 @@ def test_infeasible_devices_give_inf_and_finite_gradients(a100):
         y = jax.vmap(lambda dd: jm.gemm_latency.single(dd, 2048.0, 2048.0, 2048.0))(d)
         return jnp.sum(jnp.where(jnp.isfinite(y), y, 0.0))
 
-    g = jax.grad(total)(bw)
+    g = jax.jit(jax.grad(total))(bw)
     assert bool(jnp.all(jnp.isfinite(g)))
     ok, why = jm.ops_feasible(batch)
     assert [bool(x) for x in ok] == [True, False, False, False, False]
