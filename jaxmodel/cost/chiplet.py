@@ -684,10 +684,11 @@ def _chiplet_cost_single(system: ChipletSystem, dpw_mode: str, k_max: int, rows:
                               c["test_assembly_num_scan_chains"])
 
     own = self_cost + asm_cost + asm_test_cost
-    cost = safe_div(own, chip_test_yield, jnp.inf)
+    has_bb_cost = c["bb_cost"] >= 0  # a black-box part (e.g. a bought HBM stack) costs bb_cost
+    cost = jnp.where(has_bb_cost, c["bb_cost"], safe_div(own, chip_test_yield, jnp.inf))
     for _ in range(depth):
-        cost = safe_div(own + children @ cost, chip_test_yield, jnp.inf)
-    cost = jnp.where(c["bb_cost"] >= 0, c["bb_cost"], cost)
+        cost = jnp.where(has_bb_cost, c["bb_cost"],
+                         safe_div(own + children @ cost, chip_test_yield, jnp.inf))
 
     # NRE amortised over the quantity (§2.7).
     design = core * (c["fraction_memory"] * (c["wafer_nre_front_end_cost_per_mm2_memory"]

@@ -169,3 +169,14 @@ def test_malformed_and_unknown_references(lib, tmp_path):
         jm.chiplet_cost(num, lib / "examples/netlist.xml", lib)
     with pytest.raises(ValueError, match="file not found"):
         jm.chiplet_cost(tmp_path / "missing.xml", lib / "examples/netlist.xml", lib)
+
+
+def test_black_box_cost_enters_the_parent(a100like):
+    """A bought part (bb_cost) replaces the computed cost before the parent's roll-up."""
+    base = jm.chiplet_system_cost(a100like)
+    bb = jm.chiplet_system_cost(a100like.with_chip_values("HBM_0", bb_cost=100.0))
+    i = a100like.index("HBM_0")
+    computed = float(base.breakdown["cost"][i])
+    y_root = float(base.breakdown["chip_test_yield"][0])
+    assert float(bb.cost_usd - base.cost_usd) == pytest.approx((100.0 - computed) / y_root,
+                                                               rel=1e-9)
