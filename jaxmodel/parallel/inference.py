@@ -35,8 +35,8 @@ from jaxmodel import ops as _ops
 from jaxmodel.batching import batch_shape, batched
 from jaxmodel.numerics import INF, divides, first_reason, is_integer, reason_name, safe_div
 from jaxmodel.types import Model, Parallelism, System, is_concrete
-from jaxmodel.workload.layer import (LAYER_OPS, default_gemm, layer_checks, layer_times,
-                                     tp_collective)
+from jaxmodel.workload.layer import (ANY, LAYER_OPS, Variant, default_gemm, layer_checks,
+                                     layer_times, variant_of)
 from jaxmodel.workload.memory import inference_memory_single
 
 #: Decode steps sampled over the KV growth for ``tpot_s``.
@@ -84,7 +84,8 @@ def _elementwise(dev, n, bytes_moved, flops):
     return _ops.elementwise_latency.single(dev, n, bytes_moved, flops, overhead=True)
 
 
-def embedding_time(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0):
+def embedding_time(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0,
+                   variant: Variant = ANY):
     """Vocab-parallel embedding of ``tokens`` rows, s.
 
     Megatron (Shoeybi et al. 2019 §3): each TP rank looks up its vocabulary slice (read + write
@@ -93,6 +94,8 @@ def embedding_time(system: System, model: Model, par: Parallelism, tokens, dtype
     """
     dev = system.device
     lookup = _elementwise(dev, tokens * model.d_model, 2.0 * dtype_bytes, 0.0)
+    if variant.tp is False:
+        return lookup
     multi = par.tp > 1.5
     ar = _comm.collective_latency.single(system, "all_reduce",
                                          tokens * model.d_model * dtype_bytes,
@@ -101,7 +104,7 @@ def embedding_time(system: System, model: Model, par: Parallelism, tokens, dtype
 
 
 def lm_head_time(system: System, model: Model, par: Parallelism, batch, gemm=None,
-                 dtype_bytes=2.0):
+                 dtype_bytes=2.0, variant: Variant = ANY):
     """LM head on the last position of ``batch`` sequences and sampling, s.
 
     GEMM ``[b, d]×[d, V/t]`` (vocab-parallel), an all-gather of the ``[b, V]`` logits over
@@ -112,12 +115,14 @@ def lm_head_time(system: System, model: Model, par: Parallelism, batch, gemm=Non
     dev = system.device
     vocab = model.vocab_size / jnp.maximum(par.tp, 1.0)
     head = gemm(dev, batch, vocab, model.d_model, 1.0, dtype_bytes)
+    head = head + _ops.softmax_latency.single(dev, batch, vocab, overhead=True)
+    if variant.tp is False:
+        return head
     multi = par.tp > 1.5
     gather = _comm.collective_latency.single(system, "all_gather",
                                              batch * model.vocab_size * dtype_bytes,
                                              jnp.where(multi, par.tp, 2.0))
-    return (head + jnp.where(multi, gather, 0.0)
-            + _ops.softmax_latency.single(dev, batch, vocab, overhead=True))
+    return head + jnp.where(multi, gather, 0.0)
 
 
 def _pp_hop(system: System, par: Parallelism, nbytes):
@@ -150,7 +155,8 @@ def inference_feasibility(system: System, model: Model, par: Parallelism, batch,
 
 
 def inference_single(system: System, model: Model, par: Parallelism, batch, prompt_len,
-                     gen_len, gemm=None, dtype_bytes=2.0, kv_samples: int = KV_SAMPLES):
+                     gen_len, gemm=None, dtype_bytes=2.0, kv_samples: int = KV_SAMPLES,
+                     variant: Variant = ANY):
     """Single-configuration body of :func:`inference` (use inside other formulas)."""
     dev = system.device
     dp = jnp.maximum(par.dp, 1.0)
@@ -167,18 +173,19 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     new_tokens = jnp.stack([prompt] + [jnp.ones_like(prompt)] * kv_samples)
     cached = jnp.stack([jnp.zeros_like(prompt)] + kvs)
     steps = jax.vmap(lambda s, kv: layer_times(system, model, par, b, s, "decode", kv, gemm,
-                                               dtype_bytes))(new_tokens, cached)
+                                               dtype_bytes, variant))(new_tokens, cached)
     pre = {k: v[0] for k, v in steps.items()}
     dec = {k: jnp.mean(v[1:]) for k, v in steps.items()}
 
     # embedding and stage hops of the prompt and of one decode token: one trace, vmapped
     tokens = jnp.stack([b * prompt, b])
-    emb = jax.vmap(lambda n: embedding_time(system, model, par, n, dtype_bytes))(tokens)
+    emb = jax.vmap(lambda n: embedding_time(system, model, par, n, dtype_bytes,
+                                            variant))(tokens)
     hops = (pp - 1.0) * jax.vmap(lambda n: _pp_hop(system, par, n * model.d_model
                                                    * dtype_bytes))(tokens)
     emb_pre, emb_dec = emb[0], emb[1]
     hop_pre, hop_dec = hops[0], hops[1]
-    head_pre = head_dec = lm_head_time(system, model, par, b, gemm, dtype_bytes)
+    head_pre = head_dec = lm_head_time(system, model, par, b, gemm, dtype_bytes, variant)
 
     ttft = n_layers * pre["total"] + hop_pre + emb_pre + head_pre
     tpot = n_layers * dec["total"] + hop_dec + emb_dec + head_dec
@@ -209,8 +216,9 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
 
 
 @batched
-def _inference(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes):
-    return inference_single(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes)
+def _inference(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes, variant):
+    return inference_single(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes,
+                            variant=variant)
 
 
 def inference(system: System, model: Model, par: Parallelism, batch, prompt_len, gen_len,
@@ -252,7 +260,8 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
                 f"n_heads={model.n_heads!r}, n_kv_heads={model.n_kv_heads!r}, "
                 f"n_layers={model.n_layers!r}; batch={batch!r}, prompt_len={prompt_len!r}, "
                 f"gen_len={gen_len!r}")
-    return _inference(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes)
+    return _inference(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes,
+                      variant_of(model, par))
 
 
 inference.single = inference_single

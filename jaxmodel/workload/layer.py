@@ -52,12 +52,13 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
 from jaxmodel.batching import batched
 from jaxmodel.numerics import INF, divides, first_reason, is_integer
-from jaxmodel.types import Model, Parallelism, System
+from jaxmodel.types import Model, Parallelism, System, is_concrete
 
 #: The 12 per-op rows of LLMCompass's layer breakdown, in the order of its CSVs.
 LAYER_OPS = ("qkv", "qk", "av", "wo", "w1", "w2", "softmax", "layernorm_mha",
@@ -102,6 +103,36 @@ def shard(model: Model, par: Parallelism) -> Shard:
     return Shard(tp=tp, heads=heads, kv_heads=kv_heads, group=heads / kv_heads,
                  head_dim=model.head_dim, d_model=model.d_model, d_ff=d_ff,
                  ffn_in=(model.ffn_matrices - 1.0) * d_ff)
+
+
+class Variant(NamedTuple):
+    """Static switches of the op graph, fixed at the API edge from concrete inputs.
+
+    ``None`` keeps both branches and selects per configuration with ``jnp.where`` (what a
+    traced caller gets, e.g. a formula calling ``.single`` inside a sweep); ``True`` /
+    ``False`` trace one branch only, which compiles and runs faster. :func:`variant_of`
+    derives the flags from concrete ``model`` / ``par`` (a batch mixing both settings gets
+    ``None``). Passed through ``@batched`` as static (its leaves are bools).
+    """
+
+    sp: bool | None = None    # sequence parallelism: RS + AG (True) or all-reduce (False)
+    tp: bool | None = None    # tensor parallelism t > 1 anywhere: TP collectives needed
+
+
+ANY = Variant()
+
+
+def _static_flag(x, pred):
+    if not is_concrete(x):
+        return None
+    v = pred(np.asarray(x, dtype=float))
+    return True if v.all() else (False if not v.any() else None)
+
+
+def variant_of(model: Model, par: Parallelism) -> Variant:
+    """The :class:`Variant` of concrete inputs (``ANY`` under tracing)."""
+    return Variant(sp=_static_flag(par.sp, lambda a: a > 0.5),
+                   tp=_static_flag(par.tp, lambda a: a > 1.5))
 
 
 def layer_checks(model: Model, par: Parallelism):
@@ -286,21 +317,29 @@ def layernorm(dev, sh: Shard, par: Parallelism, tokens, dtype_bytes=2.0, backwar
     return fwd, bwd
 
 
-def tp_collective(system: System, par: Parallelism, nbytes):
+def tp_collective(system: System, par: Parallelism, nbytes, variant: Variant = ANY):
     """One Megatron TP synchronisation point on a ``[b·s, d]`` activation of ``nbytes`` (s).
 
     Without SP: an all-reduce over the ``t`` devices (Shoeybi et al. 2019, the ``g``/``f``
     operators); with SP: a reduce-scatter and an all-gather of the same buffer (Korthikanti
     et al. 2022 §4.2.2, same bandwidth cost). ``nbytes`` is the full per-device buffer (NCCL
     convention), passed to :func:`jaxmodel.comm.collective_latency`. Zero when ``t = 1``.
+    ``variant`` (static) skips the collectives a configuration cannot need.
     """
+    if variant.tp is False:
+        return 0.0 * nbytes
     tp = par.tp
     multi = tp > 1.5
     group = jnp.where(multi, tp, 2.0)      # double-where: never evaluate a group of 1
-    ar = _comm.collective_latency.single(system, "all_reduce", nbytes, group)
-    rs = _comm.collective_latency.single(system, "reduce_scatter", nbytes, group)
-    ag = _comm.collective_latency.single(system, "all_gather", nbytes, group)
-    t = jnp.where(par.sp > 0.5, rs + ag, ar)
+    if variant.sp is not True:
+        ar = _comm.collective_latency.single(system, "all_reduce", nbytes, group)
+    if variant.sp is not False:
+        rs = _comm.collective_latency.single(system, "reduce_scatter", nbytes, group)
+        ag = _comm.collective_latency.single(system, "all_gather", nbytes, group)
+    if variant.sp is None:
+        t = jnp.where(par.sp > 0.5, rs + ag, ar)
+    else:
+        t = rs + ag if variant.sp else ar
     return jnp.where(multi, t, 0.0)
 
 
@@ -326,7 +365,7 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
 # --------------------------------------------------------------------------------------------
 def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
                 phase: str = "prefill", kv_len=0.0, gemm: GemmFn | None = None,
-                dtype_bytes=2.0):
+                dtype_bytes=2.0, variant: Variant = ANY):
     """Single-configuration body of :func:`layer_breakdown` (use inside other formulas)."""
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
@@ -336,7 +375,7 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     gemms, vectors = layer_graph(dev, model, par, batch, seq_len, kv_seq, dtype_bytes)
     rows = evaluate(gemm, dev, gemms, vectors, dtype_bytes)
     out = {k: v[0] for k, v in rows.items()}
-    sync = tp_collective(system, par, batch * seq_len * model.d_model * dtype_bytes)
+    sync = tp_collective(system, par, batch * seq_len * model.d_model * dtype_bytes, variant)
     out["allreduce_mha"] = sync
     out["allreduce_ffn"] = sync
     ok, _ = layer_feasibility(model, par)
@@ -346,8 +385,10 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
 
 
 @batched
-def _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm, dtype_bytes):
-    return layer_times(system, model, par, batch, seq_len, phase, kv_len, gemm, dtype_bytes)
+def _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm, dtype_bytes,
+                     variant):
+    return layer_times(system, model, par, batch, seq_len, phase, kv_len, gemm, dtype_bytes,
+                       variant)
 
 
 def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_len,
@@ -387,7 +428,7 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
     """
     _raise_if_invalid(model, par)
     return _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm,
-                            dtype_bytes)
+                            dtype_bytes, variant_of(model, par))
 
 
 layer_breakdown.single = layer_times
@@ -411,7 +452,8 @@ def _raise_if_invalid(model, par):
 # training layer
 # --------------------------------------------------------------------------------------------
 def training_layer_single(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
-                          gemm: GemmFn | None = None, dtype_bytes=2.0):
+                          gemm: GemmFn | None = None, dtype_bytes=2.0,
+                          variant: Variant = ANY):
     """Single-configuration body of :func:`training_layer_times`."""
     gemm = gemm or default_gemm
     dev = system.device
@@ -421,7 +463,8 @@ def training_layer_single(system: System, model: Model, par: Parallelism, micro_
     fwd = sum(f for f, _ in rows.values())
     bwd = sum(b for _, b in rows.values())
     attn_core_fwd = rows["qk"][0] + rows["softmax"][0] + rows["av"][0]
-    sync = tp_collective(system, par, micro_batch * seq_len * model.d_model * dtype_bytes)
+    sync = tp_collective(system, par, micro_batch * seq_len * model.d_model * dtype_bytes,
+                         variant)
     comm_fwd = 2.0 * sync
     comm_bwd = 2.0 * sync
     rc = par.recompute
@@ -434,8 +477,10 @@ def training_layer_single(system: System, model: Model, par: Parallelism, micro_
 
 
 @batched
-def _training_layer_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes):
-    return training_layer_single(system, model, par, micro_batch, seq_len, gemm, dtype_bytes)
+def _training_layer_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes,
+                          variant):
+    return training_layer_single(system, model, par, micro_batch, seq_len, gemm, dtype_bytes,
+                                 variant)
 
 
 def training_layer_times(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
@@ -467,14 +512,15 @@ def training_layer_times(system: System, model: Model, par: Parallelism, micro_b
         ...                             jm.Parallelism(tp=4), 1, 2048)
     """
     _raise_if_invalid(model, par)
-    return _training_layer_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes)
+    return _training_layer_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes,
+                                 variant_of(model, par))
 
 
 training_layer_times.single = training_layer_single
 
 
 def embedding_single(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
-                     gemm: GemmFn | None = None, dtype_bytes=2.0):
+                     gemm: GemmFn | None = None, dtype_bytes=2.0, variant: Variant = ANY):
     """Single-configuration body of :func:`embedding_times`."""
     gemm = gemm or default_gemm
     dev = system.device
@@ -494,11 +540,14 @@ def embedding_single(system: System, model: Model, par: Parallelism, micro_batch
     loss_b = _elementwise(dev, tokens * vocab, 2.0 * dtype_bytes, 2.0)
     # vocab-parallel embedding output all-reduce (fwd) and its input-grad mirror (bwd);
     # vocab-parallel cross entropy: 2 small fp32 all-reduces (max, sum-exp) of [tokens]
-    sync = tp_collective(system, par, n_hidden * dtype_bytes)
+    sync = tp_collective(system, par, n_hidden * dtype_bytes, variant)
     multi = par.tp > 1.5
     group = jnp.where(multi, par.tp, 2.0)
-    small = _comm.collective_latency.single(system, "all_reduce", tokens * 4.0, group)
-    small = jnp.where(multi, small, 0.0)
+    if variant.tp is False:
+        small = 0.0 * tokens
+    else:
+        small = _comm.collective_latency.single(system, "all_reduce", tokens * 4.0, group)
+        small = jnp.where(multi, small, 0.0)
     comm_f = sync + 2.0 * small
     comm_b = sync
     out = {"embed_fwd": embed_f, "embed_bwd": embed_b, "lm_head_fwd": head_f,
@@ -510,8 +559,9 @@ def embedding_single(system: System, model: Model, par: Parallelism, micro_batch
 
 
 @batched
-def _embedding_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes):
-    return embedding_single(system, model, par, micro_batch, seq_len, gemm, dtype_bytes)
+def _embedding_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes, variant):
+    return embedding_single(system, model, par, micro_batch, seq_len, gemm, dtype_bytes,
+                            variant)
 
 
 def embedding_times(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
@@ -530,7 +580,8 @@ def embedding_times(system: System, model: Model, par: Parallelism, micro_batch,
         stage).
     """
     _raise_if_invalid(model, par)
-    return _embedding_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes)
+    return _embedding_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes,
+                            variant_of(model, par))
 
 
 embedding_times.single = embedding_single
