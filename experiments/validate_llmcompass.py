@@ -13,9 +13,10 @@ Sections (each a function ``name(anchor_dir, out_dir) -> dict of summary numbers
 
 ``--calibrate`` re-derives the per-device calibration constants stored in ``hw_db/devices``
 (per-family launch overheads and ``mem_bw_efficiency``) from the same anchors and prints them;
-see :func:`calibrate` for the procedure. It does not write the TOMLs.
+see :func:`calibrate` for the procedure. It does not write the TOMLs. The reported MAPEs are
+therefore in-sample; ``--cv`` fits on half the rows and reports the MAPE on the other half.
 
-Run: ``.venv/bin/python experiments/validate_llmcompass.py [--calibrate]``
+Run: ``.venv/bin/python experiments/validate_llmcompass.py [--calibrate] [--cv]``
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ def _best_overhead(pred0: np.ndarray, meas: np.ndarray) -> float:
     return float(max(r[np.searchsorted(c, 0.5 * c[-1])], 0.0))
 
 
-def calibrate(anchor_dir: Path | None = None) -> dict:
+def calibrate(anchor_dir: Path | None = None, train=None) -> dict:
     """Fit, per device, ``mem_bw_efficiency`` and the four per-kernel overheads.
 
     Procedure (one constant per device, or per device and operator family; never per row):
@@ -206,10 +207,17 @@ def calibrate(anchor_dir: Path | None = None) -> dict:
     absolute percentage error is a weighted median of ``measured − predicted`` (weights
     1/measured, closed form); the efficiency minimising the mean of the four family MAPEs wins.
 
+    Args:
+        anchor_dir: ``shared/anchors`` (found automatically when ``None``).
+        train: optional boolean mask over the rows of :func:`load_operator_anchors`; only
+            those rows are fitted (cross-validation).
+
     Returns:
         ``{device_tag: {field: value, ..., "mape": {family: pct}}}``.
     """
     df = load_operator_anchors(anchor_dir)
+    if train is not None:
+        df = df[np.asarray(train)]
     result = {}
     eff = EFFICIENCY_GRID
     for tag, name in DEVICES.items():
@@ -246,6 +254,30 @@ def print_calibration(cal: dict):
                   f"    # family MAPE {c['mape'][f]:.1f} %")
 
 
+def cross_validate(anchor_dir: Path | None = None, folds: int = 2) -> float:
+    """Out-of-sample MAPE of the calibration: fit on all rows but every ``folds``-th (per
+    device and family), predict the held-out rows, repeat for each offset; prints and returns
+    the pooled held-out MAPE (%)."""
+    df = load_operator_anchors(anchor_dir)
+    pos = df.groupby(["device", "family"]).cumcount().values
+    held = []
+    for f in range(folds):
+        cal = calibrate(anchor_dir, train=pos % folds != f)
+        devices = {tag: dataclasses.replace(
+            hw_db.device(name), mem_bw_efficiency=cal[tag]["mem_bw_efficiency"],
+            **{OVERHEAD_FIELD[fam]: cal[tag][OVERHEAD_FIELD[fam]] for fam in FAMILIES})
+            for tag, name in DEVICES.items()}
+        test = df[pos % folds == f].reset_index(drop=True)
+        test["predicted_s"] = predict(test, devices)
+        held.append(test)
+    out = pd.concat(held, ignore_index=True)
+    table = mape_table(out)
+    pooled = table[table.device == "all"].set_index("family").mape_pct
+    print(f"\n== {folds}-fold cross-validated calibration (held-out rows, MAPE %) ==")
+    print(" ".join(f"{k}: {v:.1f}" for k, v in pooled.items()))
+    return float(pooled["all"])
+
+
 SECTIONS = [operators]      # the GPT-3 layer section is appended here by its owner
 
 
@@ -253,10 +285,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibrate", action="store_true",
                     help="re-derive the per-device calibration constants and print them")
+    ap.add_argument("--cv", action="store_true",
+                    help="2-fold cross-validation of the calibration (held-out MAPE)")
     args = ap.parse_args(argv)
     anchors = find_anchors()
     if args.calibrate:
         print_calibration(calibrate(anchors))
+    if args.cv:
+        cross_validate(anchors)
     summary = {}
     for section in SECTIONS:
         summary.update(section(anchors, OUT))

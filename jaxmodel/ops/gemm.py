@@ -5,12 +5,13 @@ Source: LLMCompass (seed 003) §III-B1 and Fig. 4; the ``heuristic-GPU`` mapper 
 
 The problem ``C[m×n] = A[m×k]·B[k×n]`` is tiled three times:
 
-1. **main memory → global buffer (L2 tile ``TM×TN×TK``).** Tiles are walked in LLMCompass's fixed
-   ``knm`` loop order (``m`` innermost, so a ``B`` tile is reused across the ``m`` loop and the
-   partial ``C`` tile is re-read for every ``k > 0``). One step costs
-   ``max(read, compute) + write`` when the working set fits half of the global buffer (double
-   buffering), else ``read + compute + write``. Transfers run at the achievable main-memory
-   bandwidth ``mem_bw · mem_bw_efficiency``.
+1. **main memory → global buffer (L2 tile ``TM×TN×TK``).** Two loop orders, the better wins:
+   LLMCompass's fixed ``knm`` (``m`` innermost: a ``B`` tile is reused across the ``m`` loop,
+   the partial ``C`` tile is re-read and written for every ``k`` step) and ``mnk`` (``k``
+   innermost, as CUTLASS/XLA: ``C`` stays in the global buffer and is written once). One step
+   costs ``max(read, compute) + write`` when the working set fits half of the global buffer
+   (double buffering), else ``read + compute + write``. Transfers run at the achievable
+   main-memory bandwidth ``mem_bw · mem_bw_efficiency``.
 2. **global buffer → local buffer (L1 tile ``tm×tn×tk`` per core).** The L1 tiles of one L2 tile
    run in waves of ``core_count`` tiles; a wave costs ``max(read, compute) + C traffic``, reads
    de-duplicated inside the wave (merged accesses, paper Fig. 4 scheme 1) and charged at the
@@ -26,9 +27,14 @@ candidate has 8 tile classes (full/edge in m, n, k) whose costs are summed with 
 (closed form, no per-tile enumeration). Inside an L2 tile, edge L1 tiles cost as much as full
 ones (a wave lasts as long as its slowest tile, as in LLMCompass).
 
-The candidate grid is static (powers of two, clipped to the problem) and every candidate is
-evaluated at once; infeasible ones (working set larger than the buffer) are masked with ``+inf``
-and :func:`jaxmodel.numerics.masked_min` picks the best (or a soft-min for smooth co-design).
+The candidate grid is static (160 tilings in powers of two, clipped to the problem; chosen by
+``experiments/select_gemm_grid.py``) and every candidate is evaluated at once; infeasible ones
+(working set larger than a buffer) are masked with ``+inf`` and
+:func:`jaxmodel.numerics.masked_min` picks the best (or a soft-min for smooth co-design).
+
+Deviations from LLMCompass, all deliberate: the ``mnk`` loop order is searched too; L1
+``tk`` is not searched; L1 tiles are multiples of the systolic-array size (so 128×128 TPU
+arrays get big enough tiles); the candidate grid is independent of the shape.
 """
 
 from __future__ import annotations
