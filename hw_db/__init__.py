@@ -26,8 +26,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
-from jaxmodel.types import (Device, Model, NetLevel, System, validate_device, validate_model,
-                            validate_system)
+from jaxmodel.types import Device, Model, NetLevel, System, validate_model, validate_system
 
 ROOT = Path(__file__).resolve().parent
 _KINDS = {"device": ("devices", ".toml"), "system": ("systems", ".toml"),
@@ -92,7 +91,13 @@ def _device_from_table(path: Path, table: Mapping, name: str) -> Device:
     if missing:
         raise ValueError(f"{path}: missing device field(s) {missing}")
     dev = Device(name=name, **kwargs)
-    return validate_device(dev, where=f"{path}")
+    return _validate(dev, where=f"{path}")
+
+
+def _validate(dev: Device, where: str) -> Device:
+    """Field ranges (types.validate_device) and buffers large enough for the smallest tile."""
+    from jaxmodel.ops import validate_device_for_ops  # late: jaxmodel imports this package's types
+    return validate_device_for_ops(dev, where=where)
 
 
 def device(name_or_path: str | Path = "a100_80gb", **overrides) -> Device:
@@ -111,7 +116,7 @@ def device(name_or_path: str | Path = "a100_80gb", **overrides) -> Device:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(Device)}
         if unknown:
             raise ValueError(f"device override: unknown field(s) {sorted(unknown)}")
-        dev = validate_device(dataclasses.replace(dev, **overrides), where=f"{path} (overrides)")
+        dev = _validate(dataclasses.replace(dev, **overrides), where=f"{path} (overrides)")
     return dev
 
 

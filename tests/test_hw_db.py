@@ -104,3 +104,8 @@ def test_systems_load_and_scale():
     assert float(s.n_devices) == 4 and s.device.name == "a100_80gb"
     with pytest.raises(ValueError, match="nodes"):
         hw_db.system("hgx_a100_4gpu", nodes=2)
+
+
+def test_buffer_too_small_for_any_tile_is_rejected():
+    with pytest.raises(ValueError, match="local_buffer_bytes.*too small"):
+        hw_db.device("a100_80gb", local_buffer_bytes=512)
