@@ -38,6 +38,7 @@ from jaxmodel.types import Model, Parallelism, System, is_concrete
 from jaxmodel.workload.layer import (ANY, LAYER_OPS, Variant, default_gemm, layer_checks,
                                      layer_times, variant_of)
 from jaxmodel.workload.memory import inference_memory_single
+from jaxmodel.workload.moe import MOE_OPS
 
 #: Decode steps sampled over the KV growth for ``tpot_s``.
 KV_SAMPLES = 3
@@ -200,8 +201,8 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     def gate(x):
         return jnp.where(feasible, x, INF)
 
-    breakdown = {f"prefill.{k}": pre[k] for k in LAYER_OPS}
-    breakdown.update({f"decode.{k}": dec[k] for k in LAYER_OPS})
+    breakdown = {f"prefill.{k}": pre[k] for k in LAYER_OPS + MOE_OPS}
+    breakdown.update({f"decode.{k}": dec[k] for k in LAYER_OPS + MOE_OPS})
     breakdown.update({
         "prefill_layers": n_layers * pre["total"], "decode_layers": n_layers * dec["total"],
         "pp_comm_prefill": hop_pre, "pp_comm_decode": hop_dec,

@@ -10,6 +10,9 @@ use inside other formulas):
 - :func:`param_count`, :func:`params_per_device`, :func:`model_flops_per_token`;
 - :func:`activation_bytes_per_layer`, :func:`training_memory`, :func:`kv_cache_bytes`,
   :func:`inference_memory`;
+- Mixture-of-Experts (:mod:`jaxmodel.workload.moe`, engineer G): :func:`expert_capacity`,
+  :func:`moe_dims`, :func:`moe_feasibility`, :func:`moe_layer_times`, :func:`alltoall_time`,
+  :func:`expert_params_per_device`, :data:`MOE_OPS` (extra layer rows);
 
 :func:`~jaxmodel.parallel.inference.inference` and ``InferenceResult`` live in
 ``jaxmodel.parallel.inference`` and are exported by ``jaxmodel.parallel`` (data flows
@@ -20,9 +23,13 @@ from jaxmodel.workload.layer import (LAYER_OPS, embedding_times, layer_breakdown
                                      training_layer_times)
 from jaxmodel.workload.memory import (activation_bytes_per_layer, inference_memory,
                                       kv_cache_bytes, training_memory)
+from jaxmodel.workload.moe import (MOE_OPS, alltoall_time, expert_capacity,
+                                   expert_params_per_device, moe_dims, moe_feasibility,
+                                   moe_layer_fraction, moe_layer_times)
 from jaxmodel.workload.params import model_flops_per_token, param_count, params_per_device
 
 __all__ = ["LAYER_OPS", "layer_breakdown", "training_layer_times", "embedding_times",
            "param_count", "params_per_device", "model_flops_per_token",
            "activation_bytes_per_layer", "training_memory", "kv_cache_bytes",
-           "inference_memory"]
+           "inference_memory", "MOE_OPS", "expert_capacity", "moe_dims", "moe_feasibility",
+           "moe_layer_fraction", "moe_layer_times", "alltoall_time", "expert_params_per_device"]

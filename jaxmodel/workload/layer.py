@@ -57,6 +57,8 @@ import numpy as np
 from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
 from jaxmodel.batching import batched
+from jaxmodel.ops import attention as _attention
+from jaxmodel.workload import moe as _moe
 from jaxmodel.numerics import INF, divides, first_reason, is_integer
 from jaxmodel.types import Model, Parallelism, System, is_concrete
 
@@ -152,7 +154,7 @@ def layer_checks(model: Model, par: Parallelism):
     heads_ok = divides(tp, model.n_heads) & (divides(tp, model.n_kv_heads)
                                                | divides(model.n_kv_heads, tp))
     return [(model_ok, "invalid_model"), (degrees_ok, "invalid_parallelism"),
-            (heads_ok, "heads_not_divisible")]
+            (heads_ok, "heads_not_divisible")] + _moe.moe_checks(model, par)
 
 
 def layer_feasibility(model: Model, par: Parallelism):
@@ -220,9 +222,12 @@ def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=2.0, backward=False)
              + _time_gemms(gemm, dev, [e[3] for e in multi], True, dtype_bytes))
     out = {row: [0.0, 0.0] for row in gemm_rows}
     for (row, count, direction, _), t in zip(plain + multi, times):
-        out[row][direction] = out[row][direction] + count * t
+        # counts may be arrays (MoE share, FlashAttention switch); a zero count adds exactly 0
+        out[row][direction] = out[row][direction] + count * jnp.where(count > 0, t, 0.0)
     out = {row: (jnp.asarray(f), jnp.asarray(b)) for row, (f, b) in out.items()}
-    out.update(vector_rows)
+    for row, (f, b) in vector_rows.items():     # a row may have GEMM and vector parts
+        gf, gb = out.get(row, (0.0, 0.0))
+        out[row] = (jnp.asarray(gf + f), jnp.asarray(gb + b))
     return out
 
 
@@ -244,26 +249,39 @@ def qkv_projection(sh: Shard, tokens, fused=False):
                     (Gemm(tokens, sh.kv_heads * sh.head_dim, sh.d_model), 2.0)]}
 
 
-def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, backward=False):
-    """Scores, softmax and weighted sum of standard (unfused) attention.
+def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, backward=False,
+                   flash=0.0):
+    """Scores, softmax and weighted sum of standard (unfused) attention, or FlashAttention.
 
     Source: LLMCompass §III-C / notes §2: ``Q·Kᵀ`` and ``A·V`` as batched GEMMs (one product per
     sequence and KV head, the query group folded into M), softmax over ``[b·h/t·s, s_kv]``.
     Softmax backward ``dx = y·(dy − Σ dy·y)`` reads ``y, dy`` and writes ``dx`` (3 words,
     4 FLOP per element; memory-bound).
+    ``flash`` (``par.flash_attention``: 1 FA-1, 2 FA-2) replaces the three kernels by one fused
+    kernel (:func:`jaxmodel.ops.flash_attention_latency`, seed 001 eq. 1, causal), its time
+    spread over the same rows (:func:`jaxmodel.ops.attention.flash_attention_rows`).
 
     Returns:
         ``(gemm_rows, vector_rows)`` with rows ``qk``, ``av`` and ``softmax``.
     """
     nb = batch * sh.kv_heads
     m = seq_len * sh.group
-    gemms = {"qk": [(Gemm(m, kv_seq, sh.head_dim, nb), 1.0)],
-             "av": [(Gemm(m, sh.head_dim, kv_seq, nb), 1.0)]}
+    fa = flash > 0.5
+    std = jnp.where(fa, 0.0, 1.0)
+    gemms = {"qk": [(Gemm(m, kv_seq, sh.head_dim, nb), std)],
+             "av": [(Gemm(m, sh.head_dim, kv_seq, nb), std)]}
     rows = batch * sh.heads * seq_len
     sm = _ops.softmax_latency.single(dev, rows, kv_seq, overhead=True)
     sm_b = (_elementwise(dev, rows * kv_seq, 3.0 * dtype_bytes, 4.0) if backward
             else jnp.zeros_like(sm))
-    return gemms, {"softmax": (sm, sm_b)}
+    fa_rows = _attention.flash_attention_rows(dev, batch, sh.heads, seq_len, kv_seq,
+                                              sh.head_dim, sh.kv_heads, flash, dtype_bytes,
+                                              backward)
+    vectors = {"softmax": (jnp.where(fa, fa_rows["softmax"][0], sm),
+                           jnp.where(fa, fa_rows["softmax"][1], sm_b))}
+    for row in ("qk", "av"):
+        vectors[row] = tuple(jnp.where(fa, x, 0.0) for x in fa_rows[row])
+    return gemms, vectors
 
 
 def output_projection(sh: Shard, tokens):
@@ -351,8 +369,11 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
     """
     sh = shard(model, par)
     tokens = batch * seq_len
-    core_g, core_v = attention_core(dev, sh, batch, seq_len, kv_seq, dtype_bytes, training)
-    ffn_g, ffn_v = ffn_block(dev, model, sh, tokens, dtype_bytes, training)
+    core_g, core_v = attention_core(dev, sh, batch, seq_len, kv_seq, dtype_bytes, training,
+                                    par.flash_attention)
+    # dense FFN, or the share-weighted mix with the MoE FFN (dropless when serving)
+    ffn_g, ffn_v = _moe.ffn_rows(dev, model, par, sh, tokens, dtype_bytes, training,
+                                 dropless=not training)
     ln = layernorm(dev, sh, par, tokens, dtype_bytes, training)
     gemms = {**qkv_projection(sh, tokens, fused=training), **core_g,
              **output_projection(sh, tokens), **ffn_g}
@@ -378,9 +399,11 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     sync = tp_collective(system, par, batch * seq_len * model.d_model * dtype_bytes, variant)
     out["allreduce_mha"] = sync
     out["allreduce_ffn"] = sync
+    out["moe_alltoall"] = _moe.alltoall_time(system, model, par, batch * seq_len, dtype_bytes,
+                                             dropless=True)
     ok, _ = layer_feasibility(model, par)
-    out = {k: jnp.where(ok, out[k], INF) for k in LAYER_OPS}
-    out["total"] = sum(out[k] for k in LAYER_OPS)
+    out = {k: jnp.where(ok, out[k], INF) for k in LAYER_OPS + _moe.MOE_OPS}
+    out["total"] = sum(out[k] for k in LAYER_OPS + _moe.MOE_OPS)
     return out
 
 
@@ -414,8 +437,12 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
         dtype_bytes: bytes per activation/weight element (2 = fp16/bf16).
 
     Returns:
-        dict op name → seconds with the 12 rows of :data:`LAYER_OPS` and ``"total"``; leading
-        batch axes as in the inputs. Infeasible TP splits give ``+inf``.
+        dict op name → seconds with the 12 rows of :data:`LAYER_OPS`, the MoE rows of
+        :data:`jaxmodel.workload.moe.MOE_OPS` (``moe_router``, ``moe_alltoall``; 0 for dense
+        models) and ``"total"``; leading batch axes as in the inputs. Infeasible TP splits
+        (and experts not dividing over ``ep``) give ``+inf``. ``par.flash_attention``
+        selects FlashAttention (1 FA-1, 2 FA-2) for the attention core; MoE layers are
+        averaged in by their share (:func:`jaxmodel.workload.moe.ffn_rows`).
 
     Raises:
         ValueError: concrete single configuration with heads not divisible by ``tp``, or
@@ -462,16 +489,20 @@ def training_layer_single(system: System, model: Model, par: Parallelism, micro_
     rows = evaluate(gemm, dev, gemms, vectors, dtype_bytes, backward=True)
     fwd = sum(f for f, _ in rows.values())
     bwd = sum(b for _, b in rows.values())
-    attn_core_fwd = rows["qk"][0] + rows["softmax"][0] + rows["av"][0]
+    # FlashAttention stores no scores: nothing to recompute selectively (its backward
+    # recomputes them, already in bwd)
+    attn_core_fwd = jnp.where(par.flash_attention > 0.5, 0.0,
+                              rows["qk"][0] + rows["softmax"][0] + rows["av"][0])
     sync = tp_collective(system, par, micro_batch * seq_len * model.d_model * dtype_bytes,
                          variant)
     comm_fwd = 2.0 * sync
     comm_bwd = 2.0 * sync
+    a2a = _moe.alltoall_time(system, model, par, micro_batch * seq_len, dtype_bytes)
     rc = par.recompute
     recompute = jnp.select([rc < 0.5, rc < 1.5], [jnp.zeros_like(fwd), attn_core_fwd],
-                           fwd + comm_fwd)
+                           fwd + comm_fwd + a2a)
     out = {"fwd": fwd, "bwd": bwd, "recompute": recompute, "tp_comm_fwd": comm_fwd,
-           "tp_comm_bwd": comm_bwd}
+           "tp_comm_bwd": comm_bwd, "ep_comm_fwd": a2a, "ep_comm_bwd": a2a}
     ok, _ = layer_feasibility(model, par)
     return {k: jnp.where(ok, v, INF) for k, v in out.items()}
 
@@ -500,7 +531,11 @@ def training_layer_times(system: System, model: Model, par: Parallelism, micro_b
         attention core (``QKᵀ``, softmax, ``AV``), full = the whole forward incl. its TP
         collectives;
         ``tp_comm_fwd`` / ``tp_comm_bwd`` — 2 all-reduces each (SP: 2 × (reduce-scatter +
-        all-gather)), not overlapped.
+        all-gather)), not overlapped;
+        ``ep_comm_fwd`` / ``ep_comm_bwd`` — MoE dispatch + combine all-to-all over ``ep``
+        (share-weighted, 0 for dense models or ``ep = 1``; :func:`jaxmodel.workload.moe.
+        alltoall_time`); full recomputation repeats the forward one.
+        With FlashAttention, selective recomputation has nothing to recompute (0).
         Infeasible TP splits give ``+inf``.
 
     Args:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from jaxmodel.batching import batched
 from jaxmodel.types import Model, Parallelism
+from jaxmodel.workload.moe import expert_params_per_device, moe_activation_bytes
 from jaxmodel.workload.params import params_per_device
 
 WEIGHT_BYTES = 2.0      # fp16/bf16 weights
@@ -70,7 +71,8 @@ def activation_bytes_per_layer(model: Model, par: Parallelism, micro_batch, seq_
     rc = par.recompute
     scores = jnp.where(rc > 0.5, 0.0, scores)        # selective (and full) recompute
     replicated = jnp.where(sp, replicated / tp, replicated)
-    per_layer = replicated + split / tp + scores / tp
+    per_layer = (replicated + split / tp + scores / tp
+                 + moe_activation_bytes(model, par, micro_batch, seq_len))   # 0 when dense
     full = jnp.where(sp, 2.0 * sb * d / tp, 2.0 * sb * d)
     return jnp.where(rc > 1.5, full, per_layer)
 
@@ -101,9 +103,18 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
     params = params_per_device.single(model, par)
     dp = jnp.maximum(par.dp, 1.0)
     zero = par.zero
-    weights = WEIGHT_BYTES * params / jnp.where(zero >= 2.5, dp, 1.0)
-    grads = grad_bytes * params / jnp.where(zero >= 1.5, dp, 1.0)
-    optim = OPTIMIZER_BYTES * params / jnp.where(zero >= 0.5, dp, 1.0)
+    # expert weights are ZeRO-sharded over their data-parallel group dp/ep only (DeepSpeed-TED)
+    experts = expert_params_per_device(model, par)
+    dp_exp = jnp.maximum(dp / jnp.maximum(par.ep, 1.0), 1.0)
+
+    def sharded(stage):
+        on = zero >= stage
+        return (params - experts) / jnp.where(on, dp, 1.0) + experts / jnp.where(on, dp_exp,
+                                                                                   1.0)
+
+    weights = WEIGHT_BYTES * sharded(2.5)
+    grads = grad_bytes * sharded(1.5)
+    optim = OPTIMIZER_BYTES * sharded(0.5)
     layers = model.n_layers / jnp.maximum(par.pp, 1.0)
     acts = in_flight * layers * activation_bytes_per_layer.single(model, par, par.micro_batch,
                                                                   seq_len)
@@ -142,7 +153,8 @@ def inference_memory_single(model: Model, par: Parallelism, batch, prompt_len, g
     # transient working set of the largest step, the prefill of one layer: scores + softmax
     # output, or the FFN intermediates, plus a few hidden-state buffers.
     heads = model.n_heads / tp
-    scores = 2.0 * dtype_bytes * batch * heads * prompt_len * prompt_len
+    scores = jnp.where(par.flash_attention > 0.5, 0.0,       # FlashAttention keeps S on chip
+                       2.0 * dtype_bytes * batch * heads * prompt_len * prompt_len)
     ffn = dtype_bytes * batch * prompt_len * model.ffn_matrices * model.d_ff / tp
     hidden = 4.0 * dtype_bytes * batch * prompt_len * model.d_model
     acts = jnp.maximum(scores, ffn) + hidden

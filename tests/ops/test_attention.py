@@ -2,7 +2,8 @@
 compute-bound at long context, GQA/decode traffic, the microbenchmark anchors, batching,
 gradients, no NaN, and the layer-model wiring (``par.flash_attention``).
 
-Compilations dominate the run time, so most checks read one batched call.
+Compilations dominate the run time: the hand checks call the single-configuration bodies
+(``.single``) eagerly, and the public batched API is compiled once (``sweep``).
 """
 
 import csv
@@ -15,8 +16,10 @@ import pytest
 
 import jaxmodel as jm  # noqa: F401  (import before hw_db)
 import hw_db
-from jaxmodel.ops import attention as att
 from jaxmodel.ops.systolic import systolic_cycles
+
+FA = jm.flash_attention_latency.single          # eager single-configuration bodies
+SA = jm.standard_attention_latency.single
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +35,8 @@ def tiny(toy):
 def test_fa1_forward_by_hand(tiny):
     N, d, w = 64.0, 16.0, 2.0
     small_l2 = dataclasses.replace(tiny, global_buffer_bytes=4000.0)
-    both = jax.tree_util.tree_map(lambda a, b: jnp.asarray([a, b]), tiny, small_l2)
-    r = jm.flash_attention_latency(both, 1, 1, N, N, d, causal=0.0, version=1.0)
+    rs = [FA(dev, 1.0, 1.0, N, N, d, causal=0.0, version=1.0) for dev in (tiny, small_l2)]
+    r = {k: jnp.stack([rs[0][k], rs[1][k]]) for k in rs[0]}
     bc, br = 32.0, 16.0                               # B_c = M/(4·d·w), B_r = min(B_c, d)
     assert np.asarray(r["block_cols"]).tolist() == [bc, bc]
     assert np.asarray(r["block_rows"]).tolist() == [br, br]
@@ -69,11 +72,11 @@ def test_fa1_forward_by_hand(tiny):
 
 
 def test_causal_mask_skips_blocks(tiny):
-    r = jm.flash_attention_latency(tiny, 1, 1, 64.0, 64.0, 16.0,
-                                   causal=jnp.asarray([0.0, 1.0]), version=1.0)
+    full, causal = (FA(tiny, 1.0, 1.0, 64.0, 64.0, 16.0, causal=c, version=1.0)
+                    for c in (0.0, 1.0))
     # f = 1 − (N − B_c)/(2N) = 1 − 32/128 = 0.75 of the block pairs run
-    assert float(r["gemm"][1] / r["gemm"][0]) == pytest.approx(0.75)
-    assert float(r["flops"][1] / r["flops"][0]) == pytest.approx(0.75)
+    assert float(causal["gemm"] / full["gemm"]) == pytest.approx(0.75)
+    assert float(causal["flops"] / full["flops"]) == pytest.approx(0.75)
 
 
 # --------------------------------------------------------------------------------------------
@@ -85,10 +88,13 @@ NS = jnp.asarray([1024.0, 2048.0, 4096.0, 16384.0])
 
 @pytest.fixture(scope="module")
 def sweep():
-    """GPT-2-like attention core (b = 8, h = 12, d = 64) over the context length."""
-    fa = {v: jm.flash_attention_latency(A100, 8.0, 12.0, NS, NS, 64.0, version=v)
-          for v in (1.0, 2.0)}
-    std = jm.standard_attention_latency(A100, 8.0, 12.0, NS, NS, 64.0)
+    """GPT-2-like attention core (b = 8, h = 12, d = 64) over the context length: FA through
+    the public batched API (one compilation), standard attention eagerly."""
+    both = jm.flash_attention_latency(A100, 8.0, 12.0, NS[None, :], NS[None, :], 64.0,
+                                      version=jnp.asarray([[1.0], [2.0]]))
+    fa = {v: {k: x[i] for k, x in both.items()} for i, v in enumerate((1.0, 2.0))}
+    per_n = [SA(A100, 8.0, 12.0, n, n, 64.0) for n in NS]
+    std = {k: jnp.stack([r[k] for r in per_n]) for k in per_n[0]}
     return fa, std
 
 
@@ -126,9 +132,8 @@ def test_microbenchmark_anchors(anchors):
             if r["gpu"] == "A100" and r["benchmark"].startswith("attention")}
     dev = hw_db.device("a100_80gb")
     flops = 4 * 2 * 32 * 8192.0 ** 2 * 64
-    fa = jm.flash_attention_latency(dev, 2.0, 32.0, 8192.0, 8192.0, 64.0, causal=0.0,
-                                    version=2.0)
-    sd = jm.standard_attention_latency(dev, 2.0, 32.0, 8192.0, 8192.0, 64.0)
+    fa = FA(dev, 2.0, 32.0, 8192.0, 8192.0, 64.0, causal=0.0, version=2.0)
+    sd = SA(dev, 2.0, 32.0, 8192.0, 8192.0, 64.0)
     fa_tf = flops / float(fa["fwd"]) / 1e12
     sd_tf = flops / float(sd["fwd"]) / 1e12
     assert fa_tf == pytest.approx(meas["attention_flash2"], rel=0.25)
@@ -140,10 +145,10 @@ def test_microbenchmark_anchors(anchors):
 # --------------------------------------------------------------------------------------------
 def test_decode_reads_the_kv_cache_once_per_kv_head():
     # one new token against 4096 cached ones; 32 query heads, 8 (GQA) or 32 (MHA) KV heads
-    kvh = jnp.asarray([8.0, 32.0])
-    r = jm.flash_attention_latency(A100, 4.0, 32.0, 1.0, 4096.0, 128.0, kv_heads=kvh,
-                                   version=2.0)
-    cache = 2 * 4 * np.asarray(kvh) * 4096 * 128 * 2
+    kvh = np.asarray([8.0, 32.0])
+    rs = [FA(A100, 4.0, 32.0, 1.0, 4096.0, 128.0, kv_heads=k, version=2.0) for k in kvh]
+    r = {k: jnp.stack([x[k] for x in rs]) for k in rs[0]}
+    cache = 2 * 4 * kvh * 4096 * 128 * 2
     q_o = 2 * 4 * 32 * 128 * 2
     np.testing.assert_allclose(np.asarray(r["hbm_bytes"]), cache + q_o + 4 * 4 * 32,
                                rtol=1e-9)
@@ -158,7 +163,7 @@ def test_decode_reads_the_kv_cache_once_per_kv_head():
 # --------------------------------------------------------------------------------------------
 def test_vmap_matches_single_calls(sweep):
     fa, _ = sweep
-    one = jm.flash_attention_latency(A100, 8.0, 12.0, 2048.0, 2048.0, 64.0, version=2.0)
+    one = FA(A100, 8.0, 12.0, 2048.0, 2048.0, 64.0, version=2.0)
     for k in ("fwd", "bwd", "hbm_bytes"):
         assert float(fa[2.0][k][1]) == pytest.approx(float(one[k]), rel=1e-12), k
 
@@ -166,7 +171,7 @@ def test_vmap_matches_single_calls(sweep):
 def test_gradient_matches_finite_differences_and_invalid_inputs_are_inf():
     def t(bw, heads):
         dev = dataclasses.replace(A100, mem_bw=bw)
-        return att._flash_single(dev, 4.0, heads, 1.0, 4096.0, 128.0, 8.0, 1.0, 0.0, 2.0)
+        return FA(dev, 4.0, heads, 1.0, 4096.0, 128.0, 8.0, 1.0, 0.0, 2.0)
 
     bw = 1.555e12
     g = jax.grad(lambda x: t(x, 32.0)["fwd"])(bw)
@@ -182,20 +187,29 @@ def test_gradient_matches_finite_differences_and_invalid_inputs_are_inf():
 # --------------------------------------------------------------------------------------------
 # the layer model: par.flash_attention swaps the attention core
 # --------------------------------------------------------------------------------------------
+def roofline(dev, m, n, k, batch=1.0, dtype_bytes=2.0):
+    """GEMM stand-in (small compiled graph): roofline + launch overhead."""
+    return jm.gemm_roofline.single(dev, m, n, k, batch, dtype_bytes) + dev.matmul_overhead_s
+
+
 def test_layer_rows_with_flash_attention():
     sys_ = hw_db.system("dgx_a100_40gb")
     model = dataclasses.replace(hw_db.model("gpt2-small"), name="custom")
     fa = jnp.asarray([0.0, 1.0, 2.0])
-    out = jm.layer_breakdown(sys_, model, jm.Parallelism(dp=8, flash_attention=fa), 8, 1024)
+    out = jm.layer_breakdown(sys_, model, jm.Parallelism(dp=8, flash_attention=fa), 8, 1024,
+                             gemm=roofline)
     rows = {k: np.asarray(v) for k, v in out.items()}
-    # standard: the three kernels of standard_attention_latency
-    sd = jm.standard_attention_latency(sys_.device, 8.0, 12.0, 1024.0, 1024.0, 64.0)
-    for k in ("qk", "softmax", "av"):
-        assert rows[k][0] == pytest.approx(float(sd[k]), rel=1e-9), k
+    # standard: Q·Kᵀ and P·V GEMMs (96 products of 1024×1024×64) and the softmax kernel
+    dev = sys_.device
+    gemm = float(roofline(dev, 1024.0, 1024.0, 64.0, 96.0))
+    assert rows["qk"][0] == pytest.approx(gemm, rel=1e-9)
+    assert rows["av"][0] == pytest.approx(float(roofline(dev, 1024.0, 64.0, 1024.0, 96.0)),
+                                          rel=1e-9)
+    sm = jm.softmax_latency.single(dev, 96.0 * 1024.0, 1024.0)
+    assert rows["softmax"][0] == pytest.approx(float(sm), rel=1e-9)
     # FA: the fused kernel's forward time spread over the same rows
     for i, v in ((1, 1.0), (2, 2.0)):
-        r = jm.flash_attention_latency(sys_.device, 8.0, 12.0, 1024.0, 1024.0, 64.0,
-                                       version=v)
+        r = FA(dev, 8.0, 12.0, 1024.0, 1024.0, 64.0, version=v)
         core = rows["qk"][i] + rows["softmax"][i] + rows["av"][i]
         assert core == pytest.approx(float(r["fwd"]), rel=1e-9)
     assert (rows["qk"][1:] + rows["softmax"][1:] + rows["av"][1:]

@@ -1,0 +1,280 @@
+"""Mixture-of-Experts layers with expert parallelism (DeepSpeed-TED placement, GShard capacity).
+
+Sources:
+
+- Seed 001 §III-C: every ``moe_every``-th layer's FFN becomes ``E`` experts; a gating GEMM
+  ``[tokens × d]·[d × E]`` and a softmax pick the top-``k`` experts per token; tokens are
+  dispatched to and combined from the experts by all-to-all; DeepSpeed-TED placement
+  (Singh et al., ICS 2023) ``TP × EP × DP_exp = TP × DP_attn`` (eq. 2) with ``DP_exp = 1``
+  by default, i.e. ``EP = DP_attn``; each expert's FFN is split by TP (``W1`` by columns,
+  ``W2`` by rows, one all-reduce; DeepSpeed-MoE, Rajbhandari et al. 2022 Fig. 3).
+- Seed 001 eq. 3 / GShard (Lepikhin et al. 2021 §2.2, Algorithm 1): every expert has a buffer of
+  ``C = ⌈capacity_factor · k · S / E⌉`` token slots for a group of ``S`` tokens (one device's
+  tokens); tokens beyond it are dropped, empty slots are zero padding, so the all-to-all volume
+  is fixed, ``E · C · d · bytes`` per device and direction, independent of the load balance.
+- Dropless inference (Mixtral; Jiang et al. 2024, served by vLLM/TensorRT-LLM): no capacity
+  padding; with ``T`` tokens routed uniformly at random, an expert receives at least one token
+  with probability ``p = 1 − (1 − k/E)^T``, so ``E·p`` experts are *active* (their weights are
+  read) and each processes ``k·T/(E·p)`` tokens on average; the all-to-all carries the ``k·T``
+  routed token copies.
+
+Per device with ``t = tp``, ``ep`` expert-parallel ranks, ``T`` tokens per micro-batch on the
+device (replicated over its TP group), ``E_loc = E/ep`` local experts:
+
+==================  ==========================================================================
+row                 kernel(s)
+==================  ==========================================================================
+``w1``, ``w2``      per active local expert: ``[m × d]×[d × (ffn_matrices−1)·d_ff/t]`` and
+                    ``[m × d_ff/t]×[d_ff/t × d]``; training: ``E_loc`` experts × ``m = ep·C``
+                    slots (``C`` from each of the ``ep`` senders)
+``act``             GELU / SwiGLU over the expert rows (``ffn_block`` of the dense layer)
+``moe_router``      gating GEMM ``[T × d]×[d × E]``, softmax over ``[T, E]`` (one streaming
+                    elementwise pass: ``E`` is narrow), top-k selection,
+                    dispatch permutation into the ``E × C`` buffer and the weighted combine
+``moe_alltoall``    dispatch + combine all-to-all over the ``ep`` group (stride ``tp·pp``,
+                    :func:`jaxmodel.comm.collective_latency`), twice more in the backward
+==================  ==========================================================================
+
+Dense and MoE layers are mixed by their share ``f = n_moe/n_layers`` (rows of one *average*
+layer: dense FFN weighted ``1 − f``, MoE FFN weighted ``f``), so ``n_layers ×`` the layer
+time is the model's time. Load imbalance beyond the capacity padding is not modelled.
+
+Units: seconds, bytes, counts.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jaxmodel import comm as _comm
+from jaxmodel import numerics as nx
+from jaxmodel import ops as _ops
+from jaxmodel.batching import batched
+from jaxmodel.types import Model, Parallelism, System
+from jaxmodel.workload.params import ffn_params, n_moe_layers
+
+__all__ = ["MOE_OPS", "moe_layer_fraction", "expert_capacity", "moe_dims", "moe_checks",
+           "moe_feasibility", "ffn_rows", "alltoall_time", "expert_params_per_device",
+           "moe_activation_bytes", "moe_layer_times"]
+
+#: Extra per-layer rows of an MoE model (zero for dense models), after ``LAYER_OPS``.
+MOE_OPS = ("moe_router", "moe_alltoall")
+
+# Top-k selection: one compare per score and selected expert (Shazeer et al. 2017 noisy top-k
+# without the noise), reading the [T, E] scores once.
+_TOPK_FLOP_PER_SCORE = 1.0
+
+
+def moe_layer_fraction(model: Model):
+    """Share of MoE layers ``f = n_moe / n_layers`` (0 for dense models)."""
+    layers = nx.sanitize(model.n_layers, model.n_layers > 0)
+    return n_moe_layers(model) / layers
+
+
+def expert_capacity(model: Model, tokens):
+    """GShard expert capacity ``C = ⌈capacity_factor · k · tokens / E⌉`` (token slots).
+
+    Source: Lepikhin et al. 2021 §2.2 ("expert capacity ... ``2N/E`` for top-2"), seed 001
+    eq. 3. ``tokens`` is the group size ``S`` (one device's tokens, as in GShard).
+
+    Example:
+        >>> expert_capacity(hw_db.model("mixtral-8x7b"), 4096.0)   # 1.0·2·4096/8 = 1024
+    """
+    E = jnp.maximum(model.n_experts, 1.0)
+    k = jnp.clip(model.top_k, 1.0, E)
+    return jnp.maximum(nx.ceil_div(model.capacity_factor * k * tokens, E), 1.0)
+
+
+def moe_dims(model: Model, par: Parallelism, tokens, dtype_bytes=2.0, dropless=False):
+    """Per-device MoE quantities for ``tokens`` tokens on the device (single configuration).
+
+    Returns:
+        dict with ``local_experts`` (``E/ep``), ``capacity`` (GShard ``C``), ``experts``
+        (expert GEMMs run: all local experts with capacity, the expected active ones when
+        ``dropless``), ``expert_tokens`` (rows of each expert GEMM), ``slots`` (token slots
+        through the dispatch/combine permutations) and ``a2a_bytes`` (all-to-all send buffer
+        per device and direction: ``E·C·d·bytes``, or ``k·T·d·bytes`` dropless).
+    """
+    E = jnp.maximum(model.n_experts, 1.0)
+    k = jnp.clip(model.top_k, 1.0, E)
+    ep = jnp.maximum(par.ep, 1.0)
+    local = E / ep
+    cap = expert_capacity(model, tokens)
+    d = model.d_model
+    if dropless:
+        group = tokens * ep                             # tokens routed inside the EP group
+        q = jnp.clip(1.0 - k / E, 0.0, 1.0)
+        q_safe = jnp.where(q > 0, q, 0.5)
+        active = jnp.where(q > 0, 1.0 - q_safe ** group, 1.0)
+        experts = local * active
+        m = k * group / (E * active)
+        slots = k * tokens
+    else:
+        experts = local
+        m = ep * cap
+        slots = E * cap
+    return {"local_experts": local, "capacity": cap, "experts": experts,
+            "expert_tokens": m, "slots": slots, "a2a_bytes": slots * d * dtype_bytes}
+
+
+def moe_checks(model: Model, par: Parallelism):
+    """``[(ok, "experts_not_divisible")]``: ``ep`` divides the experts and the data-parallel
+    degree (DeepSpeed-TED eq. 2 with integer ``DP_exp = dp/ep``); a dense model needs
+    ``ep = 1``."""
+    ep = jnp.maximum(par.ep, 1.0)
+    ok = (par.ep >= 1) & nx.divides(ep, model.n_experts) & nx.divides(ep, jnp.maximum(par.dp,
+                                                                                      1.0))
+    return [(ok, "experts_not_divisible")]
+
+
+@batched
+def moe_feasibility(model: Model, par: Parallelism):
+    """``(feasible, reason)`` of :func:`moe_checks` (batched).
+
+    Example:
+        >>> ok, why = moe_feasibility(hw_db.model("mixtral-8x7b"), jm.Parallelism(dp=3, ep=3))
+        >>> jm.reason_name(why)                                # 'experts_not_divisible'
+    """
+    return nx.first_reason(moe_checks(model, par))
+
+
+def _scale(rows, w):
+    return {k: (w * f, w * b) for k, (f, b) in rows.items()}
+
+
+def _safe(w, t):
+    """``w·t`` that is exactly 0 (value and gradient) where ``w = 0``, even if ``t = inf``."""
+    return w * jnp.where(w > 0, t, 0.0)
+
+
+def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, backward=False,
+             dropless=False):
+    """FFN rows of one average layer: the dense FFN weighted ``1 − f``, the MoE FFN ``f``.
+
+    Drop-in replacement of :func:`jaxmodel.workload.layer.ffn_block` (same return format,
+    ``(gemm_rows, vector_rows)``, counts may be arrays) adding the ``moe_router`` row. For a
+    dense model ``f = 0`` and the rows equal ``ffn_block``'s exactly.
+    """
+    from jaxmodel.workload import layer as _layer      # layer imports this module
+
+    f = moe_layer_fraction(model)
+    dense_g, dense_v = _layer.ffn_block(dev, model, sh, tokens, dtype_bytes, backward)
+    dims = moe_dims(model, par, tokens, dtype_bytes, dropless)
+    n_exp, m = dims["experts"], dims["expert_tokens"]
+    G = _layer.Gemm
+    gemms = {"w1": [(g, (1.0 - f) * c) for g, c in dense_g["w1"]]
+             + [(G(m, sh.ffn_in, sh.d_model), f * n_exp)],
+             "w2": [(g, (1.0 - f) * c) for g, c in dense_g["w2"]]
+             + [(G(m, sh.d_model, sh.d_ff), f * n_exp)],
+             "moe_router": [(G(tokens, jnp.maximum(model.n_experts, 1.0), sh.d_model), f)]}
+    _, moe_v = _layer.ffn_block(dev, model, sh, n_exp * m, dtype_bytes, backward)
+    act_d, act_m = dense_v["act"], moe_v["act"]
+    vectors = {"act": tuple((1.0 - f) * a + _safe(f, b) for a, b in zip(act_d, act_m))}
+
+    # router softmax + top-k, dispatch (scatter into the slots) and combine (weighted gather)
+    E = jnp.maximum(model.n_experts, 1.0)
+    w = dtype_bytes
+    ew = _ops.elementwise_latency.single
+    # softmax over E (a few to a few hundred) columns: one streaming pass, read + write
+    sm = ew(dev, tokens * E, 2.0 * w, dev.exp_flops + 5.0, True)
+    topk = ew(dev, tokens * E, w, _TOPK_FLOP_PER_SCORE * model.top_k, True)
+    slots_d = dims["slots"] * sh.d_model
+    perm = ew(dev, slots_d, 2.0 * w, 0.0, True) + ew(dev, slots_d, 2.0 * w, 2.0, True)
+    fwd = sm + topk + perm
+    if backward:
+        bwd = ew(dev, tokens * E, 3.0 * w, 4.0, True) + perm     # softmax bwd + permutations
+    else:
+        bwd = jnp.zeros_like(fwd)
+    vectors["moe_router"] = (_safe(f, fwd), _safe(f, bwd))
+    return gemms, vectors
+
+
+def alltoall_time(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0,
+                  dropless=False):
+    """Dispatch + combine all-to-all of one average layer (forward), seconds.
+
+    Seed 001 eq. 3 (``T_A2A = E·C·D·precision / BW_A2A``) through the network model: two
+    all-to-alls (dispatch, combine) of :func:`moe_dims`' ``a2a_bytes`` over the ``ep`` group,
+    whose members are ``tp·pp`` devices apart (TP innermost, then PP, then DP; DeepSpeed-TED
+    takes the EP group from the data-parallel ranks), weighted by the MoE-layer share ``f``.
+    The backward pass repeats both (the gradients travel the same way back). 0 when
+    ``ep = 1``.
+    """
+    f = moe_layer_fraction(model)
+    dims = moe_dims(model, par, tokens, dtype_bytes, dropless)
+    ep = par.ep
+    multi = ep > 1.5
+    group = jnp.where(multi, ep, 2.0)      # double-where: never evaluate a group of 1
+    stride = jnp.maximum(par.tp, 1.0) * jnp.maximum(par.pp, 1.0)
+    t = _comm.collective_latency.single(system, "all_to_all", dims["a2a_bytes"], group, "auto",
+                                        stride)
+    return jnp.where(multi, _safe(f, 2.0 * t), 0.0)
+
+
+def expert_params_per_device(model: Model, par: Parallelism):
+    """Expert weights on the most loaded device (count): ``n_moe/pp · (E/ep) · ffn/tp``.
+
+    The part of :func:`jaxmodel.workload.params.params_per_device` whose gradients are reduced
+    (and optimizer states ZeRO-sharded) over ``DP_exp = dp/ep`` only (DeepSpeed-TED §4;
+    DeepSpeed-MoE expert-data-parallel groups). The router is dense (reduced over ``dp``).
+    """
+    tp = jnp.maximum(par.tp, 1.0)
+    pp = jnp.maximum(par.pp, 1.0)
+    ep = jnp.maximum(par.ep, 1.0)
+    return n_moe_layers(model) / pp * model.n_experts / ep * ffn_params(model) / tp
+
+
+def moe_activation_bytes(model: Model, par: Parallelism, micro_batch, seq_len):
+    """Extra activation memory of one average layer of an MoE model, bytes per device.
+
+    Korthikanti et al. 2022 §4.1 count the MLP's stored tensors on ``s·b`` tokens (for GELU
+    ``2·sbh`` input + ``16·sbh`` internals; generalised in
+    :func:`jaxmodel.workload.memory.activation_bytes_per_layer`); an MoE layer stores the
+    expert inputs and internals on its ``slots = capacity_factor·k·s·b`` dispatched tokens
+    instead of ``s·b``, plus the fp32 gate probabilities ``[s·b, E]``. The difference,
+    weighted by the MoE-layer share, is returned (0 for dense models). Selective/full
+    recomputation do not drop it (the expert block is not recomputed selectively).
+    """
+    tp = jnp.maximum(par.tp, 1.0)
+    tokens = micro_batch * seq_len
+    dims = moe_dims(model, par, tokens)
+    extra_tokens = dims["slots"] - tokens
+    ffn = extra_tokens * (2.0 * model.d_model + 2.0 * model.ffn_matrices * model.d_ff / tp)
+    gates = 4.0 * tokens * model.n_experts
+    full = par.recompute > 1.5
+    return jnp.where(full, 0.0, moe_layer_fraction(model) * (ffn + gates))
+
+
+@batched
+def moe_layer_times(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0,
+                    dropless=False):
+    """MoE-specific forward times of one MoE layer (not averaged) on one device, seconds.
+
+    A convenience for analyses (seed 001 Fig. 6): ``alltoall`` (dispatch + combine),
+    ``router`` (gating GEMM, softmax, top-k, permutations) and the ``capacity``/``a2a_bytes``
+    of :func:`moe_dims`. GEMMs use the ops tile search.
+
+    Example:
+        >>> r = moe_layer_times(hw_db.system("dgx_a100", nodes=32), moe139b,
+        ...                     jm.Parallelism(dp=32, tp=8, ep=32), 2048.0)
+    """
+    dims = moe_dims(model, par, tokens, dtype_bytes, dropless)
+    one = _with_all_moe(model)
+    a2a = alltoall_time(system, one, par, tokens, dtype_bytes, dropless)
+    dev = system.device
+    E = jnp.maximum(model.n_experts, 1.0)
+    gate = _ops.gemm_latency.single(dev, tokens, E, model.d_model, 1.0, dtype_bytes, True)
+    ew = _ops.elementwise_latency.single
+    slots_d = dims["slots"] * model.d_model
+    router = (gate + ew(dev, tokens * E, 2.0 * dtype_bytes, dev.exp_flops + 5.0, True)
+              + ew(dev, tokens * E, dtype_bytes, _TOPK_FLOP_PER_SCORE * model.top_k, True)
+              + ew(dev, slots_d, 2.0 * dtype_bytes, 0.0, True)
+              + ew(dev, slots_d, 2.0 * dtype_bytes, 2.0, True))
+    return {"alltoall": a2a, "router": router, "capacity": dims["capacity"],
+            "a2a_bytes": dims["a2a_bytes"]}
+
+
+def _with_all_moe(model: Model) -> Model:
+    """The model with every layer an MoE layer (``f = 1``), for per-MoE-layer figures."""
+    import dataclasses
+    return dataclasses.replace(model, moe_every=jnp.ones_like(jnp.asarray(model.moe_every)))
