@@ -119,6 +119,8 @@ class Variant(NamedTuple):
 
     sp: bool | None = None    # sequence parallelism: RS + AG (True) or all-reduce (False)
     tp: bool | None = None    # tensor parallelism t > 1 anywhere: TP collectives needed
+    moe: bool | None = None   # any MoE layer (n_experts > 1): MoE FFN / all-to-all branches
+    flash: bool | None = None  # FlashAttention anywhere: the fused attention branch
 
 
 ANY = Variant()
@@ -134,7 +136,9 @@ def _static_flag(x, pred):
 def variant_of(model: Model, par: Parallelism) -> Variant:
     """The :class:`Variant` of concrete inputs (``ANY`` under tracing)."""
     return Variant(sp=_static_flag(par.sp, lambda a: a > 0.5),
-                   tp=_static_flag(par.tp, lambda a: a > 1.5))
+                   tp=_static_flag(par.tp, lambda a: a > 1.5),
+                   moe=_static_flag(model.n_experts, lambda a: a > 1.5),
+                   flash=_static_flag(par.flash_attention, lambda a: a > 0.5))
 
 
 def layer_checks(model: Model, par: Parallelism):
@@ -362,7 +366,7 @@ def tp_collective(system: System, par: Parallelism, nbytes, variant: Variant = A
 
 
 def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dtype_bytes=2.0,
-                training=False):
+                training=False, variant: Variant = ANY):
     """All compute rows of one layer: ``(gemm_rows, vector_rows)`` (see :func:`evaluate`).
 
     ``training`` fuses the QKV GEMM (Megatron) and times the backward vector kernels.
@@ -393,7 +397,8 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     gemm = gemm or default_gemm
     dev = system.device
     kv_seq = seq_len if phase == "prefill" else kv_len + seq_len
-    gemms, vectors = layer_graph(dev, model, par, batch, seq_len, kv_seq, dtype_bytes)
+    gemms, vectors = layer_graph(dev, model, par, batch, seq_len, kv_seq, dtype_bytes,
+                                 variant=variant)
     rows = evaluate(gemm, dev, gemms, vectors, dtype_bytes)
     out = {k: v[0] for k, v in rows.items()}
     sync = tp_collective(system, par, batch * seq_len * model.d_model * dtype_bytes, variant)
@@ -485,7 +490,7 @@ def training_layer_single(system: System, model: Model, par: Parallelism, micro_
     gemm = gemm or default_gemm
     dev = system.device
     gemms, vectors = layer_graph(dev, model, par, micro_batch, seq_len, seq_len, dtype_bytes,
-                                 training=True)
+                                 training=True, variant=variant)
     rows = evaluate(gemm, dev, gemms, vectors, dtype_bytes, backward=True)
     fwd = sum(f for f, _ in rows.values())
     bwd = sum(b for _, b in rows.values())
