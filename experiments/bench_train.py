@@ -28,6 +28,7 @@ import pandas as pd
 import jaxmodel as jm  # noqa: I001  (before hw_db: the package wires hw_db up)
 import hw_db
 from jaxmodel.parallel.gemm_table import GemmTable, collect_gemm_shapes
+from jaxmodel.parallel.train import sustained_device
 
 OUT = Path(__file__).resolve().parent / "out"
 N_DEVICES = 1024
@@ -64,7 +65,7 @@ def main():
     shapes = collect_gemm_shapes(jm.train_step, system, model, par, GLOBAL_BATCH, SEQ)
     t_collect = time.perf_counter() - t0
     t0 = time.perf_counter()
-    table = GemmTable.build(system.device, shapes)
+    table = GemmTable.build(sustained_device(system.device), shapes)
     t_table = time.perf_counter() - t0
     print(f"GEMM de-dup: {len(table)} unique shapes (collect {t_collect:.1f} s incl. compile, "
           f"tile search {t_table:.1f} s)")

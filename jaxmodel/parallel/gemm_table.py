@@ -15,6 +15,9 @@ The tile search (:func:`jaxmodel.ops.gemm_latency`) is the expensive part of a p
 
 The table is valid for ONE device (the one it was built with); :meth:`lookup` ignores its
 ``dev`` argument, so use it only in sweeps whose device is fixed (as in a parallelism search).
+:func:`jaxmodel.train_step` runs the device at its sustained training clock
+(:func:`jaxmodel.parallel.train.sustained_device`), so build tables on that device
+(:meth:`GemmTable.for_train_step` does).
 Gradients w.r.t. device knobs do not flow through a table (use the tile search for those).
 
 Example:
@@ -109,7 +112,7 @@ class GemmTable:
         return len(self.shapes)
 
     @classmethod
-    def build(cls, dev: Device, shapes: np.ndarray, chunk: int = 1024) -> "GemmTable":
+    def build(cls, dev: Device, shapes: np.ndarray) -> "GemmTable":
         """Time ``shapes`` (rows of m, n, k, batch, dtype_bytes) on ``dev`` with ONE batched
         tile search (:func:`jaxmodel.ops.gemm_latency`)."""
         shapes = np.asarray(shapes, dtype=np.float64).reshape(-1, len(_FIELDS))
@@ -119,29 +122,23 @@ class GemmTable:
                              "(a table is valid for one device)")
         if len(shapes) == 0:
             return cls(shapes, np.zeros(0))
-        times = np.empty(len(shapes))
-        # batch = 1 GEMMs and batched GEMMs go through the same public function; the ops
-        # model skips the merged-batch alternative only for a Python 1.0, which a table
-        # cannot express per row, so split the two kinds as the workload does.
-        single = shapes[:, 3] == 1.0
-        for mask, batch_arg in ((single, None), (~single, "rows")):
-            if not mask.any():
-                continue
-            s = shapes[mask]
-            b = 1.0 if batch_arg is None else jnp.asarray(s[:, 3])
-            t = _ops.gemm_latency(dev, jnp.asarray(s[:, 0]), jnp.asarray(s[:, 1]),
-                                  jnp.asarray(s[:, 2]), batch=b,
-                                  dtype_bytes=jnp.asarray(s[:, 4]))
-            times[mask] = np.asarray(t, dtype=np.float64)
+        # one batched tile search; the batch is padded to a power of two (>= 64) so tables of
+        # similar size share one compilation
+        size = max(64, 1 << int(np.ceil(np.log2(len(shapes)))))
+        padded = np.concatenate([shapes, np.repeat(shapes[:1], size - len(shapes), axis=0)])
+        cols = [jnp.asarray(padded[:, j]) for j in range(len(_FIELDS))]
+        t = _ops.gemm_latency(dev, cols[0], cols[1], cols[2], batch=cols[3],
+                              dtype_bytes=cols[4])
+        times = np.asarray(t, dtype=np.float64)[:len(shapes)]
         return cls(shapes, times)
 
     @classmethod
     def for_train_step(cls, system, model, par, global_batch, seq_len, **kwargs) -> "GemmTable":
         """Collect the GEMMs of a (batched) :func:`jaxmodel.train_step` call and time them."""
-        from jaxmodel.parallel.train import train_step
+        from jaxmodel.parallel.train import sustained_device, train_step
         shapes = collect_gemm_shapes(train_step, system, model, par, global_batch, seq_len,
                                      **kwargs)
-        return cls.build(system.device, shapes)
+        return cls.build(sustained_device(system.device, kwargs.get("clock_fraction")), shapes)
 
     def lookup(self, dev, m, n, k, batch=1.0, dtype_bytes=2.0):
         """GEMM hook: the tabulated latency of ``[batch×m×k]·[batch×k×n]`` (s); ``+inf`` when

@@ -12,10 +12,11 @@ i.e. TP innermost (inside a node), then PP, then DP across nodes. Collective gro
 contiguous (stride 1), DP at stride tp·pp; pipeline transfers cross the outermost network tier
 the tp·pp devices of one pipeline span.
 
-**Per stage and micro-batch** (slowest stage): ``L/(p)`` layers (all ``v`` chunks of a device)
+**Per stage and micro-batch** (slowest stage): ``L/p`` layers (all ``v`` chunks of a device)
 × (forward + backward + recompute + TP collectives, all serial — Megatron does not overlap TP
-communication), plus the embedding on the first stage and the LM head + loss on the last
-(both on the one stage when p = 1).
+communication — plus the bias/dropout/residual kernels of :func:`residual_dropout_times`),
+plus the embedding on the first stage and the LM head + loss on the last (both on the one
+stage when p = 1).
 
 **Pipeline** (:mod:`jaxmodel.parallel.pipeline`): m·t_max + (p−1)/v·t_mean + exposed
 stage-boundary transfers (2 per micro-batch and chunk, plus fill/drain), each b·s·h·2/t bytes
@@ -46,6 +47,10 @@ part of a collective longer than ``dp_overlap ×`` its compute window is exposed
 overlap; ``dp_overlap = 0`` serialises everything, as Megatron-LM 2021 did (its "local" DDP
 all-reduced after the last backward). Contention of overlapped communication for memory
 bandwidth/SMs is not modelled.
+
+**Sustained clocks**: the device runs at ``freq_hz ×`` its sustained clock fraction under
+training load (power limit; ``hw_db/tech/training.toml``, derived from sustained vs short-run
+GEMM microbenchmarks), see :func:`sustained_device`.
 
 **Optimizer**: mixed-precision Adam on the local parameter shard (÷dp from ZeRO-1), a
 memory-bound elementwise kernel moving ``adam_bytes_per_param`` (hw_db/tech/training.toml).
@@ -82,6 +87,7 @@ from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_mo
                             validate_parallelism, validate_system)
 from jaxmodel.workload import layer as _layer
 from jaxmodel.workload import memory as _memory
+from jaxmodel.workload import moe as _moe
 from jaxmodel.workload import params as _params
 
 # --------------------------------------------------------------------------------------------
@@ -90,22 +96,35 @@ from jaxmodel.workload import params as _params
 _TECH = Path(__file__).resolve().parents[2] / "hw_db" / "tech" / "training.toml"
 
 
-def _load_constants() -> dict:
+def _load_table(name: str) -> dict:
     with open(_TECH, "rb") as f:
         data = tomllib.load(f)
     out = {}
-    for key, entry in data.get("training", {}).items():
+    for key, entry in data.get(name, {}).items():
         if not isinstance(entry, dict) or "value" not in entry or not str(
                 entry.get("source", "")).strip():
-            raise ValueError(f"{_TECH}: field '{key}' must be {{value = ..., source = ...}}")
+            raise ValueError(f"{_TECH}: field '{name}.{key}' must be "
+                             f"{{value = ..., source = ...}}")
         out[key] = float(entry["value"])
     return out
 
 
-CONSTANTS = _load_constants()
+CONSTANTS = _load_table("training")
+CLOCK_FRACTION = _load_table("sustained_clock_fraction")
+
+
+def sustained_device(dev, clock_fraction=None):
+    """The device as it runs under sustained training load: ``freq_hz`` × the sustained
+    clock fraction (``hw_db/tech/training.toml``, by device name; 1.0 when not listed).
+
+    Tables of GEMM latencies for the ``gemm=`` hook must be built on this device
+    (:meth:`jaxmodel.parallel.gemm_table.GemmTable.for_train_step` does).
+    """
+    frac = CLOCK_FRACTION.get(dev.name, 1.0) if clock_fraction is None else clock_fraction
+    return dataclasses.replace(dev, freq_hz=dev.freq_hz * frac)
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble",
-                  "embedding", "optimizer")
+                  "embedding", "optimizer", "ep_comm")
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,7 +146,8 @@ class TrainResult:
         breakdown: dict seconds per step: ``compute`` (layer forward+backward),
             ``recompute``, ``tp_comm``, ``pp_comm``, ``dp_comm`` (exposed parts only),
             ``bubble`` (pipeline fill/drain), ``embedding`` (embedding, LM head, loss and their
-            TP collectives), ``optimizer``. They sum to ``step_time_s``.
+            TP collectives), ``optimizer``, ``ep_comm`` (MoE dispatch/combine all-to-all,
+            :func:`jaxmodel.workload.moe.alltoall_time`). They sum to ``step_time_s``.
         memory: dict bytes per device: ``weights``, ``gradients``, ``optimizer``,
             ``activations``, ``total``.
         flops_per_step: Megatron eq. 3 FLOPs of one step (all devices), FLOP.
@@ -260,12 +280,57 @@ def _cross_stride(system: System, span):
     return stride
 
 
+def residual_dropout_times(dev, model: Model, par: Parallelism, micro_batch, seq_len,
+                           dropout=1.0, dtype_bytes=2.0):
+    """Memory-bound kernels of a Megatron training layer that the LLMCompass-style layer
+    (:mod:`jaxmodel.workload.layer`, "no residual adds, biases or dropout kernels") omits,
+    per layer and micro-batch on one device: ``(fwd_s, bwd_s, selective_recompute_s)``.
+
+    Source: Megatron-LM GPT layer (Shoeybi et al. 2019; Narayanan et al. 2021 code,
+    ``ParallelTransformerLayer``): after attention and after the MLP a fused
+    bias-dropout-add (``bias_dropout_add_fused_train``) on the ``[s, b, h]`` activations
+    (sequence-sharded under SP, replicated over TP otherwise), and dropout on the attention
+    probabilities ``[b, a/t, s, s]`` (unless FlashAttention fuses it); dropout 0.1 is
+    Megatron's GPT default (``--hidden-dropout``, ``--attention-dropout``). Bytes per element
+    (2-byte activations, 1-byte masks, as Korthikanti et al. 2023 §4.1 count them):
+
+    - bias-dropout-add forward: read x and the residual, write out and the mask: 7 B
+      (6 B without dropout: a fused bias + residual add);
+    - its backward: dropout backward (read grad and mask, write: 5 B), the gradient sum at
+      the residual fork (read 2 × 2, write 2: 6 B), the bias-gradient reduction (2 B): 13 B
+      (8 B without dropout);
+    - attention dropout: forward 5 B (read, write, mask), backward 5 B (read grad and mask,
+      write); part of the attention core that selective recomputation repeats.
+
+    Each kernel is one :func:`jaxmodel.ops.elementwise_latency` call (roofline + launch
+    overhead). ``dropout`` is 1 (Megatron GPT) or 0 (no dropout, e.g. Llama recipes).
+    """
+    tp = jnp.maximum(par.tp, 1.0)
+    heads = model.n_heads / tp
+    e = micro_batch * seq_len * model.d_model
+    e = jnp.where(par.sp > 0.5, e / tp, e)
+    probs = micro_batch * heads * seq_len * seq_len
+    on = dropout > 0.5
+    w = dtype_bytes / 2.0                     # byte counts above are for 2-byte activations
+
+    def k(n, nbytes, flops):
+        return _ops.elementwise_latency.single(dev, n, nbytes * w, flops)
+
+    bda_f = k(e, jnp.where(on, 7.0, 6.0), 3.0)
+    bda_b = k(e, jnp.where(on, 5.0, 0.0), 1.0) + k(e, 6.0, 1.0) + k(e, 2.0, 1.0)
+    bda_b = jnp.where(on, bda_b, k(e, 8.0, 1.0))
+    attn = jnp.where(on & (par.flash_attention < 0.5), k(probs, 5.0, 1.0), 0.0)
+    return 2.0 * bda_f + attn, 2.0 * bda_b + attn, attn
+
+
 # --------------------------------------------------------------------------------------------
 # the single-configuration model
 # --------------------------------------------------------------------------------------------
 def train_step_single(system: System, model: Model, par: Parallelism, global_batch, seq_len,
                       gemm: Callable | None = None, dp_overlap=1.0, grad_bytes=None,
-                      adam_bytes_per_param=None, dtype_bytes=2.0) -> TrainResult:
+                      adam_bytes_per_param=None, dtype_bytes=2.0,
+                      clock_fraction=None, dropout=1.0,
+                      variant: _layer.Variant = _layer.ANY) -> TrainResult:
     """Single-configuration body of :func:`train_step` (use inside other formulas).
 
     Args:
@@ -278,8 +343,16 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
         adam_bytes_per_param: main-memory bytes the optimizer step moves per parameter
             (default ``training.toml``).
         dtype_bytes: bytes per weight/activation element (2 = fp16/bf16).
+        clock_fraction: sustained core-clock fraction (default: ``training.toml`` by device
+            name, see :func:`sustained_device`); the GEMM hook receives the scaled device.
+        dropout: 1 = Megatron GPT's hidden and attention dropout, 0 = none (changes the
+            memory-bound kernels of :func:`residual_dropout_times`).
+        variant: static branch switches of the workload's op graph
+            (:class:`jaxmodel.workload.layer.Variant`; ``ANY`` keeps every branch).
     """
     f = jnp.result_type(float)
+    peak = system.device.peak_matrix_flops          # nominal (datasheet) peak for the MFU
+    system = dataclasses.replace(system, device=sustained_device(system.device, clock_fraction))
     grad_bytes = CONSTANTS["main_grad_bytes"] if grad_bytes is None else grad_bytes
     adam_bytes = (CONSTANTS["adam_bytes_per_param"] if adam_bytes_per_param is None
                   else adam_bytes_per_param)
@@ -301,17 +374,25 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
 
     # ---- per-layer and embedding times from the workload model ---------------------------
     lt = _layer.training_layer_times.single(system, model_s, par_s, b, seq, gemm=gemm,
-                                            dtype_bytes=dtype_bytes)
+                                            dtype_bytes=dtype_bytes, variant=variant)
     et = _layer.embedding_times.single(system, model_s, par_s, b, seq, gemm=gemm,
-                                       dtype_bytes=dtype_bytes)
-    raw = [lt[k] for k in ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd")] + [
+                                       dtype_bytes=dtype_bytes, variant=variant)
+    raw = [lt[k] for k in ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd",
+                           "ep_comm_fwd", "ep_comm_bwd")] + [
         et[k] for k in ("embed_fwd", "embed_bwd", "lm_head_fwd", "lm_head_bwd", "loss_fwd",
                         "loss_bwd", "comm_fwd", "comm_bwd")]
     times_ok = jnp.asarray(True)
     for x in raw:
         times_ok = times_ok & jnp.isfinite(x)
-    fwd, bwd, rc, tpf, tpb = (_finite(lt[k]) for k in ("fwd", "bwd", "recompute",
-                                                         "tp_comm_fwd", "tp_comm_bwd"))
+    fwd, bwd, rc, tpf, tpb, epf, epb = (_finite(lt[k]) for k in (
+        "fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "ep_comm_fwd", "ep_comm_bwd"))
+    # the bias/dropout/residual kernels the workload's layer omits (see residual_dropout_times)
+    rd_f, rd_b, rd_sel = (_finite(x) for x in residual_dropout_times(
+        system.device, model_s, par_s, b, seq, dropout, dtype_bytes))
+    rcode = par_s.recompute
+    rc = rc + jnp.select([rcode < 0.5, rcode < 1.5], [0.0, rd_sel], rd_f)
+    fwd = fwd + rd_f
+    bwd = bwd + rd_b
     e = {k: _finite(x) for k, x in et.items()}
     emb_comm = e["comm_fwd"] + e["comm_bwd"]
     # embedding lookup on the first stage, LM head + loss on the last; their TP collectives
@@ -323,33 +404,46 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
     extra_max = jnp.where(multi_stage, jnp.maximum(first, last), first + last)
     extra_mean = (first + last) / pp
 
-    layer_f = layers * (fwd + tpf)                        # forward of one micro-batch
-    layer_b = layers * (bwd + rc + tpb)                   # backward (+ recompute)
+    layer_f = layers * (fwd + tpf + epf)                  # forward of one micro-batch
+    layer_b = layers * (bwd + rc + tpb + epb)             # backward (+ recompute)
     window_f = layer_f
     window_b = layer_b
 
     # ---- data parallelism / ZeRO ---------------------------------------------------------
     n_par = _params.params_per_device.single(model_s, par_s)
-    grads_b = grad_bytes * n_par
-    params_b = dtype_bytes * n_par
+    # MoE: expert weights are reduced/sharded over DP_exp = dp/ep only (DeepSpeed-TED),
+    # whose members are tp·pp·ep devices apart; the rest over dp (engineer G)
+    n_exp = _moe.expert_params_per_device(model_s, par_s)
+    grads_b = grad_bytes * (n_par - n_exp)
+    params_b = dtype_bytes * (n_par - n_exp)
     dp_stride = tp * pp
     dp_multi = dp > 1.5
     dp_group = jnp.where(dp_multi, dp, 2.0)         # double-where: never a group of 1
+    dpe = jnp.maximum(dp / jnp.maximum(par_s.ep, 1.0), 1.0)
+    dpe_multi = (dpe > 1.5) & (n_exp > 0)          # dense models: no expert reduction
+    dpe_group = jnp.where(dpe_multi, dpe, 2.0)
+    dpe_stride = dp_stride * jnp.maximum(par_s.ep, 1.0)
     tp_multi = tp > 1.5
     act_bytes = pl.p2p_bytes(b, seq, model_s.d_model, tp, dtype_bytes)
     cross = _cross_stride(system, tp * pp)
     pair_stride = jnp.maximum(cross, tp)            # first↔last / worst neighbouring stages
     emb_grad_b = grad_bytes * model_s.vocab_size * model_s.d_model / tp
     # One vmapped collective evaluation per op (each op's graph is traced once).
-    (t_ar, t_emb_ar), ok_ar, why_ar = _collectives(
-        system, "all_reduce", [(grads_b, dp_group, dp_stride), (emb_grad_b, 2.0, pair_stride)])
-    (t_rs,), _, _ = _collectives(system, "reduce_scatter", [(grads_b, dp_group, dp_stride)])
-    (t_ag, t_regather), _, _ = _collectives(
+    (t_ar, t_emb_ar, t_ar_e), ok_ar, why_ar = _collectives(
+        system, "all_reduce", [(grads_b, dp_group, dp_stride), (emb_grad_b, 2.0, pair_stride),
+                               (grad_bytes * n_exp, dpe_group, dpe_stride)])
+    (t_rs, t_rs_e), _, _ = _collectives(system, "reduce_scatter",
+                                        [(grads_b, dp_group, dp_stride),
+                                         (grad_bytes * n_exp, dpe_group, dpe_stride)])
+    (t_ag, t_regather, t_ag_e), _, _ = _collectives(
         system, "all_gather", [(params_b, dp_group, dp_stride),
-                               (act_bytes * tp, jnp.where(tp_multi, tp, 2.0), 1.0)])
+                               (act_bytes * tp, jnp.where(tp_multi, tp, 2.0), 1.0),
+                               (dtype_bytes * n_exp, dpe_group, dpe_stride)])
     (t_send,), ok_p2p, why_p2p = _collectives(system, "p2p", [(act_bytes, 2.0, pair_stride)])
-    t_ar, t_rs, t_ag = (jnp.where(dp_multi, _finite(x), 0.0) for x in (t_ar, t_rs, t_ag))
-    dp_net_ok = ~dp_multi | ok_ar[0]
+    t_ar, t_rs, t_ag = (jnp.where(dp_multi, _finite(x), 0.0)
+                        + jnp.where(dpe_multi, _finite(x_e), 0.0)
+                        for x, x_e in ((t_ar, t_ar_e), (t_rs, t_rs_e), (t_ag, t_ag_e)))
+    dp_net_ok = (~dp_multi | ok_ar[0]) & (~dpe_multi | ok_ar[2])
     zero = par_s.zero
     ov = jnp.asarray(dp_overlap, dtype=f)
     # once per step
@@ -376,7 +470,8 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
     t_emb_ar = jnp.where(multi_stage & (model_s.tied_embeddings > 0.5), _finite(t_emb_ar), 0.0)
 
     # ---- optimizer ----------------------------------------------------------------------
-    local = n_par / jnp.where(zero >= 0.5, dp, 1.0)
+    local = (n_par - n_exp) / jnp.where(zero >= 0.5, dp, 1.0) + n_exp / jnp.where(
+        zero >= 0.5, dpe, 1.0)
     t_opt = _finite(_ops.elementwise_latency.single(dev, local, adam_bytes,
                                                     CONSTANTS["adam_flops_per_param"]))
 
@@ -389,6 +484,7 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
         "pp_comm": n_p2p * t_p2p + t_emb_ar,
         "bubble": bubble,
         "optimizer": t_opt,
+        "ep_comm": m * layers * (epf + epb),
     }
     step = sum(breakdown[k] for k in BREAKDOWN_KEYS)
 
@@ -410,7 +506,6 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
 
     flops = _params.model_flops_per_token.single(model_s, seq, True) * gb * seq
     n_dev = dp * tp * pp
-    peak = dev.peak_matrix_flops
     safe_step = jnp.where(feasible & (step > 0), step, 1.0)
     step_time = jnp.where(feasible, step, jnp.inf)
     achieved = jnp.where(feasible, flops / (safe_step * n_dev), 0.0)
@@ -430,8 +525,8 @@ _train_step_batched = batched(train_step_single)
 
 def train_step(system: System, model: Model, par: Parallelism, global_batch, seq_len, *,
                gemm: Callable | None = None, dp_overlap=1.0, grad_bytes=None,
-               adam_bytes_per_param=None, dtype_bytes=2.0, chunk: int | None = None
-               ) -> TrainResult:
+               adam_bytes_per_param=None, dtype_bytes=2.0, clock_fraction=None,
+               dropout=1.0, chunk: int | None = None) -> TrainResult:
     """Time, throughput and memory of one training step (data × tensor × pipeline parallel).
 
     Source: Narayanan et al., SC'21 (PTD-P: placement §3, schedules §2.2, scatter/gather §4.1,
@@ -452,6 +547,9 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         grad_bytes: gradient bytes per element (default 4, fp32 main gradients).
         adam_bytes_per_param: optimizer-step traffic per parameter (default from hw_db).
         dtype_bytes: bytes per weight/activation element.
+        clock_fraction: sustained core-clock fraction under training load (default from
+            ``hw_db/tech/training.toml`` by device name, 1.0 for unlisted devices).
+        dropout: 1 (default) = Megatron GPT's dropout kernels, 0 = no dropout.
         chunk: ``lax.map`` batch size for big batches (default ``batching.DEFAULT_CHUNK``).
 
     Returns:
@@ -476,8 +574,11 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         validate_model(model)
         validate_parallelism(par)
         _raise_if_inconsistent(system, model, par, global_batch, seq_len)
+    # static op-graph switches from concrete inputs (smaller graphs, faster compiles)
+    variant = _layer.variant_of(model, par) if is_concrete(model, par) else _layer.ANY
     kwargs = dict(gemm=gemm, dp_overlap=dp_overlap, grad_bytes=grad_bytes,
-                  adam_bytes_per_param=adam_bytes_per_param, dtype_bytes=dtype_bytes)
+                  adam_bytes_per_param=adam_bytes_per_param, dtype_bytes=dtype_bytes,
+                  clock_fraction=clock_fraction, dropout=dropout, variant=variant)
     if chunk is None:
         return _train_step_batched(system, model, par, global_batch, seq_len, **kwargs)
     return batched(train_step_single, chunk=chunk)(system, model, par, global_batch, seq_len,
