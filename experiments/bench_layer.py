@@ -83,13 +83,16 @@ def main(n: int = N_POINTS):
     jax.block_until_ready((pre, dec))
     first = time.perf_counter() - t0
 
-    times = []
+    times, cpu = [], []
     for _ in range(REPEATS):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         pre, dec = design_points(system, model, par)
         jax.block_until_ready((pre, dec))
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     best = min(times)
+    cpu_per_point = min(cpu) / n
+    load = os.getloadavg()[0]
     compile_s = first - best
 
     # Cold start of one point: a configuration shape never seen before (unbatched, new model
@@ -113,7 +116,8 @@ def main(n: int = N_POINTS):
         "n_points": n, "chunk": CHUNK, "compile_plus_first_run_s": first,
         "compile_s_estimate": compile_s, "best_run_s": best, "points_per_s": pps,
         "cold_start_single_point_s": cold, "warm_single_point_s": warm_single,
-        "nan_or_inf_values": n_bad,
+        "nan_or_inf_values": n_bad, "cpu_s_per_point": cpu_per_point,
+        "points_per_s_on_2_free_cores": 2.0 / cpu_per_point, "load_average": load,
         "prefill_ms_min": float(np.min(pre["total"]) * 1e3),
         "prefill_ms_max": float(np.max(pre["total"]) * 1e3),
         "decode_ms_min": float(np.min(dec["total"]) * 1e3),
@@ -124,6 +128,9 @@ def main(n: int = N_POINTS):
     print(f"  compile + first run: {first:8.2f} s   (compile ≈ {compile_s:.2f} s)")
     print(f"  steady state:        {best:8.3f} s   → {pps:,.0f} design points/s "
           f"(target ≥ 5,000; runs {', '.join(f'{t:.3f}' for t in times)})")
+    print(f"  CPU time {cpu_per_point * 1e6:.0f} µs per point → {2.0 / cpu_per_point:,.0f} "
+          f"points/s if 2 cores were free (machine load average {load:.1f} on "
+          f"{os.cpu_count()} cores during the run)")
     print(f"  single point cold start (trace + compile + run): {cold:.2f} s; warm {warm_single*1e3:.1f} ms")
     print(f"  NaN/inf values in the batch: {n_bad} (of {rows_all.size})")
     print(f"  prefill {res['prefill_ms_min']:.1f}–{res['prefill_ms_max']:.1f} ms, "

@@ -254,7 +254,7 @@ def qkv_projection(sh: Shard, tokens, fused=False):
 
 
 def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, backward=False,
-                   flash=0.0):
+                   flash=0.0, flash_static: bool | None = None):
     """Scores, softmax and weighted sum of standard (unfused) attention, or FlashAttention.
 
     Source: LLMCompass §III-C / notes §2: ``Q·Kᵀ`` and ``A·V`` as batched GEMMs (one product per
@@ -264,17 +264,30 @@ def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, back
     ``flash`` (``par.flash_attention``: 1 FA-1, 2 FA-2) replaces the three kernels by one fused
     kernel (:func:`jaxmodel.ops.flash_attention_latency`, seed 001 eq. 1, causal), its time
     spread over the same rows (:func:`jaxmodel.ops.attention.flash_attention_rows`).
+    ``flash_static`` (:attr:`Variant.flash`): ``False`` traces the standard kernels only,
+    ``True`` FlashAttention only, ``None`` both (selected per configuration).
 
     Returns:
         ``(gemm_rows, vector_rows)`` with rows ``qk``, ``av`` and ``softmax``.
     """
     nb = batch * sh.kv_heads
     m = seq_len * sh.group
+    rows = batch * sh.heads * seq_len
+    if flash_static is True:
+        fa_rows = _attention.flash_attention_rows(dev, batch, sh.heads, seq_len, kv_seq,
+                                                  sh.head_dim, sh.kv_heads, flash, dtype_bytes,
+                                                  backward)
+        return {}, dict(fa_rows)
+    if flash_static is False:
+        sm = _ops.softmax_latency.single(dev, rows, kv_seq, overhead=True)
+        sm_b = (_elementwise(dev, rows * kv_seq, 3.0 * dtype_bytes, 4.0) if backward
+                else jnp.zeros_like(sm))
+        return ({"qk": [(Gemm(m, kv_seq, sh.head_dim, nb), 1.0)],
+                 "av": [(Gemm(m, sh.head_dim, kv_seq, nb), 1.0)]}, {"softmax": (sm, sm_b)})
     fa = flash > 0.5
     std = jnp.where(fa, 0.0, 1.0)
     gemms = {"qk": [(Gemm(m, kv_seq, sh.head_dim, nb), std)],
              "av": [(Gemm(m, sh.head_dim, kv_seq, nb), std)]}
-    rows = batch * sh.heads * seq_len
     sm = _ops.softmax_latency.single(dev, rows, kv_seq, overhead=True)
     sm_b = (_elementwise(dev, rows * kv_seq, 3.0 * dtype_bytes, 4.0) if backward
             else jnp.zeros_like(sm))
@@ -370,14 +383,20 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
     """All compute rows of one layer: ``(gemm_rows, vector_rows)`` (see :func:`evaluate`).
 
     ``training`` fuses the QKV GEMM (Megatron) and times the backward vector kernels.
+    ``variant`` (static) drops the FlashAttention / MoE branches a configuration cannot use.
     """
     sh = shard(model, par)
     tokens = batch * seq_len
     core_g, core_v = attention_core(dev, sh, batch, seq_len, kv_seq, dtype_bytes, training,
-                                    par.flash_attention)
-    # dense FFN, or the share-weighted mix with the MoE FFN (dropless when serving)
-    ffn_g, ffn_v = _moe.ffn_rows(dev, model, par, sh, tokens, dtype_bytes, training,
-                                 dropless=not training)
+                                    par.flash_attention, variant.flash)
+    if variant.moe is False:
+        ffn_g, ffn_v = ffn_block(dev, model, sh, tokens, dtype_bytes, training)
+        zero = jnp.zeros_like(ffn_v["act"][0])
+        ffn_v = {**ffn_v, "moe_router": (zero, zero)}
+    else:
+        # dense FFN, or the share-weighted mix with the MoE FFN (dropless when serving)
+        ffn_g, ffn_v = _moe.ffn_rows(dev, model, par, sh, tokens, dtype_bytes, training,
+                                     dropless=not training)
     ln = layernorm(dev, sh, par, tokens, dtype_bytes, training)
     gemms = {**qkv_projection(sh, tokens, fused=training), **core_g,
              **output_projection(sh, tokens), **ffn_g}
@@ -404,8 +423,9 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     sync = tp_collective(system, par, batch * seq_len * model.d_model * dtype_bytes, variant)
     out["allreduce_mha"] = sync
     out["allreduce_ffn"] = sync
-    out["moe_alltoall"] = _moe.alltoall_time(system, model, par, batch * seq_len, dtype_bytes,
-                                             dropless=True)
+    out["moe_alltoall"] = (0.0 * sync if variant.moe is False else
+                           _moe.alltoall_time(system, model, par, batch * seq_len, dtype_bytes,
+                                              dropless=True))
     ok, _ = layer_feasibility(model, par)
     out = {k: jnp.where(ok, out[k], INF) for k in LAYER_OPS + _moe.MOE_OPS}
     out["total"] = sum(out[k] for k in LAYER_OPS + _moe.MOE_OPS)
@@ -502,7 +522,8 @@ def training_layer_single(system: System, model: Model, par: Parallelism, micro_
                          variant)
     comm_fwd = 2.0 * sync
     comm_bwd = 2.0 * sync
-    a2a = _moe.alltoall_time(system, model, par, micro_batch * seq_len, dtype_bytes)
+    a2a = (0.0 * sync if variant.moe is False else
+           _moe.alltoall_time(system, model, par, micro_batch * seq_len, dtype_bytes))
     rc = par.recompute
     recompute = jnp.select([rc < 0.5, rc < 1.5], [jnp.zeros_like(fwd), attn_core_fwd],
                            fwd + comm_fwd + a2a)

@@ -39,7 +39,7 @@ def result():
     return inference(SYSTEM, M, TP4, 8, 512, 64, gemm=roofline_gemm)
 
 
-def test_result_is_assembled_from_the_layer_model(result):
+def test_result_is_assembled_from_the_layer_model_memory_and_oom(result):
     r = result
     assert isinstance(r, InferenceResult) and bool(r.feasible) and int(r.reason) == 0
     pre = jm.layer_breakdown(SYSTEM, M, TP4, 8, 512, gemm=roofline_gemm)
@@ -64,12 +64,20 @@ def test_result_is_assembled_from_the_layer_model(result):
     # decode is much cheaper than prefill per token, but not per step
     assert float(r.tpot_s) < float(r.ttft_s)
 
-
-def test_memory_is_weights_kv_and_working_set(result):
+    # memory: weights + KV cache + working set
     mem = jm.inference_memory(M, TP4, 8, 512, 64)
-    assert float(result.memory_bytes) == pytest.approx(float(mem["total"]), rel=1e-12)
-    assert float(result.breakdown["memory.kv_cache"]) == pytest.approx(
+    assert float(r.memory_bytes) == pytest.approx(float(mem["total"]), rel=1e-12)
+    assert float(b["memory.kv_cache"]) == pytest.approx(
         float(jm.kv_cache_bytes(M, TP4, 8, 576)), rel=1e-12)
+
+    # out of memory is not an error. GPT-3 175B dimensions: the same pytree structure as M,
+    # so this reuses the compilation above (kept in this test for pytest-xdist's sake)
+    gpt3 = model(n_layers=96, d_model=12288, n_heads=96, n_kv_heads=96, head_dim=128,
+                 d_ff=49152, vocab_size=50257, activation="gelu")
+    r = inference(SYSTEM, gpt3, TP4, 8, 512, 64, gemm=roofline_gemm)
+    assert not bool(r.feasible) and r.reason_name == "out_of_memory"
+    assert float(r.memory_bytes) > 80e9
+    assert np.isinf(float(r.ttft_s)) and float(r.tokens_per_s) == 0.0
 
 
 def test_inconsistent_single_plans_raise():
@@ -122,16 +130,6 @@ def test_gradient_is_finite_through_infeasible_entries():
 
     g = jax.grad(f)(2.0e12)
     assert np.isfinite(float(g)) and float(g) < 0
-
-
-def test_out_of_memory_is_not_an_error():
-    # GPT-3 175B dimensions (same pytree structure as M, so the fixture's compilation is reused)
-    gpt3 = model(n_layers=96, d_model=12288, n_heads=96, n_kv_heads=96, head_dim=128,
-                 d_ff=49152, vocab_size=50257, activation="gelu")
-    r = inference(SYSTEM, gpt3, TP4, 8, 512, 64, gemm=roofline_gemm)
-    assert not bool(r.feasible) and r.reason_name == "out_of_memory"
-    assert float(r.memory_bytes) > 80e9
-    assert np.isinf(float(r.ttft_s)) and float(r.tokens_per_s) == 0.0
 
 
 @pytest.mark.slow

@@ -97,64 +97,79 @@ def test_recompute_modes():
 
 
 # --------------------------------------------------------------------------------------------
-# communication, sequence parallelism
+# communication, sequence parallelism, infeasible plans, vmap vs loop (one batched call)
 # --------------------------------------------------------------------------------------------
-def test_tp_allreduce_sp_and_tp1():
-    m = small_model()
+def test_tp_sp_infeasible_vmap_and_gradients():
+    """One batch: tp 4; tp 4 + SP; tp 1 with FlashAttention and 2 experts; tp 3 (heads);
+    tp 0 (invalid). Checks the TP/SP collectives, infeasible entries (inf, no NaN), vmap vs
+    loop — the batch traces every branch (Variant ANY) while the unbatched calls trace only
+    theirs — and jax.grad vs finite differences w.r.t. three device knobs (FLOP-counting
+    GEMMs; the tile-search gradient is test_gradient_matches_finite_differences)."""
+    m0 = small_model()
+    m = dataclasses.replace(m0, n_experts=jnp.array([1.0, 1.0, 2.0, 1.0, 1.0]))
     b, s = 2.0, 64.0
+    par = jm.Parallelism(tp=jnp.array([4.0, 4.0, 1.0, 3.0, 0.0]),
+                         sp=jnp.array([0.0, 1.0, 0.0, 0.0, 0.0]),
+                         dp=jnp.array([1.0, 1.0, 4.0, 1.0, 1.0]),
+                         flash_attention=jnp.array([0.0, 0.0, 1.0, 0.0, 0.0]))
+
+    names = ("mem_bw", "global_buffer_bytes_per_cycle", "freq_hz")
+    x0 = np.array([float(getattr(SYSTEM.device, n)) for n in names])
+
+    def f(x):
+        sys_ = dataclasses.replace(SYSTEM, device=dataclasses.replace(
+            SYSTEM.device, **{n: x[i] for i, n in enumerate(names)}))
+        out = jm.layer_breakdown(sys_, m, par, b, s, gemm=flop_gemm)
+        return jnp.sum(jnp.where(jnp.isfinite(out["total"]), out["total"], 0.0)), out
+
+    vg = jax.jit(jax.value_and_grad(f, has_aux=True))
+    (v0, out), g = vg(jnp.asarray(x0))
+    out = {k: np.asarray(v) for k, v in out.items()}
+    g = np.asarray(g)
+    assert not any(np.isnan(v).any() for v in out.values())
+    assert np.isfinite(out["total"][:3]).all() and np.isinf(out["total"][3:]).all()
+    # gradients: finite through the infeasible entries, equal to central differences (float64)
+    assert np.isfinite(g).all() and g[0] < 0
+    rel = 1e-6
+    for i in range(3):
+        xp, xm = x0.copy(), x0.copy()
+        xp[i] *= 1 + rel
+        xm[i] *= 1 - rel
+        fd = (float(vg(jnp.asarray(xp))[0][0]) - float(vg(jnp.asarray(xm))[0][0])) / (
+            2 * rel * x0[i])
+        assert g[i] == pytest.approx(fd, rel=1e-3, abs=1e-6 * float(v0) / x0[i]), names[i]
+    # vmap vs loop: entries equal unbatched calls (which trace only the branch they need)
+    plain = jm.layer_breakdown(SYSTEM, m0, jm.Parallelism(tp=4), b, s, gemm=flop_gemm)
+    sp = jm.layer_breakdown(SYSTEM, m0, jm.Parallelism(tp=4, sp=True), b, s, gemm=flop_gemm)
+    for k in out:
+        assert out[k][0] == pytest.approx(float(plain[k]), rel=1e-12), k
+        assert out[k][1] == pytest.approx(float(sp[k]), rel=1e-12), k
+    # collectives: all-reduce without SP, reduce-scatter + all-gather with SP, none at tp 1
     nbytes = b * s * 1024 * 2
-    plain = jm.layer_breakdown(SYSTEM, m, jm.Parallelism(tp=4), b, s, gemm=flop_gemm)
-    sp = jm.layer_breakdown(SYSTEM, m, jm.Parallelism(tp=4, sp=True), b, s, gemm=flop_gemm)
-    ar = jm.collective_latency(SYSTEM, "all_reduce", nbytes, 4)
-    rs = jm.collective_latency(SYSTEM, "reduce_scatter", nbytes, 4)
-    ag = jm.collective_latency(SYSTEM, "all_gather", nbytes, 4)
-    assert float(plain["allreduce_mha"]) == pytest.approx(float(ar), rel=1e-9)
-    assert float(sp["allreduce_ffn"]) == pytest.approx(float(rs + ag), rel=1e-9)
+    ar = float(jm.collective_latency(SYSTEM, "all_reduce", nbytes, 4))
+    rs = float(jm.collective_latency(SYSTEM, "reduce_scatter", nbytes, 4))
+    ag = float(jm.collective_latency(SYSTEM, "all_gather", nbytes, 4))
+    assert out["allreduce_mha"][0] == pytest.approx(ar, rel=1e-9)
+    assert out["allreduce_ffn"][1] == pytest.approx(rs + ag, rel=1e-9)
+    assert out["allreduce_mha"][2] == 0.0 and out["allreduce_ffn"][2] == 0.0
     # SP shards the layernorm rows over tp
     dev = SYSTEM.device
-    assert float(sp["layernorm_mha"]) == pytest.approx(
+    assert out["layernorm_mha"][1] == pytest.approx(
         float(jm.layernorm_latency(dev, b * s / 4, 1024.0)), rel=1e-9)
-    assert float(plain["layernorm_mha"]) == pytest.approx(
+    assert out["layernorm_mha"][0] == pytest.approx(
         float(jm.layernorm_latency(dev, b * s, 1024.0)), rel=1e-9)
-    one = jm.layer_breakdown(SYSTEM, m, jm.Parallelism(tp=1, dp=4), b, s, gemm=flop_gemm)
-    assert float(one["allreduce_mha"]) == 0.0 and float(one["allreduce_ffn"]) == 0.0
-
-
-# --------------------------------------------------------------------------------------------
-# infeasible plans
-# --------------------------------------------------------------------------------------------
-def test_infeasible_split_raises_single_and_is_inf_with_finite_gradient_in_batch():
-    m = small_model()
+    # concrete single inconsistent plans raise
     with pytest.raises(ValueError, match="heads_not_divisible"):
-        jm.layer_breakdown(SYSTEM, m, jm.Parallelism(tp=3), 1, 8, gemm=flop_gemm)
+        jm.layer_breakdown(SYSTEM, m0, jm.Parallelism(tp=3), b, s, gemm=flop_gemm)
     with pytest.raises(ValueError, match="invalid_parallelism"):
-        jm.layer_breakdown(SYSTEM, m, jm.Parallelism(tp=2.5), 1, 8, gemm=flop_gemm)
-    par = jm.Parallelism(tp=jnp.array([4.0, 3.0, 0.0]))
-
-    def f(bw):
-        sys_ = dataclasses.replace(SYSTEM, device=dataclasses.replace(SYSTEM.device, mem_bw=bw))
-        out = jm.layer_breakdown(sys_, m, par, 1, 8, gemm=flop_gemm)
-        return out["total"].sum(), out
-
-    (_, out), g = jax.value_and_grad(f, has_aux=True)(2e12)
-    tot = np.asarray(out["total"])
-    assert np.isfinite(tot[0]) and np.isinf(tot[1:]).all()
-    assert not any(np.isnan(np.asarray(v)).any() for v in out.values())
-    assert np.isfinite(float(g))
+        jm.layer_breakdown(SYSTEM, m0, jm.Parallelism(tp=2.5), b, s, gemm=flop_gemm)
 
 
 # --------------------------------------------------------------------------------------------
-# the real tile search: anchors, direct op calls, vmap vs loop, grad vs FD
+# the real tile search: anchors, direct op calls, gradients vs finite differences
 # --------------------------------------------------------------------------------------------
 GPT3 = hw_db.model("gpt3-175b")
 TP4 = jm.Parallelism(tp=4)
-
-
-@pytest.fixture(scope="module")
-def gpt3_a100():
-    pre = jm.layer_breakdown(SYSTEM, GPT3, TP4, 8, 2048)
-    dec = jm.layer_breakdown(SYSTEM, GPT3, TP4, 8, 1, phase="decode", kv_len=3072)
-    return ({k: float(v) for k, v in pre.items()}, {k: float(v) for k, v in dec.items()})
 
 
 def _anchor(anchors, name):
@@ -163,22 +178,16 @@ def _anchor(anchors, name):
     return dict(zip(LAYER_OPS, vals))
 
 
-def test_gpt3_layer_on_a100_against_measurements(gpt3_a100, anchors):
-    """LLMCompass Fig. 5 (i)/(j) anchors. The 8 % target is tracked by
-    experiments/validate_llmcompass_layer.py; this guards against regressions (prefill within
-    10 %, decode within 20 %: decode is memory-bound and the device's achievable-bandwidth
-    efficiency is uncalibrated at 1.0), and checks the compute-bound GEMM rows."""
-    pre, dec = gpt3_a100
-    meas_pre = _anchor(anchors, "transformer_A100.csv")
+def test_gpt3_decode_layer_on_a100_against_measurements_and_direct_op_calls(anchors):
+    """LLMCompass Fig. 5 (j), decode. The 8 % target is tracked by
+    experiments/validate_llmcompass_layer.py; this guards against regressions (total within
+    15 %) and checks that every row is the op model called directly on the hand-derived
+    shape."""
+    dec = {k: float(v) for k, v in jm.layer_breakdown(SYSTEM, GPT3, TP4, 8, 1, phase="decode",
+                                                      kv_len=3072).items()}
     meas_dec = _anchor(anchors, "transformerAR_A100.csv")
-    assert pre["total"] / sum(meas_pre.values()) - 1 == pytest.approx(0, abs=0.10)
-    assert dec["total"] / sum(meas_dec.values()) - 1 == pytest.approx(0, abs=0.20)
-    for op in ("qkv", "wo", "w1", "w2"):
-        assert pre[op] / meas_pre[op] - 1 == pytest.approx(0, abs=0.10), op
+    assert dec["total"] / sum(meas_dec.values()) - 1 == pytest.approx(0, abs=0.15)
 
-
-def test_rows_equal_direct_op_calls(gpt3_a100):
-    _, dec = gpt3_a100
     dev = SYSTEM.device
     b, d, h, dh, kv = 8.0, 12288.0, 96.0, 128.0, 3073.0
     want = {
@@ -195,47 +204,42 @@ def test_rows_equal_direct_op_calls(gpt3_a100):
     }
     for op, v in want.items():
         assert dec[op] == pytest.approx(float(v), rel=1e-6), op
-    assert dec["total"] == pytest.approx(sum(dec[k] for k in LAYER_OPS), rel=1e-12)
+    assert dec["total"] == pytest.approx(sum(v for k, v in dec.items() if k != "total"),
+                                         rel=1e-12)
 
 
-def _system_with(**dev_fields):
-    return dataclasses.replace(SYSTEM, device=dataclasses.replace(SYSTEM.device, **dev_fields))
+@pytest.mark.slow
+def test_gpt3_prefill_layer_on_a100_against_measurements(anchors):
+    """LLMCompass Fig. 5 (i), prefill: total and the big GEMM rows within 10 %."""
+    pre = {k: float(v) for k, v in jm.layer_breakdown(SYSTEM, GPT3, TP4, 8, 2048).items()}
+    meas_pre = _anchor(anchors, "transformer_A100.csv")
+    assert pre["total"] / sum(meas_pre.values()) - 1 == pytest.approx(0, abs=0.10)
+    for op in ("qkv", "wo", "w1", "w2"):
+        assert pre[op] / meas_pre[op] - 1 == pytest.approx(0, abs=0.10), op
 
 
-def test_vmap_matches_loop_and_gradient_matches_finite_differences(gpt3_a100):
-    """One batched call (7 variants: base and ± steps in three knobs) serves both checks:
-    batched entries equal unbatched calls, and jax.grad equals central differences (float64).
-    """
-    dev = SYSTEM.device
+@pytest.mark.slow
+def test_gradient_matches_finite_differences():
+    """d(decode layer latency)/d(mem_bw, global-buffer bandwidth, clock) in float64 through
+    the tile search, against central differences of the same compiled function."""
     names = ("mem_bw", "global_buffer_bytes_per_cycle", "freq_hz")
+    dev = SYSTEM.device
     x0 = np.array([float(getattr(dev, n)) for n in names])
-    rel = 1e-6
-    pts = [x0]
-    for i in range(3):
-        for sgn in (1, -1):
-            x = x0.copy()
-            x[i] *= 1 + sgn * rel
-            pts.append(x)
-    pts = np.array(pts)
-    batch = _system_with(**{n: jnp.asarray(pts[:, i]) for i, n in enumerate(names)})
-    out = jm.layer_breakdown(batch, GPT3, TP4, 8, 1, phase="decode", kv_len=3072)
-    tot = np.asarray(out["total"])
-    assert tot.shape == (7,) and np.isfinite(tot).all()
-    # vmap vs loop (the unbatched calls reuse the fixture's compilation)
-    assert tot[0] == pytest.approx(gpt3_a100[1]["total"], rel=1e-12)
-    single = jm.layer_breakdown(_system_with(**{n: float(pts[1, i])
-                                                for i, n in enumerate(names)}),
-                                GPT3, TP4, 8, 1, phase="decode", kv_len=3072)
-    assert tot[1] == pytest.approx(float(single["total"]), rel=1e-12)
 
     def f(x):
-        sys_ = _system_with(**{n: x[i] for i, n in enumerate(names)})
+        sys_ = dataclasses.replace(SYSTEM, device=dataclasses.replace(
+            dev, **{n: x[i] for i, n in enumerate(names)}))
         return layer_times(sys_, GPT3, TP4, 8.0, 1.0, "decode", 3072.0)["total"]
 
-    grad = np.asarray(jax.jit(jax.grad(f))(jnp.asarray(x0)))
-    fd = np.array([(tot[1 + 2 * i] - tot[2 + 2 * i]) / (2 * rel * x0[i]) for i in range(3)])
-    assert np.isfinite(grad).all()
+    vg = jax.jit(jax.value_and_grad(f))
+    v0, grad = vg(jnp.asarray(x0))
+    grad = np.asarray(grad)
+    assert np.isfinite(grad).all() and float(v0) > 0
     assert grad[0] < 0 and grad[2] < 0            # more bandwidth / clock → faster
+    rel = 1e-6
     for i in range(3):
-        assert grad[i] == pytest.approx(fd[i], rel=1e-3, abs=1e-6 * abs(tot[0] / x0[i])), \
-            names[i]
+        xp, xm = x0.copy(), x0.copy()
+        xp[i] *= 1 + rel
+        xm[i] *= 1 - rel
+        fd = (float(vg(jnp.asarray(xp))[0]) - float(vg(jnp.asarray(xm))[0])) / (2 * rel * x0[i])
+        assert grad[i] == pytest.approx(fd, rel=1e-3, abs=1e-6 * float(v0) / x0[i]), names[i]
