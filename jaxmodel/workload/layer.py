@@ -25,7 +25,9 @@ row                 kernel(s)                                                   
 ``w2``              [b·s, d_ff/t]×[d_ff/t, d]                                         W2_proj
 ``layernorm_ffn``   as layernorm_mha                                                  LayerNorm_FFN
 ``allreduce_ffn``   as allreduce_mha                                                  AllReduce_FFN
-``total``           sum of the 12 rows
+``moe_router``      MoE gate GEMM, softmax/top-k, permutations (0 for dense models)
+``moe_alltoall``    MoE dispatch + combine all-to-all over ``ep`` (0 for dense models)
+``total``           sum of the rows above
 ==================  ==============================================================  ==========
 
 ``h_kv' = max(h_kv/t, 1)`` KV heads per device (replicated when ``t > h_kv``) and
@@ -36,7 +38,14 @@ with multi-head attention ``g = 1`` and the batched GEMMs are exactly LLMCompass
 GEMMs (the concat is not timed, as in LLMCompass).
 
 The attention core (``qk, softmax, av``) and the FFN are separate functions
-(:func:`attention_core`, :func:`ffn_block`) so MoE and FlashAttention variants can replace them.
+(:func:`attention_core`, :func:`ffn_block`); FlashAttention (``par.flash_attention``,
+:mod:`jaxmodel.ops.attention`) and MoE layers (:mod:`jaxmodel.workload.moe`) replace them.
+Discrete choices are numeric leaves selected with ``jnp.where``, so a batch may mix them; the
+public functions additionally pass a static :class:`Variant` derived from concrete inputs
+(:func:`variant_of`) so that, e.g., a dense model without SP or FlashAttention traces only
+the all-reduce, the standard attention and the dense FFN (a ~2× smaller, faster program).
+All GEMMs of a layer (and their gradient GEMMs in training) are timed in one vmapped call per
+kind (:func:`evaluate`): the tile search is traced once per layer.
 
 Training (:func:`training_layer_times`) reuses the same kernels: backward GEMMs are the two
 transposed products ``dX = dY·Wᵀ`` and ``dW = Xᵀ·dY`` (2× the forward GEMM work, timed as real
