@@ -42,8 +42,14 @@ def _float_dtype():
 def _run(dynamic, *, fn, treedef, static, positions, chunk):
     shape = jnp.broadcast_shapes(*[jnp.shape(x) for x in dynamic]) if dynamic else ()
     size = math.prod(shape)
+    # Scalar leaves stay unmapped (closed over): broadcasting them to the batch would make
+    # every candidate evaluation re-read a per-point copy of a shared constant.
+    mapped = [i for i, x in enumerate(dynamic) if jnp.ndim(x) > 0]
 
-    def rebuild(dyn):
+    def rebuild(batched_vals):
+        dyn = list(dynamic)
+        for i, val in zip(mapped, batched_vals):
+            dyn[i] = val
         leaves = list(static)
         for pos, val in zip(positions, dyn):
             leaves[pos] = val
@@ -51,8 +57,8 @@ def _run(dynamic, *, fn, treedef, static, positions, chunk):
         return fn(*args, **kwargs)
 
     if shape == ():
-        return rebuild(dynamic)
-    flat = [jnp.broadcast_to(x, shape).reshape(size) for x in dynamic]
+        return rebuild([])
+    flat = [jnp.broadcast_to(dynamic[i], shape).reshape(size) for i in mapped]
     if size <= chunk:
         out = jax.vmap(rebuild)(flat)
     else:
