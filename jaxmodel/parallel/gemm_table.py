@@ -134,10 +134,15 @@ class GemmTable:
 
     @classmethod
     def for_train_step(cls, system, model, par, global_batch, seq_len, **kwargs) -> "GemmTable":
-        """Collect the GEMMs of a (batched) :func:`jaxmodel.train_step` call and time them."""
-        from jaxmodel.parallel.train import sustained_device, train_step
-        shapes = collect_gemm_shapes(train_step, system, model, par, global_batch, seq_len,
-                                     **kwargs)
+        """Collect the GEMMs of a (batched, concrete) :func:`jaxmodel.train_step` call and time
+        them on the sustained-clock device."""
+        from jaxmodel.parallel.train import stage_times, sustained_device
+        # the GEMMs live in the per-layer stage times: record them on the distinct stage
+        # inputs only (train_step's de-duplication), without composing the steps
+        kw = {k: v for k, v in kwargs.items() if k in ("dtype_bytes", "clock_fraction",
+                                                        "dropout", "chunk")}
+        shapes = collect_gemm_shapes(stage_times, system, model, par, global_batch, seq_len,
+                                     **kw)
         return cls.build(sustained_device(system.device, kwargs.get("clock_fraction")), shapes)
 
     def lookup(self, dev, m, n, k, batch=1.0, dtype_bytes=2.0):

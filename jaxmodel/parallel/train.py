@@ -63,6 +63,12 @@ with ``system.device.mem_capacity``.
 this counts one recompute forward, exactly as PTD-P Table 1 does. ``mfu = F / (T · N ·
 peak)``. Because F does not depend on the plan, ranking by ``mfu`` equals ranking by time.
 
+**Sweeps** (:func:`train_step` on concrete batches of ≥ ``DEDUP_MIN_BATCH`` plans): the
+per-layer times depend on few plan fields, so they are evaluated once per distinct stage
+input (:func:`stage_times`) and every plan is composed from them (:func:`_compose`) — the
+same functions as the single-configuration path, so the results are identical. Combine it
+with :mod:`jaxmodel.parallel.gemm_table` to run each distinct GEMM's tile search once.
+
 Units: seconds, bytes, FLOP.
 """
 
@@ -326,6 +332,58 @@ def residual_dropout_times(dev, model: Model, par: Parallelism, micro_batch, seq
 # --------------------------------------------------------------------------------------------
 # the single-configuration model
 # --------------------------------------------------------------------------------------------
+def _prepare(system: System, model: Model, par: Parallelism, global_batch, seq_len,
+             clock_fraction=None):
+    """Sustained-clock system, plan checks and sanitised inputs (single configuration)."""
+    f = jnp.result_type(float)
+    peak = system.device.peak_matrix_flops          # nominal (datasheet) peak for the MFU
+    system = dataclasses.replace(system, device=sustained_device(system.device, clock_fraction))
+    global_batch = jnp.asarray(global_batch, dtype=f)
+    seq_len = jnp.asarray(seq_len, dtype=f)
+    checks = plan_checks(system, model, par, global_batch, seq_len)
+    structure_ok, _ = nx.first_reason(checks)
+    model_s = _sanitised_model(model, checks[0][0])
+    par_s = _sanitised(par, structure_ok)
+    gb = jnp.where(structure_ok, global_batch, par_s.dp * par_s.micro_batch)
+    seq = jnp.where(checks[0][0], seq_len, 1.0)
+    return system, peak, checks, structure_ok, model_s, par_s, gb, seq
+
+
+def _stage_plan(par_s: Parallelism) -> Parallelism:
+    """The plan fields the per-layer times may read, others canonical (dp = ep satisfies
+    the expert checks; interleave, schedule and ZeRO do not enter a layer). Plans equal
+    here share their stage times (the de-duplication key of :func:`train_step`)."""
+    one = jnp.ones_like(par_s.dp)
+    return dataclasses.replace(par_s, dp=jnp.maximum(par_s.ep, 1.0), interleave=one,
+                               schedule=one, zero=0.0 * one)
+
+
+STAGE_KEYS = ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "ep_comm_fwd",
+              "ep_comm_bwd", "embed_fwd", "embed_bwd", "lm_head_fwd", "lm_head_bwd",
+              "loss_fwd", "loss_bwd", "emb_comm_fwd", "emb_comm_bwd", "rd_fwd", "rd_bwd",
+              "rd_selective")
+
+
+def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
+                       gemm: Callable | None = None, dtype_bytes=2.0, dropout=1.0,
+                       variant: _layer.Variant = _layer.ANY) -> dict:
+    """Per-layer and embedding times of one micro-batch (``par.micro_batch`` sequences) on
+    one device, s: the workload's training layer and embedding times plus
+    :func:`residual_dropout_times` (keys :data:`STAGE_KEYS`). ``system`` runs at its
+    sustained clock, ``model``/``par`` are sanitised (see :func:`train_step_single`)."""
+    b = par.micro_batch
+    lt = _layer.training_layer_times.single(system, model, par, b, seq_len, gemm=gemm,
+                                            dtype_bytes=dtype_bytes, variant=variant)
+    et = _layer.embedding_times.single(system, model, par, b, seq_len, gemm=gemm,
+                                       dtype_bytes=dtype_bytes, variant=variant)
+    rd = residual_dropout_times(system.device, model, par, b, seq_len, dropout, dtype_bytes)
+    out = {k: lt[k] for k in STAGE_KEYS[:7]}
+    out.update({k: et[k] for k in STAGE_KEYS[7:13]})
+    out.update(emb_comm_fwd=et["comm_fwd"], emb_comm_bwd=et["comm_bwd"], rd_fwd=rd[0],
+               rd_bwd=rd[1], rd_selective=rd[2])
+    return out
+
+
 def train_step_single(system: System, model: Model, par: Parallelism, global_batch, seq_len,
                       gemm: Callable | None = None, dp_overlap=1.0, grad_bytes=None,
                       adam_bytes_per_param=None, dtype_bytes=2.0,
@@ -350,56 +408,58 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
         variant: static branch switches of the workload's op graph
             (:class:`jaxmodel.workload.layer.Variant`; ``ANY`` keeps every branch).
     """
+    prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction)
+    system_t, _, _, _, model_s, par_s, _, seq = prep
+    times = stage_times_single(system_t, model_s, _stage_plan(par_s), seq, gemm, dtype_bytes,
+                               dropout, variant)
+    return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_bytes)
+
+
+def _from_stage_times(system, model, par, global_batch, seq_len, times, dp_overlap=1.0,
+                      grad_bytes=None, adam_bytes_per_param=None, dtype_bytes=2.0,
+                      clock_fraction=None):
+    """:func:`train_step_single` with the stage times given (the de-duplicated path)."""
+    prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction)
+    return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_bytes)
+
+
+def _stage_inputs(system, model, par, global_batch, seq_len, clock_fraction=None):
+    """Inputs of :func:`stage_times_single` for one configuration (de-duplication key)."""
+    system_t, _, _, _, model_s, par_s, _, seq = _prepare(system, model, par, global_batch,
+                                                         seq_len, clock_fraction)
+    return system_t, model_s, _stage_plan(par_s), seq
+
+
+def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_bytes):
+    """The step from the stage times: pipeline, DP/ZeRO, optimizer, memory, feasibility."""
+    system, peak, checks, structure_ok, model_s, par_s, gb, seq = prep
     f = jnp.result_type(float)
-    peak = system.device.peak_matrix_flops          # nominal (datasheet) peak for the MFU
-    system = dataclasses.replace(system, device=sustained_device(system.device, clock_fraction))
     grad_bytes = CONSTANTS["main_grad_bytes"] if grad_bytes is None else grad_bytes
     adam_bytes = (CONSTANTS["adam_bytes_per_param"] if adam_bytes_per_param is None
                   else adam_bytes_per_param)
-    global_batch = jnp.asarray(global_batch, dtype=f)
-    seq_len = jnp.asarray(seq_len, dtype=f)
-
-    checks = plan_checks(system, model, par, global_batch, seq_len)
-    structure_ok, _ = nx.first_reason(checks)
-    model_s = _sanitised_model(model, checks[0][0])
-    par_s = _sanitised(par, structure_ok)
-    gb = jnp.where(structure_ok, global_batch, par_s.dp * par_s.micro_batch)
-    seq = jnp.where(checks[0][0], seq_len, 1.0)
     dev = system.device
-
     tp, pp, dp, b = par_s.tp, par_s.pp, par_s.dp, par_s.micro_batch
-    v = pl.effective_interleave(par_s.schedule, par_s.interleave)
     m = pl.n_microbatches(gb, dp, b)
     layers = model_s.n_layers / pp                       # per device, all v chunks
 
-    # ---- per-layer and embedding times from the workload model ---------------------------
-    lt = _layer.training_layer_times.single(system, model_s, par_s, b, seq, gemm=gemm,
-                                            dtype_bytes=dtype_bytes, variant=variant)
-    et = _layer.embedding_times.single(system, model_s, par_s, b, seq, gemm=gemm,
-                                       dtype_bytes=dtype_bytes, variant=variant)
-    raw = [lt[k] for k in ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd",
-                           "ep_comm_fwd", "ep_comm_bwd")] + [
-        et[k] for k in ("embed_fwd", "embed_bwd", "lm_head_fwd", "lm_head_bwd", "loss_fwd",
-                        "loss_bwd", "comm_fwd", "comm_bwd")]
     times_ok = jnp.asarray(True)
-    for x in raw:
-        times_ok = times_ok & jnp.isfinite(x)
-    fwd, bwd, rc, tpf, tpb, epf, epb = (_finite(lt[k]) for k in (
-        "fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "ep_comm_fwd", "ep_comm_bwd"))
+    for k in STAGE_KEYS:
+        times_ok = times_ok & jnp.isfinite(times[k])
+    t = {k: _finite(times[k]) for k in STAGE_KEYS}
+    fwd, bwd, rc = t["fwd"], t["bwd"], t["recompute"]
+    tpf, tpb, epf, epb = t["tp_comm_fwd"], t["tp_comm_bwd"], t["ep_comm_fwd"], t["ep_comm_bwd"]
     # the bias/dropout/residual kernels the workload's layer omits (see residual_dropout_times)
-    rd_f, rd_b, rd_sel = (_finite(x) for x in residual_dropout_times(
-        system.device, model_s, par_s, b, seq, dropout, dtype_bytes))
     rcode = par_s.recompute
-    rc = rc + jnp.select([rcode < 0.5, rcode < 1.5], [0.0, rd_sel], rd_f)
-    fwd = fwd + rd_f
-    bwd = bwd + rd_b
-    e = {k: _finite(x) for k, x in et.items()}
-    emb_comm = e["comm_fwd"] + e["comm_bwd"]
+    rc = rc + jnp.select([rcode < 0.5, rcode < 1.5], [0.0, t["rd_selective"]], t["rd_fwd"])
+    fwd = fwd + t["rd_fwd"]
+    bwd = bwd + t["rd_bwd"]
+    emb_comm = t["emb_comm_fwd"] + t["emb_comm_bwd"]
     # embedding lookup on the first stage, LM head + loss on the last; their TP collectives
     # split evenly between the two (the embedding output all-reduce vs the head's input-grad
     # all-reduce + the two small loss all-reduces).
-    first = e["embed_fwd"] + e["embed_bwd"] + 0.5 * emb_comm
-    last = e["lm_head_fwd"] + e["lm_head_bwd"] + e["loss_fwd"] + e["loss_bwd"] + 0.5 * emb_comm
+    first = t["embed_fwd"] + t["embed_bwd"] + 0.5 * emb_comm
+    last = (t["lm_head_fwd"] + t["lm_head_bwd"] + t["loss_fwd"] + t["loss_bwd"]
+            + 0.5 * emb_comm)
     multi_stage = pp > 1.5
     extra_max = jnp.where(multi_stage, jnp.maximum(first, last), first + last)
     extra_mean = (first + last) / pp
@@ -521,12 +581,47 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
 
 
 _train_step_batched = batched(train_step_single)
+DEDUP_MIN_BATCH = 256
+
+
+def stage_times(system: System, model: Model, par: Parallelism, global_batch, seq_len, *,
+                gemm: Callable | None = None, dtype_bytes=2.0, clock_fraction=None,
+                dropout=1.0, chunk: int | None = None) -> dict:
+    """Per-micro-batch stage times (:data:`STAGE_KEYS`) of a batch of plans, each distinct
+    stage input evaluated once.
+
+    The layer and embedding times of a plan depend on few of its fields (``tp, sp, ep, pp,
+    micro_batch, recompute, flash_attention`` with the system, model and sequence; see
+    :func:`_stage_plan`). The batch is reduced to its distinct rows of those inputs (exact
+    ``numpy.unique`` on the sanitised values), :func:`stage_times_single` runs once per
+    row, and the results are gathered back — bit-identical to evaluating every plan.
+    Concrete inputs only.
+
+    Returns:
+        dict key → seconds with the batch shape of the inputs.
+    """
+    kw = {} if chunk is None else {"chunk": chunk}
+    shape = batch_shape(system, model, par, global_batch, seq_len, clock_fraction)
+    variant = _layer.variant_of(model, par)
+    inputs = batched(_stage_inputs, **kw)(system, model, par, global_batch, seq_len,
+                                          clock_fraction)
+    leaves, tree = jax.tree_util.tree_flatten(inputs)
+    n = math.prod(shape)
+    cols = [np.broadcast_to(np.asarray(x), shape).reshape(n) for x in leaves]
+    _, first, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_index=True,
+                                  return_inverse=True)
+    sub = jax.tree_util.tree_unflatten(tree, [jnp.asarray(c[first]) for c in cols])
+    times_u = batched(stage_times_single, **kw)(*sub, gemm=gemm, dtype_bytes=dtype_bytes,
+                                                dropout=dropout, variant=variant)
+    inverse = np.asarray(inverse).reshape(n)
+    return {k: jnp.asarray(np.asarray(v)[inverse].reshape(shape)) for k, v in times_u.items()}
 
 
 def train_step(system: System, model: Model, par: Parallelism, global_batch, seq_len, *,
                gemm: Callable | None = None, dp_overlap=1.0, grad_bytes=None,
                adam_bytes_per_param=None, dtype_bytes=2.0, clock_fraction=None,
-               dropout=1.0, chunk: int | None = None) -> TrainResult:
+               dropout=1.0, dedup: bool | None = None, chunk: int | None = None
+               ) -> TrainResult:
     """Time, throughput and memory of one training step (data × tensor × pipeline parallel).
 
     Source: Narayanan et al., SC'21 (PTD-P: placement §3, schedules §2.2, scatter/gather §4.1,
@@ -550,6 +645,10 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         clock_fraction: sustained core-clock fraction under training load (default from
             ``hw_db/tech/training.toml`` by device name, 1.0 for unlisted devices).
         dropout: 1 (default) = Megatron GPT's dropout kernels, 0 = no dropout.
+        dedup: evaluate the per-layer times once per distinct stage input (:func:`
+            stage_times`) and compose every plan from them — exact, and much faster for
+            parallelism sweeps. ``None`` (default): on for concrete batches of at least
+            ``DEDUP_MIN_BATCH`` plans with scalar ``dtype_bytes`` and ``dropout``.
         chunk: ``lax.map`` batch size for big batches (default ``batching.DEFAULT_CHUNK``).
 
     Returns:
@@ -567,13 +666,28 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         ...                   1536, 2048)
         >>> float(r.step_time_s), float(r.mfu)
     """
-    single = is_concrete(system, model, par, global_batch, seq_len) and batch_shape(
-        system, model, par, global_batch, seq_len) == ()
-    if single:
+    concrete = is_concrete(system, model, par, global_batch, seq_len, clock_fraction)
+    shape = batch_shape(system, model, par, global_batch, seq_len)
+    if concrete and shape == ():
         validate_system(system)
         validate_model(model)
         validate_parallelism(par)
         _raise_if_inconsistent(system, model, par, global_batch, seq_len)
+    kw = {} if chunk is None else {"chunk": chunk}
+    scalar_knobs = all(np.ndim(x) == 0 and is_concrete(x) for x in (dtype_bytes, dropout))
+    if dedup is None:
+        dedup = concrete and scalar_knobs and math.prod(shape) >= DEDUP_MIN_BATCH
+    if dedup:
+        if not (concrete and scalar_knobs):
+            raise ValueError("train_step(dedup=True) needs concrete inputs and scalar "
+                             "dtype_bytes and dropout")
+        times = stage_times(system, model, par, global_batch, seq_len, gemm=gemm,
+                            dtype_bytes=dtype_bytes, clock_fraction=clock_fraction,
+                            dropout=dropout, chunk=chunk)
+        return batched(_from_stage_times, **kw)(
+            system, model, par, global_batch, seq_len, times, dp_overlap=dp_overlap,
+            grad_bytes=grad_bytes, adam_bytes_per_param=adam_bytes_per_param,
+            dtype_bytes=dtype_bytes, clock_fraction=clock_fraction)
     # static op-graph switches from concrete inputs (smaller graphs, faster compiles)
     variant = _layer.variant_of(model, par) if is_concrete(model, par) else _layer.ANY
     kwargs = dict(gemm=gemm, dp_overlap=dp_overlap, grad_bytes=grad_bytes,
