@@ -79,7 +79,7 @@ def _mesh(devices=None) -> Mesh:
 @functools.partial(jax.jit, static_argnames=(
     "fn", "treedef", "static", "positions", "knob_pos", "strides", "sizes", "grid_size",
     "batch_size", "n_total", "per_device", "chunk", "mesh"))
-def _block(start, dynamic, knob_values, *, fn, treedef, static, positions, knob_pos, strides,
+def _block(start, dynamic, knob_values, consts, *, fn, treedef, static, positions, knob_pos, strides,
            sizes, grid_size, batch_size, n_total, per_device, chunk, mesh):
     """Evaluate design points ``start .. start + per_device · n_devices`` (clamped)."""
 
@@ -92,19 +92,19 @@ def _block(start, dynamic, knob_values, *, fn, treedef, static, positions, knob_
         for pos, vals, s, n in zip(knob_pos, knob_values, strides, sizes):
             leaves[pos] = vals[(g // s) % n]
         args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
-        return fn(*args, **kwargs)
+        return fn(*args, **kwargs, **consts)
 
-    def shard(start_, dynamic_, knob_values_):
-        del dynamic_, knob_values_  # closed over below; kept replicated by in_specs
+    def shard(start_, dynamic_, knob_values_, consts_):
+        del dynamic_, knob_values_, consts_  # closed over; kept replicated by in_specs
         base = start_ + jax.lax.axis_index(_AXIS) * per_device
         idx = jnp.minimum(base + jnp.arange(per_device, dtype=jnp.int32), n_total - 1)
         if per_device <= chunk:
             return jax.vmap(point)(idx)
         return jax.lax.map(point, idx, batch_size=chunk)
 
-    run = jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(), P()), out_specs=P(_AXIS),
+    run = jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(), P(), P()), out_specs=P(_AXIS),
                         check_vma=False)
-    return run(start, dynamic, knob_values)
+    return run(start, dynamic, knob_values, consts)
 
 
 def _to_host(tree):
@@ -116,7 +116,7 @@ def _to_host(tree):
 
 def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None = None,
           progress: bool = True, devices=None, block: int | None = None,
-          labels: bool = True, **kwargs) -> pd.DataFrame:
+          labels: bool = True, consts: Mapping | None = None, **kwargs) -> pd.DataFrame:
     """Evaluate a model function over a design space; one DataFrame row per design point.
 
     Args:
@@ -132,6 +132,9 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
         devices: JAX devices to shard over (default: all, across processes).
         block: design points per jitted call and device (default: up to 16 chunks).
         labels: show the spec's own labels (e.g. schedule names) in knob columns.
+        consts: keyword arguments passed whole to every evaluation (arrays are neither
+            batched nor shown, e.g. lookup tables); traced jit inputs, so XLA does not
+            constant-fold over them.
 
     Returns:
         ``pandas.DataFrame`` with knob columns, batched-leaf columns and output columns;
@@ -191,6 +194,7 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
                    sizes=g.sizes, grid_size=n_grid, batch_size=n_batch, n_total=n_total,
                    per_device=per_device, chunk=chunk, mesh=mesh)
     knob_values = tuple(jnp.asarray(v, dtype=dtype) for v in g.values)
+    consts = dict(consts or {})
     bar = None
     if progress and n_blocks > 1:
         from tqdm.auto import tqdm
@@ -198,7 +202,7 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
                    unit_scale=True)
     outs, pending = [], None
     for b in range(n_blocks):
-        res = _block(jnp.int32(b * step), dynamic, knob_values, **statics)
+        res = _block(jnp.int32(b * step), dynamic, knob_values, consts, **statics)
         if pending is not None:  # overlap the next block's compute with this transfer
             outs.append(_to_host(pending[0]))
             if bar is not None:

@@ -1,0 +1,202 @@
+"""Hardware knobs and co-design objectives built from the jaxmodel formulas.
+
+A *design* is a dict of knob values (real units). :func:`apply_knobs` turns it into a
+``System`` by editing the base hardware, keeping coupled fields consistent:
+
+==========================  ===================================================================
+knob                        fields set
+==========================  ===================================================================
+``core_count``              ``core_count`` and ``physical_core_count`` (a die without spares)
+``hbm_stacks``              ``mem_channels``, and ``mem_bw`` / ``mem_capacity`` scaled from the
+                            base device's per-stack bandwidth and capacity
+``global_buffer_bytes``     it and ``physical_global_buffer_bytes``
+``local_buffer_bytes``      it and ``physical_local_buffer_bytes``
+``link_bw``                 ``bw_per_device`` of the innermost network level
+any other ``Device`` field  that field
+==========================  ===================================================================
+
+Objectives (lower is better; LLMCompass §V's "performance per cost" inverted):
+
+- ``usd_seconds``: device cost (:func:`jaxmodel.device_cost`, die + memory + package) × the
+  time to serve one request batch (prefill + ``gen_len`` decode steps of ``n_layers`` layers,
+  LLMCompass §IV-A setup by default). Its inverse is throughput per dollar.
+- ``latency_cost_cap``: the same time, plus a quadratic penalty when the device cost exceeds
+  ``cost_cap_usd`` ("latency under a cost cap").
+
+:func:`run_spec` runs :func:`jaxmodel.codesign` from a TOML spec (the ``jaxmodel codesign``
+command).
+
+Example:
+    >>> obj = make_objective(hw_db.system("hgx_a100_4gpu"), hw_db.model("gpt3-175b"),
+    ...                      jm.Parallelism(tp=4))
+    >>> float(obj({"core_count": 108.0, "hbm_stacks": 5.0}))      # USD·s
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import jax.numpy as jnp
+
+from jaxmodel.types import Device, Model, Parallelism, System
+
+__all__ = ["apply_knobs", "make_objective", "serving_time", "OBJECTIVES", "run_spec"]
+
+OBJECTIVES = ("usd_seconds", "latency_cost_cap")
+_DEVICE_FIELDS = {f.name for f in dataclasses.fields(Device)} - {"name"}
+_SPECIAL = {"core_count", "hbm_stacks", "global_buffer_bytes", "local_buffer_bytes", "link_bw"}
+
+
+def knob_names() -> list[str]:
+    """Accepted knob names."""
+    return sorted(_SPECIAL | _DEVICE_FIELDS)
+
+
+def apply_knobs(system: System, params: Mapping[str, Any]) -> System:
+    """``system`` with the knobs of ``params`` applied (see module docstring).
+
+    Raises:
+        ValueError: unknown knob name.
+    """
+    dev = system.device
+    upd: dict = {}
+    for k, v in params.items():
+        if k == "core_count":
+            upd.update(core_count=v, physical_core_count=v)
+        elif k == "hbm_stacks":
+            per_bw = dev.mem_bw / dev.mem_channels
+            per_cap = dev.mem_capacity / dev.mem_channels
+            upd.update(mem_channels=v, mem_bw=v * per_bw, mem_capacity=v * per_cap)
+            if hasattr(dev, "physical_mem_channels"):
+                upd["physical_mem_channels"] = v
+        elif k in ("global_buffer_bytes", "local_buffer_bytes"):
+            upd[k] = v
+            if hasattr(dev, f"physical_{k}"):
+                upd[f"physical_{k}"] = v
+        elif k == "link_bw":
+            continue
+        elif k in _DEVICE_FIELDS:
+            upd[k] = v
+        else:
+            raise ValueError(f"codesign: unknown knob {k!r}; known: {knob_names()}")
+    levels = system.levels
+    if "link_bw" in params:
+        if not levels:
+            raise ValueError("codesign: knob 'link_bw' needs a system with a network level")
+        levels = (dataclasses.replace(levels[0], bw_per_device=params["link_bw"]),) + tuple(
+            levels[1:])
+    return dataclasses.replace(system, device=dataclasses.replace(dev, **upd), levels=levels)
+
+
+def serving_time(system: System, model: Model, par: Parallelism, batch=8.0,
+                 prompt_len=2048.0, gen_len=1024.0, n_layers=None, gemm=None):
+    """Seconds to serve one request batch: prefill + ``gen_len`` decode steps (single config).
+
+    Source: LLMCompass §IV-A (one GPT-3 layer, batch 8, input 2048, the 1024th output token;
+    4-way TP) and §V-A (latency = prefill + decoding). Each decode step is timed at the KV
+    length of the middle of the generation (``prompt_len + gen_len/2``), where the per-step
+    latency, close to affine in the KV length, equals its average. ``n_layers`` defaults to
+    the model's (one layer per pipeline stage-free device group, no pipeline).
+    """
+    from jaxmodel.workload import layer as _layer
+    layers = model.n_layers if n_layers is None else n_layers
+    pre = _layer.layer_times(system, model, par, batch, prompt_len, "prefill", 0.0, gemm)
+    dec = _layer.layer_times(system, model, par, batch, 1.0, "decode",
+                             prompt_len + 0.5 * gen_len, gemm)
+    return layers * (pre["total"] + gen_len * dec["total"])
+
+
+def make_objective(system: System, model: Model, par: Parallelism, kind: str = "usd_seconds",
+                   batch=8.0, prompt_len=2048.0, gen_len=1024.0, n_layers=None,
+                   cost_cap_usd=None, penalty=10.0, soft=None) -> Callable:
+    """An objective ``f(params) -> scalar`` for :func:`jaxmodel.codesign` (lower is better).
+
+    Args:
+        system, model, par: the base hardware, model and (inference) parallelism.
+        kind: ``"usd_seconds"`` or ``"latency_cost_cap"`` (module docstring).
+        batch, prompt_len, gen_len, n_layers: the served workload (:func:`serving_time`).
+        cost_cap_usd: cost cap of ``latency_cost_cap``.
+        penalty: weight of the squared relative cap violation (× latency).
+        soft: optional soft-min temperature of the GEMM tile search (smoother gradients).
+    """
+    from jaxmodel import cost as _cost
+    from jaxmodel import ops as _ops
+    if kind not in OBJECTIVES:
+        raise ValueError(f"codesign: objective={kind!r} is not one of {OBJECTIVES}")
+    if kind == "latency_cost_cap" and cost_cap_usd is None:
+        raise ValueError("codesign: objective 'latency_cost_cap' needs cost_cap_usd")
+    gemm = None
+    if soft is not None:
+        def gemm(dev, m, n, k, b=1.0, d=2.0):
+            return _ops.gemm_latency.single(dev, m, n, k, batch=b, dtype_bytes=d, soft=soft)
+    base_dev = _cost.area_fields(system.device) if hasattr(_cost, "area_fields") else None
+    if base_dev is None:
+        from jaxmodel.cost.area import area_fields
+        base_dev = area_fields(system.device)
+    base = dataclasses.replace(system, device=base_dev)
+
+    def objective(params):
+        s = apply_knobs(base, params)
+        t = serving_time(s, model, par, batch, prompt_len, gen_len, n_layers, gemm)
+        usd = _cost.device_cost.single(s.device).total_usd
+        if kind == "usd_seconds":
+            return usd * t
+        excess = jnp.maximum(usd / cost_cap_usd - 1.0, 0.0)
+        return t * (1.0 + penalty * excess ** 2)
+
+    return objective
+
+
+def evaluate_design(system: System, model: Model, par: Parallelism, params: Mapping,
+                    **workload) -> dict:
+    """Time, device cost and die area of one design (concrete numbers, for reports)."""
+    from jaxmodel import cost as _cost
+    from jaxmodel.cost.area import area_fields
+    s = apply_knobs(dataclasses.replace(system, device=area_fields(system.device)),
+                    {k: jnp.asarray(v, jnp.result_type(float)) for k, v in params.items()})
+    t = serving_time(s, model, par, **workload)
+    c = _cost.device_cost.single(s.device)
+    return {"time_s": float(t), "device_usd": float(c.total_usd),
+            "die_area_mm2": float(c.die_area_mm2), "usd_seconds": float(t * c.total_usd)}
+
+
+def run_spec(spec: Mapping, steps: int | None = None) -> dict:
+    """Run a co-design TOML spec; return a JSON-ready summary.
+
+    Spec keys: ``system``/``nodes`` (or ``device``), ``model``, ``[parallelism]``,
+    ``[workload]`` (batch, prompt_len, gen_len, n_layers), ``[codesign]`` (objective, steps,
+    n_starts, learning_rate, integer = [...], cost_cap_usd, soft, seed), ``[bounds]``
+    (knob = [lo, hi]) and optional ``[init]``.
+    """
+    import hw_db
+    from jaxmodel.cli import _load_system, build_parallelism
+    from jaxmodel.search.optimize import codesign
+    cd = dict(spec.get("codesign", {}))
+    bounds = {k: tuple(v) for k, v in dict(spec.get("bounds", {})).items()}
+    if not bounds:
+        raise ValueError("codesign spec: missing [bounds] (knob = [lo, hi])")
+    system = _load_system(spec.get("system"), spec.get("nodes"), spec.get("device"))
+    model = hw_db.model(spec.get("model", "gpt3-175b"))
+    par = build_parallelism(dict(spec.get("parallelism", {})), float(system.n_devices))
+    wl = dict(spec.get("workload", {}))
+    unknown = set(wl) - {"batch", "prompt_len", "gen_len", "n_layers"}
+    if unknown:
+        raise ValueError(f"codesign spec: unknown [workload] key(s) {sorted(unknown)}")
+    for k in bounds:
+        if k not in _SPECIAL and k not in _DEVICE_FIELDS:
+            raise ValueError(f"codesign spec: unknown knob {k!r}; known: {knob_names()}")
+    obj = make_objective(system, model, par, kind=cd.get("objective", "usd_seconds"),
+                         cost_cap_usd=cd.get("cost_cap_usd"), soft=cd.get("soft"), **wl)
+    exact = make_objective(system, model, par, kind=cd.get("objective", "usd_seconds"),
+                           cost_cap_usd=cd.get("cost_cap_usd"), **wl)
+    res = codesign(obj, dict(spec.get("init", {})), bounds, steps or int(cd.get("steps", 100)),
+                   n_starts=int(cd.get("n_starts", 4)),
+                   learning_rate=float(cd.get("learning_rate", 0.05)),
+                   integer=tuple(cd.get("integer", ())), seed=int(cd.get("seed", 0)),
+                   exact=exact)
+    return {"objective": cd.get("objective", "usd_seconds"), "params": res.params,
+            "value": res.value, "continuous_params": res.continuous_params,
+            "continuous_value": res.continuous_value, "n_evals": res.n_evals,
+            "best_history": res.best_history[:: max(1, len(res.best_history) // 20)].tolist(),
+            "design": evaluate_design(system, model, par, res.params, **wl)}
