@@ -62,6 +62,10 @@ def test_alltoall_volume_and_time_by_hand():
     a2a = moe.alltoall_time(NODE, MIXTRAL, par, 4096.0)
     assert float(a2a) == pytest.approx(2 * float(one), rel=1e-12)
     assert float(moe.alltoall_time(NODE, MIXTRAL, jm.Parallelism(tp=8), 4096.0)) == 0.0
+    # per MoE layer (not share-weighted): the same for Mixtral, whose every layer is MoE
+    one_layer = moe.moe_layer_times.single(NODE, MIXTRAL, par, 4096.0)
+    assert float(one_layer["alltoall"]) == pytest.approx(float(a2a), rel=1e-12)
+    assert float(one_layer["capacity"]) == C and float(one_layer["router"]) > 0
     # dropless (serving): the k·T routed copies
     dl = moe.moe_dims(MIXTRAL, par, 4096.0, dropless=True)
     assert float(dl["a2a_bytes"]) == 2 * 4096 * 4096 * 2
