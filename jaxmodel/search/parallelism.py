@@ -1,27 +1,15 @@
-"""Exhaustive parallelism search with GEMM de-duplication.
+"""Exhaustive parallelism search.
 
 :func:`search_parallelism` enumerates every consistent 5D plan for a model on ``n`` devices —
 ``dp·tp·pp = n``, ``tp`` dividing the attention heads, ``pp`` (times the interleave) dividing
 the layers, micro-batches dividing the per-replica batch, experts over ``ep | dp·tp`` — crossed
 with sequence parallelism, pipeline schedule, virtual stages, activation recompute, ZeRO stage
-and FlashAttention, and evaluates all of them with :func:`jaxmodel.train_step` in batched,
-sharded calls (:func:`jaxmodel.sweep`).
-
-The expensive part of one evaluation is the tile search of every GEMM (LLMCompass §III-B
-mapper, a masked min over the candidate grid). A search has few distinct GEMM shapes — they
-depend on a handful of plan fields (``tp``, ``micro_batch``, ...) — so the search
-
-1. traces the training step once with a *recording* GEMM hook and reads from the jaxpr which
-   plan fields the GEMM shapes depend on (a backward dependency walk, conservative through
-   nested calls);
-2. evaluates the recorded shapes only on the distinct combinations of those fields;
-3. runs the tile search once per distinct ``(m, n, k, batch, dtype)``;
-4. evaluates every plan with a *lookup* hook: the i-th GEMM call of the step returns entry
-   ``i`` of its combination's row of the latency table.
-
-The lookup returns bit-identical latencies to the tile search (same function, same inputs), so
-the ranking is exact; the de-duplication is checked against direct evaluation in the tests.
-DESIGN.md "Data flows one way": this module only calls ``parallel``/``ops``.
+and FlashAttention (and, optionally, execution options of the training step), and evaluates
+all of them in one batched :func:`jaxmodel.train_step` call. That call does the
+de-duplication (engineer E's ``parallel`` package): the GEMM shapes of the batch are timed once
+by the tile search and looked up (:mod:`jaxmodel.parallel.gemm_table`), and the per-layer
+stage times are computed once per distinct stage input and composed into every plan (exact).
+DESIGN.md "Data flows one way": this module only calls ``parallel``.
 
 Source of the enumeration rules: Narayanan et al., "Efficient Large-Scale Language Model
 Training on GPU Clusters Using Megatron-LM", SC'21 §2–3 (PTD-P; interleaving needs the
@@ -37,9 +25,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import time
-from typing import Callable, Sequence
+from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +39,7 @@ from jaxmodel.numerics import REASONS
 from jaxmodel.types import (RECOMPUTE, SCHEDULES, Model, Parallelism, System, code_of,
                             is_concrete)
 
-__all__ = ["search_parallelism", "enumerate_plans", "dedup_gemm"]
+__all__ = ["search_parallelism", "enumerate_plans"]
 
 PAR_FIELDS = tuple(f.name for f in dataclasses.fields(Parallelism))
 
@@ -160,363 +149,6 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
     return {f: table[:, i] for i, f in enumerate(order)}
 
 
-# --------------------------------------------------------------------------------------------
-# GEMM de-duplication
-# --------------------------------------------------------------------------------------------
-_CALLBACKS = ("pure_callback", "io_callback")
-
-
-def _sub_jaxprs(eqn) -> list:
-    """``(jaxpr, consts)`` of every sub-jaxpr held in an equation's parameters."""
-    out = []
-    for v in eqn.params.values():
-        for x in (v if isinstance(v, (tuple, list)) else (v,)):
-            if hasattr(x, "eqns"):
-                out.append((x, ()))
-            elif hasattr(x, "jaxpr") and hasattr(x.jaxpr, "eqns"):
-                out.append((x.jaxpr, getattr(x, "consts", ())))
-    return out
-
-
-def _has_callback(jaxpr) -> bool:
-    return any(e.primitive.name in _CALLBACKS or any(_has_callback(j) for j, _ in
-                                                     _sub_jaxprs(e)) for e in jaxpr.eqns)
-
-
-def _inlinable(eqn):
-    """The single sub-jaxpr of a call-like equation (``jit``, custom JVP/VJP) or None."""
-    subs = _sub_jaxprs(eqn)
-    if len(subs) >= 1:
-        j, c = subs[0]
-        if (len(j.invars) == len(eqn.invars) and len(j.outvars) == len(eqn.outvars)
-                and all(not _has_callback(x) for x, _ in subs[1:])):
-            return j, c
-    return None
-
-
-def _needed_inputs(jaxpr, const_in, needed_out) -> set:
-    """Inputs of ``jaxpr`` that its GEMM callbacks (and the outputs ``needed_out``) use.
-
-    A backward dependency walk. Call-like equations are followed into their sub-jaxpr; other
-    equations holding a callback mark all operands (conservative). One deliberate shortcut:
-    a ``select_n`` with a constant case — the double-where sanitisation ``where(plan_ok, x,
-    1.0)`` of infeasible plans — does not depend on its predicate. That makes the GEMM shapes
-    of a *consistent* plan depend only on the fields that really size the GEMMs; a plan for
-    which the shortcut is wrong misses the lookup table, is flagged and re-evaluated with the
-    tile search, so the shortcut can cost time but never accuracy.
-    """
-    const = {v: c for v, c in zip(jaxpr.invars, const_in)}
-    for v in jaxpr.constvars:
-        const[v] = True
-
-    def is_const(v):
-        return hasattr(v, "val") or const.get(v, False)
-
-    for eqn in jaxpr.eqns:
-        c = eqn.primitive.name not in _CALLBACKS and all(is_const(v) for v in eqn.invars)
-        for v in eqn.outvars:
-            const[v] = c
-    needed = {jaxpr.outvars[i] for i in needed_out if not hasattr(jaxpr.outvars[i], "val")}
-
-    def add(vs):
-        needed.update(v for v in vs if not is_const(v))
-
-    for eqn in reversed(jaxpr.eqns):
-        hit = [i for i, v in enumerate(eqn.outvars) if v in needed]
-        name = eqn.primitive.name
-        if name in _CALLBACKS:
-            add(eqn.invars)
-            continue
-        inner = _inlinable(eqn)
-        has_cb = any(_has_callback(j) for j, _ in _sub_jaxprs(eqn))
-        if not hit and not has_cb:
-            continue
-        if name == "select_n" and any(is_const(v) for v in eqn.invars[1:]):
-            add(eqn.invars[1:])
-        elif inner is not None:
-            sub, _ = inner
-            idx = _needed_inputs(sub, [is_const(v) for v in eqn.invars], hit)
-            add([eqn.invars[i] for i in idx])
-        else:
-            add(eqn.invars)
-    return {i for i, v in enumerate(jaxpr.invars) if v in needed}
-
-
-@dataclasses.dataclass(frozen=True)
-class GemmTable:
-    """Latencies of distinct GEMM shapes with an exact by-value lookup usable under vmap.
-
-    Each coordinate ``(m, n, k, batch, dtype_bytes)`` is mapped to its rank among the distinct
-    values of that coordinate (``searchsorted``, nearest neighbour, exact-match check); the
-    ranks form one int32 key searched in the sorted key table. A pytree: pass it as a traced
-    argument, so XLA does not constant-fold the searches.
-
-    Attributes:
-        axes: distinct values of each coordinate (5 sorted arrays).
-        keys: sorted int32 keys of the table's shapes.
-        latency: seconds per key.
-        card: number of distinct values per coordinate (static).
-    """
-
-    axes: tuple
-    keys: jax.Array
-    latency: jax.Array
-    device: jax.Array
-    card: tuple = ()
-
-    @classmethod
-    def build(cls, shapes: np.ndarray, latency: np.ndarray, device_leaves) -> "GemmTable":
-        dtype = jnp.result_type(float)
-        axes = [np.unique(shapes[:, j]) for j in range(5)]
-        card = tuple(len(a) for a in axes)
-        if math.prod(card) >= 2 ** 31 - 1:
-            raise OverflowError("GEMM table too large for int32 keys")
-        keys = np.zeros(len(shapes), dtype=np.int64)
-        for j, (a, c) in enumerate(zip(axes, card)):
-            keys = keys * c + np.searchsorted(a, shapes[:, j])
-        order = np.argsort(keys)
-        return cls(axes=tuple(jnp.asarray(a, dtype) for a in axes),
-                   keys=jnp.asarray(keys[order], jnp.int32),
-                   latency=jnp.asarray(np.asarray(latency)[order], dtype),
-                   device=jnp.asarray(np.asarray(device_leaves, dtype=float), dtype), card=card)
-
-    def lookup(self, m, n, k, batch=1.0, dtype_bytes=2.0, device_leaves=None):
-        """``(seconds, hit)`` for GEMM shapes (any common shape); ``hit`` False if absent.
-
-        ``device_leaves``: the leaves of the device the GEMM runs on; the lookup only hits
-        when they equal the device the table was built for.
-        """
-        dtype = jnp.result_type(float)
-        shape = jnp.shape(m)
-        key = jnp.zeros(shape, jnp.int32)
-        hit = jnp.ones(shape, bool)
-        if device_leaves is not None:
-            same = jnp.all(jnp.stack([jnp.asarray(x, dtype).reshape(-1)[0] if jnp.ndim(x)
-                                      else jnp.asarray(x, dtype) for x in device_leaves])
-                           == self.device)
-            hit &= same
-        for x, ax, c in zip((m, n, k, batch, dtype_bytes), self.axes, self.card):
-            x = jnp.broadcast_to(jnp.asarray(x, dtype), shape)
-            if c > 1:
-                i = jnp.clip(jnp.searchsorted(ax, x), 1, c - 1)
-                i = jnp.where(jnp.abs(ax[i - 1] - x) <= jnp.abs(ax[i] - x), i - 1, i)
-            else:
-                i = jnp.zeros(shape, jnp.int32)
-            hit &= jnp.abs(ax[i] - x) <= 1e-6 * jnp.maximum(1.0, jnp.abs(x))
-            key = key * c + i.astype(jnp.int32)
-        j = jnp.clip(jnp.searchsorted(self.keys, key), 0, self.keys.shape[0] - 1)
-        hit &= self.keys[j] == key
-        return self.latency[j], hit
-
-    def __call__(self, dev, m, n, k, batch=1.0, dtype_bytes=2.0):
-        """GEMM-hook form ``(dev, m, n, k, batch, dtype_bytes) -> s`` (NaN when absent)."""
-        t, hit = self.lookup(m, n, k, batch, dtype_bytes, jax.tree_util.tree_leaves(dev))
-        return jnp.where(hit, t, jnp.nan)
-
-
-jax.tree_util.register_dataclass(GemmTable, data_fields=["axes", "keys", "latency", "device"],
-                                 meta_fields=["card"])
-
-
-def _interpret(jaxpr, consts, args, table: GemmTable):
-    """Evaluate ``jaxpr`` with every GEMM callback replaced by the table lookup.
-
-    Returns ``(outputs, miss)``: ``miss`` is True when any GEMM shape was not in the table.
-    Call-like equations holding a callback are inlined (forward evaluation only); other
-    equations are re-bound as in ``jax.core.eval_jaxpr``. Any other primitive holding a
-    callback (control flow) raises ``NotImplementedError``.
-    """
-    env = {}
-    miss = jnp.asarray(False)
-
-    def read(v):
-        return v.val if hasattr(v, "val") else env[v]
-
-    for v, x in zip(jaxpr.constvars, consts):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args):
-        env[v] = x
-    for eqn in jaxpr.eqns:
-        ins = [read(v) for v in eqn.invars]
-        if eqn.primitive.name in _CALLBACKS:
-            t, hit = table.lookup(*ins[-5:], device_leaves=ins[:-5])
-            miss = miss | ~jnp.all(hit)
-            outs = [t]
-        elif any(_has_callback(j) for j, _ in _sub_jaxprs(eqn)):
-            inner = _inlinable(eqn)
-            if inner is None:
-                raise NotImplementedError(f"GEMM call inside {eqn.primitive.name}")
-            outs, m = _interpret(inner[0], inner[1], ins, table)
-            miss = miss | m
-        else:
-            with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
-            if not eqn.primitive.multiple_results:
-                outs = [outs]
-        for v, x in zip(eqn.outvars, outs):
-            env[v] = x
-    return [read(v) for v in jaxpr.outvars], miss
-
-
-def _slice(jaxpr, needed_out) -> tuple[set, set]:
-    """Equations (indices) and variables of ``jaxpr`` that its GEMM callbacks or the outputs
-    ``needed_out`` depend on."""
-    needed = {jaxpr.outvars[i] for i in needed_out if not hasattr(jaxpr.outvars[i], "val")}
-    keep = set()
-    for n, eqn in enumerate(reversed(jaxpr.eqns)):
-        if (eqn.primitive.name in _CALLBACKS or any(v in needed for v in eqn.outvars)
-                or any(_has_callback(j) for j, _ in _sub_jaxprs(eqn))):
-            keep.add(len(jaxpr.eqns) - 1 - n)
-            needed.update(v for v in eqn.invars if not hasattr(v, "val"))
-    return keep, needed
-
-
-def _gemm_operands(jaxpr, consts, args, needed_out=(), sink=None):
-    """Evaluate only the slice of ``jaxpr`` that sizes its GEMMs; collect their operands.
-
-    Returns ``(outputs, sink)``: ``sink`` lists the operand tuples ``(m, n, k, batch,
-    dtype_bytes)`` of every GEMM callback; outputs outside the slice are zeros. The rest of
-    the training step (collectives, memory, pipeline) is never traced, so the program that
-    records the shapes compiles in a fraction of the step's time.
-    """
-    sink = [] if sink is None else sink
-    keep, needed = _slice(jaxpr, needed_out)
-    env = {}
-
-    def read(v):
-        return v.val if hasattr(v, "val") else env.get(v, None)
-
-    for v, x in zip(jaxpr.constvars, consts):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args):
-        env[v] = x
-    for i, eqn in enumerate(jaxpr.eqns):
-        if i not in keep:
-            continue
-        ins = [read(v) for v in eqn.invars]
-        if eqn.primitive.name in _CALLBACKS:
-            sink.append(tuple(ins))
-            outs = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
-        elif any(_has_callback(j) for j, _ in _sub_jaxprs(eqn)):
-            inner = _inlinable(eqn)
-            if inner is None:
-                raise NotImplementedError(f"GEMM call inside {eqn.primitive.name}")
-            sub_needed = [j for j, v in enumerate(eqn.outvars) if v in needed]
-            outs, _ = _gemm_operands(inner[0], inner[1], ins, sub_needed, sink)
-        else:
-            with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
-            if not eqn.primitive.multiple_results:
-                outs = [outs]
-        for v, x in zip(eqn.outvars, outs):
-            env[v] = x
-    outs = [read(v) for v in jaxpr.outvars]
-    outs = [jnp.zeros(v.aval.shape, v.aval.dtype) if x is None else x
-            for v, x in zip(jaxpr.outvars, outs)]
-    return outs, sink
-
-
-def dedup_gemm(train_single: Callable, ctx, plans: dict[str, np.ndarray], call: Callable):
-    """Tile-search each distinct GEMM shape of many plans once; return a lookup evaluator.
-
-    The training step is traced once (Python tracing of a whole step is the slow part of a
-    search) with a host-callback GEMM hook. From that jaxpr: the plan fields the GEMM shapes
-    depend on (:func:`_needed_inputs`); the shapes of one representative plan (its first
-    occurrence) per distinct combination of those fields — the jaxpr re-evaluated under
-    ``vmap`` with the callbacks recording; and the evaluator of a plan — the jaxpr interpreted
-    with the callbacks replaced by the :class:`GemmTable` lookup, which also reports misses.
-
-    Args:
-        train_single: ``train_single(par, ctx, gemm=hook)`` for one plan; calls
-            ``hook(dev, m, n, k, batch, dtype_bytes)`` (possibly under an inner ``vmap``).
-            The device is recorded too (the step may derive it, e.g. a sustained clock); it
-            must be the same for every GEMM and plan, else ``NotImplementedError``.
-        ctx: pytree of everything but the plan (system, model, workload). It is a traced
-            input of the compiled step, never a compile-time constant (XLA would spend
-            minutes constant-folding the plan-independent part of the step).
-        plans: ``{field: array (N,)}`` as from :func:`enumerate_plans`.
-        call: the tile search, ``call(dev, m, n, k, batch, dtype_bytes) -> s`` (batched).
-
-    Returns:
-        ``(table, evaluate, info)``: the :class:`GemmTable`, ``evaluate(par, table, ctx) ->
-        (output, miss)`` for one plan, and statistics (incl. ``timings``).
-
-    Raises:
-        NotImplementedError: the step calls the GEMM hook inside control flow.
-        OverflowError: too many distinct shapes for int32 keys.
-    """
-    dtype = jnp.result_type(float)
-    timings = {}
-    t0 = time.perf_counter()
-
-    def cb(*xs):  # never runs: the hook only marks GEMM calls in the traced jaxpr
-        return np.zeros(np.broadcast_shapes(*[np.shape(x) for x in xs]), dtype)
-
-    dev_tree = []
-
-    def hook(dev_, m, n, k, batch=1.0, dtype_bytes=2.0):
-        leaves_, tree_ = jax.tree_util.tree_flatten(dev_)
-        dev_tree.append(tree_)
-        return jax.pure_callback(cb, jax.ShapeDtypeStruct(jnp.shape(m), dtype), *leaves_, m,
-                                 n, k, batch, dtype_bytes, vmap_method="broadcast_all")
-
-    def record(leaves, ctx_):
-        return train_single(Parallelism(**dict(zip(PAR_FIELDS, leaves))), ctx_, gemm=hook)
-
-    ctx_leaves, ctx_tree = jax.tree_util.tree_flatten(ctx)
-    n_par = len(PAR_FIELDS)
-    probe = [jnp.asarray(plans[f][0], dtype) for f in PAR_FIELDS]
-    closed, out_shape = jax.make_jaxpr(record, return_shape=True)(probe, ctx)
-    out_tree = jax.tree_util.tree_structure(out_shape)
-    deps = sorted(i for i in _needed_inputs(closed.jaxpr, [False] * n_par
-                                            + [True] * len(ctx_leaves), []) if i < n_par)
-    dep_fields = [PAR_FIELDS[i] for i in deps]
-    timings["trace_s"] = time.perf_counter() - t0
-    n_plans = len(plans[PAR_FIELDS[0]])
-    if dep_fields:
-        _, first = np.unique(np.stack([plans[f] for f in dep_fields], axis=1), axis=0,
-                             return_index=True)
-    else:
-        first = np.zeros(1, dtype=np.int64)
-    leaves = [jnp.asarray(plans[f][first], dtype) for f in PAR_FIELDS]
-
-    if not dev_tree or any(t != dev_tree[0] for t in dev_tree):
-        raise NotImplementedError("dedup_gemm: GEMMs run on devices of different structure")
-
-    def shapes_of(*xs):
-        _, ops = _gemm_operands(closed.jaxpr, closed.consts, xs)
-        # every operand (device leaves and m, n, k, batch, dtype) broadcast to the call's shape
-        return [jnp.stack(jnp.broadcast_arrays(*[jnp.asarray(x, dtype) for x in op]))
-                for op in ops]
-
-    axes = (0,) * n_par + (None,) * len(ctx_leaves)
-    per_site = jax.jit(jax.vmap(shapes_of, in_axes=axes))(*leaves, *ctx_leaves)
-    rows = np.concatenate([np.moveaxis(np.asarray(a), 1, -1).reshape(-1, a.shape[1])
-                           for a in per_site])
-    devices = np.unique(rows[:, :-5], axis=0)
-    if len(devices) != 1:
-        raise NotImplementedError("dedup_gemm: the GEMM device depends on the plan")
-    dev = jax.tree_util.tree_unflatten(dev_tree[0], [float(x) for x in devices[0]])
-    shapes = np.unique(rows[:, -5:], axis=0)
-    timings["record_s"] = time.perf_counter() - t0 - timings["trace_s"]
-    t1 = time.perf_counter()
-    lat = np.asarray(call(dev, *(jnp.asarray(shapes[:, j], dtype) for j in range(5))))
-    table = GemmTable.build(shapes, lat, devices[0])
-    timings["tile_search_s"] = time.perf_counter() - t1
-
-    def evaluate(par, table, ctx):
-        args = [jnp.asarray(getattr(par, f), dtype) for f in PAR_FIELDS]
-        args += jax.tree_util.tree_leaves(ctx)
-        flat, miss = _interpret(closed.jaxpr, closed.consts, args, table)
-        return jax.tree_util.tree_unflatten(out_tree, flat), miss
-
-    # fail early (before the big sweep) when the jaxpr cannot be interpreted
-    jax.eval_shape(evaluate, Parallelism(*probe), table, ctx)
-    info = dict(shape_fields=dep_fields, n_combos=int(len(first)),
-                n_unique_gemms=int(len(shapes)), timings=timings)
-    return table, evaluate, info
-
-
 def _scaled_system(system: System, n_devices: int) -> System:
     """``system`` with its outermost level resized so it holds ``n_devices`` devices."""
     have = float(np.asarray(system.n_devices))
@@ -535,10 +167,18 @@ def _scaled_system(system: System, n_devices: int) -> System:
 
 
 def search_parallelism(system: System, model: Model, n_devices: int, global_batch,
-                       seq_len, *, dedup: bool = True, chunk: int = 4096,
-                       progress: bool = True, top: int | None = None, step_fn=None,
+                       seq_len, *, gemm_table: bool = True, progress: bool = True,
+                       top: int | None = None, step_options: Mapping | None = None,
                        **options) -> pd.DataFrame:
     """Rank every consistent parallelism plan for training ``model`` on ``n_devices``.
+
+    The plans of :func:`enumerate_plans` (crossed with ``step_options``) are evaluated in ONE
+    batched :func:`jaxmodel.train_step` call, which de-duplicates the expensive part: the
+    per-layer stage times depend on few plan fields and are computed once per distinct
+    combination, then every plan is composed from them (exact). With ``gemm_table`` the
+    distinct GEMM shapes are first timed once by the tile search and looked up
+    (:class:`jaxmodel.parallel.gemm_table.GemmTable`; a missing shape would make a plan
+    infeasible, never wrong).
 
     Args:
         system: the hardware; its outermost network level is resized when it holds a
@@ -547,27 +187,36 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
         n_devices: devices to use (``dp·tp·pp``).
         global_batch: sequences per optimizer step.
         seq_len: tokens per sequence.
-        dedup: GEMM de-duplication (tile search once per distinct shape; exact).
-        chunk: plans per ``lax.map`` step.
-        progress: tqdm progress bar.
+        gemm_table: time each distinct GEMM shape once, then look it up.
+        progress: print the stages (plans, GEMM table, evaluation) to stderr.
         top: return only the best ``top`` rows.
-        step_fn: the training step (default :func:`jaxmodel.train_step`); must expose
-            ``.single(system, model, par, global_batch, seq_len, gemm=...)``.
+        step_options: execution options of :func:`jaxmodel.train_step` to search as well,
+            ``{name: values}`` (e.g. ``{"dp_overlap": [0, 1], "grad_bytes": [2, 4]}``:
+            overlapped gradient reduction on/off, bf16 vs fp32 gradient reduction).
         **options: enumeration options of :func:`enumerate_plans` (``schedules``,
             ``recompute``, ``zero``, ``sp``, ``flash_attention``, ``max_tp``, ...).
 
     Returns:
         DataFrame ranked by ``step_time_s`` (infeasible plans last, ``+inf``), one row per
-        plan: the plan fields (``schedule``/``recompute`` as names), every scalar output of
-        the training step (``step_time_s``, ``mfu``, ``tokens_per_s``, ``memory_bytes``,
-        ``feasible``, ``reason`` and ``reason_name``, ``breakdown.*``). ``df.attrs`` has
-        ``n_evaluated``, ``wall_s``, ``configs_per_s`` and the de-dup statistics.
+        plan: the plan fields (``schedule``/``recompute`` as names), the step options, every
+        scalar output of the training step (``step_time_s``, ``mfu``, ``tokens_per_s``,
+        ``memory_bytes``, ``feasible``, ``reason`` and ``reason_name``, ``breakdown.*``,
+        ``memory.*``). ``df.attrs``: ``n_evaluated``, ``wall_s``, ``configs_per_s``,
+        ``n_feasible``, ``timings`` and ``n_unique_gemms``.
+
+    Raises:
+        ValueError: no consistent plan, bad options, or a system that cannot be resized.
     """
+    import sys
+
+    from jaxmodel import parallel as _parallel
+    from jaxmodel.search.explore import output_names
+
+    def say(msg):
+        if progress:
+            print(f"[search_parallelism] {msg}", file=sys.stderr, flush=True)
+
     t0 = time.perf_counter()
-    if step_fn is None:
-        from jaxmodel import parallel as _parallel
-        step_fn = _parallel.train_step
-    single = getattr(step_fn, "single", step_fn)
     n = _as_int(n_devices, "n_devices")
     gb = _as_int(global_batch, "global_batch")
     system = _scaled_system(system, n)
@@ -576,49 +225,67 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
     if n_plans == 0:
         raise ValueError(f"search_parallelism: no consistent plan for {n} devices, global "
                          f"batch {gb} and the given options")
+    extra = {}
+    if step_options:
+        known = set(inspect.signature(_parallel.train_step).parameters)
+        for k, vals in step_options.items():
+            if k not in known or k in ("system", "model", "par", "global_batch", "seq_len"):
+                raise ValueError(f"search_parallelism: step option {k!r} is not a keyword of "
+                                 f"train_step")
+            vals = np.asarray(vals, dtype=float).reshape(-1)
+            if vals.size == 0:
+                raise ValueError(f"search_parallelism: step option {k!r} has no values")
+            extra[k] = vals
+    reps = math.prod(len(v) for v in extra.values()) if extra else 1
+    if reps > 1:  # plans × options, options varying fastest
+        plans = {k: np.repeat(v, reps) for k, v in plans.items()}
+        grids = np.meshgrid(*extra.values(), indexing="ij")
+        extra = {k: np.tile(g.reshape(-1), n_plans) for k, g in zip(extra, grids)}
+    elif extra:
+        extra = {k: np.full(n_plans, v[0]) for k, v in extra.items()}
+    n_eval = n_plans * reps
     f = jnp.result_type(float)
-    ctx = {"system": system, "model": model, "global_batch": jnp.asarray(gb, f),
-           "seq_len": jnp.asarray(float(seq_len), f)}
-
-    def train(par, ctx, gemm=None):
-        return single(ctx["system"], ctx["model"], par, ctx["global_batch"], ctx["seq_len"],
-                      gemm=gemm)
-
-    info: dict = {}
-    par_b = Parallelism(**{k: jnp.asarray(plans[k], f) for k in PAR_FIELDS})
-    from jaxmodel.search.explore import sweep
-    table = None
-    if dedup:
-        from jaxmodel import ops as _ops
-        try:
-            table, evaluate, info = dedup_gemm(train, ctx, plans, _ops.gemm_latency)
-        except (OverflowError, NotImplementedError) as e:
-            info = {"dedup_disabled": str(e)}
-            table = None
+    par = Parallelism(**{k: jnp.asarray(plans[k], f) for k in PAR_FIELDS})
+    kw = {k: jnp.asarray(v, f) for k, v in extra.items()}
+    timings = {"enumerate_s": time.perf_counter() - t0}
+    say(f"{n_eval:,} plans for {model.name} on {n} devices")
+    gemm, info = None, {}
+    if gemm_table:
+        from jaxmodel.parallel.gemm_table import GemmTable
+        t1 = time.perf_counter()
+        table = GemmTable.for_train_step(system, model, par, gb, float(seq_len))
+        gemm = table.lookup
+        info["n_unique_gemms"] = int(len(table.shapes))
+        timings["gemm_table_s"] = time.perf_counter() - t1
+        say(f"{info['n_unique_gemms']} distinct GEMM shapes timed in "
+            f"{timings['gemm_table_s']:.1f} s")
     t1 = time.perf_counter()
-    if table is None:
-        df = sweep(train, par_b, chunk=chunk, progress=progress, consts={"ctx": ctx})
-    else:
-        df = sweep(evaluate, par_b, chunk=chunk, progress=progress,
-                   consts={"table": table, "ctx": ctx})
-        df = df.rename(columns=lambda c: c[2:] if c.startswith("0.") else c)
-        miss = np.flatnonzero(df.pop("1").to_numpy())
-        info["n_lookup_misses"] = int(len(miss))
-        if len(miss):  # plans whose GEMMs the table lacks: evaluate with the tile search
-            sub = Parallelism(**{k: jnp.asarray(plans[k][miss], f) for k in PAR_FIELDS})
-            redo = sweep(train, sub, chunk=chunk, progress=False, consts={"ctx": ctx})
-            df.iloc[miss, :] = redo[df.columns].to_numpy()
-    info.setdefault("timings", {})["evaluate_s"] = time.perf_counter() - t1
-    df = df.rename(columns={f"par.{f}": f for f in PAR_FIELDS})
-    df["schedule"] = np.asarray(SCHEDULES)[df["schedule"].to_numpy().astype(int)]
-    df["recompute"] = np.asarray(RECOMPUTE)[df["recompute"].to_numpy().astype(int)]
+    res = _parallel.train_step(system, model, par, float(gb), float(seq_len), gemm=gemm, **kw)
+    res = jax.tree_util.tree_map(np.asarray, res)
+    timings["evaluate_s"] = time.perf_counter() - t1
+    say(f"evaluated in {timings['evaluate_s']:.1f} s")
+
+    cols = {k: plans[k] for k in PAR_FIELDS}
+    cols["schedule"] = np.asarray(SCHEDULES)[plans["schedule"].astype(int)]
+    cols["recompute"] = np.asarray(RECOMPUTE)[plans["recompute"].astype(int)]
+    cols.update(extra)
+    leaves = jax.tree_util.tree_leaves(res)
+    for name, val in zip(output_names(res), leaves):
+        val = np.asarray(val).reshape(n_eval, -1)
+        if val.shape[1] == 1:
+            cols[name] = val[:, 0]
+        else:
+            for j in range(val.shape[1]):
+                cols[f"{name}[{j}]"] = val[:, j]
+    df = pd.DataFrame(cols)
     if "reason" in df:
         df["reason_name"] = np.asarray(REASONS + ("?",))[np.clip(
             df["reason"].to_numpy().astype(int), 0, len(REASONS))]
     df = df.sort_values("step_time_s", kind="stable").reset_index(drop=True)
     wall = time.perf_counter() - t0
-    attrs = dict(n_evaluated=int(n_plans), wall_s=wall, configs_per_s=n_plans / wall,
-                 n_feasible=int(np.sum(np.isfinite(df["step_time_s"]))), **info)
+    attrs = dict(n_evaluated=int(n_eval), wall_s=wall, configs_per_s=n_eval / wall,
+                 n_feasible=int(np.sum(np.isfinite(df["step_time_s"]))), timings=timings,
+                 **info)
     if top:
         df = df.head(int(top)).copy()
     df.attrs.update(attrs)

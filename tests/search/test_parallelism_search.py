@@ -1,0 +1,104 @@
+"""Parallelism-plan enumeration (fast) and the ranked search (slow: compiles a train step)."""
+
+import itertools
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxmodel as jm
+import hw_db
+from jaxmodel.search.parallelism import PAR_FIELDS, _scaled_system, enumerate_plans
+
+
+def brute_force(model, n, gb):
+    """Every plan by nested loops over all candidate values, filtered by the rules."""
+    L, H, Hkv, E = (int(model.n_layers), int(model.n_heads), int(model.n_kv_heads),
+                    int(model.n_experts))
+    rows = set()
+    rng = range(1, n + 1)
+    for dp, tp, pp in itertools.product(rng, rng, rng):
+        if dp * tp * pp != n or H % tp or not (Hkv % tp == 0 or tp % Hkv == 0) or L % pp:
+            continue
+        if gb % dp:
+            continue
+        for mb in range(1, gb // dp + 1):
+            if (gb // dp) % mb:
+                continue
+            m = gb // (dp * mb)
+            for sched, v in itertools.product((0, 1, 2), range(1, L + 1)):
+                if sched < 2 and v != 1:
+                    continue
+                if sched == 2 and (pp == 1 or v < 2 or L % (pp * v) or m % pp):
+                    continue
+                for sp, ep, rc, z, fa in itertools.product((0, 1), range(1, E + 1), (0, 1, 2),
+                                                           (0, 1, 2, 3), (0, 1)):
+                    if (sp and tp == 1) or E % ep or (dp * tp) % ep or (z and dp == 1):
+                        continue
+                    rows.add((dp, tp, pp, sp, ep, mb, v, sched, rc, z, fa))
+    return rows
+
+
+@pytest.mark.parametrize("name, n, gb", [("gpt2-small", 8, 16), ("llama3-8b", 12, 24),
+                                         ("mixtral-8x7b", 8, 8)])
+def test_enumeration_matches_brute_force(name, n, gb):
+    model = hw_db.model(name)
+    plans = enumerate_plans(model, n, gb)
+    got = {tuple(int(plans[f][i]) for f in ("dp", "tp", "pp", "sp", "ep", "micro_batch",
+                                             "interleave", "schedule", "recompute", "zero",
+                                             "flash_attention"))
+           for i in range(len(plans["dp"]))}
+    assert len(got) == len(plans["dp"])              # no duplicates
+    assert got == brute_force(model, n, gb)
+
+
+def test_enumeration_options_restrict_the_space():
+    model = hw_db.model("gpt3-13b")
+    full = enumerate_plans(model, 16, 32)
+    few = enumerate_plans(model, 16, 32, schedules=("1f1b",), recompute=("full",), zero=(1,),
+                          sp=(True,), flash_attention=(False,), max_tp=4)
+    assert 0 < len(few["dp"]) < len(full["dp"])
+    assert set(few["schedule"]) == {1.0} and set(few["recompute"]) == {2.0}
+    assert set(few["tp"]) <= {1.0, 2.0, 4.0}
+    assert set(few["zero"]) <= {0.0, 1.0}             # ZeRO only with dp > 1
+    n = few["dp"] * few["tp"] * few["pp"]
+    assert np.all(n == 16)
+
+
+@pytest.mark.parametrize("kw, match", [({"n_devices": 0}, "n_devices"),
+                                       ({"global_batch": 2.5}, "global_batch"),
+                                       ({"schedules": ("zigzag",)}, "zigzag"),
+                                       ({"zero": (4,)}, "zero")])
+def test_enumeration_bad_arguments(kw, match):
+    args = dict(n_devices=8, global_batch=16) | kw
+    with pytest.raises(ValueError, match=match):
+        enumerate_plans(hw_db.model("gpt2-small"), **args)
+
+
+def test_scaled_system_resizes_outer_level():
+    s = hw_db.system("dgx_a100", nodes=2)
+    big = _scaled_system(s, 64)
+    assert float(big.n_devices) == 64
+    assert float(big.levels[0].size) == float(s.levels[0].size)
+    with pytest.raises(ValueError, match="multiple"):
+        _scaled_system(s, 12)
+
+
+@pytest.mark.slow
+def test_search_ranks_plans_and_matches_direct_evaluation():
+    system = hw_db.system("hgx_a100_4gpu")
+    model = hw_db.model("gpt2-small")
+    df = jm.search_parallelism(system, model, 4, 8, 256, progress=False,
+                               step_options={"dp_overlap": [0.0, 1.0]})
+    plans = enumerate_plans(model, 4, 8)
+    assert df.attrs["n_evaluated"] == len(df) == 2 * len(plans["dp"])
+    t = df["step_time_s"].to_numpy()
+    assert np.all(np.diff(t[np.isfinite(t)]) >= 0) and np.isfinite(t[0])
+    assert not df.select_dtypes("number").isna().any().any()
+    best = df.iloc[0]
+    par = jm.Parallelism(**{f: (best[f] if f not in ("schedule", "recompute") else best[f])
+                            for f in PAR_FIELDS})
+    ref = jm.train_step(system, model, par, 8, 256, dp_overlap=float(best["dp_overlap"]))
+    assert float(ref.step_time_s) == pytest.approx(best["step_time_s"], rel=1e-5)
+    assert math.isfinite(best["mfu"]) and 0 < best["mfu"] < 1
