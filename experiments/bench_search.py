@@ -1,0 +1,95 @@
+"""Benchmark: exhaustive parallelism search for GPT-3 175B on 1536 A100-80GB.
+
+Problem (Narayanan et al., SC'21, the GPT-3 175B run): 192 DGX A100 nodes (1536 GPUs), global
+batch 1536, sequence 2048. ``jm.search_parallelism`` enumerates every consistent
+DP × TP × PP × SP × EP × micro-batch × interleave × schedule × recompute × ZeRO × FlashAttention
+plan, crossed with two execution options of the training step (gradient reduction overlapped
+with the backward pass or not; bf16 or fp32 gradient reduction), and ranks them.
+
+Prints the number of configurations, wall time (compile included, one fresh process),
+configurations/s (Calculon: ~125/s), the best plan, and the best plan with Megatron-LM's own
+degrees (TP 8, PP 12, DP 16) — both as searched here and as run in 2021 (micro-batch 1, full
+recompute, no SP, no FlashAttention, no overlap of the gradient all-reduce, fp32 gradients).
+Writes ``experiments/out/bench_search.csv`` (top 200 plans + Megatron's) and ``.png``.
+
+Run: ``.venv/bin/python experiments/bench_search.py [--small]``
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+import jaxmodel as jm  # noqa: I001
+import hw_db
+
+OUT = Path(__file__).resolve().parent / "out"
+COLS = ["dp", "tp", "pp", "sp", "micro_batch", "interleave", "schedule", "recompute", "zero",
+        "flash_attention", "dp_overlap", "grad_bytes", "step_time_s", "mfu",
+        "memory_bytes"]
+
+
+def main(small: bool = False) -> dict:
+    nodes, n, gb = (16, 128, 128) if small else (192, 1536, 1536)
+    system = hw_db.system("dgx_a100", nodes=nodes)
+    model = hw_db.model("gpt3-175b")
+    t0 = time.perf_counter()
+    df = jm.search_parallelism(system, model, n, gb, 2048,
+                               step_options={"dp_overlap": [0.0, 1.0],
+                                             "grad_bytes": [2.0, 4.0]})
+    wall = time.perf_counter() - t0
+    n_eval = df.attrs["n_evaluated"]
+    best = df.iloc[0]
+
+    meg = df[(df.tp == 8) & (df.pp == 12) & (df.dp == n // 96)] if not small else df.iloc[:0]
+    meg_2021 = meg[(meg.micro_batch == 1) & (meg.recompute == "full") & (meg.sp == 0)
+                   & (meg.flash_attention == 0) & (meg.zero == 0) & (meg.dp_overlap == 0)
+                   & (meg.grad_bytes == 4)]
+    OUT.mkdir(parents=True, exist_ok=True)
+    pd.concat([df.head(200), meg.head(50), meg_2021.head(10)]).drop_duplicates().to_csv(
+        OUT / "bench_search.csv", index=False)
+
+    from jaxmodel.plots import _figure, _save
+    fig = _figure()
+    ax = fig.add_subplot()
+    feas = df[np.isfinite(df.step_time_s)]
+    sc = ax.scatter(feas.memory_bytes / 1e9, feas.step_time_s, c=np.log2(feas.tp), s=2,
+                    alpha=0.3, rasterized=True, cmap="viridis")
+    fig.colorbar(sc, ax=ax, label="log2 TP")
+    ax.scatter([best.memory_bytes / 1e9], [best.step_time_s], marker="*", s=150, c="crimson",
+               label="best")
+    if len(meg_2021):
+        m = meg_2021.iloc[0]
+        ax.scatter([m.memory_bytes / 1e9], [m.step_time_s], marker="X", s=120, c="k",
+                   label="Megatron-LM 2021 plan")
+    ax.set_yscale("log")
+    ax.set_xlabel("memory per GPU (GB)")
+    ax.set_ylabel("step time (s)")
+    ax.set_title(f"GPT-3 175B on {n} A100: {len(feas):,} feasible of {n_eval:,} plans")
+    ax.legend(fontsize=8)
+    _save(fig, OUT / "bench_search.png")
+
+    def plan(row):
+        return {k: (row[k] if isinstance(row[k], str) else float(row[k])) for k in COLS}
+
+    out = {"n_configs": int(n_eval), "n_feasible": int(df.attrs["n_feasible"]),
+           "wall_s": round(wall, 1), "configs_per_s": round(n_eval / wall, 1),
+           "timings": {k: round(v, 1) for k, v in df.attrs["timings"].items()},
+           "best": plan(best)}
+    if len(meg):
+        out["megatron_degrees_best"] = plan(meg.iloc[0])
+    if len(meg_2021):
+        out["megatron_2021"] = plan(meg_2021.iloc[0])
+        out["speedup_vs_megatron_2021"] = round(
+            float(meg_2021.iloc[0].step_time_s / best.step_time_s), 3)
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main(small="--small" in sys.argv)
