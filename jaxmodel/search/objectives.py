@@ -15,21 +15,29 @@ knob                        fields set
 any other ``Device`` field  that field
 ==========================  ===================================================================
 
-Objectives (lower is better; LLMCompass §V's "performance per cost" inverted):
+Objectives (lower is better; LLMCompass §V's "performance per cost" inverted). The served
+workload is one request batch: prefill + ``gen_len`` decode steps of ``n_layers`` layers
+(:func:`serving_time`, LLMCompass §IV-A/§V-A):
 
+- ``usd_per_mtok`` (default): total cost of ownership per million generated tokens,
+  :func:`jaxmodel.tco` (system capital — devices, hosts, network — amortised, plus energy)
+  at the served throughput ``batch·gen_len / time`` per replica of the system;
 - ``usd_seconds``: device cost (:func:`jaxmodel.device_cost`, die + memory + package) × the
-  time to serve one request batch (prefill + ``gen_len`` decode steps of ``n_layers`` layers,
-  LLMCompass §IV-A setup by default). Its inverse is throughput per dollar.
-- ``latency_cost_cap``: the same time, plus a quadratic penalty when the device cost exceeds
-  ``cost_cap_usd`` ("latency under a cost cap").
+  serving time — LLMCompass Table IV's performance/cost, inverted;
+- ``latency_cost_cap``: the serving time, plus a quadratic penalty when the device cost
+  exceeds ``cost_cap_usd`` ("latency under a cost cap").
+
+Every objective is multiplied by ``1 + penalty·max(0, memory/capacity − 1)²``: weights, KV
+cache and working set per device (:func:`jaxmodel.workload.memory.inference_memory`) must fit
+the device memory, which the ``hbm_stacks`` knob sets.
 
 :func:`run_spec` runs :func:`jaxmodel.codesign` from a TOML spec (the ``jaxmodel codesign``
 command).
 
 Example:
-    >>> obj = make_objective(hw_db.system("hgx_a100_4gpu"), hw_db.model("gpt3-175b"),
-    ...                      jm.Parallelism(tp=4))
-    >>> float(obj({"core_count": 108.0, "hbm_stacks": 5.0}))      # USD·s
+    >>> obj = make_objective(hw_db.system("dgx_a100"), hw_db.model("gpt3-175b"),
+    ...                      jm.Parallelism(tp=8))
+    >>> float(obj({"core_count": 108.0, "hbm_stacks": 5.0}))      # USD per million tokens
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from jaxmodel.types import Device, Model, Parallelism, System
 
 __all__ = ["apply_knobs", "make_objective", "serving_time", "OBJECTIVES", "run_spec"]
 
-OBJECTIVES = ("usd_seconds", "latency_cost_cap")
+OBJECTIVES = ("usd_per_mtok", "usd_seconds", "latency_cost_cap")
 _DEVICE_FIELDS = {f.name for f in dataclasses.fields(Device)} - {"name"}
 _SPECIAL = {"core_count", "hbm_stacks", "global_buffer_bytes", "local_buffer_bytes", "link_bw"}
 
@@ -107,21 +115,24 @@ def serving_time(system: System, model: Model, par: Parallelism, batch=8.0,
     return layers * (pre["total"] + gen_len * dec["total"])
 
 
-def make_objective(system: System, model: Model, par: Parallelism, kind: str = "usd_seconds",
-                   batch=8.0, prompt_len=2048.0, gen_len=1024.0, n_layers=None,
-                   cost_cap_usd=None, penalty=10.0, soft=None) -> Callable:
+def make_objective(system: System, model: Model, par: Parallelism,
+                   kind: str = "usd_per_mtok", batch=8.0, prompt_len=2048.0, gen_len=1024.0,
+                   n_layers=None, cost_cap_usd=None, penalty=10.0, soft=None) -> Callable:
     """An objective ``f(params) -> scalar`` for :func:`jaxmodel.codesign` (lower is better).
 
     Args:
         system, model, par: the base hardware, model and (inference) parallelism.
-        kind: ``"usd_seconds"`` or ``"latency_cost_cap"`` (module docstring).
+        kind: one of :data:`OBJECTIVES` (module docstring).
         batch, prompt_len, gen_len, n_layers: the served workload (:func:`serving_time`).
-        cost_cap_usd: cost cap of ``latency_cost_cap``.
-        penalty: weight of the squared relative cap violation (× latency).
+        cost_cap_usd: device cost cap of ``latency_cost_cap``.
+        penalty: weight of the squared relative violation of the memory capacity (and of
+            the cost cap).
         soft: optional soft-min temperature of the GEMM tile search (smoother gradients).
     """
     from jaxmodel import cost as _cost
     from jaxmodel import ops as _ops
+    from jaxmodel.cost.area import area_fields
+    from jaxmodel.workload import memory as _memory
     if kind not in OBJECTIVES:
         raise ValueError(f"codesign: objective={kind!r} is not one of {OBJECTIVES}")
     if kind == "latency_cost_cap" and cost_cap_usd is None:
@@ -130,20 +141,26 @@ def make_objective(system: System, model: Model, par: Parallelism, kind: str = "
     if soft is not None:
         def gemm(dev, m, n, k, b=1.0, d=2.0):
             return _ops.gemm_latency.single(dev, m, n, k, batch=b, dtype_bytes=d, soft=soft)
-    base_dev = _cost.area_fields(system.device) if hasattr(_cost, "area_fields") else None
-    if base_dev is None:
-        from jaxmodel.cost.area import area_fields
-        base_dev = area_fields(system.device)
-    base = dataclasses.replace(system, device=base_dev)
+    base = dataclasses.replace(system, device=area_fields(system.device))
+    layers = model.n_layers if n_layers is None else n_layers
 
     def objective(params):
         s = apply_knobs(base, params)
-        t = serving_time(s, model, par, batch, prompt_len, gen_len, n_layers, gemm)
+        t = serving_time(s, model, par, batch, prompt_len, gen_len, layers, gemm)
+        mem = _memory.inference_memory_single(model, par, batch, prompt_len, gen_len)["total"]
+        # full-model memory, scaled to the layers actually served (n_layers < model's)
+        mem = mem * layers / model.n_layers
+        over = jnp.maximum(mem / s.device.mem_capacity - 1.0, 0.0)
+        fit = 1.0 + penalty * over ** 2
+        if kind == "usd_per_mtok":
+            replicas = s.n_devices / jnp.maximum(par.tp * par.pp, 1.0)
+            tokens_per_s = replicas * batch * gen_len / t
+            return _cost.tco.single(s, tokens_per_s).usd_per_million_tokens * fit
         usd = _cost.device_cost.single(s.device).total_usd
         if kind == "usd_seconds":
-            return usd * t
+            return usd * t * fit
         excess = jnp.maximum(usd / cost_cap_usd - 1.0, 0.0)
-        return t * (1.0 + penalty * excess ** 2)
+        return t * (1.0 + penalty * excess ** 2) * fit
 
     return objective
 
@@ -158,7 +175,9 @@ def evaluate_design(system: System, model: Model, par: Parallelism, params: Mapp
     t = serving_time(s, model, par, **workload)
     c = _cost.device_cost.single(s.device)
     return {"time_s": float(t), "device_usd": float(c.total_usd),
-            "die_area_mm2": float(c.die_area_mm2), "usd_seconds": float(t * c.total_usd)}
+            "die_area_mm2": float(c.die_area_mm2), "usd_seconds": float(t * c.total_usd),
+            "mem_capacity_gb": float(s.device.mem_capacity) / 1e9,
+            "mem_bw_gbs": float(s.device.mem_bw) / 1e9}
 
 
 def run_spec(spec: Mapping, steps: int | None = None) -> dict:
@@ -186,16 +205,17 @@ def run_spec(spec: Mapping, steps: int | None = None) -> dict:
     for k in bounds:
         if k not in _SPECIAL and k not in _DEVICE_FIELDS:
             raise ValueError(f"codesign spec: unknown knob {k!r}; known: {knob_names()}")
-    obj = make_objective(system, model, par, kind=cd.get("objective", "usd_seconds"),
-                         cost_cap_usd=cd.get("cost_cap_usd"), soft=cd.get("soft"), **wl)
-    exact = make_objective(system, model, par, kind=cd.get("objective", "usd_seconds"),
-                           cost_cap_usd=cd.get("cost_cap_usd"), **wl)
+    kind = cd.get("objective", "usd_per_mtok")
+    obj = make_objective(system, model, par, kind=kind, cost_cap_usd=cd.get("cost_cap_usd"),
+                         soft=cd.get("soft"), **wl)
+    exact = make_objective(system, model, par, kind=kind, cost_cap_usd=cd.get("cost_cap_usd"),
+                           **wl)
     res = codesign(obj, dict(spec.get("init", {})), bounds, steps or int(cd.get("steps", 100)),
                    n_starts=int(cd.get("n_starts", 4)),
                    learning_rate=float(cd.get("learning_rate", 0.05)),
                    integer=tuple(cd.get("integer", ())), seed=int(cd.get("seed", 0)),
                    exact=exact)
-    return {"objective": cd.get("objective", "usd_seconds"), "params": res.params,
+    return {"objective": kind, "params": res.params,
             "value": res.value, "continuous_params": res.continuous_params,
             "continuous_value": res.continuous_value, "n_evals": res.n_evals,
             "best_history": res.best_history[:: max(1, len(res.best_history) // 20)].tolist(),

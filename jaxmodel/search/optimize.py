@@ -17,7 +17,9 @@ to reals). :func:`codesign` minimises such an objective inside box constraints:
   non-finite gradients (an infeasible point) are zeroed so a start stalls rather than diverges;
 - at the end, integer knobs are rounded (both neighbours of every discrete knob are tried,
   ``2^d`` combinations per start) and every candidate is re-evaluated with the exact objective
-  (``exact=``, e.g. hard instead of soft tile minimum); the best feasible one is returned.
+  (``exact=``, e.g. hard instead of soft tile minimum); the best feasible one is returned,
+  optionally refined by a short derivative-free pattern search (``polish=``) for knobs whose
+  gradient is uninformative.
 
 Evaluations are counted honestly: one per start and step (value and gradient together), plus
 line-search evaluations for L-BFGS, plus the rounding candidates.
@@ -45,6 +47,39 @@ import numpy as np
 import optax
 
 __all__ = ["codesign", "CodesignResult"]
+
+
+def _pattern_search(batch_fn, x, v, lo, hi, int_idx, budget, dtype):
+    """Coordinate pattern search (Hooke & Jeeves 1961, exploratory moves) in log space.
+
+    Each sweep evaluates, in one batched call, every knob moved up and down by the current
+    step (first a quarter of its log range, ±1 for integer knobs), moves to the best improvement,
+    and halves the step when none improves. Stops when ``budget`` evaluations are spent.
+    Returns ``(x, value, evaluations)``.
+    """
+    d = len(x)
+    h = 0.25
+    used = 0
+    while used + 2 * d <= budget and h > 1e-3:
+        cands = []
+        for i in range(d):
+            for sgn in (-1.0, 1.0):
+                y = x.copy()
+                if i in int_idx:
+                    y[i] = min(max(y[i] + sgn, math.ceil(math.exp(lo[i]) - 1e-9)),
+                               math.floor(math.exp(hi[i]) + 1e-9))
+                else:
+                    y[i] = math.exp(min(max(math.log(y[i]) + sgn * h * (hi[i] - lo[i]),
+                                            lo[i]), hi[i]))
+                cands.append(y)
+        vals = np.asarray(batch_fn(jnp.asarray(np.asarray(cands), dtype)))
+        used += len(cands)
+        j = int(np.argmin(vals))
+        if vals[j] < v:
+            x, v = np.asarray(cands[j], dtype=float), float(vals[j])
+        else:
+            h /= 2.0
+    return x, v, used
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +138,8 @@ def _bounds_arrays(init: Mapping, bounds: Mapping):
 def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
              bounds: Mapping[str, Sequence[float]], steps: int = 200, *,
              optimizer: str = "adam", learning_rate: float = 0.05, n_starts: int = 1,
-             seed: int = 0, integer: Sequence[str] = (), exact: Callable | None = None
-             ) -> CodesignResult:
+             seed: int = 0, integer: Sequence[str] = (), exact: Callable | None = None,
+             polish: int = 0) -> CodesignResult:
     """Minimise ``objective`` over continuous hardware knobs inside box constraints.
 
     Args:
@@ -122,6 +157,10 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
         seed: PRNG seed of the extra starts.
         integer: knobs rounded to integers at the end (core counts, HBM stacks).
         exact: objective used to re-evaluate the rounded candidates (default ``objective``).
+        polish: budget of exact evaluations for a final derivative-free refinement of the
+            best rounded design (coordinate pattern search, :func:`_pattern_search`), for
+            knobs whose gradient carries little information (buffer sizes: the tile search
+            only changes at feasibility cliffs). 0 = off.
 
     Returns:
         :class:`CodesignResult`.
@@ -227,13 +266,19 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
         v = jnp.asarray(exact_fn({k: x[i] for i, k in enumerate(keys)}), dtype)
         return jnp.where(jnp.isfinite(v), v, jnp.inf)
 
-    cand_vals = np.asarray(jax.jit(jax.vmap(exact_x))(jnp.asarray(cands, dtype)))
+    exact_batch = jax.jit(jax.vmap(exact_x))
+    cand_vals = np.asarray(exact_batch(jnp.asarray(cands, dtype)))
     n_evals += len(cands)
     j = int(np.argmin(cand_vals))
-    params = {k: float(cands[j, i]) for i, k in enumerate(keys)}
+    best_x, best_v = cands[j].copy(), float(cand_vals[j])
+    if polish > 0:
+        best_x, best_v, used = _pattern_search(exact_batch, best_x, best_v, lo, hi, int_idx,
+                                               int(polish), dtype)
+        n_evals += used
+    params = {k: float(best_x[i]) for i, k in enumerate(keys)}
     x_last = np.exp(lo + np.clip(np.asarray(u_last), 0, 1) * (hi - lo))
     return CodesignResult(
-        params=params, value=float(cand_vals[j]), continuous_params=cont_params,
+        params=params, value=best_v, continuous_params=cont_params,
         continuous_value=float(all_vals[t_best, s_best]), history=vals,
         best_history=np.minimum.accumulate(vals.min(axis=1)),
         final_params={k: x_last[:, i] for i, k in enumerate(keys)},

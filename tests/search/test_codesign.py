@@ -84,3 +84,19 @@ def test_infeasible_region_gives_finite_iterates():
 def test_bad_arguments(bounds, init, kw, match):
     with pytest.raises(ValueError, match=match):
         jm.codesign(lambda p: p["x"], init, bounds, steps=2, **kw)
+
+
+def test_polish_refines_a_flat_gradient_knob():
+    # x has no gradient (a staircase); the pattern search still finds its best step
+    def f(p):
+        stair = jnp.floor(jnp.log2(p["x"]))
+        return (stair - 5.0) ** 2 + (jnp.log(p["y"] / 3.0)) ** 2
+
+    plain = jm.codesign(f, {"x": 2.0, "y": 1.0}, {"x": (1.0, 1e3), "y": (0.1, 100.0)},
+                        steps=50)
+    polished = jm.codesign(f, {"x": 2.0, "y": 1.0}, {"x": (1.0, 1e3), "y": (0.1, 100.0)},
+                           steps=50, polish=60)
+    assert plain.params["x"] == pytest.approx(2.0)       # gradient 0: x never moves
+    assert 32.0 <= polished.params["x"] < 64.0
+    assert polished.value < plain.value
+    assert polished.n_evals <= plain.n_evals + 60
