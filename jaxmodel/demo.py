@@ -1,16 +1,21 @@
-"""The main job (`make demo`): predictions, a large hardware sweep, a parallelism search and a
-co-design run on the built-in hardware database; CSV + PNG into an output folder.
+"""The main job (``make demo``): jaxmodel end to end in a few minutes on a laptop CPU.
 
-Sections (each prints its wall time):
-  1. training step of GPT-3 175B and Llama-3-70B on 1024 A100 / H100 / B200 (one batched call);
-  2. inference (prefill + decode) of both models on one 8-GPU node of each kind (one call);
-  3. a ≥ 100,000-point hardware sweep of a GPT-3 175B layer (prefill + decode) over memory
-     bandwidth, global/local buffer, cores and clock, priced with the device cost model, with
-     its Pareto front (latency vs cost);
-  4. a parallelism search for GPT-3 175B on 1536 A100s;
-  5. a gradient co-design of an A100-like device (throughput per dollar).
+``python -m jaxmodel.demo --out demo_out`` runs
 
-Usage: ``python -m jaxmodel.demo --out demo_out [--quick]``.
+1. predictions — GPT-3 175B and Llama-3-70B on DGX A100, H100 and B200 systems: one training
+   step (512 GPUs, TP 8 × PP 8 × DP 8, interleaved 1F1B, SP, selective recompute,
+   FlashAttention, ZeRO-1) and one inference run (one 8-GPU node, TP 8, batch 8, prompt 2048,
+   512 generated tokens), each in ONE batched call over the 6 (system, model) pairs;
+2. a roofline of Llama-3-70B's layer GEMMs on H100 (prefill and decode);
+3. a 131,072-point hardware sweep (core count × HBM stacks × global buffer × local buffer ×
+   NVLink bandwidth of an H100-like device serving Llama-3-70B on 8 devices) with its Pareto
+   front of throughput vs cost of ownership (``jm.sweep``, ``jm.tco``);
+4. a parallelism search (Llama-3-70B on 64 H100, ``jm.search_parallelism``);
+5. a gradient co-design run (``jm.codesign``: TCO per million tokens over core count, HBM
+   stacks and buffers of the device serving GPT-3 175B).
+
+It writes CSV and PNG files into ``--out`` and prints a short summary with progress.
+``--quick`` shrinks the sweep, the search and the co-design (for tests).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -26,206 +32,275 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-import jaxmodel as jm
-import hw_db
-from jaxmodel import plots
-
-SYSTEMS = {"A100": "dgx_a100", "H100": "dgx_h100", "B200": "dgx_b200"}
-MODELS = {"GPT-3 175B": "gpt3-175b", "Llama-3-70B": "llama3-70b"}
+SYSTEMS = ("dgx_a100", "dgx_h100", "dgx_b200")
+MODELS = ("gpt3-175b", "llama3-70b")
 
 
-def _stack(trees):
-    """Stack same-structure config pytrees into one batch (names unified: they are static)."""
-    def unname(t):
-        if dataclasses.is_dataclass(t) and hasattr(t, "name"):
-            t = dataclasses.replace(t, name="batch")
-        return t
+class Progress:
+    """Section timer printing ``[demo t=…s] message`` lines."""
 
-    def fix(t):
-        if isinstance(t, jm.System):
-            return dataclasses.replace(t, device=unname(t.device), name="batch")
-        return unname(t)
+    def __init__(self):
+        self.t0 = time.perf_counter()
 
-    trees = [fix(t) for t in trees]
-    return jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x, float) for x in xs]),
-                                  *trees)
+    def __call__(self, msg: str):
+        print(f"[demo {time.perf_counter() - self.t0:6.1f}s] {msg}", flush=True)
 
 
-def _section(title):
-    print(f"\n== {title}", flush=True)
-    return time.perf_counter()
+def stack(objs):
+    """One config pytree whose leaves carry a leading axis over ``objs`` (names dropped)."""
+    def clean(o):
+        if isinstance(o, jm_types().System):
+            return dataclasses.replace(o, name="stack",
+                                       device=dataclasses.replace(o.device, name="stack"))
+        return dataclasses.replace(o, name="stack")
+    objs = [clean(o) for o in objs]
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x, jnp.float32)
+                                                         for x in xs]), *objs)
 
 
-def _done(t0):
-    print(f"   ({time.perf_counter() - t0:.1f} s)", flush=True)
+def jm_types():
+    import jaxmodel.types as t
+    return t
 
 
-def training(out: Path) -> pd.DataFrame:
-    t0 = _section("1. Training step: 1024 GPUs, global batch 1536, seq 2048")
-    plans = {"gpt3-175b": jm.Parallelism(dp=16, tp=8, pp=8, sp=True, micro_batch=1,
-                                         schedule="interleaved", interleave=3,
-                                         recompute="selective", zero=1),
-             "llama3-70b": jm.Parallelism(dp=32, tp=8, pp=4, sp=True, micro_batch=1,
-                                          schedule="interleaved", interleave=5,
-                                          recompute="selective", zero=1)}
-    rows, systems, models, pars = [], [], [], []
-    for hw, sname in SYSTEMS.items():
-        sys_ = hw_db.system(sname, nodes=128)
-        for mlabel, mname in MODELS.items():
-            rows.append((hw, mlabel))
-            systems.append(sys_)
-            models.append(hw_db.model(mname))
-            pars.append(plans[mname])
-    r = jm.train_step(_stack(systems), _stack(models), _stack(pars), 1536, 2048)
-    df = pd.DataFrame({"hardware": [a for a, _ in rows], "model": [b for _, b in rows],
-                       "step_time_s": np.asarray(r.step_time_s), "mfu": np.asarray(r.mfu),
-                       "tokens_per_s": np.asarray(r.tokens_per_s),
-                       "memory_GB": np.asarray(r.memory_bytes) / 1e9,
-                       "feasible": np.asarray(r.feasible)})
-    for k, v in r.breakdown.items():
-        df[f"{k}_s"] = np.asarray(v)
-    df.to_csv(out / "training.csv", index=False)
-    plots.breakdown_plot({f"{a} {b}": {k: float(df.loc[i, f"{k}_s"]) for k in r.breakdown}
-                          for i, (a, b) in enumerate(rows)}, unit="s",
-                         title="Training step breakdown (1024 GPUs)",
-                         path=out / "training_breakdown.png")
-    print(df[["hardware", "model", "step_time_s", "mfu", "memory_GB", "feasible"]]
-          .to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-    _done(t0)
+def predictions(out: Path, say) -> pd.DataFrame:
+    import hw_db
+    import jaxmodel as jm
+    from jaxmodel.plots import breakdown_plot
+    from jaxmodel.cost.area import area_fields
+    pairs = [(s, m) for s in SYSTEMS for m in MODELS]
+    systems = stack([dataclasses.replace(hw_db.system(s, nodes=64), device=area_fields(
+        hw_db.device(hw_db.load_toml(hw_db.ROOT / "systems" / f"{s}.toml")["device"])))
+        for s, _ in pairs])
+    models = stack([hw_db.model(m) for _, m in pairs])
+    par = jm.Parallelism(dp=8, tp=8, pp=8, sp=True, micro_batch=1, interleave=2,
+                         schedule="interleaved", recompute="selective", zero=1,
+                         flash_attention=True)
+    tr = jm.train_step(systems, models, par, 1024, 2048)
+    say(f"training step of 2 models × 3 systems (512 GPUs each) evaluated")
+    node = stack([dataclasses.replace(hw_db.system(s, nodes=1)) for s, _ in pairs])
+    inf = jm.inference(node, models, jm.Parallelism(tp=8, flash_attention=True), 8, 2048, 512)
+    say("inference of 2 models × 3 systems (one 8-GPU node each) evaluated")
+    tco = jm.tco(node, inf.tokens_per_s)
+    rows, breakdowns = [], {}
+    for i, (s, m) in enumerate(pairs):
+        rows.append(dict(
+            system=s, model=m, train_step_s=float(tr.step_time_s[i]), train_mfu=float(tr.mfu[i]),
+            train_tokens_per_s=float(tr.tokens_per_s[i]),
+            train_memory_gb=float(tr.memory_bytes[i]) / 1e9,
+            train_feasible=bool(tr.feasible[i]), ttft_s=float(inf.ttft_s[i]),
+            tpot_ms=1e3 * float(inf.tpot_s[i]), infer_tokens_per_s=float(inf.tokens_per_s[i]),
+            infer_memory_gb=float(inf.memory_bytes[i]) / 1e9,
+            infer_feasible=bool(inf.feasible[i]),
+            usd_per_million_tokens=float(tco.usd_per_million_tokens[i])))
+        breakdowns[f"{s.replace('dgx_', '')}\n{m}"] = {
+            k: float(v[i]) for k, v in tr.breakdown.items()}
+    df = pd.DataFrame(rows)
+    df.to_csv(out / "predictions.csv", index=False)
+    breakdown_plot(breakdowns, unit="s", title="training step breakdown (512 GPUs, TP8 PP8 DP8)",
+                   path=out / "train_breakdown.png")
+    inf_bd = {f"{s.replace('dgx_', '')}\n{m}": {
+        "prefill (TTFT)": float(inf.ttft_s[i]),
+        "decode (511 × TPOT)": 511 * float(inf.tpot_s[i])} for i, (s, m) in enumerate(pairs)}
+    breakdown_plot(inf_bd, unit="s", title="inference latency (8 GPUs, TP 8, batch 8, 2048+512)",
+                   path=out / "inference_breakdown.png")
     return df
 
 
-def serving(out: Path) -> pd.DataFrame:
-    t0 = _section("2. Inference: one 8-GPU node, TP 8, batch 16, prompt 2048, 256 new tokens")
-    rows, systems, models = [], [], []
-    for hw, sname in SYSTEMS.items():
-        sys_ = hw_db.system(sname, nodes=1)
-        for mlabel, mname in MODELS.items():
-            rows.append((hw, mlabel))
-            systems.append(sys_)
-            models.append(hw_db.model(mname))
-    r = jm.inference(_stack(systems), _stack(models), jm.Parallelism(tp=8), 16, 2048, 256)
-    df = pd.DataFrame({"hardware": [a for a, _ in rows], "model": [b for _, b in rows],
-                       "ttft_s": np.asarray(r.ttft_s), "tpot_s": np.asarray(r.tpot_s),
-                       "total_s": np.asarray(r.total_s),
-                       "tokens_per_s": np.asarray(r.tokens_per_s),
-                       "memory_GB": np.asarray(r.memory_bytes) / 1e9,
-                       "feasible": np.asarray(r.feasible)})
-    df.to_csv(out / "inference.csv", index=False)
-    print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-    _done(t0)
+def roofline(out: Path, say):
+    import hw_db
+    import jaxmodel as jm
+    from jaxmodel.plots import roofline_plot
+    system = hw_db.system("dgx_h100")
+    model = hw_db.model("llama3-70b")
+    par = jm.Parallelism(tp=8)
+    dev = system.device
+    d, dff, t = float(model.d_model), float(model.d_ff), 8.0
+    kv = float(model.n_kv_heads * model.head_dim)
+    ops = []
+    for phase, b, s, kvlen in (("prefill", 8.0, 2048.0, 0.0), ("decode", 8.0, 1.0, 2048.0)):
+        times = jm.layer_breakdown(system, model, par, b, s, phase, kv_len=kvlen)
+        tok = b * s
+        shapes = {"qkv": (tok, (d + 2 * kv) / t, d), "wo": (tok, d, d / t),
+                  "w1": (tok, 2 * dff / t, d), "w2": (tok, d, dff / t)}
+        for op, (m, n, k) in shapes.items():
+            ops.append({"name": f"{phase} {op}", "flops": 2 * m * n * k,
+                        "bytes": 2 * (m * k + k * n + m * n), "time_s": float(times[op])})
+    roofline_plot(float(dev.peak_matrix_flops), float(dev.mem_bw), ops,
+                  title="Llama-3-70B layer GEMMs on H100 (TP 8)",
+                  extra_roofs={"L2": float(dev.global_buffer_bw)}, path=out / "roofline.png")
+    pd.DataFrame(ops).to_csv(out / "roofline_ops.csv", index=False)
+    say("roofline of Llama-3-70B GEMMs on H100 written")
+
+
+def hardware_sweep(out: Path, say, quick: bool) -> pd.DataFrame:
+    import hw_db
+    import jaxmodel as jm
+    from jaxmodel.cost.area import area_fields
+    from jaxmodel.plots import heatmap_plot, pareto_mask, pareto_plot
+    from jaxmodel.search.objectives import apply_knobs, serving_time
+    from jaxmodel.workload import layer as _layer
+    from jaxmodel.workload import memory as _memory
+    base = hw_db.system("dgx_h100")
+    base = dataclasses.replace(base, device=area_fields(base.device))
+    model = hw_db.model("llama3-70b")
+    par = jm.Parallelism(tp=8, flash_attention=True)
+    variant = _layer.variant_of(model, par)
+    batch, prompt, gen = 32.0, 2048.0, 512.0
+
+    def serve(system, p):
+        s = apply_knobs(system, p)
+        t = serving_time(s, model, par, batch, prompt, gen, variant=variant)
+        mem = _memory.inference_memory_single(model, par, batch, prompt, gen)["total"]
+        fits = mem <= s.device.mem_capacity
+        tps = jnp.where(fits, batch * gen / t, 0.0)
+        cost = jm.tco.single(s, tps)
+        return {"tokens_per_s": tps, "usd_per_hour": cost.usd_per_hour,
+                "capex_usd": cost.capex_usd, "usd_per_mtok": cost.usd_per_million_tokens,
+                "fits_memory": fits}
+
+    n = 2 if quick else 1
+    grid = {"p.core_count": np.round(np.geomspace(33, 264, 16 // n)),
+            "p.hbm_stacks": np.arange(1.0, 9.0, n),
+            "p.global_buffer_bytes": np.geomspace(12.5e6, 100e6, 8 // n),
+            "p.local_buffer_bytes": np.geomspace(64 * 1024, 1024 * 1024, 8 // n),
+            "p.link_bw": np.geomspace(112.5e9, 1800e9, 16 // n)}
+    df = jm.sweep(serve, base, {k[2:]: 1.0 for k in grid}, grid=grid, chunk=1024,
+                  progress=True)
+    df.columns = [c[2:] if c.startswith("p.") else c for c in df.columns]
+    say(f"hardware sweep: {len(df):,} designs in {df.attrs['wall_s']:.1f} s "
+        f"({len(df) / df.attrs['wall_s']:,.0f} designs/s incl. compile)")
+    ok = df["fits_memory"].to_numpy() & np.isfinite(df["usd_per_mtok"].to_numpy())
+    feas = df[ok]
+    front = feas[pareto_mask(feas["usd_per_hour"], feas["tokens_per_s"])]
+    front.sort_values("usd_per_hour").to_csv(out / "hw_sweep_pareto.csv", index=False)
+    df.sample(n=min(len(df), 20000), random_state=0).to_csv(out / "hw_sweep_sample.csv",
+                                                            index=False)
+    pareto_plot(feas, x="usd_per_hour", y="tokens_per_s", color="hbm_stacks",
+                title=f"Llama-3-70B serving on 8 devices: {len(feas):,} feasible designs",
+                logx=True, logy=True, path=out / "hw_sweep_pareto.png")
+    heatmap_plot(feas, x="core_count", y="hbm_stacks", value="usd_per_mtok", agg="min",
+                 title="best USD per million tokens", path=out / "hw_sweep_heatmap.png",
+                 fmt="{:.3g}")
     return df
 
 
-def _layer_and_cost(dev, system, model, par):
-    """Single-config objective of the sweep: GPT-3 layer prefill + decode latency and cost."""
-    sys_ = dataclasses.replace(system, device=dev)
-    pre = jm.layer_breakdown.single(sys_, model, par, 8.0, 2048.0, "prefill", 0.0)
-    dec = jm.layer_breakdown.single(sys_, model, par, 8.0, 1.0, "decode", 3072.0)
-    return {"prefill_s": pre["total"], "decode_s": dec["total"],
-            "device_usd": jm.device_cost.single(dev).total_usd}
-
-
-def hardware_sweep(out: Path, quick: bool) -> pd.DataFrame:
-    n_bw = 8 if quick else 25
-    grid = {"dev.mem_bw": np.linspace(0.8e12, 4.0e12, n_bw),
-            "dev.global_buffer_bytes": np.array([10, 20, 40, 60, 80]) * 2**20,
-            "dev.local_buffer_bytes": np.array([64, 128, 192, 256, 512]) * 2**10,
-            "dev.core_count": np.array([64, 96, 108, 128, 160]) if quick else
-            np.array([48, 64, 80, 96, 108, 128, 144, 160]),
-            "dev.freq_hz": np.linspace(1.0e9, 2.0e9, 2 if quick else 5),
-            "dev.mem_channels": np.array([4, 5, 6, 8]) if not quick else np.array([5])}
-    n = int(np.prod([len(v) for v in grid.values()]))
-    t0 = _section(f"3. Hardware sweep: {n:,} A100-like designs, GPT-3 175B layer "
-                  "(prefill b=8 s=2048 + decode kv=3072, TP 4), priced")
-    system = hw_db.system("hgx_a100_4gpu")
-    dev = dataclasses.replace(system.device, name="sweep")
-    df = jm.sweep(_layer_and_cost, dev, system, hw_db.model("gpt3-175b"), jm.Parallelism(tp=4),
-                  grid=grid, progress=True)
-    ok = np.isfinite(df["prefill_s"]) & np.isfinite(df["decode_s"])
-    df["layer_s"] = df["prefill_s"] + df["decode_s"]
-    df.to_csv(out / "hardware_sweep.csv", index=False)
-    plots.pareto_plot(df[ok], x="device_usd", y="layer_s", maximize=False,
-                      title="GPT-3 layer latency vs device cost (Pareto front)",
-                      path=out / "hardware_sweep_pareto.png")
-    best = df[ok].sort_values("layer_s").iloc[0]
-    print(f"   {n:,} points in {df.attrs.get('wall_s', float('nan')):.1f} s "
-          f"({n / max(df.attrs.get('wall_s', 1e-9), 1e-9):,.0f} points/s); "
-          f"{int((~ok).sum())} infeasible; fastest: {best['layer_s'] * 1e3:.1f} ms "
-          f"at ${best['device_usd']:.0f}")
-    _done(t0)
+def parallelism_search(out: Path, say, quick: bool) -> pd.DataFrame:
+    import hw_db
+    import jaxmodel as jm
+    nodes = 2 if quick else 8
+    opts = dict(recompute=("selective", "full"), zero=(0, 1), flash_attention=(True,)) \
+        if quick else {}
+    df = jm.search_parallelism(hw_db.system("dgx_h100", nodes=nodes), hw_db.model("llama3-70b"),
+                               8 * nodes, 256, 4096, progress=False, **opts)
+    say(f"parallelism search: {df.attrs['n_evaluated']:,} plans for Llama-3-70B on "
+        f"{8 * nodes} H100 in {df.attrs['wall_s']:.1f} s; {df.attrs['n_feasible']:,} feasible")
+    df.head(200).to_csv(out / "parallelism_search_top200.csv", index=False)
+    from jaxmodel.plots import _figure, _save
+    fig = _figure()
+    ax = fig.add_subplot()
+    feas = df[np.isfinite(df.step_time_s)]
+    sc = ax.scatter(feas.memory_bytes / 1e9, feas.step_time_s, c=np.log2(feas.tp), s=3,
+                    alpha=0.4, cmap="viridis", rasterized=True)
+    fig.colorbar(sc, ax=ax, label="log2 TP")
+    ax.set_xlabel("memory per GPU (GB)")
+    ax.set_ylabel("step time (s)")
+    ax.set_yscale("log")
+    ax.set_title(f"Llama-3-70B on {8 * nodes} H100: feasible plans")
+    _save(fig, out / "parallelism_search.png")
     return df
 
 
-def parallelism_search(out: Path, quick: bool) -> pd.DataFrame:
-    n_dev = 1536
-    t0 = _section(f"4. Parallelism search: GPT-3 175B on {n_dev} A100-80GB, batch 1536, seq 2048")
-    # The demo restricts the options (ZeRO 0/1, SP on, no FlashAttention) to stay quick;
-    # experiments/bench_search.py runs the full enumeration.
-    df = jm.search_parallelism(hw_db.system("dgx_a100", nodes=n_dev // 8),
-                               hw_db.model("gpt3-175b"), n_dev, 1536, 2048,
-                               zero=(0, 1), sp=(True,), flash_attention=(False,))
-    df.head(1000).to_csv(out / "parallelism_search_top1000.csv", index=False)
-    best = df.iloc[0]
-    print(f"   evaluated {df.attrs.get('n_evaluated', len(df)):,} plans in "
-          f"{df.attrs.get('wall_s', float('nan')):.1f} s; best: dp={best['dp']:.0f} "
-          f"tp={best['tp']:.0f} pp={best['pp']:.0f} mb={best['micro_batch']:.0f} "
-          f"schedule={best['schedule']} recompute={best['recompute']} -> "
-          f"{best['step_time_s']:.2f} s/step, MFU {best['mfu']:.3f}")
-    _done(t0)
-    return df
-
-
-def codesign_run(out: Path, quick: bool):
-    t0 = _section("5. Co-design: decode throughput per dollar of an A100-like device "
-                  "(mem_bw, global buffer, cores; Adam in log space)")
-    system = hw_db.system("hgx_a100_4gpu")
-    base = dataclasses.replace(system.device, name="codesign")
+def codesign_run(out: Path, say, quick: bool):
+    import hw_db
+    import jaxmodel as jm
+    from jaxmodel.search.objectives import evaluate_design, make_objective
+    system = hw_db.system("dgx_a100")
     model = hw_db.model("gpt3-175b")
-    par = jm.Parallelism(tp=4)
+    par = jm.Parallelism(tp=8)
+    wl = dict(batch=8.0, prompt_len=2048.0, gen_len=1024.0)
+    obj = make_objective(system, model, par, **wl)
+    bounds = {"core_count": (8.0, 256.0), "hbm_stacks": (1.0, 8.0),
+              "global_buffer_bytes": (8 * 2.0 ** 20, 128 * 2.0 ** 20),
+              "local_buffer_bytes": (64 * 1024.0, 1024 * 1024.0)}
+    init = {"core_count": 108.0, "hbm_stacks": 5.0, "global_buffer_bytes": 40 * 2.0 ** 20,
+            "local_buffer_bytes": 192 * 1024.0}
+    res = jm.codesign(obj, init, bounds, steps=10 if quick else 30,
+                      n_starts=2 if quick else 4, integer=("core_count", "hbm_stacks"),
+                      polish=16 if quick else 32)
+    a100 = evaluate_design(system, model, par, init, **wl)
+    best = evaluate_design(system, model, par, res.params, **wl)
+    a100_v = float(obj({k: jnp.asarray(v) for k, v in init.items()}))
+    say(f"co-design: USD per million tokens {a100_v:.3f} (A100 design) → {res.value:.3f} "
+        f"({res.n_evals} evaluations)")
+    pd.DataFrame({"step": np.arange(len(res.best_history)),
+                  "best_usd_per_mtok": res.best_history}).to_csv(out / "codesign_history.csv",
+                                                                 index=False)
+    from jaxmodel.plots import _figure, _save
+    fig = _figure()
+    ax = fig.add_subplot()
+    ax.plot(res.history, alpha=0.5)
+    ax.plot(res.best_history, "k-", lw=2, label="best so far")
+    ax.axhline(a100_v, color="crimson", ls="--", label="A100 design")
+    ax.set_xlabel("Adam step")
+    ax.set_ylabel("USD per million tokens (GPT-3 175B, 8 devices)")
+    ax.legend(fontsize=8)
+    ax.set_title("gradient co-design of the device")
+    _save(fig, out / "codesign.png")
+    return {"a100_design": {**init, **a100, "usd_per_mtok": a100_v},
+            "codesign": {**res.params, **best, "usd_per_mtok": res.value,
+                         "n_evals": res.n_evals}}
 
-    def objective(p):
-        dev = dataclasses.replace(base, mem_bw=p["mem_bw"], global_buffer_bytes=p["l2"],
-                                  core_count=p["cores"])
-        sys_ = dataclasses.replace(system, device=dev)
-        decode = jm.layer_breakdown.single(sys_, model, par, 8.0, 1.0, "decode", 3072.0)
-        # USD · seconds per decode step: lower is better (throughput per dollar).
-        return decode["total"] * jm.device_cost.single(dev).total_usd
 
-    res = jm.codesign(objective, init={"mem_bw": 2.0e12, "l2": 40 * 2**20, "cores": 108},
-                      bounds={"mem_bw": (0.8e12, 4.0e12), "l2": (10 * 2**20, 80 * 2**20),
-                              "cores": (48, 160)},
-                      steps=20 if quick else 60, integer=["cores"])
-    summary = {"best_params": {k: float(v) for k, v in res.params.items()},
-               "objective": float(res.value), "n_evals": int(res.n_evals),
-               "start_objective": float(objective({"mem_bw": jnp.float32(2.0e12),
-                                                   "l2": jnp.float32(40 * 2**20),
-                                                   "cores": jnp.float32(108)}))}
-    (out / "codesign.json").write_text(json.dumps(summary, indent=2))
-    print(f"   {json.dumps(summary)}")
-    _done(t0)
-    return res
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m jaxmodel.demo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
-    ap.add_argument("--quick", action="store_true", help="smaller sweep and fewer steps")
-    args = ap.parse_args(argv)
-    out = Path(args.out)
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jaxmodel.demo", description=__doc__.split(
+        "\n")[0])
+    ap.add_argument("--out", default="demo_out", help="output folder")
+    ap.add_argument("--quick", action="store_true", help="smaller sweep, search and co-design")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    t_all = time.perf_counter()
-    print(f"jaxmodel demo -> {out}/  (JAX {jax.__version__}, devices: {jax.devices()})")
-    training(out)
-    serving(out)
-    hardware_sweep(out, args.quick)
-    parallelism_search(out, args.quick)
-    codesign_run(out, args.quick)
+    say = Progress()
+    say(f"jaxmodel demo → {out}/ (JAX {jax.__version__}, {jax.device_count()} "
+        f"{jax.devices()[0].platform} device(s))")
+    import jaxmodel  # noqa: F401  (import cost inside the timed run)
+    summary = {}
+    pred = predictions(out, say)
+    summary["predictions"] = pred.round(4).to_dict(orient="records")
+    roofline(out, say)
+    sw = hardware_sweep(out, say, a.quick)
+    feas = sw[sw.fits_memory]
+    best = feas.loc[feas.usd_per_mtok.idxmin()]
+    summary["hardware_sweep"] = {"n_designs": len(sw), "n_feasible": len(feas),
+                                 "best_usd_per_mtok": {k: float(best[k]) for k in best.index
+                                                       if k != "fits_memory"}}
+    se = parallelism_search(out, say, a.quick)
+    cols = ["dp", "tp", "pp", "sp", "micro_batch", "interleave", "schedule", "recompute",
+            "zero", "flash_attention", "step_time_s", "mfu"]
+    summary["parallelism_search"] = {"n_plans": int(se.attrs["n_evaluated"]),
+                                     "best": {k: (v if isinstance(v, str) else float(v))
+                                              for k, v in se.iloc[0][cols].items()}}
+    summary["codesign"] = codesign_run(out, say, a.quick)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+
+    print("\n=== summary ===")
+    show = pred[["system", "model", "train_step_s", "train_mfu", "ttft_s", "tpot_ms",
+                 "infer_tokens_per_s", "usd_per_million_tokens"]]
+    print(show.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    b = summary["parallelism_search"]["best"]
+    print(f"best Llama-3-70B plan: dp {b['dp']:.0f} tp {b['tp']:.0f} pp {b['pp']:.0f} "
+          f"mb {b['micro_batch']:.0f} {b['schedule']} v{b['interleave']:.0f} "
+          f"recompute {b['recompute']} zero {b['zero']:.0f}: {b['step_time_s']:.2f} s/step, "
+          f"MFU {b['mfu']:.2f}")
+    c = summary["codesign"]["codesign"]
+    print(f"co-designed device: {c['core_count']:.0f} cores, {c['hbm_stacks']:.0f} HBM stacks, "
+          f"{c['global_buffer_bytes'] / 2 ** 20:.0f} MiB L2, "
+          f"{c['local_buffer_bytes'] / 1024:.0f} KiB L1 → {c['usd_per_mtok']:.3f} USD/Mtok "
+          f"(A100: {summary['codesign']['a100_design']['usd_per_mtok']:.3f})")
     files = sorted(p.name for p in out.iterdir())
-    print(f"\nDone in {time.perf_counter() - t_all:.0f} s; wrote {len(files)} files: "
-          + ", ".join(files))
+    say(f"done: {len(files)} files in {out}/: {', '.join(files)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

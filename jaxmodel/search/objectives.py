@@ -98,20 +98,24 @@ def apply_knobs(system: System, params: Mapping[str, Any]) -> System:
 
 
 def serving_time(system: System, model: Model, par: Parallelism, batch=8.0,
-                 prompt_len=2048.0, gen_len=1024.0, n_layers=None, gemm=None):
+                 prompt_len=2048.0, gen_len=1024.0, n_layers=None, gemm=None, variant=None):
     """Seconds to serve one request batch: prefill + ``gen_len`` decode steps (single config).
 
     Source: LLMCompass §IV-A (one GPT-3 layer, batch 8, input 2048, the 1024th output token;
     4-way TP) and §V-A (latency = prefill + decoding). Each decode step is timed at the KV
     length of the middle of the generation (``prompt_len + gen_len/2``), where the per-step
     latency, close to affine in the KV length, equals its average. ``n_layers`` defaults to
-    the model's (one layer per pipeline stage-free device group, no pipeline).
+    the model's (one layer per pipeline stage-free device group, no pipeline). ``variant``:
+    static op-graph switches of the layer (:func:`jaxmodel.workload.layer.variant_of`); pass
+    the concrete model's and plan's when tracing over hardware knobs only (smaller graph).
     """
     from jaxmodel.workload import layer as _layer
     layers = model.n_layers if n_layers is None else n_layers
-    pre = _layer.layer_times(system, model, par, batch, prompt_len, "prefill", 0.0, gemm)
+    kw = {} if variant is None else {"variant": variant}
+    pre = _layer.layer_times(system, model, par, batch, prompt_len, "prefill", 0.0, gemm,
+                             **kw)
     dec = _layer.layer_times(system, model, par, batch, 1.0, "decode",
-                             prompt_len + 0.5 * gen_len, gemm)
+                             prompt_len + 0.5 * gen_len, gemm, **kw)
     return layers * (pre["total"] + gen_len * dec["total"])
 
 
@@ -141,12 +145,14 @@ def make_objective(system: System, model: Model, par: Parallelism,
     if soft is not None:
         def gemm(dev, m, n, k, b=1.0, d=2.0):
             return _ops.gemm_latency.single(dev, m, n, k, batch=b, dtype_bytes=d, soft=soft)
+    from jaxmodel.workload import layer as _layer
     base = dataclasses.replace(system, device=area_fields(system.device))
     layers = model.n_layers if n_layers is None else n_layers
+    variant = _layer.variant_of(model, par)
 
     def objective(params):
         s = apply_knobs(base, params)
-        t = serving_time(s, model, par, batch, prompt_len, gen_len, layers, gemm)
+        t = serving_time(s, model, par, batch, prompt_len, gen_len, layers, gemm, variant)
         mem = _memory.inference_memory_single(model, par, batch, prompt_len, gen_len)["total"]
         # full-model memory, scaled to the layers actually served (n_layers < model's)
         mem = mem * layers / model.n_layers
