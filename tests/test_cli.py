@@ -54,6 +54,7 @@ def test_predict_prefill_returns_json():
     assert 0 < out["latency_s"] == out["ttft_s"] < out["total_s"]
 
 
+@pytest.mark.slow
 def test_predict_train_returns_json():
     code, text = run("predict", "train", "--system", "hgx_a100_4gpu", "--model", "gpt2-small",
                      "--tp", "2", "--global-batch", "16", "--seq-len", "256")
@@ -85,3 +86,37 @@ def test_sweep_from_toml(tmp_path):
                     'k = 1\n[grid]\n"dev.bogus" = [1]\n')
     code, _ = run("sweep", str(spec), "--quiet")
     assert code == 2
+
+
+def test_cost_json():
+    code, text = run("cost", "--device", "a100_80gb", "--system", "dgx_a100")
+    assert code == 0
+    out = json.loads(text)
+    assert 600 < out["die_area_mm2"]["total"] < 1000
+    assert out["device_cost"]["total_usd"] > out["device_cost"]["memory_usd"] > 0
+    assert out["system_cost"]["n_devices"] == 8.0
+
+
+@pytest.mark.slow
+def test_codesign_from_toml(tmp_path):
+    spec = tmp_path / "cd.toml"
+    spec.write_text('system = "dgx_a100"\nmodel = "llama3-8b"\n[parallelism]\ntp = 8\n'
+                    '[workload]\nbatch = 8\nprompt_len = 512\ngen_len = 128\n'
+                    '[codesign]\nsteps = 5\nn_starts = 2\ninteger = ["core_count"]\n'
+                    '[bounds]\ncore_count = [16, 256]\nhbm_stacks = [1, 8]\n')
+    code, text = run("codesign", str(spec))
+    assert code == 0
+    out = json.loads(text)
+    assert out["params"]["core_count"] == round(out["params"]["core_count"])
+    assert out["value"] <= out["best_history"][0] * 1.01
+    spec.write_text('system = "dgx_a100"\n[bounds]\nbogus = [1, 2]\n')
+    assert run("codesign", str(spec))[0] == 2
+
+
+@pytest.mark.slow
+def test_search_csv():
+    code, text = run("search", "--system", "hgx_a100_4gpu", "--model", "gpt2-small",
+                     "--global-batch", "8", "--seq-len", "256", "--top", "5", "--quiet")
+    assert code == 0
+    df = pd.read_csv(io.StringIO(text))
+    assert len(df) == 5 and df["step_time_s"].is_monotonic_increasing

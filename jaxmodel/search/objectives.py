@@ -171,6 +171,22 @@ def make_objective(system: System, model: Model, par: Parallelism,
     return objective
 
 
+def base_values(system: System, knobs) -> dict:
+    """Current values of ``knobs`` in ``system`` (the inverse of :func:`apply_knobs`)."""
+    dev = system.device
+    out = {}
+    for k in knobs:
+        if k == "hbm_stacks":
+            out[k] = float(dev.mem_channels)
+        elif k == "link_bw":
+            out[k] = float(system.levels[0].bw_per_device)
+        elif k in _DEVICE_FIELDS:
+            out[k] = float(getattr(dev, k))
+        else:
+            raise ValueError(f"codesign: unknown knob {k!r}; known: {knob_names()}")
+    return out
+
+
 def evaluate_design(system: System, model: Model, par: Parallelism, params: Mapping,
                     **workload) -> dict:
     """Time, device cost and die area of one design (concrete numbers, for reports)."""
@@ -192,7 +208,7 @@ def run_spec(spec: Mapping, steps: int | None = None) -> dict:
     Spec keys: ``system``/``nodes`` (or ``device``), ``model``, ``[parallelism]``,
     ``[workload]`` (batch, prompt_len, gen_len, n_layers), ``[codesign]`` (objective, steps,
     n_starts, learning_rate, integer = [...], cost_cap_usd, soft, seed), ``[bounds]``
-    (knob = [lo, hi]) and optional ``[init]``.
+    (knob = [lo, hi]) and optional ``[init]`` (default: the base hardware's values).
     """
     import hw_db
     from jaxmodel.cli import _load_system, build_parallelism
@@ -216,7 +232,9 @@ def run_spec(spec: Mapping, steps: int | None = None) -> dict:
                          soft=cd.get("soft"), **wl)
     exact = make_objective(system, model, par, kind=kind, cost_cap_usd=cd.get("cost_cap_usd"),
                            **wl)
-    res = codesign(obj, dict(spec.get("init", {})), bounds, steps or int(cd.get("steps", 100)),
+    init = {**base_values(system, bounds), **dict(spec.get("init", {}))}
+    init = {k: min(max(v, bounds[k][0]), bounds[k][1]) for k, v in init.items()}
+    res = codesign(obj, init, bounds, steps or int(cd.get("steps", 100)),
                    n_starts=int(cd.get("n_starts", 4)),
                    learning_rate=float(cd.get("learning_rate", 0.05)),
                    integer=tuple(cd.get("integer", ())), seed=int(cd.get("seed", 0)),
