@@ -12,7 +12,11 @@ degrees (TP 8, PP 12, DP 16) — both as searched here and as run in 2021 (micro
 recompute, no SP, no FlashAttention, no overlap of the gradient all-reduce, fp32 gradients).
 Writes ``experiments/out/bench_search.csv`` (top 200 plans + Megatron's) and ``.png``.
 
-Run: ``.venv/bin/python experiments/bench_search.py [--small]``
+Most of a cold run is XLA compilation of the training step; ``--cache DIR`` enables JAX's
+persistent compilation cache so a second process skips it (the printed ``cache`` field says
+which case was measured).
+
+Run: ``.venv/bin/python experiments/bench_search.py [--small] [--cache DIR]``
 """
 
 from __future__ import annotations
@@ -92,4 +96,11 @@ def main(small: bool = False) -> dict:
 
 
 if __name__ == "__main__":
+    cache = None
+    if "--cache" in sys.argv:
+        import jax
+        cache = Path(sys.argv[sys.argv.index("--cache") + 1])
+        warm = cache.exists() and any(cache.iterdir())
+        jax.config.update("jax_compilation_cache_dir", str(cache))
+        print(f"persistent compilation cache {cache} ({'warm' if warm else 'cold'})")
     main(small="--small" in sys.argv)

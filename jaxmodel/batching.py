@@ -62,8 +62,27 @@ def _run(dynamic, *, fn, treedef, static, positions, chunk):
     if size <= chunk:
         out = jax.vmap(rebuild)(flat)
     else:
-        out = jax.lax.map(rebuild, flat, batch_size=chunk)
+        out = jax.lax.map(rebuild, pad_to_multiple(flat, chunk), batch_size=chunk)
+        out = jax.tree_util.tree_map(lambda y: y[:size], out)
     return jax.tree_util.tree_map(lambda y: y.reshape(shape + y.shape[1:]), out)
+
+
+def pad_to_multiple(flat, chunk: int):
+    """Pad the leading axis of every array in ``flat`` to a multiple of ``chunk`` by
+    repeating its last row.
+
+    ``lax.map(batch_size=chunk)`` on a length that is not a multiple of ``chunk`` traces and
+    compiles the body twice (the scan and a separate vmap for the remainder), which doubles
+    compile time — the dominant cost of a large sweep. The padded rows repeat a real
+    configuration (never NaN) and are sliced off by the caller.
+    """
+    def pad(x):
+        n = x.shape[0]
+        extra = (-n) % chunk
+        if extra == 0:
+            return x
+        return jnp.concatenate([x, jnp.broadcast_to(x[-1:], (extra,) + x.shape[1:])])
+    return jax.tree_util.tree_map(pad, flat)
 
 
 def call_batched(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, **kwargs):

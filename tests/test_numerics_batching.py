@@ -89,3 +89,17 @@ def test_batched_grad():
     fd = (_toy(dataclasses.replace(dev, mem_bw=2e12 + h), 1e9)
           - _toy(dataclasses.replace(dev, mem_bw=2e12 - h), 1e9)) / (2 * h)
     assert float(g) == pytest.approx(float(fd), rel=1e-5)
+
+
+def test_chunked_path_pads_to_whole_chunks_and_matches_vmap():
+    from jaxmodel.batching import call_batched, pad_to_multiple
+    padded = pad_to_multiple([jnp.arange(7.0), jnp.ones((7, 2))], 3)
+    assert padded[0].shape == (9,) and padded[1].shape == (9, 2)
+    np.testing.assert_array_equal(padded[0][7:], [6.0, 6.0])
+    dev = hw_db.device("a100_80gb")
+    bws = jnp.linspace(1e12, 2e12, 7)
+    batch = dataclasses.replace(dev, mem_bw=bws)
+    whole = _toy(batch, 1e9)                           # 7 <= chunk: one vmap
+    chunked = call_batched(_toy.single, batch, 1e9, chunk=3)   # 3 chunks, last one padded
+    assert chunked.shape == (7,)
+    np.testing.assert_allclose(chunked, whole, rtol=1e-12)
