@@ -3,13 +3,15 @@
 Problem (Narayanan et al., SC'21, the GPT-3 175B run): 192 DGX A100 nodes (1536 GPUs), global
 batch 1536, sequence 2048. ``jm.search_parallelism`` enumerates every consistent
 DP × TP × PP × SP × EP × micro-batch × interleave × schedule × recompute × ZeRO × FlashAttention
-plan, crossed with two execution options of the training step (gradient reduction overlapped
-with the backward pass or not; bf16 or fp32 gradient reduction), and ranks them.
+plan, crossed with three execution options of the training step (gradient reduction overlapped
+with the backward pass or not; bf16 or fp32 gradient reduction; TP communication overlapped
+with the GEMMs or not), and ranks them.
 
 Prints the number of configurations, wall time (compile included, one fresh process),
 configurations/s (Calculon: ~125/s), the best plan, and the best plan with Megatron-LM's own
 degrees (TP 8, PP 12, DP 16) — both as searched here and as run in 2021 (micro-batch 1, full
-recompute, no SP, no FlashAttention, no overlap of the gradient all-reduce, fp32 gradients).
+recompute, no SP, no FlashAttention, no overlap of the gradient all-reduce or of the TP
+collectives, fp32 gradients).
 Writes ``experiments/out/bench_search.csv`` (top 200 plans + Megatron's) and ``.png``.
 
 Most of a cold run is XLA compilation of the training step; ``--cache DIR`` enables JAX's
@@ -34,7 +36,7 @@ import hw_db
 
 OUT = Path(__file__).resolve().parent / "out"
 COLS = ["dp", "tp", "pp", "sp", "micro_batch", "interleave", "schedule", "recompute", "zero",
-        "flash_attention", "dp_overlap", "grad_bytes", "step_time_s", "mfu",
+        "flash_attention", "dp_overlap", "grad_bytes", "tp_overlap", "step_time_s", "mfu",
         "memory_bytes"]
 
 
@@ -45,7 +47,8 @@ def main(small: bool = False) -> dict:
     t0 = time.perf_counter()
     df = jm.search_parallelism(system, model, n, gb, 2048,
                                step_options={"dp_overlap": [0.0, 1.0],
-                                             "grad_bytes": [2.0, 4.0]})
+                                             "grad_bytes": [2.0, 4.0],
+                                             "tp_overlap": [0.0, 1.0]})
     wall = time.perf_counter() - t0
     n_eval = df.attrs["n_evaluated"]
     best = df.iloc[0]
@@ -53,7 +56,7 @@ def main(small: bool = False) -> dict:
     meg = df[(df.tp == 8) & (df.pp == 12) & (df.dp == n // 96)] if not small else df.iloc[:0]
     meg_2021 = meg[(meg.micro_batch == 1) & (meg.recompute == "full") & (meg.sp == 0)
                    & (meg.flash_attention == 0) & (meg.zero == 0) & (meg.dp_overlap == 0)
-                   & (meg.grad_bytes == 4)]
+                   & (meg.grad_bytes == 4) & (meg.tp_overlap == 0)]
     OUT.mkdir(parents=True, exist_ok=True)
     pd.concat([df.head(200), meg.head(50), meg_2021.head(10)]).drop_duplicates().to_csv(
         OUT / "bench_search.csv", index=False)

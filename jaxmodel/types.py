@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = Any  # a float, an int or a jax array (possibly with a leading batch axis)
 
@@ -441,6 +442,15 @@ def is_concrete(*trees: Any) -> bool:
     """True when no leaf of ``trees`` is a tracer (i.e. values can be checked in Python)."""
     return not any(isinstance(x, jax.core.Tracer) for t in trees
                    for x in jax.tree_util.tree_leaves(t))
+
+
+def static_flag(x, pred) -> bool | None:
+    """``pred`` over a concrete array as a Python flag: True (all), False (none) or None
+    (mixed, or ``x`` traced). Used to fix static graph switches at the API edge."""
+    if not is_concrete(x):
+        return None
+    v = pred(np.asarray(x, dtype=float))
+    return True if v.all() else (False if not v.any() else None)
 
 
 def as_float(tree: Any, dtype=None) -> Any:

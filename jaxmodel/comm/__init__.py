@@ -2,15 +2,19 @@
 
 Public names: :func:`collective_latency` (seconds), :func:`collective_cost`
 (``(latency, feasible, reason)``), :func:`collective_feasible`, and the name tables
-``OPS``, ``ALGORITHMS``, ``ALGORITHM_CODES``, ``AUTO_ALGORITHM`` and :func:`algorithm_code`. Each has ``.single`` for use inside other
-single-configuration formulas.
+``OPS``, ``ALGORITHMS``, ``ALGORITHM_CODES``, ``AUTO_ALGORITHM`` and :func:`algorithm_code`.
+Each has ``.single`` for use inside other single-configuration formulas; pass it the static
+:class:`NetVariant` of the system (:func:`net_variant_of`, computed at the API edge) to trace
+only the algorithms its topologies need.
 """
 
-from jaxmodel.comm.collectives import (ALGORITHM_CODES, ALGORITHMS, AUTO_ALGORITHM, OPS,
-                                       algorithm_code, collective_cost, collective_feasible,
-                                       collective_latency, level_algorithm_times)
+from jaxmodel.comm.collectives import (ALGORITHM_CODES, ALGORITHMS, ANY_NET, AUTO_ALGORITHM,
+                                       OPS, NetVariant, algorithm_code, collective_cost,
+                                       collective_feasible, collective_latency,
+                                       level_algorithm_times, net_variant_of)
 from jaxmodel.comm.link import effective_bw, overhead_factor, p2p_delay, wire_bytes
 from jaxmodel.comm.topology import placement
 
 __all__ = ["collective_latency", "collective_cost", "collective_feasible", "algorithm_code",
-           "OPS", "ALGORITHMS", "ALGORITHM_CODES", "AUTO_ALGORITHM"]
+           "OPS", "ALGORITHMS", "ALGORITHM_CODES", "AUTO_ALGORITHM", "NetVariant",
+           "net_variant_of"]

@@ -56,6 +56,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -63,11 +65,11 @@ from jaxmodel.batching import batched
 from jaxmodel.comm import topology as topo
 from jaxmodel.comm.link import effective_bw, overhead_factor
 from jaxmodel.numerics import INF, first_reason, reason_name, safe_div
-from jaxmodel.types import System, is_concrete
+from jaxmodel.types import TOPOLOGIES, System, is_concrete, static_flag
 
 __all__ = ["OPS", "ALGORITHMS", "ALGORITHM_CODES", "AUTO_ALGORITHM", "algorithm_code",
            "collective_latency", "collective_cost", "collective_feasible",
-           "level_algorithm_times"]
+           "level_algorithm_times", "NetVariant", "ANY_NET", "net_variant_of"]
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "p2p")
 ALGORITHMS = ("ring", "halving_doubling", "direct", "2d", "tree", "in_network")
@@ -83,6 +85,77 @@ _AUTO_INDEX = tuple(float(ALGORITHMS.index(AUTO_ALGORITHM[t])) for t in
 
 
 ALGORITHM_CODES = ("auto", "best") + ALGORITHMS
+
+
+class NetVariant(NamedTuple):
+    """Static per-tier facts of a concrete system, fixed at the API edge.
+
+    A traced ``level.topology`` makes the collective model evaluate every algorithm on every
+    topology and select with ``jnp.where`` (1–3k operations per collective and tier). When
+    the topology of a tier is known in Python (one code across the batch), only the
+    algorithms that the requested choice can pick are traced — with ``algorithm="auto"``
+    just the seed's one — which cuts compile time of the training step and of sweeps
+    several-fold. Results are identical. Passed through ``@batched`` as static (its leaves
+    are strings, bools and ``None``).
+
+    Attributes:
+        topologies: per tier, the topology name (``types.TOPOLOGIES``) or ``None`` (any).
+        in_network: per tier, whether in-network reduction is on (``True``/``False``) or
+            ``None`` (varies or traced).
+    """
+
+    topologies: tuple = ()
+    in_network: tuple = ()
+
+    def topology(self, k: int):
+        return self.topologies[k] if k < len(self.topologies) else None
+
+    def inr(self, k: int):
+        return self.in_network[k] if k < len(self.in_network) else None
+
+
+ANY_NET = NetVariant()
+
+
+def net_variant_of(system: System) -> NetVariant:
+    """The :class:`NetVariant` of a concrete ``system`` (``ANY_NET`` under tracing).
+
+    Example:
+        >>> net_variant_of(hw_db.system("dgx_a100", nodes=2)).topologies
+        ('switch', 'switch')
+    """
+    if system is None or not is_concrete(system):
+        return ANY_NET
+    topos, inr = [], []
+    for lvl in system.levels:
+        codes = np.unique(np.round(np.asarray(lvl.topology, dtype=float)))
+        ok = codes.size == 1 and 0 <= codes[0] < len(TOPOLOGIES)
+        topos.append(TOPOLOGIES[int(codes[0])] if ok else None)
+        inr.append(static_flag(lvl.in_network_reduction, lambda a: a > 0.5))
+    return NetVariant(tuple(topos), tuple(inr))
+
+
+def _needed_algorithms(op: str, algorithm, topology, inr) -> tuple | None:
+    """Indices into ``ALGORITHMS`` that can decide ``op``'s time on a tier of the static
+    ``topology`` (``None`` = all). ``auto`` needs the seed's algorithm only; a named one
+    also needs the auto fallback; ``best`` every algorithm applicable to the topology."""
+    if topology is None or not isinstance(algorithm, str):
+        return None
+    auto = ALGORITHMS.index(AUTO_ALGORITHM[topology])
+    if op == "all_to_all":
+        return (ALGORITHMS.index("direct"),)
+    if algorithm == "auto":
+        return (auto,)
+    if algorithm == "best":
+        grid = topology in ("mesh2d", "torus2d")
+        tree_ok = op in ("all_reduce", "broadcast")
+        keep = [ALGORITHMS.index(a) for a in ("ring", "halving_doubling", "direct")]
+        keep += [ALGORITHMS.index("2d")] if grid else []
+        keep += [ALGORITHMS.index("tree")] if tree_ok else []
+        keep += ([ALGORITHMS.index("in_network")] if topology == "switch" and inr is not False
+                 else [])
+        return tuple(sorted(keep))
+    return tuple(sorted({auto, ALGORITHMS.index(algorithm)}))
 
 
 def algorithm_code(algorithm) -> float:
@@ -141,7 +214,8 @@ def _pipelined(lat, bwt, steps, chunk_latency):
     return lat + bwt + steps * chunk_latency + 2.0 * root
 
 
-def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
+def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topology=None,
+                          in_network=None, algorithms=None):
     """Times of every algorithm and op on one tier, s (no base latency).
 
     Args:
@@ -152,6 +226,11 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
         sharers: devices of one lower-tier unit communicating at this tier at the same time
             (they share ``bw_per_node`` when it is set).
         ops: the ops to evaluate (static; fewer ops trace faster).
+        topology: static topology name of the tier (``None``: read ``level.topology``);
+            must equal ``level.topology`` (see :class:`NetVariant`).
+        in_network: static in-network-reduction flag (``None``: read the level).
+        algorithms: static indices into ``ALGORITHMS`` to evaluate (``None``: all); the
+            others report ``+inf`` and not applicable.
 
     Returns:
         ``(times, applicable, ok)``: ``times[op]`` an array over ``ALGORITHMS`` (+inf where not
@@ -159,11 +238,16 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
         shape does not fit a 2D tier. ``m = 1`` gives zero time for every algorithm.
     """
     f = jnp.result_type(float)
-    t = level.topology
-    is_ring, is_sw, is_fc = topo._is(t, topo.RING), topo._is(t, topo.SWITCH), topo._is(
-        t, topo.FULLY_CONNECTED)
-    is_mesh, is_torus = topo._is(t, topo.MESH2D), topo._is(t, topo.TORUS2D)
-    is_grid = is_mesh | is_torus
+    if topology is None:
+        t = level.topology
+        is_ring, is_sw, is_fc = topo._is(t, topo.RING), topo._is(t, topo.SWITCH), topo._is(
+            t, topo.FULLY_CONNECTED)
+        is_mesh, is_torus = topo._is(t, topo.MESH2D), topo._is(t, topo.TORUS2D)
+        is_grid = is_mesh | is_torus
+    else:   # Python bools: the where/select below fold, unused branches are not traced
+        is_ring, is_sw, is_fc, is_mesh, is_torus = (topology == name for name in TOPOLOGIES)
+        is_grid = is_mesh or is_torus
+    wanted = set(range(len(ALGORITHMS)) if algorithms is None else algorithms)
 
     per_dev = level.bw_per_device
     node_cap = safe_div(level.bw_per_node, jnp.maximum(sharers, 1.0), fill=jnp.inf)
@@ -175,16 +259,19 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
     sp = jnp.maximum(spacing, 1.0)
     m = jnp.maximum(jnp.asarray(m, dtype=f), 1.0)
     n = jnp.maximum(jnp.asarray(n, dtype=f), 0.0)
-    active = m > 1.5
     one = jnp.ones_like(m)
+    active = m > 1.5
 
     # ---- group shape: a 1 x m line on a ring, an r x c sub-grid on a 2D tier ----------------
-    R, C, grid_ok = topo.level_grid(level)
-    r_grid = topo.grid_rows(m, max_rows=R)
-    c_grid = m / r_grid
-    shape_ok = jnp.where(is_grid, grid_ok & (c_grid <= C + 1e-9), True)
-    r = jnp.where(is_grid, r_grid, 1.0)
-    c = jnp.where(is_grid, c_grid, m)
+    if is_grid is False:
+        R, C, shape_ok, r, c = 1.0, level.size, jnp.asarray(True), one, m
+    else:
+        R, C, grid_ok = topo.level_grid(level)
+        r_grid = topo.grid_rows(m, max_rows=R)
+        c_grid = m / r_grid
+        shape_ok = jnp.where(is_grid, grid_ok & (c_grid <= C + 1e-9), True)
+        r = jnp.where(is_grid, r_grid, 1.0)
+        c = jnp.where(is_grid, c_grid, m)
     closed_x = jnp.where(is_ring, jnp.abs(m * sp - level.size) < 0.5,
                          is_torus & (jnp.abs(c - C) < 0.5))
     closed_y = is_torus & (jnp.abs(r - R) < 0.5)
@@ -223,7 +310,12 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
     u = n / m
     diam = jnp.where(closed_x, jnp.floor(c / 2.0), c - 1.0) + jnp.where(
         closed_y, jnp.floor(r / 2.0), r - 1.0)
-    inr = is_sw & (level.in_network_reduction > 0.5)
+    if is_sw is False or in_network is False:
+        inr = False
+    elif is_sw is True and in_network is True:
+        inr = True
+    else:
+        inr = is_sw & (level.in_network_reduction > 0.5)
     depth = jnp.ceil(_log2(m) - 1e-9)
     tree_bw = jnp.where(is_sw, B, b)
 
@@ -288,21 +380,32 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
     true_, false_ = jnp.asarray(True), jnp.asarray(False)
 
     def finish(algs, app):
-        x = _pipelined(*(jnp.stack([jnp.asarray(a[i], dtype=f) for a in algs])
-                         for i in range(3)), cl)
-        app = jnp.stack(app)
-        x = jnp.where(app, x, INF)
-        return jnp.where(active, x, jnp.where(app, 0.0, INF)), app
+        """``algs``: one thunk per algorithm returning (latency, bandwidth time, steps);
+        only the wanted and possibly applicable ones are traced."""
+        keep = [i for i in range(len(algs)) if i in wanted and app[i] is not False]
+        app = [jnp.asarray(a) if i in keep else false_ for i, a in enumerate(app)]
+        if keep:
+            parts = [algs[i]() for i in keep]
+            x = _pipelined(*(jnp.stack([jnp.asarray(a[j], dtype=f) for a in parts])
+                             for j in range(3)), cl)
+            x = jnp.where(jnp.stack([app[i] for i in keep]), x, INF)
+            x = jnp.where(active, x, jnp.where(jnp.stack([app[i] for i in keep]), 0.0, INF))
+        x_all = [INF * one] * len(algs)
+        for j, i in enumerate(keep):
+            x_all[i] = x[j]
+        return jnp.stack(x_all), jnp.stack(app)
 
     def table(op):
         if op in ("reduce_scatter", "all_gather"):
-            return finish([ring(), hd(), direct(), two_d(), nothing, inr_rs()],
-                          [true_, true_, true_, is_grid, false_, inr])
+            return finish([ring, hd, direct, two_d, lambda: nothing, inr_rs],
+                          [True, True, True, is_grid, False, inr])
         if op == "all_reduce":
-            return finish([twice(ring()), twice(hd()), twice(direct()), twice(two_d()),
-                           (2.0 * depth * tree_hop(), 2.0 * n * ovh("n") / tree_bw, 2.0 * depth),
-                           (2.0 * sw_hop, n * ovh("u") / B, 2.0 * one)],
-                          [true_, true_, true_, is_grid, true_, inr])
+            return finish([lambda: twice(ring()), lambda: twice(hd()), lambda: twice(direct()),
+                           lambda: twice(two_d()),
+                           lambda: (2.0 * depth * tree_hop(), 2.0 * n * ovh("n") / tree_bw,
+                                    2.0 * depth),
+                           lambda: (2.0 * sw_hop, n * ovh("u") / B, 2.0 * one)],
+                          [True, True, True, is_grid, True, inr])
         if op == "all_to_all":
             t_d = _pipelined(*direct(), cl)
             t_d = jnp.where(active, t_d, 0.0)
@@ -310,12 +413,13 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
             return jnp.where(idx == 2, t_d, INF), idx == 2
         if op == "broadcast":
             # pipelined chain (ring); scatter + all-gather (hd, direct, 2d)
-            return finish([((m - 1.0) * ring_step, n * ovh("n") / jnp.where(is_fc, b, ring_bw),
-                            m - 1.0),
-                           twice(hd()), twice(direct()), twice(two_d()),
-                           (depth * tree_hop(), n * ovh("n") / tree_bw, depth),
-                           (sw_hop, n * ovh("n") / B, one)],
-                          [true_, true_, true_, is_grid, true_, inr])
+            return finish([lambda: ((m - 1.0) * ring_step,
+                                    n * ovh("n") / jnp.where(is_fc, b, ring_bw), m - 1.0),
+                           lambda: twice(hd()), lambda: twice(direct()),
+                           lambda: twice(two_d()),
+                           lambda: (depth * tree_hop(), n * ovh("n") / tree_bw, depth),
+                           lambda: (sw_hop, n * ovh("n") / B, one)],
+                          [True, True, True, is_grid, True, inr])
         # p2p: every algorithm is the same single message
         t_p = _pipelined(sel(sw_hop, lat, hop), n * ovh("n") / jnp.where(is_sw, B, b), one, cl)
         t_p = jnp.where(active, t_p, 0.0)
@@ -328,15 +432,20 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS):
     return times, apps, shape_ok | ~active
 
 
-def _choose(times, app, topology, algorithm):
+def _choose(times, app, topology, algorithm, static_topology=None):
     """Pick one algorithm's time on a tier: auto (seed 001), best (min) or a named one.
 
     ``algorithm`` is a name (static) or a numeric code (``ALGORITHM_CODES``; may be traced).
     A named algorithm that does not apply to this tier falls back to the tier's auto choice;
-    ``used`` tells whether the named one was applied.
+    ``used`` tells whether the named one was applied. ``static_topology`` (a name) replaces
+    the traced ``topology`` code when known.
     """
-    auto_idx = jnp.asarray(_AUTO_INDEX)[jnp.clip(jnp.round(topology), 0, 4).astype(jnp.int32)]
-    auto = times[auto_idx.astype(jnp.int32)]
+    if static_topology is not None:
+        auto = times[ALGORITHMS.index(AUTO_ALGORITHM[static_topology])]
+    else:
+        auto_idx = jnp.asarray(_AUTO_INDEX)[jnp.clip(jnp.round(topology), 0, 4).astype(
+            jnp.int32)]
+        auto = times[auto_idx.astype(jnp.int32)]
     auto = jnp.where(jnp.isfinite(auto), auto, jnp.min(times))  # e.g. all-to-all: direct only
     if isinstance(algorithm, str):
         code = ALGORITHM_CODES.index(algorithm)
@@ -355,8 +464,12 @@ def _choose(times, app, topology, algorithm):
     return t, used
 
 
-def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", stride=1.0):
-    """Single-configuration collective model: ``(latency_s, feasible, reason)``."""
+def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", stride=1.0,
+          net: NetVariant = ANY_NET):
+    """Single-configuration collective model: ``(latency_s, feasible, reason)``.
+
+    ``net`` (static, :func:`net_variant_of`) must describe ``system``; it only prunes the
+    traced graph, never changes a result."""
     op, algorithm = _canonical(op, algorithm)
     f = jnp.result_type(float)
     n = jnp.asarray(nbytes, dtype=f)
@@ -400,23 +513,27 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
         else:
             n_k = n / inner[k]
         needed = ("all_reduce", "reduce_scatter") if op == "all_reduce" else (op,)
-        times, apps, ok = level_algorithm_times(lvl, m, n_k, spacing[k], inner[k], needed)
+        st = net.topology(k)
+        algs = _needed_algorithms(op, algorithm, st, net.inr(k))
+        times, apps, ok = level_algorithm_times(lvl, m, n_k, spacing[k], inner[k], needed,
+                                                topology=st, in_network=net.inr(k),
+                                                algorithms=algs)
         shape_ok = shape_ok & ok
         if op == "all_reduce":
             # inner tiers: reduce-scatter + all-gather with the same algorithm; top: all-reduce
             inner_t = 2.0 * times["reduce_scatter"]
             t_top, used_top = _choose(times["all_reduce"], apps["all_reduce"], lvl.topology,
-                                      algorithm)
-            t_in, used_in = _choose(inner_t, apps["reduce_scatter"], lvl.topology, algorithm)
+                                      algorithm, st)
+            t_in, used_in = _choose(inner_t, apps["reduce_scatter"], lvl.topology, algorithm, st)
             t_k = jnp.where(top[k], t_top, t_in)
             used = jnp.where(top[k], used_top, used_in)
         elif op in ("broadcast",):
-            t_k, used = _choose(times[op], apps[op], lvl.topology, algorithm)
+            t_k, used = _choose(times[op], apps[op], lvl.topology, algorithm, st)
         elif op == "p2p":
-            t_k, used = _choose(times[op], apps[op], lvl.topology, algorithm)
+            t_k, used = _choose(times[op], apps[op], lvl.topology, algorithm, st)
             t_k = jnp.where(top[k], t_k, 0.0)
         else:
-            t_k, used = _choose(times[op], apps[op], lvl.topology, algorithm)
+            t_k, used = _choose(times[op], apps[op], lvl.topology, algorithm, st)
         t_k = jnp.where(active, t_k, 0.0)
         total = total + t_k
         used_any = used_any | (active & used)
@@ -451,15 +568,16 @@ def collective_cost(system: System, op: str, nbytes, group_size, algorithm: str 
         >>> bool(ok), jm.reason_name(why)        # (False, 'topology_mismatch')
     """
     _canonical(op, algorithm)
-    return _cost_batched(system, op, nbytes, group_size, algorithm, stride)
+    return _cost_batched(system, op, nbytes, group_size, algorithm, stride,
+                         net=net_variant_of(system))
 
 
 collective_cost.single = _cost
 
 
 def _latency_single(system: System, op: str, nbytes, group_size, algorithm: str = "auto",
-                    stride=1.0):
-    return _cost(system, op, nbytes, group_size, algorithm, stride)[0]
+                    stride=1.0, net: NetVariant = ANY_NET):
+    return _cost(system, op, nbytes, group_size, algorithm, stride, net)[0]
 
 
 def collective_latency(system: System, op: str, nbytes, group_size, algorithm: str = "auto",
@@ -504,7 +622,8 @@ def collective_latency(system: System, op: str, nbytes, group_size, algorithm: s
         >>> jm.collective_latency(sys, "all_reduce", 2**26, 2, stride=8)  # DP across nodes
     """
     _canonical(op, algorithm)
-    t, ok, why = _cost_batched(system, op, nbytes, group_size, algorithm, stride)
+    t, ok, why = _cost_batched(system, op, nbytes, group_size, algorithm, stride,
+                               net=net_variant_of(system))
     if (is_concrete(system, nbytes, group_size, stride, algorithm) and np.ndim(t) == 0
             and not bool(ok)):
         raise ValueError(
@@ -536,8 +655,9 @@ def collective_feasible(system: System, group_size, op: str = "all_reduce",
     return ok, why
 
 
-def _feasible_single(system, group_size, op="all_reduce", algorithm="auto", stride=1.0):
-    _, ok, why = _cost(system, op, 0.0, group_size, algorithm, stride)
+def _feasible_single(system, group_size, op="all_reduce", algorithm="auto", stride=1.0,
+                     net: NetVariant = ANY_NET):
+    _, ok, why = _cost(system, op, 0.0, group_size, algorithm, stride, net)
     return ok, why
 
 

@@ -100,7 +100,7 @@ def embedding_time(system: System, model: Model, par: Parallelism, tokens, dtype
     multi = par.tp > 1.5
     ar = _comm.collective_latency.single(system, "all_reduce",
                                          tokens * model.d_model * dtype_bytes,
-                                         jnp.where(multi, par.tp, 2.0))
+                                         jnp.where(multi, par.tp, 2.0), net=variant.net)
     return lookup + jnp.where(multi, ar, 0.0)
 
 
@@ -122,15 +122,15 @@ def lm_head_time(system: System, model: Model, par: Parallelism, batch, gemm=Non
     multi = par.tp > 1.5
     gather = _comm.collective_latency.single(system, "all_gather",
                                              batch * model.vocab_size * dtype_bytes,
-                                             jnp.where(multi, par.tp, 2.0))
+                                             jnp.where(multi, par.tp, 2.0), net=variant.net)
     return head + jnp.where(multi, gather, 0.0)
 
 
-def _pp_hop(system: System, par: Parallelism, nbytes):
+def _pp_hop(system: System, par: Parallelism, nbytes, net=_comm.ANY_NET):
     """Point-to-point transfer of ``nbytes`` between adjacent stages (``tp`` devices apart)."""
     multi = par.pp > 1.5
     t = _comm.collective_latency.single(system, "p2p", nbytes, 2.0,
-                                        stride=jnp.maximum(par.tp, 1.0))
+                                        stride=jnp.maximum(par.tp, 1.0), net=net)
     return jnp.where(multi, t, 0.0)
 
 
@@ -183,7 +183,7 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     emb = jax.vmap(lambda n: embedding_time(system, model, par, n, dtype_bytes,
                                             variant))(tokens)
     hops = (pp - 1.0) * jax.vmap(lambda n: _pp_hop(system, par, n * model.d_model
-                                                   * dtype_bytes))(tokens)
+                                                   * dtype_bytes, variant.net))(tokens)
     emb_pre, emb_dec = emb[0], emb[1]
     hop_pre, hop_dec = hops[0], hops[1]
     head_pre = head_dec = lm_head_time(system, model, par, b, gemm, dtype_bytes, variant)
@@ -262,7 +262,7 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
                 f"n_layers={model.n_layers!r}; batch={batch!r}, prompt_len={prompt_len!r}, "
                 f"gen_len={gen_len!r}")
     return _inference(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes,
-                      variant_of(model, par))
+                      variant_of(model, par, system))
 
 
 inference.single = inference_single

@@ -48,6 +48,13 @@ overlap; ``dp_overlap = 0`` serialises everything, as Megatron-LM 2021 did (its 
 all-reduced after the last backward). Contention of overlapped communication for memory
 bandwidth/SMs is not modelled.
 
+**TP communication overlap** (``tp_overlap``, default 0 = Megatron-LM 2021, which runs the TP
+collectives serially): the layer's TP collectives are decomposed and pipelined with the
+GEMMs that produce or consume them (Wang et al., ASPLOS 2023, "Overlap Communication with
+Dependent Computation via Decomposition"; Megatron-core ``--tp-comm-overlap`` with Transformer
+Engine userbuffers). Same rule per layer and pass: ``exposed = max(0, t_tp − tp_overlap ·
+t_compute)`` with the layer's forward (backward incl. recompute) compute as the window.
+
 **Sustained clocks**: the device runs at ``freq_hz ×`` its sustained clock fraction under
 training load (power limit; ``hw_db/tech/training.toml``, derived from sustained vs short-run
 GEMM microbenchmarks), see :func:`sustained_device`.
@@ -257,7 +264,7 @@ def _sanitised_model(model: Model, ok) -> Model:
         vocab_size=s(model.vocab_size))
 
 
-def _collectives(system: System, op: str, calls):
+def _collectives(system: System, op: str, calls, net: _comm.NetVariant = _comm.ANY_NET):
     """Evaluate several ``op`` collectives ``[(nbytes, group, stride), ...]`` in one vmap.
 
     Returns ``(times, ok, reason)`` as tuples/arrays over the calls. One trace of the
@@ -266,7 +273,7 @@ def _collectives(system: System, op: str, calls):
     f = jnp.result_type(float)
     cols = [jnp.stack([jnp.asarray(c[i], dtype=f) for c in calls]) for i in range(3)]
     t, ok, why = jax.vmap(
-        lambda n, g, s: _comm.collective_cost.single(system, op, n, g, "auto", s))(*cols)
+        lambda n, g, s: _comm.collective_cost.single(system, op, n, g, "auto", s, net))(*cols)
     return tuple(t[i] for i in range(len(calls))), ok, why
 
 
@@ -388,7 +395,7 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
                       gemm: Callable | None = None, dp_overlap=1.0, grad_bytes=None,
                       adam_bytes_per_param=None, dtype_bytes=2.0,
                       clock_fraction=None, dropout=1.0,
-                      variant: _layer.Variant = _layer.ANY) -> TrainResult:
+                      variant: _layer.Variant = _layer.ANY, tp_overlap=0.0) -> TrainResult:
     """Single-configuration body of :func:`train_step` (use inside other formulas).
 
     Args:
@@ -396,6 +403,8 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
             to the workload's layer/embedding times (e.g. a :mod:`gemm_table` lookup); None
             uses the ops tile search.
         dp_overlap: fraction of the compute window usable to hide DP/ZeRO collectives (0..1).
+        tp_overlap: fraction of a layer's compute usable to hide its TP collectives (0..1;
+            0 = Megatron-LM 2021, 1 = Megatron-core ``--tp-comm-overlap``).
         grad_bytes: bytes per gradient element for memory and reduction traffic (default
             ``training.toml`` ``main_grad_bytes``).
         adam_bytes_per_param: main-memory bytes the optimizer step moves per parameter
@@ -412,15 +421,18 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
     system_t, _, _, _, model_s, par_s, _, seq = prep
     times = stage_times_single(system_t, model_s, _stage_plan(par_s), seq, gemm, dtype_bytes,
                                dropout, variant)
-    return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_bytes)
+    return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_bytes,
+                    variant.net, tp_overlap)
 
 
 def _from_stage_times(system, model, par, global_batch, seq_len, times, dp_overlap=1.0,
                       grad_bytes=None, adam_bytes_per_param=None, dtype_bytes=2.0,
-                      clock_fraction=None):
+                      clock_fraction=None, net: _comm.NetVariant = _comm.ANY_NET,
+                      tp_overlap=0.0):
     """:func:`train_step_single` with the stage times given (the de-duplicated path)."""
     prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction)
-    return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_bytes)
+    return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_bytes,
+                    net, tp_overlap)
 
 
 def _stage_inputs(system, model, par, global_batch, seq_len, clock_fraction=None):
@@ -430,7 +442,8 @@ def _stage_inputs(system, model, par, global_batch, seq_len, clock_fraction=None
     return system_t, model_s, _stage_plan(par_s), seq
 
 
-def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_bytes):
+def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_bytes,
+             net: _comm.NetVariant = _comm.ANY_NET, tp_overlap=0.0):
     """The step from the stage times: pipeline, DP/ZeRO, optimizer, memory, feasibility."""
     system, peak, checks, structure_ok, model_s, par_s, gb, seq = prep
     f = jnp.result_type(float)
@@ -453,6 +466,10 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_by
     rc = rc + jnp.select([rcode < 0.5, rcode < 1.5], [0.0, t["rd_selective"]], t["rd_fwd"])
     fwd = fwd + t["rd_fwd"]
     bwd = bwd + t["rd_bwd"]
+    # TP collectives pipelined with the layer's GEMMs (module docstring, Wang et al. 2023)
+    tp_ov = jnp.asarray(tp_overlap, dtype=f)
+    tpf = _exposed(tpf, fwd, tp_ov)
+    tpb = _exposed(tpb, bwd + rc, tp_ov)
     emb_comm = t["emb_comm_fwd"] + t["emb_comm_bwd"]
     # embedding lookup on the first stage, LM head + loss on the last; their TP collectives
     # split evenly between the two (the embedding output all-reduce vs the head's input-grad
@@ -491,15 +508,16 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_by
     # One vmapped collective evaluation per op (each op's graph is traced once).
     (t_ar, t_emb_ar, t_ar_e), ok_ar, why_ar = _collectives(
         system, "all_reduce", [(grads_b, dp_group, dp_stride), (emb_grad_b, 2.0, pair_stride),
-                               (grad_bytes * n_exp, dpe_group, dpe_stride)])
+                               (grad_bytes * n_exp, dpe_group, dpe_stride)], net)
     (t_rs, t_rs_e), _, _ = _collectives(system, "reduce_scatter",
                                         [(grads_b, dp_group, dp_stride),
-                                         (grad_bytes * n_exp, dpe_group, dpe_stride)])
+                                         (grad_bytes * n_exp, dpe_group, dpe_stride)], net)
     (t_ag, t_regather, t_ag_e), _, _ = _collectives(
         system, "all_gather", [(params_b, dp_group, dp_stride),
                                (act_bytes * tp, jnp.where(tp_multi, tp, 2.0), 1.0),
-                               (dtype_bytes * n_exp, dpe_group, dpe_stride)])
-    (t_send,), ok_p2p, why_p2p = _collectives(system, "p2p", [(act_bytes, 2.0, pair_stride)])
+                               (dtype_bytes * n_exp, dpe_group, dpe_stride)], net)
+    (t_send,), ok_p2p, why_p2p = _collectives(system, "p2p", [(act_bytes, 2.0, pair_stride)],
+                                                net)
     t_ar, t_rs, t_ag = (jnp.where(dp_multi, _finite(x), 0.0)
                         + jnp.where(dpe_multi, _finite(x_e), 0.0)
                         for x, x_e in ((t_ar, t_ar_e), (t_rs, t_rs_e), (t_ag, t_ag_e)))
@@ -602,26 +620,34 @@ def stage_times(system: System, model: Model, par: Parallelism, global_batch, se
     """
     kw = {} if chunk is None else {"chunk": chunk}
     shape = batch_shape(system, model, par, global_batch, seq_len, clock_fraction)
-    variant = _layer.variant_of(model, par)
+    variant = _layer.variant_of(model, par, system)
     inputs = batched(_stage_inputs, **kw)(system, model, par, global_batch, seq_len,
                                           clock_fraction)
     leaves, tree = jax.tree_util.tree_flatten(inputs)
     n = math.prod(shape)
     cols = [np.broadcast_to(np.asarray(x), shape).reshape(n) for x in leaves]
-    _, first, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_index=True,
-                                  return_inverse=True)
-    sub = jax.tree_util.tree_unflatten(tree, [jnp.asarray(c[first]) for c in cols])
+    # constant columns stay scalars: unmapped leaves let XLA fold the device and model
+    # constants into the tile search (half the compile time), and the unique is cheaper
+    varying = {i for i, c in enumerate(cols) if n and c.min() != c.max()}
+    if varying:
+        _, first, inverse = np.unique(np.stack([cols[i] for i in sorted(varying)], axis=1), axis=0,
+                                      return_index=True, return_inverse=True)
+    else:
+        first, inverse = np.zeros(1, dtype=int), np.zeros(n, dtype=int)
+    sub = jax.tree_util.tree_unflatten(tree, [
+        jnp.asarray(c[first]) if i in varying else jnp.asarray(c[0]) for i, c in enumerate(cols)])
     times_u = batched(stage_times_single, **kw)(*sub, gemm=gemm, dtype_bytes=dtype_bytes,
                                                 dropout=dropout, variant=variant)
     inverse = np.asarray(inverse).reshape(n)
-    return {k: jnp.asarray(np.asarray(v)[inverse].reshape(shape)) for k, v in times_u.items()}
+    return {k: jnp.asarray(np.atleast_1d(np.asarray(v))[inverse].reshape(shape))
+            for k, v in times_u.items()}
 
 
 def train_step(system: System, model: Model, par: Parallelism, global_batch, seq_len, *,
                gemm: Callable | None = None, dp_overlap=1.0, grad_bytes=None,
                adam_bytes_per_param=None, dtype_bytes=2.0, clock_fraction=None,
-               dropout=1.0, dedup: bool | None = None, chunk: int | None = None
-               ) -> TrainResult:
+               dropout=1.0, dedup: bool | None = None, chunk: int | None = None,
+               tp_overlap=0.0) -> TrainResult:
     """Time, throughput and memory of one training step (data × tensor × pipeline parallel).
 
     Source: Narayanan et al., SC'21 (PTD-P: placement §3, schedules §2.2, scatter/gather §4.1,
@@ -639,6 +665,9 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
             (e.g. ``gemm_table.GemmTable.lookup``); default the ops tile search.
         dp_overlap: fraction of the backward/forward window that hides DP/ZeRO collectives
             (1 = full overlap, 0 = Megatron-LM 2021's serial all-reduce).
+        tp_overlap: fraction of a layer's compute that hides its TP collectives (0 =
+            default, Megatron-LM 2021; 1 = Megatron-core ``--tp-comm-overlap``, Wang et al.
+            ASPLOS 2023).
         grad_bytes: gradient bytes per element (default 4, fp32 main gradients).
         adam_bytes_per_param: optimizer-step traffic per parameter (default from hw_db).
         dtype_bytes: bytes per weight/activation element.
@@ -687,12 +716,15 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         return batched(_from_stage_times, **kw)(
             system, model, par, global_batch, seq_len, times, dp_overlap=dp_overlap,
             grad_bytes=grad_bytes, adam_bytes_per_param=adam_bytes_per_param,
-            dtype_bytes=dtype_bytes, clock_fraction=clock_fraction)
+            dtype_bytes=dtype_bytes, clock_fraction=clock_fraction,
+            net=_comm.net_variant_of(system), tp_overlap=tp_overlap)
     # static op-graph switches from concrete inputs (smaller graphs, faster compiles)
-    variant = _layer.variant_of(model, par) if is_concrete(model, par) else _layer.ANY
+    variant = (_layer.variant_of(model, par, system) if is_concrete(model, par)
+               else _layer.ANY)
     kwargs = dict(gemm=gemm, dp_overlap=dp_overlap, grad_bytes=grad_bytes,
                   adam_bytes_per_param=adam_bytes_per_param, dtype_bytes=dtype_bytes,
-                  clock_fraction=clock_fraction, dropout=dropout, variant=variant)
+                  clock_fraction=clock_fraction, dropout=dropout, variant=variant,
+                  tp_overlap=tp_overlap)
     if chunk is None:
         return _train_step_batched(system, model, par, global_batch, seq_len, **kwargs)
     return batched(train_step_single, chunk=chunk)(system, model, par, global_batch, seq_len,

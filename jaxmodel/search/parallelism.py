@@ -195,8 +195,9 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
         progress: print the stages (plans, GEMM table, evaluation) to stderr.
         top: return only the best ``top`` rows.
         step_options: execution options of :func:`jaxmodel.train_step` to search as well,
-            ``{name: values}`` (e.g. ``{"dp_overlap": [0, 1], "grad_bytes": [2, 4]}``:
-            overlapped gradient reduction on/off, bf16 vs fp32 gradient reduction).
+            ``{name: values}`` (e.g. ``{"dp_overlap": [0, 1], "grad_bytes": [2, 4],
+            "tp_overlap": [0, 1]}``: overlapped gradient reduction on/off, bf16 vs fp32
+            gradient reduction, TP collectives overlapped with the GEMMs on/off).
         **options: enumeration options of :func:`enumerate_plans` (``schedules``,
             ``recompute``, ``zero``, ``sp``, ``flash_attention``, ``max_tp``, ...).
 

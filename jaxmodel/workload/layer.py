@@ -61,7 +61,6 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
@@ -69,7 +68,7 @@ from jaxmodel.batching import batched
 from jaxmodel.ops import attention as _attention
 from jaxmodel.workload import moe as _moe
 from jaxmodel.numerics import INF, divides, first_reason, is_integer
-from jaxmodel.types import Model, Parallelism, System, is_concrete
+from jaxmodel.types import Model, Parallelism, System, is_concrete, static_flag
 
 #: The 12 per-op rows of LLMCompass's layer breakdown, in the order of its CSVs.
 LAYER_OPS = ("qkv", "qk", "av", "wo", "w1", "w2", "softmax", "layernorm_mha",
@@ -130,24 +129,20 @@ class Variant(NamedTuple):
     tp: bool | None = None    # tensor parallelism t > 1 anywhere: TP collectives needed
     moe: bool | None = None   # any MoE layer (n_experts > 1): MoE FFN / all-to-all branches
     flash: bool | None = None  # FlashAttention anywhere: the fused attention branch
+    net: _comm.NetVariant = _comm.ANY_NET  # static topologies of the system's tiers
 
 
 ANY = Variant()
 
 
-def _static_flag(x, pred):
-    if not is_concrete(x):
-        return None
-    v = pred(np.asarray(x, dtype=float))
-    return True if v.all() else (False if not v.any() else None)
-
-
-def variant_of(model: Model, par: Parallelism) -> Variant:
-    """The :class:`Variant` of concrete inputs (``ANY`` under tracing)."""
-    return Variant(sp=_static_flag(par.sp, lambda a: a > 0.5),
-                   tp=_static_flag(par.tp, lambda a: a > 1.5),
-                   moe=_static_flag(model.n_experts, lambda a: a > 1.5),
-                   flash=_static_flag(par.flash_attention, lambda a: a > 0.5))
+def variant_of(model: Model, par: Parallelism, system: System | None = None) -> Variant:
+    """The :class:`Variant` of concrete inputs (``ANY`` under tracing); with ``system``
+    also its tiers' static topologies (:func:`jaxmodel.comm.net_variant_of`)."""
+    return Variant(sp=static_flag(par.sp, lambda a: a > 0.5),
+                   tp=static_flag(par.tp, lambda a: a > 1.5),
+                   moe=static_flag(model.n_experts, lambda a: a > 1.5),
+                   flash=static_flag(par.flash_attention, lambda a: a > 0.5),
+                   net=_comm.net_variant_of(system))
 
 
 def layer_checks(model: Model, par: Parallelism):
@@ -376,10 +371,13 @@ def tp_collective(system: System, par: Parallelism, nbytes, variant: Variant = A
     multi = tp > 1.5
     group = jnp.where(multi, tp, 2.0)      # double-where: never evaluate a group of 1
     if variant.sp is not True:
-        ar = _comm.collective_latency.single(system, "all_reduce", nbytes, group)
+        ar = _comm.collective_latency.single(system, "all_reduce", nbytes, group,
+                                             net=variant.net)
     if variant.sp is not False:
-        rs = _comm.collective_latency.single(system, "reduce_scatter", nbytes, group)
-        ag = _comm.collective_latency.single(system, "all_gather", nbytes, group)
+        rs = _comm.collective_latency.single(system, "reduce_scatter", nbytes, group,
+                                             net=variant.net)
+        ag = _comm.collective_latency.single(system, "all_gather", nbytes, group,
+                                             net=variant.net)
     if variant.sp is None:
         t = jnp.where(par.sp > 0.5, rs + ag, ar)
     else:
@@ -434,6 +432,7 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     out["allreduce_ffn"] = sync
     out["moe_alltoall"] = (0.0 * sync if variant.moe is False else
                            _moe.alltoall_time(system, model, par, batch * seq_len, dtype_bytes,
+                                              net=variant.net,
                                               dropless=True))
     ok, _ = layer_feasibility(model, par)
     out = {k: jnp.where(ok, out[k], INF) for k in LAYER_OPS + _moe.MOE_OPS}
@@ -489,7 +488,7 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
     """
     _raise_if_invalid(model, par)
     return _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm,
-                            dtype_bytes, variant_of(model, par))
+                            dtype_bytes, variant_of(model, par, system))
 
 
 layer_breakdown.single = layer_times
@@ -532,7 +531,8 @@ def training_layer_single(system: System, model: Model, par: Parallelism, micro_
     comm_fwd = 2.0 * sync
     comm_bwd = 2.0 * sync
     a2a = (0.0 * sync if variant.moe is False else
-           _moe.alltoall_time(system, model, par, micro_batch * seq_len, dtype_bytes))
+           _moe.alltoall_time(system, model, par, micro_batch * seq_len, dtype_bytes,
+                              net=variant.net))
     rc = par.recompute
     recompute = jnp.select([rc < 0.5, rc < 1.5], [jnp.zeros_like(fwd), attn_core_fwd],
                            fwd + comm_fwd + a2a)
@@ -583,7 +583,7 @@ def training_layer_times(system: System, model: Model, par: Parallelism, micro_b
     """
     _raise_if_invalid(model, par)
     return _training_layer_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes,
-                                 variant_of(model, par))
+                                 variant_of(model, par, system))
 
 
 training_layer_times.single = training_layer_single
@@ -616,7 +616,8 @@ def embedding_single(system: System, model: Model, par: Parallelism, micro_batch
     if variant.tp is False:
         small = 0.0 * tokens
     else:
-        small = _comm.collective_latency.single(system, "all_reduce", tokens * 4.0, group)
+        small = _comm.collective_latency.single(system, "all_reduce", tokens * 4.0, group,
+                                                net=variant.net)
         small = jnp.where(multi, small, 0.0)
     comm_f = sync + 2.0 * small
     comm_b = sync
@@ -651,7 +652,7 @@ def embedding_times(system: System, model: Model, par: Parallelism, micro_batch,
     """
     _raise_if_invalid(model, par)
     return _embedding_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes,
-                            variant_of(model, par))
+                            variant_of(model, par, system))
 
 
 embedding_times.single = embedding_single

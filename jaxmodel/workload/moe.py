@@ -190,7 +190,7 @@ def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, b
 
 
 def alltoall_time(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0,
-                  dropless=False):
+                  dropless=False, net: _comm.NetVariant = _comm.ANY_NET):
     """Dispatch + combine all-to-all of one average layer (forward), seconds.
 
     Seed 001 eq. 3 (``T_A2A = E·C·D·precision / BW_A2A``) through the network model: two
@@ -207,7 +207,7 @@ def alltoall_time(system: System, model: Model, par: Parallelism, tokens, dtype_
     group = jnp.where(multi, ep, 2.0)      # double-where: never evaluate a group of 1
     stride = jnp.maximum(par.tp, 1.0) * jnp.maximum(par.pp, 1.0)
     t = _comm.collective_latency.single(system, "all_to_all", dims["a2a_bytes"], group, "auto",
-                                        stride)
+                                        stride, net)
     return jnp.where(multi, _safe(f, 2.0 * t), 0.0)
 
 

@@ -248,3 +248,49 @@ def test_all_ops_and_systems_finite():
     assert np.all(np.isfinite(t)) and np.all((t > 0) & (t < 1.0)), t
     for name in hw_db.names("system"):                  # every system loads
         assert float(hw_db.system(name).n_devices) >= 4
+
+
+# ------------------------------------------------------------------ static topology switch
+def _static_vs_traced(systems, choices, sizes, groups, strides):
+    grid = np.meshgrid(sizes, groups, strides)
+    sizes, groups, strides = (jnp.asarray(g.reshape(-1)) for g in grid)
+
+    def run(sys_, net):
+        out = {}
+        for op in coll.OPS:
+            for alg in (choices if op in ("all_reduce", "broadcast") else choices[:2]):
+                out[op, alg] = jax.vmap(lambda n, g, s: coll._cost(sys_, op, n, g, alg, s, net)
+                                        )(sizes, groups, strides)
+        return out
+
+    for sys_ in systems:
+        net = coll.net_variant_of(sys_)
+        assert None not in net.topologies and len(net.topologies) == len(sys_.levels)
+        fast = jax.jit(lambda s: run(s, net))(sys_)
+        slow = jax.jit(lambda s: run(s, coll.ANY_NET))(sys_)
+        for key in slow:
+            for a, b in zip(fast[key], slow[key]):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12,
+                                           err_msg=str(key))
+
+
+def test_static_net_variant_prunes_the_graph_without_changing_results():
+    """``net_variant_of`` (static topologies) gives the same numbers as the traced-topology
+    graph for every op, ``auto`` and ``best``, with every topology as some tier."""
+    systems = [system(level("switch", 4, in_network_reduction=1.0), level("ring", 4),
+                      level("fully_connected", 2), level("torus2d", 4))]
+    _static_vs_traced(systems, ("auto", "best"), [0.0, 2.0**11, 2.0**27], [2.0, 8.0, 32.0],
+                      [1.0, 4.0])
+    mixed = dataclasses.replace(systems[0], levels=(level(jnp.asarray([0.0, 1.0]), 16),))
+    assert coll.net_variant_of(mixed).topologies == (None,)
+
+
+@pytest.mark.slow
+def test_static_net_variant_every_algorithm_every_topology():
+    systems = [system(level(t, 16, in_network_reduction=1.0)) for t in
+               ("ring", "switch", "fully_connected", "mesh2d", "torus2d")]
+    systems.append(system(level("switch", 8, in_network_reduction=1.0), level("ring", 4)))
+    systems.append(system(level("fully_connected", 4), level("torus2d", 8)))
+    _static_vs_traced(systems, ("auto", "best", "ring", "halving_doubling", "tree",
+                                "in_network", "2d"),
+                      [0.0, 2.0**11, 2.0**20, 2.0**27], [2.0, 4.0, 8.0, 16.0], [1.0, 2.0])

@@ -51,6 +51,7 @@ PLANS = {
     "dp16": ((16, 1, 1, 0, 1, 1, 1, 0, 0), CAP, 1.0),
     "dp16_serial": ((16, 1, 1, 0, 1, 1, 1, 0, 0), CAP, 0.0),
     "tp8pp2": ((1, 8, 2, 1, 4, 1, 1, 1, 0), CAP, 1.0),
+    "tp8pp2_ov": ((1, 8, 2, 1, 4, 1, 1, 1, 0), CAP, 1.0),     # + TP comm overlap
     "oom": ((16, 1, 1, 0, 1, 1, 1, 0, 0), 1e9, 1.0),
     # inconsistent plans
     "bad_devices": ((2, 2, 2, 0, 1, 1, 1, 0, 0), CAP, 1.0),
@@ -65,6 +66,7 @@ EXPECTED = {"oom": "out_of_memory", "bad_devices": "devices_mismatch",
             "bad_interleave": "invalid_parallelism", "bad_inter_m": "batch_not_divisible",
             "bad_zero": "invalid_parallelism"}
 NAMES = list(PLANS)
+TP_OVERLAP = {"tp8pp2_ov": 1.0}
 
 
 def plan(name, **over):
@@ -81,10 +83,11 @@ def batch():
     system = dataclasses.replace(ONE_TIER, device=dataclasses.replace(ONE_TIER.device,
                                                                       mem_capacity=cap))
     overlap = jnp.asarray([PLANS[n][2] for n in NAMES])
+    tp_ov = jnp.asarray([TP_OVERLAP.get(n, 0.0) for n in NAMES])
     # the de-duplicated path (stage times once per distinct stage input, then composed);
     # the slow tests compare it with single-configuration calls (the direct path)
     res = jm.train_step(system, MODEL, par, B, S, gemm=roofline, dp_overlap=overlap,
-                        dedup=True)
+                        tp_overlap=tp_ov, dedup=True)
     jax.block_until_ready(res)
     return {n: jax.tree_util.tree_map(lambda x, i=i: np.asarray(x)[i], res)
             for i, n in enumerate(NAMES)}
@@ -213,6 +216,25 @@ def test_dp_overlap(batch):
     assert 0.0 <= float(over.breakdown["dp_comm"]) < ar
     assert float(serial.step_time_s) - float(over.step_time_s) == pytest.approx(
         ar - float(over.breakdown["dp_comm"]), rel=1e-6)
+
+
+def test_tp_overlap(batch):
+    """tp_overlap = 1 hides each layer's TP collectives behind its compute: exposed =
+    max(0, t_tp − t_compute) per layer and pass (Wang et al. 2023); nothing else changes."""
+    serial, over = batch["tp8pp2"], batch["tp8pp2_ov"]
+    t = {k: float(np.asarray(v)[0]) for k, v in tr.stage_times(
+        ONE_TIER, MODEL, jax.tree_util.tree_map(lambda x: jnp.asarray([x]), plan("tp8pp2")),
+        B, S, gemm=roofline).items()}
+    fwd = t["fwd"] + t["rd_fwd"]
+    bwd = t["bwd"] + t["recompute"] + t["rd_selective"] + t["rd_bwd"]   # selective recompute
+    m, layers = B / 4.0, 8.0 / 2.0
+    exposed = m * layers * (max(0.0, t["tp_comm_fwd"] - fwd) + max(0.0, t["tp_comm_bwd"] - bwd))
+    assert float(serial.breakdown["tp_comm"]) == pytest.approx(
+        m * layers * (t["tp_comm_fwd"] + t["tp_comm_bwd"]), rel=1e-6)
+    assert float(over.breakdown["tp_comm"]) == pytest.approx(exposed, rel=1e-6, abs=1e-12)
+    assert float(over.step_time_s) < float(serial.step_time_s)
+    for k in ("compute", "recompute", "embedding", "optimizer", "pp_comm"):
+        assert float(over.breakdown[k]) == pytest.approx(float(serial.breakdown[k]), rel=1e-9)
 
 
 def test_cross_stride_places_stage_pairs_across_the_outer_tier():
