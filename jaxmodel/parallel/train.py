@@ -65,10 +65,15 @@ memory-bound elementwise kernel moving ``adam_bytes_per_param`` (hw_db/tech/trai
 **Memory**: D's ``training_memory`` with the schedule's in-flight micro-batches; compared
 with ``system.device.mem_capacity``.
 
-**FLOPs and MFU**: Megatron's eq. 3 (PTD-P §5.1), ``96·B·s·l·h²·(1 + s/(6h) + V/(16lh))``
-(generalised to GQA/SwiGLU/MoE by D's ``model_flops_per_token(..., include_recompute=True)``);
-this counts one recompute forward, exactly as PTD-P Table 1 does. ``mfu = F / (T · N ·
-peak)``. Because F does not depend on the plan, ranking by ``mfu`` equals ranking by time.
+**FLOPs, MFU and HFU** (Chowdhery et al. 2022, PaLM, Appendix B; Korthikanti et al. 2023
+§6): the model FLOPs ``F = 72·B·s·l·h²·(1 + s/(6h) + V/(12lh))`` (forward + backward, no
+recomputation; D's ``model_flops_per_token``, generalised to GQA/SwiGLU/MoE) give
+``mfu = F / (T · N · peak)`` — independent of the plan, so ranking by ``mfu`` equals ranking by
+time. The hardware FLOPs add what the plan recomputes: one forward of every layer with full
+recomputation (then they equal Megatron's eq. 3, PTD-P §5.1, ``96·B·s·l·h²·(1 + s/(6h) +
+V/(16lh))``, the "% of peak" of PTD-P Table 1), the attention-score GEMMs
+(``4·B·s²·h`` per layer) with selective recomputation; ``hfu`` and
+``achieved_flops_per_device`` use them.
 
 **Sweeps** (:func:`train_step` on concrete batches of ≥ ``DEDUP_MIN_BATCH`` plans): the
 per-layer times depend on few plan fields, so they are evaluated once per distinct stage
@@ -149,8 +154,8 @@ class TrainResult:
 
     Attributes:
         step_time_s: seconds per optimizer step (``+inf`` when infeasible).
-        mfu: Megatron eq. 3 FLOPs / (step time · devices · peak matrix FLOP/s) (0 when
-            infeasible); comparable with PTD-P Table 1's "% of peak".
+        mfu: model FLOPs utilisation (PaLM): model FLOPs (no recomputation) / (step time ·
+            devices · peak matrix FLOP/s) (0 when infeasible).
         tokens_per_s: global_batch · seq_len / step time.
         memory_bytes: peak memory of the most loaded device (first stage), bytes — reported
             for infeasible (e.g. out-of-memory) plans too when their structure is valid.
@@ -163,9 +168,12 @@ class TrainResult:
             :func:`jaxmodel.workload.moe.alltoall_time`). They sum to ``step_time_s``.
         memory: dict bytes per device: ``weights``, ``gradients``, ``optimizer``,
             ``activations``, ``total``.
-        flops_per_step: Megatron eq. 3 FLOPs of one step (all devices), FLOP.
-        achieved_flops_per_device: flops_per_step / (step time · devices), FLOP/s.
+        flops_per_step: model FLOPs of one step (all devices, no recomputation), FLOP.
+        achieved_flops_per_device: hardware FLOPs (with the plan's recomputation) / (step
+            time · devices), FLOP/s; with full recomputation Megatron's eq. 3 TFLOP/s.
         microbatches: micro-batches per step per data-parallel replica, m.
+        hfu: hardware FLOPs utilisation, ``achieved_flops_per_device / peak``; with full
+            recomputation comparable with PTD-P Table 1's "% of peak".
     """
 
     step_time_s: Any
@@ -179,6 +187,7 @@ class TrainResult:
     flops_per_step: Any
     achieved_flops_per_device: Any
     microbatches: Any
+    hfu: Any
 
 
 jax.tree_util.register_dataclass(
@@ -582,12 +591,16 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_by
     reason = jnp.where((reason == nx.reason_code("topology_mismatch")) & dp_net_ok & ~pp_net_ok,
                        why_p2p, reason).astype(jnp.int32)
 
-    flops = _params.model_flops_per_token.single(model_s, seq, True) * gb * seq
+    flops = _params.model_flops_per_token.single(model_s, seq, False) * gb * seq
+    full_rc = (_params.model_flops_per_token.single(model_s, seq, True) * gb * seq - flops)
+    attn_rc = 4.0 * seq * model_s.n_heads * model_s.head_dim * model_s.n_layers * gb * seq
+    hw_flops = flops + jnp.select([rcode < 0.5, rcode < 1.5], [0.0, attn_rc], full_rc)
     n_dev = dp * tp * pp
     safe_step = jnp.where(feasible & (step > 0), step, 1.0)
     step_time = jnp.where(feasible, step, jnp.inf)
-    achieved = jnp.where(feasible, flops / (safe_step * n_dev), 0.0)
-    mfu = jnp.where(feasible, nx.safe_div(achieved, peak, fill=0.0), 0.0)
+    achieved = jnp.where(feasible, hw_flops / (safe_step * n_dev), 0.0)
+    hfu = jnp.where(feasible, nx.safe_div(achieved, peak, fill=0.0), 0.0)
+    mfu = jnp.where(feasible, nx.safe_div(flops / (safe_step * n_dev), peak, fill=0.0), 0.0)
     tokens = jnp.where(feasible, gb * seq / safe_step, 0.0)
     mem = {k: jnp.where(structure_ok, x, jnp.inf) for k, x in mem.items()}
     return TrainResult(
@@ -595,7 +608,8 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_by
         feasible=feasible, reason=reason,
         breakdown={k: jnp.where(feasible, x, jnp.inf) for k, x in breakdown.items()},
         memory=mem, flops_per_step=jnp.where(structure_ok, flops, 0.0),
-        achieved_flops_per_device=achieved, microbatches=jnp.where(structure_ok, m, 0.0))
+        achieved_flops_per_device=achieved, microbatches=jnp.where(structure_ok, m, 0.0),
+        hfu=hfu)
 
 
 _train_step_batched = batched(train_step_single)

@@ -126,14 +126,21 @@ def test_breakdown_sums_to_step(batch):
 
 
 def test_throughput_and_mfu_definitions(batch):
-    r = batch["base"]
-    assert float(r.tokens_per_s) == pytest.approx(B * S / float(r.step_time_s))
-    flops = float(wparams.model_flops_per_token(MODEL, S, include_recompute=True)) * B * S
-    assert float(r.flops_per_step) == pytest.approx(flops)
+    """MFU counts model FLOPs (PaLM); HFU adds the plan's recomputation: none (base),
+    selective (z0: the attention scores, 4·s²·h per layer) or full (Megatron eq. 3)."""
     peak = float(ONE_TIER.device.peak_matrix_flops)
-    assert float(r.mfu) == pytest.approx(flops / (float(r.step_time_s) * 16 * peak))
-    assert float(r.achieved_flops_per_device) == pytest.approx(float(r.mfu) * peak)
-    assert float(r.microbatches) == B / 2
+    model_flops = float(wparams.model_flops_per_token(MODEL, S)) * B * S
+    eq3 = float(wparams.model_flops_per_token(MODEL, S, include_recompute=True)) * B * S
+    selective = model_flops + 4.0 * S * 1024.0 * 8.0 * B * S
+    for name, hw_flops in (("base", model_flops), ("z0", selective), ("full_rc", eq3)):
+        r = batch[name]
+        t = float(r.step_time_s)
+        assert float(r.tokens_per_s) == pytest.approx(B * S / t)
+        assert float(r.flops_per_step) == pytest.approx(model_flops)
+        assert float(r.mfu) == pytest.approx(model_flops / (t * 16 * peak))
+        assert float(r.achieved_flops_per_device) == pytest.approx(hw_flops / (t * 16))
+        assert float(r.hfu) == pytest.approx(hw_flops / (t * 16 * peak))
+    assert float(batch["base"].microbatches) == B / 2
 
 
 def test_zero_memory_sharding(batch):
