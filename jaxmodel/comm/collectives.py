@@ -377,7 +377,7 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         return (2.0 * x[0], 2.0 * x[1], 2.0 * x[2])
 
     nothing = (0.0 * one, 0.0 * one, one)
-    true_, false_ = jnp.asarray(True), jnp.asarray(False)
+    false_ = jnp.asarray(False)
 
     def finish(algs, app):
         """``algs``: one thunk per algorithm returning (latency, bandwidth time, steps);

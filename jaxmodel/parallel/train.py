@@ -545,7 +545,6 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_by
 
     # ---- pipeline ---------------------------------------------------------------------------
     stage_core = layer_f + layer_b
-    t_max = stage_core + extra_max + dp_mb
     t_mean = stage_core + extra_mean + dp_mb
     t_regather = jnp.where(tp_multi & (par_s.sp < 0.5), _finite(t_regather), 0.0)
     t_p2p = jnp.where(multi_stage, _finite(t_send) + t_regather, 0.0)

@@ -43,8 +43,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Mapping
 
+import jax
 import jax.numpy as jnp
 
 from jaxmodel.types import Device, Model, Parallelism, System
@@ -148,7 +150,7 @@ def make_objective(system: System, model: Model, par: Parallelism,
     from jaxmodel.workload import layer as _layer
     base = dataclasses.replace(system, device=area_fields(system.device))
     layers = model.n_layers if n_layers is None else n_layers
-    variant = _layer.variant_of(model, par)
+    variant = _layer.variant_of(model, par, base)
 
     def objective(params):
         s = apply_knobs(base, params)
@@ -190,16 +192,26 @@ def base_values(system: System, knobs) -> dict:
 def evaluate_design(system: System, model: Model, par: Parallelism, params: Mapping,
                     **workload) -> dict:
     """Time, device cost and die area of one design (concrete numbers, for reports)."""
-    from jaxmodel import cost as _cost
     from jaxmodel.cost.area import area_fields
-    s = apply_knobs(dataclasses.replace(system, device=area_fields(system.device)),
-                    {k: jnp.asarray(v, jnp.result_type(float)) for k, v in params.items()})
-    t = serving_time(s, model, par, **workload)
+    from jaxmodel.workload import layer as _layer
+    f = jnp.result_type(float)
+    base = dataclasses.replace(system, device=area_fields(system.device))
+    out = _design_metrics(base, model, par, {k: jnp.asarray(v, f) for k, v in params.items()},
+                          {k: jnp.asarray(v, f) for k, v in workload.items()},
+                          variant=_layer.variant_of(model, par, base))
+    return {k: float(v) for k, v in out.items()}
+
+
+@functools.partial(jax.jit, static_argnames=("variant",))
+def _design_metrics(system, model, par, params, workload, variant):
+    """Jitted body of :func:`evaluate_design` (op-by-op eager evaluation takes seconds)."""
+    from jaxmodel import cost as _cost
+    s = apply_knobs(system, params)
+    t = serving_time(s, model, par, **workload, variant=variant)
     c = _cost.device_cost.single(s.device)
-    return {"time_s": float(t), "device_usd": float(c.total_usd),
-            "die_area_mm2": float(c.die_area_mm2), "usd_seconds": float(t * c.total_usd),
-            "mem_capacity_gb": float(s.device.mem_capacity) / 1e9,
-            "mem_bw_gbs": float(s.device.mem_bw) / 1e9}
+    return {"time_s": t, "device_usd": c.total_usd, "die_area_mm2": c.die_area_mm2,
+            "usd_seconds": t * c.total_usd, "mem_capacity_gb": s.device.mem_capacity / 1e9,
+            "mem_bw_gbs": s.device.mem_bw / 1e9}
 
 
 def run_spec(spec: Mapping, steps: int | None = None) -> dict:

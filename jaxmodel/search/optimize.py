@@ -236,7 +236,26 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
     vals, us = np.asarray(vals).T, np.asarray(us).transpose(1, 0, 2)  # (steps, starts, ...)
     n_grad = steps * n_starts
     n_evals = int(np.asarray(n_ev).sum())
-    final_vals = np.asarray(jax.jit(jax.vmap(loss_u))(u_last))
+
+    # Every value-only evaluation below (final iterates, rounding candidates, pattern search)
+    # goes through ONE compiled batch of fixed size: each new batch shape would recompile
+    # the objective (seconds each).
+    width = max(n_starts, 2 * len(keys), 8)
+    loss_batch = jax.jit(jax.vmap(loss_u))
+    big = float(jnp.finfo(dtype).max)
+
+    def objective_batch(u_rows):
+        u_rows = np.asarray(u_rows, dtype=float)
+        out = []
+        for i in range(0, len(u_rows), width):
+            block = u_rows[i:i + width]
+            pad = np.repeat(block[-1:], width - len(block), axis=0)
+            v = np.asarray(loss_batch(jnp.asarray(np.concatenate([block, pad]), dtype)))
+            out.append(v[:len(block)])
+        v = np.concatenate(out).astype(float)
+        return np.where(v >= big, np.inf, v)
+
+    final_vals = objective_batch(np.asarray(u_last))
     n_evals += n_starts
     all_vals = np.concatenate([vals, final_vals[None]], axis=0)
     all_us = np.concatenate([us, np.asarray(u_last)[None]], axis=0)
@@ -260,14 +279,27 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
                 options.append([x[i]])
         cands.extend(itertools.product(*options))
     cands = np.unique(np.asarray(cands, dtype=float), axis=0)
-    exact_fn = exact or objective
+    if exact is None:   # same objective: reuse its compiled batch, in u coordinates
+        def exact_batch(x_rows):
+            x_rows = np.asarray(x_rows, dtype=float)
+            return objective_batch((np.log(x_rows) - lo) / (hi - lo))
+    else:
+        def exact_x(x):
+            v = jnp.asarray(exact({k: x[i] for i, k in enumerate(keys)}), dtype)
+            return jnp.where(jnp.isfinite(v), v, jnp.inf)
 
-    def exact_x(x):
-        v = jnp.asarray(exact_fn({k: x[i] for i, k in enumerate(keys)}), dtype)
-        return jnp.where(jnp.isfinite(v), v, jnp.inf)
+        exact_jit = jax.jit(jax.vmap(exact_x))
 
-    exact_batch = jax.jit(jax.vmap(exact_x))
-    cand_vals = np.asarray(exact_batch(jnp.asarray(cands, dtype)))
+        def exact_batch(x_rows):
+            x_rows = np.asarray(x_rows, dtype=float)
+            out = []
+            for i in range(0, len(x_rows), width):
+                block = x_rows[i:i + width]
+                pad = np.repeat(block[-1:], width - len(block), axis=0)
+                out.append(np.asarray(exact_jit(jnp.asarray(np.concatenate([block, pad]),
+                                                            dtype)))[:len(block)])
+            return np.concatenate(out)
+    cand_vals = np.asarray(exact_batch(cands))
     n_evals += len(cands)
     j = int(np.argmin(cand_vals))
     best_x, best_v = cands[j].copy(), float(cand_vals[j])

@@ -68,7 +68,7 @@ from jaxmodel.batching import batched
 from jaxmodel.ops import attention as _attention
 from jaxmodel.workload import moe as _moe
 from jaxmodel.numerics import INF, divides, first_reason, is_integer
-from jaxmodel.types import Model, Parallelism, System, is_concrete, static_flag
+from jaxmodel.types import Model, Parallelism, System, static_flag
 
 #: The 12 per-op rows of LLMCompass's layer breakdown, in the order of its CSVs.
 LAYER_OPS = ("qkv", "qk", "av", "wo", "w1", "w2", "softmax", "layernorm_mha",
