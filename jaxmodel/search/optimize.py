@@ -82,6 +82,19 @@ def _pattern_search(batch_fn, x, v, lo, hi, int_idx, budget, dtype):
     return x, v, used
 
 
+def _fixed_width(batch_fn, rows, width: int, dtype) -> np.ndarray:
+    """``batch_fn`` over ``rows`` in blocks of exactly ``width`` rows (the last one padded by
+    repeating its final row), so a jitted ``batch_fn`` compiles once for any row count."""
+    rows = np.asarray(rows, dtype=float)
+    out = []
+    for i in range(0, len(rows), width):
+        block = rows[i:i + width]
+        pad = np.repeat(block[-1:], width - len(block), axis=0)
+        out.append(np.asarray(batch_fn(jnp.asarray(np.concatenate([block, pad]), dtype)))[
+            :len(block)])
+    return np.concatenate(out).astype(float)
+
+
 @dataclasses.dataclass(frozen=True)
 class CodesignResult:
     """Outcome of :func:`codesign`.
@@ -245,14 +258,7 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
     big = float(jnp.finfo(dtype).max)
 
     def objective_batch(u_rows):
-        u_rows = np.asarray(u_rows, dtype=float)
-        out = []
-        for i in range(0, len(u_rows), width):
-            block = u_rows[i:i + width]
-            pad = np.repeat(block[-1:], width - len(block), axis=0)
-            v = np.asarray(loss_batch(jnp.asarray(np.concatenate([block, pad]), dtype)))
-            out.append(v[:len(block)])
-        v = np.concatenate(out).astype(float)
+        v = _fixed_width(loss_batch, u_rows, width, dtype)
         return np.where(v >= big, np.inf, v)
 
     final_vals = objective_batch(np.asarray(u_last))
@@ -291,14 +297,7 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
         exact_jit = jax.jit(jax.vmap(exact_x))
 
         def exact_batch(x_rows):
-            x_rows = np.asarray(x_rows, dtype=float)
-            out = []
-            for i in range(0, len(x_rows), width):
-                block = x_rows[i:i + width]
-                pad = np.repeat(block[-1:], width - len(block), axis=0)
-                out.append(np.asarray(exact_jit(jnp.asarray(np.concatenate([block, pad]),
-                                                            dtype)))[:len(block)])
-            return np.concatenate(out)
+            return _fixed_width(exact_jit, x_rows, width, dtype)
     cand_vals = np.asarray(exact_batch(cands))
     n_evals += len(cands)
     j = int(np.argmin(cand_vals))
