@@ -285,6 +285,21 @@ def cmd_sweep(a) -> Any:
                     progress=not a.quiet, **kwargs)
 
 
+def _step_options(items) -> dict:
+    """``["dp_overlap=0,1", "tp_overlap=0,1"]`` → ``{"dp_overlap": [0.0, 1.0], ...}``."""
+    out = {}
+    for item in items or ():
+        name, sep, values = item.partition("=")
+        try:
+            vals = [float(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            vals = []
+        if not sep or not name.strip() or not vals:
+            raise ValueError(f"--step-option {item!r}: expected NAME=V1,V2,... with numbers")
+        out[name.strip()] = vals
+    return out
+
+
 def cmd_search(a) -> Any:
     import hw_db
     import jaxmodel as jm
@@ -292,7 +307,8 @@ def cmd_search(a) -> Any:
     model = hw_db.model(a.model)
     n = int(a.n_devices or round(float(system.n_devices)))
     df = jm.search_parallelism(system, model, n, a.global_batch, a.seq_len,
-                               progress=not a.quiet)
+                               progress=not a.quiet,
+                               step_options=_step_options(a.step_option) or None)
     n_eval = df.attrs.get("n_evaluated")
     if not a.quiet:
         print(f"evaluated {n_eval:,} configurations in {df.attrs.get('wall_s', 0):.1f} s",
@@ -368,6 +384,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=float, default=1536, dest="global_batch")
     p.add_argument("--seq-len", type=float, default=2048, dest="seq_len")
     p.add_argument("--top", type=int, default=20, help="rows to print (0 = all)")
+    p.add_argument("--step-option", action="append", default=[], dest="step_option",
+                   metavar="NAME=V1,V2",
+                   help="also search a train_step option, e.g. dp_overlap=0,1 grad_bytes=2,4 "
+                        "tp_overlap=0,1 (repeatable)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_search)
 

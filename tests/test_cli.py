@@ -116,7 +116,14 @@ def test_codesign_from_toml(tmp_path):
 @pytest.mark.slow
 def test_search_csv():
     code, text = run("search", "--system", "hgx_a100_4gpu", "--model", "gpt2-small",
-                     "--global-batch", "8", "--seq-len", "256", "--top", "5", "--quiet")
+                     "--global-batch", "8", "--seq-len", "256", "--top", "5", "--quiet",
+                     "--step-option", "tp_overlap=0,1")
     assert code == 0
     df = pd.read_csv(io.StringIO(text))
     assert len(df) == 5 and df["step_time_s"].is_monotonic_increasing
+    assert set(df["tp_overlap"]) <= {0.0, 1.0}
+    from jaxmodel.cli import _step_options
+    assert _step_options(["dp_overlap=0, 1", "grad_bytes=2"]) == {"dp_overlap": [0.0, 1.0],
+                                                                   "grad_bytes": [2.0]}
+    with pytest.raises(ValueError, match="tp_overlap=x"):
+        _step_options(["tp_overlap=x"])
