@@ -37,7 +37,7 @@ import hw_db
 OUT = Path(__file__).resolve().parent / "out"
 COLS = ["dp", "tp", "pp", "sp", "micro_batch", "interleave", "schedule", "recompute", "zero",
         "flash_attention", "dp_overlap", "grad_bytes", "tp_overlap", "step_time_s", "mfu",
-        "memory_bytes"]
+        "hfu", "memory_bytes"]
 
 
 def main(small: bool = False) -> dict:
@@ -88,6 +88,9 @@ def main(small: bool = False) -> dict:
            "wall_s": round(wall, 1), "configs_per_s": round(n_eval / wall, 1),
            "timings": {k: round(v, 1) for k, v in df.attrs["timings"].items()},
            "best": plan(best)}
+    no_tp_ov = df[df.tp_overlap == 0]
+    if len(no_tp_ov):      # the same search without overlapped TP collectives
+        out["best_without_tp_overlap"] = plan(no_tp_ov.iloc[0])
     if len(meg):
         out["megatron_degrees_best"] = plan(meg.iloc[0])
     if len(meg_2021):
