@@ -78,7 +78,7 @@ def main(small: bool = False) -> dict:
     ax.set_xlabel("memory per GPU (GB)")
     ax.set_ylabel("step time (s)")
     ax.set_title(f"GPT-3 175B on {n} A100: {len(feas):,} feasible of {n_eval:,} plans")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")   # loc="best" is slow with 10^5 points
     _save(fig, OUT / "bench_search.png")
 
     def plan(row):

@@ -98,7 +98,8 @@ def pareto_plot(df, x: str, y: str, maximize: bool = True, color: str | None = N
     if logy:
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    # a fixed corner: loc="best" scans every point (seconds for a 10^5-point sweep)
+    ax.legend(fontsize=8, loc="lower right" if maximize else "upper right")
     ax.set_title(title or f"{y} vs {x}")
     return _save(fig, path)
 
