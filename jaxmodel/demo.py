@@ -230,7 +230,7 @@ def codesign_run(out: Path, say, quick: bool):
                       polish=16 if quick else 32)
     a100 = evaluate_design(system, model, par, init, **wl)
     best = evaluate_design(system, model, par, res.params, **wl)
-    a100_v = float(res.history[0, 0])        # start 0 begins at the A100 design
+    a100_v = res.init_value                  # the objective at the A100 design
     say(f"co-design: USD per million tokens {a100_v:.3f} (A100 design) → {res.value:.3f} "
         f"({res.n_evals} evaluations)")
     pd.DataFrame({"step": np.arange(len(res.best_history)),

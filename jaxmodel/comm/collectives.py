@@ -95,7 +95,7 @@ class NetVariant(NamedTuple):
     the topology of a tier is known in Python (one code across the batch), only the
     algorithms that the requested choice can pick are traced — with ``algorithm="auto"``
     just the seed's one — which cuts compile time of the training step and of sweeps
-    several-fold. Results are identical. Passed through ``@batched`` as static (its leaves
+    several-fold. Results are identical up to float rounding. Passed through ``@batched`` as static (its leaves
     are strings, bools and ``None``).
 
     Attributes:
@@ -124,12 +124,17 @@ def net_variant_of(system: System) -> NetVariant:
         >>> net_variant_of(hw_db.system("dgx_a100", nodes=2)).topologies
         ('switch', 'switch')
     """
-    if system is None or not is_concrete(system):
+    if system is None:
         return ANY_NET
     topos, inr = [], []
     for lvl in system.levels:
-        codes = np.unique(np.round(np.asarray(lvl.topology, dtype=float)))
-        ok = codes.size == 1 and 0 <= codes[0] < len(TOPOLOGIES)
+        if not is_concrete(lvl.topology):    # other leaves may be traced (grad over bw)
+            topos.append(None)
+            inr.append(static_flag(lvl.in_network_reduction, lambda a: a > 0.5))
+            continue
+        codes = np.unique(np.asarray(lvl.topology, dtype=float))
+        ok = (codes.size == 1 and codes[0] == round(codes[0])
+              and 0 <= codes[0] < len(TOPOLOGIES))
         topos.append(TOPOLOGIES[int(codes[0])] if ok else None)
         inr.append(static_flag(lvl.in_network_reduction, lambda a: a > 0.5))
     return NetVariant(tuple(topos), tuple(inr))

@@ -78,7 +78,8 @@ V/(16lh))``, the "% of peak" of PTD-P Table 1), the attention-score GEMMs
 **Concrete inputs** (:func:`train_step` on concrete plans, one or a batch): the
 per-layer times depend on few plan fields, so they are evaluated once per distinct stage
 input (:func:`stage_times`) and every plan is composed from them (:func:`_compose`) — the
-same functions as the single-configuration path, so the results are identical. Combine it
+same functions as the single-configuration path, so the results are identical up to float
+rounding. Combine it
 with :mod:`jaxmodel.parallel.gemm_table` to run each distinct GEMM's tile search once.
 
 Units: seconds, bytes, FLOP.
@@ -475,10 +476,16 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_by
     rc = rc + jnp.select([rcode < 0.5, rcode < 1.5], [0.0, t["rd_selective"]], t["rd_fwd"])
     fwd = fwd + t["rd_fwd"]
     bwd = bwd + t["rd_bwd"]
-    # TP collectives pipelined with the layer's GEMMs (module docstring, Wang et al. 2023)
+    # TP collectives pipelined with the GEMMs of the same pass (module docstring, Wang et
+    # al. 2023): forward, the recomputed forward (full recompute repeats the forward's TP
+    # and EP communication, inside ``rc``) and backward, each against its own compute.
     tp_ov = jnp.asarray(tp_overlap, dtype=f)
+    full_rc = rcode >= 1.5
+    rc_tp = jnp.where(full_rc, tpf, 0.0)
+    rc_compute = rc - rc_tp - jnp.where(full_rc, epf, 0.0)
+    rc = rc - rc_tp + _exposed(rc_tp, rc_compute, tp_ov)
     tpf = _exposed(tpf, fwd, tp_ov)
-    tpb = _exposed(tpb, bwd + rc, tp_ov)
+    tpb = _exposed(tpb, bwd, tp_ov)
     emb_comm = t["emb_comm_fwd"] + t["emb_comm_bwd"]
     # embedding lookup on the first stage, LM head + loss on the last; their TP collectives
     # split evenly between the two (the embedding output all-reduce vs the head's input-grad
@@ -592,7 +599,10 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_by
 
     flops = _params.model_flops_per_token.single(model_s, seq, False) * gb * seq
     full_rc = (_params.model_flops_per_token.single(model_s, seq, True) * gb * seq - flops)
-    attn_rc = 4.0 * seq * model_s.n_heads * model_s.head_dim * model_s.n_layers * gb * seq
+    # selective recompute repeats the QKᵀ and AV forward GEMMs (none under FlashAttention,
+    # whose backward recomputation is part of its backward time, as in the layer model)
+    attn_rc = jnp.where(par_s.flash_attention > 0.5, 0.0, 4.0 * seq * model_s.n_heads
+                        * model_s.head_dim * model_s.n_layers * gb * seq)
     hw_flops = flops + jnp.select([rcode < 0.5, rcode < 1.5], [0.0, attn_rc], full_rc)
     n_dev = dp * tp * pp
     safe_step = jnp.where(feasible & (step > 0), step, 1.0)
@@ -638,6 +648,8 @@ def stage_times(system: System, model: Model, par: Parallelism, global_batch, se
                                           clock_fraction)
     leaves, tree = jax.tree_util.tree_flatten(inputs)
     n = math.prod(shape)
+    if n == 0:
+        raise ValueError("train_step: empty batch of plans")
     cols = [np.broadcast_to(np.asarray(x), shape).reshape(n) for x in leaves]
     # constant columns stay scalars: unmapped leaves let XLA fold the device and model
     # constants into the tile search (half the compile time), and the unique is cheaper
@@ -734,7 +746,7 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
             net=_comm.net_variant_of(system), tp_overlap=tp_overlap)
     # static op-graph switches from concrete inputs (smaller graphs, faster compiles)
     variant = (_layer.variant_of(model, par, system) if is_concrete(model, par)
-               else _layer.ANY)
+               else _layer.ANY._replace(net=_comm.net_variant_of(system)))
     kwargs = dict(gemm=gemm, dp_overlap=dp_overlap, grad_bytes=grad_bytes,
                   adam_bytes_per_param=adam_bytes_per_param, dtype_bytes=dtype_bytes,
                   clock_fraction=clock_fraction, dropout=dropout, variant=variant,

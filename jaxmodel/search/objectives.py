@@ -197,7 +197,7 @@ def evaluate_design(system: System, model: Model, par: Parallelism, params: Mapp
     f = jnp.result_type(float)
     base = dataclasses.replace(system, device=area_fields(system.device))
     out = _design_metrics(base, model, par, {k: jnp.asarray(v, f) for k, v in params.items()},
-                          {k: jnp.asarray(v, f) for k, v in workload.items()},
+                          {k: jnp.asarray(v, f) for k, v in workload.items() if v is not None},
                           variant=_layer.variant_of(model, par, base))
     return {k: float(v) for k, v in out.items()}
 

@@ -109,6 +109,7 @@ class CodesignResult:
         final_params: last iterate of every start, ``{knob: array (n_starts,)}``.
         n_evals: objective evaluations in total (gradient steps, line search, rounding).
         n_grad_evals: of which value-and-gradient evaluations.
+        init_value: ``objective`` at ``init`` (clipped into the bounds), for comparison.
     """
 
     params: dict
@@ -120,6 +121,7 @@ class CodesignResult:
     final_params: dict
     n_evals: int
     n_grad_evals: int
+    init_value: float = float("nan")
 
 
 def _bounds_arrays(init: Mapping, bounds: Mapping):
@@ -253,16 +255,25 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
     # Every value-only evaluation below (final iterates, rounding candidates, pattern search)
     # goes through ONE compiled batch of fixed size: each new batch shape would recompile
     # the objective (seconds each).
+    # Real units (not u): a round trip through log space would turn 56 cores into
+    # 55.99999, which changes ceil(tiles / cores) in the tile search.
     width = max(n_starts, 2 * len(keys), 8)
-    loss_batch = jax.jit(jax.vmap(loss_u))
-    big = float(jnp.finfo(dtype).max)
 
-    def objective_batch(u_rows):
-        v = _fixed_width(loss_batch, u_rows, width, dtype)
-        return np.where(v >= big, np.inf, v)
+    def x_batch_fn(fn):
+        def at_x(x):
+            v = jnp.asarray(fn({k: x[i] for i, k in enumerate(keys)}), dtype)
+            return jnp.where(jnp.isfinite(v), v, jnp.inf)
+        jitted = jax.jit(jax.vmap(at_x))
+        return lambda x_rows: _fixed_width(jitted, x_rows, width, dtype)
 
-    final_vals = objective_batch(np.asarray(u_last))
-    n_evals += n_starts
+    objective_batch = x_batch_fn(objective)
+    x_final = np.exp(lo + np.clip(np.asarray(u_last, dtype=float), 0, 1) * (hi - lo))
+    x_init = np.asarray([min(max(float(init[k]), math.exp(lo[i])), math.exp(hi[i]))
+                         if k in init else math.exp(x0[i]) for i, k in enumerate(keys)])
+    final_vals = objective_batch(np.concatenate([x_final, x_init[None]]))
+    init_value = float(final_vals[-1])
+    final_vals = final_vals[:-1]
+    n_evals += n_starts + 1
     all_vals = np.concatenate([vals, final_vals[None]], axis=0)
     all_us = np.concatenate([us, np.asarray(u_last)[None]], axis=0)
     t_best, s_best = np.unravel_index(np.argmin(all_vals), all_vals.shape)
@@ -285,19 +296,7 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
                 options.append([x[i]])
         cands.extend(itertools.product(*options))
     cands = np.unique(np.asarray(cands, dtype=float), axis=0)
-    if exact is None:   # same objective: reuse its compiled batch, in u coordinates
-        def exact_batch(x_rows):
-            x_rows = np.asarray(x_rows, dtype=float)
-            return objective_batch((np.log(x_rows) - lo) / (hi - lo))
-    else:
-        def exact_x(x):
-            v = jnp.asarray(exact({k: x[i] for i, k in enumerate(keys)}), dtype)
-            return jnp.where(jnp.isfinite(v), v, jnp.inf)
-
-        exact_jit = jax.jit(jax.vmap(exact_x))
-
-        def exact_batch(x_rows):
-            return _fixed_width(exact_jit, x_rows, width, dtype)
+    exact_batch = objective_batch if exact is None else x_batch_fn(exact)
     cand_vals = np.asarray(exact_batch(cands))
     n_evals += len(cands)
     j = int(np.argmin(cand_vals))
@@ -313,4 +312,4 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
         continuous_value=float(all_vals[t_best, s_best]), history=vals,
         best_history=np.minimum.accumulate(vals.min(axis=1)),
         final_params={k: x_last[:, i] for i, k in enumerate(keys)},
-        n_evals=int(n_evals), n_grad_evals=int(n_grad))
+        n_evals=int(n_evals), n_grad_evals=int(n_grad), init_value=init_value)
