@@ -47,6 +47,10 @@ def test_integer_rounding_reevaluates_exactly():
     # at most 2 rounding candidates per start, plus one final evaluation per start
     assert res.n_grad_evals == 600
     assert 600 < res.n_evals <= 600 + 3 + 1 + 3 * 2   # + final iterates, init, rounding
+    # the init is evaluated at its exact value (no log-space round trip: 64 cores, not 63.99)
+    at_init = {"bw": 1e12, "cores": 64.0, "buf": (1e3 * 1e6) ** 0.5}   # buf: geometric middle
+    assert res.init_value == pytest.approx(float(convex(
+        {k: jnp.asarray(v) for k, v in at_init.items()})), rel=1e-6)
 
 
 def test_multistart_escapes_a_bad_basin():
