@@ -77,7 +77,7 @@ def predictions(out: Path, say) -> pd.DataFrame:
                          schedule="interleaved", recompute="selective", zero=1,
                          flash_attention=True)
     tr = jm.train_step(systems, models, par, 1024, 2048)
-    say(f"training step of 2 models × 3 systems (512 GPUs each) evaluated")
+    say("training step of 2 models × 3 systems (512 GPUs each) evaluated")
     node = stack([dataclasses.replace(hw_db.system(s, nodes=1)) for s, _ in pairs])
     inf = jm.inference(node, models, jm.Parallelism(tp=8, flash_attention=True), 8, 2048, 512)
     say("inference of 2 models × 3 systems (one 8-GPU node each) evaluated")
