@@ -137,14 +137,18 @@ def main():
     headline("decode 2000→3200 GB/s gain", f"{100 * (td[i2000] / td[i3200] - 1):+.1f} %",
              "+26 %")
 
+    def buffer_sweep(fig, field, col, values, unit):
+        """Layer times and die area with ``field`` (and its physical twin) swept."""
+        arr = jnp.asarray([x * unit for x in values])
+        s = with_device(base, **{field: arr, f"physical_{field}": arr})
+        pre, dec = sweep_layer(s, model, par)
+        area = np.asarray(jm.die_area(s.device)["total"])
+        record(fig, col, values, pre, dec, area)
+        return pre["total"].to_numpy(), dec["total"].to_numpy(), area
+
     # ---- Fig. 9: local buffer -------------------------------------------------------------
     lbs = [64, 128, 192, 256, 384, 512, 768, 1024]
-    arr = jnp.asarray([x * KIB for x in lbs])
-    s = with_device(base, local_buffer_bytes=arr, physical_local_buffer_bytes=arr)
-    pre, dec = sweep_layer(s, model, par)
-    area = np.asarray(jm.die_area(s.device)["total"])
-    record("fig9", "local_buffer_kib", lbs, pre, dec, area)
-    tp, td = pre["total"].to_numpy(), dec["total"].to_numpy()
+    tp, td, area = buffer_sweep("fig9", "local_buffer_bytes", "local_buffer_kib", lbs, KIB)
     print("Fig. 9 — local buffer 64 KiB … 1 MiB per core")
     headline("prefill 64→192 KiB performance gain", f"{100 * (tp[0] / tp[2] - 1):+.1f} %",
              "+18.0 %")
@@ -157,12 +161,8 @@ def main():
 
     # ---- §IV-D: global buffer -------------------------------------------------------------
     gbs = [10, 20, 30, 40, 50, 60, 70, 80]
-    arr = jnp.asarray([x * 1e6 for x in gbs])
-    s = with_device(base, global_buffer_bytes=arr, physical_global_buffer_bytes=arr)
-    pre, dec = sweep_layer(s, model, par)
-    area = np.asarray(jm.die_area(s.device)["total"])
-    record("global_buffer", "global_buffer_mb", gbs, pre, dec, area)
-    tp, td = pre["total"].to_numpy(), dec["total"].to_numpy()
+    tp, td, area = buffer_sweep("global_buffer", "global_buffer_bytes", "global_buffer_mb",
+                                gbs, 1e6)
     print("§IV-D — global buffer 10 … 80 MB")
     headline("prefill 10→40 MB speed-up", f"{100 * (tp[0] / tp[3] - 1):+.1f} %", "+11.8 %")
     headline("area 10→40 MB", f"{100 * (area[3] / area[0] - 1):+.1f} %", "+9.6 %")

@@ -46,6 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxmodel.batching import pad_to_multiple
+
 __all__ = ["codesign", "CodesignResult"]
 
 
@@ -85,14 +87,10 @@ def _pattern_search(batch_fn, x, v, lo, hi, int_idx, budget, dtype):
 def _fixed_width(batch_fn, rows, width: int, dtype) -> np.ndarray:
     """``batch_fn`` over ``rows`` in blocks of exactly ``width`` rows (the last one padded by
     repeating its final row), so a jitted ``batch_fn`` compiles once for any row count."""
-    rows = np.asarray(rows, dtype=float)
-    out = []
-    for i in range(0, len(rows), width):
-        block = rows[i:i + width]
-        pad = np.repeat(block[-1:], width - len(block), axis=0)
-        out.append(np.asarray(batch_fn(jnp.asarray(np.concatenate([block, pad]), dtype)))[
-            :len(block)])
-    return np.concatenate(out).astype(float)
+    rows = jnp.asarray(np.asarray(rows, dtype=float), dtype)
+    (padded,) = pad_to_multiple([rows], width)
+    out = [np.asarray(batch_fn(padded[i:i + width])) for i in range(0, len(padded), width)]
+    return np.concatenate(out)[:len(rows)].astype(float)
 
 
 @dataclasses.dataclass(frozen=True)
