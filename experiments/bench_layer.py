@@ -9,9 +9,9 @@ bandwidth, global and local buffer sizes, global-buffer bandwidth, core count an
 
 Measures: compile time (first call), steady-state points per second (best of ``REPEATS``
 timed calls after the compile), the cold start of a single point (fresh configuration shape:
-trace + compile + run), and checks the batch for NaN / inf. Target (issue 2): >= 5,000 points/s
+trace + compile + run), and checks the batch for NaN / inf. Target: >= 5,000 points/s
 on 2 CPU cores, no NaN/inf. For scale: LLMCompass needs ~1,000 s for one prefill + decode
-point (shared/notes/llmcompass_internals.md §4).
+point.
 
 Run: ``.venv/bin/python experiments/bench_layer.py [n_points]`` → prints the figures and writes
 ``experiments/out/bench_layer.csv``.

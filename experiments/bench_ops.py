@@ -8,7 +8,7 @@ compile time, steady-state searches per second (best of ``REPEATS`` timed calls)
 per search and the implied rate on 2 free cores (``2 / cpu_s``: the machine is shared, so the
 wall clock under load understates it), plus softmax / layernorm / GELU for comparison.
 
-Budget (issue 2): a GPT-3 layer design point costs ~16 GEMM searches + vector ops and must run
+Budget: a GPT-3 layer design point costs ~16 GEMM searches + vector ops and must run
 at >= 5,000 points/s on 2 cores, i.e. >= 80,000 GEMM searches/s.
 
 Run: ``.venv/bin/python experiments/bench_ops.py [n_devices]`` → prints the table and writes

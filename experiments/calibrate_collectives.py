@@ -1,6 +1,6 @@
 """Derive the network calibration constants stored in hw_db/systems/*.toml.
 
-Physical constants only, one set per network tier, never per row (DESIGN.md convention 6):
+Physical constants only, one set per network tier, never per row (docs/architecture.md, convention 6):
 ``efficiency`` (achievable fraction of the link bandwidth), ``chunk_latency`` (per-chunk
 overhead of the pipelined collective, see ``jaxmodel.comm.collectives._pipelined``) and
 ``base_latency`` (fixed software/launch overhead per collective). For the vidur cluster,

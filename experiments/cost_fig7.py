@@ -1,6 +1,6 @@
-"""Seed 001 Fig. 7: cost vs time of A100 variants (HBM stacks, halved logic die), GPT-3 175B.
+"""Guo et al. Fig. 7: cost vs time of A100 variants (HBM stacks, halved logic die), GPT-3 175B.
 
-Variants (seed 001 §V-D): the A100 logic die with 4, 5 (A100), 6 and 8 HBM stacks, and a halved
+Variants (Guo et al. §V-D): the A100 logic die with 4, 5 (A100), 6 and 8 HBM stacks, and a halved
 logic die ("HA100") with 3, 4 and 6 stacks; 1024 GPUs in 128 DGX-A100-like nodes.
 
 * Cost: the CATCH chiplet model (``jm.chiplet_cost``) of one package — the A100-like system of

@@ -1,6 +1,6 @@
-"""Seed 001 Fig. 2: FlashAttention speed-up for GPT-2 small/medium on 8×A100-40GB.
+"""Guo et al. Fig. 2: FlashAttention speed-up for GPT-2 small/medium on 8×A100-40GB.
 
-Setting (seed 001 §IV-A, after Dao et al. 2022 Table 5): GPT-2 small (125M) and medium (355M)
+Setting (Guo et al. §IV-A, after Dao et al. 2022 Table 5): GPT-2 small (125M) and medium (355M)
 trained on ``hw_db.system("dgx_a100_40gb")`` (8 A100-40GB, NVLink3/NVSwitch) with data
 parallelism 8, FlashAttention at context 1k, 2k and 4k against the standard (Megatron)
 attention at 1k. The number of tokens per step is kept (512 sequences of 1k, 256 of 2k, 128
@@ -11,7 +11,7 @@ the ratio of training throughputs (tokens/s) — the inverse ratio of training t
 same token budget, as Dao et al. report it. FA-1 (``flash_attention=1``, the seed's model) is
 the reference; FA-2 (``=2``) is shown too.
 
-TARGET (issue 5): FA at 1k trains 1.3–1.9× the tokens/s of standard at 1k, FA at 4k
+TARGET: FA at 1k trains 1.3–1.9× the tokens/s of standard at 1k, FA at 4k
 1.2–1.6× (seed: 1.3–1.7× and 1.3–1.4×; Dao et al. Table 5: GPT-2 small 1.7×/1.3×, medium
 1.7×/1.2×).
 
@@ -134,7 +134,7 @@ def main():
     df = best(run())
     df.to_csv(OUT / "fa_fig2.csv", index=False)
     plot(df, OUT / "fa_fig2.png")
-    print("seed 001 Fig. 2 — FlashAttention speed-up (tokens/s vs standard attention at 1k)")
+    print("Guo et al. Fig. 2 — FlashAttention speed-up (tokens/s vs standard attention at 1k)")
     print(df[["model", "case", "micro_batch", "step_time_s", "tokens_per_s", "memory_gib",
               "speedup_vs_standard_1k"]].to_string(index=False, float_format="%.3f"))
     ok_all = True

@@ -1,6 +1,6 @@
-"""Seed 001 Fig. 5: FlashAttention speed-up vs batch size and GPU generation; attention vs MLP.
+"""Guo et al. Fig. 5: FlashAttention speed-up vs batch size and GPU generation; attention vs MLP.
 
-Setting (seed 001 §V-A): GPT-2 XL (1.5B: 48 layers, hidden 1600, 25 heads of 64), context
+Setting (Guo et al. §V-A): GPT-2 XL (1.5B: 48 layers, hidden 1600, 25 heads of 64), context
 2048, 16 GPUs joined by one NVLink-4 switch tier (the NVLink tier of ``hw_db`` ``dgx_h100``
 grown to 16 devices, no InfiniBand), data parallelism 16, the global batch B swept from 16 to
 2048 sequences; each point runs at its best micro-batch of {1, 2, 4, 8} sequences (≤ B/16)
@@ -16,7 +16,7 @@ parts:
    attention = QKV projection + attention core + output projection, MLP = W1 + activation +
    W2, standard / FA-1 / FA-2, per GPU.
 
-Plus the mechanism (the brief's "attention time grows as O(N²) memory traffic without FA and
+Plus the mechanism (the "attention time grows as O(N²) memory traffic without FA and
 stays compute-bound with"): the attention core alone on an H100 for N = 512 … 16k — time, HBM
 bytes, and the compute share ``(t_GEMM + t_pt) / t`` of FlashAttention (seed eq. 1).
 

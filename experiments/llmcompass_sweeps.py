@@ -1,10 +1,10 @@
-"""LLMCompass (seed 003) §IV–V design-space sweeps, reproduced with ``jm.sweep``.
+"""LLMCompass §IV–V design-space sweeps, reproduced with ``jm.sweep``.
 
 §IV-A setup: every unmentioned specification is an NVIDIA A100's; 4-way tensor parallelism on
 the 4-GPU NVLink node (``hw_db.system("hgx_a100_4gpu")``); one GPT-3 175B layer; prefill of
 batch 8 × 2048 tokens; decoding = generating the 1024th output token (batch 8, 2048 + 1023
-cached tokens); FP16. Latencies are ``jm.layer_breakdown`` (engineer D's LLMCompass layer on
-A's operators, B's all-reduce), areas ``jm.die_area`` (engineer C).
+cached tokens); FP16. Latencies are ``jm.layer_breakdown`` (LLMCompass layer on
+the ops and the all-reduce model), areas ``jm.die_area``.
 
 - Fig. 7: compute designs A–E of Table III (cores × lanes × vector width × systolic array ×
   local buffer; the register file scales with the vector width; physical = active cores);

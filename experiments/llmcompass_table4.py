@@ -1,6 +1,6 @@
 """LLMCompass Table IV: latency- and throughput-oriented designs vs a full GA100.
 
-Seed 003 §V, Table IV. Three designs built from ``hw_db.device("a100_80gb")`` with the Table IV
+LLMCompass §V, Table IV. Three designs built from ``hw_db.device("a100_80gb")`` with the Table IV
 changes (everything else as the GA100: clock, lanes, vector width, register file, links,
 overheads):
 
@@ -11,7 +11,7 @@ overheads):
 
 Area: ``jm.die_area``. Die cost: wafer/DPW at 7 nm without yield (``include_yield=False``, the
 Table IV convention, see ``jaxmodel.cost.device``); memory cost: capacity × $/GB. Performance:
-``jm.inference`` (engineer D's model) — latency design: GPT-3 with 48 layers (half), TP 4 on a
+``jm.inference`` — latency design: GPT-3 with 48 layers (half), TP 4 on a
 4-device NVLink node, batch 16, performance = 1/latency (seed Fig. 10); throughput design: GPT-3
 96 layers, PP 8 (12 layers per device), the largest power-of-two batch that fits in memory,
 performance = tokens/s (seed Fig. 12). Both are averaged (geometric mean of the ratio to GA100)

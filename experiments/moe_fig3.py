@@ -1,6 +1,6 @@
-"""Seed 001 Fig. 3: DeepSpeed-TED strong scaling of a 6.7B-base MoE on Summit V100 nodes.
+"""Guo et al. Fig. 3: DeepSpeed-TED strong scaling of a 6.7B-base MoE on Summit V100 nodes.
 
-Setting (seed 001 §IV-B after Singh et al., ICS 2023): GPT-3 6.7B base (32 layers, hidden
+Setting (Guo et al. §IV-B after Singh et al., ICS 2023): GPT-3 6.7B base (32 layers, hidden
 4096, 32 heads, FFN 16384) with an MoE layer (top-1, capacity factor 1) on every other layer,
 global batch B = 1024 sequences of 2048 tokens, TP = 4 and DP_MHA = EP growing with the GPUs
 (DP_exp = 1: one expert per EP rank, so E = EP and the model grows with the GPU count while
@@ -136,7 +136,7 @@ def main():
     df.to_csv(OUT / "moe_fig3_all.csv", index=False)
     b.to_csv(OUT / "moe_fig3.csv", index=False)
     plot(b, OUT / "moe_fig3.png")
-    print("seed 001 Fig. 3 — DeepSpeed-TED strong scaling, 6.7B base, B = 1024, TP 4")
+    print("Guo et al. Fig. 3 — DeepSpeed-TED strong scaling, 6.7B base, B = 1024, TP 4")
     print(b.to_string(index=False, float_format="%.3f"))
     t = b.step_time_nomem_s.to_numpy()
     eff = t[0] * b.gpus.to_numpy()[0] / (t * b.gpus.to_numpy())

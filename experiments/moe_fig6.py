@@ -1,7 +1,7 @@
-"""Seed 001 Fig. 6: TP vs DP under FlashAttention; MoE communication under network scaling;
+"""Guo et al. Fig. 6: TP vs DP under FlashAttention; MoE communication under network scaling;
 MoE-139B vs Megatron-145B with and without FlashAttention.
 
-Three panels (seed 001 §V-A/§V-B):
+Three panels (Guo et al. §V-A/§V-B):
 
 1. **TP vs DP** (top): GPT-2 medium, context 1k, on 8×A100-40GB
    (``hw_db.system("dgx_a100_40gb")``), (DP, TP) ∈ {(8, 1), (4, 2), (2, 4)}, FlashAttention-1
@@ -26,7 +26,7 @@ Three panels (seed 001 §V-A/§V-B):
    micro-batch is the best of {1, 2, 4}; MoE capacity factor 1.0 (DeepSpeed-MoE's top-1
    default). The network sweep (panel 2) uses micro-batch 4, with FA-2 for the FA rows.
 
-TARGETS (issue 5): Megatron-145B predicts 149 TFLOP/s per GPU within 10 %; MoE-139B trains
+TARGETS: Megatron-145B predicts 149 TFLOP/s per GPU within 10 %; MoE-139B trains
 4.5–8× the tokens/s of Megatron-145B (seed: 6.1×, 6.5× with FA).
 
 Writes ``experiments/out/moe_fig6.csv`` and ``.png``; prints each panel and the targets.
@@ -60,7 +60,7 @@ def megatron_145b():
 
 
 def moe_139b():
-    """GPT3-13B base with 32 experts, top-1, on every other layer (seed 001 §V-B)."""
+    """GPT3-13B base with 32 experts, top-1, on every other layer (Guo et al. §V-B)."""
     base = hw_db.model("gpt3-13b")
     return dataclasses.replace(base, n_experts=32.0, top_k=1.0, moe_every=2.0,
                                capacity_factor=1.0, name="custom")

@@ -1,6 +1,6 @@
-"""Seed 001 Fig. 4 inset: Llama-70B inference on 8 and 16 A100s under four topologies.
+"""Guo et al. Fig. 4 inset: Llama-70B inference on 8 and 16 A100s under four topologies.
 
-Seed 001 §V-C: "a system of 8 and 16 NVIDIA A100 GPUs connected by a variety of topologies.
+Guo et al. §V-C: "a system of 8 and 16 NVIDIA A100 GPUs connected by a variety of topologies.
 The total off-GPU bandwidth is divided by the number of links to determine the link bandwidth
 in each topology." Expected: fully connected best, then switch, then ring and 2D mesh, the gap
 growing with the system size; 2D mesh worst (lower link bandwidth than the ring).
@@ -9,7 +9,7 @@ Set-up (the seed does not state the workload; these are our choices): Llama-2-70
 tensor parallelism over all devices (TP = 8 and 16), batch 8, 2048-token prompts, 128 generated
 tokens. Every system has one tier of ``n`` A100-80GB with 300 GB/s off-device bandwidth per
 GPU (A100 NVLink3) and the NVLink per-hop latency and NCCL-calibrated efficiency / chunk /
-base latency of ``dgx_a100`` (hw_db) — or, as a second variant, seed 001's eq. 4 alone (full
+base latency of ``dgx_a100`` (hw_db) — or, as a second variant, Guo et al.'s eq. 4 alone (full
 link bandwidth, link latency only); only the topology differs. One batched ``jm.inference``
 call evaluates all 16 systems. Communication = the tensor-parallel all-reduces of every layer
 (prefill + all decode steps); compute = the rest of the end-to-end latency.
@@ -36,7 +36,7 @@ TOPOLOGIES = ("fully_connected", "switch", "ring", "mesh2d")
 SIZES = (8, 16)
 BATCH, PROMPT, GEN = 8, 2048, 128
 # "calibrated": hw_db constants (NCCL-calibrated efficiency, per-chunk and base latency);
-# "seed_eq4": seed 001's eq. 4 alone (full link bandwidth, link latency only).
+# "seed_eq4": Guo et al.'s eq. 4 alone (full link bandwidth, link latency only).
 VARIANTS = ("calibrated", "seed_eq4")
 
 

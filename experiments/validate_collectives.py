@@ -5,7 +5,7 @@ nccl-tests bus bandwidth on 8xA100 (>= 64 KiB), vidur kernel times on A100 DGX n
 (single-node 2/4/8 GPUs; two-node 16 GPUs; and the other two-node rows, which calibrated the
 inter-node tier). The model is ``jm.collective_latency(system, "all_reduce", n, g)`` with the
 hw_db constants (``algorithm="auto"``); LLMCompass' own all-reduce model (its ring formula with
-its NVLink/ICI presets, shared/notes/llmcompass_internals.md §2) is shown for reference.
+its NVLink/ICI presets) is shown for reference.
 
 Targets (task brief): MAPE <= 10 % on each of the first four, <= 15 % on the 16-GPU rows.
 

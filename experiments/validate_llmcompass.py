@@ -1,4 +1,4 @@
-"""Validate jaxmodel against LLMCompass's real-hardware measurements (seed 003 Fig. 5).
+"""Validate jaxmodel against LLMCompass's real-hardware measurements (LLMCompass Fig. 5).
 
 Data: ``shared/anchors/llmcompass_measured/`` (A100, MI210, TPUv3; see its README).
 

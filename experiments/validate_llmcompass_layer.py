@@ -1,12 +1,12 @@
 """Validate the GPT-3 175B layer model against LLMCompass's real-hardware measurements.
 
-Reproduces LLMCompass (seed 003) Fig. 5 (i)-(l): one GPT-3 175B decoder layer (d = 12288,
+Reproduces LLMCompass Fig. 5 (i)-(l): one GPT-3 175B decoder layer (d = 12288,
 96 heads), prefill (batch 8, 2048 tokens) and decode (batch 8, one new token against a KV cache
 of 3072 = 2048 + 1024), tensor parallel TP = 4 on ``hgx_a100_4gpu`` and TP = 8 on ``tpuv3_8``.
 Compares the 12 per-op rows and the totals with
 ``shared/anchors/llmcompass_measured/transformer{,AR}_{A100,TPUv3}.csv``.
 
-Target (issue 2): each of the 4 layer totals within 8 %, their mean |error| within 4 %
+Target: each of the 4 layer totals within 8 %, their mean |error| within 4 %
 (LLMCompass reports 4.1 %). The TPUv3 runs use LLMCompass's TPUv3 description in ``hw_db``.
 
 Run: ``.venv/bin/python experiments/validate_llmcompass_layer.py`` → writes

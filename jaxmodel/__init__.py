@@ -4,7 +4,7 @@ inference on accelerator systems.
 Every latency, communication and cost formula is a pure JAX function of configuration pytrees
 (:class:`Device`, :class:`System`, :class:`Model`, :class:`Parallelism`), so one jitted, vmapped
 call evaluates a whole design space and ``jax.grad`` differentiates with respect to continuous
-hardware knobs. See ``DESIGN.md`` for the public API contract.
+hardware knobs. See ``docs/architecture.md`` for the public API contract.
 
 Example:
     >>> import jaxmodel as jm, hw_db

@@ -1,6 +1,6 @@
 """The API edge: evaluate a single-configuration function on batched configurations.
 
-Convention 1 of DESIGN.md: every formula is written for one configuration with scalar leaves;
+Convention 1 of docs/architecture.md: every formula is written for one configuration with scalar leaves;
 batching happens only here. :func:`batched` turns such a function into one that accepts config
 pytrees (and numeric arguments) whose leaves carry any common, broadcastable batch shape, runs
 one jitted ``vmap`` (chunked with ``lax.map(batch_size=...)`` for large batches) and returns

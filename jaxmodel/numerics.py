@@ -1,6 +1,6 @@
 """Numerical helpers shared by every model: safe division, masked minima, feasibility.
 
-Convention 4 of DESIGN.md: no NaN, ever. Infeasible configurations carry ``feasible=False``, a
+Convention 4 of docs/architecture.md: no NaN, ever. Infeasible configurations carry ``feasible=False``, a
 reason code and ``+inf`` time, and their gradients stay finite. The "double-where" trick is used
 throughout: the *inputs* of a partial function are replaced by harmless values where the result
 will be discarded, so the discarded branch never produces NaN (whose cotangent would poison the
@@ -149,7 +149,7 @@ def divides(a, b):
 def broadcast_batch(*trees) -> Sequence:
     """Broadcast every leaf of several config pytrees to one common batch shape.
 
-    DESIGN.md: "configs whose leaves carry a leading batch axis (leaves broadcast against each
+    docs/architecture.md: "configs whose leaves carry a leading batch axis (leaves broadcast against each
     other)". Returns the trees with leaves of identical shape (``()`` for a single config).
     """
     leaves = [jnp.asarray(x) for t in trees for x in jax.tree_util.tree_leaves(t)]

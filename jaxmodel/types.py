@@ -1,6 +1,6 @@
 """Configuration pytrees: the hardware, the model and the parallelism plan.
 
-Every numeric knob is a pytree *data* leaf (convention 2 of DESIGN.md), so a batch may vary
+Every numeric knob is a pytree *data* leaf (Convention 2 of docs/architecture.md), so a batch may vary
 anything, including counts such as cores or the tensor-parallel degree. Discrete choices
 (topology, pipeline schedule, recompute mode, activation) are stored as numeric codes; the
 constructors accept their names and convert them. ``__post_init__`` only converts names to
@@ -27,7 +27,7 @@ import numpy as np
 
 Array = Any  # a float, an int or a jax array (possibly with a leading batch axis)
 
-# Discrete choices, encoded by their position (DESIGN.md "Codes").
+# Discrete choices, encoded by their position (docs/architecture.md, "Codes").
 TOPOLOGIES = ("ring", "switch", "fully_connected", "mesh2d", "torus2d")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
@@ -72,7 +72,7 @@ def _register(cls, meta: Sequence[str] = ()):
 class Device:
     """One accelerator after LLMCompass's hardware template (system → device → core → lane).
 
-    Source: LLMCompass (seed 003) §III-A, Fig. 2 and the JSON templates in
+    Source: LLMCompass §III-A, Fig. 2 and the JSON templates in
     ``shared/anchors/llmcompass_configs``. A device has ``core_count`` cores; each core has
     ``lanes_per_core`` lanes, each lane one vector unit (``vector_width`` elements ×
     ``vector_flops_per_cycle`` FLOP per element per cycle) and one systolic array of
@@ -232,7 +232,7 @@ def validate_device(dev: Device, where: str = "Device") -> Device:
 class NetLevel:
     """One tier of the interconnect (e.g. NVLink inside a node, InfiniBand across nodes).
 
-    Source: seed 001 §III-D (topologies, "the total off-GPU bandwidth is divided by the number
+    Source: Guo et al. §III-D (topologies, "the total off-GPU bandwidth is divided by the number
     of links"); LLMCompass §III-B2 eq. 1–2 (link latency, flit/header/payload overhead).
 
     Attributes (SI units):
@@ -387,7 +387,7 @@ def validate_model(model: Model, where: str = "Model") -> Model:
 class Parallelism:
     """A 5D parallelism plan and its execution options.
 
-    Source: seed 001 §III (DP, TP, PP, SP, EP; schedules; recompute; ZeRO; FlashAttention).
+    Source: Guo et al. §III (DP, TP, PP, SP, EP; schedules; recompute; ZeRO; FlashAttention).
 
     Attributes:
         dp, tp, pp, ep: degrees (data, tensor, pipeline, expert).

@@ -2,11 +2,11 @@
 
 Sources:
 
-- Seed 001 §III-D: topology-specific all-reduce — ring algorithm on a ring, Rabenseifner
+- Guo et al. §III-D: topology-specific all-reduce — ring algorithm on a ring, Rabenseifner
   (recursive halving + doubling, Thakur, Rabenseifner & Gropp 2005) on a switch, direct
   reduction on a fully connected network, the 2D algorithm of Kumar & Jouppi (2020) on a 2D
   mesh; eq. 4 ``D = d/b + l·h + D_r`` for every message; multi-level hierarchies.
-- LLMCompass (seed 003) §III-B2 eq. 1–2: packet overhead (see :mod:`jaxmodel.comm.link`).
+- LLMCompass §III-B2 eq. 1–2: packet overhead (see :mod:`jaxmodel.comm.link`).
 - NCCL's hierarchical all-reduce (reduce-scatter inside a node, all-reduce across nodes,
   all-gather inside) for groups spanning tiers; NVLink SHARP (NVLS) in-network reduction.
 
@@ -77,7 +77,7 @@ _ALIASES = {"rabenseifner": "halving_doubling", "recursive_halving_doubling": "h
             "hd": "halving_doubling", "mesh2d": "2d", "2d_mesh": "2d", "torus": "2d",
             "nvls": "in_network", "sharp": "in_network", "double_binary_tree": "tree",
             "hierarchical": "auto"}
-# Seed 001 §III-D: ring → ring, switch → Rabenseifner, fully connected → direct, 2D → 2D.
+# Guo et al. §III-D: ring → ring, switch → Rabenseifner, fully connected → direct, 2D → 2D.
 AUTO_ALGORITHM = {"ring": "ring", "switch": "halving_doubling", "fully_connected": "direct",
                   "mesh2d": "2d", "torus2d": "2d"}
 _AUTO_INDEX = tuple(float(ALGORITHMS.index(AUTO_ALGORITHM[t])) for t in
@@ -438,7 +438,7 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
 
 
 def _choose(times, app, topology, algorithm, static_topology=None):
-    """Pick one algorithm's time on a tier: auto (seed 001), best (min) or a named one.
+    """Pick one algorithm's time on a tier: auto (Guo et al., System-performance and cost modeling of LLM training and inference), best (min) or a named one.
 
     ``algorithm`` is a name (static) or a numeric code (``ALGORITHM_CODES``; may be traced).
     A named algorithm that does not apply to this tier falls back to the tier's auto choice;
@@ -589,7 +589,7 @@ def collective_latency(system: System, op: str, nbytes, group_size, algorithm: s
                        stride=1.0):
     """Latency of one collective on a (possibly multi-tier) system, seconds.
 
-    Sources: seed 001 §III-D (topologies, topology-specific algorithms, eq. 4, multi-level
+    Sources: Guo et al. §III-D (topologies, topology-specific algorithms, eq. 4, multi-level
     hierarchies), LLMCompass §III-B2 eq. 1–2 (packets); see the module docstring for every
     algorithm's formula.
 
@@ -601,7 +601,7 @@ def collective_latency(system: System, op: str, nbytes, group_size, algorithm: s
             the reduce-scatter input, the all-gather output, the all-to-all send buffer, the
             broadcast buffer, the p2p message.
         group_size: devices in the group (traced; a batch may vary it).
-        algorithm: ``"auto"`` (seed 001's choice per topology: ring → ring, switch →
+        algorithm: ``"auto"`` (Guo et al.'s choice per topology: ring → ring, switch →
             Rabenseifner, fully connected → direct, 2D → 2D), ``"best"`` (fastest applicable,
             per tier), or one of ``"ring"``, ``"halving_doubling"`` (``"rabenseifner"``),
             ``"direct"``, ``"2d"``, ``"tree"``, ``"in_network"`` (NVLS; switch tiers with

@@ -2,11 +2,11 @@
 
 Two sources are combined:
 
-- LLMCompass (seed 003) §III-B2, eq. 1–2: a message of ``n`` bytes travels as packets of at
+- LLMCompass §III-B2, eq. 1–2: a message of ``n`` bytes travels as packets of at
   most ``MaxPayload`` bytes, each carrying a header, so the bytes on the wire are
   ``n̂ = n + ceil(n / MaxPayload) · header`` (rounded up to whole flits here), and
   ``T = L + O + n̂ / B``.
-- Seed 001 §III-D, eq. 4: ``D_total = d / b + l · h + D_r`` — serialisation over the link
+- Guo et al. §III-D, eq. 4: ``D_total = d / b + l · h + D_r`` — serialisation over the link
   bandwidth ``b``, ``h`` hops of latency ``l`` and an optional switching delay ``D_r``.
 
 Every function works on one configuration (scalar leaves) and is safe under ``jax.grad``:
@@ -57,7 +57,7 @@ def effective_bw(level: NetLevel):
 
 
 def p2p_delay(level: NetLevel, nbytes, bw, hops=1.0, switches=0.0):
-    """Point-to-point delay of one message, s (seed 001 eq. 4 with LLMCompass eq. 1–2).
+    """Point-to-point delay of one message, s (Guo et al. eq. 4 with LLMCompass eq. 1–2).
 
     ``D = n̂ / b + l · h + D_r · switches``.
 

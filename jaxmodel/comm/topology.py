@@ -1,6 +1,6 @@
 """Topologies of one network tier and the placement of a communication group on a system.
 
-Seed 001 §III-D: ring, switch, fully connected, 2D mesh (and here 2D torus); "the total
+Guo et al. §III-D: ring, switch, fully connected, 2D mesh (and here 2D torus); "the total
 off-GPU bandwidth is divided by the number of links" (§V-C), so a device's ``bw_per_device``
 (bytes/s per direction) is shared by its links at that tier:
 
@@ -13,7 +13,7 @@ fully_connected    size − 1               B / (size − 1)
 mesh2d, torus2d    4                      B / 4  (interior device of the grid)
 =================  =====================  ==========================================
 
-Placement (DESIGN.md "groups spanning levels"): a group of ``g`` devices whose consecutive
+Placement (docs/architecture.md, "Placement"): a group of ``g`` devices whose consecutive
 members are ``stride`` devices apart fills the innermost tier first (tensor parallelism inside
 a node, then across nodes). :func:`placement` returns how many members share each tier.
 
@@ -46,7 +46,7 @@ def _is(topology, code):
 
 
 def links_per_device(level: NetLevel):
-    """Links of one device at this tier (seed 001 §V-C; see the module table)."""
+    """Links of one device at this tier (Guo et al. §V-C; see the module table)."""
     t = level.topology
     return jnp.select([_is(t, RING), _is(t, SWITCH), _is(t, FULLY_CONNECTED)],
                       [2.0, 1.0, jnp.maximum(level.size - 1.0, 1.0)], 4.0)
@@ -71,7 +71,7 @@ def grid_rows(m, max_rows=jnp.inf):
 def level_grid(level: NetLevel):
     """``(rows, cols, ok)`` of a 2D tier's physical grid; ``ok`` False for a prime size ≥ 2.
 
-    A 2D mesh/torus of prime size cannot be laid out as a 2D grid (seed 001 §III-D models
+    A 2D mesh/torus of prime size cannot be laid out as a 2D grid (Guo et al. §III-D models
     ``r × c`` grids); such a tier is reported infeasible (``topology_mismatch``).
     """
     rows = grid_rows(level.size)

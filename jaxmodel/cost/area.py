@@ -1,7 +1,7 @@
 """Die area from the hardware description: the LLMCompass area model, in JAX.
 
-Source: LLMCompass (seed 003) §III-D, Table II, Fig. 6; ``cost_model/cost_model.py`` re-stated
-in ``shared/notes/cost_and_uarch.md`` §6.1 and ``llmcompass_internals.md`` §5. All constants
+Source: LLMCompass §III-D, Table II, Fig. 6; ``cost_model/cost_model.py`` re-stated
+in and ``llmcompass_internals.md`` §5. All constants
 live in ``hw_db/tech/area_model.toml`` and ``process_nodes.toml`` with their sources.
 
 Die = compute part + IO part (mm²):
@@ -172,7 +172,7 @@ _die_area_batched = batched(_die_area_single)
 
 
 def die_area(dev: Device) -> dict:
-    """Die area breakdown of a device, mm² (LLMCompass area model, seed 003 §III-D).
+    """Die area breakdown of a device, mm² (LLMCompass area model, LLMCompass §III-D).
 
     Args:
         dev: a :class:`jaxmodel.Device` (leaves may be batched). Area-only fields left at -1

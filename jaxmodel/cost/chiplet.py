@@ -7,7 +7,7 @@ structure. :func:`chiplet_system_cost` then prices it in JAX, so a batch of vari
 defect densities, quantities, wafer prices, ...) is one jitted ``vmap`` call and ``jax.grad``
 works on every continuous input.
 
-Formulas (notes ``shared/notes/cost_and_uarch.md`` §2, CATCH ``design.py`` @ d60dafb):
+Formulas (CATCH ``design.py`` @ d60dafb):
 
 * IO cell area (§2.5): Σ_types tx_area·(instances out) + rx_area·(instances in); a bidirectional
   net counts its instances in both directions (each end pays tx + rx, CATCH quirk 2).

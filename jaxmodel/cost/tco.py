@@ -4,7 +4,7 @@
 ``P = n_devices · (TDP·utilization + host share)`` W. Derived: USD per million generated tokens
 (``usd_per_hour / (3600·tokens_per_s) · 1e6``) and USD per training run
 (``usd_per_hour · run_time_s / 3600``). Defaults and their sources: ``hw_db/tech/datacenter.toml``
-(lifetime, PUE, electricity price, host power). Seed 001 §VI names TCO as the extension of its
+(lifetime, PUE, electricity price, host power). Guo et al. §VI names TCO as the extension of its
 chiplet cost model; the formula is the standard capex + opex amortisation (e.g. Barroso et al.,
 "The Datacenter as a Computer", ch. 6).
 

@@ -1,8 +1,8 @@
 """Micro-architecture engine: technology parameters + area/power/perimeter budgets → Device.
 
 Re-implements DeepFlow's micro-architecture generator (``hw_component.py``; Ardalani, Pal,
-Gupta, arXiv 2211.03309; seed 001 §III-A "μArch engine"), as re-stated in
-``shared/notes/cost_and_uarch.md`` §5.2, with JAX so gradients flow from budgets to performance:
+Gupta, arXiv 2211.03309; Guo et al. §III-A "μArch engine"), as re-stated in
+, with JAX so gradients flow from budgets to performance:
 
 * die perimeter ``4·√A_chip`` (square die);
 * cores: ``n_mcu = ⌊A_core/a_mcu⌋``, nominal power ``p_mcu·n_mcu·(a_op/a_nom)``; the voltage

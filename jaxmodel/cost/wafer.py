@@ -6,7 +6,7 @@ Units: mm, mm², defects/mm², USD.
 
 Sources:
     * Graening et al. / CATCH (``nanocad-lab/CATCH`` @ d60dafb), re-stated in
-      ``shared/notes/cost_and_uarch.md`` §2.1–2.3: aligned-grid dies per wafer, reticle
+      aligned-grid dies per wafer, reticle
       (litho) penalty, negative-binomial yield on the critical area.
     * ttm-cas ``supply_chain_model.py`` (LLMCompass cost submodule), notes §6.2: the closed-form
       dies per wafer ``π(D/2)²/A − πD/√(2A)`` and ``(1 + A·D/α)^−α``.

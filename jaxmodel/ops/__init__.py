@@ -1,4 +1,4 @@
-"""jaxmodel.ops: single-device operator models (LLMCompass seed 003 §III-B).
+"""jaxmodel.ops: single-device operator models (LLMCompass LLMCompass §III-B).
 
 GEMM tile-level mapper (:func:`gemm_latency`) with a roofline reference, the vector-unit
 operators (softmax, layernorm, GELU, a generic elementwise kernel), feasibility checks, and the

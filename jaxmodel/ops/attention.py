@@ -2,7 +2,7 @@
 
 Sources:
 
-- Seed 001 §III-B: standard attention is three passes over HBM — (I) ``S = Q·Kᵀ`` written to
+- Guo et al. §III-B: standard attention is three passes over HBM — (I) ``S = Q·Kᵀ`` written to
   HBM, (II) ``P = softmax(S)`` (with masking / dropout) read and written, (III) ``O = P·V`` —
   with ``O(N²)`` memory traffic; FlashAttention fuses them into one tiled kernel whose time is
   eq. 1, ``t_FA = t_HBM-ld + t_GEMM + t_pt-reduc-ops + t_HBM-st``, with ``B × d`` tiles and
@@ -19,7 +19,7 @@ Sources:
   loop order swapped (``Q_i`` stays on chip, ``K_j, V_j`` are streamed), ``dQ`` accumulated
   with atomic adds in fp32 and a ``D = rowsum(dO∘O)`` pre-processing kernel in the backward.
   Decoding splits the KV sequence over thread blocks (Flash-Decoding, Dao et al. 2023).
-- Hierarchical roofline (seed 001 §III-A via Optimus/DeepFlow): each byte is charged at the
+- Hierarchical roofline (Guo et al. §III-A via Optimus/DeepFlow): each byte is charged at the
   slowest memory level it must cross; re-reads of a working set that fits the global buffer
   (L2) are served from it, otherwise from HBM.
 
@@ -96,7 +96,7 @@ def flash_attention_tiles(dev, head_dim, rows, kv_len, dtype_bytes=2.0):
     """FA block sizes ``(B_r, B_c)`` (elements): ``B_c = ⌊M/(4·d·w)⌋``, ``B_r = min(B_c, d)``.
 
     Source: Dao et al. 2022 Algorithm 1 line 1 (``B_c = ⌈M/4d⌉``, ``B_r = min(⌈M/4d⌉, d)``,
-    ``M`` in elements); seed 001 §III-B (``4·B·d ≈ M``). Clipped to the problem
+    ``M`` in elements); Guo et al. §III-B (``4·B·d ≈ M``). Clipped to the problem
     (``B_c ≤ n_kv``, ``B_r ≤ rows``) and to at least one element. Single configuration.
     """
     word = nx.sanitize(dtype_bytes, dtype_bytes > 0)
@@ -260,7 +260,7 @@ def _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None, cau
 def flash_attention_latency(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None,
                             causal=1.0, dropout=0.0, version=1.0, dtype_bytes=2.0,
                             overhead=True):
-    """FlashAttention forward and backward on one device (seed 001 eq. 1), seconds.
+    """FlashAttention forward and backward on one device (Guo et al. eq. 1), seconds.
 
     See the module docstring for the model (Dao et al. 2022 Alg. 1/4 for ``version=1``,
     Dao 2023 for ``version=2``).
@@ -344,7 +344,7 @@ def standard_attention_latency(dev, batch, heads, q_len, kv_len, head_dim, kv_he
                                dropout=0.0, dtype_bytes=2.0, overhead=True):
     """Standard (unfused, three-pass) attention forward and backward on one device, seconds.
 
-    Seed 001 §III-B passes I–III as separate kernels, each through HBM, with the ops models:
+    Guo et al. §III-B passes I–III as separate kernels, each through HBM, with the ops models:
     ``S = Q·Kᵀ`` and ``O = P·V`` as batched GEMMs (:func:`~jaxmodel.ops.gemm_latency`; one
     product per sequence and KV head, GQA query groups folded into M, as
     :func:`jaxmodel.workload.layer.attention_core`), the scale-mask-softmax fused kernel

@@ -1,7 +1,7 @@
 """GEMM latency on one device: LLMCompass's tile-level mapper as a masked min over a static grid.
 
-Source: LLMCompass (seed 003) §III-B1 and Fig. 4; the ``heuristic-GPU`` mapper and simulator of
-``software_model/matmul.py`` as described in shared/notes/llmcompass_internals.md §2.
+Source: LLMCompass §III-B1 and Fig. 4; the ``heuristic-GPU`` mapper and simulator of
+``software_model/matmul.py`` as described in.
 
 The problem ``C[m×n] = A[m×k]·B[k×n]`` is tiled three times:
 
@@ -480,7 +480,7 @@ def _is_one(x):
 def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None):
     """Latency of one (batched) GEMM kernel ``[batch×m×k] @ [batch×k×n]``, seconds.
 
-    LLMCompass tile-level mapper (seed 003 §III-B1, notes §2): exhaustive search over a static
+    LLMCompass tile-level mapper (LLMCompass §III-B1, notes §2): exhaustive search over a static
     grid of L2/L1/L0 tilings with double buffering, edge tiles, split-K and the closed-form
     systolic cycle count; GEMV fast path for ``m == 1`` or ``n == 1``; for ``batch > 1`` the
     better of ``batch ×`` one GEMM and LLMCompass's merged ``BatchedMatmul`` form. Adds

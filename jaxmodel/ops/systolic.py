@@ -1,7 +1,7 @@
 """Cycle count of one systolic array computing an output-stationary ``[M×K]·[K×N]`` tile.
 
-Source: LLMCompass (seed 003) §III-B1 "From local buffer to lanes" and its
-``simulate_systolic_array_cycle_count`` (shared/notes/llmcompass_internals.md §2):
+Source: LLMCompass §III-B1 "From local buffer to lanes" and its
+``simulate_systolic_array_cycle_count`` ():
 
 - small tiles: SCALE-Sim v2 output-stationary, which matches the closed form
   ``ceil(M/H)·ceil(N/W)·(K + H + W − 2) − 1`` on every one of the 58,000 cached rows;

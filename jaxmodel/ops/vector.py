@@ -1,7 +1,7 @@
 """Vector-unit operators on one device: softmax, layernorm, GELU and a generic elementwise kernel.
 
-Source: LLMCompass (seed 003) §III-B3 "Other Operators" and ``software_model/{softmax,
-layernorm,gelu}.py`` as described in shared/notes/llmcompass_internals.md §2. They run on the
+Source: LLMCompass §III-B3 "Other Operators" and ``software_model/{softmax,
+layernorm,gelu}.py`` as described in. They run on the
 vector units only; data move main memory → global buffer → local buffer like the GEMM, with a
 small static search (softmax) or a closed-form tiling (layernorm, GELU). Element size is the
 vector unit's (``dev.vector_dtype_bytes``: fp16 on A100, fp32 on MI210/TPUv3), as LLMCompass
@@ -66,7 +66,7 @@ def _softmax_single(dev, rows, cols, overhead=True):
 def softmax_latency(dev, rows, cols, overhead=True):
     """Softmax over the last axis of a ``[rows × cols]`` tensor, seconds.
 
-    LLMCompass online softmax (seed 003 §III-B3, notes §2): full-row L2 tiles; a search over the
+    LLMCompass online softmax (LLMCompass §III-B3, notes §2): full-row L2 tiles; a search over the
     column split (1–32), L1 rows (1–256) and L1 double buffering; per L1 tile
     ``compute = elems·(3·exp + 7) / core vector FLOP/cycle``, read and write at the global-buffer
     bandwidth, ``log2(splits)`` partial-row reductions; per L2 tile
@@ -126,7 +126,7 @@ def _layernorm_single(dev, rows, cols, overhead=True):
 def layernorm_latency(dev, rows, cols, overhead=True):
     """LayerNorm over the last axis of a ``[rows × cols]`` tensor, seconds.
 
-    LLMCompass (seed 003 §III-B3, notes §2): L2 tiles of full rows filling half the global
+    LLMCompass: L2 tiles of full rows filling half the global
     buffer; L1 tiles of full rows filling half the local buffer, the row split in halves until
     at least ``lanes_per_core`` rows fit; 7 vector passes (mean 1, variance 2, normalise 4) plus
     ``2·log2(width)`` reduction-tree cycles, 3 reads + 1 write at global-buffer bandwidth; each
@@ -165,7 +165,7 @@ def _gelu_single(dev, n, overhead=True):
 def gelu_latency(dev, n, overhead=True):
     """Tanh-approximate GELU over ``n`` elements, seconds.
 
-    LLMCompass (seed 003 §III-B3, notes §2): ``n`` padded to a multiple of all vector lanes;
+    LLMCompass: ``n`` padded to a multiple of all vector lanes;
     ``io = max(2·n·word / achievable DRAM BW, 2·n·word / global-buffer BW)`` (LLMCompass sums
     the two; a streaming kernel overlaps them), ``compute = n·(10 + exp) / vector FLOP/s``,
     latency ``max(io, compute)``.

@@ -1,4 +1,4 @@
-"""jaxmodel.parallel: pipeline schedules, the training step, and inference (engineer D).
+"""jaxmodel.parallel: pipeline schedules, the training step, and inference.
 
 Public names: :func:`train_step` → :class:`TrainResult`; :func:`inference` →
 :class:`InferenceResult` (from :mod:`jaxmodel.parallel.inference`). Modules:

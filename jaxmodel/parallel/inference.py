@@ -1,7 +1,7 @@
 """LLM inference latency and throughput: prefill (time to first token) and decode (per token).
 
-Source: LLMCompass (seed 003) §II-B, §III-C and §V (prefill computes the KV cache, decoding
-generates one token per step against it; inference latency = prefill + decoding); seed 001 §III
+Source: LLMCompass §II-B, §III-C and §V (prefill computes the KV cache, decoding
+generates one token per step against it; inference latency = prefill + decoding); Guo et al. §III
 (Optimus inference with TP/PP, KV caching, GQA); Pope et al. 2023 (KV cache).
 
 Model: ``dp`` replicas serve ``batch/dp`` sequences each; within a replica ``pp`` stages of

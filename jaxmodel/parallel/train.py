@@ -2,9 +2,9 @@
 
 ``train_step(system, model, par, global_batch, seq_len)`` → :class:`TrainResult`.
 
-The step is built from engineer D's per-layer times (:func:`jaxmodel.workload.layer.
-training_layer_times`, :func:`~jaxmodel.workload.layer.embedding_times`), B's collectives
-(:func:`jaxmodel.comm.collective_cost`) and A's elementwise kernel (optimizer), composed as
+The step is built from per-layer times (:func:`jaxmodel.workload.layer.
+training_layer_times`, :func:`~jaxmodel.workload.layer.embedding_times`), the collectives
+(:func:`jaxmodel.comm.collective_cost`) and the elementwise kernel (optimizer), composed as
 Megatron-LM executes them (Narayanan et al., SC'21, "PTD-P"; Korthikanti et al., MLSys 2023):
 
 **Placement** (PTD-P §3.2 "Takeaway #1/#2"): device id = tp_rank + tp·(pp_rank + pp·dp_rank),
@@ -62,12 +62,12 @@ GEMM microbenchmarks), see :func:`sustained_device`.
 **Optimizer**: mixed-precision Adam on the local parameter shard (÷dp from ZeRO-1), a
 memory-bound elementwise kernel moving ``adam_bytes_per_param`` (hw_db/tech/training.toml).
 
-**Memory**: D's ``training_memory`` with the schedule's in-flight micro-batches; compared
+**Memory**: ``training_memory`` with the schedule's in-flight micro-batches; compared
 with ``system.device.mem_capacity``.
 
 **FLOPs, MFU and HFU** (Chowdhery et al. 2022, PaLM, Appendix B; Korthikanti et al. 2023
 §6): the model FLOPs ``F = 72·B·s·l·h²·(1 + s/(6h) + V/(12lh))`` (forward + backward, no
-recomputation; D's ``model_flops_per_token``, generalised to GQA/SwiGLU/MoE) give
+recomputation; ``model_flops_per_token``, generalised to GQA/SwiGLU/MoE) give
 ``mfu = F / (T · N · peak)`` — independent of the plan, so ranking by ``mfu`` equals ranking by
 time. The hardware FLOPs add what the plan recomputes: one forward of every layer with full
 recomputation (then they equal Megatron's eq. 3, PTD-P §5.1, ``96·B·s·l·h²·(1 + s/(6h) +
@@ -505,7 +505,7 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_by
     # ---- data parallelism / ZeRO ---------------------------------------------------------
     n_par = _params.params_per_device.single(model_s, par_s)
     # MoE: expert weights are reduced/sharded over DP_exp = dp/ep only (DeepSpeed-TED),
-    # whose members are tp·pp·ep devices apart; the rest over dp (engineer G)
+    # whose members are tp·pp·ep devices apart; the rest over dp
     n_exp = _moe.expert_params_per_device(model_s, par_s)
     grads_b = grad_bytes * (n_par - n_exp)
     params_b = dtype_bytes * (n_par - n_exp)

@@ -1,7 +1,7 @@
 """Design-space sweeps: any single-config model function over millions of design points.
 
 :func:`sweep` evaluates a ``@batched`` model function (or any single-configuration formula,
-DESIGN.md convention 1) over
+docs/architecture.md, convention 1) over
 
 - a cartesian grid of knobs given as a spec (``{"device.mem_bw": [...], "par.tp": [...]}``),
   never materialised: each jitted chunk turns a flat index range into knob values by index

@@ -6,16 +6,16 @@ the layers, micro-batches dividing the per-replica batch, experts over ``ep | dp
 with sequence parallelism, pipeline schedule, virtual stages, activation recompute, ZeRO stage
 and FlashAttention (and, optionally, execution options of the training step), and evaluates
 all of them in one batched :func:`jaxmodel.train_step` call. That call does the
-de-duplication (engineer E's ``parallel`` package): the per-layer stage times (where the GEMM
+de-duplication (``parallel`` package): the per-layer stage times (where the GEMM
 tile searches are) are computed once per distinct stage input and composed into every plan
 (exact); optionally the GEMM shapes are also timed once and looked up
 (:mod:`jaxmodel.parallel.gemm_table`).
-DESIGN.md "Data flows one way": this module only calls ``parallel``.
+docs/architecture.md, "Data flows one way": this module only calls ``parallel``.
 
 Source of the enumeration rules: Narayanan et al., "Efficient Large-Scale Language Model
 Training on GPU Clusters Using Megatron-LM", SC'21 §2–3 (PTD-P; interleaving needs the
 micro-batch count to be a multiple of ``pp``); Korthikanti et al. 2022 (SP, selective
-recompute); Rajbhandari et al. 2020 (ZeRO 1–3); seed 001 §III (5D parallelism, EP).
+recompute); Rajbhandari et al. 2020 (ZeRO 1–3); Guo et al. §III (5D parallelism, EP).
 
 Example:
     >>> df = jm.search_parallelism(hw_db.system("dgx_a100", nodes=192),

@@ -10,7 +10,7 @@ use inside other formulas):
 - :func:`param_count`, :func:`params_per_device`, :func:`model_flops_per_token`;
 - :func:`activation_bytes_per_layer`, :func:`training_memory`, :func:`kv_cache_bytes`,
   :func:`inference_memory`;
-- Mixture-of-Experts (:mod:`jaxmodel.workload.moe`, engineer G): :func:`expert_capacity`,
+- Mixture-of-Experts (:mod:`jaxmodel.workload.moe`): :func:`expert_capacity`,
   :func:`moe_dims`, :func:`moe_feasibility`, :func:`moe_layer_times`, :func:`alltoall_time`,
   :func:`expert_params_per_device`, :data:`MOE_OPS` (extra layer rows);
 

@@ -1,9 +1,9 @@
 """Op graph of one decoder layer on one device: inference (prefill/decode) and training.
 
-Source: LLMCompass (seed 003) §III-C and Fig. 2, ``TransformerBlockInitComputationTP`` /
-``TransformerBlockAutoRegressionTP`` (``shared/notes/llmcompass_internals.md`` §2 "Transformer
+Source: LLMCompass §III-C and Fig. 2, ``TransformerBlockInitComputationTP`` /
+``TransformerBlockAutoRegressionTP`` ("Transformer
 layer"); Megatron-LM tensor parallelism (Shoeybi et al. 2019) and sequence parallelism
-(Korthikanti et al. 2022 §4.2.2); seed 001 §III (Optimus-style training graph).
+(Korthikanti et al. 2022 §4.2.2); Guo et al. §III (Optimus-style training graph).
 
 Semantics (LLMCompass): every kernel runs serially, each pays its per-kernel overhead (inside
 the ``ops`` latencies), no compute/communication overlap, no residual adds, biases or dropout
@@ -266,7 +266,7 @@ def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, back
     Softmax backward ``dx = y·(dy − Σ dy·y)`` reads ``y, dy`` and writes ``dx`` (3 words,
     4 FLOP per element; memory-bound).
     ``flash`` (``par.flash_attention``: 1 FA-1, 2 FA-2) replaces the three kernels by one fused
-    kernel (:func:`jaxmodel.ops.flash_attention_latency`, seed 001 eq. 1, causal), its time
+    kernel (:func:`jaxmodel.ops.flash_attention_latency`, Guo et al. eq. 1, causal), its time
     spread over the same rows (:func:`jaxmodel.ops.attention.flash_attention_rows`).
     ``flash_static`` (:attr:`Variant.flash`): ``False`` traces the standard kernels only,
     ``True`` FlashAttention only, ``None`` both (selected per configuration).
@@ -452,7 +452,7 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
                     dtype_bytes=2.0):
     """Latency of one decoder layer on one device, per op (LLMCompass layer model), s.
 
-    Source: LLMCompass (seed 003) §III-C, notes §2: every kernel serial with its per-kernel
+    Source: LLMCompass §III-C, notes §2: every kernel serial with its per-kernel
     overhead, two TP all-reduces (reduce-scatter + all-gather under ``par.sp``). See the module
     docstring for the op shapes. ``phase="decode"`` means ``seq_len`` new tokens per sequence
     against ``kv_len`` cached ones.
@@ -553,7 +553,7 @@ def training_layer_times(system: System, model: Model, par: Parallelism, micro_b
                          gemm: GemmFn | None = None, dtype_bytes=2.0):
     """Per-layer, per-micro-batch, per-device training times (s).
 
-    Source: seed 001 §III (Optimus training graph); Narayanan et al. 2021 Appendix (backward =
+    Source: Guo et al. §III (Optimus training graph); Narayanan et al. 2021 Appendix (backward =
     2× forward GEMM work); Korthikanti et al. 2022 §4.2 (TP/SP communication, §5 selective
     recomputation); LLMCompass kernels for every op.
 

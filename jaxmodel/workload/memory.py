@@ -94,7 +94,7 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
             one micro-batch through all the stage's layers: 1 without pipelining, ``pp`` for
             the first stage under 1F1B, ``pp + (pp−1)/m`` for interleaved 1F1B with ``m``
             chunks (Korthikanti §4.2.3), the number of micro-batches under GPipe. The pipeline
-            schedules (engineer E) supply it.
+            schedules supply it.
         grad_bytes: bytes per gradient element.
 
     Returns:

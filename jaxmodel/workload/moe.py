@@ -2,13 +2,13 @@
 
 Sources:
 
-- Seed 001 §III-C: every ``moe_every``-th layer's FFN becomes ``E`` experts; a gating GEMM
+- Guo et al. §III-C: every ``moe_every``-th layer's FFN becomes ``E`` experts; a gating GEMM
   ``[tokens × d]·[d × E]`` and a softmax pick the top-``k`` experts per token; tokens are
   dispatched to and combined from the experts by all-to-all; DeepSpeed-TED placement
   (Singh et al., ICS 2023) ``TP × EP × DP_exp = TP × DP_attn`` (eq. 2) with ``DP_exp = 1``
   by default, i.e. ``EP = DP_attn``; each expert's FFN is split by TP (``W1`` by columns,
   ``W2`` by rows, one all-reduce; DeepSpeed-MoE, Rajbhandari et al. 2022 Fig. 3).
-- Seed 001 eq. 3 / GShard (Lepikhin et al. 2021 §2.2, Algorithm 1): every expert has a buffer of
+- Guo et al. eq. 3 / GShard (Lepikhin et al. 2021 §2.2, Algorithm 1): every expert has a buffer of
   ``C = ⌈capacity_factor · k · S / E⌉`` token slots for a group of ``S`` tokens (one device's
   tokens); tokens beyond it are dropped, empty slots are zero padding, so the all-to-all volume
   is fixed, ``E · C · d · bytes`` per device and direction, independent of the load balance.
@@ -74,7 +74,7 @@ def moe_layer_fraction(model: Model):
 def expert_capacity(model: Model, tokens):
     """GShard expert capacity ``C = ⌈capacity_factor · k · tokens / E⌉`` (token slots).
 
-    Source: Lepikhin et al. 2021 §2.2 ("expert capacity ... ``2N/E`` for top-2"), seed 001
+    Source: Lepikhin et al. 2021 §2.2 ("expert capacity ... ``2N/E`` for top-2"), Guo et al.
     eq. 3. ``tokens`` is the group size ``S`` (one device's tokens, as in GShard).
 
     Example:
@@ -193,7 +193,7 @@ def alltoall_time(system: System, model: Model, par: Parallelism, tokens, dtype_
                   dropless=False, net: _comm.NetVariant = _comm.ANY_NET):
     """Dispatch + combine all-to-all of one average layer (forward), seconds.
 
-    Seed 001 eq. 3 (``T_A2A = E·C·D·precision / BW_A2A``) through the network model: two
+    Guo et al. eq. 3 (``T_A2A = E·C·D·precision / BW_A2A``) through the network model: two
     all-to-alls (dispatch, combine) of :func:`moe_dims`' ``a2a_bytes`` over the ``ep`` group,
     whose members are ``tp·pp`` devices apart (TP innermost, then PP, then DP; DeepSpeed-TED
     takes the EP group from the data-parallel ranks), weighted by the MoE-layer share ``f``.
@@ -250,7 +250,7 @@ def moe_layer_times(system: System, model: Model, par: Parallelism, tokens, dtyp
                     dropless=False):
     """MoE-specific forward times of one MoE layer (not averaged) on one device, seconds.
 
-    A convenience for analyses (seed 001 Fig. 6): ``alltoall`` (dispatch + combine),
+    A convenience for analyses (Guo et al. Fig. 6): ``alltoall`` (dispatch + combine),
     ``router`` (gating GEMM, softmax, top-k, permutations) and the ``capacity``/``a2a_bytes``
     of :func:`moe_dims`. GEMMs use the ops tile search.
 

@@ -95,7 +95,7 @@ def params_per_device(model: Model, par: Parallelism):
 
     Megatron layout (Shoeybi et al. 2019; Narayanan et al. 2021): layer weights are split over
     ``tp`` (layernorm weights replicated) and the ``n_layers/pp`` layers of a stage; expert
-    weights additionally over ``ep`` (DeepSpeed-TED, seed 001 §III-C eq. 2). The vocabulary
+    weights additionally over ``ep`` (DeepSpeed-TED, Guo et al. §III-C eq. 2). The vocabulary
     embedding is split over ``tp`` and lives on the first stage, the LM head on the last
     (a tied head is duplicated there when ``pp > 1``, as Megatron does). The maximum over stages
     is returned: stage layers plus one embedding-sized matrix, or both when ``pp = 1`` and untied.

@@ -142,7 +142,7 @@ def test_placement():
     assert not bool(topo.placement(sys4, 4.0, 3.0)[2])      # stride does not tile a node
 
 
-# ------------------------------------------------------------------ ranking (seed 001 §V-C)
+# ------------------------------------------------------------------ ranking (Guo et al. §V-C)
 def test_topology_ranking_equal_bandwidth():
     codes = jnp.arange(5.0)           # ring, switch, fully_connected, mesh2d, torus2d
     lvl = jm.NetLevel(size=16.0, topology=codes, bw_per_device=300e9, link_latency=1e-6)
