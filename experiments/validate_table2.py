@@ -1,0 +1,173 @@
+"""Validate ZeRO-3 and PTD-P against Megatron-LM's Table 2 (GPT-3 175B and 530B on A100).
+
+Narayanan et al., SC'21, Table 2: achieved TFLOP/s per GPU (the paper's eq. 3 FLOPs, full
+recomputation) of PTD-P (TP 8 × PP 12 for 175B, TP 8 × PP 35 for 530B) and of ZeRO-3 without
+model parallelism, on 384–2,240 A100-80GB of Selene (``hw_db.system("dgx_a100", nodes=N)``)
+at fixed global batch (micro-batch 4/2/1 for ZeRO-3: one micro-batch per step).
+
+- **ZeRO-3 rows**: computed directly with :func:`jaxmodel.parallel.zero.zero3_step` — per-layer
+  compute from :func:`jaxmodel.workload.layer.training_layer_times` (tp = pp = 1, full
+  recomputation as DeepSpeed's activation checkpointing, sustained clock) plus Megatron's
+  bias/dropout/residual kernels (:func:`jaxmodel.parallel.train.residual_dropout_times`) and
+  the embedding / LM head / loss on every device; one FSDP unit per layer, the embedding's
+  parameters spread over the units; parameter all-gather in fp16 before the forward and again
+  before the backward, gradient reduce-scatter in fp16 (DeepSpeed's default communication
+  type for fp16 training), over all GPUs; prefetch one unit ahead; overlap with SM and memory
+  contention (:mod:`jaxmodel.parallel.overlap`); optimizer step on the 1/N shard.
+- **PTD-P rows**: :func:`jaxmodel.train_step` as it is (full recompute, no SP, Megatron-LM 2021
+  serial data-parallel all-reduce ``dp_overlap=0``, micro-batch 1, the best interleaving of
+  {1, 2, 4, 8} / {1, 3} as in ``validate_megatron.py``).
+
+Nothing is calibrated to these rows. Prints predicted vs measured TFLOP/s per GPU, the error
+of every row and the MAPE per scheme; writes ``experiments/out/validate_table2.csv``.
+
+Run: ``.venv/bin/python experiments/validate_table2.py``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+
+import jaxmodel as jm  # noqa: I001  (imported before hw_db: the package wires hw_db up)
+import hw_db
+from jaxmodel import comm as _comm
+from jaxmodel.parallel import overlap as ov
+from jaxmodel.parallel import train as tr
+from jaxmodel.parallel import zero
+from jaxmodel.workload import layer as _layer
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "experiments" / "out"
+ANCHORS = next(p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors")
+               if p.exists()) / "training"
+SEQ = 2048.0
+
+
+def gpt(layers, hidden, heads, vocab=51200.0):
+    """A Megatron GPT (tied embeddings, GELU, d_ff = 4h)."""
+    return jm.Model(n_layers=layers, d_model=hidden, n_heads=heads, n_kv_heads=heads,
+                    head_dim=hidden / heads, d_ff=4.0 * hidden, vocab_size=vocab,
+                    activation="gelu", tied_embeddings=1.0, name="megatron")
+
+
+MODELS = {174.6: gpt(96.0, 12288.0, 96.0), 529.6: gpt(105.0, 20480.0, 128.0)}
+PTDP_PP = {174.6: 12.0, 529.6: 35.0}
+
+
+def eq3_flops(model, batch, seq=SEQ):
+    """Narayanan et al. SC'21 eq. 3 (full recomputation): 96·B·s·l·h²·(1 + s/6h + V/16lh)."""
+    l, h, v = model.n_layers, model.d_model, model.vocab_size
+    return 96.0 * batch * seq * l * h * h * (1.0 + seq / (6.0 * h) + v / (16.0 * l * h))
+
+
+def layer_hbm_bytes(model, b, seq, dtype_bytes=2.0):
+    """Estimated main-memory bytes of one layer's compute (lower bound, for the contention
+    model): the 12h² weights read once per GEMM pass (twice in the backward) and the
+    34·s·b·h bytes of activations a layer writes (Korthikanti et al. 2023 §4.1), read back
+    in the backward. Returns ``(forward, backward)`` bytes."""
+    h = model.d_model
+    w = dtype_bytes * 12.0 * h * h
+    act = 34.0 * seq * b * h
+    return w + act, 2.0 * w + 2.0 * act
+
+
+def zero3_row(params_b, gpus, batch, mb):
+    """Predicted TFLOP/s per GPU and the step's parts for one ZeRO-3 row."""
+    model = MODELS[params_b]
+    nodes = int(gpus) // 8
+    system = hw_db.system("dgx_a100", nodes=nodes)
+    system_t = dataclasses.replace(system, device=tr.sustained_device(system.device))
+    dev = system_t.device
+    par = jm.Parallelism(dp=float(gpus), tp=1.0, pp=1.0, sp=False, micro_batch=float(mb),
+                         recompute="full", zero=3)
+    lt = _layer.training_layer_times(system_t, model, par, float(mb), SEQ)
+    rd = tr.residual_dropout_times(dev, model, par, float(mb), SEQ)
+    et = _layer.embedding_times(system_t, model, par, float(mb), SEQ)
+    fwd = float(lt["fwd"] + rd[0])
+    bwd = float(lt["bwd"] + lt["recompute"] + rd[1] + rd[0])  # full recompute repeats rd fwd
+    emb = float(sum(et[k] for k in ("embed_fwd", "embed_bwd", "lm_head_fwd", "lm_head_bwd",
+                                    "loss_fwd", "loss_bwd")))
+    m = batch / (gpus * mb)
+    n_params = float(jm.param_count(model)) if hasattr(jm, "param_count") else (
+        12.0 * model.n_layers * model.d_model ** 2 + model.vocab_size * model.d_model)
+    hf, hb = layer_hbm_bytes(model, mb, SEQ)
+    z = zero.zero3_step(system_t, n_params, model.n_layers, fwd, bwd, float(gpus), m,
+                        dtype_bytes=2.0, grad_comm_bytes=2.0, prefetch=1.0,
+                        compute_bytes_fwd=hf, compute_bytes_bwd=hb,
+                        net=_comm.net_variant_of(system_t))
+    t_opt = float(jm.elementwise_latency(dev, n_params / gpus,
+                                         tr.CONSTANTS["adam_bytes_per_param"],
+                                         tr.CONSTANTS["adam_flops_per_param"]))
+    step = float(z["total"]) + m * emb + t_opt
+    tflops = eq3_flops(model, batch) / (step * gpus) / 1e12
+    parts = {k: float(z[k]) for k in zero.ZERO3_KEYS}
+    return tflops, step, parts
+
+
+def ptdp_row(params_b, gpus, batch, mb):
+    """Predicted TFLOP/s per GPU of the published PTD-P plan (best interleaving)."""
+    model = MODELS[params_b]
+    pp = PTDP_PP[params_b]
+    dp = gpus / (8.0 * pp)
+    system = hw_db.system("dgx_a100", nodes=int(gpus) // 8)
+    best = None
+    for v in (1.0, 2.0, 3.0, 4.0, 8.0):
+        if model.n_layers % (pp * v):
+            continue
+        par = jm.Parallelism(dp=dp, tp=8.0, pp=pp, sp=False, micro_batch=float(mb),
+                             interleave=v, schedule="interleaved" if v > 1 else "1f1b",
+                             recompute="full", zero=0)
+        r = jm.train_step(system, model, par, batch, SEQ, dp_overlap=0.0)
+        if bool(r.feasible) and (best is None or float(r.step_time_s) < best[1]):
+            best = (v, float(r.step_time_s))
+    step = best[1]
+    return eq3_flops(model, batch) / (step * gpus) / 1e12, step, best[0]
+
+
+def main():
+    df = pd.read_csv(ANCHORS / "megatron_table2_ptdp_vs_zero3.csv")
+    rows = []
+    for _, r in df.iterrows():
+        p, g, b, mb = r.params_billion, r.num_gpus, r.global_batch_size, r.microbatch_size
+        if r.scheme == "ZeRO-3":
+            pred, step, parts = zero3_row(p, g, b, mb)
+            extra = {f"zero3_{k}_s": v for k, v in parts.items()}
+        else:
+            pred, step, v = ptdp_row(p, g, b, mb)
+            extra = {"interleave": v}
+        err = (pred - r.achieved_tflops_per_gpu) / r.achieved_tflops_per_gpu
+        rows.append({"scheme": r.scheme, "params_billion": p, "num_gpus": g,
+                     "global_batch": b, "micro_batch": mb,
+                     "measured_tflops": r.achieved_tflops_per_gpu,
+                     "predicted_tflops": round(pred, 1), "step_time_s": round(step, 2),
+                     "error_pct": round(100 * err, 1), **extra})
+    out = pd.DataFrame(rows)
+    OUT.mkdir(parents=True, exist_ok=True)
+    out.to_csv(OUT / "validate_table2.csv", index=False)
+    pd.set_option("display.width", 200)
+    print(out[["scheme", "params_billion", "num_gpus", "micro_batch", "measured_tflops",
+               "predicted_tflops", "step_time_s", "error_pct"]].to_string(index=False))
+    for scheme, grp in out.groupby("scheme"):
+        mape = np.mean(np.abs(grp.error_pct))
+        print(f"{scheme}: MAPE {mape:.1f} % over {len(grp)} rows "
+              f"(175B only: {np.mean(np.abs(grp[grp.params_billion < 200].error_pct)):.1f} %)")
+    z = out[out.scheme == "ZeRO-3"]
+    for p, grp in z.groupby("params_billion"):
+        g = grp.sort_values("num_gpus")
+        print(f"ZeRO-3 {p:g}B throughput ratio last/first: predicted "
+              f"{g.predicted_tflops.iloc[-1] / g.predicted_tflops.iloc[0]:.2f}, measured "
+              f"{g.measured_tflops.iloc[-1] / g.measured_tflops.iloc[0]:.2f} "
+              f"(GPUs ×{g.num_gpus.iloc[-1] / g.num_gpus.iloc[0]:g})")
+        cols = [c for c in g.columns if c.startswith("zero3_")]
+        print(g[["num_gpus"] + cols].round(2).to_string(index=False))
+
+
+_ = (jnp, ov)
+
+if __name__ == "__main__":
+    main()

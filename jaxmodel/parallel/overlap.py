@@ -1,0 +1,240 @@
+"""Computation–communication overlap with resource contention (single configuration).
+
+An overlapped collective is not free: its kernels occupy streaming multiprocessors and move
+bytes through main memory while the compute kernels beside it run. Rashidi et al., "Enabling
+Compute-Communication Overlap in Distributed Deep Learning Training Platforms" (ISCA 2021,
+§2–3) measure the slowdown of GEMMs run next to NCCL all-reduce kernels and attribute it to
+the SMs the collective's thread blocks hold and to the memory bandwidth its
+reductions/copies consume; Jangda et al., "Breaking the Computation and Communication
+Abstraction Barrier in Distributed Machine Learning Workloads" (CoCoNet, ASPLOS 2022, §2) and
+Wang et al., "Overlap Communication with Dependent Computation via Decomposition in Large Deep
+Learning Models" (ASPLOS 2023, §2.2) make the same observation for tensor-parallel overlap.
+
+**Resources taken by a collective** (one device):
+
+- SMs: NCCL runs one CTA per channel, each CTA resident on one SM for the whole collective
+  (NCCL documentation, ``NCCL_MIN_NCHANNELS``/``NCCL_MAX_NCHANNELS``, since 2.17
+  ``NCCL_MIN_CTAS``/``NCCL_MAX_CTAS``, at most 32 by default). The share taken is
+  ``sm_share = channels / core_count`` (:func:`sm_share`).
+- Main-memory traffic per byte a device puts on the wire (:data:`HBM_BYTES_PER_WIRE_BYTE`,
+  derived from the ring algorithm's data movement, NCCL "Simple" protocol, where the sender
+  writes directly into the receiver's buffer): all-gather = the incoming write + the read that
+  forwards it = 2; reduce-scatter = the incoming write + read of the incoming and of the local
+  operand (the reduced result goes straight to the next peer, counted there) = 3; all-reduce
+  = reduce-scatter + all-gather phases of equal wire volume = 2.5; point-to-point and
+  all-to-all = a read at the sender + a write at the receiver = 2.
+  Wire bytes per device (:func:`wire_bytes`) follow the ring algorithm: ``(g−1)/g · n`` for
+  all-gather / reduce-scatter / all-to-all, ``2(g−1)/g · n`` for all-reduce, ``n`` for p2p.
+
+**Overlapped execution** (:func:`overlapped_time`). A compute phase of standalone time
+``t_c`` that moves ``compute_bytes`` through main memory, and a collective of standalone
+time ``t_m`` of which a fraction ``overlappable`` can run beside the compute (the rest is
+serial). While both run, the collective proceeds at its own speed (it is bound by the
+network, not by the device), and compute proceeds at the rate
+
+    ρ = min(1 − sm_share,  (B_mem − r_comm) / r_c, 1),  r_comm = comm_hbm_bytes / t_m,
+    r_c = compute_bytes / t_c,  B_mem = mem_bw · mem_bw_efficiency
+
+(an SM-proportional throughput for compute-bound kernels, the remaining memory bandwidth
+for memory-bound ones; the binding one wins). With ``φ`` = overlappable and
+``t_o = φ · t_m``::
+
+    total = (1 − φ)·t_m + max(t_o,  t_c + (1 − ρ)·t_o)
+
+so ``total ≥ max(t_c, t_m)``; ``ρ → 1`` gives ``max`` (ideal overlap), ``φ = 0`` or
+``ρ → 0`` the serial sum, ``t_m = 0`` gives ``t_c``.
+
+**Chunked pipelines** (:func:`pipelined_time`): work split into ``n`` equal chunks where each
+chunk's communication follows (or precedes) its compute chunk — bucketed gradient reduction
+during the backward (PyTorch DDP, Li et al., VLDB 2020, §3.2.3; Megatron-core
+``overlap_grad_reduce``), the distributed optimizer's parameter all-gather before the
+forward (``overlap_param_gather``), or TP GEMM+collective decomposition (Wang et al. 2023;
+Transformer Engine userbuffers ``num_splits``). The first compute chunk and the last
+communication chunk (or the reverse) cannot overlap: ``total = t_c/n + t_m/n +
+overlapped_time((1−1/n)·t_c, (1−1/n)·t_m)``; without contention its exposed part is
+``t_m/n + (1 − 1/n)·max(0, t_m − t_c)`` — the makespan of a two-stage pipeline. ``n = 1`` is
+serial.
+
+Units: seconds, bytes, bytes/s. Every function is a single-configuration pure JAX function;
+batch with ``jax.vmap``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jaxmodel import numerics as nx
+
+# Main-memory bytes a device moves per byte it sends (ring algorithms, NCCL Simple
+# protocol; derivation in the module docstring).
+HBM_BYTES_PER_WIRE_BYTE = {"all_gather": 2.0, "reduce_scatter": 3.0, "all_reduce": 2.5,
+                           "p2p": 2.0, "all_to_all": 2.0, "broadcast": 2.0}
+
+# Default NCCL channel (= CTA = SM) counts of the collectives beside compute. NCCL chooses
+# them at run time from the topology search (NCCL_MIN/MAX_NCHANNELS bound them, 32 CTAs at
+# most by default since 2.17). Assumed values for DGX-class nodes with one NIC per GPU:
+# two channels per NIC-rail ring for data-parallel / ZeRO / expert collectives across nodes
+# (8 rails → 16); Transformer Engine's userbuffers TP overlap reserves ``num_sm = 16`` SMs
+# for its pipelined reduce-scatter (Transformer Engine ``initialize_ub`` defaults).
+DEFAULT_CHANNELS = {"tp": 16.0, "dp": 16.0, "zero": 16.0, "ep": 16.0, "cp": 16.0}
+
+# Transformer Engine userbuffers split count of a pipelined TP GEMM+collective
+# (``num_splits = 4``, Transformer Engine ``initialize_ub`` defaults).
+TP_OVERLAP_CHUNKS = 4.0
+
+# Megatron-core gradient bucket: ``bucket_size = max(40_000_000, 1_000_000 · dp)`` parameters
+# when unset (megatron/core/distributed/distributed_data_parallel_config.py).
+MCORE_BUCKET_PARAMS = 40e6
+MCORE_BUCKET_PARAMS_PER_DP = 1e6
+
+_MIN_RATE = 1e-3          # compute never stops entirely (keeps every quotient finite)
+_MAX_SM_SHARE = 0.95
+
+
+def wire_bytes(op: str, nbytes, group_size):
+    """Bytes one device sends for a ring collective of buffer ``nbytes`` (NCCL's size
+    convention, :mod:`jaxmodel.comm.collectives`) over ``group_size`` devices, bytes."""
+    g = jnp.maximum(jnp.asarray(group_size, dtype=jnp.result_type(float)), 1.0)
+    frac = (g - 1.0) / g
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return frac * nbytes
+    if op == "all_reduce":
+        return 2.0 * frac * nbytes
+    if op in ("p2p", "broadcast"):
+        return 1.0 * nbytes
+    raise ValueError(f"wire_bytes: unknown op {op!r}; expected one of "
+                     f"{sorted(HBM_BYTES_PER_WIRE_BYTE)}")
+
+
+def comm_hbm_bytes(op: str, nbytes, group_size):
+    """Main-memory bytes one device moves for a ring collective: ``wire_bytes ×``
+    :data:`HBM_BYTES_PER_WIRE_BYTE` (module docstring), bytes."""
+    return HBM_BYTES_PER_WIRE_BYTE[op] * wire_bytes(op, nbytes, group_size)
+
+
+def sm_share(dev, channels):
+    """Share of the device's cores a collective holds: ``channels / core_count`` (NCCL: one
+    CTA per channel, each on its own SM), clipped to [0, 0.95]."""
+    share = nx.safe_div(jnp.asarray(channels, dtype=jnp.result_type(float)), dev.core_count,
+                        fill=0.0)
+    return jnp.clip(share, 0.0, _MAX_SM_SHARE)
+
+
+def compute_rate(t_compute, t_comm, compute_bytes, comm_bytes, share, dev):
+    """Compute speed under an overlapped collective as a fraction of its standalone speed,
+    ``ρ = min(1 − sm_share, (B_mem − r_comm)/r_c, 1)`` (module docstring), in
+    [0.001, 1]. ``comm_bytes`` are the collective's main-memory bytes
+    (:func:`comm_hbm_bytes`), ``compute_bytes`` the compute's."""
+    f = jnp.result_type(float)
+    bw = dev.mem_bw * dev.mem_bw_efficiency
+    r_comm = nx.safe_div(jnp.asarray(comm_bytes, dtype=f), t_comm, fill=0.0)
+    r_c = nx.safe_div(jnp.asarray(compute_bytes, dtype=f), t_compute, fill=0.0)
+    left = jnp.maximum(bw - r_comm, 0.0)
+    hbm_ok = r_c > 0
+    hbm_rate = jnp.where(hbm_ok, left / jnp.where(hbm_ok, r_c, 1.0), 1.0)
+    rate = jnp.minimum(jnp.minimum(1.0 - share, hbm_rate), 1.0)
+    return jnp.clip(rate, _MIN_RATE, 1.0)
+
+
+def overlapped_time(t_compute, t_comm, compute_bytes=0.0, comm_bytes=0.0, share=0.0,
+                    dev=None, overlappable=1.0):
+    """Time of a compute phase with a collective beside it, with contention.
+
+    Source: module docstring (Rashidi et al. ISCA 2021 §3; Jangda et al. ASPLOS 2022 §2;
+    Wang et al. ASPLOS 2023 §2.2): ``total = (1−φ)·t_m + max(φ·t_m, t_c + (1−ρ)·φ·t_m)``.
+
+    Args:
+        t_compute: standalone compute time ``t_c``, s.
+        t_comm: standalone collective time ``t_m``, s.
+        compute_bytes: main-memory bytes the compute moves (0: no memory contention), bytes.
+        comm_bytes: main-memory bytes the collective moves (:func:`comm_hbm_bytes`), bytes.
+        share: SM share the collective holds (:func:`sm_share`), 0..0.95.
+        dev: the :class:`~jaxmodel.types.Device` (memory bandwidth); ``None`` = no memory
+            contention.
+        overlappable: fraction ``φ`` of the collective that may run beside the compute (0 =
+            serial, 1 = all of it).
+
+    Returns:
+        ``(total_s, exposed_comm_s, compute_slowdown_s)``: the phase's time; the part of it
+        beyond ``t_c`` (``total − t_c``); the extra time the compute itself takes through
+        contention (``≤ exposed``).
+    """
+    f = jnp.result_type(float)
+    t_c = jnp.maximum(jnp.asarray(t_compute, dtype=f), 0.0)
+    t_m = jnp.maximum(jnp.asarray(t_comm, dtype=f), 0.0)
+    phi = jnp.clip(jnp.asarray(overlappable, dtype=f), 0.0, 1.0)
+    t_o = phi * t_m
+    if dev is None:
+        rho = jnp.clip(1.0 - jnp.asarray(share, dtype=f), _MIN_RATE, 1.0)
+    else:
+        rho = compute_rate(t_c, t_o, compute_bytes, phi * jnp.asarray(comm_bytes, dtype=f),
+                           share, dev)
+    total = (1.0 - phi) * t_m + jnp.maximum(t_o, t_c + (1.0 - rho) * t_o)
+    # compute stretched while the collective runs: t_c/ρ if it ends first, else t_c + (1−ρ)t_o
+    slowdown = jnp.minimum(t_c / rho, t_c + (1.0 - rho) * t_o) - t_c
+    return total, total - t_c, slowdown
+
+
+def pipelined_time(t_compute, t_comm, n_chunks, compute_bytes=0.0, comm_bytes=0.0,
+                   share=0.0, dev=None):
+    """A compute phase and a collective split into ``n_chunks`` dependent chunks (each
+    chunk's collective follows or precedes its compute chunk), with contention.
+
+    Source: module docstring — two-stage pipeline makespan (bucketed gradient reduction, Li
+    et al. VLDB 2020 §3.2.3; Megatron-core ``overlap_grad_reduce`` / ``overlap_param_gather``;
+    chunked TP GEMM+collective, Wang et al. ASPLOS 2023 §3): one compute chunk and one
+    communication chunk are exposed, the remaining ``(1 − 1/n)`` of both overlap
+    (:func:`overlapped_time`). ``n_chunks`` ≥ 1 (values below are taken as 1).
+
+    Returns:
+        ``(total_s, exposed_comm_s, compute_slowdown_s)`` as :func:`overlapped_time`.
+    """
+    f = jnp.result_type(float)
+    n = jnp.maximum(jnp.asarray(n_chunks, dtype=f), 1.0)
+    t_c = jnp.maximum(jnp.asarray(t_compute, dtype=f), 0.0)
+    t_m = jnp.maximum(jnp.asarray(t_comm, dtype=f), 0.0)
+    k = 1.0 - 1.0 / n
+    tot, _, slow = overlapped_time(k * t_c, k * t_m, k * jnp.asarray(compute_bytes, dtype=f),
+                                   k * jnp.asarray(comm_bytes, dtype=f), share, dev)
+    total = t_c / n + t_m / n + tot
+    return total, total - t_c, slow
+
+
+def mcore_buckets(n_params, dp, bucket_params=None):
+    """Gradient buckets of Megatron-core DDP / distributed optimizer for ``n_params`` local
+    parameters: ``ceil(n_params / bucket)`` with ``bucket = max(40 M, 1 M · dp)`` parameters
+    when ``bucket_params`` is None (``DistributedDataParallelConfig.bucket_size``)."""
+    f = jnp.result_type(float)
+    if bucket_params is None:
+        bucket = jnp.maximum(MCORE_BUCKET_PARAMS,
+                             MCORE_BUCKET_PARAMS_PER_DP * jnp.asarray(dp, dtype=f))
+    else:
+        bucket = jnp.asarray(bucket_params, dtype=f)
+    return jnp.maximum(jnp.ceil(nx.safe_div(jnp.asarray(n_params, dtype=f), bucket,
+                                            fill=1.0)), 1.0)
+
+
+def bucketed_exposed(t_window, t_comm, n_buckets, compute_bytes=0.0, comm_bytes=0.0,
+                     share=0.0, dev=None):
+    """Exposed time of a bucketed collective behind a compute window (s): the
+    ``overlap_grad_reduce`` gradient reduction during the backward of the last micro-batch,
+    or the ``overlap_param_gather`` parameter all-gather before the forward of the first
+    micro-batch (same two-stage pipeline, :func:`pipelined_time`): ``total − t_window``,
+    including the window's own contention slowdown."""
+    return pipelined_time(t_window, t_comm, n_buckets, compute_bytes, comm_bytes, share,
+                          dev)[1]
+
+
+def tp_overlap_exposed(t_compute, t_tp, n_chunks=TP_OVERLAP_CHUNKS, compute_bytes=0.0,
+                       comm_bytes=0.0, share=0.0, dev=None):
+    """Exposed TP communication of a pass with Megatron-core ``--tp-comm-overlap``
+    (Transformer Engine userbuffers; Wang et al. ASPLOS 2023): the GEMM and its collective
+    split into ``n_chunks`` (:data:`TP_OVERLAP_CHUNKS`); the first/last chunk's
+    communication is exposed, the rest overlaps with contention (:func:`pipelined_time`).
+    Returns ``total − t_compute``, s."""
+    return pipelined_time(t_compute, t_tp, n_chunks, compute_bytes, comm_bytes, share, dev)[1]
+
+
+__all__ = ["overlapped_time", "pipelined_time", "bucketed_exposed", "tp_overlap_exposed",
+           "compute_rate", "sm_share", "wire_bytes", "comm_hbm_bytes", "mcore_buckets",
+           "HBM_BYTES_PER_WIRE_BYTE", "DEFAULT_CHANNELS", "TP_OVERLAP_CHUNKS"]
