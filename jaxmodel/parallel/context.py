@@ -158,7 +158,7 @@ def cp_attention_time(system, attn_fwd, attn_bwd, kv_bytes, cp, tp=1.0, mode=RIN
     is_ring = jnp.asarray(mode, dtype=f) < 0.5
     fwd = jnp.where(multi, jnp.where(is_ring, ring_f, ag_f), attn_fwd)
     bwd = jnp.where(multi, jnp.where(is_ring, ring_b, ag_b), attn_bwd)
-    ok = ~multi | jnp.where(is_ring, ok_p, ok_g)
+    ok = ~multi | (ok_g & jnp.where(is_ring, ok_p, True))   # the group must fit the tiers
     fwd = jnp.where(ok, fwd, jnp.inf)
     bwd = jnp.where(ok, bwd, jnp.inf)
     return {"fwd": fwd, "bwd": bwd, "comm_fwd": fwd - attn_fwd, "comm_bwd": bwd - attn_bwd,

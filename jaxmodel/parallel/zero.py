@@ -67,11 +67,12 @@ def _collective(system, op, nbytes, group, stride, net):
 
 
 def unit_pass_time(t_compute, t_comm, n_units, prefetch=1.0, t_tail=0.0, compute_bytes=0.0,
-                   comm_bytes=0.0, share=0.0, dev=None):
+                   comm_bytes=0.0, share=0.0, dev=None, t_head=None):
     """One pass (forward or backward) over ``n_units`` uniform units whose communication
     ``t_comm`` per unit is prefetched ``prefetch`` units ahead (module docstring):
-    ``t_comm + (n−1)·ov(t_compute, t_comm) + t_compute + t_tail`` with prefetch ≥ 1
-    (``t_tail``: the last unit's trailing collective, e.g. its reduce-scatter), else
+    ``t_head + (n−1)·ov(t_compute, t_comm) + t_compute + t_tail`` with prefetch ≥ 1
+    (``t_head``: the first unit's exposed collective, default ``t_comm``; ``t_tail``: the
+    last unit's trailing collective, e.g. its reduce-scatter), else
     ``n·(t_comm + t_compute)``.
 
     Returns:
@@ -80,7 +81,8 @@ def unit_pass_time(t_compute, t_comm, n_units, prefetch=1.0, t_tail=0.0, compute
     f = jnp.result_type(float)
     n = jnp.maximum(jnp.asarray(n_units, dtype=f), 1.0)
     tot, _, slow = ov.overlapped_time(t_compute, t_comm, compute_bytes, comm_bytes, share, dev)
-    pipelined = t_comm + (n - 1.0) * tot + t_compute + t_tail
+    head = t_comm if t_head is None else t_head
+    pipelined = head + (n - 1.0) * tot + t_compute + t_tail
     serial = n * (t_comm + t_compute)
     on = jnp.asarray(prefetch, dtype=f) >= 0.5
     return jnp.where(on, pipelined, serial), jnp.where(on, (n - 1.0) * slow, 0.0)
@@ -153,7 +155,7 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
         tail = with_rs * r + with_ar * a
         hb = h_g + with_rs * h_r + with_ar * h_a
         return unit_pass_time(t_bwd_unit, comm, n, prefetch, tail, compute_bytes_bwd, hb,
-                              share, dev)
+                              share, dev, t_head=g)
 
     t_f, s_f = unit_pass_time(t_fwd_unit, g, n, prefetch, 0.0, compute_bytes_fwd, h_g, share,
                               dev)

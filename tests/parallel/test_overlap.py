@@ -1,0 +1,156 @@
+"""Overlap with contention (jaxmodel.parallel.overlap) against hand-derived values and limits."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hw_db
+from jaxmodel.parallel import overlap as ov
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return hw_db.device("a100_80gb")
+
+
+def test_wire_and_hbm_bytes_hand_values():
+    # ring all-gather over 4 of 1 GB: each device sends 3/4 GB; 2 HBM bytes per wire byte
+    assert float(ov.wire_bytes("all_gather", 1e9, 4.0)) == pytest.approx(0.75e9)
+    assert float(ov.wire_bytes("all_reduce", 1e9, 4.0)) == pytest.approx(1.5e9)
+    assert float(ov.wire_bytes("p2p", 1e9, 2.0)) == pytest.approx(1e9)
+    assert float(ov.comm_hbm_bytes("all_gather", 1e9, 4.0)) == pytest.approx(1.5e9)
+    assert float(ov.comm_hbm_bytes("reduce_scatter", 1e9, 4.0)) == pytest.approx(2.25e9)
+    with pytest.raises(ValueError, match="unknown op"):
+        ov.wire_bytes("gossip", 1.0, 2.0)
+
+
+def test_sm_share(dev):
+    assert float(ov.sm_share(dev, 16.0)) == pytest.approx(16 / 108)
+    assert float(ov.sm_share(dev, 1e6)) == pytest.approx(0.95)
+    assert float(ov.sm_share(dev, 0.0)) == 0.0
+
+
+def test_overlapped_time_hand_value_sm_only():
+    # t_c = 1, t_m = 0.5, 20 % SMs taken: compute runs at 0.8 for 0.5 s, then alone:
+    # total = 1 + (1 − 0.8)·0.5 = 1.1
+    total, exposed, slow = ov.overlapped_time(1.0, 0.5, share=0.2)
+    assert float(total) == pytest.approx(1.1)
+    assert float(exposed) == pytest.approx(0.1)
+    assert float(slow) == pytest.approx(0.1)
+    # comm longer: t_c = 0.4 at 0.8 speed finishes at 0.5 < t_m = 1 → total = t_m
+    total, exposed, slow = ov.overlapped_time(0.4, 1.0, share=0.2)
+    assert float(total) == pytest.approx(1.0)
+    assert float(slow) == pytest.approx(0.1)
+
+
+def test_overlapped_time_hbm_contention_hand_value(dev):
+    bw = float(dev.mem_bw * dev.mem_bw_efficiency)
+    # compute needs half the memory bandwidth; the collective takes 3/4 of it for 1 s:
+    # rate = min(1, (bw − 0.75 bw)/(0.5 bw)) = 0.5; total = 1 + 0.5·1 = 1.5 (t_c = 1, t_m = 1)
+    total, _, slow = ov.overlapped_time(1.0, 1.0, compute_bytes=0.5 * bw,
+                                        comm_bytes=0.75 * bw, share=0.0, dev=dev)
+    assert float(total) == pytest.approx(1.5)
+    assert float(slow) == pytest.approx(0.5)
+
+
+def test_limits(dev):
+    tc, tm = 0.7, 0.3
+    # nothing overlappable → serial sum
+    total, exposed, _ = ov.overlapped_time(tc, tm, 1e9, 1e9, 0.1, dev, overlappable=0.0)
+    assert float(total) == pytest.approx(tc + tm)
+    assert float(exposed) == pytest.approx(tm)
+    # infinitely fast network → compute only
+    total, exposed, slow = ov.overlapped_time(tc, 0.0, 1e9, 0.0, 0.1, dev)
+    assert float(total) == pytest.approx(tc)
+    assert float(exposed) == pytest.approx(0.0) and float(slow) == pytest.approx(0.0)
+    # no contention → max
+    total, _, _ = ov.overlapped_time(tc, tm)
+    assert float(total) == pytest.approx(max(tc, tm))
+    # one chunk → serial; many chunks, no contention → max (+ vanishing first/last chunk)
+    assert float(ov.pipelined_time(tc, tm, 1.0)[0]) == pytest.approx(tc + tm)
+    assert float(ov.pipelined_time(tc, tm, 1e6)[0]) == pytest.approx(max(tc, tm), rel=1e-5)
+
+
+@pytest.mark.parametrize("tc,tm,n", [(1.0, 0.4, 4.0), (0.3, 1.0, 4.0), (1.0, 1.0, 10.0)])
+def test_pipelined_two_stage_makespan(tc, tm, n):
+    # without contention: exposed = t_m/n + (1 − 1/n)·max(0, t_m − t_c)
+    _, exposed, _ = ov.pipelined_time(tc, tm, n)
+    assert float(exposed) == pytest.approx(tm / n + (1 - 1 / n) * max(0.0, tm - tc))
+    assert float(ov.bucketed_exposed(tc, tm, n)) == pytest.approx(float(exposed))
+
+
+def test_bounds_and_monotonicity(dev):
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        tc, tm = rng.uniform(0, 2, size=2)
+        cb, mb = rng.uniform(0, 3e12, size=2)
+        share = rng.uniform(0, 0.5)
+        total, exposed, slow = ov.overlapped_time(tc, tm, cb, mb, share, dev)
+        assert max(tc, tm) * (1 - 1e-9) <= float(total) <= (tc + tm) * (1 + 1e-9)
+        assert 0 <= float(slow) <= float(exposed) + 1e-12
+    tms = jnp.linspace(0.0, 2.0, 21)
+    totals = jax.vmap(lambda t: ov.overlapped_time(1.0, t, 1e11, 1e11, 0.15, dev)[0])(tms)
+    assert np.all(np.diff(np.asarray(totals)) >= -1e-12)
+    shares = jnp.linspace(0.0, 0.9, 10)
+    totals = jax.vmap(lambda s: ov.overlapped_time(1.0, 0.8, share=s)[0])(shares)
+    assert np.all(np.diff(np.asarray(totals)) >= -1e-12)
+    # more chunks never hurt without contention
+    ns = jnp.array([1.0, 2.0, 4.0, 8.0, 16.0])
+    ex = jax.vmap(lambda n: ov.pipelined_time(1.0, 0.7, n)[1])(ns)
+    assert np.all(np.diff(np.asarray(ex)) <= 1e-12)
+
+
+def test_vmap_matches_loop_and_jit_matches_eager(dev):
+    tcs = jnp.array([0.1, 0.5, 1.0, 2.0])
+    tms = jnp.array([1.0, 0.5, 0.2, 0.0])
+    f = lambda a, b: ov.pipelined_time(a, b, 4.0, 1e10, 3e9, 0.1, dev)[0]  # noqa: E731
+    batched = jax.vmap(f)(tcs, tms)
+    loop = [float(f(a, b)) for a, b in zip(tcs, tms)]
+    np.testing.assert_allclose(np.asarray(batched), loop, rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(jax.jit(f)(tcs, tms)), loop, rtol=1e-12)
+
+
+def test_batched_device_leaf(dev):
+    d = dataclasses.replace(dev, mem_bw=jnp.array([1e12, 2e12, 4e12]))
+    total, _, _ = ov.overlapped_time(1.0, 1.0, 0.5e12, 1e12, 0.0, d)
+    assert total.shape == (3,)
+    assert np.all(np.diff(np.asarray(total)) <= 0)    # more bandwidth, less contention
+
+
+def test_gradients_match_finite_differences(dev):
+    def f(x):
+        tc, tm, bw = x
+        d = dataclasses.replace(dev, mem_bw=bw)
+        return ov.pipelined_time(tc, tm, 4.0, 0.6e12, 1.5e12, 0.12, d)[0]
+    x0 = jnp.array([1.0, 0.9, 2.0e12])
+    g = jax.grad(f)(x0)
+    assert np.all(np.isfinite(np.asarray(g)))
+    for i, h in enumerate((1e-6, 1e-6, 1e3)):
+        e = jnp.zeros(3).at[i].set(h)
+        fd = (f(x0 + e) - f(x0 - e)) / (2 * h)
+        assert float(g[i]) == pytest.approx(float(fd), rel=1e-5, abs=1e-12)
+
+
+def test_zero_inputs_give_finite_gradients(dev):
+    g = jax.grad(lambda t: ov.overlapped_time(t, 0.0, 0.0, 0.0, 0.0, dev)[0])(0.0)
+    assert np.isfinite(float(g))
+    g = jax.grad(lambda t: ov.pipelined_time(0.0, t, 4.0, 0.0, 0.0, 0.1, dev)[0])(0.0)
+    assert np.isfinite(float(g))
+
+
+def test_float32(float32, dev):
+    total, exposed, slow = ov.overlapped_time(jnp.float32(1.0), jnp.float32(0.5), share=0.2)
+    assert total.dtype == jnp.float32
+    assert float(total) == pytest.approx(1.1, rel=1e-6)
+    assert float(ov.mcore_buckets(175e9 / 96, 8.0)) == pytest.approx(np.ceil(175e9 / 96 / 40e6))
+
+
+def test_mcore_buckets():
+    # max(40 M, 1 M · dp) parameters per bucket
+    assert float(ov.mcore_buckets(1e9, 8.0)) == 25.0
+    assert float(ov.mcore_buckets(1e9, 100.0)) == 10.0
+    assert float(ov.mcore_buckets(1e6, 8.0)) == 1.0
+    assert float(ov.mcore_buckets(1e9, 8.0, bucket_params=1e8)) == 10.0
