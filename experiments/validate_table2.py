@@ -29,14 +29,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
 import jaxmodel as jm  # noqa: I001  (imported before hw_db: the package wires hw_db up)
 import hw_db
 from jaxmodel import comm as _comm
-from jaxmodel.parallel import overlap as ov
 from jaxmodel.parallel import train as tr
 from jaxmodel.parallel import zero
 from jaxmodel.workload import layer as _layer
@@ -76,11 +74,23 @@ def layer_hbm_bytes(model, b, seq, dtype_bytes=2.0):
     return w + act, 2.0 * w + 2.0 * act
 
 
-def zero3_row(params_b, gpus, batch, mb):
-    """Predicted TFLOP/s per GPU and the step's parts for one ZeRO-3 row."""
+def per_nic(system, gpus):
+    """The sensitivity case "no rail aggregation": every GPU reaches all others only through
+    its own InfiniBand port (one switch tier of ``gpus`` devices, the node's NVLink unused) —
+    the bound of a collective whose inter-node traffic is not spread over a node's 8 rails."""
+    ib = system.levels[-1]
+    return dataclasses.replace(system, levels=[dataclasses.replace(ib, size=float(gpus))])
+
+
+def zero3_row(params_b, gpus, batch, mb, prefetch=1.0, rails=True):
+    """Predicted TFLOP/s per GPU and the step's parts for one ZeRO-3 row (default: NCCL-level
+    hierarchical collectives, prefetch one unit; ``prefetch=0`` serialises, ``rails=False``
+    is the :func:`per_nic` sensitivity case)."""
     model = MODELS[params_b]
     nodes = int(gpus) // 8
     system = hw_db.system("dgx_a100", nodes=nodes)
+    if not rails:
+        system = per_nic(system, gpus)
     system_t = dataclasses.replace(system, device=tr.sustained_device(system.device))
     dev = system_t.device
     par = jm.Parallelism(dp=float(gpus), tp=1.0, pp=1.0, sp=False, micro_batch=float(mb),
@@ -97,7 +107,7 @@ def zero3_row(params_b, gpus, batch, mb):
         12.0 * model.n_layers * model.d_model ** 2 + model.vocab_size * model.d_model)
     hf, hb = layer_hbm_bytes(model, mb, SEQ)
     z = zero.zero3_step(system_t, n_params, model.n_layers, fwd, bwd, float(gpus), m,
-                        dtype_bytes=2.0, grad_comm_bytes=2.0, prefetch=1.0,
+                        dtype_bytes=2.0, grad_comm_bytes=2.0, prefetch=prefetch,
                         compute_bytes_fwd=hf, compute_bytes_bwd=hb,
                         net=_comm.net_variant_of(system_t))
     t_opt = float(jm.elementwise_latency(dev, n_params / gpus,
@@ -165,9 +175,25 @@ def main():
               f"(GPUs ×{g.num_gpus.iloc[-1] / g.num_gpus.iloc[0]:g})")
         cols = [c for c in g.columns if c.startswith("zero3_")]
         print(g[["num_gpus"] + cols].round(2).to_string(index=False))
+    # sensitivity (not the model's prediction): serial collectives and/or no rail aggregation
+    print("\nZeRO-3 sensitivity, predicted TFLOP/s per GPU (measured in the last column):")
+    sens = []
+    for _, r in df[df.scheme == "ZeRO-3"].iterrows():
+        row = {"params_billion": r.params_billion, "num_gpus": r.num_gpus}
+        for name, pre, rails in (("overlap_rails", 1.0, True), ("serial_rails", 0.0, True),
+                                 ("overlap_per_nic", 1.0, False),
+                                 ("serial_per_nic", 0.0, False)):
+            row[name] = round(zero3_row(r.params_billion, r.num_gpus, r.global_batch_size,
+                                        r.microbatch_size, pre, rails)[0], 1)
+        row["measured"] = r.achieved_tflops_per_gpu
+        sens.append(row)
+    sens = pd.DataFrame(sens)
+    print(sens.to_string(index=False))
+    for c in ("overlap_rails", "serial_rails", "overlap_per_nic", "serial_per_nic"):
+        print(f"  {c}: MAPE {100 * np.mean(np.abs(sens[c] / sens.measured - 1)):.1f} %")
+    sens.to_csv(OUT / "validate_table2_zero3_sensitivity.csv", index=False)
 
 
-_ = (jnp, ov)
 
 if __name__ == "__main__":
     main()
