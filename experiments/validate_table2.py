@@ -103,8 +103,7 @@ def zero3_row(params_b, gpus, batch, mb, prefetch=1.0, rails=True):
     emb = float(sum(et[k] for k in ("embed_fwd", "embed_bwd", "lm_head_fwd", "lm_head_bwd",
                                     "loss_fwd", "loss_bwd")))
     m = batch / (gpus * mb)
-    n_params = float(jm.param_count(model)) if hasattr(jm, "param_count") else (
-        12.0 * model.n_layers * model.d_model ** 2 + model.vocab_size * model.d_model)
+    n_params = float(jm.param_count(model))
     hf, hb = layer_hbm_bytes(model, mb, SEQ)
     z = zero.zero3_step(system_t, n_params, model.n_layers, fwd, bwd, float(gpus), m,
                         dtype_bytes=2.0, grad_comm_bytes=2.0, prefetch=prefetch,

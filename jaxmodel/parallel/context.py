@@ -179,7 +179,10 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
         incl. its TP and CP communication, selective the attention core), ``tp_comm_fwd``,
         ``tp_comm_bwd`` (TP collectives on ``s/cp`` tokens, serial), ``cp_comm_fwd``,
         ``cp_comm_bwd`` (exposed CP exchange, part of ``fwd``/``bwd``), ``cp_contention``.
-        Infeasible TP splits or CP placements give ``+inf``.
+        Infeasible TP splits or CP placements give ``+inf``. MoE layers: the expert GEMMs
+        are in ``fwd``/``bwd`` (the workload's share-weighted FFN rows), their dispatch and
+        combine all-to-all on ``b·s/cp`` tokens is the caller's
+        (:func:`jaxmodel.workload.moe.alltoall_time`).
     """
     gemm = gemm or _layer.default_gemm
     f = jnp.result_type(float)

@@ -225,6 +225,61 @@ def bucketed_exposed(t_window, t_comm, n_buckets, compute_bytes=0.0, comm_bytes=
                           dev)[1]
 
 
+def chunked_dp_exposed(t_chunk, t_comm, pp, v, n_buckets, comm_bytes=0.0, share=0.0,
+                       dev=None):
+    """Exposed data-parallel communication of the most loaded (first) pipeline stage under the
+    interleaved schedule, where each of its ``v`` model chunks synchronises on its own (s).
+
+    Source: Megatron-core ``forward_backward_pipelining_with_interleaving`` with
+    ``overlap_grad_reduce`` / ``overlap_param_gather``: the gradient reduction of model chunk
+    ``k`` is launched as soon as its last micro-batch's backward ends (``grad_sync_func``),
+    and the parameter all-gather of the next chunk is launched during the current chunk's
+    forward (``param_sync_func``); Narayanan et al. SC'21 §2.2.2 for the order of the chunks.
+    On the first stage the chunks finish their last backward ``p`` chunk-steps apart (chunk
+    ``v−1``, the deepest, first; chunk 0 at the very end), so chunk ``k``'s share
+    ``t_comm/v`` becomes ready ``k·p·t_chunk`` before the end; the collectives run one after
+    another on one stream, and chunk 0's share is bucketed behind its own backward
+    (:func:`bucketed_exposed`). Ignoring the idle bubble time (extra window, so this is an
+    upper bound)::
+
+        F   = max_{k=1..v−1} (k·t_comm/v − k·p·t_chunk)      (backlog of the deeper chunks)
+        end = max(F + t_comm/v,  pipelined_time(t_chunk, t_comm/v, n_b)[0] − t_chunk)
+        exposed = max(end, 0) + contention slowdown of the (v−1)·p·t_chunk window
+
+
+    ``v = 1`` gives :func:`bucketed_exposed` of one micro-batch's backward; the forward
+    parameter all-gather is the mirror image (chunk 0 first, the next chunk ``p`` forward
+    chunk-steps later: pass the forward chunk time).
+
+    Args:
+        t_chunk: one micro-batch's backward (or forward) of one model chunk on the stage, s.
+        t_comm: the stage's whole DP collective (all chunks), s.
+        pp: pipeline stages ``p``; v: model chunks per device (interleave).
+        n_buckets: buckets of the stage's parameters (:func:`mcore_buckets`); chunk 0 gets
+            ``n_buckets / v`` of them (at least one).
+        comm_bytes, share, dev: contention inputs (:func:`overlapped_time`), whole collective.
+    """
+    f = jnp.result_type(float)
+    v = jnp.maximum(jnp.asarray(v, dtype=f), 1.0)
+    p = jnp.maximum(jnp.asarray(pp, dtype=f), 1.0)
+    t_c = jnp.maximum(jnp.asarray(t_chunk, dtype=f), 0.0)
+    t_m = jnp.maximum(jnp.asarray(t_comm, dtype=f), 0.0)
+    share_c = t_m / v
+    # the linear backlog peaks at k = 1 or k = v−1 (v ≥ 2); none when v = 1
+    f1 = share_c - p * t_c
+    fv = (v - 1.0) * (share_c - p * t_c)
+    multi = v > 1.5
+    backlog = jnp.where(multi, jnp.maximum(f1, fv), 0.0)
+    nb0 = jnp.maximum(jnp.asarray(n_buckets, dtype=f) / v, 1.0)
+    cb = jnp.asarray(comm_bytes, dtype=f)
+    own = pipelined_time(t_c, share_c, nb0, 0.0, cb / v, share, dev)[0] - t_c
+    end = jnp.where(multi, jnp.maximum(backlog + share_c, own), own)
+    # the deeper chunks' collectives slow the backward passes they run beside
+    k = (v - 1.0) / v
+    slow = overlapped_time((v - 1.0) * p * t_c, k * t_m, 0.0, k * cb, share, dev)[2]
+    return jnp.maximum(end, 0.0) + jnp.where(multi, slow, 0.0)
+
+
 def tp_overlap_exposed(t_compute, t_tp, n_chunks=TP_OVERLAP_CHUNKS, compute_bytes=0.0,
                        comm_bytes=0.0, share=0.0, dev=None):
     """Exposed TP communication of a pass with Megatron-core ``--tp-comm-overlap``
@@ -236,5 +291,6 @@ def tp_overlap_exposed(t_compute, t_tp, n_chunks=TP_OVERLAP_CHUNKS, compute_byte
 
 
 __all__ = ["overlapped_time", "pipelined_time", "bucketed_exposed", "tp_overlap_exposed",
+           "chunked_dp_exposed",
            "compute_rate", "sm_share", "wire_bytes", "comm_hbm_bytes", "mcore_buckets",
            "HBM_BYTES_PER_WIRE_BYTE", "DEFAULT_CHANNELS", "TP_OVERLAP_CHUNKS"]

@@ -154,3 +154,22 @@ def test_mcore_buckets():
     assert float(ov.mcore_buckets(1e9, 100.0)) == 10.0
     assert float(ov.mcore_buckets(1e6, 8.0)) == 1.0
     assert float(ov.mcore_buckets(1e9, 8.0, bucket_params=1e8)) == 10.0
+
+
+def test_chunked_dp_exposed_limits_and_hand_values():
+    # v = 1: the bucketed reduction behind one micro-batch's backward
+    assert float(ov.chunked_dp_exposed(0.2, 0.5, 8.0, 1.0, 10.0)) == pytest.approx(
+        float(ov.bucketed_exposed(0.2, 0.5, 10.0)))
+    # v = 4, p = 8, chunk backward 0.05 s, comm 0.8 s (0.2 per chunk), 1 bucket per chunk,
+    # no contention: F = max(0.2 − 0.4, 3·(0.2 − 0.4)) = −0.2, F + 0.2 = 0;
+    # chunk 0 alone: pipelined(0.05, 0.2, 1) − 0.05 = 0.2 (one bucket: serial) → 0.2
+    assert float(ov.chunked_dp_exposed(0.05, 0.8, 8.0, 4.0, 4.0)) == pytest.approx(0.2)
+    # comm-bound: comm 8 s → F = max(2 − 0.4, 3·1.6) = 4.8; end = 4.8 + 2 = 6.8
+    assert float(ov.chunked_dp_exposed(0.05, 8.0, 8.0, 4.0, 4.0)) == pytest.approx(6.8)
+    # interleaving widens the window: less exposed than one micro-batch's backward alone
+    one = float(ov.chunked_dp_exposed(0.2, 0.5, 8.0, 1.0, 8.0))
+    four = float(ov.chunked_dp_exposed(0.05, 0.5, 8.0, 4.0, 8.0))
+    assert four < one
+    g = jax.grad(lambda t: ov.chunked_dp_exposed(0.05, t, 8.0, 4.0, 4.0, 1e9, 0.1,
+                                                 hw_db.device("a100_80gb")))(0.8)
+    assert np.isfinite(float(g))
