@@ -34,7 +34,8 @@ from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
 from jaxmodel.batching import batch_shape, batched
 from jaxmodel.numerics import INF, divides, first_reason, is_integer, reason_name, safe_div
-from jaxmodel.types import Model, Parallelism, System, is_concrete
+from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_args,
+                            validate_knobs)
 from jaxmodel.workload.layer import (ANY, LAYER_OPS, Variant, default_gemm, layer_checks,
                                      layer_times, variant_of)
 from jaxmodel.workload.memory import inference_memory_single
@@ -249,8 +250,11 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
         ...                  jm.Parallelism(tp=4), batch=8, prompt_len=2048, gen_len=256)
         >>> float(r.ttft_s), float(r.tpot_s), bool(r.feasible)
     """
+    validate_knobs("inference", batch=batch, prompt_len=prompt_len, gen_len=gen_len,
+                   dtype_bytes=dtype_bytes)
     if is_concrete(system, model, par, batch, prompt_len, gen_len) and batch_shape(
             system, model, par, batch, prompt_len, gen_len) == ():
+        validate_args(system, model, par, where="inference")
         ok, why = inference_feasibility(system, model, par, jnp.asarray(float(batch)),
                                         jnp.asarray(float(prompt_len)),
                                         jnp.asarray(float(gen_len)))
