@@ -253,6 +253,8 @@ def build_call(fn, spec: Mapping) -> tuple[tuple, dict]:
     system = None
     if "device" not in spec:
         system = _load_system(spec.get("system"), spec.get("nodes"), None)
+    elif spec.get("nodes") not in (None, 1):
+        raise ValueError(f"spec: nodes={spec['nodes']!r} needs a system, not a single device")
     device = hw_db.device(spec["device"]) if "device" in spec else system.device
     model = hw_db.model(spec.get("model", DEFAULT_MODEL)) if "model" in params else None
     par_spec = spec.get("parallelism", spec.get("par", {}))
