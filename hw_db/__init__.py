@@ -63,6 +63,12 @@ UNITS: dict[str, tuple[str, float]] = {
     "W": ("W", 1.0), "kW": ("W", 1e3), "nm": ("nm", 1.0),
 }
 _ENTRY_KEYS = ("value", "source", "unit")
+# Calibrated constants a file must state even though the dataclass has a default: the
+# defaults (efficiency 1, no overheads) are the idealised values of a hand-built config, and
+# a file silently falling back to them would be optimistic without saying so.
+DEVICE_FILE_REQUIRED = ("mem_bw_efficiency", "matmul_overhead_s", "softmax_overhead_s",
+                        "layernorm_overhead_s", "gelu_overhead_s")
+LEVEL_FILE_REQUIRED = ("efficiency", "base_latency", "chunk_latency")
 # Top-level keys of the files (extend here when a file format grows a table).
 DEVICE_FILE_KEYS = ("name", "description", "device")
 SYSTEM_FILE_KEYS = ("name", "description", "device", "levels")
@@ -177,8 +183,8 @@ def _device_from_table(path: Path, table: Mapping, name: str) -> Device:
         if key not in fields:
             raise _unknown(str(path), "device field", key, fields)
         kwargs[key] = _number(path, Device, key, key, entry)
-    missing = [k for k, f in fields.items()
-               if f.default is dataclasses.MISSING and k not in kwargs]
+    missing = [k for k, f in fields.items() if k not in kwargs and (
+        f.default is dataclasses.MISSING or k in DEVICE_FILE_REQUIRED)]
     if missing:
         raise ValueError(f"{path}: missing device field(s) {missing}")
     return _validate(Device(name=name, **kwargs), where=f"{path}")
@@ -278,8 +284,8 @@ def _level_from_table(path: Path, i: int, table: Mapping, nodes: int | None):
             kwargs[key] = code
             continue
         kwargs[key] = _number(path, NetLevel, key, f"{where}.{key}", entry)
-    missing = [k for k, f in _LEVEL_FIELDS.items()
-               if f.default is dataclasses.MISSING and k not in kwargs]
+    missing = [k for k, f in _LEVEL_FIELDS.items() if k not in kwargs and (
+        f.default is dataclasses.MISSING or k in LEVEL_FILE_REQUIRED)]
     if missing:
         raise ValueError(f"{path}: missing field(s) {[f'{where}.{m}' for m in missing]}")
     if scales and nodes is not None:

@@ -318,7 +318,7 @@ RANGES: dict[str, dict[str, Rule]] = {
         "base_latency": LATENCY,
         "flit_bytes": _real(0, 65536, "B", lo_open=True),
         "header_bytes": _real(0, 65536, "B"),
-        "max_payload_bytes": _real(1, 2.0 ** 32, "B"),
+        "max_payload_bytes": _real(1, 2.0 ** 50, "B"),       # huge = no packetisation
         "in_network_reduction": FLAG,
         "chunk_latency": LATENCY,
         "bw_per_node": _real(1e6, 1e15, "B/s", special=(0.0,)),   # 0 = no shared limit
@@ -447,12 +447,7 @@ def validate_device(dev: Device, where: str = "Device") -> Device:
     """
     if not isinstance(dev, Device):
         raise ValueError(f"{where}: expected a jaxmodel.Device, got {type(dev).__name__}")
-    validate_fields(dev, where)
-    pc, cc = dev.physical_core_count, dev.core_count
-    if _concrete_scalars(pc, cc) and float(pc) != 0 and float(pc) < float(cc):
-        raise ValueError(f"{where}: field 'physical_core_count' = {pc!r} is below "
-                         f"core_count = {cc!r} (0 means equal to core_count)")
-    return dev
+    return validate_fields(dev, where)
 
 
 # --------------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ from jaxmodel.batching import batched
 from jaxmodel.comm import topology as topo
 from jaxmodel.comm.link import effective_bw, overhead_factor
 from jaxmodel.numerics import INF, first_reason, reason_name, safe_div
-from jaxmodel.types import TOPOLOGIES, System, is_concrete, static_flag
+from jaxmodel.types import TOPOLOGIES, System, is_concrete, static_flag, validate_args
 
 __all__ = ["OPS", "ALGORITHMS", "ALGORITHM_CODES", "AUTO_ALGORITHM", "algorithm_code",
            "collective_latency", "collective_cost", "collective_feasible",
@@ -627,6 +627,7 @@ def collective_latency(system: System, op: str, nbytes, group_size, algorithm: s
         >>> jm.collective_latency(sys, "all_reduce", 2**26, 2, stride=8)  # DP across nodes
     """
     _canonical(op, algorithm)
+    validate_args(system, where="collective_latency")
     t, ok, why = _cost_batched(system, op, nbytes, group_size, algorithm, stride,
                                net=net_variant_of(system))
     if (is_concrete(system, nbytes, group_size, stride, algorithm) and np.ndim(t) == 0

@@ -48,6 +48,7 @@ import numpy as np
 from jaxmodel import numerics as nx
 from jaxmodel.batching import batched
 from jaxmodel.ops.systolic import systolic_cycles  # noqa: F401  (inlined below; the reference)
+from jaxmodel.types import validate_args
 
 # ------------------------------------------------------------------------------------------
 # Static candidate grid (independent of the problem shape; clipped to it at run time).
@@ -502,6 +503,7 @@ def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None)
     Example:
         >>> t = gemm_latency(hw_db.device("a100_80gb"), 2048, 12288, 12288)   # ≈ 2.3e-3
     """
+    validate_args(dev, where="gemm_latency")      # a concrete single device: clear errors
     return _gemm_batched(dev, m, n, k, batch, dtype_bytes, bool(overhead), soft,
                          not _is_one(batch))
 
