@@ -250,11 +250,8 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
         ...                  jm.Parallelism(tp=4), batch=8, prompt_len=2048, gen_len=256)
         >>> float(r.ttft_s), float(r.tpot_s), bool(r.feasible)
     """
-    validate_knobs("inference", batch=batch, prompt_len=prompt_len, gen_len=gen_len,
-                   dtype_bytes=dtype_bytes)
     if is_concrete(system, model, par, batch, prompt_len, gen_len) and batch_shape(
             system, model, par, batch, prompt_len, gen_len) == ():
-        validate_args(system, model, par, where="inference")
         ok, why = inference_feasibility(system, model, par, jnp.asarray(float(batch)),
                                         jnp.asarray(float(prompt_len)),
                                         jnp.asarray(float(gen_len)))
@@ -265,6 +262,9 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
                 f"n_heads={model.n_heads!r}, n_kv_heads={model.n_kv_heads!r}, "
                 f"n_layers={model.n_layers!r}; batch={batch!r}, prompt_len={prompt_len!r}, "
                 f"gen_len={gen_len!r}")
+        validate_args(system, model, par, where="inference")
+    validate_knobs("inference", batch=batch, prompt_len=prompt_len, gen_len=gen_len,
+                   dtype_bytes=dtype_bytes)
     return _inference(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes,
                       variant_of(model, par, system))
 
