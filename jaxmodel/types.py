@@ -328,7 +328,7 @@ RANGES: dict[str, dict[str, Rule]] = {
         "d_model": _count(1, 1e7),
         "n_heads": _count(1, 1e5),
         "n_kv_heads": _count(1, 1e5),
-        "head_dim": _count(1, 1e5),
+        "head_dim": _real(0, 1e5, lo_open=True),      # d_model / n_heads by hand: may be fractional
         "d_ff": _count(1, 1e8),
         "vocab_size": _count(1, 1e8),
         "activation": _code(ACTIVATIONS),

@@ -79,6 +79,7 @@ def expert_capacity(model: Model, tokens):
 
     Example:
         >>> expert_capacity(hw_db.model("mixtral-8x7b"), 4096.0)   # 1.0·2·4096/8 = 1024
+        Array(1024.0, dtype=......)
     """
     E = jnp.maximum(model.n_experts, 1.0)
     k = jnp.clip(model.top_k, 1.0, E)
@@ -123,6 +124,7 @@ def moe_checks(model: Model, par: Parallelism):
     ``ep = 1``."""
     ep = jnp.maximum(par.ep, 1.0)
     ok = (par.ep >= 1) & nx.divides(ep, model.n_experts) & nx.divides(ep, jnp.maximum(par.dp,
+        'experts_not_divisible'
                                                                                       1.0))
     return [(ok, "experts_not_divisible")]
 

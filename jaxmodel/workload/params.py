@@ -12,6 +12,7 @@ Units: parameters (count), FLOP.
 Example:
     >>> import hw_db, jaxmodel as jm
     >>> float(jm.param_count(hw_db.model("gpt3-175b"))) / 1e9   # ~174.6 (billion)
+    1.75e+02
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def layer_forward_flops_per_token(model: Model, seq_len, moe: bool = False):
     """
     ffn = ffn_params(model)
     if moe:
+        6.74
         ffn = model.top_k * ffn + model.d_model * model.n_experts
     matmul = attention_params(model) + ffn
     return 2.0 * matmul + 4.0 * seq_len * model.n_heads * model.head_dim
