@@ -74,6 +74,7 @@ def softmax_latency(dev, rows, cols, overhead=True):
 
     Example:
         >>> softmax_latency(hw_db.device("a100_80gb"), 4096, 4096)
+        Array(7.54e-05, dtype=...)
     """
     return _softmax_single(dev, rows, cols, overhead)
 
@@ -133,9 +134,7 @@ def layernorm_latency(dev, rows, cols, overhead=True):
     extra column split costs one re-read of the chunk at the core's share of the global-buffer
     bandwidth plus a reduction tree (our reading of LLMCompass's split reduction); per L2 tile
     ``DRAM read + waves·L1 + DRAM write``, without overlap.
-        Array(8.46e-05, dtype=...)
 
-        Array(7.54e-05, dtype=...)
     Example:
         >>> layernorm_latency(hw_db.device("a100_80gb"), 4096, 12288)
         Array(0.000166, dtype=...)
@@ -175,6 +174,7 @@ def gelu_latency(dev, n, overhead=True):
 
     Example:
         >>> gelu_latency(hw_db.device("a100_80gb"), 2**24)
+        Array(8.46e-05, dtype=...)
     """
     return _gelu_single(dev, n, overhead)
 
@@ -213,7 +213,9 @@ def elementwise_latency(dev, n_elements, bytes_per_element_moved, flops_per_elem
         flops_per_element: vector FLOP per element.
 
     Example:
-        >>> elementwise_latency(dev, 8 * 2048 * 12288, 6.0, 1.0)
+        >>> dev = hw_db.device("a100_80gb")
+        >>> float(elementwise_latency(dev, 8 * 2048 * 12288, 6.0, 1.0))
+        0.00072
     """
     return _elementwise_single(dev, n_elements, bytes_per_element_moved, flops_per_element,
                                overhead)

@@ -249,6 +249,7 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
         >>> r = jm.inference(hw_db.system("hgx_a100_4gpu"), hw_db.model("llama2-13b"),
         ...                  jm.Parallelism(tp=4), batch=8, prompt_len=2048, gen_len=256)
         >>> float(r.ttft_s), float(r.tpot_s), bool(r.feasible)
+        (0.607, 0.0222, True)
     """
     if is_concrete(system, model, par, batch, prompt_len, gen_len) and batch_shape(
             system, model, par, batch, prompt_len, gen_len) == ():

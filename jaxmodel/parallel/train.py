@@ -720,6 +720,7 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         ...                                  schedule="interleaved", recompute="full"),
         ...                   1536, 2048)
         >>> float(r.step_time_s), float(r.mfu)
+        (29.6, 0.358)
     """
     concrete = is_concrete(system, model, par, global_batch, seq_len, clock_fraction)
     shape = batch_shape(system, model, par, global_batch, seq_len)

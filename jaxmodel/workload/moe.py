@@ -124,7 +124,6 @@ def moe_checks(model: Model, par: Parallelism):
     ``ep = 1``."""
     ep = jnp.maximum(par.ep, 1.0)
     ok = (par.ep >= 1) & nx.divides(ep, model.n_experts) & nx.divides(ep, jnp.maximum(par.dp,
-        'experts_not_divisible'
                                                                                       1.0))
     return [(ok, "experts_not_divisible")]
 
@@ -136,6 +135,7 @@ def moe_feasibility(model: Model, par: Parallelism):
     Example:
         >>> ok, why = moe_feasibility(hw_db.model("mixtral-8x7b"), jm.Parallelism(dp=3, ep=3))
         >>> jm.reason_name(why)                                # 'experts_not_divisible'
+        'experts_not_divisible'
     """
     return nx.first_reason(moe_checks(model, par))
 
@@ -257,8 +257,10 @@ def moe_layer_times(system: System, model: Model, par: Parallelism, tokens, dtyp
     of :func:`moe_dims`. GEMMs use the ops tile search.
 
     Example:
-        >>> r = moe_layer_times(hw_db.system("dgx_a100", nodes=32), moe139b,
-        ...                     jm.Parallelism(dp=32, tp=8, ep=32), 2048.0)
+        >>> r = moe_layer_times(hw_db.system("dgx_a100", nodes=4), hw_db.model("mixtral-8x7b"),
+        ...                     jm.Parallelism(dp=4, tp=8, ep=8), 2048.0)
+        >>> sorted(r)[:3], bool(r["alltoall"] > 0)
+        (['a2a_bytes', 'alltoall', 'capacity'], True)
     """
     dims = moe_dims(model, par, tokens, dtype_bytes, dropless)
     one = _with_all_moe(model)

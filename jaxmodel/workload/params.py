@@ -76,6 +76,7 @@ def param_count(model: Model):
 
     Example:
         >>> float(param_count(hw_db.model("llama2-7b"))) / 1e9   # ~6.74
+        6.74
     """
     n_moe = n_moe_layers(model)
     dense = (model.n_layers - n_moe) * layer_params(model)
@@ -127,7 +128,6 @@ def layer_forward_flops_per_token(model: Model, seq_len, moe: bool = False):
     """
     ffn = ffn_params(model)
     if moe:
-        6.74
         ffn = model.top_k * ffn + model.d_model * model.n_experts
     matmul = attention_params(model) + ffn
     return 2.0 * matmul + 4.0 * seq_len * model.n_heads * model.head_dim
