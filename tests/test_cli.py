@@ -97,11 +97,7 @@ def test_unwritable_out_is_checked_before_computing(tmp_path, capsys, monkeypatc
     blocker = tmp_path / "file"
     blocker.write_text("x")
     called = []
-    monkeypatch.setattr(cli, "cmd_sweep", lambda a: called.append(a))
-    p = cli.parser()
-    for sub in p._subparsers._group_actions[0].choices.values():
-        if sub.get_default("func") is not None and sub.prog.endswith("sweep"):
-            sub.set_defaults(func=cli.cmd_sweep)
+    monkeypatch.setattr(cli, "cmd_sweep", lambda a: called.append(a))   # parser() reads it
     code, _ = run("sweep", "examples/sweep_gemm.toml", "--out", str(blocker / "res.csv"))
     assert code == 2 and not called
     assert "not a directory" in capsys.readouterr().err
