@@ -225,7 +225,7 @@ def device(name_or_path: str | Path = "a100_80gb", **overrides) -> Device:
         >>> hw_db.device("a100_80gb", mem_bw_efficiency=5)
         Traceback (most recent call last):
         ...
-        ValueError: ...a100_80gb.toml (overrides): field 'mem_bw_efficiency' = 5 is too large: must be <= 1
+        ValueError: ... (overrides): field 'mem_bw_efficiency' = 5 is too large: must be <= 1
     """
     path = _resolve("device", name_or_path)
     data = load_toml(path)

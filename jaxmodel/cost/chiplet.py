@@ -32,7 +32,8 @@ Example:
     (skipped as a doctest: the CATCH library lives in ``shared/anchors`` beside the repository)
 
     >>> lib = "shared/anchors/chiplet_cost_library"
-    >>> r = chiplet_cost(f"{lib}/examples/sip.xml", f"{lib}/examples/netlist.xml", lib)  # doctest: +SKIP
+    >>> sip, netlist = f"{lib}/examples/sip.xml", f"{lib}/examples/netlist.xml"
+    >>> r = chiplet_cost(sip, netlist, lib)      # doctest: +SKIP
     >>> float(r.total_usd)                       # doctest: +SKIP
     66.2
 """

@@ -54,7 +54,7 @@ def validate_device_for_ops(dev, where: str = "Device"):
         >>> validate_device_for_ops(dev)
         Traceback (most recent call last):
         ...
-        ValueError: Device: field 'local_buffer_bytes' = 1024.0 is too small for any GEMM tile (needs >= 1152 bytes)
+        ValueError: Device: field 'local_buffer_bytes' = 1024.0 is too small for any GEMM tile ...
     """
     validate_device(dev, where)
     need_local = np.asarray(min_local_bytes(np.asarray(dev.sa_rows, dtype=float),
