@@ -2,41 +2,96 @@
 
 Layout::
 
-    hw_db/devices/<name>.toml   one accelerator: ``[device]`` table, every value ``{value, source}``
+    hw_db/devices/<name>.toml   one accelerator: ``[device]`` table, every value
+                                ``{value, source}`` (optionally ``unit``)
     hw_db/systems/<name>.toml   a device name + one ``[[levels]]`` table per network tier
     hw_db/models/<name>.json    a Hugging Face ``config.json``
     hw_db/tech/                 process nodes, memory, packaging and cost data
 
 Loaders validate concrete values and raise ``ValueError`` naming the file, the field and the
-value. Values are converted to SI units here and nowhere else.
+value: wrong types, strings for booleans, non-finite or out-of-range magnitudes (the ranges
+of ``jaxmodel.types.RANGES``), unknown keys (with the closest known key suggested). A value
+may carry an explicit ``unit`` (``{ value = 1410, unit = "MHz", source = ... }``), converted
+to SI here and nowhere else; without ``unit`` values are SI (Hz, bytes, bytes/s, s, W, nm).
 
 Example:
-    >>> import hw_db
     >>> dev = hw_db.device("a100_80gb")
+    >>> float(dev.freq_hz)
+    1410000000.0
     >>> sys = hw_db.system("dgx_a100", nodes=2)
+    >>> float(sys.n_devices)
+    16.0
     >>> m = hw_db.model("gpt3-175b")
+    >>> int(m.n_layers), int(m.d_model)
+    (96, 12288)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import tomllib
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from jaxmodel.types import Device, Model, NetLevel, System, validate_model, validate_system
+from jaxmodel.types import (Device, Model, NetLevel, System, check_value, rule_of,
+                            validate_model, validate_system)
 
 ROOT = Path(__file__).resolve().parent
 _KINDS = {"device": ("devices", ".toml"), "system": ("systems", ".toml"),
           "model": ("models", ".json")}
 
-__all__ = ["device", "system", "model", "names", "load_toml", "ROOT"]
+__all__ = ["device", "system", "model", "names", "load_toml", "to_si", "UNITS", "ROOT",
+           "HF_MODELLED_KEYS", "HF_HARMLESS_KEYS"]
+
+# Explicit units a ``{value, unit}`` entry may carry: unit -> (dimension, factor to SI).
+UNITS: dict[str, tuple[str, float]] = {
+    "Hz": ("Hz", 1.0), "kHz": ("Hz", 1e3), "MHz": ("Hz", 1e6), "GHz": ("Hz", 1e9),
+    "B": ("B", 1.0), "KB": ("B", 1e3), "kB": ("B", 1e3), "MB": ("B", 1e6), "GB": ("B", 1e9),
+    "TB": ("B", 1e12), "KiB": ("B", 2.0 ** 10), "MiB": ("B", 2.0 ** 20),
+    "GiB": ("B", 2.0 ** 30), "TiB": ("B", 2.0 ** 40),
+    "B/s": ("B/s", 1.0), "KB/s": ("B/s", 1e3), "kB/s": ("B/s", 1e3), "MB/s": ("B/s", 1e6),
+    "GB/s": ("B/s", 1e9), "TB/s": ("B/s", 1e12), "KiB/s": ("B/s", 2.0 ** 10),
+    "MiB/s": ("B/s", 2.0 ** 20), "GiB/s": ("B/s", 2.0 ** 30),
+    "Mb/s": ("B/s", 1e6 / 8), "Gb/s": ("B/s", 1e9 / 8), "Tb/s": ("B/s", 1e12 / 8),
+    "Gbit/s": ("B/s", 1e9 / 8),
+    "s": ("s", 1.0), "ms": ("s", 1e-3), "us": ("s", 1e-6), "µs": ("s", 1e-6),
+    "ns": ("s", 1e-9),
+    "W": ("W", 1.0), "kW": ("W", 1e3), "nm": ("nm", 1.0),
+}
+_ENTRY_KEYS = ("value", "source", "unit")
+# Calibrated constants a file must state even though the dataclass has a default: the
+# defaults (efficiency 1, no overheads) are the idealised values of a hand-built config, and
+# a file silently falling back to them would be optimistic without saying so.
+DEVICE_FILE_REQUIRED = ("mem_bw_efficiency", "matmul_overhead_s", "softmax_overhead_s",
+                        "layernorm_overhead_s", "gelu_overhead_s")
+LEVEL_FILE_REQUIRED = ("efficiency", "base_latency", "chunk_latency")
+# Top-level keys of the files (extend here when a file format grows a table).
+DEVICE_FILE_KEYS = ("name", "description", "device")
+SYSTEM_FILE_KEYS = ("name", "description", "device", "levels")
+LEVEL_META_KEYS = ("name", "description", "scales_with_nodes")
+
+
+def _suggest(key: str, known) -> str:
+    close = difflib.get_close_matches(str(key), [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _unknown(where: str, what: str, key: str, known) -> ValueError:
+    return ValueError(f"{where}: unknown {what} '{key}'{_suggest(key, known)}; known: "
+                      f"{sorted(known)}")
 
 
 def names(kind: str = "device") -> list[str]:
-    """Names available for ``kind`` in ``{"device", "system", "model"}``, sorted."""
+    """Names available for ``kind`` in ``{"device", "system", "model"}``, sorted.
+
+    Example:
+        >>> hw_db.names("system")[:3]
+        ['a100_dgx_vidur', 'dgx_a100', 'dgx_a100_40gb']
+    """
     if kind not in _KINDS:
         raise ValueError(f"kind={kind!r} is not one of {sorted(_KINDS)}")
     folder, ext = _KINDS[kind]
@@ -45,13 +100,17 @@ def names(kind: str = "device") -> list[str]:
 
 def _resolve(kind: str, name_or_path: str | Path) -> Path:
     folder, ext = _KINDS[kind]
+    if not isinstance(name_or_path, (str, Path)):
+        raise ValueError(f"{kind} must be a hw_db name or a {ext} path, got "
+                         f"{name_or_path!r}")
     p = Path(name_or_path)
     if p.suffix == ext and p.exists():
         return p
     cand = ROOT / folder / f"{name_or_path}{ext}"
     if cand.exists():
         return cand
-    raise ValueError(f"unknown {kind} {str(name_or_path)!r}; available: {names(kind)} "
+    hint = _suggest(str(name_or_path), names(kind))
+    raise ValueError(f"unknown {kind} {str(name_or_path)!r}{hint}; available: {names(kind)} "
                      f"(or a path to a {ext} file)")
 
 
@@ -62,36 +121,73 @@ def load_toml(path: Path) -> dict:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: malformed TOML: {e}") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read: {e.strerror}") from None
 
 
-def _number(path: Path, field: str, entry: Any) -> float:
-    """Extract the value of a ``{value, source}`` entry, checking type and source note."""
+def to_si(value: float, unit: str, dim: str, where: str = "value") -> float:
+    """Convert ``value`` given in ``unit`` to SI, checking that the unit measures ``dim``.
+
+    Example:
+        >>> hw_db.to_si(1410, "MHz", "Hz")
+        1410000000.0
+        >>> hw_db.to_si(200, "Gb/s", "B/s")
+        25000000000.0
+    """
+    if not isinstance(unit, str) or unit not in UNITS:
+        raise ValueError(f"{where}: unknown unit {unit!r}{_suggest(str(unit), UNITS)}; "
+                         f"known: {sorted(UNITS)}")
+    udim, factor = UNITS[unit]
+    if not dim:
+        raise ValueError(f"{where}: is dimensionless, so unit={unit!r} does not apply "
+                         "(remove the 'unit' key)")
+    if udim != dim:
+        allowed = [u for u, (d, _) in UNITS.items() if d == dim]
+        raise ValueError(f"{where}: unit {unit!r} measures {udim}, this field is in {dim} "
+                         f"(use one of {allowed})")
+    return float(value) * factor
+
+
+def _number(path: Path, cls, field: str, shown: str, entry: Any) -> float:
+    """The SI value of a ``{value, source[, unit]}`` entry of ``cls.field``, checked."""
+    where = f"{path}: field '{shown}'"
     if not isinstance(entry, Mapping) or "value" not in entry:
-        raise ValueError(f"{path}: field '{field}' must be a table {{value = ..., source = ...}},"
-                         f" got {entry!r}")
+        raise ValueError(f"{where} must be a table {{value = ..., source = ...}}, got "
+                         f"{entry!r}")
+    for k in entry:
+        if k not in _ENTRY_KEYS:
+            raise _unknown(where, "key", k, _ENTRY_KEYS)
     if not str(entry.get("source", "")).strip():
-        raise ValueError(f"{path}: field '{field}' has no 'source' note")
+        raise ValueError(f"{where} has no 'source' note")
     v = entry["value"]
+    rule = rule_of(cls, field)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"{path}: field '{field}' must be a number, got {v!r}")
+        kind = "a number" if v is not None else "a number, got nothing"
+        raise ValueError(f"{where} must be {kind}, got {v!r}")
     if not math.isfinite(v):
-        raise ValueError(f"{path}: field '{field}' must be finite, got {v!r}")
-    return float(v)
+        raise ValueError(f"{where} must be finite, got {v!r}")
+    si = float(v)
+    unit = entry.get("unit")
+    if unit is not None:
+        si = to_si(v, unit, rule.dim, where)
+    check_value(str(path), shown, si, rule)
+    return si
 
 
 def _device_from_table(path: Path, table: Mapping, name: str) -> Device:
+    if not isinstance(table, Mapping):
+        raise ValueError(f"{path}: [device] must be a table, got {table!r}")
     fields = {f.name: f for f in dataclasses.fields(Device) if f.name != "name"}
     kwargs = {}
     for key, entry in table.items():
         if key not in fields:
-            raise ValueError(f"{path}: unknown device field '{key}'; known: {sorted(fields)}")
-        kwargs[key] = _number(path, key, entry)
-    missing = [k for k, f in fields.items()
-               if f.default is dataclasses.MISSING and k not in kwargs]
+            raise _unknown(str(path), "device field", key, fields)
+        kwargs[key] = _number(path, Device, key, key, entry)
+    missing = [k for k, f in fields.items() if k not in kwargs and (
+        f.default is dataclasses.MISSING or k in DEVICE_FILE_REQUIRED)]
     if missing:
         raise ValueError(f"{path}: missing device field(s) {missing}")
-    dev = Device(name=name, **kwargs)
-    return _validate(dev, where=f"{path}")
+    return _validate(Device(name=name, **kwargs), where=f"{path}")
 
 
 def _validate(dev: Device, where: str) -> Device:
@@ -100,22 +196,48 @@ def _validate(dev: Device, where: str) -> Device:
     return validate_device_for_ops(dev, where=where)
 
 
+def _name_of(path: Path, data: Mapping) -> str:
+    name = data.get("name", path.stem)
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{path}: field 'name' must be a non-empty string, got {name!r}")
+    return name
+
+
+def _check_top(path: Path, data: Mapping, known) -> None:
+    for k in data:
+        if k not in known:
+            raise _unknown(str(path), "top-level key", k, known)
+    if "description" in data and not isinstance(data["description"], str):
+        raise ValueError(f"{path}: field 'description' must be a string, got "
+                         f"{data['description']!r}")
+
+
 def device(name_or_path: str | Path = "a100_80gb", **overrides) -> Device:
     """Load a device by hw_db name or TOML path; ``overrides`` replace fields (SI units).
 
     Raises:
         ValueError: unknown name, malformed file, missing/unknown field, or a value out of
             range — the message names the file, the field and the value.
+
+    Example:
+        >>> float(hw_db.device("h100_sxm", mem_bw=4e12).mem_bw)
+        4000000000000.0
+        >>> hw_db.device("a100_80gb", mem_bw_efficiency=5)
+        Traceback (most recent call last):
+        ...
+        ValueError: ... (overrides): field 'mem_bw_efficiency' = 5 is too large: must be <= 1
     """
     path = _resolve("device", name_or_path)
     data = load_toml(path)
+    _check_top(path, data, DEVICE_FILE_KEYS)
     if "device" not in data:
         raise ValueError(f"{path}: missing [device] table")
-    dev = _device_from_table(path, data["device"], data.get("name", path.stem))
+    dev = _device_from_table(path, data["device"], _name_of(path, data))
     if overrides:
-        unknown = set(overrides) - {f.name for f in dataclasses.fields(Device)}
-        if unknown:
-            raise ValueError(f"device override: unknown field(s) {sorted(unknown)}")
+        known = [f.name for f in dataclasses.fields(Device) if f.name != "name"]
+        for k in overrides:
+            if k not in known:
+                raise _unknown("device override", "field", k, known)
         dev = _validate(dataclasses.replace(dev, **overrides), where=f"{path} (overrides)")
     return dev
 
@@ -123,30 +245,47 @@ def device(name_or_path: str | Path = "a100_80gb", **overrides) -> Device:
 _LEVEL_FIELDS = {f.name: f for f in dataclasses.fields(NetLevel)}
 
 
-def _level_from_table(path: Path, i: int, table: Mapping, nodes: int | None) -> NetLevel:
-    kwargs = {}
+def _level_from_table(path: Path, i: int, table: Mapping, nodes: int | None):
     where = f"levels[{i}]"
-    scales = False
+    if not isinstance(table, Mapping):
+        raise ValueError(f"{path}: '{where}' must be a table ([[levels]]), got {table!r}")
+    kwargs = {}
+    scales = table.get("scales_with_nodes", False)
+    if not isinstance(scales, bool):
+        raise ValueError(f"{path}: field '{where}.scales_with_nodes' must be true or false, "
+                         f"got {scales!r}")
+    for key in ("name", "description"):
+        if key in table and not isinstance(table[key], str):
+            raise ValueError(f"{path}: field '{where}.{key}' must be a string, got "
+                             f"{table[key]!r}")
     for key, entry in table.items():
-        if key in ("name", "description"):
-            continue
-        if key == "scales_with_nodes":
-            scales = bool(entry)
+        if key in LEVEL_META_KEYS:
             continue
         if key not in _LEVEL_FIELDS:
-            raise ValueError(f"{path}: unknown field '{where}.{key}'; known: "
-                             f"{sorted(_LEVEL_FIELDS)} and 'scales_with_nodes'")
+            raise _unknown(str(path), "field", f"{where}.{key}",
+                           [f"{where}.{k}" for k in list(_LEVEL_FIELDS) + list(
+                               LEVEL_META_KEYS)])
         if key == "topology":
             val = entry.get("value") if isinstance(entry, Mapping) else entry
+            if isinstance(entry, Mapping):
+                for k in entry:
+                    if k not in ("value", "source"):
+                        raise _unknown(f"{path}: field '{where}.topology'", "key", k,
+                                       ("value", "source"))
             try:
-                kwargs[key] = NetLevel(size=1, topology=val, bw_per_device=1,
-                                       link_latency=0).topology
+                if isinstance(val, bool) or not isinstance(val, (str, int, float)):
+                    raise ValueError(f"topology={val!r} must be a name or a code")
+                code = NetLevel(size=1, topology=val, bw_per_device=1,
+                                link_latency=0).topology
+                check_value(str(path), f"{where}.topology", code, rule_of(NetLevel,
+                                                                          "topology"))
             except ValueError as e:
                 raise ValueError(f"{path}: field '{where}.topology': {e}") from None
+            kwargs[key] = code
             continue
-        kwargs[key] = _number(path, f"{where}.{key}", entry)
-    missing = [k for k, f in _LEVEL_FIELDS.items()
-               if f.default is dataclasses.MISSING and k not in kwargs]
+        kwargs[key] = _number(path, NetLevel, key, f"{where}.{key}", entry)
+    missing = [k for k, f in _LEVEL_FIELDS.items() if k not in kwargs and (
+        f.default is dataclasses.MISSING or k in LEVEL_FILE_REQUIRED)]
     if missing:
         raise ValueError(f"{path}: missing field(s) {[f'{where}.{m}' for m in missing]}")
     if scales and nodes is not None:
@@ -162,28 +301,50 @@ def system(name_or_path: str | Path = "hgx_a100_4gpu", nodes: int | None = None,
         name_or_path: hw_db system name or a TOML path.
         nodes: number of nodes; sets the size of the level marked ``scales_with_nodes``.
         device_overrides: fields to replace in the device (SI units).
+
+    Example:
+        >>> s = hw_db.system("dgx_h100", nodes=4)
+        >>> s.device.name, [float(l.size) for l in s.levels]
+        ('h100_sxm', [8.0, 4.0])
     """
     path = _resolve("system", name_or_path)
+    if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int)
+                              or nodes < 1):
+        raise ValueError(f"system {path.stem}: nodes must be an integer >= 1, got {nodes!r}")
     data = load_toml(path)
+    _check_top(path, data, SYSTEM_FILE_KEYS)
     if "device" not in data:
         raise ValueError(f"{path}: missing 'device' (a hw_db device name)")
-    dev = device(data["device"], **dict(device_overrides or {}))
+    if not isinstance(data["device"], str):
+        raise ValueError(f"{path}: field 'device' must be a hw_db device name or a TOML "
+                         f"path (a string), got {data['device']!r}")
+    try:
+        dev = device(data["device"], **dict(device_overrides or {}))
+    except ValueError as e:
+        raise ValueError(f"{path}: field 'device': {e}") from None
+    levels_data = data.get("levels", [])
+    if not isinstance(levels_data, list):
+        raise ValueError(f"{path}: 'levels' must be an array of tables ([[levels]]), got "
+                         f"{levels_data!r}")
     levels = []
     scalable = False
-    for i, tbl in enumerate(data.get("levels", [])):
+    for i, tbl in enumerate(levels_data):
         lvl, scales = _level_from_table(path, i, tbl, nodes)
         scalable |= scales
         levels.append(lvl)
-    if nodes is not None:
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-            raise ValueError(f"system {path.stem}: nodes must be an integer >= 1, got {nodes!r}")
-        if not scalable and nodes != 1:
-            raise ValueError(f"{path}: system has no level marked 'scales_with_nodes', "
-                             f"so nodes={nodes} cannot be applied")
-    sys_ = System(device=dev, levels=tuple(levels), name=data.get("name", path.stem))
+    if sum(bool(t.get("scales_with_nodes", False)) for t in levels_data
+           if isinstance(t, Mapping)) > 1:
+        raise ValueError(f"{path}: more than one level is marked 'scales_with_nodes'")
+    if nodes is not None and not scalable and nodes != 1:
+        raise ValueError(f"{path}: system has no level marked 'scales_with_nodes', "
+                         f"so nodes={nodes} cannot be applied")
+    sys_ = System(device=dev, levels=tuple(levels), name=_name_of(path, data))
     return validate_system(sys_, where=str(path))
 
 
+# ---------------------------------------------------------------------------------------------
+# Hugging Face config.json
+# ---------------------------------------------------------------------------------------------
 # HF config keys → Model fields (first key found wins).
 _HF_KEYS = {
     "n_layers": ("num_hidden_layers", "n_layer", "num_layers"),
@@ -198,19 +359,130 @@ _HF_KEYS = {
     "moe_every": ("decoder_sparse_step",),
     "capacity_factor": ("capacity_factor",),
 }
+# Keys that change compute, memory or communication and are modelled.
+HF_MODELLED_KEYS = frozenset(k for keys in _HF_KEYS.values() for k in keys) | {
+    "hidden_act", "activation_function", "tie_word_embeddings", "model_type"}
+# Keys that do not change the cost of a step at a given sequence length, batch and precision:
+# names and bookkeeping, tokenizer ids, the checkpoint's storage dtype (the run's precision is
+# an argument of the call), the maximal context (the call gives the sequence length),
+# position-encoding constants (RoPE scaling rescales angles: same FLOPs), normalisation
+# epsilons, initialisation, dropout probabilities (dropout kernels are a train_step option),
+# the MoE auxiliary-loss knobs, Llama's ``pretraining_tp`` (a numerically equivalent split of
+# the same GEMMs), small biases, and GPT-2's classification-head and attention-scaling flags.
+HF_HARMLESS_KEYS = frozenset({
+    "_source", "_name_or_path", "name", "architectures", "transformers_version",
+    "torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+    "unk_token_id", "decoder_start_token_id", "tokenizer_class", "max_position_embeddings",
+    "n_positions", "n_ctx", "max_sequence_length", "seq_length", "rope_theta",
+    "rope_scaling", "rotary_pct", "rotary_emb_base", "rope_type", "partial_rotary_factor",
+    "position_embedding_type", "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps",
+    "initializer_range", "use_cache", "attention_dropout", "hidden_dropout",
+    "hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop",
+    "attn_pdrop", "summary_type", "summary_use_proj", "summary_activation",
+    "summary_proj_to_labels", "summary_first_dropout", "task_specific_params",
+    "scale_attn_weights", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx",
+    "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
+    "router_z_loss_coef", "pretraining_tp", "attention_bias", "mlp_bias", "bias",
+    "id2label", "label2id", "is_decoder", "is_encoder_decoder", "return_dict",
+    "output_attentions", "output_hidden_states", "torchscript", "use_return_dict",
+    "gradient_checkpointing", "prefix", "finetuning_task", "problem_type",
+})
+# Structural keys that are harmless only when they switch the feature off.
+_HF_OFF_WHEN_FALSY = frozenset({"sliding_window", "use_sliding_window", "max_window_layers",
+                                "quantization_config", "num_shared_experts",
+                                "n_shared_experts", "shared_expert_intermediate_size"})
+# Architectures (HF ``model_type``) whose MLP is gated: ``down(act(gate(x)) * up(x))``, three
+# matrices. With ``hidden_act = "silu"`` that is SwiGLU (Shazeer, "GLU Variants Improve
+# Transformer", 2020), as in HF's ``LlamaMLP``/``MistralMLP``/``MixtralBlockSparseTop2MLP``.
+GATED_MLP_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe",
+                                   "qwen3", "qwen3_moe", "olmo", "olmo2", "granite", "gemma",
+                                   "gemma2"})
+# Architectures with a plain two-matrix MLP ``fc2(act(fc1(x)))``.
+PLAIN_MLP_MODEL_TYPES = frozenset({"gpt2", "gpt3", "gpt_neox", "gptj", "gpt_bigcode", "opt",
+                                   "bloom", "falcon", "phi", "starcoder2", "codegen"})
+_GELU_NAMES = frozenset({"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast",
+                         "gelu_accurate", "quick_gelu"})
 
 
-def model(name_or_config: str | Path | Mapping = "gpt3-175b") -> Model:
+def _activation(cfg: Mapping, where: str) -> str:
+    """The FFN kind (``"gelu"`` or ``"swiglu"``) of a HF config.
+
+    A SiLU activation means a gated SiLU FFN (SwiGLU, three matrices) in the architectures of
+    :data:`GATED_MLP_MODEL_TYPES` and whenever ``model_type`` is absent and the key is HF's
+    ``hidden_act`` (the Llama-family spelling); a GELU activation in a plain architecture is
+    the two-matrix GELU FFN. A ReLU FFN, a non-gated SiLU FFN and a gated GELU FFN (GeGLU)
+    are not modelled and are rejected.
+    """
+    key = "hidden_act" if "hidden_act" in cfg else (
+        "activation_function" if "activation_function" in cfg else None)
+    act = cfg.get(key, "gelu") if key else "gelu"
+    mtype = cfg.get("model_type")
+    if mtype is not None and not isinstance(mtype, str):
+        raise ValueError(f"{where}: field 'model_type' must be a string, got {mtype!r}")
+    if not isinstance(act, str):
+        raise ValueError(f"{where}: field '{key}' must be a string, got {act!r}")
+    a = act.lower()
+    if mtype in GATED_MLP_MODEL_TYPES or mtype in PLAIN_MLP_MODEL_TYPES:
+        gated = mtype in GATED_MLP_MODEL_TYPES
+    else:                       # unknown architecture: HF's Llama-family spelling decides
+        gated = key == "hidden_act"
+    if a in ("silu", "swish"):
+        if gated:
+            return "swiglu"
+        raise ValueError(f"{where}: field '{key}' = {act!r}: a non-gated SiLU FFN "
+                         f"(model_type={mtype!r}) is not modelled (only SwiGLU, the gated "
+                         "SiLU FFN of Llama-family architectures)")
+    if a in _GELU_NAMES:
+        if gated and mtype is not None:
+            raise ValueError(f"{where}: field '{key}' = {act!r}: a gated GELU FFN (GeGLU, "
+                             f"model_type={mtype!r}) is not modelled")
+        return "gelu"
+    raise ValueError(f"{where}: field '{key}' = {act!r} is not modelled (GELU and gated SiLU "
+                     "= SwiGLU are)")
+
+
+def _check_hf_keys(cfg: Mapping, where: str, strict: bool) -> None:
+    for key, val in cfg.items():
+        if key in HF_MODELLED_KEYS or key in HF_HARMLESS_KEYS:
+            continue
+        if key in _HF_OFF_WHEN_FALSY and (val is None or val is False or val == 0
+                                          or val == {}):
+            continue
+        known = sorted(HF_MODELLED_KEYS | HF_HARMLESS_KEYS)
+        msg = (f"{where}: key '{key}' = {val!r} may change compute, memory or communication "
+               f"and is not modelled{_suggest(key, known)}")
+        if strict:
+            raise ValueError(msg + " (hw_db.model(..., strict=False) downgrades this to a "
+                             "warning)")
+        warnings.warn(msg, stacklevel=3)
+
+
+def model(name_or_config: str | Path | Mapping = "gpt3-175b", strict: bool = True) -> Model:
     """Load a model by hw_db name, from a HF ``config.json`` path, or from its dict.
 
     Reads ``num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads,
-    intermediate_size, vocab_size, hidden_act, num_local_experts, num_experts_per_tok,
-    decoder_sparse_step`` and GPT-2's ``n_layer, n_embd, n_head``. Missing
-    ``intermediate_size`` defaults to ``4·hidden`` and missing KV heads to the query heads.
+    head_dim, intermediate_size, vocab_size, hidden_act, num_local_experts,
+    num_experts_per_tok, decoder_sparse_step, tie_word_embeddings`` and GPT-2's ``n_layer,
+    n_embd, n_head, n_inner, activation_function``. Missing ``intermediate_size`` defaults to
+    ``4·hidden`` and missing KV heads to the query heads. Every other key must be listed in
+    :data:`HF_HARMLESS_KEYS` (it does not change the cost); a key that may change compute,
+    memory or communication and is not modelled raises ``ValueError`` naming it
+    (``strict=False``: a warning). See :func:`_activation` for how ``silu`` is read.
+
+    Example:
+        >>> m = hw_db.model({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+        ...                  "num_attention_heads": 4, "vocab_size": 100, "hidden_act": "silu"})
+        >>> int(m.d_ff), float(m.ffn_matrices)
+        (256, 3.0)
+        >>> hw_db.model({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        ...              "vocab_size": 100, "sliding_window": 4096})
+        Traceback (most recent call last):
+        ...
+        ValueError: model config: key 'sliding_window' = 4096 may change compute, ...
     """
     if isinstance(name_or_config, Mapping):
-        cfg, where, name = dict(name_or_config), "model config", name_or_config.get(
-            "_name_or_path", name_or_config.get("name", "custom"))
+        cfg, where = dict(name_or_config), "model config"
+        name = cfg.get("_name_or_path", cfg.get("name", "custom"))
     else:
         path = _resolve("model", name_or_config)
         try:
@@ -220,30 +492,35 @@ def model(name_or_config: str | Path | Mapping = "gpt3-175b") -> Model:
         where, name = str(path), path.stem
     if not isinstance(cfg, Mapping):
         raise ValueError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
+    _check_hf_keys(cfg, where, strict)
 
     def get(field, default=None):
         for key in _HF_KEYS[field]:
             if cfg.get(key) is not None:
                 v = cfg[key]
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-                    raise ValueError(f"{where}: field '{key}' must be a positive number, "
-                                     f"got {v!r}")
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise ValueError(f"{where}: field '{key}' must be a number, got {v!r}")
+                check_value(where, key, float(v), rule_of(Model, field))
                 return float(v)
         if default is None:
             raise ValueError(f"{where}: missing field '{_HF_KEYS[field][0]}'")
         return float(default)
 
+    tied = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise ValueError(f"{where}: field 'tie_word_embeddings' must be true or false, got "
+                         f"{tied!r}")
     d_model = get("d_model")
     n_heads = get("n_heads")
-    act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu")))
-    try:
-        m = Model(
-            n_layers=get("n_layers"), d_model=d_model, n_heads=n_heads,
-            n_kv_heads=get("n_kv_heads", n_heads), head_dim=get("head_dim", d_model / n_heads),
-            d_ff=get("d_ff", 4 * d_model), vocab_size=get("vocab_size"),
-            activation=act, n_experts=get("n_experts", 1), top_k=get("top_k", 1),
-            moe_every=get("moe_every", 1), capacity_factor=get("capacity_factor", 1.0),
-            tied_embeddings=float(bool(cfg.get("tie_word_embeddings", False))), name=str(name))
-    except ValueError as e:
-        raise ValueError(f"{where}: field 'hidden_act': {e}") from None
+    head_dim = get("head_dim", d_model / n_heads)
+    if "head_dim" not in cfg and d_model % n_heads:
+        raise ValueError(f"{where}: field 'hidden_size' = {d_model:g} is not divisible by "
+                         f"num_attention_heads = {n_heads:g}; give 'head_dim'")
+    m = Model(n_layers=get("n_layers"), d_model=d_model, n_heads=n_heads,
+              n_kv_heads=get("n_kv_heads", n_heads), head_dim=head_dim,
+              d_ff=get("d_ff", 4 * d_model), vocab_size=get("vocab_size"),
+              activation=_activation(cfg, where), n_experts=get("n_experts", 1),
+              top_k=get("top_k", 1), moe_every=get("moe_every", 1),
+              capacity_factor=get("capacity_factor", 1.0), tied_embeddings=float(tied),
+              name=str(name))
     return validate_model(m, where=where)

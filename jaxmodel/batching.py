@@ -13,7 +13,9 @@ Example:
     >>> @batched
     ... def peak(dev):
     ...     return dev.peak_matrix_flops
-    >>> peak(dataclasses.replace(dev, core_count=jnp.array([64., 108.])))  # shape (2,)
+    >>> dev = hw_db.device("a100_80gb")
+    >>> peak(dataclasses.replace(dev, core_count=jnp.array([64., 108.]))).shape
+    (2,)
 """
 
 from __future__ import annotations

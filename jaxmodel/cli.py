@@ -20,7 +20,7 @@ parameter names decide how each argument is built (``system``, ``dev``/``device`
 
     function = "inference"
     system = "hgx_a100_4gpu"     # or device = "a100_80gb" for device-level functions
-    model = "gpt3-175b"
+    model = "llama2-13b"
     [parallelism]
     tp = 4
     [args]
@@ -33,6 +33,11 @@ parameter names decide how each argument is built (``system``, ``dev``/``device`
 
 A co-design spec adds ``[codesign]`` with ``objective`` (a name from
 :data:`jaxmodel.search.objectives.OBJECTIVES`), ``steps``, ``n_starts``, and ``[bounds]``.
+Both kinds ship in ``examples/`` (``sweep_inference.toml``, ``codesign.toml``).
+
+Errors in the arguments or the files print ``jaxmodel: error: ...`` and exit with status 2
+(no traceback); a prediction that is infeasible (e.g. out of memory) is printed, explained on
+stderr with the option to change, and exits with status 1.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import inspect
 import io
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -61,8 +67,8 @@ def to_jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
         if "reason" in out and isinstance(out["reason"], int):
-            from jaxmodel.numerics import REASONS
-            out["reason_name"] = REASONS[out["reason"]] if out["reason"] < len(REASONS) else "?"
+            out["reason_code"] = out["reason"]
+            out["reason"] = _reason_name(out["reason"])
         return out
     if hasattr(obj, "_asdict"):
         return {k: to_jsonable(v) for k, v in obj._asdict().items()}
@@ -86,13 +92,18 @@ def to_jsonable(obj: Any) -> Any:
     return str(obj)
 
 
+def _reason_name(code) -> str:
+    from jaxmodel.numerics import REASONS
+    c = int(code)
+    return REASONS[c] if 0 <= c < len(REASONS) else f"code_{c}"
+
+
 def _emit(data: Any, fmt: str, out: str | None, stream) -> None:
     import pandas as pd
     if isinstance(data, pd.DataFrame):
-        if "reason" in data.columns and "reason_name" not in data.columns:
-            from jaxmodel.numerics import REASONS
-            data = data.assign(reason_name=[REASONS[int(r)] if 0 <= int(r) < len(REASONS)
-                                            else "?" for r in data["reason"]])
+        if "reason" in data.columns and pd.api.types.is_numeric_dtype(data["reason"]):
+            data = data.assign(reason_code=data["reason"].astype(int),
+                               reason=[_reason_name(r) for r in data["reason"]])
         if out:
             from jaxmodel.search.explore import save
             save(data, out)
@@ -129,45 +140,126 @@ def _flatten(d: Any, prefix: str = "") -> dict:
     return {prefix[:-1]: d}
 
 
+def check_out_path(out: str | None, table: bool) -> None:
+    """Fail before computing when ``--out`` cannot be written (type, directory, permission)."""
+    if not out:
+        return
+    p = Path(out)
+    suffix = p.suffix.lower()
+    allowed = (".csv", ".parquet", ".pq") if table else (".json", ".csv")
+    if suffix not in allowed:
+        raise ValueError(f"--out {out!r}: unknown file type {suffix or '(none)'!r}; use one of "
+                         f"{list(allowed)}")
+    if suffix in (".parquet", ".pq"):
+        import importlib.util
+        if importlib.util.find_spec("pyarrow") is None:
+            raise ValueError(f"--out {out!r}: Parquet needs pyarrow (pip install pyarrow); "
+                             "use .csv")
+    if p.exists() and p.is_dir():
+        raise ValueError(f"--out {out!r} is a directory")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ValueError(f"--out {out!r} is not writable")
+    parent = p.parent if str(p.parent) else Path(".")
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"--out {out!r}: {str(parent)!r} is not a directory")
+    if not p.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out!r}: directory {str(parent)!r} is not writable")
+
+
 # --------------------------------------------------------------------------------------------
 # Building arguments
 # --------------------------------------------------------------------------------------------
+DEFAULT_SYSTEM = "dgx_a100"
+DEFAULT_MODEL = "gpt3-13b"
+
+
 def _load_system(name: str | None, nodes: int | None, device: str | None):
+    """A system from a hw_db name/TOML (``nodes`` scales it), or one ``device`` alone."""
     import hw_db
     from jaxmodel.types import System
+    if name and device:
+        raise ValueError(f"give either a system ({name!r}) or a device ({device!r}), not both")
+    if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int)):
+        raise ValueError(f"nodes must be an integer >= 1, got {nodes!r}")
     if name:
         return hw_db.system(name, nodes=nodes)
     if device:
+        if nodes not in (None, 1):
+            raise ValueError(f"nodes={nodes} needs a system, not a single device")
         return System(device=hw_db.device(device), levels=(), name=f"1x{device}")
-    return hw_db.system("dgx_a100" if "dgx_a100" in hw_db.names("system")
+    return hw_db.system(DEFAULT_SYSTEM if DEFAULT_SYSTEM in hw_db.names("system")
                         else hw_db.names("system")[0], nodes=nodes)
 
 
 def build_parallelism(values: Mapping, n_devices: float | None = None):
     """A :class:`jaxmodel.Parallelism` from a mapping; ``dp`` defaults to the devices left."""
     import jaxmodel as jm
-    unknown = set(values) - set(_PAR_FIELDS)
-    if unknown:
-        raise ValueError(f"parallelism: unknown field(s) {sorted(unknown)}; known: "
-                         f"{list(_PAR_FIELDS)}")
+    from jaxmodel.types import check_value, rule_of
+    if not isinstance(values, Mapping):
+        raise ValueError(f"parallelism must be a table of {list(_PAR_FIELDS)}, got {values!r}")
+    for k in values:
+        if k not in _PAR_FIELDS:
+            import difflib
+            close = difflib.get_close_matches(str(k), _PAR_FIELDS, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ValueError(f"parallelism: unknown field '{k}'{hint}; known: "
+                             f"{list(_PAR_FIELDS)}")
     kw = {k: v for k, v in values.items() if v is not None}
+    for k in ("tp", "pp"):
+        if k in kw:
+            check_value("parallelism", k, kw[k], rule_of(jm.Parallelism, k))
     if "dp" not in kw and n_devices is not None:
         tp, pp = float(kw.get("tp", 1)), float(kw.get("pp", 1))
-        kw["dp"] = max(1.0, float(n_devices) / (tp * pp))
-    return jm.validate_parallelism(jm.Parallelism(**kw))
+        dp = float(n_devices) / (tp * pp)
+        if dp < 1 or dp != round(dp):
+            raise ValueError(f"parallelism: tp·pp = {tp:g}·{pp:g} does not divide the "
+                             f"{float(n_devices):g} devices (dp would be {dp:g}); change "
+                             "tp/pp or the system's nodes")
+        kw["dp"] = dp
+    return jm.validate_parallelism(jm.Parallelism(**kw), "parallelism")
+
+
+def _default_tp(system, model, par_spec: Mapping) -> dict:
+    """Fill ``tp`` when not given: the innermost network tier (TP inside a node, Megatron-LM)
+    when it divides the heads, else 1; ``pp`` defaults to 1."""
+    spec = dict(par_spec)
+    if "tp" not in spec and system.levels:
+        node = float(system.levels[0].size)
+        h, kv = float(model.n_heads), float(model.n_kv_heads)
+        pp = float(spec.get("pp", 1))
+        if node > 1 and h % node == 0 and (kv % node == 0 or node % kv == 0) and (
+                "dp" not in spec or float(spec["dp"]) * node * pp == float(system.n_devices)):
+            spec["tp"] = node
+    return spec
 
 
 def build_call(fn, spec: Mapping) -> tuple[tuple, dict]:
     """Positional/keyword arguments for ``fn`` from a sweep/predict spec (see module doc)."""
     import hw_db
     params = inspect.signature(fn).parameters
-    extra = dict(spec.get("args", {}))
+    extra = spec.get("args", {})
+    if not isinstance(extra, Mapping):
+        raise ValueError(f"spec: [args] must be a table, got {extra!r}")
+    extra = dict(extra)
+    if "system" in spec and "device" in spec:
+        raise ValueError(f"spec: give either system ({spec['system']!r}) or device "
+                         f"({spec['device']!r}), not both")
+    for key in ("system", "device", "model", "function"):
+        if key in spec and not isinstance(spec[key], str):
+            raise ValueError(f"spec: '{key}' must be a name or a path (a string), got "
+                             f"{spec[key]!r}")
     system = None
-    if "system" in spec or "device" not in spec:
-        system = _load_system(spec.get("system"), spec.get("nodes"), spec.get("device"))
-    device = hw_db.device(spec["device"]) if "device" in spec else (
-        system.device if system is not None else None)
-    par_spec = dict(spec.get("parallelism", spec.get("par", {})))
+    if "device" not in spec:
+        system = _load_system(spec.get("system"), spec.get("nodes"), None)
+    elif spec.get("nodes") not in (None, 1):
+        raise ValueError(f"spec: nodes={spec['nodes']!r} needs a system, not a single device")
+    device = hw_db.device(spec["device"]) if "device" in spec else system.device
+    model = hw_db.model(spec.get("model", DEFAULT_MODEL)) if "model" in params else None
+    par_spec = spec.get("parallelism", spec.get("par", {}))
+    if not isinstance(par_spec, Mapping):
+        raise ValueError(f"spec: [parallelism] must be a table, got {par_spec!r}")
     args, kwargs = [], {}
     for name, p in params.items():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
@@ -177,10 +269,11 @@ def build_call(fn, spec: Mapping) -> tuple[tuple, dict]:
         elif name in ("dev", "device"):
             val = device
         elif name == "model":
-            val = hw_db.model(spec.get("model", "gpt3-175b"))
+            val = model
         elif name in ("par", "parallelism"):
-            n = system.n_devices if system is not None else 1
-            val = build_parallelism(par_spec, float(n))
+            sys_ = system if system is not None else _load_system(None, None, spec["device"])
+            ps = _default_tp(sys_, model, par_spec) if model is not None else dict(par_spec)
+            val = build_parallelism(ps, float(sys_.n_devices))
         elif name in extra:
             val = extra.pop(name)
         elif p.default is not p.empty:
@@ -202,10 +295,43 @@ def build_call(fn, spec: Mapping) -> tuple[tuple, dict]:
 
 def _public_fn(name: str):
     import jaxmodel as jm
-    fn = getattr(jm, name, None)
-    if fn is None or not callable(fn) or name.startswith("_"):
+    fn = getattr(jm, name, None) if isinstance(name, str) else None
+    if fn is None or not callable(fn) or name.startswith("_") or isinstance(fn, type):
         raise ValueError(f"spec: function={name!r} is not a public jaxmodel function")
     return fn
+
+
+# --------------------------------------------------------------------------------------------
+# Infeasible answers: say why and what to change
+# --------------------------------------------------------------------------------------------
+HINTS = {
+    "out_of_memory": "raise --tp or --pp, use --zero 1..3 or --recompute selective/full, "
+                     "lower --micro-batch (train) or --batch (inference), or add --nodes",
+    "devices_mismatch": "--dp·--tp·--pp must equal the system's devices (leave --dp out to "
+                        "derive it)",
+    "heads_not_divisible": "choose --tp dividing the model's attention heads",
+    "layers_not_divisible": "choose --pp (and --interleave) dividing the model's layers",
+    "batch_not_divisible": "make --global-batch a multiple of dp·--micro-batch",
+    "sequence_not_divisible": "make --seq-len a multiple of --tp, or drop --sp",
+    "experts_not_divisible": "choose --ep dividing the experts and dp·tp",
+    "topology_mismatch": "the group does not fit the network: change --tp/--pp or --nodes",
+    "buffer_too_small": "the device's buffers are too small for any GEMM tile",
+    "invalid_parallelism": "degrees must be integers >= 1",
+    "invalid_workload": "batch and sequence lengths must be integers >= 1",
+}
+
+
+def explain_infeasible(result: Mapping) -> str | None:
+    """``None`` when a predicted result is feasible, else a one-line explanation."""
+    if result.get("feasible", True) is not False:
+        return None
+    why = result.get("reason", "?")
+    msg = f"infeasible: {why}"
+    if why == "out_of_memory" and isinstance(result.get("memory_bytes"), (int, float)):
+        msg += f" (needs {result['memory_bytes'] / 2**30:.1f} GiB per device"
+        cap = result.get("memory_capacity_bytes")
+        msg += f" of {cap / 2**30:.1f} GiB)" if isinstance(cap, (int, float)) else ")"
+    return f"{msg}; {HINTS.get(why, 'change the plan')}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,14 +345,16 @@ def cmd_list(a) -> Any:
 
 
 def _hardware_args(p: argparse.ArgumentParser):
-    p.add_argument("--system", help="hw_db system name or TOML path (default dgx_a100)")
+    p.add_argument("--system", help=f"hw_db system name or TOML path (default {DEFAULT_SYSTEM})")
     p.add_argument("--nodes", type=int, help="nodes of the system (scales the outer level)")
     p.add_argument("--device", help="a single device (hw_db name or TOML) instead of a system")
-    p.add_argument("--model", default="gpt3-175b", help="hw_db model name or config.json path")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"hw_db model name or config.json path (default {DEFAULT_MODEL})")
 
 
 def _par_args(p: argparse.ArgumentParser):
-    g = p.add_argument_group("parallelism")
+    g = p.add_argument_group("parallelism (default: tp = GPUs per node when it divides the "
+                             "heads, pp = 1, dp = the devices left)")
     for f in ("dp", "tp", "pp", "ep", "micro_batch", "interleave", "zero"):
         g.add_argument(f"--{f.replace('_', '-')}", type=float, dest=f, default=None)
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism")
@@ -252,6 +380,11 @@ def cmd_predict(a) -> Any:
     if a.phase == "train":
         spec["args"] = {"global_batch": a.global_batch, "seq_len": a.seq_len}
         fn = jm.train_step
+        if a.global_batch is None:               # 8 sequences per data-parallel replica
+            spec["args"]["global_batch"] = 1.0
+            args, _ = build_call(fn, spec)
+            spec["args"]["global_batch"] = 8.0 * float(args[2].dp) * float(
+                args[2].micro_batch)
     else:
         spec["args"] = {"batch": a.batch, "prompt_len": a.prompt_len, "gen_len": a.gen_len}
         fn = jm.inference
@@ -259,34 +392,105 @@ def cmd_predict(a) -> Any:
     res = to_jsonable(fn(*args, **kwargs))
     head = {"phase": a.phase, "system": args[0].name, "model": args[1].name,
             "parallelism": to_jsonable(args[2])}
+    if a.phase == "train":
+        head["global_batch"] = float(spec["args"]["global_batch"])
     if a.phase == "prefill":
         head["latency_s"] = res.get("ttft_s")
     elif a.phase == "decode":
         head["latency_s"] = res.get("tpot_s")
+    res["memory_capacity_bytes"] = float(args[0].device.mem_capacity)
     return {**head, **res}
 
 
-def load_spec(path: str) -> dict:
+SWEEP_KEYS = ("function", "system", "nodes", "device", "model", "parallelism", "par", "args",
+              "grid", "chunk")
+CODESIGN_KEYS = ("system", "nodes", "device", "model", "parallelism", "workload", "codesign",
+                 "bounds", "init")
+CODESIGN_OPTIONS = {"objective": str, "steps": int, "n_starts": int, "learning_rate": float,
+                    "integer": list, "cost_cap_usd": float, "soft": float, "seed": int}
+
+
+def load_spec(path: str, known: Sequence[str] = ()) -> dict:
+    """Read a TOML spec; with ``known``, unknown top-level keys are rejected (closest named)."""
     import hw_db
     p = Path(path)
     if not p.exists():
         raise ValueError(f"spec file {path!r} does not exist")
-    return hw_db.load_toml(p)
+    if p.is_dir():
+        raise ValueError(f"spec file {path!r} is a directory")
+    spec = hw_db.load_toml(p)
+    if known:
+        import difflib
+        for k in spec:
+            if k not in known:
+                close = difflib.get_close_matches(k, known, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise ValueError(f"{path}: unknown key '{k}'{hint}; known: {list(known)}")
+    if "nodes" in spec and (isinstance(spec["nodes"], bool) or not isinstance(spec["nodes"],
+                                                                              int)):
+        raise ValueError(f"{path}: 'nodes' must be an integer >= 1, got {spec['nodes']!r}")
+    return spec
+
+
+def _number(where: str, v, integer: bool = False, positive: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{where} must be a finite number, got {v!r}")
+    if integer and v != round(v):
+        raise ValueError(f"{where} must be an integer, got {v!r}")
+    if positive and v <= 0:
+        raise ValueError(f"{where} must be > 0, got {v!r}")
+    return float(v)
+
+
+def check_codesign_spec(spec: Mapping, path: str) -> None:
+    """Types and shapes of a co-design spec's tables (ranges are checked by the loaders)."""
+    for table in ("codesign", "bounds", "init", "workload", "parallelism"):
+        if table in spec and not isinstance(spec[table], Mapping):
+            raise ValueError(f"{path}: [{table}] must be a table, got {spec[table]!r}")
+    for k, v in dict(spec.get("codesign", {})).items():
+        if k not in CODESIGN_OPTIONS:
+            import difflib
+            close = difflib.get_close_matches(k, list(CODESIGN_OPTIONS), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ValueError(f"{path}: unknown [codesign] key '{k}'{hint}; known: "
+                             f"{list(CODESIGN_OPTIONS)}")
+        kind = CODESIGN_OPTIONS[k]
+        if kind is str and not isinstance(v, str):
+            raise ValueError(f"{path}: [codesign] {k} must be a string, got {v!r}")
+        if kind is list and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+            raise ValueError(f"{path}: [codesign] {k} must be a list of knob names, got {v!r}")
+        if kind in (int, float):
+            _number(f"{path}: [codesign] {k}", v, integer=kind is int, positive=k != "seed")
+    for k, v in dict(spec.get("bounds", {})).items():
+        if not isinstance(v, list) or len(v) != 2:
+            raise ValueError(f"{path}: [bounds] {k} must be [lo, hi], got {v!r}")
+        lo = _number(f"{path}: [bounds] {k} lower bound", v[0], positive=True)
+        hi = _number(f"{path}: [bounds] {k} upper bound", v[1], positive=True)
+        if lo >= hi:
+            raise ValueError(f"{path}: [bounds] {k} = {v!r} needs lo < hi")
+    for k, v in dict(spec.get("init", {})).items():
+        _number(f"{path}: [init] {k}", v, positive=True)
+    for k, v in dict(spec.get("workload", {})).items():
+        _number(f"{path}: [workload] {k}", v, integer=True, positive=True)
 
 
 def cmd_sweep(a) -> Any:
     import jaxmodel as jm
-    spec = load_spec(a.spec)
+    spec = load_spec(a.spec, SWEEP_KEYS)
     if "function" not in spec:
         raise ValueError(f"{a.spec}: missing 'function' (e.g. function = \"inference\")")
     fn = _public_fn(spec["function"])
     args, kwargs = build_call(fn, spec)
-    return jm.sweep(fn, *args, grid=spec.get("grid"), chunk=int(spec.get("chunk", 4096)),
-                    progress=not a.quiet, **kwargs)
+    chunk = _number(f"{a.spec}: chunk", spec.get("chunk", 4096), integer=True, positive=True)
+    grid = spec.get("grid")
+    if grid is not None and not isinstance(grid, Mapping):
+        raise ValueError(f"{a.spec}: [grid] must be a table, got {grid!r}")
+    return jm.sweep(fn, *args, grid=grid, chunk=int(chunk), progress=not a.quiet, **kwargs)
 
 
 def _step_options(items) -> dict:
     """``["dp_overlap=0,1", "tp_overlap=0,1"]`` → ``{"dp_overlap": [0.0, 1.0], ...}``."""
+    from jaxmodel.types import validate_knobs
     out = {}
     for item in items or ():
         name, sep, values = item.partition("=")
@@ -296,6 +500,8 @@ def _step_options(items) -> dict:
             vals = []
         if not sep or not name.strip() or not vals:
             raise ValueError(f"--step-option {item!r}: expected NAME=V1,V2,... with numbers")
+        for v in vals:
+            validate_knobs("--step-option", **{name.strip(): v})
         out[name.strip()] = vals
     return out
 
@@ -306,6 +512,8 @@ def cmd_search(a) -> Any:
     system = _load_system(a.system, a.nodes, a.device)
     model = hw_db.model(a.model)
     n = int(a.n_devices or round(float(system.n_devices)))
+    if n < 1:
+        raise ValueError(f"--n-devices must be >= 1, got {n}")
     df = jm.search_parallelism(system, model, n, a.global_batch, a.seq_len,
                                progress=not a.quiet,
                                step_options=_step_options(a.step_option) or None)
@@ -318,7 +526,10 @@ def cmd_search(a) -> Any:
 
 def cmd_codesign(a) -> Any:
     from jaxmodel.search import objectives
-    spec = load_spec(a.spec)
+    spec = load_spec(a.spec, CODESIGN_KEYS)
+    check_codesign_spec(spec, a.spec)
+    if "system" in spec and "device" in spec:
+        raise ValueError(f"{a.spec}: give either system or device, not both")
     return objectives.run_spec(spec, steps=a.steps)
 
 
@@ -326,6 +537,8 @@ def cmd_cost(a) -> Any:
     import hw_db
     import jaxmodel as jm
     out: dict = {}
+    if a.nodes is not None and not a.system:
+        raise ValueError("--nodes needs --system")
     if a.device or not a.system:
         dev = hw_db.device(a.device or "a100_80gb")
         out["device"] = dev.name
@@ -342,42 +555,58 @@ def cmd_cost(a) -> Any:
     return out
 
 
+EXAMPLES = {
+    "list": "jaxmodel list models",
+    "predict": "jaxmodel predict prefill --system hgx_a100_4gpu --model llama2-13b --tp 4 "
+               "--batch 8 --prompt-len 512 --gen-len 64",
+    "sweep": "jaxmodel sweep examples/sweep_inference.toml --quiet --out sweep.csv",
+    "search": "jaxmodel search --system hgx_a100_4gpu --model gpt2-medium --global-batch 64 "
+              "--seq-len 1024 --top 5 --quiet",
+    "codesign": "jaxmodel codesign examples/codesign.toml --steps 10",
+    "cost": "jaxmodel cost --device a100_80gb --system dgx_a100",
+}
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
     top = argparse.ArgumentParser(
         prog="jaxmodel", description="Vectorised, differentiable performance and cost model "
-        "of LLM training and inference on accelerator systems.")
+        "of LLM training and inference on accelerator systems.",
+        epilog="example:\n  " + EXAMPLES["predict"],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def common(p, fmt="json"):
+    def add(name, help, fmt="json"):
+        p = sub.add_parser(name, help=help, epilog=f"example:\n  {EXAMPLES[name]}",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--format", choices=["json", "csv"], default=fmt)
         p.add_argument("--out", help="write to this file (.json/.csv/.parquet) instead of "
                                      "stdout")
         return p
 
-    p = common(sub.add_parser("list", help="list hw_db devices, systems and models"))
+    p = add("list", "list hw_db devices, systems and models")
     p.add_argument("kind", nargs="?", default="all",
                    choices=["all", "devices", "systems", "models"])
-    p.set_defaults(func=cmd_list)
+    p.set_defaults(func=cmd_list, table=False)
 
-    p = common(sub.add_parser("predict", help="predict one training step or inference run"))
+    p = add("predict", "predict one training step or inference run")
     p.add_argument("phase", choices=["train", "prefill", "decode", "inference"])
     _hardware_args(p)
     _par_args(p)
     p.add_argument("--global-batch", type=float, default=None, dest="global_batch",
-                   help="sequences per step (train; default 8·dp)")
+                   help="sequences per step (train; default 8·dp·micro_batch)")
     p.add_argument("--seq-len", type=float, default=2048, dest="seq_len")
     p.add_argument("--batch", type=float, default=8, help="sequences (inference)")
     p.add_argument("--prompt-len", type=float, default=2048, dest="prompt_len")
     p.add_argument("--gen-len", type=float, default=1024, dest="gen_len")
-    p.set_defaults(func=cmd_predict)
+    p.set_defaults(func=cmd_predict, table=False)
 
-    p = common(sub.add_parser("sweep", help="sweep a design space from a TOML spec"), "csv")
+    p = add("sweep", "sweep a design space from a TOML spec", "csv")
     p.add_argument("spec", help="TOML spec (function, hardware, model, [args], [grid])")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_sweep)
+    p.set_defaults(func=cmd_sweep, table=True)
 
-    p = common(sub.add_parser("search", help="search the best parallelism plan"), "csv")
+    p = add("search", "search the best parallelism plan", "csv")
     _hardware_args(p)
     p.add_argument("--n-devices", type=int, dest="n_devices",
                    help="devices (default: the system's)")
@@ -389,37 +618,80 @@ def parser() -> argparse.ArgumentParser:
                    help="also search a train_step option, e.g. dp_overlap=0,1 grad_bytes=2,4 "
                         "tp_overlap=0,1 (repeatable)")
     p.add_argument("--quiet", action="store_true")
-    p.set_defaults(func=cmd_search)
+    p.set_defaults(func=cmd_search, table=True)
 
-    p = common(sub.add_parser("codesign", help="gradient co-design from a TOML spec"))
+    p = add("codesign", "gradient co-design from a TOML spec")
     p.add_argument("spec", help="TOML spec with [codesign] and [bounds]")
     p.add_argument("--steps", type=int, help="override the spec's steps")
-    p.set_defaults(func=cmd_codesign)
+    p.set_defaults(func=cmd_codesign, table=False)
 
-    p = common(sub.add_parser("cost", help="die area, device and system cost"))
+    p = add("cost", "die area, device and system cost")
     p.add_argument("--device", help="hw_db device name or TOML path")
     p.add_argument("--system", help="hw_db system name or TOML path")
     p.add_argument("--nodes", type=int)
-    p.set_defaults(func=cmd_cost)
+    p.set_defaults(func=cmd_cost, table=False)
     return top
 
 
+def _check_args(a) -> None:
+    """Argument combinations and paths, before any computation."""
+    if a.command in ("predict", "search") and a.system and a.device:
+        raise ValueError("--device and --system exclude each other (a system names its "
+                         "device)")
+    if getattr(a, "nodes", None) is not None and a.nodes < 1:
+        raise ValueError(f"--nodes must be >= 1, got {a.nodes}")
+    if a.command == "codesign" and a.steps is not None and a.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {a.steps}")
+    if a.command == "search" and a.top is not None and a.top < 0:
+        raise ValueError(f"--top must be >= 0, got {a.top}")
+    check_out_path(a.out, a.table)
+
+
+def _status(a, result) -> int:
+    """1 (with the reason on stderr) when the requested answer is infeasible, else 0."""
+    import pandas as pd
+    if isinstance(result, pd.DataFrame):
+        if "feasible" in result.columns and len(result) and not result["feasible"].any():
+            reasons = result["reason"].map(_reason_name).value_counts().to_dict() \
+                if "reason" in result.columns else {}
+            print(f"jaxmodel {a.command}: no feasible row ({len(result)} rows; reasons "
+                  f"{reasons})", file=sys.stderr)
+            return 1
+        if a.command == "search" and len(result) == 0:
+            print("jaxmodel search: no consistent plan for these devices and this model",
+                  file=sys.stderr)
+            return 1
+        return 0
+    if isinstance(result, Mapping):
+        msg = explain_infeasible(result)
+        if msg is None and a.command == "codesign" and result.get("value") == "inf":
+            msg = "infeasible: no design within the bounds is feasible; widen [bounds]"
+        if msg:
+            print(f"jaxmodel {a.command}: {msg}", file=sys.stderr)
+            return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, stdout=None) -> int:
-    """Entry point of the ``jaxmodel`` console script; returns the exit status."""
+    """Entry point of the ``jaxmodel`` console script; returns the exit status.
+
+    0: answered; 1: answered, but the requested prediction is infeasible (reason on
+    stderr); 2: an error in the arguments or input files (``jaxmodel: error: ...``).
+    """
     stdout = stdout or sys.stdout
     a = parser().parse_args(argv)
     try:
-        if a.command == "predict" and a.phase == "train" and a.global_batch is None:
-            spec = _spec_from_args(a)
-            system = _load_system(spec.get("system"), spec.get("nodes"), spec.get("device"))
-            par = build_parallelism(spec["parallelism"], float(system.n_devices))
-            a.global_batch = 8.0 * float(par.dp)
+        _check_args(a)
         result = a.func(a)
+        status = _status(a, result)
+        _emit(result, a.format, a.out, stdout)
     except ValueError as e:
-        print(f"jaxmodel {a.command}: error: {e}", file=sys.stderr)
+        print(f"jaxmodel: error: {e}", file=sys.stderr)
         return 2
-    _emit(result, a.format, a.out, stdout)
-    return 0
+    except (TypeError, KeyError, IndexError, OSError, ImportError) as e:
+        print(f"jaxmodel: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    return status
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,8 +10,10 @@ given (PNG by suffix). Figures are drawn on an Agg canvas directly, so importing
 never changes the user's matplotlib backend.
 
 Example:
-    >>> df = jm.sweep(...)                                   # a design sweep
-    >>> pareto_plot(df, x="cost_usd", y="tokens_per_s", path="pareto.png")
+    (illustrative, skipped as a doctest: ``df`` is any sweep result)
+
+    >>> df = jm.sweep(...)          # doctest: +SKIP
+    >>> pareto_plot(df, x="cost_usd", y="tokens_per_s", path="pareto.png")  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -34,27 +34,47 @@ RECOMPUTE = ("none", "selective", "full")
 ACTIVATIONS = ("gelu", "swiglu")
 
 
+# Alternative spellings of code names. Only true synonyms are listed: GELU approximations
+# (``gelu_new``, ``gelu_pytorch_tanh``) cost what GELU costs. ``silu``/``relu`` are not
+# aliases: whether a SiLU FFN is gated (SwiGLU) depends on the architecture, which
+# ``hw_db.model`` decides from the HF config; a ReLU FFN is not modelled.
+ALIASES = {"fc": "fully_connected", "full_connected": "fully_connected", "mesh": "mesh2d",
+           "torus": "torus2d", "2d_mesh": "mesh2d", "2d_torus": "torus2d",
+           "interleaved_1f1b": "interleaved", "pipedream_flush": "1f1b", "gelu_new": "gelu",
+           "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu", "gelu_accurate": "gelu"}
+
+
 def code_of(value: Any, names: Sequence[str], field: str) -> Any:
     """Map a name to its numeric code; pass numbers and arrays through untouched.
 
     Args:
-        value: a name from ``names``, or a number / array already holding codes.
+        value: a name from ``names`` (or an alias in :data:`ALIASES`), or a number / array
+            already holding codes.
         names: the ordered names; the code of ``names[i]`` is ``i``.
         field: field name used in the error message.
 
     Raises:
-        ValueError: ``value`` is a string that is not one of ``names``.
+        ValueError: ``value`` is a string that is not one of ``names``, or a Python bool
+            (``recompute=True`` is ambiguous: give the name).
+
+    Example:
+        >>> code_of("interleaved", SCHEDULES, "schedule")
+        2.0
+        >>> code_of(True, RECOMPUTE, "recompute")
+        Traceback (most recent call last):
+        ...
+        ValueError: recompute=True is not a name: use one of ['none', 'selective', 'full']
     """
+    if isinstance(value, bool):
+        raise ValueError(f"{field}={value!r} is not a name: use one of {list(names)}")
     if isinstance(value, str):
         key = value.lower().replace("-", "_")
-        aliases = {"fc": "fully_connected", "full_connected": "fully_connected",
-                   "mesh": "mesh2d", "torus": "torus2d", "2d_mesh": "mesh2d",
-                   "2d_torus": "torus2d", "interleaved_1f1b": "interleaved",
-                   "pipedream_flush": "1f1b", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu",
-                   "silu": "swiglu", "swish": "swiglu", "relu": "gelu"}
-        key = aliases.get(key, key) if key not in names else key
+        key = ALIASES.get(key, key) if key not in names else key
         if key not in names:
-            raise ValueError(f"{field}={value!r} is not one of {list(names)}")
+            import difflib
+            close = difflib.get_close_matches(key, list(names) + list(ALIASES), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{field}={value!r} is not one of {list(names)}{hint}")
         return float(names.index(key))
     return value
 
@@ -182,47 +202,252 @@ class Device:
 
 _register(Device, meta=("name",))
 
-DEVICE_POSITIVE = ("freq_hz", "core_count", "lanes_per_core", "vector_width",
-                   "vector_flops_per_cycle", "sa_rows", "sa_cols", "sa_mac_per_cycle",
-                   "local_buffer_bytes", "global_buffer_bytes", "global_buffer_bytes_per_cycle",
-                   "mem_bw", "mem_capacity", "exp_flops", "mem_bw_efficiency",
-                   "vector_dtype_bytes")
-DEVICE_NONNEGATIVE = ("matmul_overhead_s", "softmax_overhead_s", "layernorm_overhead_s",
-                      "gelu_overhead_s", "physical_core_count", "mem_channels", "device_links",
-                      "tdp_w", "process_node_nm")
+# --------------------------------------------------------------------------------------------
+# Validation of concrete values (loaders, constructors at the API edge; never under tracing)
+# --------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """Admissible values of one field: ``lo <= v <= hi`` (``lo`` excluded when
+    ``lo_open``), integral when ``integer``, and ``special`` values accepted as sentinels.
+
+    ``dim`` is the physical dimension (``"Hz"``, ``"B"``, ``"B/s"``, ``"s"``, ``"W"``,
+    ``"nm"`` or ``""``) a loader may convert an explicit ``unit`` from.
+    """
+
+    lo: float = 0.0
+    hi: float = math.inf
+    lo_open: bool = False
+    integer: bool = False
+    dim: str = ""
+    special: tuple = ()
+    what: str = ""
+
+    def check(self, v: float) -> str | None:
+        """``None`` when ``v`` is admissible, else the reason (a phrase)."""
+        if not math.isfinite(v):
+            return "must be a finite number"
+        if v in self.special:
+            return None
+        extra = f" (or {', '.join(f'{s:g}' for s in self.special)})" if self.special else ""
+        if v < self.lo or (self.lo_open and v == self.lo):
+            op = ">" if self.lo_open else ">="
+            return f"is too small: must be {op} {_fmt_bound(self.lo, self.dim)}{extra}"
+        if v > self.hi:
+            return f"is too large: must be <= {_fmt_bound(self.hi, self.dim)}{extra}"
+        if self.integer and v != round(v):
+            return f"must be an integer{extra}"
+        return None
 
 
-def _check_fields(obj: Any, positive: Sequence[str], nonnegative: Sequence[str], where: str):
-    for name in positive:
-        v = getattr(obj, name)
-        if not _all_concrete(v, lambda x: math.isfinite(x) and x > 0):
-            raise ValueError(f"{where}: field '{name}' must be a finite number > 0, got {v!r}")
-    for name in nonnegative:
-        v = getattr(obj, name)
-        if not _all_concrete(v, lambda x: math.isfinite(x) and x >= 0):
-            raise ValueError(f"{where}: field '{name}' must be a finite number >= 0, got {v!r}")
+def _fmt_bound(x: float, dim: str) -> str:
+    return f"{x:g} {dim}".rstrip()
 
 
-def _all_concrete(value: Any, pred) -> bool:
-    """True when every element of a concrete value passes ``pred``; tracers pass untested."""
+def _real(lo, hi, dim="", lo_open=False, **kw):
+    return Rule(lo=lo, hi=hi, lo_open=lo_open, dim=dim, **kw)
+
+
+def _count(lo=1, hi=1e7, **kw):
+    return Rule(lo=lo, hi=hi, integer=True, **kw)
+
+
+def _code(names_or_n):
+    n = names_or_n if isinstance(names_or_n, int) else len(names_or_n)
+    return Rule(lo=0, hi=n - 1, integer=True, what="code")
+
+
+FRACTION = _real(0.0, 1.0, lo_open=True)             # efficiencies: (0, 1]
+SHARE = _real(0.0, 1.0)                              # overlaps: [0, 1]
+FLAG = Rule(lo=0, hi=1, integer=True, what="flag")   # 0/1 (bools accepted)
+LATENCY = _real(0.0, 1.0, "s")                       # 0 .. 1 s
+CLOCK = _real(1e7, 1e10, "Hz")                       # 10 MHz .. 10 GHz
+BANDWIDTH = _real(1e6, 1e15, "B/s")                  # 1 MB/s .. 1 PB/s
+BUFFER = _real(1024.0, 2.0 ** 50, "B")               # >= 1 KiB
+AREA_SENTINEL = (-1.0,)                              # -1 = "look up device_area.toml"
+
+# One table of admissible ranges per config class and field. Fields not listed follow
+# :func:`default_rule` (name-suffix conventions), so fields added later are still checked.
+RANGES: dict[str, dict[str, Rule]] = {
+    "Device": {
+        "freq_hz": CLOCK,
+        "core_count": _count(1, 1e6),
+        "lanes_per_core": _count(1, 1024),
+        "vector_width": _count(1, 65536),
+        "vector_flops_per_cycle": _real(0, 1024, lo_open=True),
+        "exp_flops": _real(0, 1e4, lo_open=True),
+        "sa_rows": _count(1, 65536),
+        "sa_cols": _count(1, 65536),
+        "sa_mac_per_cycle": _real(0, 1024, lo_open=True),
+        "local_buffer_bytes": BUFFER,
+        "global_buffer_bytes": BUFFER,
+        "global_buffer_bytes_per_cycle": _real(0, 1e7, "B", lo_open=True),
+        "mem_bw": BANDWIDTH,
+        "mem_capacity": _real(2.0 ** 20, 1e16, "B"),
+        "mem_bw_efficiency": FRACTION,
+        "matmul_overhead_s": LATENCY,
+        "softmax_overhead_s": LATENCY,
+        "layernorm_overhead_s": LATENCY,
+        "gelu_overhead_s": LATENCY,
+        "vector_dtype_bytes": _real(0, 8, "B", lo_open=True),
+        "process_node_nm": _real(0.1, 1000, "nm"),
+        "physical_core_count": _count(0, 1e6),      # 0 = core_count
+        "mem_channels": _count(0, 1e4),
+        "device_links": _count(0, 1e4),
+        "tdp_w": _real(0, 1e6, "W"),
+        "physical_global_buffer_bytes": _real(1024.0, 2.0 ** 50, "B", special=AREA_SENTINEL),
+        "physical_local_buffer_bytes": _real(1024.0, 2.0 ** 50, "B", special=AREA_SENTINEL),
+        "physical_mem_channels": _count(0, 1e4, special=AREA_SENTINEL),
+        "physical_device_links": _count(0, 1e4, special=AREA_SENTINEL),
+        "regfile_bytes_per_lane": _real(0, 2.0 ** 40, "B", special=AREA_SENTINEL),
+        "regfile_ports": _count(0, 1024, special=AREA_SENTINEL),
+        "lane_int32_units": _count(0, 1e5, special=AREA_SENTINEL),
+        "lane_fp16_units": _count(0, 1e5, special=AREA_SENTINEL),
+        "lane_fp32_units": _count(0, 1e5, special=AREA_SENTINEL),
+        "lane_fp64_units": _count(0, 1e5, special=AREA_SENTINEL),
+        "sa_mantissa_bits": _count(1, 64, special=AREA_SENTINEL),
+        "mem_protocol": Rule(0, 3, integer=True, special=AREA_SENTINEL, what="code"),
+        "link_protocol": Rule(0, 4, integer=True, special=AREA_SENTINEL, what="code"),
+    },
+    "NetLevel": {
+        "size": _count(1, 1e7),
+        "topology": _code(TOPOLOGIES),
+        "bw_per_device": BANDWIDTH,
+        "link_latency": LATENCY,
+        "switch_latency": LATENCY,
+        "efficiency": FRACTION,
+        "base_latency": LATENCY,
+        "flit_bytes": _real(0, 65536, "B", lo_open=True),
+        "header_bytes": _real(0, 65536, "B"),
+        "max_payload_bytes": _real(1, 2.0 ** 50, "B"),       # huge = no packetisation
+        "in_network_reduction": FLAG,
+        "chunk_latency": LATENCY,
+        "bw_per_node": _real(1e6, 1e15, "B/s", special=(0.0,)),   # 0 = no shared limit
+    },
+    "Model": {
+        "n_layers": _count(1, 1e5),
+        "d_model": _count(1, 1e7),
+        "n_heads": _count(1, 1e5),
+        "n_kv_heads": _count(1, 1e5),
+        "head_dim": _real(0, 1e5, lo_open=True),      # d_model / n_heads by hand: may be fractional
+        "d_ff": _count(1, 1e8),
+        "vocab_size": _count(1, 1e8),
+        "activation": _code(ACTIVATIONS),
+        "n_experts": _count(1, 1e5),
+        "top_k": _count(1, 1e5),
+        "moe_every": _count(1, 1e5),
+        "capacity_factor": _real(0, 1e3, lo_open=True),
+        "tied_embeddings": FLAG,
+    },
+    "Parallelism": {
+        "dp": _count(), "tp": _count(), "pp": _count(), "ep": _count(), "cp": _count(),
+        "micro_batch": _count(), "interleave": _count(1, 1e4),
+        "sp": FLAG, "flash_attention": Rule(0, 2, integer=True, what="code"),  # FA_VERSIONS
+        "schedule": _code(SCHEDULES), "recompute": _code(RECOMPUTE), "zero": _code(4),
+    },
+    # keyword knobs of train_step / inference / layer_breakdown (scalars)
+    "knobs": {
+        "global_batch": _count(1, 1e9), "seq_len": _count(1, 1e8), "batch": _count(1, 1e9),
+        "prompt_len": _count(1, 1e8), "gen_len": _count(1, 1e8), "kv_len": _count(0, 1e8),
+        "dp_overlap": SHARE, "tp_overlap": SHARE, "grad_bytes": _real(0, 16, "B", lo_open=True),
+        "dtype_bytes": _real(0, 16, "B", lo_open=True),
+        "adam_bytes_per_param": _real(0, 1e3, "B", lo_open=True),
+        "clock_fraction": FRACTION, "dropout": FLAG,
+    },
+}
+
+
+def default_rule(field: str, default: Any = None) -> Rule:
+    """Range of a field the tables do not list, from SI-suffix conventions: ``*_hz`` a clock,
+    ``*_s``/``*latency`` 0–1 s, ``*_bw``/``bw_*`` a bandwidth (0 = none), ``*_bytes`` ≥ 0,
+    ``*efficiency``/``*fraction`` in (0, 1], otherwise any finite number ≥ 0. The field's
+    own default value is always accepted (sentinels such as -1)."""
+    special = ()
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        special = (float(default),)
+    if field.endswith("_hz"):
+        return dataclasses.replace(CLOCK, special=special)
+    if field.endswith("_s") or field.endswith("latency"):
+        return dataclasses.replace(LATENCY, special=special)
+    if field.endswith("_bw") or field.startswith("bw_"):
+        return dataclasses.replace(BANDWIDTH, special=special + (0.0,))
+    if field.endswith("efficiency") or field.endswith("fraction"):
+        return dataclasses.replace(FRACTION, special=special)
+    if field.endswith("_bytes"):
+        return _real(0, 2.0 ** 60, "B", special=special)
+    return _real(0, math.inf, special=special)
+
+
+def rule_of(cls_or_name: Any, field: str) -> Rule:
+    """The :class:`Rule` of ``field`` of a config class (table entry or :func:`default_rule`)."""
+    name = cls_or_name if isinstance(cls_or_name, str) else cls_or_name.__name__
+    table = RANGES.get(name, {})
+    if field in table:
+        return table[field]
+    default = None
+    if not isinstance(cls_or_name, str) and dataclasses.is_dataclass(cls_or_name):
+        f = {f.name: f for f in dataclasses.fields(cls_or_name)}.get(field)
+        if f is not None and f.default is not dataclasses.MISSING:
+            default = f.default
+    return default_rule(field, default)
+
+
+def check_value(where: str, field: str, value: Any, rule: Rule) -> None:
+    """Raise ``ValueError`` naming ``where``, ``field`` and ``value`` unless every element of
+    a concrete ``value`` satisfies ``rule``; traced values pass unchecked."""
     if isinstance(value, jax.core.Tracer):
-        return True
+        return
+    if isinstance(value, str):
+        kind = "a flag (0/1 or true/false)" if rule is FLAG else "a number"
+        raise ValueError(f"{where}: field '{field}' must be {kind}, got the string {value!r}")
+    if isinstance(value, bool):
+        if rule is FLAG:
+            return
+        if rule.what == "code":
+            raise ValueError(f"{where}: field '{field}' is a code, got the boolean {value!r}")
+        raise ValueError(f"{where}: field '{field}' must be a number, got the boolean "
+                         f"{value!r}")
     try:
-        import numpy as np
         arr = np.asarray(value, dtype=float)
     except (TypeError, ValueError):
-        return False
-    return bool(all(pred(float(x)) for x in arr.ravel()))
+        raise ValueError(f"{where}: field '{field}' must be a number, got {value!r}") from None
+    for x in arr.ravel():
+        why = rule.check(float(x))
+        if why:
+            shown = value if arr.ndim == 0 else float(x)
+            raise ValueError(f"{where}: field '{field}' = {shown!r} {why}")
+
+
+def validate_fields(obj: Any, where: str) -> Any:
+    """Check every numeric field of a config dataclass against :data:`RANGES`."""
+    cls = type(obj)
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if f.name == "name" or isinstance(v, (tuple, list)) or dataclasses.is_dataclass(v):
+            continue
+        check_value(where, f.name, v, rule_of(cls, f.name))
+    return obj
+
+
+def _concrete_scalars(*vals) -> bool:
+    return all(not isinstance(v, jax.core.Tracer) and np.ndim(v) == 0 for v in vals)
 
 
 def validate_device(dev: Device, where: str = "Device") -> Device:
-    """Check a concrete device; raise ``ValueError`` naming the field and value.
+    """Check a concrete device against :data:`RANGES`; raise ``ValueError`` naming the field
+    and value.
 
     Called by the hw_db loaders and by public functions on concrete input. Values under
     tracing are not checked (inside a batch, infeasible devices give ``feasible=False``).
+
+    Example:
+        >>> validate_device(dataclasses.replace(hw_db.device("a100_80gb"), freq_hz=1410.0))
+        Traceback (most recent call last):
+        ...
+        ValueError: Device: field 'freq_hz' = 1410.0 is too small: must be >= 1e+07 Hz
     """
-    _check_fields(dev, DEVICE_POSITIVE, DEVICE_NONNEGATIVE, where)
-    return dev
+    if not isinstance(dev, Device):
+        raise ValueError(f"{where}: expected a jaxmodel.Device, got {type(dev).__name__}")
+    return validate_fields(dev, where)
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,13 +529,14 @@ _register(System, meta=("name",))
 
 def validate_system(system: System, where: str = "System") -> System:
     """Check a concrete system (device and levels); raise ``ValueError`` naming the field."""
+    if not isinstance(system, System):
+        raise ValueError(f"{where}: expected a jaxmodel.System, got {type(system).__name__}")
     validate_device(system.device, f"{where}.device")
     for i, lvl in enumerate(system.levels):
-        _check_fields(lvl, ("size", "bw_per_device", "efficiency", "flit_bytes",
-                            "max_payload_bytes"),
-                      ("link_latency", "switch_latency", "base_latency", "header_bytes",
-                       "in_network_reduction", "topology", "chunk_latency", "bw_per_node"),
-                      f"{where}.levels[{i}]")
+        if not isinstance(lvl, NetLevel):
+            raise ValueError(f"{where}: levels[{i}] must be a jaxmodel.NetLevel, got "
+                             f"{type(lvl).__name__}")
+        validate_fields(lvl, f"{where}.levels[{i}]")
     return system
 
 
@@ -373,10 +599,17 @@ _register(Model, meta=("name",))
 
 
 def validate_model(model: Model, where: str = "Model") -> Model:
-    """Check a concrete model; raise ``ValueError`` naming the field and value."""
-    _check_fields(model, ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-                          "vocab_size", "n_experts", "top_k", "moe_every", "capacity_factor"),
-                  ("activation", "tied_embeddings"), where)
+    """Check a concrete model against :data:`RANGES` and its cross-field rules (KV heads
+    dividing the query heads, ``top_k <= n_experts``); raise ``ValueError`` naming the field.
+    """
+    if not isinstance(model, Model):
+        raise ValueError(f"{where}: expected a jaxmodel.Model, got {type(model).__name__}")
+    validate_fields(model, where)
+    h, kv, e, k = model.n_heads, model.n_kv_heads, model.n_experts, model.top_k
+    if _concrete_scalars(h, kv) and float(h) % float(kv):
+        raise ValueError(f"{where}: field 'n_kv_heads' = {kv!r} must divide n_heads = {h!r}")
+    if _concrete_scalars(e, k) and float(k) > float(e):
+        raise ValueError(f"{where}: field 'top_k' = {k!r} exceeds n_experts = {e!r}")
     return model
 
 
@@ -430,12 +663,61 @@ _register(Parallelism)
 
 
 def validate_parallelism(par: Parallelism, where: str = "Parallelism") -> Parallelism:
-    """Check a concrete plan's own ranges; raise ``ValueError`` naming the field and value."""
-    _check_fields(par, ("dp", "tp", "pp", "ep", "micro_batch", "interleave"),
-                  ("sp", "schedule", "recompute", "zero", "flash_attention"), where)
-    if not _all_concrete(par.zero, lambda z: z in (0, 1, 2, 3)):
-        raise ValueError(f"{where}: field 'zero' must be 0, 1, 2 or 3, got {par.zero!r}")
-    return par
+    """Check a concrete plan's own ranges; raise ``ValueError`` naming the field and value.
+
+    Example:
+        >>> validate_parallelism(jm.Parallelism(sp=0.5))
+        Traceback (most recent call last):
+        ...
+        ValueError: Parallelism: field 'sp' = 0.5 must be an integer
+    """
+    if not isinstance(par, Parallelism):
+        raise ValueError(f"{where}: expected a jaxmodel.Parallelism, got {type(par).__name__}")
+    return validate_fields(par, where)
+
+
+def validate_knobs(where: str, **knobs) -> None:
+    """Check concrete scalar keyword knobs of a public function (``dp_overlap``,
+    ``tp_overlap`` in [0, 1], ``grad_bytes`` > 0, ``seq_len``/``batch`` integers >= 1, ...)
+    against ``RANGES["knobs"]``. ``None``, arrays with a batch axis and traced values pass
+    unchecked (a batch reports infeasible entries through ``feasible``)."""
+    table = RANGES["knobs"]
+    for name, v in knobs.items():
+        if v is None or isinstance(v, jax.core.Tracer):
+            continue
+        if not isinstance(v, (str, bool)) and np.ndim(v) != 0:
+            continue
+        check_value(where, name, v, table.get(name) or default_rule(name))
+
+
+VALIDATORS = {}  # filled below: config class -> validator
+
+
+def validate_config(obj: Any, where: str | None = None) -> Any:
+    """Validate one concrete config object (Device, NetLevel, System, Model, Parallelism)
+    with its class's validator; other objects pass through."""
+    fn = VALIDATORS.get(type(obj))
+    if fn is None:
+        return obj
+    if not is_concrete(obj):
+        return obj
+    return fn(obj, where or type(obj).__name__)
+
+
+def validate_args(*args, where: str = "", **kwargs) -> None:
+    """Validate every config object among the arguments of a public call when it is
+    concrete with scalar leaves (the API edge: one configuration); batches and traced
+    configurations pass through unchecked."""
+    prefix = f"{where}: " if where else ""
+    for i, a in enumerate(list(args) + list(kwargs.values())):
+        if type(a) in VALIDATORS and is_concrete(a) and all(
+                np.ndim(x) == 0 for x in jax.tree_util.tree_leaves(a)):
+            VALIDATORS[type(a)](a, f"{prefix}{type(a).__name__}".rstrip())
+
+
+VALIDATORS.update({Device: validate_device, System: validate_system, Model: validate_model,
+                   Parallelism: validate_parallelism,
+                   NetLevel: lambda lvl, where="NetLevel": validate_fields(lvl, where)})
 
 
 def is_concrete(*trees: Any) -> bool:

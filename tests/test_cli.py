@@ -70,6 +70,151 @@ def test_bad_arguments_give_exit_code_2(capsys):
     assert "no_such_system" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,needle", [
+    (["predict", "train", "--tp", "0"], "tp"),
+    (["predict", "train", "--tp", "3"], "tp"),                      # 8 devices / 3
+    (["predict", "train", "--system", "dgx_a100", "--device", "a100_80gb"], "--device"),
+    (["predict", "train", "--nodes", "0"], "nodes"),
+    (["predict", "inference", "--device", "a100_80gb", "--nodes", "4"], "nodes"),
+    (["predict", "train", "--zero", "7"], "zero"),
+    (["predict", "train", "--micro-batch", "0.5"], "micro_batch"),
+    (["predict", "prefill", "--model", "no_such_model"], "no_such_model"),
+    (["predict", "train", "--out", "/etc/passwd/res.json"], "passwd"),
+    (["predict", "train", "--out", "res.xlsx"], "xlsx"),
+    (["sweep", "no_such_spec.toml"], "no_such_spec"),
+    (["search", "--step-option", "tp_overlap=-1"], "tp_overlap"),
+    (["cost", "--nodes", "2"], "--nodes"),
+])
+def test_user_errors_exit_2_without_traceback(argv, needle, capsys):
+    code, out = run(*argv)
+    err = capsys.readouterr().err
+    assert code == 2 and out == ""
+    assert err.startswith("jaxmodel: error: ") and needle in err
+    assert "Traceback" not in err
+
+
+def test_unwritable_out_is_checked_before_computing(tmp_path, capsys, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    called = []
+    monkeypatch.setattr(cli, "cmd_sweep", lambda a: called.append(a))   # parser() reads it
+    code, _ = run("sweep", "examples/sweep_gemm.toml", "--out", str(blocker / "res.csv"))
+    assert code == 2 and not called
+    assert "not a directory" in capsys.readouterr().err
+
+
+def _spec(tmp_path, text, name="spec.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('function = "gemm_latency"\ndevice = "a100_80gb"\nsytem = "x"\n', "system"),
+    ('function = "gemm_latency"\ndevice = 7\n', "device"),
+    ('function = "no_fn"\ndevice = "a100_80gb"\n', "no_fn"),
+    ('function = "inference"\nsystem = "dgx_a100"\ndevice = "a100_80gb"\n', "either"),
+    ('function = "gemm_latency"\ndevice = "a100_80gb"\nchunk = 0\n[args]\nm = 1\nn = 1\n'
+     'k = 1\n', "chunk"),
+    ('function = "gemm_latency"\ndevice = "a100_80gb"\nnodes = "two"\n', "nodes"),
+    ('function = "gemm_latency"\ndevice = "a100_80gb"\n[args]\nm = 1\n', "missing"),
+])
+def test_bad_sweep_specs_exit_2(tmp_path, text, needle, capsys):
+    code, _ = run("sweep", _spec(tmp_path, text), "--quiet")
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('system = "dgx_a100"\n[bounds]\ncore_count = ["16", 256]\n', "core_count"),
+    ('system = "dgx_a100"\n[bounds]\ncore_count = [256, 16]\n', "lo < hi"),
+    ('system = "dgx_a100"\n[bounds]\ncore_count = 16\n', "core_count"),
+    ('system = "dgx_a100"\n[codesign]\nstep = 5\n[bounds]\ncore_count = [16, 256]\n',
+     "steps"),
+    ('system = "dgx_a100"\n[codesign]\nsteps = "5"\n[bounds]\ncore_count = [16, 256]\n',
+     "steps"),
+    ('system = "dgx_a100"\n[workload]\nbatch = 0.5\n[bounds]\ncore_count = [16, 256]\n',
+     "batch"),
+    ('system = "dgx_a100"\n[init]\ncore_count = "x"\n[bounds]\ncore_count = [16, 256]\n',
+     "core_count"),
+    ('system = "dgx_a100"\n[bound]\ncore_count = [16, 256]\n', "bounds"),
+])
+def test_bad_codesign_specs_exit_2(tmp_path, text, needle, capsys):
+    code, _ = run("codesign", _spec(tmp_path, text))
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err
+
+
+def test_infeasible_prediction_exits_1_with_reason_and_hint(capsys):
+    # the plan of test_predict_prefill_returns_json (same compiled graph), with a KV cache
+    # of 16384 sequences × 1032 tokens (~150 GB per device) that cannot fit
+    code, text = run("predict", "prefill", "--system", "hgx_a100_4gpu", "--model",
+                     "gpt2-small", "--tp", "4", "--batch", "16384", "--prompt-len", "1024",
+                     "--gen-len", "8")
+    err = capsys.readouterr().err
+    assert code == 1
+    out = json.loads(text)
+    assert out["feasible"] is False and out["reason"] == "out_of_memory"
+    assert "out_of_memory" in err and "--tp" in err and "GiB" in err
+
+
+def test_examples_in_help_are_the_tested_ones(capsys):
+    for cmd in SUBCOMMANDS:
+        with pytest.raises(SystemExit):
+            cli.main([cmd, "--help"])
+        text = capsys.readouterr().out
+        assert text.rstrip().endswith(cli.EXAMPLES[cmd]), cmd
+
+
+@pytest.mark.parametrize("cmd", ["list", "sweep_gemm", "cost"])
+def test_help_examples_run(cmd, monkeypatch, tmp_path):
+    """The fast examples of ``--help`` (and the shipped gemm sweep) answer with status 0."""
+    from pathlib import Path
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    if cmd == "sweep_gemm":
+        argv = ["sweep", "examples/sweep_gemm.toml", "--quiet", "--out",
+                str(tmp_path / "g.csv")]
+    else:
+        argv = cli.EXAMPLES[cmd].split()[1:]
+    code, _ = run(*argv)
+    assert code == 0
+    if cmd == "sweep_gemm":
+        df = pd.read_csv(tmp_path / "g.csv")
+        assert len(df) == 9 and (df["gemm_latency"] > 0).all()
+        assert df["gemm_latency"].notna().all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", ["predict", "sweep", "search", "codesign"])
+def test_slow_help_examples_run(cmd, monkeypatch, tmp_path):
+    """The remaining ``--help`` examples (``examples/*.toml``) answer: finite, feasible."""
+    from pathlib import Path
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    argv = [x if x != "sweep.csv" else str(tmp_path / "s.csv")
+            for x in cli.EXAMPLES[cmd].split()[1:]]
+    code, text = run(*argv)
+    assert code == 0
+    if cmd == "sweep":
+        df = pd.read_csv(tmp_path / "s.csv")
+        assert len(df) == 32 and df["feasible"].all()
+        assert (df["ttft_s"] > 0).all() and df["ttft_s"].notna().all()
+    elif cmd == "search":
+        df = pd.read_csv(io.StringIO(text))
+        assert len(df) == 5 and df["feasible"].all()
+    else:
+        out = json.loads(text)
+        assert out["value" if cmd == "codesign" else "ttft_s"] not in ("inf", None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["train", "inference"])
+def test_defaults_are_feasible(phase):
+    code, text = run("predict", phase)
+    out = json.loads(text)
+    assert code == 0 and out["feasible"] is True and out["reason"] == "ok"
+    assert out["step_time_s" if phase == "train" else "ttft_s"] not in ("inf", None)
+
+
 def test_sweep_from_toml(tmp_path):
     spec = tmp_path / "spec.toml"
     spec.write_text('function = "gemm_latency"\ndevice = "a100_80gb"\n'

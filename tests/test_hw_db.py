@@ -109,3 +109,117 @@ def test_systems_load_and_scale():
 def test_buffer_too_small_for_any_tile_is_rejected():
     with pytest.raises(ValueError, match="local_buffer_bytes.*too small"):
         hw_db.device("a100_80gb", local_buffer_bytes=512)
+
+
+def _system_file(tmp_path, edit):
+    src = (hw_db.ROOT / "systems" / "dgx_a100.toml").read_text()
+    p = tmp_path / "sys.toml"
+    p.write_text(edit(src))
+    return p
+
+
+def test_units_are_converted_or_rejected(tmp_path):
+    src = (hw_db.ROOT / "devices" / "a100_80gb.toml").read_text()
+    p = _write_device(tmp_path, src.replace("freq_hz = { value = 1.41e9,",
+                                            "freq_hz = { value = 1410, unit = \"MHz\","))
+    assert float(hw_db.device(p).freq_hz) == 1.41e9
+    p = _write_device(tmp_path, src.replace("freq_hz = { value = 1.41e9,",
+                                            "freq_hz = { value = 1410,"))
+    with pytest.raises(ValueError, match=r"freq_hz.*1410.*too small"):
+        hw_db.device(p)                                  # 1410 Hz: a GEMM would take minutes
+    p = _write_device(tmp_path, src.replace("freq_hz = { value = 1.41e9,",
+                                            "freq_hz = { value = 1.41, unit = \"GB\","))
+    with pytest.raises(ValueError, match=r"freq_hz.*'GB' measures B"):
+        hw_db.device(p)
+    p = _write_device(tmp_path, src.replace("core_count = { value = 108,",
+                                            "core_count = { value = 108, unit = \"MHz\","))
+    with pytest.raises(ValueError, match="core_count.*dimensionless"):
+        hw_db.device(p)
+    p = _write_device(tmp_path, src.replace("freq_hz = { value = 1.41e9,",
+                                            "freq_hz = { value = 1.41e9, unti = \"Hz\","))
+    with pytest.raises(ValueError, match="did you mean 'unit'"):
+        hw_db.device(p)
+    assert hw_db.to_si(8, "Gb/s", "B/s") == 1e9 and hw_db.to_si(3, "us", "s") == 3e-6
+
+
+def test_unknown_keys_suggest_the_closest(tmp_path):
+    src = (hw_db.ROOT / "devices" / "a100_80gb.toml").read_text()
+    p = _write_device(tmp_path, src.replace("mem_bw_efficiency =", "mem_bw_eficiency ="))
+    with pytest.raises(ValueError, match="did you mean 'mem_bw_efficiency'"):
+        hw_db.device(p)
+    with pytest.raises(ValueError, match="did you mean 'a100_80gb'"):
+        hw_db.device("a100_80g")
+    with pytest.raises(ValueError, match="did you mean 'mem_bw'"):
+        hw_db.device("a100_80gb", mem_bww=1e12)
+
+
+def test_device_files_must_state_calibrated_constants(tmp_path):
+    src = (hw_db.ROOT / "devices" / "a100_80gb.toml").read_text()
+    lines = [l for l in src.splitlines() if not l.startswith("mem_bw_efficiency")]
+    p = _write_device(tmp_path, "\n".join(lines))
+    with pytest.raises(ValueError, match="missing device field.*mem_bw_efficiency"):
+        hw_db.device(p)
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda s: s.replace("efficiency = { value = 0.849", "efficiency = { value = 2"),
+     "levels[0].efficiency"),
+    (lambda s: s.replace('topology = { value = "switch", source = "Selene',
+                         'topology = { value = 7, source = "Selene'), "levels[1].topology"),
+    (lambda s: s.replace("scales_with_nodes = true", 'scales_with_nodes = "no"'),
+     "scales_with_nodes"),
+    (lambda s: s.replace('device = "a100_80gb"', "device = 7"), "'device'"),
+    (lambda s: s.replace("bw_per_device = { value = 25e9",
+                         'bw_per_device = { value = 200, unit = "ns"'), "bw_per_device"),
+    (lambda s: s.replace("[[levels]]\nname = \"infiniband_hdr\"",
+                         "[[levels]]\nname = \"infiniband_hdr\"\nswitch_latncy = 1"),
+     "did you mean 'levels[1].switch_latency'"),
+])
+def test_system_file_errors(tmp_path, edit, needle):
+    with pytest.raises(ValueError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        hw_db.system(_system_file(tmp_path, edit), nodes=2)
+
+
+def test_system_units_convert(tmp_path):
+    p = _system_file(tmp_path, lambda s: s.replace(
+        "bw_per_device = { value = 25e9", 'bw_per_device = { value = 200, unit = "Gb/s"'))
+    assert float(hw_db.system(p, nodes=2).levels[1].bw_per_device) == 25e9
+
+
+LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+         "intermediate_size": 172, "hidden_act": "silu", "torch_dtype": "bfloat16",
+         "rope_scaling": {"type": "linear", "factor": 2.0}, "rms_norm_eps": 1e-5,
+         "bos_token_id": 1, "eos_token_id": 2, "architectures": ["LlamaForCausalLM"],
+         "sliding_window": None}
+
+
+def test_hf_activation_is_decided_by_the_architecture():
+    assert float(hw_db.model(LLAMA).ffn_matrices) == 3.0           # gated SiLU = SwiGLU
+    gpt2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 10}
+    assert float(hw_db.model({**gpt2, "activation_function": "gelu_new"}).ffn_matrices) == 2.0
+    with pytest.raises(ValueError, match="non-gated SiLU"):
+        hw_db.model({**gpt2, "activation_function": "silu"})
+    with pytest.raises(ValueError, match="'relu' is not modelled"):
+        hw_db.model({**LLAMA, "model_type": "opt", "hidden_act": "relu"})
+    with pytest.raises(ValueError, match="GeGLU"):
+        hw_db.model({**LLAMA, "model_type": "gemma", "hidden_act": "gelu_pytorch_tanh"})
+
+
+def test_hf_structural_keys_are_modelled_or_rejected():
+    for key, val in (("sliding_window", 4096), ("num_shared_experts", 2),
+                     ("quantization_config", {"bits": 4}), ("parallel_attn", True),
+                     ("moe_intermediate_size", 1408)):
+        with pytest.raises(ValueError, match=f"key '{key}'"):
+            hw_db.model({**LLAMA, key: val})
+        with pytest.warns(UserWarning, match=key):
+            hw_db.model({**LLAMA, key: val}, strict=False)
+    with pytest.raises(ValueError, match="did you mean 'num_hidden_layers'"):
+        hw_db.model({**LLAMA, "num_hiden_layers": 2})
+    for key in ("num_hidden_layers", "intermediate_size"):
+        with pytest.raises(ValueError, match=key):
+            hw_db.model({**LLAMA, key: 2.5})
+    with pytest.raises(ValueError, match="tie_word_embeddings"):
+        hw_db.model({**LLAMA, "tie_word_embeddings": "yes"})
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        hw_db.model({**LLAMA, "num_key_value_heads": 3})

@@ -82,3 +82,141 @@ def test_system_levels_and_device_count():
     assert float(sys_.n_devices) == 32.0
     leaves = jax.tree_util.tree_leaves(sys_)
     assert all(jnp.isfinite(jnp.asarray(x)) for x in leaves)
+
+
+# ---- the range table: magnitudes, counts, codes, flags, bools and strings -----------------
+@pytest.mark.parametrize("field,value,needle", [
+    ("freq_hz", 1410.0, "too small"),               # MHz number read as Hz
+    ("freq_hz", 5e10, "too large"),
+    ("core_count", 0.5, "core_count"),
+    ("core_count", 107.5, "integer"),
+    ("mem_bw", -1.0, "too small"),
+    ("mem_bw", 5e15, "too large"),
+    ("mem_bw_efficiency", 5.0, "too large"),
+    ("mem_bw_efficiency", 0.0, "too small"),
+    ("local_buffer_bytes", 100.0, "too small"),
+    ("matmul_overhead_s", 2.0, "too large"),
+    ("mem_protocol", 7.0, "mem_protocol"),
+    ("sa_rows", "16", "string"),
+    ("tdp_w", True, "boolean"),
+])
+def test_device_ranges_name_field_and_value(field, value, needle):
+    dev = dataclasses.replace(hw_db.device("a100_80gb"), **{field: value})
+    with pytest.raises(ValueError, match=field) as e:
+        jm.validate_device(dev)
+    assert needle in str(e.value) and repr(value)[:4] in str(e.value)
+
+
+def test_area_sentinels_and_defaults_pass():
+    dev = hw_db.device("a100_80gb")
+    assert float(dev.mem_protocol) == -1.0        # -1 = look up device_area.toml
+    jm.validate_device(dataclasses.replace(dev, mem_protocol=2.0, physical_mem_channels=6.0))
+
+
+def test_default_rule_covers_unlisted_fields():
+    from jaxmodel.types import default_rule, rule_of
+    assert rule_of(jm.Device, "freq_hz").lo == 1e7
+    assert default_rule("launch_latency").check(2.0)          # > 1 s
+    assert default_rule("fp8_mem_bw").check(1.0)              # < 1 MB/s
+    assert default_rule("fp8_mem_bw").check(0.0) is None      # 0 = none
+    assert default_rule("some_efficiency").check(1.5)
+    assert default_rule("new_count").check(-1.0)
+    assert default_rule("new_count", default=-1.0).check(-1.0) is None   # its own default
+    assert default_rule("new_count").check(float("nan"))
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(sp=0.5), "sp"), (dict(flash_attention=7), "flash_attention"),
+    (dict(tp=0), "tp"), (dict(pp=2.5), "pp"), (dict(zero=4), "zero"),
+    (dict(schedule=3.0), "schedule"), (dict(sp="yes"), "sp"), (dict(micro_batch=-1), "micro_batch"),
+])
+def test_parallelism_ranges(kw, field):
+    with pytest.raises(ValueError, match=field):
+        jm.validate_parallelism(jm.Parallelism(**kw))
+
+
+def test_bools_are_flags_not_codes():
+    par = jm.Parallelism(sp=True, flash_attention=True)
+    assert par.sp == 1.0 and par.flash_attention == 1.0
+    jm.validate_parallelism(par)
+    with pytest.raises(ValueError, match=r"recompute=True.*'none', 'selective', 'full'"):
+        jm.Parallelism(recompute=True)
+    with pytest.raises(ValueError, match="schedule"):
+        jm.Parallelism(schedule=False)
+
+
+def test_activation_aliases_are_true_synonyms_only():
+    assert code_of("gelu_new", jm.ACTIVATIONS, "activation") == 0.0
+    for act in ("relu", "silu", "swish"):
+        with pytest.raises(ValueError, match="activation"):
+            code_of(act, jm.ACTIVATIONS, "activation")
+    with pytest.raises(ValueError, match="did you mean 'switch'"):
+        code_of("swich", jm.TOPOLOGIES, "topology")
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(efficiency=2.0), "efficiency"), (dict(topology=7.0), "topology"),
+    (dict(size=0.5), "size"), (dict(link_latency=-1e-6), "link_latency"),
+    (dict(bw_per_device=3e20), "bw_per_device"), (dict(in_network_reduction=2.0),
+                                                   "in_network_reduction"),
+])
+def test_netlevel_ranges(kw, field):
+    base = dict(size=8, topology="switch", bw_per_device=300e9, link_latency=1e-6)
+    sys_ = jm.System(device=hw_db.device("a100_80gb"), levels=[jm.NetLevel(**{**base, **kw})])
+    with pytest.raises(ValueError, match=rf"levels\[0\].*{field}"):
+        jm.validate_system(sys_)
+
+
+def test_model_cross_field_rules():
+    m = hw_db.model("llama3-8b")
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        jm.validate_model(dataclasses.replace(m, n_kv_heads=3.0))
+    with pytest.raises(ValueError, match="top_k"):
+        jm.validate_model(dataclasses.replace(m, top_k=2.0))
+    with pytest.raises(ValueError, match="n_layers"):
+        jm.validate_model(dataclasses.replace(m, n_layers=0.0))
+
+
+def test_validate_knobs():
+    from jaxmodel.types import validate_knobs
+    validate_knobs("f", dp_overlap=0.5, tp_overlap=1, grad_bytes=2, seq_len=2048, batch=8,
+                   clock_fraction=None)
+    for kw, field in ((dict(tp_overlap=-1), "tp_overlap"), (dict(dp_overlap=5), "dp_overlap"),
+                      (dict(grad_bytes=0), "grad_bytes"), (dict(seq_len=0), "seq_len"),
+                      (dict(batch=2.5), "batch"), (dict(gen_len=float("nan")), "gen_len")):
+        with pytest.raises(ValueError, match=f"f: field '{field}'"):
+            validate_knobs("f", **kw)
+    validate_knobs("f", dp_overlap=jnp.array([0.0, 5.0]))     # batches report, not raise
+
+
+def test_validation_skips_batches_and_tracers():
+    from jaxmodel.types import validate_args
+    dev = hw_db.device("a100_80gb")
+    validate_args(dataclasses.replace(dev, mem_bw=jnp.array([-1.0, 2e12])))   # a batch
+    jax.jit(lambda bw: validate_args(dataclasses.replace(dev, mem_bw=bw)) or bw)(-1.0)
+    with pytest.raises(ValueError, match="gemm_latency: Device: field 'mem_bw' = -1"):
+        validate_args(dataclasses.replace(dev, mem_bw=-1.0), where="gemm_latency")
+
+
+def test_public_functions_reject_hand_built_configs_before_computing():
+    dev = hw_db.device("a100_80gb")
+    with pytest.raises(ValueError, match="mem_bw"):
+        jm.gemm_latency(dataclasses.replace(dev, mem_bw=-1.0), 128, 128, 128)
+    sys_ = hw_db.system("hgx_a100_4gpu")
+    bad = dataclasses.replace(sys_, levels=(dataclasses.replace(sys_.levels[0],
+                                                                efficiency=2.0),))
+    with pytest.raises(ValueError, match="efficiency"):
+        jm.collective_latency(bad, "all_reduce", 2**20, 4)
+    m = hw_db.model("gpt2-small")
+    for kw, field in ((dict(tp_overlap=-1), "tp_overlap"), (dict(dp_overlap=5), "dp_overlap"),
+                      (dict(grad_bytes=0), "grad_bytes")):
+        with pytest.raises(ValueError, match=field):
+            jm.train_step(sys_, m, jm.Parallelism(dp=4), 8, 256, **kw)
+    with pytest.raises(ValueError, match="seq_len"):
+        jm.train_step(sys_, m, jm.Parallelism(dp=4), 8, 0)
+    with pytest.raises(ValueError, match="sp"):
+        jm.train_step(sys_, m, jm.Parallelism(dp=4, sp=0.5), 8, 256)
+    with pytest.raises(ValueError, match="batch"):
+        jm.inference(sys_, m, jm.Parallelism(tp=4), batch=0, prompt_len=128, gen_len=8)
+    with pytest.raises(ValueError, match="flash_attention"):
+        jm.inference(sys_, m, jm.Parallelism(tp=4, flash_attention=7), 8, 128, 8)

@@ -50,8 +50,12 @@ hierarchical). Each collective adds the largest ``base_latency`` among the tiers
 Example:
     >>> sys = hw_db.system("hgx_a100_4gpu")
     >>> jm.collective_latency(sys, "all_reduce", 64 * 2**20, 4)          # seconds
+    Array(0.000587, dtype=...)
     >>> jm.collective_latency(sys, "all_reduce", jnp.logspace(12, 30, 10, base=2), 4,
     ...                       algorithm="best")                           # shape (10,)
+    Array([1.75e-05, 1.89e-05, 2.17e-05, 2.79e-05,
+           4.27e-05, 8.2e-05, 0.000199, 0.000587,
+           0.00198, 0.00722], dtype=...)
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ from jaxmodel.batching import batched
 from jaxmodel.comm import topology as topo
 from jaxmodel.comm.link import effective_bw, overhead_factor
 from jaxmodel.numerics import INF, first_reason, reason_name, safe_div
-from jaxmodel.types import TOPOLOGIES, System, is_concrete, static_flag
+from jaxmodel.types import TOPOLOGIES, System, is_concrete, static_flag, validate_args
 
 __all__ = ["OPS", "ALGORITHMS", "ALGORITHM_CODES", "AUTO_ALGORITHM", "algorithm_code",
            "collective_latency", "collective_cost", "collective_feasible",
@@ -571,6 +575,7 @@ def collective_cost(system: System, op: str, nbytes, group_size, algorithm: str 
     Example:
         >>> t, ok, why = jm.collective_cost(hw_db.system("tpuv3_8"), "all_reduce", 2**20, 7)
         >>> bool(ok), jm.reason_name(why)        # (False, 'topology_mismatch')
+        (True, 'ok')
     """
     _canonical(op, algorithm)
     return _cost_batched(system, op, nbytes, group_size, algorithm, stride,
@@ -624,9 +629,12 @@ def collective_latency(system: System, op: str, nbytes, group_size, algorithm: s
     Example:
         >>> sys = hw_db.system("dgx_a100", nodes=2)
         >>> jm.collective_latency(sys, "all_reduce", 2**26, 16)          # hierarchical
+        Array(0.00129, dtype=...)
         >>> jm.collective_latency(sys, "all_reduce", 2**26, 2, stride=8)  # DP across nodes
+        Array(0.00362, dtype=...)
     """
     _canonical(op, algorithm)
+    validate_args(system, where="collective_latency")
     t, ok, why = _cost_batched(system, op, nbytes, group_size, algorithm, stride,
                                net=net_variant_of(system))
     if (is_concrete(system, nbytes, group_size, stride, algorithm) and np.ndim(t) == 0

@@ -17,6 +17,7 @@ Example:
     >>> lvl = jm.NetLevel(size=4, topology="fully_connected", bw_per_device=300e9,
     ...                   link_latency=8.92e-6, header_bytes=16, max_payload_bytes=256)
     >>> wire_bytes(lvl, 1024.0)        # 1024 + 4 · 16 = 1088 bytes
+    Array(1088.0, dtype=......)
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ name (:func:`area_fields`).
 Example:
     >>> a = jm.die_area(hw_db.device("a100_80gb"))
     >>> float(a["total"])            # ≈ 827 mm² (GA100: 822.7 mm² measured)
+    8.27e+02
 """
 
 from __future__ import annotations
@@ -187,6 +188,7 @@ def die_area(dev: Device) -> dict:
 
     Example:
         >>> jm.die_area(hw_db.device("mi210"))["total"]
+        Array(7.03e+02, dtype=...)
     """
     return _die_area_batched(area_fields(dev))
 

@@ -29,9 +29,13 @@ Formulas (CATCH ``design.py`` @ d60dafb):
   NRE ``= [core·Σ frac·(FE + BE $/mm²) + reticle_share·Σ masks]/quantity`` summed over the tree.
 
 Example:
+    (skipped as a doctest: the CATCH library lives in ``shared/anchors`` beside the repository)
+
     >>> lib = "shared/anchors/chiplet_cost_library"
-    >>> r = chiplet_cost(f"{lib}/examples/sip.xml", f"{lib}/examples/netlist.xml", lib)
-    >>> float(r.total_usd)                       # ≈ 66.2 USD per unit
+    >>> sip, netlist = f"{lib}/examples/sip.xml", f"{lib}/examples/netlist.xml"
+    >>> r = chiplet_cost(sip, netlist, lib)      # doctest: +SKIP
+    >>> float(r.total_usd)                       # doctest: +SKIP
+    66.2
 """
 
 from __future__ import annotations
@@ -795,7 +799,9 @@ def chiplet_cost(system_xml: str | Path, netlist_xml: str | Path,
     per-chip areas, yields and costs.
 
     Example:
-        >>> r = jm.chiplet_cost("sip.xml", "netlist.xml", "chiplet_cost_library")
-        >>> r.table()                                   # per-chip DataFrame
+        (skipped as a doctest: the XML files are not shipped with the package)
+
+        >>> r = jm.chiplet_cost("sip.xml", "netlist.xml", "chiplet_cost_library")  # doctest: +SKIP
+        >>> r.table()                   # doctest: +SKIP
     """
     return chiplet_system_cost(load_chiplet_system(system_xml, netlist_xml, library_dir), dpw=dpw)

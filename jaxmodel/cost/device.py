@@ -18,6 +18,7 @@ All prices in USD, areas in mm², capacities in bytes (GB = 1e9 bytes).
 Example:
     >>> c = jm.device_cost(hw_db.device("a100_80gb"))
     >>> float(c.total_usd), float(c.die_usd), float(c.memory_usd)
+    (1e+03, 4.23e+02, 560.0)
 """
 
 from __future__ import annotations
@@ -216,6 +217,7 @@ def system_cost(system: System, include_yield: bool = True) -> SystemCost:
 
     Example:
         >>> jm.system_cost(hw_db.system("dgx_a100", nodes=128)).total_usd
+        Array(1.12e+07, dtype=...)
     """
     sys_ = dataclasses.replace(system, device=area_fields(system.device))
     return _system_cost_batched(sys_, include_yield=include_yield)

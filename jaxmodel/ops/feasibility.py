@@ -50,8 +50,11 @@ def validate_device_for_ops(dev, where: str = "Device"):
     Returns ``dev``.
 
     Example:
-        >>> validate_device_for_ops(hw_db.device("a100_80gb", local_buffer_bytes=512))
-        ValueError: Device: field 'local_buffer_bytes' = 512 is too small ...
+        >>> dev = dataclasses.replace(hw_db.device("a100_80gb"), local_buffer_bytes=1024.0)
+        >>> validate_device_for_ops(dev)
+        Traceback (most recent call last):
+        ...
+        ValueError: Device: field 'local_buffer_bytes' = 1024.0 is too small for any GEMM tile ...
     """
     validate_device(dev, where)
     need_local = np.asarray(min_local_bytes(np.asarray(dev.sa_rows, dtype=float),

@@ -48,6 +48,7 @@ import numpy as np
 from jaxmodel import numerics as nx
 from jaxmodel.batching import batched
 from jaxmodel.ops.systolic import systolic_cycles  # noqa: F401  (inlined below; the reference)
+from jaxmodel.types import validate_args
 
 # ------------------------------------------------------------------------------------------
 # Static candidate grid (independent of the problem shape; clipped to it at run time).
@@ -500,8 +501,11 @@ def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None)
         (invalid device, no tile fits the buffers).
 
     Example:
-        >>> t = gemm_latency(hw_db.device("a100_80gb"), 2048, 12288, 12288)   # ≈ 2.3e-3
+        >>> t = gemm_latency(hw_db.device("a100_80gb"), 2048, 12288, 12288)
+        >>> float(t)
+        0.00216
     """
+    validate_args(dev, where="gemm_latency")      # a concrete single device: clear errors
     return _gemm_batched(dev, m, n, k, batch, dtype_bytes, bool(overhead), soft,
                          not _is_one(batch))
 
@@ -521,7 +525,9 @@ def gemm_roofline(dev, m, n, k, batch=1, dtype_bytes=2):
     the memory term counts bytes (``dtype_bytes`` per element). No launch overhead.
 
     Example:
-        >>> gemm_roofline(dev, 4096, 4096, 4096)    # 2·4096³ / 312e12 ≈ 4.4e-4 on A100
+        >>> dev = hw_db.device("a100_80gb")
+        >>> float(gemm_roofline(dev, 4096, 4096, 4096))   # 2·4096³ / 312e12 ≈ 4.4e-4 on A100
+        0.00044
     """
     flops = 2.0 * batch * m * n * k
     io = batch * (m * k + k * n + m * n) * dtype_bytes

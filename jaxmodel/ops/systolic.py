@@ -31,7 +31,7 @@ def systolic_cycles(m, n, k, rows, cols, mac_per_cycle=1.0):
         Cycles (float array). Shape-only quantity: its gradient w.r.t. hardware rates is zero.
 
     Example:
-        >>> systolic_cycles(16, 16, 16, 16, 16)      # one fold: 16 + 30 − 1
+        >>> float(systolic_cycles(16, 16, 16, 16, 16))      # one fold: 16 + 30 − 1
         45.0
     """
     folds = nx.ceil_div(m, rows) * nx.ceil_div(n, cols)

@@ -74,6 +74,7 @@ def softmax_latency(dev, rows, cols, overhead=True):
 
     Example:
         >>> softmax_latency(hw_db.device("a100_80gb"), 4096, 4096)
+        Array(7.54e-05, dtype=...)
     """
     return _softmax_single(dev, rows, cols, overhead)
 
@@ -136,6 +137,7 @@ def layernorm_latency(dev, rows, cols, overhead=True):
 
     Example:
         >>> layernorm_latency(hw_db.device("a100_80gb"), 4096, 12288)
+        Array(0.000166, dtype=...)
     """
     return _layernorm_single(dev, rows, cols, overhead)
 
@@ -172,6 +174,7 @@ def gelu_latency(dev, n, overhead=True):
 
     Example:
         >>> gelu_latency(hw_db.device("a100_80gb"), 2**24)
+        Array(8.46e-05, dtype=...)
     """
     return _gelu_single(dev, n, overhead)
 
@@ -210,7 +213,9 @@ def elementwise_latency(dev, n_elements, bytes_per_element_moved, flops_per_elem
         flops_per_element: vector FLOP per element.
 
     Example:
-        >>> elementwise_latency(dev, 8 * 2048 * 12288, 6.0, 1.0)
+        >>> dev = hw_db.device("a100_80gb")
+        >>> float(elementwise_latency(dev, 8 * 2048 * 12288, 6.0, 1.0))
+        0.00072
     """
     return _elementwise_single(dev, n_elements, bytes_per_element_moved, flops_per_element,
                                overhead)

@@ -34,7 +34,8 @@ from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
 from jaxmodel.batching import batch_shape, batched
 from jaxmodel.numerics import INF, divides, first_reason, is_integer, reason_name, safe_div
-from jaxmodel.types import Model, Parallelism, System, is_concrete
+from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_args,
+                            validate_knobs)
 from jaxmodel.workload.layer import (ANY, LAYER_OPS, Variant, default_gemm, layer_checks,
                                      layer_times, variant_of)
 from jaxmodel.workload.memory import inference_memory_single
@@ -248,6 +249,7 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
         >>> r = jm.inference(hw_db.system("hgx_a100_4gpu"), hw_db.model("llama2-13b"),
         ...                  jm.Parallelism(tp=4), batch=8, prompt_len=2048, gen_len=256)
         >>> float(r.ttft_s), float(r.tpot_s), bool(r.feasible)
+        (0.607, 0.0222, True)
     """
     if is_concrete(system, model, par, batch, prompt_len, gen_len) and batch_shape(
             system, model, par, batch, prompt_len, gen_len) == ():
@@ -261,6 +263,9 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
                 f"n_heads={model.n_heads!r}, n_kv_heads={model.n_kv_heads!r}, "
                 f"n_layers={model.n_layers!r}; batch={batch!r}, prompt_len={prompt_len!r}, "
                 f"gen_len={gen_len!r}")
+        validate_args(system, model, par, where="inference")
+    validate_knobs("inference", batch=batch, prompt_len=prompt_len, gen_len=gen_len,
+                   dtype_bytes=dtype_bytes)
     return _inference(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes,
                       variant_of(model, par, system))
 

@@ -38,6 +38,7 @@ Example:
     >>> obj = make_objective(hw_db.system("dgx_a100"), hw_db.model("gpt3-175b"),
     ...                      jm.Parallelism(tp=8))
     >>> float(obj({"core_count": 108.0, "hbm_stacks": 5.0}))      # USD per million tokens
+    8.09
 """
 
 from __future__ import annotations

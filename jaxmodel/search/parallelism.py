@@ -21,6 +21,12 @@ Example:
     >>> df = jm.search_parallelism(hw_db.system("dgx_a100", nodes=192),
     ...                            hw_db.model("gpt3-175b"), 1536, 1536, 2048)
     >>> df.iloc[0][["dp", "tp", "pp", "micro_batch", "step_time_s"]]
+    dp                  32.0
+    tp                   8.0
+    pp                   6.0
+    micro_batch          4.0
+    step_time_s    11.9
+    Name: 0, dtype: object
 """
 
 from __future__ import annotations

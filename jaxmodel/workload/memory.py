@@ -17,6 +17,7 @@ Example:
     ...                        jm.Parallelism(tp=8, pp=8, sp=True, recompute="selective"),
     ...                        2048, in_flight=8)
     >>> float(m["total"]) / 2**30   # GiB per device
+    51.2
 """
 
 from __future__ import annotations

@@ -79,6 +79,7 @@ def expert_capacity(model: Model, tokens):
 
     Example:
         >>> expert_capacity(hw_db.model("mixtral-8x7b"), 4096.0)   # 1.0·2·4096/8 = 1024
+        Array(1024.0, dtype=......)
     """
     E = jnp.maximum(model.n_experts, 1.0)
     k = jnp.clip(model.top_k, 1.0, E)
@@ -134,6 +135,7 @@ def moe_feasibility(model: Model, par: Parallelism):
     Example:
         >>> ok, why = moe_feasibility(hw_db.model("mixtral-8x7b"), jm.Parallelism(dp=3, ep=3))
         >>> jm.reason_name(why)                                # 'experts_not_divisible'
+        'experts_not_divisible'
     """
     return nx.first_reason(moe_checks(model, par))
 
@@ -255,8 +257,10 @@ def moe_layer_times(system: System, model: Model, par: Parallelism, tokens, dtyp
     of :func:`moe_dims`. GEMMs use the ops tile search.
 
     Example:
-        >>> r = moe_layer_times(hw_db.system("dgx_a100", nodes=32), moe139b,
-        ...                     jm.Parallelism(dp=32, tp=8, ep=32), 2048.0)
+        >>> r = moe_layer_times(hw_db.system("dgx_a100", nodes=4), hw_db.model("mixtral-8x7b"),
+        ...                     jm.Parallelism(dp=4, tp=8, ep=8), 2048.0)
+        >>> sorted(r)[:3], bool(r["alltoall"] > 0)
+        (['a2a_bytes', 'alltoall', 'capacity'], True)
     """
     dims = moe_dims(model, par, tokens, dtype_bytes, dropless)
     one = _with_all_moe(model)

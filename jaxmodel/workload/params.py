@@ -12,6 +12,7 @@ Units: parameters (count), FLOP.
 Example:
     >>> import hw_db, jaxmodel as jm
     >>> float(jm.param_count(hw_db.model("gpt3-175b"))) / 1e9   # ~174.6 (billion)
+    1.75e+02
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def param_count(model: Model):
 
     Example:
         >>> float(param_count(hw_db.model("llama2-7b"))) / 1e9   # ~6.74
+        6.74
     """
     n_moe = n_moe_layers(model)
     dense = (model.n_layers - n_moe) * layer_params(model)
