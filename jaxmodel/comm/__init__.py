@@ -12,7 +12,7 @@ from jaxmodel.comm.collectives import (ALGORITHM_CODES, ALGORITHMS, ANY_NET, AUT
                                        OPS, NetVariant, algorithm_code, collective_cost,
                                        collective_feasible, collective_latency,
                                        level_algorithm_times, net_variant_of)
-from jaxmodel.comm.link import effective_bw, overhead_factor, p2p_delay, wire_bytes
+from jaxmodel.comm.link import overhead_factor, wire_bytes
 from jaxmodel.comm.topology import placement
 
 __all__ = ["collective_latency", "collective_cost", "collective_feasible", "algorithm_code",

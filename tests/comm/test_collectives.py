@@ -31,7 +31,7 @@ def system(*levels):
 
 def times(lvl, m, n=N, op="all_reduce"):
     t, app, ok = coll.level_algorithm_times(lvl, float(m), n, ops=(op,))
-    return dict(zip(coll.ALGORITHMS, np.asarray(t[op]))), bool(ok)
+    return dict(zip(coll.ALGORITHMS, np.asarray(t[op][0]))), bool(ok)
 
 
 # ------------------------------------------------------------------ hand-derived values
