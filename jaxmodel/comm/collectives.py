@@ -35,9 +35,12 @@ Algorithm model (one tier, ``m`` members, buffer ``n``; ``B`` = ``bw_per_device 
                     wrap-around crosses ``len−1`` hops). Mesh/torus only.
 ``tree``            double binary tree (NCCL): ``2·log2 m`` hops, ``2n`` sent per device;
                     all-reduce and broadcast only.
-``in_network``      NVLink SHARP on a switch tier with ``in_network_reduction = 1``: each
-                    device sends and receives ``n`` once (all-reduce) — half the traffic of
-                    a ring.
+``in_network``      NVLink SHARP (or CollNet/SHARP on a network tier) on a switch tier with
+                    ``in_network_reduction = 1``: each device sends and receives its
+                    ``(m−1)/m · n`` once; the switch reduces (all-reduce) or multicasts
+                    (all-gather) — half the traffic of a ring. NCCL's NVLS bandwidth model
+                    (``tuning.cc``: all-reduce bus bandwidth doubled, ratio ``m/(2(m−1))``)
+                    gives the same ``(m−1)/m · n / B``.
 ==================  =========================================================================
 
 All-reduce = reduce-scatter + all-gather for ring, halving_doubling, direct and 2d. A group
@@ -472,7 +475,8 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
                            lambda: twice(two_d()),
                            lambda: (2.0 * depth * tree_hop(), 2.0 * n * ovh("n") / tree_bw,
                                     2.0 * depth),
-                           lambda: (2.0 * sw_hop, n * ovh("u") / B, 2.0 * one)],
+                           lambda: (2.0 * sw_hop, (m - 1.0) / m * n * ovh("u") / B,
+                                    2.0 * one)],
                           [True, True, True, is_grid, True, inr], op)
         if op == "all_to_all":
             t_d = _pipelined(*direct(), cl)
