@@ -159,6 +159,7 @@ def _nccl_candidates(op: str, inr) -> tuple:
 
 
 _INR_OPS = ("all_reduce", "reduce_scatter", "all_gather")
+_SIMPLE = float(nccl.PROTOCOLS.index("simple"))
 
 
 def _needed_algorithms(op: str, algorithm, topology, inr, nccl=False) -> tuple | None:
@@ -264,11 +265,12 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
             ``level.nccl_link >= 0``).
 
     Returns:
-        ``(times, applicable, ok)``: ``times[op]`` an array of shape ``(3, len(ALGORITHMS))``
+        ``(times, applicable, ok)``: ``times[op]`` an array of shape ``(4, len(ALGORITHMS))``
         (+inf where not applicable): row 0 the executed time with the protocol NCCL's tuner
         picks for that algorithm, row 1 the executed time with the fastest protocol, row 2
         the tuner's own predicted time (+inf off NCCL tiers and for algorithms NCCL does not
-        choose among). Off NCCL tiers all algorithms use the Simple protocol (rows 0 = 1).
+        choose among), row 3 the index into ``nccl.PROTOCOLS`` of the tuner's protocol.
+        Off NCCL tiers all algorithms use the Simple protocol (rows 0 = 1).
         ``applicable[op]`` the bool array over algorithms, ``ok`` False when the group
         shape does not fit a 2D tier. ``m = 1`` gives zero time for every algorithm.
     """
@@ -438,7 +440,7 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         exe = jnp.where(ok_p, _pipelined(lat_p, bwt_p, steps, cl_p), INF)
         tune = jnp.where(ok_p, lat_p + bwt_p, INF)
         k = jnp.argmin(tune)
-        return exe[k], jnp.min(exe), tune[k]
+        return exe[k], jnp.min(exe), tune[k], k.astype(f)
 
     def finish(algs, app, op):
         """``algs``: one thunk per algorithm returning (latency, bandwidth time, steps);
@@ -449,7 +451,8 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
             parts = [algs[i]() for i in keep]
             simple = _pipelined(*(jnp.stack([jnp.asarray(a[j], dtype=f) for a in parts])
                                   for j in range(3)), cl)
-            x = jnp.stack([simple, simple, INF * jnp.ones_like(simple)])
+            x = jnp.stack([simple, simple, INF * jnp.ones_like(simple),
+                           _SIMPLE * jnp.ones_like(simple)])
             if is_nccl is not False:
                 cols = []
                 for j, i in enumerate(keep):
@@ -461,7 +464,7 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
             mask = jnp.stack([app[i] for i in keep])
             x = jnp.where(mask, x, INF)
             x = jnp.where(active, x, jnp.where(mask, 0.0, INF))
-        x_all = [INF * jnp.ones(3, dtype=f)] * len(algs)
+        x_all = [INF * jnp.ones(4, dtype=f)] * len(algs)
         for j, i in enumerate(keep):
             x_all[i] = x[:, j]
         return jnp.stack(x_all, axis=1), jnp.stack(app)
@@ -483,7 +486,8 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
             t_d = jnp.where(active, t_d, 0.0)
             idx = jnp.arange(len(ALGORITHMS))
             row = jnp.where(idx == 2, t_d, INF)
-            return jnp.stack([row, row, INF * jnp.ones_like(row)]), idx == 2
+            return (jnp.stack([row, row, INF * jnp.ones_like(row), _SIMPLE + 0.0 * row]),
+                    idx == 2)
         if op == "broadcast":
             # pipelined chain (ring); scatter + all-gather (hd, direct, 2d)
             return finish([lambda: ((m - 1.0) * ring_step,
@@ -497,7 +501,7 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         t_p = _pipelined(sel(sw_hop, lat, hop), n * ovh("n") / jnp.where(is_sw, B, b), one, cl)
         t_p = jnp.where(active, t_p, 0.0)
         row = jnp.broadcast_to(t_p, (len(ALGORITHMS),))
-        return (jnp.stack([row, row, INF * jnp.ones_like(row)]),
+        return (jnp.stack([row, row, INF * jnp.ones_like(row), _SIMPLE + 0.0 * row]),
                 jnp.ones(len(ALGORITHMS), dtype=bool))
 
     out = {op: table(op) for op in ops}
