@@ -1,4 +1,5 @@
-"""jaxmodel.comm: link model, topologies, collective algorithms, multi-tier hierarchies.
+"""jaxmodel.comm: link model, topologies, collective algorithms (NCCL's algorithm × protocol
+choice on NCCL tiers, :mod:`jaxmodel.comm.nccl`), multi-tier hierarchies.
 
 Public names: :func:`collective_latency` (seconds), :func:`collective_cost`
 (``(latency, feasible, reason)``), :func:`collective_feasible`, and the name tables

@@ -50,6 +50,20 @@ down. ``"hierarchical"`` is accepted as a name for ``"auto"`` (the composition i
 hierarchical). Each collective adds the largest ``base_latency`` among the tiers it uses
 (software/launch overhead, a calibration constant in hw_db).
 
+NCCL tiers (``NetLevel.nccl_link >= 0``: NVLink/NVSwitch, PCIe, InfiniBand) add NCCL's
+protocol dimension (:mod:`jaxmodel.comm.nccl`, NCCL 2.30.7 ``src/graph/tuning.cc``): for ring,
+tree and in-network (NVLS inside a node, CollNet/SHARP on a network tier) and each protocol
+LL / LL128 / Simple, the executed time is NCCL's latency ``lat(a, p)`` (base + per-step
+hardware latency of the link class) plus the algorithm's bandwidth time divided by NCCL's
+protocol factor (LL ½ capped at ``ll_max_bw``, LL128 0.92, tree ×0.92, NVLS
+``nvls_efficiency``), Simple with the chunked pipeline of :func:`_pipelined`. ``"auto"`` is
+NCCL's tuner (``getAlgoInfo``): the argmin over ``(a, p)`` of NCCL's own predicted time
+``lat(a, p) + bandwidth time`` — a code chosen inside the traced graph — and the executed time
+of that choice; ``"best"`` the minimum executed time over every algorithm and protocol. A
+hierarchical all-reduce composes per tier (NVLS reduce-scatter inside the node + tree or
+ring across nodes ≈ NCCL's NVLS-tree). Tiers with ``nccl_link = −1`` (TPU ICI, the LLMCompass
+fully connected node) keep Guo et al.'s per-topology choice with one (Simple) protocol.
+
 Example:
     >>> sys = hw_db.system("hgx_a100_4gpu")
     >>> jm.collective_latency(sys, "all_reduce", 64 * 2**20, 4)          # seconds
@@ -106,8 +120,9 @@ class NetVariant(NamedTuple):
         topologies: per tier, the topology name (``types.TOPOLOGIES``) or ``None`` (any).
         in_network: per tier, whether in-network reduction is on (``True``/``False``) or
             ``None`` (varies or traced).
-        nccl: per tier, whether NCCL's algorithm/protocol model applies (``nccl_link >= 0``;
-            ``True``/``False``) or ``None`` (varies or traced).
+        nccl: per tier, the static NCCL link class by name (``"off"`` = not an NCCL tier,
+            ``"nvlink"``, ``"pci"``, ``"net"``; ``NetLevel.nccl_link`` −1/0/1/2) or ``None``
+            (varies or traced). Names, not numbers: static leaves must not be traced.
     """
 
     topologies: tuple = ()
@@ -121,10 +136,16 @@ class NetVariant(NamedTuple):
         return self.in_network[k] if k < len(self.in_network) else None
 
     def is_nccl(self, k: int):
-        return self.nccl[k] if k < len(self.nccl) else None
+        v = self.nccl_link(k)
+        return None if v is None else v > -0.5
+
+    def nccl_link(self, k: int):
+        v = self.nccl[k] if k < len(self.nccl) else None
+        return None if v is None else float(_LINK_NAMES.index(v) - 1)
 
 
 ANY_NET = NetVariant()
+_LINK_NAMES = ("off", "nvlink", "pci", "net")     # NetLevel.nccl_link −1, 0, 1, 2
 
 
 def net_variant_of(system: System) -> NetVariant:
@@ -139,7 +160,9 @@ def net_variant_of(system: System) -> NetVariant:
     topos, inr, nccl = [], [], []
     for lvl in system.levels:
         inr.append(static_flag(lvl.in_network_reduction, lambda a: a > 0.5))
-        nccl.append(static_flag(lvl.nccl_link, lambda a: a > -0.5))
+        code = _static_code(lvl.nccl_link)
+        ok = code is not None and code == round(code) and -1 <= code <= 2
+        nccl.append(_LINK_NAMES[int(code) + 1] if ok else None)
         if not is_concrete(lvl.topology):    # other leaves may be traced (grad over bw)
             topos.append(None)
             continue
@@ -148,6 +171,14 @@ def net_variant_of(system: System) -> NetVariant:
               and 0 <= codes[0] < len(TOPOLOGIES))
         topos.append(TOPOLOGIES[int(codes[0])] if ok else None)
     return NetVariant(tuple(topos), tuple(inr), tuple(nccl))
+
+
+def _static_code(x):
+    """The single value of a concrete leaf as a Python float (``None`` if traced or varied)."""
+    if not is_concrete(x):
+        return None
+    v = np.unique(np.asarray(x, dtype=float))
+    return float(v[0]) if v.size == 1 else None
 
 
 def _nccl_candidates(op: str, inr) -> tuple:
@@ -261,8 +292,8 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         in_network: static in-network-reduction flag (``None``: read the level).
         algorithms: static indices into ``ALGORITHMS`` to evaluate (``None``: all); the
             others report ``+inf`` and not applicable.
-        nccl_tier: static flag, whether NCCL's protocol model applies (``None``: read
-            ``level.nccl_link >= 0``).
+        nccl_tier: static NCCL link class (``None``: read ``level.nccl_link``; −1 = not an
+            NCCL tier).
 
     Returns:
         ``(times, applicable, ok)``: ``times[op]`` an array of shape ``(4, len(ALGORITHMS))``
@@ -417,9 +448,9 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
     false_ = jnp.asarray(False)
 
     if nccl_tier is None:
-        is_nccl = level.nccl_link > -0.5
+        is_nccl, link = level.nccl_link > -0.5, level.nccl_link
     else:
-        is_nccl = nccl_tier
+        is_nccl, link = nccl_tier > -0.5, nccl_tier
 
     def protocols(name, op, part):
         """(executed at the tuner's protocol, executed at the fastest, tuner time) of one
@@ -427,7 +458,6 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         (:mod:`jaxmodel.comm.nccl`) on this algorithm's bandwidth time; the per-chunk
         overhead ``chunk_latency`` applies to Simple only (LL/LL128 carry a flag per line)."""
         _, bwt, steps = (jnp.asarray(a, dtype=f) for a in part)
-        link = level.nccl_link
         lat_p = nccl.latency(name, op, m, link)
         f_p = nccl.bw_factor(name, op, link, level.nvls_efficiency)
         ok_p = f_p > 0
@@ -460,7 +490,8 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
                         cols.append(jnp.stack(protocols(ALGORITHMS[i], op, parts[j])))
                     else:
                         cols.append(x[:, j])
-                x = jnp.where(is_nccl, jnp.stack(cols, axis=1), x)
+                x = (jnp.stack(cols, axis=1) if is_nccl is True
+                     else jnp.where(is_nccl, jnp.stack(cols, axis=1), x))
             mask = jnp.stack([app[i] for i in keep])
             x = jnp.where(mask, x, INF)
             x = jnp.where(active, x, jnp.where(mask, 0.0, INF))
@@ -513,7 +544,7 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
 def _choose(times, app, level, algorithm, static_topology=None, nccl_tier=None):
     """Pick one algorithm's time on a tier: auto, best (min) or a named one.
 
-    ``times``: the ``(3, len(ALGORITHMS))`` array of :func:`level_algorithm_times`. ``auto``
+    ``times``: the ``(4, len(ALGORITHMS))`` array of :func:`level_algorithm_times`. ``auto``
     on an NCCL tier (``level.nccl_link >= 0``) is the executed time of the algorithm and
     protocol with the smallest tuner time (NCCL ``getAlgoInfo``: argmin over its own cost
     model); elsewhere Guo et al.'s choice per topology. ``best`` is the fastest executed
@@ -611,14 +642,14 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
         else:
             n_k = n / inner[k]
         needed = ("all_reduce", "reduce_scatter") if op == "all_reduce" else (op,)
-        st, nt = net.topology(k), net.is_nccl(k)
+        st, nt, nl = net.topology(k), net.is_nccl(k), net.nccl_link(k)
         algs = _needed_algorithms(op, algorithm, st, net.inr(k), nt)
         if algs is not None and op == "all_reduce":
             algs = tuple(sorted(set(algs) | set(_needed_algorithms(
                 "reduce_scatter", algorithm, st, net.inr(k), nt))))
         times, apps, ok = level_algorithm_times(lvl, m, n_k, spacing[k], inner[k], needed,
                                                 topology=st, in_network=net.inr(k),
-                                                algorithms=algs, nccl_tier=nt)
+                                                algorithms=algs, nccl_tier=nl)
         shape_ok = shape_ok & ok
         if op == "all_reduce":
             # inner tiers: reduce-scatter + all-gather with the same algorithm; top: all-reduce
@@ -697,9 +728,10 @@ def collective_latency(system: System, op: str, nbytes, group_size, algorithm: s
             the reduce-scatter input, the all-gather output, the all-to-all send buffer, the
             broadcast buffer, the p2p message.
         group_size: devices in the group (traced; a batch may vary it).
-        algorithm: ``"auto"`` (Guo et al.'s choice per topology: ring → ring, switch →
-            Rabenseifner, fully connected → direct, 2D → 2D), ``"best"`` (fastest applicable,
-            per tier), or one of ``"ring"``, ``"halving_doubling"`` (``"rabenseifner"``),
+        algorithm: ``"auto"`` (NCCL's tuner choice of algorithm and protocol on NCCL tiers;
+            elsewhere Guo et al.'s choice per topology: ring → ring, switch → Rabenseifner,
+            fully connected → direct, 2D → 2D), ``"best"`` (fastest applicable algorithm and
+            protocol, per tier), or one of ``"ring"``, ``"halving_doubling"`` (``"rabenseifner"``),
             ``"direct"``, ``"2d"``, ``"tree"``, ``"in_network"`` (NVLS; switch tiers with
             ``in_network_reduction = 1``), ``"hierarchical"`` (= auto). A named algorithm is
             used on every tier where it applies, the tier's auto choice elsewhere. A number

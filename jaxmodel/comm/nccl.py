@@ -57,9 +57,19 @@ NVLINK_BW_PER_LINK = {"a100": 20.0e9, "h100": 20.6e9, "b200": 40.1e9}
 
 
 def _by_link(table, link):
-    """Pick a row of a (NVLink, PCI, NET) table with a (possibly traced) link code."""
-    rows = jnp.asarray(table, dtype=jnp.result_type(float)) * _US       # (3 links, 3 protos)
+    """Pick a row of a (NVLink, PCI, NET) table with a link code (a Python number folds)."""
+    f = jnp.result_type(float)
+    if isinstance(link, (int, float)):
+        return jnp.asarray(table[0 if link < 0.5 else 1 if link < 1.5 else 2], dtype=f) * _US
+    rows = jnp.asarray(table, dtype=f) * _US                           # (3 links, 3 protos)
     return jnp.where(link < 0.5, rows[0], jnp.where(link < 1.5, rows[1], rows[2]))
+
+
+def _where(c, a, b):
+    """``jnp.where`` that folds when ``c`` is a Python bool."""
+    if isinstance(c, bool):
+        return a if c else b
+    return jnp.where(c, a, b)
 
 
 def latency(alg: str, op: str, m, link):
@@ -75,13 +85,13 @@ def latency(alg: str, op: str, m, link):
         return jnp.asarray(BASE_LAT["ring"], dtype=f) * _US + steps * _by_link(HW_LAT["ring"],
                                                                               link)
     if alg == "tree":
-        hops = jnp.where(link > 1.5, jnp.ceil(jnp.log2(jnp.maximum(m, 1.0)) - 1e-9), m - 1.0)
+        hops = _where(link > 1.5, jnp.ceil(jnp.log2(jnp.maximum(m, 1.0)) - 1e-9), m - 1.0)
         k = 2.0 if op == "all_reduce" else 1.0
         return (jnp.asarray(BASE_LAT["tree"], dtype=f) * _US
                 + k * hops * _by_link(HW_LAT["tree"], link))
     if alg == "in_network":
-        return jnp.where(link > 1.5, _by_link(HW_LAT["collnet"], link),
-                         _by_link(HW_LAT["nvls"], link))
+        return _where(link > 1.5, _by_link(HW_LAT["collnet"], link),
+                      _by_link(HW_LAT["nvls"], link))
     raise ValueError(f"no NCCL latency for algorithm {alg!r}")
 
 
@@ -96,10 +106,10 @@ def bw_factor(alg: str, op: str, link, nvls_efficiency=1.0):
     if alg == "ring":
         return jnp.asarray((0.5, 0.92, 1.0), dtype=f)
     if alg == "tree":
-        ll128 = jnp.where(link > 1.5, 120.0 / 128.0, 7.0 / 9.0)
-        return 0.92 * jnp.stack([jnp.asarray(1.0 / 3.8, dtype=f), ll128.astype(f),
+        ll128 = jnp.asarray(_where(link > 1.5, 120.0 / 128.0, 7.0 / 9.0), dtype=f)
+        return 0.92 * jnp.stack([jnp.asarray(1.0 / 3.8, dtype=f), ll128,
                                  jnp.asarray(1.0, dtype=f)])
     if alg == "in_network":
-        eff = jnp.where(link > 1.5, 1.0, nvls_efficiency)
+        eff = _where(link > 1.5, 1.0, nvls_efficiency)
         return jnp.stack([jnp.zeros((), f), jnp.zeros((), f), jnp.asarray(eff, dtype=f)])
     raise ValueError(f"no NCCL bandwidth factor for algorithm {alg!r}")

@@ -114,7 +114,7 @@ def test_static_variant_equals_traced():
     """Pruned tracing (NetVariant with the NCCL flag) gives the traced-flag numbers."""
     sys_ = hw_db.system("dgx_h100", nodes=2)
     net = coll.net_variant_of(sys_)
-    assert net.nccl == (True, True)
+    assert net.nccl == ("nvlink", "net")
     for n in (2.0**14, 2.0**22, 2.0**28):
         for g, s in ((8, 1), (16, 1), (2, 8)):
             a = coll._cost(sys_, "all_reduce", n, float(g), "auto", float(s), net)[0]
