@@ -162,6 +162,8 @@ def plot(data, summary, path):
         ax.set_ylabel("latency (us)")
         ax.legend(fontsize=6)
         ax.grid(True, which="both", alpha=0.3)
+    for ax in axes.ravel()[len(names):]:
+        ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
