@@ -171,3 +171,13 @@ def test_float32(float32):
     t = jm.collective_latency(sys_, "all_reduce", jnp.logspace(11, 30, 5, base=2.0), 8)
     assert t.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(t)))
     assert choice(sys_.levels[0], 8, 2.0**26) == ("in_network", "simple")
+
+
+def test_collnet_on_a_sharp_fabric():
+    """A network tier with in-network reduction (SHARP): CollNet's 31 us latency loses to
+    ring/tree LL for small messages, its halved traffic wins for large ones."""
+    ib = nvswitch(16, inr=1.0, nccl_link=2.0, bw_per_device=25e9, ll_max_bw=20.4e9)
+    assert choice(ib, 16, 2.0**12)[1] == "ll"
+    assert choice(ib, 16, 2.0**30) == ("in_network", "simple")
+    lat = nccl.latency("in_network", "all_reduce", 16.0, 2.0)
+    np.testing.assert_allclose(np.asarray(lat), [0.0, 0.0, 31e-6])
