@@ -357,6 +357,8 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         return ovh_memo[key]
 
     def sel(sw, fc, other):
+        if is_sw is True:       # static switch tier: fold (fewer traced operations)
+            return sw
         return jnp.where(is_sw, sw, jnp.where(is_fc, fc, other))
 
     # Each algorithm below is (latency, bandwidth time, sequential steps) of one phase. They
@@ -373,8 +375,11 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
     line_like = is_ring | (is_grid & (r < 1.5))
     ring_bw_1d = jnp.where(closed_x, 2.0 * b, b)
     ring_step_1d = jnp.where(closed_x, hop, hop * (m - 1.0))
-    ring_bw = jnp.select([is_sw, is_fc, line_like], [B, (m - 1.0) * b, ring_bw_1d], 2.0 * b)
-    ring_step = jnp.select([is_sw, is_fc, line_like], [sw_hop, lat, ring_step_1d], hop)
+    if is_sw is True:
+        ring_bw, ring_step = B, sw_hop
+    else:
+        ring_bw = jnp.select([is_sw, is_fc, line_like], [B, (m - 1.0) * b, ring_bw_1d], 2.0 * b)
+        ring_step = jnp.select([is_sw, is_fc, line_like], [sw_hop, lat, ring_step_1d], hop)
     u = n / m
     diam = jnp.where(closed_x, jnp.floor(c / 2.0), c - 1.0) + jnp.where(
         closed_y, jnp.floor(r / 2.0), r - 1.0)
@@ -385,7 +390,7 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
     else:
         inr = is_sw & (level.in_network_reduction > 0.5)
     depth = jnp.ceil(_log2(m) - 1e-9)
-    tree_bw = jnp.where(is_sw, B, b)
+    tree_bw = B if is_sw is True else jnp.where(is_sw, B, b)
 
     @lazy
     def ring():
@@ -437,6 +442,8 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
     @lazy
     def tree_hop():
         # double binary tree edge: one switch round trip, one link, or h_avg ring/grid hops
+        if is_sw is True:
+            return sw_hop
         h_avg = jnp.where(closed_x, c / 4.0, (c + 1.0) / 3.0) + jnp.where(
             r > 1.5, jnp.where(closed_y, r / 4.0, (r + 1.0) / 3.0), 0.0)
         return sel(sw_hop, lat, hop * jnp.maximum(h_avg, 1.0))
@@ -460,15 +467,18 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         _, bwt, steps = (jnp.asarray(a, dtype=f) for a in part)
         lat_p = nccl.latency(name, op, m, link)
         f_p = nccl.bw_factor(name, op, link, level.nvls_efficiency)
-        ok_p = f_p > 0
-        bwt_p = bwt / jnp.where(ok_p, f_p, 1.0)
-        if name in ("ring", "tree"):     # LL bus bandwidth capped at llMaxBw
-            cap = level.ll_max_bw > 0
-            ll_t = bwt * B / jnp.where(cap, level.ll_max_bw, 1.0)
-            bwt_p = bwt_p.at[0].set(jnp.where(cap, jnp.maximum(bwt_p[0], ll_t), bwt_p[0]))
+        if name == "in_network":         # NVLS / CollNet: Simple only
+            bwt_s = bwt / f_p[2]
+            exe = _pipelined(lat_p[2], bwt_s, steps, cl)
+            return exe, exe, lat_p[2] + bwt_s, _SIMPLE + 0.0 * exe
+        bwt_p = bwt / f_p
+        # LL bus bandwidth capped at llMaxBw
+        ll_t = jnp.where(level.ll_max_bw > 0,
+                         bwt * B / jnp.where(level.ll_max_bw > 0, level.ll_max_bw, 1.0), 0.0)
+        bwt_p = jnp.maximum(bwt_p, jnp.stack([ll_t, 0.0 * ll_t, 0.0 * ll_t]))
         cl_p = jnp.stack([0.0 * cl, 0.0 * cl, cl + 0.0 * one])
-        exe = jnp.where(ok_p, _pipelined(lat_p, bwt_p, steps, cl_p), INF)
-        tune = jnp.where(ok_p, lat_p + bwt_p, INF)
+        exe = _pipelined(lat_p, bwt_p, steps, cl_p)
+        tune = lat_p + bwt_p
         k = jnp.argmin(tune)
         return exe[k], jnp.min(exe), tune[k], k.astype(f)
 

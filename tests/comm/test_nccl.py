@@ -174,10 +174,14 @@ def test_float32(float32):
 
 
 def test_collnet_on_a_sharp_fabric():
-    """A network tier with in-network reduction (SHARP): CollNet's 31 us latency loses to
-    ring/tree LL for small messages, its halved traffic wins for large ones."""
+    """A network tier with in-network reduction (SHARP, NCCL CollNet). Hand, 16 ranks, 4 KiB:
+    CollNet 31 us; tree LL 6.8 + 2·log2(16)·5.0 = 46.8 us; ring LL 6.6 + 30·2.7 = 87.6 us."""
     ib = nvswitch(16, inr=1.0, nccl_link=2.0, bw_per_device=25e9, ll_max_bw=20.4e9)
-    assert choice(ib, 16, 2.0**12)[1] == "ll"
+    assert choice(ib, 16, 2.0**12) == ("in_network", "simple")
     assert choice(ib, 16, 2.0**30) == ("in_network", "simple")
+    no_sharp = dataclasses.replace(ib, in_network_reduction=0.0)
+    assert choice(no_sharp, 16, 2.0**12) == ("tree", "ll")
     lat = nccl.latency("in_network", "all_reduce", 16.0, 2.0)
     np.testing.assert_allclose(np.asarray(lat), [0.0, 0.0, 31e-6])
+    tree = nccl.latency("tree", "all_reduce", 16.0, 2.0)
+    np.testing.assert_allclose(np.asarray(tree)[0], 46.8e-6)
