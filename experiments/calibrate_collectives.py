@@ -22,6 +22,7 @@ Cross-validation:
   node with only sourced differences (datasheet NVLink bandwidth, NVLS, NCCL's Hopper
   ``llMaxBw``/``nvlsEfficiency``, and ``efficiency`` scaled by NCCL's own NVLink bandwidth
   ratio: 18 × 20.6 GB/s of 450 GB/s on H100 vs 12 × 20.0 GB/s of 300 GB/s on A100);
+- nccl-tests 8xA100 <-> vidur A100 kernel times (same hardware, different measurement);
 - leave one group size out on each kernel-time set: fit on two of 2/4/8 GPUs, test on the
   third.
 
@@ -135,7 +136,13 @@ def main():
                            subset(ds_h, big)), ds_h["seconds"][big])
     print(f"{'':34s} same, sizes >= 1 MiB: MAPE {err_big:.2f} %")
 
-    # cross-validation 2: leave one group size out
+    # cross-validation 2: the two A100 NVSwitch data sets (nccl-tests / kernel times) swapped
+    for src, dst, ds in (("dgx_a100", "a100_dgx_vidur", clean(jobs[1][1])),
+                         ("a100_dgx_vidur", "dgx_a100", jobs[0][1])):
+        err = mape(predict(with_level(hw_db.system(dst), 0, **fitted[src]), ds), ds["seconds"])
+        report(rows, f"CV: {src} -> {dst}", dst, ds, fitted[src], err, " (out of sample)")
+
+    # cross-validation 3: leave one group size out
     for sys_name, ds in jobs[1:]:
         ds = clean(ds)
         errs = []
