@@ -478,7 +478,12 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         bwt_p = jnp.maximum(bwt_p, jnp.stack([ll_t, 0.0 * ll_t, 0.0 * ll_t]))
         cl_p = jnp.stack([0.0 * cl, 0.0 * cl, cl + 0.0 * one])
         exe = _pipelined(lat_p, bwt_p, steps, cl_p)
-        tune = lat_p + bwt_p
+        if op == "all_reduce" and name == "tree":     # tuner-only corrections (NCCL)
+            tune = lat_p + bwt_p / nccl.tree_correction(n)
+        elif op == "all_reduce":
+            tune = lat_p * nccl.ring_plateau(link) + bwt_p
+        else:
+            tune = lat_p + bwt_p
         k = jnp.argmin(tune)
         return exe[k], jnp.min(exe), tune[k], k.astype(f)
 

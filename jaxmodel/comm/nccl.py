@@ -26,6 +26,10 @@ Latency (µs in NCCL, seconds here) per algorithm on one tier of ``m`` ranks:
 - NVLS / CollNet (in-network reduction, Simple only): ``hwLat[link][nvls][simple]`` (NVLink
   SHARP) or ``hwLat[net][collnet_direct][simple]`` (SHARP on the network switches).
 
+The tuner (not the executed time) also scales the tree all-reduce bandwidth by
+``treeCorrectionFactor[p][log2(n/64)]`` and the Simple ring all-reduce latency across nodes by
+1.4 (``ncclTopoGetAlgoTime``): :func:`tree_correction`, :func:`ring_plateau`.
+
 Link classes (``NetLevel.nccl_link``): 0 = NVLink, 1 = PCIe, 2 = network (NCCL's ``NCCL_HW_*``).
 """
 
@@ -34,7 +38,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 __all__ = ["PROTOCOLS", "NVLINK", "PCI", "NET", "BASE_LAT", "HW_LAT", "latency", "bw_factor",
-           "NVLINK_BW_PER_LINK"]
+           "NVLINK_BW_PER_LINK", "TREE_CORRECTION", "tree_correction", "ring_plateau"]
 
 PROTOCOLS = ("ll", "ll128", "simple")
 NVLINK, PCI, NET = 0.0, 1.0, 2.0
@@ -54,6 +58,37 @@ HW_LAT = {
 # topo.h: NCCL's NVLink bandwidth per link, GB/s (SM80 20.0, SM90 20.6, SM100 40.1); for
 # reference in the provenance of hw_db ``efficiency`` values.
 NVLINK_BW_PER_LINK = {"a100": 20.0e9, "h100": 20.6e9, "b200": 40.1e9}
+
+
+# ncclTopoGetAlgoTime: tree all-reduce bandwidth x treeCorrectionFactor[protocol][log2(n/64)]
+# for log2(n/64) in 0..22 (the tuner's estimate only).
+TREE_CORRECTION = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0,
+     1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9,
+     1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9,
+     .9),
+)
+
+
+def tree_correction(n):
+    """NCCL's tuner factor on the tree all-reduce bandwidth per protocol for ``n`` bytes
+    (``treeCorrectionFactor``; 1 outside the table), shape (3,)."""
+    f = jnp.result_type(float)
+    idx = jnp.floor(jnp.log2(jnp.maximum(n / 64.0, 1.0)) + 1e-9)
+    inside = (n >= 64.0) & (idx < len(TREE_CORRECTION[0]))
+    i = jnp.clip(idx, 0, len(TREE_CORRECTION[0]) - 1).astype(jnp.int32)
+    return jnp.where(inside, jnp.asarray(TREE_CORRECTION, dtype=f)[:, i], 1.0)
+
+
+def ring_plateau(link):
+    """NCCL's tuner factor on the Simple ring all-reduce latency across nodes (``1.4`` from
+    compute capability 8.0 on, "plateau effect of ring"; NCCL applies it from 64 B per channel
+    and rank, here to every size), per protocol, shape (3,)."""
+    f = jnp.result_type(float)
+    simple = _where(link > 1.5, 1.4, 1.0)
+    return jnp.stack([jnp.ones((), f), jnp.ones((), f), jnp.asarray(simple, dtype=f)])
 
 
 def _by_link(table, link):

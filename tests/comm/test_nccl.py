@@ -38,14 +38,18 @@ def choice(lvl, m, n, op="all_reduce"):
 def hand_tuner(m, n, nvls=False):
     """NCCL 2.30.7 ncclTopoTuneModel / ncclTopoGetAlgoTime by hand, NVLink, one node, s."""
     ring_bwt = 2 * (m - 1) / m * n / B
+    # treeCorrectionFactor row index log2(n / 64) (NCCL ncclTopoGetAlgoTime)
+    i = int(np.floor(np.log2(n / 64)))
+    corr = [nccl.TREE_CORRECTION[p][i] if i < 23 else 1.0 for p in range(3)]
     t = {("ring", "ll"): (6.6 + 2 * (m - 1) * 0.6) * US + max(ring_bwt / 0.5,
                                                              ring_bwt * B / 87.7e9),
          ("ring", "ll128"): (14.0 + 2 * (m - 1) * 1.9) * US + ring_bwt / 0.92,
          ("ring", "simple"): (8.4 + 2 * (m - 1) * 3.4) * US + ring_bwt,
          ("tree", "ll"): (6.8 + 2 * (m - 1) * 0.6) * US + max(2 * n / B / (0.92 / 3.8),
-                                                             2 * n / 87.7e9),
-         ("tree", "ll128"): (14.0 + 2 * (m - 1) * 1.25) * US + 2 * n / B / (0.92 * 7 / 9),
-         ("tree", "simple"): (8.4 + 2 * (m - 1) * 4.0) * US + 2 * n / B / 0.92}
+                                                             2 * n / 87.7e9) / corr[0],
+         ("tree", "ll128"): (14.0 + 2 * (m - 1) * 1.25) * US
+         + 2 * n / B / (0.92 * 7 / 9) / corr[1],
+         ("tree", "simple"): (8.4 + 2 * (m - 1) * 4.0) * US + 2 * n / B / 0.92 / corr[2]}
     if nvls:
         t[("in_network", "simple")] = 25.0 * US + (m - 1) / m * n / (B * 0.85)
     return min(t, key=t.get)
@@ -171,6 +175,15 @@ def test_float32(float32):
     t = jm.collective_latency(sys_, "all_reduce", jnp.logspace(11, 30, 5, base=2.0), 8)
     assert t.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(t)))
     assert choice(sys_.levels[0], 8, 2.0**26) == ("in_network", "simple")
+
+
+def test_tree_correction_table():
+    """NCCL's treeCorrectionFactor: index log2(n/64); 1 below 64 B and from 2^29 B on."""
+    c = np.asarray(nccl.tree_correction(64.0 * 2**12))
+    np.testing.assert_allclose(c, [.4, .6, .5])       # log2(n / 64) = 12
+    np.testing.assert_allclose(np.asarray(nccl.tree_correction(2.0**40)), [1.0, 1.0, 1.0])
+    np.testing.assert_allclose(np.asarray(nccl.ring_plateau(2.0)), [1.0, 1.0, 1.4])
+    np.testing.assert_allclose(np.asarray(nccl.ring_plateau(0.0)), [1.0, 1.0, 1.0])
 
 
 def test_collnet_on_a_sharp_fabric():
