@@ -240,7 +240,8 @@ class NetLevel:
         topology: code into ``TOPOLOGIES`` (a name is accepted and converted).
         bw_per_device: off-device bandwidth of one device at this level, bytes/s per direction,
             shared by all of that device's links at this level.
-        link_latency: per-hop latency, s.
+        link_latency: per-hop latency, s (on NCCL tiers ring, tree and in-network reduction
+            use NCCL's per-protocol latencies instead, :mod:`jaxmodel.comm.nccl`).
         switch_latency: extra latency per switch traversal, s.
         efficiency: achievable fraction of ``bw_per_device`` (calibration constant).
         base_latency: fixed software/launch latency per collective, s (calibration constant).
