@@ -465,7 +465,8 @@ class NetLevel:
         topology: code into ``TOPOLOGIES`` (a name is accepted and converted).
         bw_per_device: off-device bandwidth of one device at this level, bytes/s per direction,
             shared by all of that device's links at this level.
-        link_latency: per-hop latency, s.
+        link_latency: per-hop latency, s (on NCCL tiers ring, tree and in-network reduction
+            use NCCL's per-protocol latencies instead, :mod:`jaxmodel.comm.nccl`).
         switch_latency: extra latency per switch traversal, s.
         efficiency: achievable fraction of ``bw_per_device`` (calibration constant).
         base_latency: fixed software/launch latency per collective, s (calibration constant).
@@ -475,6 +476,12 @@ class NetLevel:
             0 = the seed's unpipelined formulas). See ``jaxmodel.comm.collectives``.
         bw_per_node: uplink bandwidth shared by the devices of one lower-tier unit (a node's
             NICs), bytes/s per direction; 0 = no shared limit (one NIC per device).
+        nccl_link: NCCL link class of the tier for NCCL's algorithm/protocol model
+            (:mod:`jaxmodel.comm.nccl`): 0 = NVLink, 1 = PCIe, 2 = network; −1 (default) =
+            not an NCCL tier (Guo et al.'s topology-specific algorithms, Simple protocol).
+        ll_max_bw: NCCL's cap on the LL protocol's bus bandwidth (``llMaxBws``), bytes/s;
+            0 = no cap.
+        nvls_efficiency: NCCL's NVLS bandwidth factor (``nvlsEfficiency``: Hopper 0.85).
     """
 
     size: Array
@@ -490,6 +497,9 @@ class NetLevel:
     in_network_reduction: Array = 0.0
     chunk_latency: Array = 0.0
     bw_per_node: Array = 0.0
+    nccl_link: Array = -1.0
+    ll_max_bw: Array = 0.0
+    nvls_efficiency: Array = 1.0
 
     def __post_init__(self):
         object.__setattr__(self, "topology", code_of(self.topology, TOPOLOGIES, "topology"))

@@ -1,4 +1,5 @@
-"""jaxmodel.comm: link model, topologies, collective algorithms, multi-tier hierarchies.
+"""jaxmodel.comm: link model, topologies, collective algorithms (NCCL's algorithm × protocol
+choice on NCCL tiers, :mod:`jaxmodel.comm.nccl`), multi-tier hierarchies.
 
 Public names: :func:`collective_latency` (seconds), :func:`collective_cost`
 (``(latency, feasible, reason)``), :func:`collective_feasible`, and the name tables
@@ -12,7 +13,7 @@ from jaxmodel.comm.collectives import (ALGORITHM_CODES, ALGORITHMS, ANY_NET, AUT
                                        OPS, NetVariant, algorithm_code, collective_cost,
                                        collective_feasible, collective_latency,
                                        level_algorithm_times, net_variant_of)
-from jaxmodel.comm.link import effective_bw, overhead_factor, p2p_delay, wire_bytes
+from jaxmodel.comm.link import overhead_factor, wire_bytes
 from jaxmodel.comm.topology import placement
 
 __all__ = ["collective_latency", "collective_cost", "collective_feasible", "algorithm_code",

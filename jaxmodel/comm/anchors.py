@@ -13,6 +13,8 @@ Sources (see the READMEs in the anchor folders):
 - ``network/nccl_allreduce_busbw_8xA100.csv``: nccl-tests bus bandwidth on 8xA100 (Azure ND
   A100 v4), sizes >= 64 KiB; latency = size / algbw, algbw = busbw · n / (2(n − 1)).
 - ``network/allreduce_kernel_times_A100.csv``: vidur kernel times (median) on A100 DGX nodes.
+- ``network/allreduce_kernel_times_H100.csv``: vidur kernel times (median) on one H100 DGX
+  node, 2/4/8 GPUs, 2 KiB - 64 MiB.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-__all__ = ["load_all", "a100x4", "tpuv3", "nccl_8xa100", "vidur"]
+__all__ = ["load_all", "a100x4", "tpuv3", "nccl_8xa100", "vidur", "vidur_h100"]
 
 
 def _pack(name, system, nodes, group, nbytes, seconds):
@@ -80,7 +82,19 @@ def vidur(root: Path, which: str = "single_node"):
     return out
 
 
+def vidur_h100(root: Path, min_bytes: float = 0.0):
+    """vidur H100 DGX all-reduce kernel times (median), one node, 2/4/8 GPUs."""
+    d = pd.read_csv(Path(root) / "network" / "allreduce_kernel_times_H100.csv")
+    d = d[(d.num_workers == d.devices_per_node) & (d.size_bytes >= min_bytes)]
+    out = _pack("vidur_h100_single_node", "h100_dgx_vidur", 1, d.num_workers, d.size_bytes,
+                d.time_median_ms * 1e-3)
+    out["per_node"] = d.devices_per_node.to_numpy(dtype=float)
+    out["seconds_min"] = d.time_min_ms.to_numpy(dtype=float) * 1e-3
+    return out
+
+
 def load_all(root: Path):
-    """Every acceptance dataset, in the order of the acceptance list."""
+    """Every acceptance dataset, in the order of the acceptance list, then the two-node A100
+    rows (a documented comparison only: undocumented fabric)."""
     return [a100x4(root), tpuv3(root), nccl_8xa100(root), vidur(root, "single_node"),
-            vidur(root, "two_node_16")]
+            vidur_h100(root), vidur(root, "two_node_16"), vidur(root, "two_node_other")]

@@ -35,9 +35,12 @@ Algorithm model (one tier, ``m`` members, buffer ``n``; ``B`` = ``bw_per_device 
                     wrap-around crosses ``len−1`` hops). Mesh/torus only.
 ``tree``            double binary tree (NCCL): ``2·log2 m`` hops, ``2n`` sent per device;
                     all-reduce and broadcast only.
-``in_network``      NVLink SHARP on a switch tier with ``in_network_reduction = 1``: each
-                    device sends and receives ``n`` once (all-reduce) — half the traffic of
-                    a ring.
+``in_network``      NVLink SHARP (or CollNet/SHARP on a network tier) on a switch tier with
+                    ``in_network_reduction = 1``: each device sends and receives its
+                    ``(m−1)/m · n`` once; the switch reduces (all-reduce) or multicasts
+                    (all-gather) — half the traffic of a ring. NCCL's NVLS bandwidth model
+                    (``tuning.cc``: all-reduce bus bandwidth doubled, ratio ``m/(2(m−1))``)
+                    gives the same ``(m−1)/m · n / B``.
 ==================  =========================================================================
 
 All-reduce = reduce-scatter + all-gather for ring, halving_doubling, direct and 2d. A group
@@ -46,6 +49,20 @@ all-reduce on the outermost tier the group reaches (on ``n / Π inner members``)
 down. ``"hierarchical"`` is accepted as a name for ``"auto"`` (the composition is always
 hierarchical). Each collective adds the largest ``base_latency`` among the tiers it uses
 (software/launch overhead, a calibration constant in hw_db).
+
+NCCL tiers (``NetLevel.nccl_link >= 0``: NVLink/NVSwitch, PCIe, InfiniBand) add NCCL's
+protocol dimension (:mod:`jaxmodel.comm.nccl`, NCCL 2.30.7 ``src/graph/tuning.cc``): for ring,
+tree and in-network (NVLS inside a node, CollNet/SHARP on a network tier) and each protocol
+LL / LL128 / Simple, the executed time is NCCL's latency ``lat(a, p)`` (base + per-step
+hardware latency of the link class) plus the algorithm's bandwidth time divided by NCCL's
+protocol factor (LL ½ capped at ``ll_max_bw``, LL128 0.92, tree ×0.92, NVLS
+``nvls_efficiency``), Simple with the chunked pipeline of :func:`_pipelined`. ``"auto"`` is
+NCCL's tuner (``getAlgoInfo``): the argmin over ``(a, p)`` of NCCL's own predicted time
+``lat(a, p) + bandwidth time`` — a code chosen inside the traced graph — and the executed time
+of that choice; ``"best"`` the minimum executed time over every algorithm and protocol. A
+hierarchical all-reduce composes per tier (NVLS reduce-scatter inside the node + tree or
+ring across nodes ≈ NCCL's NVLS-tree). Tiers with ``nccl_link = −1`` (TPU ICI, the LLMCompass
+fully connected node) keep Guo et al.'s per-topology choice with one (Simple) protocol.
 
 Example:
     >>> sys = hw_db.system("hgx_a100_4gpu")
@@ -66,8 +83,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmodel.batching import batched
+from jaxmodel.comm import nccl
 from jaxmodel.comm import topology as topo
-from jaxmodel.comm.link import effective_bw, overhead_factor
+from jaxmodel.comm.link import overhead_factor
 from jaxmodel.numerics import INF, first_reason, reason_name, safe_div
 from jaxmodel.types import TOPOLOGIES, System, is_concrete, static_flag, validate_args
 
@@ -106,10 +124,14 @@ class NetVariant(NamedTuple):
         topologies: per tier, the topology name (``types.TOPOLOGIES``) or ``None`` (any).
         in_network: per tier, whether in-network reduction is on (``True``/``False``) or
             ``None`` (varies or traced).
+        nccl: per tier, the static NCCL link class by name (``"off"`` = not an NCCL tier,
+            ``"nvlink"``, ``"pci"``, ``"net"``; ``NetLevel.nccl_link`` −1/0/1/2) or ``None``
+            (varies or traced). Names, not numbers: static leaves must not be traced.
     """
 
     topologies: tuple = ()
     in_network: tuple = ()
+    nccl: tuple = ()
 
     def topology(self, k: int):
         return self.topologies[k] if k < len(self.topologies) else None
@@ -117,8 +139,17 @@ class NetVariant(NamedTuple):
     def inr(self, k: int):
         return self.in_network[k] if k < len(self.in_network) else None
 
+    def is_nccl(self, k: int):
+        v = self.nccl_link(k)
+        return None if v is None else v > -0.5
+
+    def nccl_link(self, k: int):
+        v = self.nccl[k] if k < len(self.nccl) else None
+        return None if v is None else float(_LINK_NAMES.index(v) - 1)
+
 
 ANY_NET = NetVariant()
+_LINK_NAMES = ("off", "nvlink", "pci", "net")     # NetLevel.nccl_link −1, 0, 1, 2
 
 
 def net_variant_of(system: System) -> NetVariant:
@@ -130,31 +161,56 @@ def net_variant_of(system: System) -> NetVariant:
     """
     if system is None:
         return ANY_NET
-    topos, inr = [], []
+    topos, inr, nccl = [], [], []
     for lvl in system.levels:
+        inr.append(static_flag(lvl.in_network_reduction, lambda a: a > 0.5))
+        code = _static_code(lvl.nccl_link)
+        ok = code is not None and code == round(code) and -1 <= code <= 2
+        nccl.append(_LINK_NAMES[int(code) + 1] if ok else None)
         if not is_concrete(lvl.topology):    # other leaves may be traced (grad over bw)
             topos.append(None)
-            inr.append(static_flag(lvl.in_network_reduction, lambda a: a > 0.5))
             continue
         codes = np.unique(np.asarray(lvl.topology, dtype=float))
         ok = (codes.size == 1 and codes[0] == round(codes[0])
               and 0 <= codes[0] < len(TOPOLOGIES))
         topos.append(TOPOLOGIES[int(codes[0])] if ok else None)
-        inr.append(static_flag(lvl.in_network_reduction, lambda a: a > 0.5))
-    return NetVariant(tuple(topos), tuple(inr))
+    return NetVariant(tuple(topos), tuple(inr), tuple(nccl))
 
 
-def _needed_algorithms(op: str, algorithm, topology, inr) -> tuple | None:
-    """Indices into ``ALGORITHMS`` that can decide ``op``'s time on a tier of the static
-    ``topology`` (``None`` = all). ``auto`` needs the seed's algorithm only; a named one
-    also needs the auto fallback; ``best`` every algorithm applicable to the topology."""
-    if topology is None or not isinstance(algorithm, str):
+def _static_code(x):
+    """The single value of a concrete leaf as a Python float (``None`` if traced or varied)."""
+    if not is_concrete(x):
         return None
-    auto = ALGORITHMS.index(AUTO_ALGORITHM[topology])
+    v = np.unique(np.asarray(x, dtype=float))
+    return float(v[0]) if v.size == 1 else None
+
+
+def _nccl_candidates(op: str, inr) -> tuple:
+    """Indices into ``ALGORITHMS`` among which NCCL's tuner chooses for ``op`` (ring; tree for
+    all-reduce; NVLS / CollNet where in-network reduction may be on)."""
+    names = ["ring"] + (["tree"] if op == "all_reduce" else [])
+    names += ["in_network"] if inr is not False and op in _INR_OPS else []
+    return tuple(ALGORITHMS.index(a) for a in names)
+
+
+_INR_OPS = ("all_reduce", "reduce_scatter", "all_gather")
+_SIMPLE = float(nccl.PROTOCOLS.index("simple"))
+
+
+def _needed_algorithms(op: str, algorithm, topology, inr, nccl=False) -> tuple | None:
+    """Indices into ``ALGORITHMS`` that can decide ``op``'s time on a tier of the static
+    ``topology`` (``None`` = all). ``auto`` needs the seed's algorithm only (NCCL tiers: the
+    tuner's candidates); a named one also needs the auto fallback; ``best`` every algorithm
+    applicable to the topology."""
+    if topology is None or nccl is None or not isinstance(algorithm, str):
+        return None
     if op == "all_to_all":
         return (ALGORITHMS.index("direct"),)
+    autos = (_nccl_candidates(op, inr) if nccl and op not in ("p2p",)
+             else (ALGORITHMS.index(AUTO_ALGORITHM[topology]),))
+    auto = autos[0]
     if algorithm == "auto":
-        return (auto,)
+        return autos
     if algorithm == "best":
         grid = topology in ("mesh2d", "torus2d")
         tree_ok = op in ("all_reduce", "broadcast")
@@ -163,8 +219,8 @@ def _needed_algorithms(op: str, algorithm, topology, inr) -> tuple | None:
         keep += [ALGORITHMS.index("tree")] if tree_ok else []
         keep += ([ALGORITHMS.index("in_network")] if topology == "switch" and inr is not False
                  else [])
-        return tuple(sorted(keep))
-    return tuple(sorted({auto, ALGORITHMS.index(algorithm)}))
+        return tuple(sorted(set(keep) | set(autos)))
+    return tuple(sorted({auto, *autos, ALGORITHMS.index(algorithm)}))
 
 
 def algorithm_code(algorithm) -> float:
@@ -224,7 +280,7 @@ def _pipelined(lat, bwt, steps, chunk_latency):
 
 
 def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topology=None,
-                          in_network=None, algorithms=None):
+                          in_network=None, algorithms=None, nccl_tier=None):
     """Times of every algorithm and op on one tier, s (no base latency).
 
     Args:
@@ -240,10 +296,17 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         in_network: static in-network-reduction flag (``None``: read the level).
         algorithms: static indices into ``ALGORITHMS`` to evaluate (``None``: all); the
             others report ``+inf`` and not applicable.
+        nccl_tier: static NCCL link class (``None``: read ``level.nccl_link``; −1 = not an
+            NCCL tier).
 
     Returns:
-        ``(times, applicable, ok)``: ``times[op]`` an array over ``ALGORITHMS`` (+inf where not
-        applicable), ``applicable[op]`` the matching bool array, ``ok`` False when the group
+        ``(times, applicable, ok)``: ``times[op]`` an array of shape ``(4, len(ALGORITHMS))``
+        (+inf where not applicable): row 0 the executed time with the protocol NCCL's tuner
+        picks for that algorithm, row 1 the executed time with the fastest protocol, row 2
+        the tuner's own predicted time (+inf off NCCL tiers and for algorithms NCCL does not
+        choose among), row 3 the index into ``nccl.PROTOCOLS`` of the tuner's protocol.
+        Off NCCL tiers all algorithms use the Simple protocol (rows 0 = 1).
+        ``applicable[op]`` the bool array over algorithms, ``ok`` False when the group
         shape does not fit a 2D tier. ``m = 1`` gives zero time for every algorithm.
     """
     f = jnp.result_type(float)
@@ -298,6 +361,8 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         return ovh_memo[key]
 
     def sel(sw, fc, other):
+        if is_sw is True:       # static switch tier: fold (fewer traced operations)
+            return sw
         return jnp.where(is_sw, sw, jnp.where(is_fc, fc, other))
 
     # Each algorithm below is (latency, bandwidth time, sequential steps) of one phase. They
@@ -314,8 +379,11 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
     line_like = is_ring | (is_grid & (r < 1.5))
     ring_bw_1d = jnp.where(closed_x, 2.0 * b, b)
     ring_step_1d = jnp.where(closed_x, hop, hop * (m - 1.0))
-    ring_bw = jnp.select([is_sw, is_fc, line_like], [B, (m - 1.0) * b, ring_bw_1d], 2.0 * b)
-    ring_step = jnp.select([is_sw, is_fc, line_like], [sw_hop, lat, ring_step_1d], hop)
+    if is_sw is True:
+        ring_bw, ring_step = B, sw_hop
+    else:
+        ring_bw = jnp.select([is_sw, is_fc, line_like], [B, (m - 1.0) * b, ring_bw_1d], 2.0 * b)
+        ring_step = jnp.select([is_sw, is_fc, line_like], [sw_hop, lat, ring_step_1d], hop)
     u = n / m
     diam = jnp.where(closed_x, jnp.floor(c / 2.0), c - 1.0) + jnp.where(
         closed_y, jnp.floor(r / 2.0), r - 1.0)
@@ -326,7 +394,7 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
     else:
         inr = is_sw & (level.in_network_reduction > 0.5)
     depth = jnp.ceil(_log2(m) - 1e-9)
-    tree_bw = jnp.where(is_sw, B, b)
+    tree_bw = B if is_sw is True else jnp.where(is_sw, B, b)
 
     @lazy
     def ring():
@@ -378,6 +446,8 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
     @lazy
     def tree_hop():
         # double binary tree edge: one switch round trip, one link, or h_avg ring/grid hops
+        if is_sw is True:
+            return sw_hop
         h_avg = jnp.where(closed_x, c / 4.0, (c + 1.0) / 3.0) + jnp.where(
             r > 1.5, jnp.where(closed_y, r / 4.0, (r + 1.0) / 3.0), 0.0)
         return sel(sw_hop, lat, hop * jnp.maximum(h_avg, 1.0))
@@ -388,38 +458,86 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
     nothing = (0.0 * one, 0.0 * one, one)
     false_ = jnp.asarray(False)
 
-    def finish(algs, app):
+    if nccl_tier is None:
+        is_nccl, link = level.nccl_link > -0.5, level.nccl_link
+    else:
+        is_nccl, link = nccl_tier > -0.5, nccl_tier
+
+    def protocols(name, op, part):
+        """(executed at the tuner's protocol, executed at the fastest, tuner time) of one
+        NCCL algorithm: NCCL's per-protocol latency and bandwidth factor
+        (:mod:`jaxmodel.comm.nccl`) on this algorithm's bandwidth time; the per-chunk
+        overhead ``chunk_latency`` applies to Simple only (LL/LL128 carry a flag per line)."""
+        _, bwt, steps = (jnp.asarray(a, dtype=f) for a in part)
+        lat_p = nccl.latency(name, op, m, link)
+        f_p = nccl.bw_factor(name, op, link, level.nvls_efficiency)
+        if name == "in_network":         # NVLS / CollNet: Simple only
+            bwt_s = bwt / f_p[2]
+            exe = _pipelined(lat_p[2], bwt_s, steps, cl)
+            return exe, exe, lat_p[2] + bwt_s, _SIMPLE + 0.0 * exe
+        bwt_p = bwt / f_p
+        # LL bus bandwidth capped at llMaxBw
+        ll_t = jnp.where(level.ll_max_bw > 0,
+                         bwt * B / jnp.where(level.ll_max_bw > 0, level.ll_max_bw, 1.0), 0.0)
+        bwt_p = jnp.maximum(bwt_p, jnp.stack([ll_t, 0.0 * ll_t, 0.0 * ll_t]))
+        cl_p = jnp.stack([0.0 * cl, 0.0 * cl, cl + 0.0 * one])
+        exe = _pipelined(lat_p, bwt_p, steps, cl_p)
+        if op == "all_reduce" and name == "tree":     # tuner-only corrections (NCCL)
+            tune = lat_p + bwt_p / nccl.tree_correction(n)
+        elif op == "all_reduce":
+            tune = lat_p * nccl.ring_plateau(link) + bwt_p
+        else:
+            tune = lat_p + bwt_p
+        k = jnp.argmin(tune)
+        return exe[k], jnp.min(exe), tune[k], k.astype(f)
+
+    def finish(algs, app, op):
         """``algs``: one thunk per algorithm returning (latency, bandwidth time, steps);
         only the wanted and possibly applicable ones are traced."""
         keep = [i for i in range(len(algs)) if i in wanted and app[i] is not False]
         app = [jnp.asarray(a) if i in keep else false_ for i, a in enumerate(app)]
         if keep:
             parts = [algs[i]() for i in keep]
-            x = _pipelined(*(jnp.stack([jnp.asarray(a[j], dtype=f) for a in parts])
-                             for j in range(3)), cl)
-            x = jnp.where(jnp.stack([app[i] for i in keep]), x, INF)
-            x = jnp.where(active, x, jnp.where(jnp.stack([app[i] for i in keep]), 0.0, INF))
-        x_all = [INF * one] * len(algs)
+            simple = _pipelined(*(jnp.stack([jnp.asarray(a[j], dtype=f) for a in parts])
+                                  for j in range(3)), cl)
+            x = jnp.stack([simple, simple, INF * jnp.ones_like(simple),
+                           _SIMPLE * jnp.ones_like(simple)])
+            if is_nccl is not False:
+                cols = []
+                for j, i in enumerate(keep):
+                    if ALGORITHMS[i] in ("ring", "tree", "in_network"):
+                        cols.append(jnp.stack(protocols(ALGORITHMS[i], op, parts[j])))
+                    else:
+                        cols.append(x[:, j])
+                x = (jnp.stack(cols, axis=1) if is_nccl is True
+                     else jnp.where(is_nccl, jnp.stack(cols, axis=1), x))
+            mask = jnp.stack([app[i] for i in keep])
+            x = jnp.where(mask, x, INF)
+            x = jnp.where(active, x, jnp.where(mask, 0.0, INF))
+        x_all = [INF * jnp.ones(4, dtype=f)] * len(algs)
         for j, i in enumerate(keep):
-            x_all[i] = x[j]
-        return jnp.stack(x_all), jnp.stack(app)
+            x_all[i] = x[:, j]
+        return jnp.stack(x_all, axis=1), jnp.stack(app)
 
     def table(op):
         if op in ("reduce_scatter", "all_gather"):
             return finish([ring, hd, direct, two_d, lambda: nothing, inr_rs],
-                          [True, True, True, is_grid, False, inr])
+                          [True, True, True, is_grid, False, inr], op)
         if op == "all_reduce":
             return finish([lambda: twice(ring()), lambda: twice(hd()), lambda: twice(direct()),
                            lambda: twice(two_d()),
                            lambda: (2.0 * depth * tree_hop(), 2.0 * n * ovh("n") / tree_bw,
                                     2.0 * depth),
-                           lambda: (2.0 * sw_hop, n * ovh("u") / B, 2.0 * one)],
-                          [True, True, True, is_grid, True, inr])
+                           lambda: (2.0 * sw_hop, (m - 1.0) / m * n * ovh("u") / B,
+                                    2.0 * one)],
+                          [True, True, True, is_grid, True, inr], op)
         if op == "all_to_all":
             t_d = _pipelined(*direct(), cl)
             t_d = jnp.where(active, t_d, 0.0)
             idx = jnp.arange(len(ALGORITHMS))
-            return jnp.where(idx == 2, t_d, INF), idx == 2
+            row = jnp.where(idx == 2, t_d, INF)
+            return (jnp.stack([row, row, INF * jnp.ones_like(row), _SIMPLE + 0.0 * row]),
+                    idx == 2)
         if op == "broadcast":
             # pipelined chain (ring); scatter + all-gather (hd, direct, 2d)
             return finish([lambda: ((m - 1.0) * ring_step,
@@ -428,11 +546,12 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
                            lambda: twice(two_d()),
                            lambda: (depth * tree_hop(), n * ovh("n") / tree_bw, depth),
                            lambda: (sw_hop, n * ovh("n") / B, one)],
-                          [True, True, True, is_grid, True, inr])
+                          [True, True, True, is_grid, True, inr], op)
         # p2p: every algorithm is the same single message
         t_p = _pipelined(sel(sw_hop, lat, hop), n * ovh("n") / jnp.where(is_sw, B, b), one, cl)
         t_p = jnp.where(active, t_p, 0.0)
-        return (jnp.broadcast_to(t_p, (len(ALGORITHMS),)),
+        row = jnp.broadcast_to(t_p, (len(ALGORITHMS),))
+        return (jnp.stack([row, row, INF * jnp.ones_like(row), _SIMPLE + 0.0 * row]),
                 jnp.ones(len(ALGORITHMS), dtype=bool))
 
     out = {op: table(op) for op in ops}
@@ -441,36 +560,56 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
     return times, apps, shape_ok | ~active
 
 
-def _choose(times, app, topology, algorithm, static_topology=None):
-    """Pick one algorithm's time on a tier: auto (Guo et al., System-performance and cost modeling of LLM training and inference), best (min) or a named one.
+def _choose(times, app, level, algorithm, static_topology=None, nccl_tier=None):
+    """Pick one algorithm's time on a tier: auto, best (min) or a named one.
+
+    ``times``: the ``(4, len(ALGORITHMS))`` array of :func:`level_algorithm_times`. ``auto``
+    on an NCCL tier (``level.nccl_link >= 0``) is the executed time of the algorithm and
+    protocol with the smallest tuner time (NCCL ``getAlgoInfo``: argmin over its own cost
+    model); elsewhere Guo et al.'s choice per topology. ``best`` is the fastest executed
+    (algorithm, protocol).
 
     ``algorithm`` is a name (static) or a numeric code (``ALGORITHM_CODES``; may be traced).
     A named algorithm that does not apply to this tier falls back to the tier's auto choice;
-    ``used`` tells whether the named one was applied. ``static_topology`` (a name) replaces
-    the traced ``topology`` code when known.
+    ``used`` tells whether the named one was applied. ``static_topology`` (a name) and
+    ``nccl_tier`` (a bool) replace the traced level codes when known.
     """
-    if static_topology is not None:
-        auto = times[ALGORITHMS.index(AUTO_ALGORITHM[static_topology])]
-    else:
-        auto_idx = jnp.asarray(_AUTO_INDEX)[jnp.clip(jnp.round(topology), 0, 4).astype(
-            jnp.int32)]
-        auto = times[auto_idx.astype(jnp.int32)]
-    auto = jnp.where(jnp.isfinite(auto), auto, jnp.min(times))  # e.g. all-to-all: direct only
+    topology = level.topology
+    exe, fastest, tune = times[0], times[1], times[2]
+    auto = _guo_auto(exe, topology, static_topology)
+    if nccl_tier is not False:
+        has = jnp.isfinite(jnp.min(tune))
+        nccl_auto = exe[jnp.argmin(tune)]
+        use = has if nccl_tier else has & (level.nccl_link > -0.5)
+        auto = jnp.where(use, nccl_auto, auto)
+    times = exe
     if isinstance(algorithm, str):
         code = ALGORITHM_CODES.index(algorithm)
         if code == 0:
             return auto, jnp.asarray(True)
         if code == 1:
-            return jnp.min(times), jnp.asarray(True)
+            return jnp.min(fastest), jnp.asarray(True)
         i = code - 2
         return jnp.where(app[i], times[i], auto), app[i]
     code = jnp.clip(jnp.round(jnp.asarray(algorithm)), 0, len(ALGORITHM_CODES) - 1)
     i = jnp.clip(code - 2, 0, len(ALGORITHMS) - 1).astype(jnp.int32)
     named_ok = app[i]
     named = jnp.where(named_ok, times[i], auto)
-    t = jnp.select([code < 0.5, code < 1.5], [auto, jnp.min(times)], named)
+    t = jnp.select([code < 0.5, code < 1.5], [auto, jnp.min(fastest)], named)
     used = jnp.where(code < 1.5, True, named_ok)
     return t, used
+
+
+def _guo_auto(times, topology, static_topology=None):
+    """Guo et al. §III-D's algorithm per topology (ring → ring, switch → Rabenseifner, fully
+    connected → direct, 2D → 2D); the fastest where that one is not applicable."""
+    if static_topology is not None:
+        auto = times[ALGORITHMS.index(AUTO_ALGORITHM[static_topology])]
+    else:
+        auto_idx = jnp.asarray(_AUTO_INDEX)[jnp.clip(jnp.round(topology), 0, 4).astype(
+            jnp.int32)]
+        auto = times[auto_idx.astype(jnp.int32)]
+    return jnp.where(jnp.isfinite(auto), auto, jnp.min(times))  # e.g. all-to-all: direct only
 
 
 def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", stride=1.0,
@@ -522,27 +661,30 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
         else:
             n_k = n / inner[k]
         needed = ("all_reduce", "reduce_scatter") if op == "all_reduce" else (op,)
-        st = net.topology(k)
-        algs = _needed_algorithms(op, algorithm, st, net.inr(k))
+        st, nt, nl = net.topology(k), net.is_nccl(k), net.nccl_link(k)
+        algs = _needed_algorithms(op, algorithm, st, net.inr(k), nt)
+        if algs is not None and op == "all_reduce":
+            algs = tuple(sorted(set(algs) | set(_needed_algorithms(
+                "reduce_scatter", algorithm, st, net.inr(k), nt))))
         times, apps, ok = level_algorithm_times(lvl, m, n_k, spacing[k], inner[k], needed,
                                                 topology=st, in_network=net.inr(k),
-                                                algorithms=algs)
+                                                algorithms=algs, nccl_tier=nl)
         shape_ok = shape_ok & ok
         if op == "all_reduce":
             # inner tiers: reduce-scatter + all-gather with the same algorithm; top: all-reduce
             inner_t = 2.0 * times["reduce_scatter"]
-            t_top, used_top = _choose(times["all_reduce"], apps["all_reduce"], lvl.topology,
-                                      algorithm, st)
-            t_in, used_in = _choose(inner_t, apps["reduce_scatter"], lvl.topology, algorithm, st)
+            t_top, used_top = _choose(times["all_reduce"], apps["all_reduce"], lvl,
+                                      algorithm, st, nt)
+            t_in, used_in = _choose(inner_t, apps["reduce_scatter"], lvl, algorithm, st, nt)
             t_k = jnp.where(top[k], t_top, t_in)
             used = jnp.where(top[k], used_top, used_in)
         elif op in ("broadcast",):
-            t_k, used = _choose(times[op], apps[op], lvl.topology, algorithm, st)
+            t_k, used = _choose(times[op], apps[op], lvl, algorithm, st, nt)
         elif op == "p2p":
-            t_k, used = _choose(times[op], apps[op], lvl.topology, algorithm, st)
+            t_k, used = _choose(times[op], apps[op], lvl, algorithm, st, nt)
             t_k = jnp.where(top[k], t_k, 0.0)
         else:
-            t_k, used = _choose(times[op], apps[op], lvl.topology, algorithm, st)
+            t_k, used = _choose(times[op], apps[op], lvl, algorithm, st, nt)
         t_k = jnp.where(active, t_k, 0.0)
         total = total + t_k
         used_any = used_any | (active & used)
@@ -606,9 +748,10 @@ def collective_latency(system: System, op: str, nbytes, group_size, algorithm: s
             the reduce-scatter input, the all-gather output, the all-to-all send buffer, the
             broadcast buffer, the p2p message.
         group_size: devices in the group (traced; a batch may vary it).
-        algorithm: ``"auto"`` (Guo et al.'s choice per topology: ring → ring, switch →
-            Rabenseifner, fully connected → direct, 2D → 2D), ``"best"`` (fastest applicable,
-            per tier), or one of ``"ring"``, ``"halving_doubling"`` (``"rabenseifner"``),
+        algorithm: ``"auto"`` (NCCL's tuner choice of algorithm and protocol on NCCL tiers;
+            elsewhere Guo et al.'s choice per topology: ring → ring, switch → Rabenseifner,
+            fully connected → direct, 2D → 2D), ``"best"`` (fastest applicable algorithm and
+            protocol, per tier), or one of ``"ring"``, ``"halving_doubling"`` (``"rabenseifner"``),
             ``"direct"``, ``"2d"``, ``"tree"``, ``"in_network"`` (NVLS; switch tiers with
             ``in_network_reduction = 1``), ``"hierarchical"`` (= auto). A named algorithm is
             used on every tier where it applies, the tier's auto choice elsewhere. A number

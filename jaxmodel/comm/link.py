@@ -1,17 +1,14 @@
-"""Link model: packet overhead and point-to-point delay on one network tier.
+"""Link model: packet overhead on one network tier.
 
-Two sources are combined:
-
-- LLMCompass §III-B2, eq. 1–2: a message of ``n`` bytes travels as packets of at
-  most ``MaxPayload`` bytes, each carrying a header, so the bytes on the wire are
-  ``n̂ = n + ceil(n / MaxPayload) · header`` (rounded up to whole flits here), and
-  ``T = L + O + n̂ / B``.
-- Guo et al. §III-D, eq. 4: ``D_total = d / b + l · h + D_r`` — serialisation over the link
-  bandwidth ``b``, ``h`` hops of latency ``l`` and an optional switching delay ``D_r``.
+LLMCompass §III-B2, eq. 1–2: a message of ``n`` bytes travels as packets of at most
+``MaxPayload`` bytes, each carrying a header, so the bytes on the wire are
+``n̂ = n + ceil(n / MaxPayload) · header`` (rounded up to whole flits here). The delay
+``D = n̂ / b + l · h + D_r`` (Guo et al. eq. 4) is assembled per algorithm in
+:mod:`jaxmodel.comm.collectives`.
 
 Every function works on one configuration (scalar leaves) and is safe under ``jax.grad``:
-divisions go through :func:`jaxmodel.numerics.safe_div`, roundings through
-:func:`jaxmodel.numerics.smooth_ceil_div` (exact value, gradient of the ratio).
+roundings go through :func:`jaxmodel.numerics.smooth_ceil_div` (exact value, gradient of the
+ratio).
 
 Example:
     >>> lvl = jm.NetLevel(size=4, topology="fully_connected", bw_per_device=300e9,
@@ -24,10 +21,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxmodel.numerics import safe_div, smooth_ceil_div
+from jaxmodel.numerics import smooth_ceil_div
 from jaxmodel.types import NetLevel
 
-__all__ = ["wire_bytes", "overhead_factor", "p2p_delay", "effective_bw"]
+__all__ = ["wire_bytes", "overhead_factor"]
 
 
 def wire_bytes(level: NetLevel, n):
@@ -47,27 +44,3 @@ def overhead_factor(level: NetLevel, msg):
     ok = msg > 0
     safe_msg = jnp.where(ok, msg, 1.0)
     return jnp.where(ok, wire_bytes(level, safe_msg) / safe_msg, 1.0)
-
-
-def effective_bw(level: NetLevel):
-    """Achievable off-device bandwidth of one device at this tier, bytes/s per direction.
-
-    ``bw_per_device · efficiency``; ``efficiency`` is a calibration constant stored in hw_db.
-    """
-    return level.bw_per_device * level.efficiency
-
-
-def p2p_delay(level: NetLevel, nbytes, bw, hops=1.0, switches=0.0):
-    """Point-to-point delay of one message, s (Guo et al. eq. 4 with LLMCompass eq. 1–2).
-
-    ``D = n̂ / b + l · h + D_r · switches``.
-
-    Args:
-        level: the tier (latency, switch latency and packet format are read from it).
-        nbytes: message size, bytes.
-        bw: bandwidth available to the message, bytes/s.
-        hops: links traversed.
-        switches: switch traversals (each adds ``switch_latency``).
-    """
-    return (safe_div(wire_bytes(level, nbytes), bw, fill=jnp.inf)
-            + level.link_latency * hops + level.switch_latency * switches)

@@ -1,0 +1,150 @@
+"""NCCL's tuning model: protocols, per-protocol latencies and bandwidth factors.
+
+Source: NVIDIA NCCL 2.30.7, ``src/graph/tuning.cc`` (``ncclTunerConstantsDefaults``,
+``ncclTopoTuneModel``, ``ncclTopoGetAlgoTime``) and ``src/graph/topo.h`` (NVLink bandwidth per
+link). The numbers below are NCCL's published defaults (facts), not calibrated here.
+
+NCCL predicts the time of a collective with algorithm ``a`` and protocol ``p`` as
+``lat(a, p) + nbytes / bw(a, p)`` and runs the minimum (``getAlgoInfo``). Protocols:
+
+=========  =====================================================================================
+``ll``     Low-Latency: 8-byte stores carrying 4 data bytes + a 4-byte flag; no fences, so the
+           per-step latency is smallest; half the link bandwidth (ring: ``busBw·0.5``, capped at
+           ``llMaxBw``; tree: ``busBw/3.8``).
+``ll128``  128-byte lines with 120 data bytes + flag (ring ``·0.92``; single-node tree ``·7/9``).
+``simple`` bulk copies with a memory fence and flag per chunk; full bandwidth, highest per-step
+           latency (the per-chunk synchronisation is the ``chunk_latency`` of the executed-time
+           model in :mod:`jaxmodel.comm.collectives`).
+=========  =====================================================================================
+
+Latency (µs in NCCL, seconds here) per algorithm on one tier of ``m`` ranks:
+
+- ring:  ``baseLat[ring][p] + steps · hwLat[link][ring][p]``, ``steps = 2(m−1)`` for all-reduce,
+  ``m−1`` for reduce-scatter / all-gather / broadcast;
+- tree (all-reduce): ``baseLat[tree][p] + 2 · hops · hwLat[link][tree][p]`` with ``hops = m−1``
+  inside a node (NCCL's intra-node tree is a chain) and ``log2 m`` across nodes;
+- NVLS / CollNet (in-network reduction, Simple only): ``hwLat[link][nvls][simple]`` (NVLink
+  SHARP) or ``hwLat[net][collnet_direct][simple]`` (SHARP on the network switches).
+
+The tuner (not the executed time) also scales the tree all-reduce bandwidth by
+``treeCorrectionFactor[p][log2(n/64)]`` and the Simple ring all-reduce latency across nodes by
+1.4 (``ncclTopoGetAlgoTime``): :func:`tree_correction`, :func:`ring_plateau`.
+
+Link classes (``NetLevel.nccl_link``): 0 = NVLink, 1 = PCIe, 2 = network (NCCL's ``NCCL_HW_*``).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+__all__ = ["PROTOCOLS", "NVLINK", "PCI", "NET", "BASE_LAT", "HW_LAT", "latency", "bw_factor",
+           "NVLINK_BW_PER_LINK", "TREE_CORRECTION", "tree_correction", "ring_plateau"]
+
+PROTOCOLS = ("ll", "ll128", "simple")
+NVLINK, PCI, NET = 0.0, 1.0, 2.0
+_US = 1e-6
+
+# ncclTunerConstantsDefaults.baseLatencies (µs), per algorithm, protocols (LL, LL128, Simple).
+BASE_LAT = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "collnet": (0.0, 0.0, 0.0),
+            "nvls": (0.0, 0.0, 0.0)}
+# ncclTunerConstantsDefaults.hwLatencies (µs) [link class][algorithm][protocol]; "collnet" is
+# CollNetDirect; 0 where NCCL defines no value (protocol not supported by the algorithm).
+HW_LAT = {
+    "ring": ((0.6, 1.9, 3.4), (1.0, 2.5, 5.7), (2.7, 4.0, 14.0)),
+    "tree": ((0.6, 1.25, 4.0), (1.0, 1.9, 4.0), (5.0, 8.5, 14.0)),
+    "collnet": ((0.0, 0.0, 3.7), (0.0, 0.0, 3.7), (0.0, 0.0, 31.0)),
+    "nvls": ((0.0, 0.0, 25.0), (0.0, 0.0, 0.0), (0.0, 0.0, 18.0)),
+}
+# topo.h: NCCL's NVLink bandwidth per link, GB/s (SM80 20.0, SM90 20.6, SM100 40.1); for
+# reference in the provenance of hw_db ``efficiency`` values.
+NVLINK_BW_PER_LINK = {"a100": 20.0e9, "h100": 20.6e9, "b200": 40.1e9}
+
+
+# ncclTopoGetAlgoTime: tree all-reduce bandwidth x treeCorrectionFactor[protocol][log2(n/64)]
+# for log2(n/64) in 0..22 (the tuner's estimate only).
+TREE_CORRECTION = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0,
+     1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9,
+     1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9,
+     .9),
+)
+
+
+def tree_correction(n):
+    """NCCL's tuner factor on the tree all-reduce bandwidth per protocol for ``n`` bytes
+    (``treeCorrectionFactor``; 1 outside the table), shape (3,)."""
+    f = jnp.result_type(float)
+    idx = jnp.floor(jnp.log2(jnp.maximum(n / 64.0, 1.0)) + 1e-9)
+    inside = (n >= 64.0) & (idx < len(TREE_CORRECTION[0]))
+    i = jnp.clip(idx, 0, len(TREE_CORRECTION[0]) - 1).astype(jnp.int32)
+    return jnp.where(inside, jnp.asarray(TREE_CORRECTION, dtype=f)[:, i], 1.0)
+
+
+def ring_plateau(link):
+    """NCCL's tuner factor on the Simple ring all-reduce latency across nodes (``1.4`` from
+    compute capability 8.0 on, "plateau effect of ring"; NCCL applies it from 64 B per channel
+    and rank, here to every size), per protocol, shape (3,)."""
+    f = jnp.result_type(float)
+    simple = _where(link > 1.5, 1.4, 1.0)
+    return jnp.stack([jnp.ones((), f), jnp.ones((), f), jnp.asarray(simple, dtype=f)])
+
+
+def _by_link(table, link):
+    """Pick a row of a (NVLink, PCI, NET) table with a link code (a Python number folds)."""
+    f = jnp.result_type(float)
+    if isinstance(link, (int, float)):
+        return jnp.asarray(table[0 if link < 0.5 else 1 if link < 1.5 else 2], dtype=f) * _US
+    rows = jnp.asarray(table, dtype=f) * _US                           # (3 links, 3 protos)
+    return jnp.where(link < 0.5, rows[0], jnp.where(link < 1.5, rows[1], rows[2]))
+
+
+def _where(c, a, b):
+    """``jnp.where`` that folds when ``c`` is a Python bool."""
+    if isinstance(c, bool):
+        return a if c else b
+    return jnp.where(c, a, b)
+
+
+def latency(alg: str, op: str, m, link):
+    """NCCL's predicted latency of ``op`` with ``alg`` on one tier, per protocol, s (shape (3,)).
+
+    ``alg``: ``"ring"``, ``"tree"`` or ``"in_network"`` (NVLS on NVLink/PCIe tiers, CollNet on
+    a network tier). ``m``: ranks joined by the tier. ``link``: NCCL link class code.
+    """
+    f = jnp.result_type(float)
+    m = jnp.asarray(m, dtype=f)
+    if alg == "ring":
+        steps = 2.0 * (m - 1.0) if op == "all_reduce" else m - 1.0
+        return jnp.asarray(BASE_LAT["ring"], dtype=f) * _US + steps * _by_link(HW_LAT["ring"],
+                                                                              link)
+    if alg == "tree":
+        hops = _where(link > 1.5, jnp.ceil(jnp.log2(jnp.maximum(m, 1.0)) - 1e-9), m - 1.0)
+        k = 2.0 if op == "all_reduce" else 1.0
+        return (jnp.asarray(BASE_LAT["tree"], dtype=f) * _US
+                + k * hops * _by_link(HW_LAT["tree"], link))
+    if alg == "in_network":
+        return _where(link > 1.5, _by_link(HW_LAT["collnet"], link),
+                      _by_link(HW_LAT["nvls"], link))
+    raise ValueError(f"no NCCL latency for algorithm {alg!r}")
+
+
+def bw_factor(alg: str, op: str, link, nvls_efficiency=1.0):
+    """NCCL's bandwidth factor per protocol relative to the Simple ring (shape (3,)).
+
+    Ring: LL 0.5, LL128 0.92, Simple 1. Tree all-reduce: 0.92 · (LL 1/3.8, LL128 7/9 inside a
+    node or 120/128 across nodes, Simple 1). In-network: Simple only, ``nvls_efficiency`` for
+    NVLS (NCCL: Hopper 0.85, Blackwell 0.74), CollNet 1. Unsupported protocols get 0.
+    """
+    f = jnp.result_type(float)
+    if alg == "ring":
+        return jnp.asarray((0.5, 0.92, 1.0), dtype=f)
+    if alg == "tree":
+        ll128 = jnp.asarray(_where(link > 1.5, 120.0 / 128.0, 7.0 / 9.0), dtype=f)
+        return 0.92 * jnp.stack([jnp.asarray(1.0 / 3.8, dtype=f), ll128,
+                                 jnp.asarray(1.0, dtype=f)])
+    if alg == "in_network":
+        eff = _where(link > 1.5, 1.0, nvls_efficiency)
+        return jnp.stack([jnp.zeros((), f), jnp.zeros((), f), jnp.asarray(eff, dtype=f)])
+    raise ValueError(f"no NCCL bandwidth factor for algorithm {alg!r}")
