@@ -120,7 +120,7 @@ def test_against_korthikanti_fig1_interleaved(anchors, model_name):
 
 def test_zero_stages_shard_over_dp():
     m = gpt(*KORTHIKANTI["megatron-22B"][:3])
-    out = {z: training_memory(m, jm.Parallelism(tp=8, dp=4, zero=z), SEQ, 1.0)
+    out = {z: training_memory(m, jm.Parallelism(tp=8, dp=4, zero=z), SEQ, 1.0, grad_bytes=2.0)
            for z in range(4)}
     p = float(params_per_device(m, jm.Parallelism(tp=8)))
     assert float(out[0]["weights"]) == pytest.approx(2 * p)
