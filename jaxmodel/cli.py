@@ -255,6 +255,8 @@ def cmd_predict(a) -> Any:
     else:
         spec["args"] = {"batch": a.batch, "prompt_len": a.prompt_len, "gen_len": a.gen_len}
         fn = jm.inference
+    if a.precision:
+        spec["args"]["precision"] = a.precision
     args, kwargs = build_call(fn, spec)
     res = to_jsonable(fn(*args, **kwargs))
     head = {"phase": a.phase, "system": args[0].name, "model": args[1].name,
@@ -308,7 +310,8 @@ def cmd_search(a) -> Any:
     n = int(a.n_devices or round(float(system.n_devices)))
     df = jm.search_parallelism(system, model, n, a.global_batch, a.seq_len,
                                progress=not a.quiet,
-                               step_options=_step_options(a.step_option) or None)
+                               step_options=_step_options(a.step_option) or None,
+                               precision=a.precision.split(",") if a.precision else None)
     n_eval = df.attrs.get("n_evaluated")
     if not a.quiet:
         print(f"evaluated {n_eval:,} configurations in {df.attrs.get('wall_s', 0):.1f} s",
@@ -370,6 +373,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=float, default=8, help="sequences (inference)")
     p.add_argument("--prompt-len", type=float, default=2048, dest="prompt_len")
     p.add_argument("--gen-len", type=float, default=1024, dest="gen_len")
+    p.add_argument("--precision", help="numeric precision preset: bf16 (default), fp8, ... "
+                   "(jaxmodel.precision.PRESETS)")
     p.set_defaults(func=cmd_predict)
 
     p = common(sub.add_parser("sweep", help="sweep a design space from a TOML spec"), "csv")
@@ -384,6 +389,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=float, default=1536, dest="global_batch")
     p.add_argument("--seq-len", type=float, default=2048, dest="seq_len")
     p.add_argument("--top", type=int, default=20, help="rows to print (0 = all)")
+    p.add_argument("--precision", help="precision preset, or a comma-separated list to "
+                   "search, e.g. bf16,fp8 (jaxmodel.precision.PRESETS)")
     p.add_argument("--step-option", action="append", default=[], dest="step_option",
                    metavar="NAME=V1,V2",
                    help="also search a train_step option, e.g. dp_overlap=0,1 grad_bytes=2,4 "

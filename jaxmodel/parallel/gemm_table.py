@@ -99,7 +99,11 @@ class GemmTable:
     """
 
     def __init__(self, shapes: np.ndarray, times: np.ndarray):
-        shapes = np.asarray(shapes, dtype=np.float64).reshape(-1, len(_FIELDS))
+        shapes = np.asarray(shapes, dtype=np.float64)
+        if shapes.size and (shapes.ndim != 2 or shapes.shape[1] != len(_FIELDS)):
+            raise ValueError(f"GemmTable: shapes must be rows of {_FIELDS}, got shape "
+                             f"{shapes.shape}")
+        shapes = shapes.reshape(-1, len(_FIELDS))
         times = np.asarray(times, dtype=np.float64).reshape(-1)
         if shapes.shape[0] != times.shape[0]:
             raise ValueError(f"GemmTable: {shapes.shape[0]} shapes but {times.shape[0]} times")
