@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+import jaxmodel as jm  # noqa: I001  (imported before hw_db: the package wires hw_db up)
 import hw_db
-import jaxmodel as jm
 
 ROOT = Path(__file__).resolve().parents[1]
 ANCHOR = next(p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors")

@@ -206,8 +206,9 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     def gate(x):
         return jnp.where(feasible, x, INF)
 
-    breakdown = {f"prefill.{k}": pre[k] for k in LAYER_OPS + MOE_OPS}
-    breakdown.update({f"decode.{k}": dec[k] for k in LAYER_OPS + MOE_OPS})
+    rows = LAYER_OPS + MOE_OPS + (("quantize",) if "quantize" in pre else ())
+    breakdown = {f"prefill.{k}": pre[k] for k in rows}
+    breakdown.update({f"decode.{k}": dec[k] for k in rows})
     breakdown.update({
         "prefill_layers": n_layers * pre["total"], "decode_layers": n_layers * dec["total"],
         "pp_comm_prefill": hop_pre, "pp_comm_decode": hop_dec,
