@@ -169,6 +169,7 @@ def build_call(fn, spec: Mapping) -> tuple[tuple, dict]:
         system.device if system is not None else None)
     par_spec = dict(spec.get("parallelism", spec.get("par", {})))
     args, kwargs = [], {}
+    skipped = False           # after a defaulted parameter is left out, pass by keyword
     for name, p in params.items():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
@@ -184,10 +185,11 @@ def build_call(fn, spec: Mapping) -> tuple[tuple, dict]:
         elif name in extra:
             val = extra.pop(name)
         elif p.default is not p.empty:
+            skipped = True
             continue
         else:
             raise ValueError(f"spec: missing argument {name!r} of {fn.__name__} in [args]")
-        if p.kind == p.KEYWORD_ONLY:
+        if p.kind == p.KEYWORD_ONLY or skipped:
             kwargs[name] = val
         else:
             args.append(val)
