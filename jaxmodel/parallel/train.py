@@ -25,7 +25,7 @@ With p > 1 and tied embeddings the first and last stage all-reduce the embedding
 
 **Data parallelism and ZeRO** (Rajbhandari et al., SC'20, §5 and §7): gradients are reduced in
 ``grad_bytes`` (4 = fp32 main gradients, as Megatron-LM keeps them), parameters gathered in
-2-byte precision, over the DP group of the most loaded stage:
+the precision's ``weight_bytes`` (2), over the DP group of the most loaded stage:
 
 ===========  =====================================================  =======================
 ZeRO stage   collectives                                           overlap window
