@@ -16,6 +16,8 @@ from jaxmodel.types import (ACTIVATIONS, RECOMPUTE, SCHEDULES, TOPOLOGIES, Devic
                             NetLevel, Parallelism, System, validate_device, validate_model,
                             validate_parallelism, validate_system)
 from jaxmodel.numerics import REASONS, reason_name
+from jaxmodel.precision import (DTYPES, PRESETS, Precision, precision, stack as stack_precisions,
+                                validate_precision)
 
 # Each subpackage exports its public names through its own __all__ (one owner per subpackage).
 from jaxmodel.ops import *  # noqa: F401,F403,E402

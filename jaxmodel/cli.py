@@ -261,6 +261,7 @@ def build_call(fn, spec: Mapping) -> tuple[tuple, dict]:
     if not isinstance(par_spec, Mapping):
         raise ValueError(f"spec: [parallelism] must be a table, got {par_spec!r}")
     args, kwargs = [], {}
+    skipped = False           # after a defaulted parameter is left out, pass by keyword
     for name, p in params.items():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
@@ -277,10 +278,11 @@ def build_call(fn, spec: Mapping) -> tuple[tuple, dict]:
         elif name in extra:
             val = extra.pop(name)
         elif p.default is not p.empty:
+            skipped = True
             continue
         else:
             raise ValueError(f"spec: missing argument {name!r} of {fn.__name__} in [args]")
-        if p.kind == p.KEYWORD_ONLY:
+        if p.kind == p.KEYWORD_ONLY or skipped:
             kwargs[name] = val
         else:
             args.append(val)
@@ -388,6 +390,8 @@ def cmd_predict(a) -> Any:
     else:
         spec["args"] = {"batch": a.batch, "prompt_len": a.prompt_len, "gen_len": a.gen_len}
         fn = jm.inference
+    if a.precision:
+        spec["args"]["precision"] = a.precision
     args, kwargs = build_call(fn, spec)
     res = to_jsonable(fn(*args, **kwargs))
     head = {"phase": a.phase, "system": args[0].name, "model": args[1].name,
@@ -516,7 +520,8 @@ def cmd_search(a) -> Any:
         raise ValueError(f"--n-devices must be >= 1, got {n}")
     df = jm.search_parallelism(system, model, n, a.global_batch, a.seq_len,
                                progress=not a.quiet,
-                               step_options=_step_options(a.step_option) or None)
+                               step_options=_step_options(a.step_option) or None,
+                               precision=a.precision.split(",") if a.precision else None)
     n_eval = df.attrs.get("n_evaluated")
     if not a.quiet:
         print(f"evaluated {n_eval:,} configurations in {df.attrs.get('wall_s', 0):.1f} s",
@@ -599,6 +604,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=float, default=8, help="sequences (inference)")
     p.add_argument("--prompt-len", type=float, default=2048, dest="prompt_len")
     p.add_argument("--gen-len", type=float, default=1024, dest="gen_len")
+    p.add_argument("--precision", help="numeric precision preset: bf16 (default), fp8, ... "
+                   "(jaxmodel.precision.PRESETS)")
     p.set_defaults(func=cmd_predict, table=False)
 
     p = add("sweep", "sweep a design space from a TOML spec", "csv")
@@ -613,6 +620,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=float, default=1536, dest="global_batch")
     p.add_argument("--seq-len", type=float, default=2048, dest="seq_len")
     p.add_argument("--top", type=int, default=20, help="rows to print (0 = all)")
+    p.add_argument("--precision", help="precision preset, or a comma-separated list to "
+                   "search, e.g. bf16,fp8 (jaxmodel.precision.PRESETS)")
     p.add_argument("--step-option", action="append", default=[], dest="step_option",
                    metavar="NAME=V1,V2",
                    help="also search a train_step option, e.g. dp_overlap=0,1 grad_bytes=2,4 "

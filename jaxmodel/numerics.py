@@ -33,6 +33,7 @@ REASONS = (
     "invalid_network",           # 12 non-positive link bandwidth / size
     "sequence_not_divisible",    # 13 sequence not divisible by tp under sequence parallelism
     "invalid_workload",          # 14 batch / prompt / generation length < 1 or not an integer
+    "precision_unsupported",     # 15 the device has no tensor-core rate for the compute dtype
 )
 
 

@@ -132,6 +132,9 @@ class Device:
         mem_protocol: 0 HBM2e, 1 DDR5, 2 PCIe5, 3 PCIe4 (area and memory cost).
         link_protocol: 0 NVLink3, 1 NVLink4, 2 InfinityFabric, 3 PCIe5, 4 PCIe4 (area model).
         All area-only fields default to -1 = "look up hw_db/tech/device_area.toml by name".
+        matrix_ratio_fp32, matrix_ratio_tf32, matrix_ratio_bf16, matrix_ratio_fp16,
+        matrix_ratio_fp8, matrix_ratio_fp4, matrix_ratio_int8: dense tensor-core peak of
+            that compute dtype / ``peak_matrix_flops`` (0 = unsupported; jaxmodel.precision).
     """
 
     freq_hz: Array
@@ -176,6 +179,22 @@ class Device:
     sa_mantissa_bits: Array = -1.0
     mem_protocol: Array = -1.0
     link_protocol: Array = -1.0
+    # Numeric precision (jaxmodel.precision): dense matrix (tensor-core) peak of each compute
+    # dtype relative to the modelled systolic peak ``peak_matrix_flops`` (the dense 16-bit
+    # peak), from datasheets (hw_db); 0 = the dtype is not supported. Defaults are the A100's
+    # (A100 whitepaper: FP32 19.5, TF32 156, BF16/FP16 312, INT8 624 dense TFLOP/s; no FP8/FP4).
+    matrix_ratio_fp32: Array = 0.0625
+    matrix_ratio_tf32: Array = 0.5
+    matrix_ratio_bf16: Array = 1.0
+    matrix_ratio_fp16: Array = 1.0
+    matrix_ratio_fp8: Array = 0.0
+    matrix_ratio_fp4: Array = 0.0
+    matrix_ratio_int8: Array = 2.0
+
+    def peak_matrix_flops_of(self, dtype: str) -> Array:
+        """Dense matrix peak of ``dtype`` (a name of ``jaxmodel.precision.DTYPES``), FLOP/s
+        (OP/s for int8); 0 when unsupported."""
+        return self.peak_matrix_flops * getattr(self, f"matrix_ratio_{dtype}")
 
     @property
     def peak_matrix_flops(self) -> Array:

@@ -39,6 +39,7 @@ arrays get big enough tiles); the candidate grid is independent of the shape.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import jax
@@ -478,7 +479,16 @@ def _is_one(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == 1
 
 
-def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None):
+def _at_rate(dev, rate_scale):
+    """``dev`` with its systolic throughput × ``rate_scale`` (a compute dtype's tensor-core
+    rate relative to the 16-bit one, :func:`jaxmodel.precision.matrix_ratio`)."""
+    if isinstance(rate_scale, (int, float)) and rate_scale == 1:
+        return dev
+    return dataclasses.replace(dev, sa_mac_per_cycle=dev.sa_mac_per_cycle * rate_scale)
+
+
+def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
+                 rate_scale=1.0):
     """Latency of one (batched) GEMM kernel ``[batch×m×k] @ [batch×k×n]``, seconds.
 
     LLMCompass tile-level mapper (LLMCompass §III-B1, notes §2): exhaustive search over a static
@@ -493,6 +503,8 @@ def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None)
         batch: independent GEMMs in the kernel (attention heads × sequences).
         dtype_bytes: bytes per element (2 = fp16/bf16).
         overhead: add the per-kernel overhead.
+        rate_scale: systolic throughput relative to the device's 16-bit rate (2 = FP8 on
+            H100; ``jaxmodel.precision.matrix_ratio``); ``<= 0`` gives ``+inf``.
         soft: ``None`` for the exact (hard) min over mappings, or a relative temperature
             (e.g. ``0.05``) for a smooth min whose gradient mixes near-optimal mappings.
 
@@ -506,12 +518,14 @@ def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None)
         0.00216
     """
     validate_args(dev, where="gemm_latency")      # a concrete single device: clear errors
-    return _gemm_batched(dev, m, n, k, batch, dtype_bytes, bool(overhead), soft,
-                         not _is_one(batch))
+    return _gemm_batched(_at_rate(dev, rate_scale), m, n, k, batch, dtype_bytes,
+                         bool(overhead), soft, not _is_one(batch))
 
 
-def _gemm_latency_single(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None):
-    return _gemm_single(dev, m, n, k, batch, dtype_bytes, overhead, soft, not _is_one(batch))
+def _gemm_latency_single(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
+                         rate_scale=1.0):
+    return _gemm_single(_at_rate(dev, rate_scale), m, n, k, batch, dtype_bytes, overhead, soft,
+                        not _is_one(batch))
 
 
 gemm_latency.single = _gemm_latency_single

@@ -13,8 +13,11 @@ The tile search (:func:`jaxmodel.ops.gemm_latency`) is the expensive part of a p
    sorted unique values and the time gathered from a dense table (O(log U) per call). A shape
    that is not in the table gives ``+inf`` (the plan becomes infeasible), never a wrong value.
 
-The table is valid for ONE device (the one it was built with); :meth:`lookup` ignores its
-``dev`` argument, so use it only in sweeps whose device is fixed (as in a parallelism search).
+The table is valid for ONE device (the one it was built with); :meth:`lookup` reads only
+its ``dev`` argument's ``sa_mac_per_cycle`` (a sixth key column: the layer model scales it by
+the compute dtype's tensor-core rate, :func:`jaxmodel.precision.scaled_device`, so one table
+holds the GEMMs of several precisions), so use it only in sweeps whose device is otherwise
+fixed (as in a parallelism search).
 :func:`jaxmodel.train_step` runs the device at its sustained training clock
 (:func:`jaxmodel.parallel.train.sustained_device`), so build tables on that device
 (:meth:`GemmTable.for_train_step` does).
@@ -31,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Callable
 
@@ -41,7 +45,7 @@ import numpy as np
 from jaxmodel import ops as _ops
 from jaxmodel.types import Device
 
-_FIELDS = ("m", "n", "k", "batch", "dtype_bytes")
+_FIELDS = ("m", "n", "k", "batch", "dtype_bytes", "sa_mac_per_cycle")
 _MAX_DENSE = 1 << 22   # entries of the dense lookup grid
 
 
@@ -60,7 +64,8 @@ class _Recorder:
 
     def hook(self, dev, m, n, k, batch=1.0, dtype_bytes=2.0):
         f = jnp.result_type(float)
-        args = [jnp.asarray(x, dtype=f) for x in (m, n, k, batch, dtype_bytes)]
+        args = [jnp.asarray(x, dtype=f) for x in (m, n, k, batch, dtype_bytes,
+                                                  dev.sa_mac_per_cycle)]
         shape = jnp.broadcast_shapes(*[a.shape for a in args])
         args = [jnp.broadcast_to(a, shape) for a in args]
         return jax.pure_callback(self._record, jax.ShapeDtypeStruct(shape, f), *args,
@@ -75,7 +80,8 @@ class _Recorder:
 
 
 def collect_gemm_shapes(fn: Callable, *args, **kwargs) -> np.ndarray:
-    """Unique GEMM shapes a batched model function requests, ``(U, 5)`` [m, n, k, batch, dtype].
+    """Unique GEMM shapes a batched model function requests, ``(U, 6)`` [m, n, k, batch,
+    dtype_bytes, the device's sa_mac_per_cycle].
 
     ``fn`` must accept a static ``gemm=`` hook (e.g. :func:`jaxmodel.train_step`,
     :func:`jaxmodel.workload.layer.training_layer_times`). It is run once on ``args`` with a
@@ -91,12 +97,17 @@ class GemmTable:
     """Precomputed GEMM latencies of one device on a set of shapes, with a lookup hook.
 
     Attributes:
-        shapes: ``(U, 5)`` numpy array of unique ``(m, n, k, batch, dtype_bytes)``.
+        shapes: ``(U, 6)`` numpy array of unique ``(m, n, k, batch, dtype_bytes,
+            sa_mac_per_cycle)``.
         times: ``(U,)`` seconds from the tile search (incl. the per-kernel overhead).
     """
 
     def __init__(self, shapes: np.ndarray, times: np.ndarray):
-        shapes = np.asarray(shapes, dtype=np.float64).reshape(-1, len(_FIELDS))
+        shapes = np.asarray(shapes, dtype=np.float64)
+        if shapes.size and (shapes.ndim != 2 or shapes.shape[1] != len(_FIELDS)):
+            raise ValueError(f"GemmTable: shapes must be rows of {_FIELDS}, got shape "
+                             f"{shapes.shape}")
+        shapes = shapes.reshape(-1, len(_FIELDS))
         times = np.asarray(times, dtype=np.float64).reshape(-1)
         if shapes.shape[0] != times.shape[0]:
             raise ValueError(f"GemmTable: {shapes.shape[0]} shapes but {times.shape[0]} times")
@@ -117,9 +128,14 @@ class GemmTable:
 
     @classmethod
     def build(cls, dev: Device, shapes: np.ndarray) -> "GemmTable":
-        """Time ``shapes`` (rows of m, n, k, batch, dtype_bytes) on ``dev`` with ONE batched
-        tile search (:func:`jaxmodel.ops.gemm_latency`)."""
-        shapes = np.asarray(shapes, dtype=np.float64).reshape(-1, len(_FIELDS))
+        """Time ``shapes`` (rows of m, n, k, batch, dtype_bytes[, sa_mac_per_cycle]) on ``dev``
+        with ONE batched tile search (:func:`jaxmodel.ops.gemm_latency`); a missing sixth
+        column is ``dev.sa_mac_per_cycle``."""
+        shapes = np.asarray(shapes, dtype=np.float64)
+        if shapes.ndim == 2 and shapes.shape[1] == len(_FIELDS) - 1:
+            shapes = np.concatenate([shapes, np.full((len(shapes), 1), float(np.asarray(
+                dev.sa_mac_per_cycle)))], axis=1)
+        shapes = shapes.reshape(-1, len(_FIELDS))
         leaves = jax.tree_util.tree_leaves(dev)
         if any(np.ndim(x) for x in leaves):
             raise ValueError("GemmTable.build: the device must be a single configuration "
@@ -131,8 +147,8 @@ class GemmTable:
         size = max(64, 1 << int(np.ceil(np.log2(len(shapes)))))
         padded = np.concatenate([shapes, np.repeat(shapes[:1], size - len(shapes), axis=0)])
         cols = [jnp.asarray(padded[:, j]) for j in range(len(_FIELDS))]
-        t = _ops.gemm_latency(dev, cols[0], cols[1], cols[2], batch=cols[3],
-                              dtype_bytes=cols[4])
+        t = _ops.gemm_latency(dataclasses.replace(dev, sa_mac_per_cycle=cols[5]), cols[0],
+                              cols[1], cols[2], batch=cols[3], dtype_bytes=cols[4])
         times = np.asarray(t, dtype=np.float64)[:len(shapes)]
         return cls(shapes, times)
 
@@ -144,16 +160,18 @@ class GemmTable:
         # the GEMMs live in the per-layer stage times: record them on the distinct stage
         # inputs only (train_step's de-duplication), without composing the steps
         kw = {k: v for k, v in kwargs.items() if k in ("dtype_bytes", "clock_fraction",
-                                                        "dropout", "chunk")}
+                                                        "dropout", "chunk", "precision")}
         shapes = collect_gemm_shapes(stage_times, system, model, par, global_batch, seq_len,
                                      **kw)
         return cls.build(sustained_device(system.device, kwargs.get("clock_fraction")), shapes)
 
     def lookup(self, dev, m, n, k, batch=1.0, dtype_bytes=2.0):
         """GEMM hook: the tabulated latency of ``[batch×m×k]·[batch×k×n]`` (s); ``+inf`` when
-        the shape is not in the table. ``dev`` is ignored (the table's device is used)."""
+        the shape is not in the table. Of ``dev`` only ``sa_mac_per_cycle`` is read (the
+        compute dtype's rate); the rest is the table's device."""
         f = jnp.result_type(float)
-        q = [jnp.asarray(x, dtype=f) for x in (m, n, k, batch, dtype_bytes)]
+        q = [jnp.asarray(x, dtype=f) for x in (m, n, k, batch, dtype_bytes,
+                                               dev.sa_mac_per_cycle)]
         if not len(self.shapes):
             return jnp.full(jnp.broadcast_shapes(*[x.shape for x in q]), jnp.inf, dtype=f)
         hit = jnp.asarray(True)

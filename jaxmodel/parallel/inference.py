@@ -25,6 +25,7 @@ Units: seconds, bytes, tokens/s.
 
 from __future__ import annotations
 
+import importlib
 import dataclasses
 
 import jax
@@ -40,6 +41,7 @@ from jaxmodel.workload.layer import (ANY, LAYER_OPS, Variant, default_gemm, laye
                                      layer_times, variant_of)
 from jaxmodel.workload.memory import inference_memory_single
 from jaxmodel.workload.moe import MOE_OPS
+_prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
 
 #: Decode steps sampled over the KV growth for ``tpot_s``.
 KV_SAMPLES = 3
@@ -157,10 +159,12 @@ def inference_feasibility(system: System, model: Model, par: Parallelism, batch,
 
 
 def inference_single(system: System, model: Model, par: Parallelism, batch, prompt_len,
-                     gen_len, gemm=None, dtype_bytes=2.0, kv_samples: int = KV_SAMPLES,
-                     variant: Variant = ANY):
+                     gen_len, gemm=None, dtype_bytes=None, kv_samples: int = KV_SAMPLES,
+                     variant: Variant = ANY, precision=None):
     """Single-configuration body of :func:`inference` (use inside other formulas)."""
     dev = system.device
+    prec = _prec.resolve(precision, dtype_bytes)
+    dtype_bytes = prec.act_bytes
     dp = jnp.maximum(par.dp, 1.0)
     b = jnp.maximum(batch / dp, 1.0)            # sequences per replica
     prompt = jnp.maximum(prompt_len, 1.0)
@@ -175,7 +179,8 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     new_tokens = jnp.stack([prompt] + [jnp.ones_like(prompt)] * kv_samples)
     cached = jnp.stack([jnp.zeros_like(prompt)] + kvs)
     steps = jax.vmap(lambda s, kv: layer_times(system, model, par, b, s, "decode", kv, gemm,
-                                               dtype_bytes, variant))(new_tokens, cached)
+                                               variant=variant, precision=prec))(new_tokens,
+                                                                                 cached)
     pre = {k: v[0] for k, v in steps.items()}
     dec = {k: jnp.mean(v[1:]) for k, v in steps.items()}
 
@@ -193,17 +198,18 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     tpot = n_layers * dec["total"] + hop_dec + emb_dec + head_dec
     total = ttft + (gen - 1.0) * tpot
 
-    mem = inference_memory_single(model, par, b, prompt, gen, dtype_bytes)
+    mem = inference_memory_single(model, par, b, prompt, gen, precision=prec)
     mem_ok = mem["total"] <= dev.mem_capacity
     feasible, reason = first_reason(
         inference_checks(system, model, par, batch, prompt_len, gen_len)
-        + [(mem_ok, "out_of_memory")])
+        + [(_prec.supported(dev, prec), "precision_unsupported"), (mem_ok, "out_of_memory")])
 
     def gate(x):
         return jnp.where(feasible, x, INF)
 
-    breakdown = {f"prefill.{k}": pre[k] for k in LAYER_OPS + MOE_OPS}
-    breakdown.update({f"decode.{k}": dec[k] for k in LAYER_OPS + MOE_OPS})
+    rows = LAYER_OPS + MOE_OPS + (("quantize",) if "quantize" in pre else ())
+    breakdown = {f"prefill.{k}": pre[k] for k in rows}
+    breakdown.update({f"decode.{k}": dec[k] for k in rows})
     breakdown.update({
         "prefill_layers": n_layers * pre["total"], "decode_layers": n_layers * dec["total"],
         "pp_comm_prefill": hop_pre, "pp_comm_decode": hop_dec,
@@ -218,13 +224,13 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
 
 
 @batched
-def _inference(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes, variant):
-    return inference_single(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes,
-                            variant=variant)
+def _inference(system, model, par, batch, prompt_len, gen_len, gemm, precision, variant):
+    return inference_single(system, model, par, batch, prompt_len, gen_len, gemm,
+                            variant=variant, precision=precision)
 
 
 def inference(system: System, model: Model, par: Parallelism, batch, prompt_len, gen_len,
-              gemm=None, dtype_bytes=2.0) -> InferenceResult:
+              gemm=None, dtype_bytes=None, precision=None) -> InferenceResult:
     """Latency, throughput and memory of serving ``batch`` requests (see module docstring).
 
     Args:
@@ -235,7 +241,11 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
         prompt_len: prompt tokens per sequence.
         gen_len: generated tokens per sequence (``>= 1``).
         gemm: optional static GEMM function ``(dev, m, n, k, batch, dtype_bytes) -> s``.
-        dtype_bytes: bytes per weight / activation / KV element.
+        dtype_bytes: legacy bytes per weight / activation / KV element (sets those fields
+            of ``precision``, :func:`jaxmodel.precision.resolve`).
+        precision: preset name (``"bf16"`` default, ``"fp8"``: FP8 weights, GEMMs and KV
+            cache, ...) or a :class:`jaxmodel.Precision`; a device without a tensor-core rate
+            for its compute dtypes gives ``feasible=False``, reason ``precision_unsupported``.
 
     Returns:
         :class:`InferenceResult`; batch axes of the inputs lead every field.
@@ -266,8 +276,8 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
         validate_args(system, model, par, where="inference")
     validate_knobs("inference", batch=batch, prompt_len=prompt_len, gen_len=gen_len,
                    dtype_bytes=dtype_bytes)
-    return _inference(system, model, par, batch, prompt_len, gen_len, gemm, dtype_bytes,
-                      variant_of(model, par, system))
+    return _inference(system, model, par, batch, prompt_len, gen_len, gemm,
+                      _prec.resolve(precision, dtype_bytes), variant_of(model, par, system))
 
 
 inference.single = inference_single

@@ -25,7 +25,7 @@ With p > 1 and tied embeddings the first and last stage all-reduce the embedding
 
 **Data parallelism and ZeRO** (Rajbhandari et al., SC'20, §5 and §7): gradients are reduced in
 ``grad_bytes`` (4 = fp32 main gradients, as Megatron-LM keeps them), parameters gathered in
-2-byte precision, over the DP group of the most loaded stage:
+the precision's ``weight_bytes`` (2), over the DP group of the most loaded stage:
 
 ===========  =====================================================  =======================
 ZeRO stage   collectives                                           overlap window
@@ -87,6 +87,7 @@ Units: seconds, bytes, FLOP.
 
 from __future__ import annotations
 
+import importlib
 import dataclasses
 import math
 import tomllib
@@ -108,6 +109,7 @@ from jaxmodel.workload import layer as _layer
 from jaxmodel.workload import memory as _memory
 from jaxmodel.workload import moe as _moe
 from jaxmodel.workload import params as _params
+_prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
 
 # --------------------------------------------------------------------------------------------
 # Training constants (hw_db/tech/training.toml, each with its source)
@@ -382,18 +384,19 @@ STAGE_KEYS = ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "ep_comm_
 
 
 def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
-                       gemm: Callable | None = None, dtype_bytes=2.0, dropout=1.0,
+                       gemm: Callable | None = None, precision=None, dropout=1.0,
                        variant: _layer.Variant = _layer.ANY) -> dict:
     """Per-layer and embedding times of one micro-batch (``par.micro_batch`` sequences) on
     one device, s: the workload's training layer and embedding times plus
     :func:`residual_dropout_times` (keys :data:`STAGE_KEYS`). ``system`` runs at its
     sustained clock, ``model``/``par`` are sanitised (see :func:`train_step_single`)."""
     b = par.micro_batch
+    prec = _prec.precision(precision)
     lt = _layer.training_layer_times.single(system, model, par, b, seq_len, gemm=gemm,
-                                            dtype_bytes=dtype_bytes, variant=variant)
+                                            precision=prec, variant=variant)
     et = _layer.embedding_times.single(system, model, par, b, seq_len, gemm=gemm,
-                                       dtype_bytes=dtype_bytes, variant=variant)
-    rd = residual_dropout_times(system.device, model, par, b, seq_len, dropout, dtype_bytes)
+                                       precision=prec, variant=variant)
+    rd = residual_dropout_times(system.device, model, par, b, seq_len, dropout, prec.act_bytes)
     out = {k: lt[k] for k in STAGE_KEYS[:7]}
     out.update({k: et[k] for k in STAGE_KEYS[7:13]})
     out.update(emb_comm_fwd=et["comm_fwd"], emb_comm_bwd=et["comm_bwd"], rd_fwd=rd[0],
@@ -403,9 +406,10 @@ def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
 
 def train_step_single(system: System, model: Model, par: Parallelism, global_batch, seq_len,
                       gemm: Callable | None = None, dp_overlap=1.0, grad_bytes=None,
-                      adam_bytes_per_param=None, dtype_bytes=2.0,
+                      adam_bytes_per_param=None, dtype_bytes=None,
                       clock_fraction=None, dropout=1.0,
-                      variant: _layer.Variant = _layer.ANY, tp_overlap=0.0) -> TrainResult:
+                      variant: _layer.Variant = _layer.ANY, tp_overlap=0.0,
+                      precision=None) -> TrainResult:
     """Single-configuration body of :func:`train_step` (use inside other formulas).
 
     Args:
@@ -419,7 +423,9 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
             ``training.toml`` ``main_grad_bytes``).
         adam_bytes_per_param: main-memory bytes the optimizer step moves per parameter
             (default ``training.toml``).
-        dtype_bytes: bytes per weight/activation element (2 = fp16/bf16).
+        dtype_bytes: legacy bytes per weight/activation element (sets those fields of
+            ``precision``, :func:`jaxmodel.precision.resolve`).
+        precision: preset name or :class:`jaxmodel.Precision` (default ``"bf16"``).
         clock_fraction: sustained core-clock fraction (default: ``training.toml`` by device
             name, see :func:`sustained_device`); the GEMM hook receives the scaled device.
         dropout: 1 = Megatron GPT's hidden and attention dropout, 0 = none (changes the
@@ -427,37 +433,40 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
         variant: static branch switches of the workload's op graph
             (:class:`jaxmodel.workload.layer.Variant`; ``ANY`` keeps every branch).
     """
+    prec = _prec.resolve(precision, dtype_bytes)
     prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction)
     system_t, _, _, _, model_s, par_s, _, seq = prep
-    times = stage_times_single(system_t, model_s, _stage_plan(par_s), seq, gemm, dtype_bytes,
+    times = stage_times_single(system_t, model_s, _stage_plan(par_s), seq, gemm, prec,
                                dropout, variant)
-    return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_bytes,
+    return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
                     variant.net, tp_overlap)
 
 
 def _from_stage_times(system, model, par, global_batch, seq_len, times, dp_overlap=1.0,
-                      grad_bytes=None, adam_bytes_per_param=None, dtype_bytes=2.0,
+                      grad_bytes=None, adam_bytes_per_param=None, precision=None,
                       clock_fraction=None, net: _comm.NetVariant = _comm.ANY_NET,
                       tp_overlap=0.0):
     """:func:`train_step_single` with the stage times given (the de-duplicated path)."""
     prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction)
-    return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_bytes,
-                    net, tp_overlap)
+    return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param,
+                    _prec.precision(precision), net, tp_overlap)
 
 
-def _stage_inputs(system, model, par, global_batch, seq_len, clock_fraction=None):
+def _stage_inputs(system, model, par, global_batch, seq_len, clock_fraction=None,
+                  precision=None):
     """Inputs of :func:`stage_times_single` for one configuration (de-duplication key)."""
     system_t, _, _, _, model_s, par_s, _, seq = _prepare(system, model, par, global_batch,
                                                          seq_len, clock_fraction)
-    return system_t, model_s, _stage_plan(par_s), seq
+    return system_t, model_s, _stage_plan(par_s), seq, _prec.precision(precision)
 
 
-def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_bytes,
+def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
              net: _comm.NetVariant = _comm.ANY_NET, tp_overlap=0.0):
     """The step from the stage times: pipeline, DP/ZeRO, optimizer, memory, feasibility."""
     system, peak, checks, structure_ok, model_s, par_s, gb, seq = prep
     f = jnp.result_type(float)
-    grad_bytes = CONSTANTS["main_grad_bytes"] if grad_bytes is None else grad_bytes
+    grad_bytes = prec.grad_bytes if grad_bytes is None else grad_bytes
+    dtype_bytes = prec.act_bytes
     adam_bytes = (CONSTANTS["adam_bytes_per_param"] if adam_bytes_per_param is None
                   else adam_bytes_per_param)
     dev = system.device
@@ -508,7 +517,7 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_by
     # whose members are tp·pp·ep devices apart; the rest over dp
     n_exp = _moe.expert_params_per_device(model_s, par_s)
     grads_b = grad_bytes * (n_par - n_exp)
-    params_b = dtype_bytes * (n_par - n_exp)
+    params_b = prec.weight_bytes * (n_par - n_exp)
     dp_stride = tp * pp
     dp_multi = dp > 1.5
     dp_group = jnp.where(dp_multi, dp, 2.0)         # double-where: never a group of 1
@@ -531,7 +540,7 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_by
     (t_ag, t_regather, t_ag_e), _, _ = _collectives(
         system, "all_gather", [(params_b, dp_group, dp_stride),
                                (act_bytes * tp, jnp.where(tp_multi, tp, 2.0), 1.0),
-                               (dtype_bytes * n_exp, dpe_group, dpe_stride)], net)
+                               (prec.weight_bytes * n_exp, dpe_group, dpe_stride)], net)
     (t_send,), ok_p2p, why_p2p = _collectives(system, "p2p", [(act_bytes, 2.0, pair_stride)],
                                                 net)
     t_ar, t_rs, t_ag = (jnp.where(dp_multi, _finite(x), 0.0)
@@ -583,12 +592,13 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dtype_by
 
     # ---- memory -------------------------------------------------------------------------
     in_flight = pl.in_flight_microbatches(par_s.schedule, pp, m, par_s.interleave)
-    mem = _memory.training_memory.single(model_s, par_s, seq, in_flight, grad_bytes)
+    mem = _memory.training_memory.single(model_s, par_s, seq, in_flight, grad_bytes, prec)
     mem_ok = mem["total"] <= dev.mem_capacity
 
     ops_ok, ops_why = _ops.ops_feasible.single(dev)
     feasible, reason = nx.first_reason(
         checks + [(ops_ok, "invalid_device"), (dp_net_ok & pp_net_ok, "topology_mismatch"),
+                  (_prec.supported(dev, prec), "precision_unsupported"),
                   (times_ok, "invalid_network"), (mem_ok, "out_of_memory")])
     # more specific codes from the device / network checks
     reason = jnp.where(reason == nx.reason_code("invalid_device"), ops_why, reason)
@@ -626,8 +636,8 @@ DEDUP_MIN_BATCH = 1   # the split path also compiles faster for one plan (18 s v
 
 
 def stage_times(system: System, model: Model, par: Parallelism, global_batch, seq_len, *,
-                gemm: Callable | None = None, dtype_bytes=2.0, clock_fraction=None,
-                dropout=1.0, chunk: int | None = None) -> dict:
+                gemm: Callable | None = None, dtype_bytes=None, clock_fraction=None,
+                dropout=1.0, chunk: int | None = None, precision=None) -> dict:
     """Per-micro-batch stage times (:data:`STAGE_KEYS`) of a batch of plans, each distinct
     stage input evaluated once.
 
@@ -642,10 +652,11 @@ def stage_times(system: System, model: Model, par: Parallelism, global_batch, se
         dict key → seconds with the batch shape of the inputs.
     """
     kw = {} if chunk is None else {"chunk": chunk}
-    shape = batch_shape(system, model, par, global_batch, seq_len, clock_fraction)
+    prec = _prec.resolve(precision, dtype_bytes)
+    shape = batch_shape(system, model, par, global_batch, seq_len, clock_fraction, prec)
     variant = _layer.variant_of(model, par, system)
     inputs = batched(_stage_inputs, **kw)(system, model, par, global_batch, seq_len,
-                                          clock_fraction)
+                                          clock_fraction, prec)
     leaves, tree = jax.tree_util.tree_flatten(inputs)
     n = math.prod(shape)
     if n == 0:
@@ -661,8 +672,10 @@ def stage_times(system: System, model: Model, par: Parallelism, global_batch, se
         first, inverse = np.zeros(1, dtype=int), np.zeros(n, dtype=int)
     sub = jax.tree_util.tree_unflatten(tree, [
         jnp.asarray(c[first]) if i in varying else jnp.asarray(c[0]) for i, c in enumerate(cols)])
-    times_u = batched(stage_times_single, **kw)(*sub, gemm=gemm, dtype_bytes=dtype_bytes,
-                                                dropout=dropout, variant=variant)
+    sys_u, model_u, par_u, seq_u, prec_u = sub
+    times_u = batched(stage_times_single, **kw)(sys_u, model_u, par_u, seq_u, gemm=gemm,
+                                                precision=prec_u, dropout=dropout,
+                                                variant=variant)
     inverse = np.asarray(inverse).reshape(n)
     return {k: jnp.asarray(np.atleast_1d(np.asarray(v))[inverse].reshape(shape))
             for k, v in times_u.items()}
@@ -670,9 +683,9 @@ def stage_times(system: System, model: Model, par: Parallelism, global_batch, se
 
 def train_step(system: System, model: Model, par: Parallelism, global_batch, seq_len, *,
                gemm: Callable | None = None, dp_overlap=1.0, grad_bytes=None,
-               adam_bytes_per_param=None, dtype_bytes=2.0, clock_fraction=None,
+               adam_bytes_per_param=None, dtype_bytes=None, clock_fraction=None,
                dropout=1.0, dedup: bool | None = None, chunk: int | None = None,
-               tp_overlap=0.0) -> TrainResult:
+               tp_overlap=0.0, precision=None) -> TrainResult:
     """Time, throughput and memory of one training step (data × tensor × pipeline parallel).
 
     Source: Narayanan et al., SC'21 (PTD-P: placement §3, schedules §2.2, scatter/gather §4.1,
@@ -693,16 +706,22 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         tp_overlap: fraction of a layer's compute that hides its TP collectives (0 =
             default, Megatron-LM 2021; 1 = Megatron-core ``--tp-comm-overlap``, Wang et al.
             ASPLOS 2023).
-        grad_bytes: gradient bytes per element (default 4, fp32 main gradients).
+        grad_bytes: gradient bytes per element (default ``precision.grad_bytes``: 4, fp32
+            main gradients).
         adam_bytes_per_param: optimizer-step traffic per parameter (default from hw_db).
-        dtype_bytes: bytes per weight/activation element.
+        dtype_bytes: legacy bytes per weight/activation element (sets those fields of
+            ``precision``, :func:`jaxmodel.precision.resolve`).
+        precision: preset name (``"bf16"`` default, ``"fp8"`` Transformer-Engine recipe,
+            ...) or a :class:`jaxmodel.Precision`, possibly batched; a device without a
+            tensor-core rate for its compute dtypes gives ``feasible=False``, reason
+            ``precision_unsupported``.
         clock_fraction: sustained core-clock fraction under training load (default from
             ``hw_db/tech/training.toml`` by device name, 1.0 for unlisted devices).
         dropout: 1 (default) = Megatron GPT's dropout kernels, 0 = no dropout.
         dedup: evaluate the per-layer times once per distinct stage input (:func:`
             stage_times`) and compose every plan from them — exact, and much faster for
             parallelism sweeps. ``None`` (default): on for concrete batches of at least
-            ``DEDUP_MIN_BATCH`` plans with scalar ``dtype_bytes`` and ``dropout`` — also
+            ``DEDUP_MIN_BATCH`` plans with a scalar ``dropout`` — also
             for one plan: two smaller compiled graphs build faster than one big one.
         chunk: ``lax.map`` batch size for big batches (default ``batching.DEFAULT_CHUNK``).
 
@@ -722,8 +741,9 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         >>> float(r.step_time_s), float(r.mfu)
         (29.6, 0.358)
     """
-    concrete = is_concrete(system, model, par, global_batch, seq_len, clock_fraction)
-    shape = batch_shape(system, model, par, global_batch, seq_len)
+    prec = _prec.resolve(precision, dtype_bytes)
+    concrete = is_concrete(system, model, par, global_batch, seq_len, clock_fraction, prec)
+    shape = batch_shape(system, model, par, global_batch, seq_len, prec)
     validate_knobs("train_step", global_batch=global_batch, seq_len=seq_len,
                    dp_overlap=dp_overlap, tp_overlap=tp_overlap, grad_bytes=grad_bytes,
                    adam_bytes_per_param=adam_bytes_per_param, dtype_bytes=dtype_bytes,
@@ -734,26 +754,26 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         validate_parallelism(par)
         _raise_if_inconsistent(system, model, par, global_batch, seq_len)
     kw = {} if chunk is None else {"chunk": chunk}
-    scalar_knobs = all(np.ndim(x) == 0 and is_concrete(x) for x in (dtype_bytes, dropout))
+    scalar_knobs = np.ndim(dropout) == 0 and is_concrete(dropout)
     if dedup is None:
         dedup = concrete and scalar_knobs and math.prod(shape) >= DEDUP_MIN_BATCH
     if dedup:
         if not (concrete and scalar_knobs):
-            raise ValueError("train_step(dedup=True) needs concrete inputs and scalar "
-                             "dtype_bytes and dropout")
+            raise ValueError("train_step(dedup=True) needs concrete inputs and a scalar "
+                             "dropout")
         times = stage_times(system, model, par, global_batch, seq_len, gemm=gemm,
-                            dtype_bytes=dtype_bytes, clock_fraction=clock_fraction,
+                            precision=prec, clock_fraction=clock_fraction,
                             dropout=dropout, chunk=chunk)
         return batched(_from_stage_times, **kw)(
             system, model, par, global_batch, seq_len, times, dp_overlap=dp_overlap,
             grad_bytes=grad_bytes, adam_bytes_per_param=adam_bytes_per_param,
-            dtype_bytes=dtype_bytes, clock_fraction=clock_fraction,
+            precision=prec, clock_fraction=clock_fraction,
             net=_comm.net_variant_of(system), tp_overlap=tp_overlap)
     # static op-graph switches from concrete inputs (smaller graphs, faster compiles)
     variant = (_layer.variant_of(model, par, system) if is_concrete(model, par)
                else _layer.ANY._replace(net=_comm.net_variant_of(system)))
     kwargs = dict(gemm=gemm, dp_overlap=dp_overlap, grad_bytes=grad_bytes,
-                  adam_bytes_per_param=adam_bytes_per_param, dtype_bytes=dtype_bytes,
+                  adam_bytes_per_param=adam_bytes_per_param, precision=prec,
                   clock_fraction=clock_fraction, dropout=dropout, variant=variant,
                   tp_overlap=tp_overlap)
     if chunk is None:

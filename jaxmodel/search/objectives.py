@@ -101,7 +101,8 @@ def apply_knobs(system: System, params: Mapping[str, Any]) -> System:
 
 
 def serving_time(system: System, model: Model, par: Parallelism, batch=8.0,
-                 prompt_len=2048.0, gen_len=1024.0, n_layers=None, gemm=None, variant=None):
+                 prompt_len=2048.0, gen_len=1024.0, n_layers=None, gemm=None, variant=None,
+                 precision=None):
     """Seconds to serve one request batch: prefill + ``gen_len`` decode steps (single config).
 
     Source: LLMCompass §IV-A (one GPT-3 layer, batch 8, input 2048, the 1024th output token;
@@ -111,10 +112,12 @@ def serving_time(system: System, model: Model, par: Parallelism, batch=8.0,
     the model's (one layer per pipeline stage-free device group, no pipeline). ``variant``:
     static op-graph switches of the layer (:func:`jaxmodel.workload.layer.variant_of`); pass
     the concrete model's and plan's when tracing over hardware knobs only (smaller graph).
+    ``precision``: preset name or :class:`jaxmodel.Precision` (default ``"bf16"``).
     """
     from jaxmodel.workload import layer as _layer
     layers = model.n_layers if n_layers is None else n_layers
-    kw = {} if variant is None else {"variant": variant}
+    kw = {"precision": precision} if variant is None else {"variant": variant,
+                                                            "precision": precision}
     pre = _layer.layer_times(system, model, par, batch, prompt_len, "prefill", 0.0, gemm,
                              **kw)
     dec = _layer.layer_times(system, model, par, batch, 1.0, "decode",
@@ -124,7 +127,8 @@ def serving_time(system: System, model: Model, par: Parallelism, batch=8.0,
 
 def make_objective(system: System, model: Model, par: Parallelism,
                    kind: str = "usd_per_mtok", batch=8.0, prompt_len=2048.0, gen_len=1024.0,
-                   n_layers=None, cost_cap_usd=None, penalty=10.0, soft=None) -> Callable:
+                   n_layers=None, cost_cap_usd=None, penalty=10.0, soft=None,
+                   precision=None) -> Callable:
     """An objective ``f(params) -> scalar`` for :func:`jaxmodel.codesign` (lower is better).
 
     Args:
@@ -135,6 +139,8 @@ def make_objective(system: System, model: Model, par: Parallelism,
         penalty: weight of the squared relative violation of the memory capacity (and of
             the cost cap).
         soft: optional soft-min temperature of the GEMM tile search (smoother gradients).
+        precision: preset name or :class:`jaxmodel.Precision` of the served model (rates,
+            weight / KV-cache bytes); default ``"bf16"``.
     """
     from jaxmodel import cost as _cost
     from jaxmodel import ops as _ops
@@ -155,8 +161,10 @@ def make_objective(system: System, model: Model, par: Parallelism,
 
     def objective(params):
         s = apply_knobs(base, params)
-        t = serving_time(s, model, par, batch, prompt_len, gen_len, layers, gemm, variant)
-        mem = _memory.inference_memory_single(model, par, batch, prompt_len, gen_len)["total"]
+        t = serving_time(s, model, par, batch, prompt_len, gen_len, layers, gemm, variant,
+                         precision)
+        mem = _memory.inference_memory_single(model, par, batch, prompt_len, gen_len,
+                                              precision=precision)["total"]
         # full-model memory, scaled to the layers actually served (n_layers < model's)
         mem = mem * layers / model.n_layers
         over = jnp.maximum(mem / s.device.mem_capacity - 1.0, 0.0)
@@ -195,11 +203,14 @@ def evaluate_design(system: System, model: Model, par: Parallelism, params: Mapp
     """Time, device cost and die area of one design (concrete numbers, for reports)."""
     from jaxmodel.cost.area import area_fields
     from jaxmodel.workload import layer as _layer
+    from jaxmodel.precision import precision as _as_precision
     f = jnp.result_type(float)
     base = dataclasses.replace(system, device=area_fields(system.device))
+    wl = {k: jnp.asarray(v, f) for k, v in workload.items() if v is not None
+          and k != "precision"}
+    wl["precision"] = _as_precision(workload.get("precision"))
     out = _design_metrics(base, model, par, {k: jnp.asarray(v, f) for k, v in params.items()},
-                          {k: jnp.asarray(v, f) for k, v in workload.items() if v is not None},
-                          variant=_layer.variant_of(model, par, base))
+                          wl, variant=_layer.variant_of(model, par, base))
     return {k: float(v) for k, v in out.items()}
 
 
@@ -234,7 +245,7 @@ def run_spec(spec: Mapping, steps: int | None = None) -> dict:
     model = hw_db.model(spec.get("model", "gpt3-175b"))
     par = build_parallelism(dict(spec.get("parallelism", {})), float(system.n_devices))
     wl = dict(spec.get("workload", {}))
-    unknown = set(wl) - {"batch", "prompt_len", "gen_len", "n_layers"}
+    unknown = set(wl) - {"batch", "prompt_len", "gen_len", "n_layers", "precision"}
     if unknown:
         raise ValueError(f"codesign spec: unknown [workload] key(s) {sorted(unknown)}")
     for k in bounds:

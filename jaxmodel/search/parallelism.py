@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import math
 import time
@@ -45,6 +46,8 @@ import pandas as pd
 from jaxmodel.numerics import REASONS
 from jaxmodel.types import (RECOMPUTE, SCHEDULES, Model, Parallelism, System, code_of,
                             is_concrete)
+
+_precision = importlib.import_module("jaxmodel.precision")  # the module, not jm.precision
 
 __all__ = ["search_parallelism", "enumerate_plans"]
 
@@ -176,7 +179,7 @@ def _scaled_system(system: System, n_devices: int) -> System:
 def search_parallelism(system: System, model: Model, n_devices: int, global_batch,
                        seq_len, *, gemm_table: bool = False, progress: bool = True,
                        top: int | None = None, step_options: Mapping | None = None,
-                       **options) -> pd.DataFrame:
+                       precision=None, **options) -> pd.DataFrame:
     """Rank every consistent parallelism plan for training ``model`` on ``n_devices``.
 
     The plans of :func:`enumerate_plans` (crossed with ``step_options``) are evaluated in ONE
@@ -203,7 +206,11 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
         step_options: execution options of :func:`jaxmodel.train_step` to search as well,
             ``{name: values}`` (e.g. ``{"dp_overlap": [0, 1], "grad_bytes": [2, 4],
             "tp_overlap": [0, 1]}``: overlapped gradient reduction on/off, bf16 vs fp32
-            gradient reduction, TP collectives overlapped with the GEMMs on/off).
+            gradient reduction, TP collectives overlapped with the GEMMs on/off);
+            ``"precision"`` takes a list of preset names / :class:`jaxmodel.Precision`
+            (e.g. ``["bf16", "fp8"]``), searched like any other option.
+        precision: one precision for every plan (name or :class:`jaxmodel.Precision`), or
+            a list of them to search (the same as ``step_options={"precision": [...]}``).
         **options: enumeration options of :func:`enumerate_plans` (``schedules``,
             ``recompute``, ``zero``, ``sp``, ``flash_attention``, ``max_tp``, ...).
 
@@ -237,12 +244,22 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
         raise ValueError(f"search_parallelism: no consistent plan for {n} devices, global "
                          f"batch {gb} and the given options")
     extra = {}
+    step_options = dict(step_options or {})
+    if isinstance(precision, (list, tuple)):
+        step_options["precision"] = precision
+    elif precision is not None:
+        step_options.setdefault("precision", [precision])
+    precisions = None
     if step_options:
         known = set(inspect.signature(_parallel.train_step).parameters)
         for k, vals in step_options.items():
             if k not in known or k in ("system", "model", "par", "global_batch", "seq_len"):
                 raise ValueError(f"search_parallelism: step option {k!r} is not a keyword of "
                                  f"train_step")
+            if k == "precision":       # presets are searched by their index into the list
+                precisions = [_precision.precision(v) for v in (
+                    [vals] if isinstance(vals, (str, _precision.Precision)) else vals)]
+                vals = np.arange(len(precisions))
             vals = np.asarray(vals, dtype=float).reshape(-1)
             if vals.size == 0:
                 raise ValueError(f"search_parallelism: step option {k!r} has no values")
@@ -258,13 +275,18 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
     f = jnp.result_type(float)
     par = Parallelism(**{k: jnp.asarray(plans[k], f) for k in PAR_FIELDS})
     kw = {k: jnp.asarray(v, f) for k, v in extra.items()}
+    if precisions is not None:
+        idx = extra["precision"].astype(int)
+        kw["precision"] = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[idx], f),
+                                                 _precision.stack(precisions))
     timings = {"enumerate_s": time.perf_counter() - t0}
     say(f"{n_eval:,} plans for {model.name} on {n} devices")
     gemm, info = None, {}
     if gemm_table:
         from jaxmodel.parallel.gemm_table import GemmTable
         t1 = time.perf_counter()
-        table = GemmTable.for_train_step(system, model, par, gb, float(seq_len))
+        table = GemmTable.for_train_step(system, model, par, gb, float(seq_len),
+                                         precision=kw.get("precision"))
         gemm = table.lookup
         info["n_unique_gemms"] = int(len(table.shapes))
         timings["gemm_table_s"] = time.perf_counter() - t1
@@ -280,6 +302,9 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
     cols["schedule"] = np.asarray(SCHEDULES)[plans["schedule"].astype(int)]
     cols["recompute"] = np.asarray(RECOMPUTE)[plans["recompute"].astype(int)]
     cols.update(extra)
+    if precisions is not None:
+        cols["precision"] = np.asarray([p.name for p in precisions])[
+            extra["precision"].astype(int)]
     leaves = jax.tree_util.tree_leaves(res)
     for name, val in zip(output_names(res), leaves):
         val = np.asarray(val).reshape(n_eval, -1)

@@ -57,6 +57,8 @@ Units: seconds, bytes, FLOP.
 
 from __future__ import annotations
 
+import importlib
+import dataclasses
 from typing import Callable, NamedTuple
 
 import jax
@@ -69,6 +71,7 @@ from jaxmodel.ops import attention as _attention
 from jaxmodel.workload import moe as _moe
 from jaxmodel.numerics import INF, divides, first_reason, is_integer
 from jaxmodel.types import Model, Parallelism, System, static_flag, validate_args
+_prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
 
 #: The 12 per-op rows of LLMCompass's layer breakdown, in the order of its CSVs.
 LAYER_OPS = ("qkv", "qk", "av", "wo", "w1", "w2", "softmax", "layernorm_mha",
@@ -208,15 +211,69 @@ def _time_gemms(gemm, dev, shapes, batched_kind, dtype_bytes):
     return [times[i] for i in range(len(shapes))]
 
 
-def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=2.0, backward=False):
+#: Weight-GEMM rows whose forward input gets its own quantisation kernel (the attention output
+#: feeding ``W_o``); the inputs of QKV / W1 / W2 come from a layernorm or the activation,
+#: which Transformer Engine's LayerNormLinear / LayerNormMLP fuse the cast into.
+FWD_CAST_ROWS = ("wo",)
+#: Weight-GEMM rows whose output gradient gets its own cast-transpose kernel (W1's is fused
+#: with the activation backward, dGELU-cast-transpose, in LayerNormMLP).
+BWD_CAST_ROWS = ("qkv", "wo", "w2")
+
+
+def quantize_times(dev, gemm_rows, prec, backward=False):
+    """The precision recipe's quantisation kernels of a layer's weight GEMMs, ``(fwd_s, bwd_s)``.
+
+    Source: Transformer Engine documentation ("FP8 primer": per-tensor delayed scaling, the
+    amax of each tensor reduced inside its cast kernel) and Micikevicius et al., "FP8 Formats
+    for Deep Learning", 2022, §4 (FP8 GEMM inputs scaled per tensor). Forward: a cast of the
+    GEMM input ``[m, k]`` for :data:`FWD_CAST_ROWS`, ``cast_bytes`` per element; backward: a
+    cast-transpose of the output gradient ``[m, n]`` for :data:`BWD_CAST_ROWS`, reading the
+    16-bit gradient and writing the low-precision tensor and its transpose
+    (``2·cast_bytes − act_bytes`` per element). Memory-bound elementwise kernels
+    (:func:`jaxmodel.ops.elementwise_latency`, ~3 FLOP per element: amax, scale, convert).
+    0 when ``cast_bytes = 0``.
+    """
+    on = prec.cast_bytes > 0
+    bwd_bytes = 2.0 * prec.cast_bytes - prec.act_bytes
+    fwd = 0.0
+    bwd = 0.0
+    for row, items in gemm_rows.items():
+        for g, count in items:
+            if g.batch is not None:
+                continue
+            c = jnp.where(on & (count > 0), count, 0.0)
+            if row in FWD_CAST_ROWS:
+                fwd = fwd + c * _elementwise(dev, g.m * g.k, prec.cast_bytes, 3.0)
+            if backward and row in BWD_CAST_ROWS:
+                bwd = bwd + c * _elementwise(dev, g.m * g.n, bwd_bytes, 3.0)
+    return jnp.asarray(fwd), jnp.asarray(bwd)
+
+
+def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=None, backward=False, *,
+             precision=None, attn_word=None):
     """Time a layer's rows: ``{row: (fwd_s, bwd_s)}``.
+
+    Weight GEMMs (``batch`` None) run at the tensor-core rate of ``precision.gemm_dtype``
+    (the device passed to ``gemm`` has ``sa_mac_per_cycle`` scaled by
+    :func:`jaxmodel.precision.matrix_ratio`) on :func:`jaxmodel.precision.gemm_word` bytes
+    per element; the batched attention products at ``attn_dtype``'s rate on ``attn_word``
+    bytes (default ``act_bytes``). With a quantising recipe (``cast_bytes > 0``) a row
+    ``"quantize"`` holds :func:`quantize_times`.
 
     Args:
         gemm: GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s``.
         gemm_rows: ``{row: [(Gemm, count), ...]}``.
         vector_rows: ``{row: (fwd_s, bwd_s)}`` already timed.
+        dtype_bytes: legacy bytes per element (see :func:`jaxmodel.precision.resolve`).
         backward: also time the gradient GEMMs (else ``bwd_s = 0`` for GEMM rows).
+        precision: a :class:`jaxmodel.Precision` or preset name (default ``"bf16"``).
+        attn_word: bytes per element of the attention products (default ``act_bytes``).
     """
+    prec = _prec.resolve(precision, dtype_bytes)
+    w_gemm = _prec.gemm_word(prec)
+    w_attn = prec.act_bytes if attn_word is None else attn_word
+    dev_gemm = _prec.scaled_device(dev, prec.gemm_dtype)
+    dev_attn = _prec.scaled_device(dev, prec.attn_dtype)
     entries = []   # (row, count, direction, Gemm)
     for row, items in gemm_rows.items():
         for g, count in items:
@@ -226,8 +283,8 @@ def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=2.0, backward=False)
                     entries.append((row, count, 1, gb))
     plain = [e for e in entries if e[3].batch is None]
     multi = [e for e in entries if e[3].batch is not None]
-    times = (_time_gemms(gemm, dev, [e[3] for e in plain], False, dtype_bytes)
-             + _time_gemms(gemm, dev, [e[3] for e in multi], True, dtype_bytes))
+    times = (_time_gemms(gemm, dev_gemm, [e[3] for e in plain], False, w_gemm)
+             + _time_gemms(gemm, dev_attn, [e[3] for e in multi], True, w_attn))
     out = {row: [0.0, 0.0] for row in gemm_rows}
     for (row, count, direction, _), t in zip(plain + multi, times):
         # counts may be arrays (MoE share, FlashAttention switch); a zero count adds exactly 0
@@ -236,6 +293,8 @@ def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=2.0, backward=False)
     for row, (f, b) in vector_rows.items():     # a row may have GEMM and vector parts
         gf, gb = out.get(row, (0.0, 0.0))
         out[row] = (jnp.asarray(gf + f), jnp.asarray(gb + b))
+    if not (isinstance(prec.cast_bytes, (int, float)) and prec.cast_bytes == 0):
+        out["quantize"] = quantize_times(dev, gemm_rows, prec, backward)
     return out
 
 
@@ -385,16 +444,22 @@ def tp_collective(system: System, par: Parallelism, nbytes, variant: Variant = A
     return jnp.where(multi, t, 0.0)
 
 
-def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dtype_bytes=2.0,
-                training=False, variant: Variant = ANY):
+def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dtype_bytes=None,
+                training=False, variant: Variant = ANY, *, precision=None, attn_word=None):
     """All compute rows of one layer: ``(gemm_rows, vector_rows)`` (see :func:`evaluate`).
 
     ``training`` fuses the QKV GEMM (Megatron) and times the backward vector kernels.
     ``variant`` (static) drops the FlashAttention / MoE branches a configuration cannot use.
+    Vector kernels move ``precision.act_bytes`` per element; FlashAttention runs at the
+    ``attn_dtype`` rate on ``attn_word`` bytes (default ``act_bytes``).
     """
+    prec = _prec.resolve(precision, dtype_bytes)
+    dtype_bytes = prec.act_bytes
+    attn_word = dtype_bytes if attn_word is None else attn_word
     sh = shard(model, par)
     tokens = batch * seq_len
-    core_g, core_v = attention_core(dev, sh, batch, seq_len, kv_seq, dtype_bytes, training,
+    core_g, core_v = attention_core(_prec.scaled_device(dev, prec.attn_dtype), sh, batch,
+                                    seq_len, kv_seq, attn_word, training,
                                     par.flash_attention, variant.flash)
     if variant.moe is False:
         ffn_g, ffn_v = ffn_block(dev, model, sh, tokens, dtype_bytes, training)
@@ -416,16 +481,19 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
 # --------------------------------------------------------------------------------------------
 def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
                 phase: str = "prefill", kv_len=0.0, gemm: GemmFn | None = None,
-                dtype_bytes=2.0, variant: Variant = ANY):
+                dtype_bytes=None, variant: Variant = ANY, precision=None):
     """Single-configuration body of :func:`layer_breakdown` (use inside other formulas)."""
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
     gemm = gemm or default_gemm
     dev = system.device
+    prec = _prec.resolve(precision, dtype_bytes)
+    dtype_bytes = prec.act_bytes
     kv_seq = seq_len if phase == "prefill" else kv_len + seq_len
-    gemms, vectors = layer_graph(dev, model, par, batch, seq_len, kv_seq, dtype_bytes,
-                                 variant=variant)
-    rows = evaluate(gemm, dev, gemms, vectors, dtype_bytes)
+    # serving: the attention products read Q, K, V in the KV cache's storage type
+    gemms, vectors = layer_graph(dev, model, par, batch, seq_len, kv_seq, variant=variant,
+                                 precision=prec, attn_word=prec.kv_bytes)
+    rows = evaluate(gemm, dev, gemms, vectors, precision=prec, attn_word=prec.kv_bytes)
     out = {k: v[0] for k, v in rows.items()}
     sync = tp_collective(system, par, batch * seq_len * model.d_model * dtype_bytes, variant)
     out["allreduce_mha"] = sync
@@ -435,21 +503,23 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
                                               net=variant.net,
                                               dropless=True))
     ok, _ = layer_feasibility(model, par)
-    out = {k: jnp.where(ok, out[k], INF) for k in LAYER_OPS + _moe.MOE_OPS}
-    out["total"] = sum(out[k] for k in LAYER_OPS + _moe.MOE_OPS)
+    ok = ok & _prec.supported(dev, prec)
+    keys = LAYER_OPS + _moe.MOE_OPS + (("quantize",) if "quantize" in out else ())
+    out = {k: jnp.where(ok, out[k], INF) for k in keys}
+    out["total"] = sum(out[k] for k in keys)
     return out
 
 
 @batched
-def _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm, dtype_bytes,
+def _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm, precision,
                      variant):
-    return layer_times(system, model, par, batch, seq_len, phase, kv_len, gemm, dtype_bytes,
-                       variant)
+    return layer_times(system, model, par, batch, seq_len, phase, kv_len, gemm,
+                       variant=variant, precision=precision)
 
 
 def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_len,
                     phase: str = "prefill", kv_len=0, gemm: GemmFn | None = None,
-                    dtype_bytes=2.0):
+                    dtype_bytes=None, precision=None):
     """Latency of one decoder layer on one device, per op (LLMCompass layer model), s.
 
     Source: LLMCompass §III-C, notes §2: every kernel serial with its per-kernel
@@ -467,10 +537,15 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
         kv_len: cached tokens per sequence in decode.
         gemm: optional GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s``
             (static; default: the ops tile search).
-        dtype_bytes: bytes per activation/weight element (2 = fp16/bf16).
+        dtype_bytes: legacy bytes per activation/weight/KV element (2 = fp16/bf16); sets
+            those fields of ``precision`` (:func:`jaxmodel.precision.resolve`).
+        precision: a preset name (``"bf16"`` default, ``"fp8"``, ...) or a
+            :class:`jaxmodel.Precision`; a device without a tensor-core rate for its compute
+            dtypes gives ``+inf``.
 
     Returns:
-        dict op name → seconds with the 12 rows of :data:`LAYER_OPS`, the MoE rows of
+        dict op name → seconds with the 12 rows of :data:`LAYER_OPS`, a ``"quantize"`` row
+        when the precision has cast kernels (FP8, FP4, INT8), the MoE rows of
         :data:`jaxmodel.workload.moe.MOE_OPS` (``moe_router``, ``moe_alltoall``; 0 for dense
         models) and ``"total"``; leading batch axes as in the inputs. Infeasible TP splits
         (and experts not dividing over ``ep``) give ``+inf``. ``par.flash_attention``
@@ -490,7 +565,8 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
     _raise_if_invalid(model, par)
     validate_args(system, model, par, where="layer_breakdown")
     return _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm,
-                            dtype_bytes, variant_of(model, par, system))
+                            _prec.resolve(precision, dtype_bytes),
+                            variant_of(model, par, system))
 
 
 layer_breakdown.single = layer_times
@@ -514,14 +590,16 @@ def _raise_if_invalid(model, par):
 # training layer
 # --------------------------------------------------------------------------------------------
 def training_layer_single(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
-                          gemm: GemmFn | None = None, dtype_bytes=2.0,
-                          variant: Variant = ANY):
+                          gemm: GemmFn | None = None, dtype_bytes=None,
+                          variant: Variant = ANY, precision=None):
     """Single-configuration body of :func:`training_layer_times`."""
     gemm = gemm or default_gemm
     dev = system.device
-    gemms, vectors = layer_graph(dev, model, par, micro_batch, seq_len, seq_len, dtype_bytes,
-                                 training=True, variant=variant)
-    rows = evaluate(gemm, dev, gemms, vectors, dtype_bytes, backward=True)
+    prec = _prec.resolve(precision, dtype_bytes)
+    dtype_bytes = prec.act_bytes
+    gemms, vectors = layer_graph(dev, model, par, micro_batch, seq_len, seq_len,
+                                 training=True, variant=variant, precision=prec)
+    rows = evaluate(gemm, dev, gemms, vectors, backward=True, precision=prec)
     fwd = sum(f for f, _ in rows.values())
     bwd = sum(b for _, b in rows.values())
     # FlashAttention stores no scores: nothing to recompute selectively (its backward
@@ -541,18 +619,19 @@ def training_layer_single(system: System, model: Model, par: Parallelism, micro_
     out = {"fwd": fwd, "bwd": bwd, "recompute": recompute, "tp_comm_fwd": comm_fwd,
            "tp_comm_bwd": comm_bwd, "ep_comm_fwd": a2a, "ep_comm_bwd": a2a}
     ok, _ = layer_feasibility(model, par)
+    ok = ok & _prec.supported(dev, prec)
     return {k: jnp.where(ok, v, INF) for k, v in out.items()}
 
 
 @batched
-def _training_layer_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes,
+def _training_layer_times(system, model, par, micro_batch, seq_len, gemm, precision,
                           variant):
-    return training_layer_single(system, model, par, micro_batch, seq_len, gemm, dtype_bytes,
-                                 variant)
+    return training_layer_single(system, model, par, micro_batch, seq_len, gemm,
+                                 variant=variant, precision=precision)
 
 
 def training_layer_times(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
-                         gemm: GemmFn | None = None, dtype_bytes=2.0):
+                         gemm: GemmFn | None = None, dtype_bytes=None, precision=None):
     """Per-layer, per-micro-batch, per-device training times (s).
 
     Source: Guo et al. §III (Optimus training graph); Narayanan et al. 2021 Appendix (backward =
@@ -584,7 +663,8 @@ def training_layer_times(system: System, model: Model, par: Parallelism, micro_b
         ...                             jm.Parallelism(tp=4), 1, 2048)
     """
     _raise_if_invalid(model, par)
-    return _training_layer_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes,
+    return _training_layer_times(system, model, par, micro_batch, seq_len, gemm,
+                                 _prec.resolve(precision, dtype_bytes),
                                  variant_of(model, par, system))
 
 
@@ -592,10 +672,17 @@ training_layer_times.single = training_layer_single
 
 
 def embedding_single(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
-                     gemm: GemmFn | None = None, dtype_bytes=2.0, variant: Variant = ANY):
+                     gemm: GemmFn | None = None, dtype_bytes=None, variant: Variant = ANY,
+                     precision=None):
     """Single-configuration body of :func:`embedding_times`."""
     gemm = gemm or default_gemm
     dev = system.device
+    prec = _prec.resolve(precision, dtype_bytes)
+    dtype_bytes = prec.act_bytes
+    # the LM head runs in the higher-precision dtype of the recipe (Transformer Engine
+    # recipes keep the output layer in BF16; serving keeps it unquantised): attn_dtype
+    head_prec = dataclasses.replace(prec, gemm_dtype=prec.attn_dtype, gemm_bytes=dtype_bytes,
+                                    scale_block=0.0 * prec.scale_block, cast_bytes=0.0)
     sh = shard(model, par)
     tokens = micro_batch * seq_len
     vocab = model.vocab_size / sh.tp
@@ -605,7 +692,7 @@ def embedding_single(system: System, model: Model, par: Parallelism, micro_batch
     # backward: scatter-add of dY into the embedding gradient (read dY, read+write the row)
     embed_b = _elementwise(dev, n_hidden, 3.0 * dtype_bytes, 1.0)
     head = evaluate(gemm, dev, {"head": [(Gemm(tokens, vocab, model.d_model), 1.0)]}, {},
-                    dtype_bytes, backward=True)
+                    backward=True, precision=head_prec)
     head_f, head_b = head["head"]
     loss_f = _ops.softmax_latency.single(dev, tokens, vocab, overhead=True)
     # d logits = softmax − onehot: read p, write dlogits
@@ -628,17 +715,18 @@ def embedding_single(system: System, model: Model, par: Parallelism, micro_batch
            "comm_fwd": comm_f, "comm_bwd": comm_b,
            "fwd": embed_f + head_f + loss_f, "bwd": embed_b + head_b + loss_b}
     ok, _ = layer_feasibility(model, par)
+    ok = ok & _prec.supported(dev, prec)
     return {k: jnp.where(ok, v, INF) for k, v in out.items()}
 
 
 @batched
-def _embedding_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes, variant):
-    return embedding_single(system, model, par, micro_batch, seq_len, gemm, dtype_bytes,
-                            variant)
+def _embedding_times(system, model, par, micro_batch, seq_len, gemm, precision, variant):
+    return embedding_single(system, model, par, micro_batch, seq_len, gemm, variant=variant,
+                            precision=precision)
 
 
 def embedding_times(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
-                    gemm: GemmFn | None = None, dtype_bytes=2.0):
+                    gemm: GemmFn | None = None, dtype_bytes=None, precision=None):
     """Embedding lookup, LM head and loss per micro-batch per device, forward and backward (s).
 
     Source: Megatron-LM vocab-parallel embedding and cross entropy (Shoeybi et al. 2019 §3);
@@ -653,7 +741,8 @@ def embedding_times(system: System, model: Model, par: Parallelism, micro_batch,
         stage).
     """
     _raise_if_invalid(model, par)
-    return _embedding_times(system, model, par, micro_batch, seq_len, gemm, dtype_bytes,
+    return _embedding_times(system, model, par, micro_batch, seq_len, gemm,
+                            _prec.resolve(precision, dtype_bytes),
                             variant_of(model, par, system))
 
 

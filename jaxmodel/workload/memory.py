@@ -1,9 +1,14 @@
 """Memory footprint per device: weights, gradients, optimizer states, activations, KV cache.
 
+Every tensor class follows its storage type in the :class:`jaxmodel.Precision` (default
+``"bf16"``; see :mod:`jaxmodel.precision` for the presets and their sources).
+
 Sources:
 - mixed-precision Adam: 2 B fp16/bf16 weights + 2 B gradients (4 B with fp32 main gradients, as
   Megatron-LM keeps them) + 12 B optimizer states (fp32 master weights, momentum, variance) per
-  parameter (Rajbhandari et al. 2020, ZeRO §3 "K = 12");
+  parameter (Rajbhandari et al. 2020, ZeRO §3 "K = 12"); with ``precision``: weights
+  ``weight_bytes + weight_copy_bytes`` (FP8 recipes cache an FP8 weight copy), gradients
+  ``grad_bytes``, optimizer ``master_bytes + optim_bytes``;
 - ZeRO stages over ``dp`` (Rajbhandari et al. 2020 §5): stage 1 shards optimizer states,
   stage 2 also gradients, stage 3 also the weights;
 - activations per layer: Korthikanti et al. 2022 (MLSys 2023) §4, eqs. 1–2 and Table 2,
@@ -22,19 +27,19 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import jax.numpy as jnp
 
 from jaxmodel.batching import batched
 from jaxmodel.types import Model, Parallelism
 from jaxmodel.workload.moe import expert_params_per_device, moe_activation_bytes
 from jaxmodel.workload.params import params_per_device
-
-WEIGHT_BYTES = 2.0      # fp16/bf16 weights
-OPTIMIZER_BYTES = 12.0  # fp32 master weights + Adam m + v (ZeRO §3, K = 12)
+_prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
 
 
 @batched
-def activation_bytes_per_layer(model: Model, par: Parallelism, micro_batch, seq_len):
+def activation_bytes_per_layer(model: Model, par: Parallelism, micro_batch, seq_len,
+                               act_bytes=2.0):
     """Activation memory one layer stores for the backward pass, bytes per device.
 
     Source: Korthikanti et al. 2022 §4.1 (per-layer inventory, 2-byte activations, 1-byte
@@ -53,10 +58,15 @@ def activation_bytes_per_layer(model: Model, par: Parallelism, micro_batch, seq_
       SwiGLU: gate, up and their product);
     - attention scores: softmax output (2), dropout mask (1), dropout output (2) → ``5·a·s²·b``.
 
+    Precision: the 2-byte activation terms scale with ``act_bytes / 2``; the 1-byte dropout
+    masks and FlashAttention's fp32 log-sum-exp do not.
+
     Args:
         micro_batch: sequences per micro-batch (``b``).
         seq_len: sequence length (``s``).
+        act_bytes: bytes per stored activation element (2 in Korthikanti et al.).
     """
+    w = act_bytes / 2.0
     tp = jnp.maximum(par.tp, 1.0)
     sp = par.sp > 0.5
     sb = seq_len * micro_batch
@@ -64,26 +74,29 @@ def activation_bytes_per_layer(model: Model, par: Parallelism, micro_batch, seq_
     d_attn = model.n_heads * model.head_dim
     kv_heads = jnp.maximum(model.n_kv_heads / tp, 1.0) * tp   # replicated KV heads count full
     d_kv = kv_heads * model.head_dim
-    replicated = 10.0 * sb * d
-    split = sb * (4.0 * d_attn + 4.0 * d_kv + 2.0 * model.ffn_matrices * model.d_ff)
+    replicated = (8.0 * w + 2.0) * sb * d                    # 2 dropout masks of 1 B
+    split = w * sb * (4.0 * d_attn + 4.0 * d_kv + 2.0 * model.ffn_matrices * model.d_ff)
     scores = jnp.where(par.flash_attention > 0.5,
                        4.0 * model.n_heads * seq_len * micro_batch,
-                       5.0 * model.n_heads * seq_len * sb)
+                       (4.0 * w + 1.0) * model.n_heads * seq_len * sb)
     rc = par.recompute
     scores = jnp.where(rc > 0.5, 0.0, scores)        # selective (and full) recompute
     replicated = jnp.where(sp, replicated / tp, replicated)
     per_layer = (replicated + split / tp + scores / tp
                  + moe_activation_bytes(model, par, micro_batch, seq_len))   # 0 when dense
-    full = jnp.where(sp, 2.0 * sb * d / tp, 2.0 * sb * d)
+    full = jnp.where(sp, 2.0 * w * sb * d / tp, 2.0 * w * sb * d)
     return jnp.where(rc > 1.5, full, per_layer)
 
 
 @batched
-def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_bytes=2.0):
+def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_bytes=None,
+                    precision=None):
     """Training memory of the most loaded device (first pipeline stage), bytes.
 
-    Source: see module docstring. Weights ``2 B``, gradients ``grad_bytes`` (2; 4 for fp32
-    main gradients as in Megatron), optimizer ``12 B`` per parameter of
+    Source: see module docstring. Per parameter of ``precision`` (default ``"bf16"``): weights
+    :func:`jaxmodel.precision.training_weight_bytes` (2 B; 3 B with FP8's cached weight
+    copy), gradients ``grad_bytes`` (4 B fp32 main gradients as in Megatron), optimizer
+    ``master_bytes + optim_bytes`` (4 + 8 = 12 B) per parameter of
     :func:`~jaxmodel.workload.params.params_per_device`, divided by ``dp`` from ZeRO stage 1
     (optimizer), 2 (+ gradients), 3 (+ weights). Activations: ``in_flight`` micro-batches
     (of ``par.micro_batch`` sequences) through the stage's ``n_layers/pp`` layers, each
@@ -96,11 +109,15 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
             the first stage under 1F1B, ``pp + (pp−1)/m`` for interleaved 1F1B with ``m``
             chunks (Korthikanti §4.2.3), the number of micro-batches under GPipe. The pipeline
             schedules supply it.
-        grad_bytes: bytes per gradient element.
+        grad_bytes: bytes per gradient element (default ``precision.grad_bytes``).
+        precision: preset name or :class:`jaxmodel.Precision`; activations are stored in
+            its ``act_bytes``.
 
     Returns:
         dict with ``weights``, ``gradients``, ``optimizer``, ``activations``, ``total``.
     """
+    prec = _prec.precision(precision)
+    grad_bytes = prec.grad_bytes if grad_bytes is None else grad_bytes
     params = params_per_device.single(model, par)
     dp = jnp.maximum(par.dp, 1.0)
     zero = par.zero
@@ -113,12 +130,12 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
         return (params - experts) / jnp.where(on, dp, 1.0) + experts / jnp.where(on, dp_exp,
                                                                                    1.0)
 
-    weights = WEIGHT_BYTES * sharded(2.5)
+    weights = _prec.training_weight_bytes(prec) * sharded(2.5)
     grads = grad_bytes * sharded(1.5)
-    optim = OPTIMIZER_BYTES * sharded(0.5)
+    optim = (prec.master_bytes + prec.optim_bytes) * sharded(0.5)
     layers = model.n_layers / jnp.maximum(par.pp, 1.0)
     acts = in_flight * layers * activation_bytes_per_layer.single(model, par, par.micro_batch,
-                                                                  seq_len)
+                                                                  seq_len, prec.act_bytes)
     return {"weights": weights, "gradients": grads, "optimizer": optim, "activations": acts,
             "total": weights + grads + optim + acts}
 
@@ -146,11 +163,13 @@ kv_cache_bytes.single = kv_cache_bytes_single
 
 
 def inference_memory_single(model: Model, par: Parallelism, batch, prompt_len, gen_len=0.0,
-                            dtype_bytes=2.0):
+                            dtype_bytes=None, precision=None):
     """Single-configuration body of :func:`inference_memory`."""
+    prec = _prec.resolve(precision, dtype_bytes)
+    dtype_bytes = prec.act_bytes
     tp = jnp.maximum(par.tp, 1.0)
-    weights = dtype_bytes * params_per_device.single(model, par)
-    kv = kv_cache_bytes_single(model, par, batch, prompt_len + gen_len, dtype_bytes)
+    weights = _prec.serving_weight_bytes(prec) * params_per_device.single(model, par)
+    kv = kv_cache_bytes_single(model, par, batch, prompt_len + gen_len, prec.kv_bytes)
     # transient working set of the largest step, the prefill of one layer: scores + softmax
     # output, or the FFN intermediates, plus a few hidden-state buffers.
     heads = model.n_heads / tp
@@ -165,12 +184,14 @@ def inference_memory_single(model: Model, par: Parallelism, batch, prompt_len, g
 
 @batched
 def inference_memory(model: Model, par: Parallelism, batch, prompt_len, gen_len=0.0,
-                     dtype_bytes=2.0):
+                     dtype_bytes=None, precision=None):
     """Inference memory per device serving ``batch`` sequences, bytes.
 
-    Weights ``dtype_bytes`` × :func:`~jaxmodel.workload.params.params_per_device` (split over
-    ``tp`` and ``pp``), the KV cache of ``prompt_len + gen_len`` tokens
-    (:func:`kv_cache_bytes`), and a transient activation working set of the prompt's prefill:
+    Weights in the GEMM storage type of ``precision`` (default ``"bf16"``; 1 B for
+    ``"fp8"``, 0.5 B + scales for ``"w4a16"``: :func:`jaxmodel.precision.serving_weight_bytes`)
+    × :func:`~jaxmodel.workload.params.params_per_device` (split over ``tp`` and ``pp``), the
+    KV cache of ``prompt_len + gen_len`` tokens in ``kv_bytes`` (:func:`kv_cache_bytes`), and
+    a transient activation working set (``act_bytes`` words) of the prompt's prefill:
     the larger of the score + softmax tensors (``2·b·h/t·s²`` words, unfused attention as in
     LLMCompass) and the FFN intermediates (``ffn_matrices·b·s·d_ff/t`` words), plus four
     ``[b·s, d]`` hidden-state buffers. The working set is an estimate; LLMCompass's
@@ -179,7 +200,8 @@ def inference_memory(model: Model, par: Parallelism, batch, prompt_len, gen_len=
     Returns:
         dict with ``weights``, ``kv_cache``, ``activations``, ``total``.
     """
-    return inference_memory_single(model, par, batch, prompt_len, gen_len, dtype_bytes)
+    return inference_memory_single(model, par, batch, prompt_len, gen_len, dtype_bytes,
+                                   precision)
 
 
 inference_memory.single = inference_memory_single

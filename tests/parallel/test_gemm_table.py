@@ -23,8 +23,9 @@ def _two_gemms(dev, m, gemm=None):
 
 def test_collect_records_unique_shapes():
     shapes = gt.collect_gemm_shapes(_two_gemms, DEV, jnp.asarray([128.0, 256.0, 128.0]))
-    expected = {(128, 256, 512, 1, 2), (256, 256, 512, 1, 2), (512, 256, 512, 1, 2),
-                (128, 64, 64, 8, 2), (256, 64, 64, 8, 2)}
+    mac = int(DEV.sa_mac_per_cycle)      # the sixth key: the compute dtype's systolic rate
+    expected = {(128, 256, 512, 1, 2, mac), (256, 256, 512, 1, 2, mac),
+                (512, 256, 512, 1, 2, mac), (128, 64, 64, 8, 2, mac), (256, 64, 64, 8, 2, mac)}
     assert {tuple(int(v) for v in row) for row in shapes} == expected
 
 
@@ -42,7 +43,7 @@ def test_table_lookup_matches_tile_search_and_misses_are_inf():
     miss = table.lookup(DEV, 130.0, 256.0, 512.0, 1.0, 2.0)
     assert np.isinf(float(miss))
     # the sparse fallback gives the same answers
-    sparse = gt.GemmTable(shapes, table.times)
+    sparse = gt.GemmTable(table.shapes, table.times)
     sparse.dense = False
     got2 = jax.vmap(lambda m, n, k, b: sparse.lookup(DEV, m, n, k, b, 2.0))(
         *(jnp.asarray(shapes[:, j]) for j in range(4)))
@@ -64,3 +65,16 @@ def test_build_rejects_batched_device():
     dev = dataclasses.replace(DEV, mem_bw=jnp.asarray([1e12, 2e12]))
     with pytest.raises(ValueError, match="single configuration"):
         gt.GemmTable.build(dev, np.asarray([[128, 128, 128, 1, 2]], dtype=float))
+
+
+def test_table_keys_the_compute_dtype_rate():
+    """A table built on FP8-rate GEMMs (sa_mac_per_cycle doubled) answers those, and misses
+    the 16-bit ones (never a wrong rate)."""
+    import dataclasses
+    fast = dataclasses.replace(DEV, sa_mac_per_cycle=2.0 * DEV.sa_mac_per_cycle)
+    shapes = gt.collect_gemm_shapes(_two_gemms, fast, jnp.asarray([128.0]))
+    table = gt.GemmTable.build(DEV, shapes)
+    direct = float(_two_gemms(fast, 128.0, gemm=lambda d, *a: jm.gemm_latency.single(d, *a)))
+    assert float(_two_gemms(fast, 128.0, gemm=table.lookup)) == pytest.approx(direct,
+                                                                              rel=1e-9)
+    assert np.isinf(float(_two_gemms(DEV, 128.0, gemm=table.lookup)))

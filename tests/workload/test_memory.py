@@ -120,7 +120,7 @@ def test_against_korthikanti_fig1_interleaved(anchors, model_name):
 
 def test_zero_stages_shard_over_dp():
     m = gpt(*KORTHIKANTI["megatron-22B"][:3])
-    out = {z: training_memory(m, jm.Parallelism(tp=8, dp=4, zero=z), SEQ, 1.0)
+    out = {z: training_memory(m, jm.Parallelism(tp=8, dp=4, zero=z), SEQ, 1.0, grad_bytes=2.0)
            for z in range(4)}
     p = float(params_per_device(m, jm.Parallelism(tp=8)))
     assert float(out[0]["weights"]) == pytest.approx(2 * p)
@@ -178,3 +178,35 @@ def test_vmap_matches_loop_and_jit_matches_eager():
     for k in eager:
         assert float(eager[k]) == pytest.approx(float(jitted[k]), rel=1e-12)
     assert np.all(np.isfinite(np.asarray(batched["total"])))
+
+
+def test_activation_bytes_follow_the_activation_dtype():
+    """4-byte activations (fp32), GPT layer without TP: the 2-byte terms of Korthikanti §4.1
+    double, the 1-byte dropout masks do not. Replicated 8·w + 2 (w = act_bytes/2 = 2) = 18,
+    split w·24 = 48, scores (4w + 1) = 9: sbh·(66 + 9as/h) instead of sbh·(34 + 5as/h)."""
+    a, h, L, p, b = KORTHIKANTI["gpt3-175B"]
+    m = gpt(a, h, L)
+    par = jm.Parallelism(tp=1)
+    sbh = SEQ * b * h
+    two = float(activation_bytes_per_layer(m, par, b, SEQ))
+    four = float(activation_bytes_per_layer(m, par, b, SEQ, 4.0))
+    assert two == pytest.approx(sbh * (34 + 5 * a * SEQ / h), rel=1e-12)
+    assert four == pytest.approx(sbh * (66 + 9 * a * SEQ / h), rel=1e-12)
+
+
+def test_precision_sets_every_tensor_class():
+    """Training states per parameter (ZeRO-0): bf16 2 + 4 + (4 + 8) = 18 B; fp8 adds the
+    cached 1-byte weight copy (19 B). Serving: fp8 weights 1 B and a 1-byte KV cache."""
+    m = gpt(*KORTHIKANTI["megatron-22B"][:3])
+    par = jm.Parallelism(tp=8)
+    p = float(params_per_device(m, par))
+    for name, per_param in (("bf16", 18.0), ("fp8", 19.0)):
+        mem = training_memory(m, par, SEQ, 1.0, precision=name)
+        assert float(mem["weights"] + mem["gradients"] + mem["optimizer"]) == pytest.approx(
+            per_param * p, rel=1e-12)
+    bf = inference_memory(m, par, 4, 1000, 24, precision="bf16")
+    f8 = inference_memory(m, par, 4, 1000, 24, precision="fp8")
+    assert float(f8["weights"]) == pytest.approx(p, rel=1e-12)
+    assert float(f8["kv_cache"]) == pytest.approx(float(kv_cache_bytes(m, par, 4, 1024, 1.0)),
+                                                  rel=1e-12)
+    assert float(f8["total"]) < float(bf["total"])
