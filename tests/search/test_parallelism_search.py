@@ -34,7 +34,8 @@ def brute_force(model, n, gb):
                     continue
                 for sp, ep, rc, z, fa in itertools.product((0, 1), range(1, E + 1), (0, 1, 2),
                                                            (0, 1, 2, 3), (0, 1)):
-                    if (sp and tp == 1) or E % ep or (dp * tp) % ep or (z and dp == 1):
+                    # experts are sharded over data-parallel ranks: ep | E and ep | dp
+                    if (sp and tp == 1) or E % ep or dp % ep or (z and dp == 1):
                         continue
                     rows.add((dp, tp, pp, sp, ep, mb, v, sched, rc, z, fa))
     return rows
