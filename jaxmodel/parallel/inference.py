@@ -218,7 +218,7 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     rules = (checks + _plan.system_checks(_plan.INFER, system, par, structure_ok)
              + _plan.finite_checks(
                  [x[k] for x in (pre, dec) for k in LAYER_OPS + MOE_OPS if k not in _COMM_OPS]
-                 + [lookup[0], lookup[1], head_c, total],
+                 + [lookup[0], lookup[1], head_c],
                  [x[k] for x in (pre, dec) for k in _COMM_OPS]
                  + [emb_ar[0], emb_ar[1], head_g, hop_pre, hop_dec]))
     if memory_rule:

@@ -426,8 +426,9 @@ def system_checks(scope: str, system, par, p_ok=True) -> list:
       positive number, and so is ``mem_capacity``;
     - ``buffer_too_small``: the smallest GEMM tile of the search grid fits the buffers
       (:func:`jaxmodel.ops.ops_feasible`);
-    - ``invalid_network``: every network tier the plan's groups reach has a finite positive
-      size, bandwidth, efficiency and packet format and finite non-negative latencies;
+    - ``invalid_network``: when any group of the plan communicates, every network tier has
+      a finite positive size, bandwidth, efficiency and packet format and finite
+      non-negative latencies (the collective model reads all tiers);
     - ``topology_mismatch``: every group the plan communicates over tiles the tiers
       (:func:`jaxmodel.comm.placement`).
 
@@ -443,14 +444,15 @@ def system_checks(scope: str, system, par, p_ok=True) -> list:
     par = sanitised(par, p_ok)
     pl_ = placement(system, par)
     groups = _used_groups(scope, par, pl_)
-    span = jnp.asarray(1.0)
-    for g, used in groups:
-        span = jnp.maximum(span, jnp.where(used, g.size * g.stride, 1.0))
+    talks = jnp.asarray(False)
+    for _, used in groups:
+        talks = talks | used
+    # the collective model needs every tier usable once a group communicates
+    # (:func:`jaxmodel.comm.collective_cost`); a plan without communication needs none
     net_ok = jnp.asarray(True)
-    inner = 1.0
     for lvl in system.levels:
-        net_ok = net_ok & ((span <= inner + 0.5) | _level_ok(lvl))
-        inner = inner * jnp.maximum(jnp.where(_level_ok(lvl), lvl.size, 1.0), 1.0)
+        net_ok = net_ok & _level_ok(lvl)
+    net_ok = net_ok | ~talks
     topo_ok = jnp.asarray(True)
     for g, used in groups:
         _, _, fits = _comm.placement(system, jnp.where(used, g.size, 1.0),

@@ -574,7 +574,7 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dt
     mem_ok = mem["total"] <= dev.mem_capacity
 
     # ---- the plan's rules, then the hardware's, then memory (first failing one wins) -----
-    compute_raw = [times[k] for k in STAGE_KEYS if k not in _COMM_KEYS] + [t_opt_raw, step]
+    compute_raw = [times[k] for k in STAGE_KEYS if k not in _COMM_KEYS] + [t_opt_raw]
     comm_raw = ([times[k] for k in _COMM_KEYS] + list(dpc.raw)
                 + [jnp.where(multi_stage, dpc.send, 0.0),
                    jnp.where(multi_stage & (model_s.tied_embeddings > 0.5), dpc.emb_allreduce,
