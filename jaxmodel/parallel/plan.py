@@ -55,8 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmodel import numerics as nx
-
-GPIPE, ONE_F_ONE_B, INTERLEAVED = 0.0, 1.0, 2.0   # jaxmodel.types.SCHEDULES codes
+from jaxmodel.parallel.pipeline import INTERLEAVED
 
 TRAIN, INFER, LAYER = "train", "infer", "layer"
 SCOPES = (TRAIN, INFER, LAYER)
