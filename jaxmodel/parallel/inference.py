@@ -6,8 +6,14 @@ generates one token per step against it; inference latency = prefill + decoding)
 
 Model: ``dp`` replicas serve ``batch/dp`` sequences each; within a replica ``pp`` stages of
 ``n_layers/pp`` layers run one after another (no micro-batching, i.e. latency-optimal
-pipelining; a hop between stages is a point-to-point transfer of the hidden states) and each
-layer is the LLMCompass layer of :func:`jaxmodel.workload.layer.layer_breakdown` under ``tp``.
+pipelining; a hop between stages is a point-to-point transfer of the hidden states, placed as
+in training by :mod:`jaxmodel.parallel.plan`: across the outermost tier the ``tp·pp`` devices
+of one pipeline span) and each layer is the LLMCompass layer of
+:func:`jaxmodel.workload.layer.layer_breakdown` under ``tp``.
+
+Feasibility: the ``"infer"`` rules of :mod:`jaxmodel.parallel.plan` (structure, device,
+network, finite times), then memory. Every result is finite with ``feasible=True`` or
+``+inf`` with ``feasible=False`` and the reason of the first failing rule.
 
 - ``ttft_s``: embedding of the prompt + all layers in prefill + ``pp − 1`` hops + LM head on the
   last position (``[b, d]×[d, V/t]``), an all-gather of the logits and a softmax over them.
@@ -268,9 +274,11 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
         :class:`InferenceResult`; batch axes of the inputs lead every field.
 
     Raises:
-        ValueError: a single concrete configuration whose plan is inconsistent (tp not
-            dividing the heads, dp·tp·pp ≠ devices, pp not dividing the layers, batch not
-            divisible by dp, ...). Out of memory is not an error: ``feasible=False``.
+        ValueError: a single concrete configuration whose plan breaks a rule of
+            :mod:`jaxmodel.parallel.plan` (tp not dividing the heads, dp·tp·pp ≠ devices, pp
+            not dividing the layers, batch not divisible by dp, a group the network cannot
+            place, ...); the message names the reason, fields and values. Out of memory and
+            an unusable device are not errors: ``feasible=False`` with the reason.
 
     Example:
         >>> r = jm.inference(hw_db.system("hgx_a100_4gpu"), hw_db.model("llama2-13b"),

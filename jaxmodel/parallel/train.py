@@ -702,8 +702,9 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         :class:`TrainResult` with the batch shape of the inputs in front of every field.
 
     Raises:
-        ValueError: for a concrete single configuration whose plan is inconsistent (devices,
-            divisibility, schedule, codes) — the message names the fields and values. Out of
+        ValueError: for a concrete single configuration whose plan breaks a rule of
+            :mod:`jaxmodel.parallel.plan` (devices, divisibility, schedule, codes, a group the
+            network cannot place) — the message names the reason, fields and values. Out of
             memory never raises: ``feasible=False``, reason ``out_of_memory``, memory figures.
 
     Example:
