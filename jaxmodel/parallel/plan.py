@@ -409,16 +409,19 @@ def _level_ok(lvl):
     return ok & (lvl.size >= 1)
 
 
-def _used_groups(scope: str, par, pl_: Placement):
-    """``[(group, in_use)]`` of the groups that communicate in ``scope``."""
-    groups = [(pl_.tp, pl_.tp.size > 1.5), (pl_.stage_hop, pl_.pp.size > 1.5),
-              (pl_.ep, pl_.ep.size > 1.5)]
+GROUPS = ("tp", "ep", "stage_hop", "dp", "dp_exp")
+
+
+def _used_groups(scope: str, pl_: Placement, names=GROUPS):
+    """``[(group, in_use)]`` of the groups (of ``names``) that communicate in ``scope``."""
+    used = {"tp": pl_.tp.size > 1.5, "stage_hop": pl_.pp.size > 1.5,
+            "ep": pl_.ep.size > 1.5}
     if scope == TRAIN:      # inference replicas never talk to each other
-        groups += [(pl_.dp, pl_.dp.size > 1.5), (pl_.dp_exp, pl_.dp_exp.size > 1.5)]
-    return groups
+        used.update(dp=pl_.dp.size > 1.5, dp_exp=pl_.dp_exp.size > 1.5)
+    return [(getattr(pl_, k), used[k]) for k in names if k in used]
 
 
-def system_checks(scope: str, system, par, p_ok=True) -> list:
+def system_checks(scope: str, system, par, p_ok=True, placed=GROUPS) -> list:
     """``[(ok, reason), ...]`` of the hardware rules (single configuration, jnp).
 
     - ``invalid_device``: every rate, count and size the operator models read is a finite
@@ -432,6 +435,8 @@ def system_checks(scope: str, system, par, p_ok=True) -> list:
       (:func:`jaxmodel.comm.placement`).
 
     ``p_ok`` (the structural rules' verdict) sanitises the plan first (double-where).
+    ``placed``: the groups whose placement is checked here (a caller that evaluates a
+    group's collectives anyway may check that collective's own verdict instead).
     """
     from jaxmodel import comm as _comm
     from jaxmodel import ops as _ops
@@ -442,10 +447,10 @@ def system_checks(scope: str, system, par, p_ok=True) -> list:
     buf_ok = ok | (why != nx.reason_code("buffer_too_small"))
     par = sanitised(par, p_ok)
     pl_ = placement(system, par)
-    groups = _used_groups(scope, par, pl_)
     talks = jnp.asarray(False)
-    for _, used in groups:
+    for _, used in _used_groups(scope, pl_):
         talks = talks | used
+    groups = _used_groups(scope, pl_, placed)
     # the collective model needs every tier usable once a group communicates
     # (:func:`jaxmodel.comm.collective_cost`); a plan without communication needs none
     net_ok = jnp.asarray(True)

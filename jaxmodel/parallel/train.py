@@ -444,7 +444,6 @@ class _DataParallel(NamedTuple):
     per_micro: Any       # every micro-batch, on the stage's critical path
     ok: Any              # the DP and DP_exp collectives fit the network
     why: Any             # the reason code of the DP all-reduce
-    raw: tuple           # the collective times used (for the finiteness rule)
     emb_allreduce: Any   # tied-embedding gradient all-reduce between first and last stage
     regather: Any        # TP all-gather re-assembling a scatter/gather stage transfer
     send: Any            # one stage-boundary transfer
@@ -485,8 +484,6 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
                                (dtype_bytes * n_exp, dpe_group, dpe_stride)], net)
     (t_send,), ok_p2p, why_p2p = _collectives(system, "p2p", [(act_bytes, 2.0, pair_stride)],
                                                 net)
-    raw = tuple(jnp.where(dp_multi, x, 0.0) for x in (t_ar, t_rs, t_ag)) + tuple(
-        jnp.where(dpe_multi, x, 0.0) for x in (t_ar_e, t_rs_e, t_ag_e))
     t_ar, t_rs, t_ag = (jnp.where(dp_multi, _finite(x), 0.0)
                         + jnp.where(dpe_multi, _finite(x_e), 0.0)
                         for x, x_e in ((t_ar, t_ar_e), (t_rs, t_rs_e), (t_ag, t_ag_e)))
@@ -502,7 +499,7 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
     z2_mb = _exposed(t_rs, window_b, ov)
     z3_mb = _exposed(t_ag, window_f, ov) + _exposed(t_ag + t_rs, window_b, ov)
     dp_mb = jnp.select([zero < 1.5, zero < 2.5], [0.0, z2_mb], z3_mb)
-    return _DataParallel(dp_step, dp_mb, dp_net_ok, why_ar[0], raw, t_emb_ar, t_regather,
+    return _DataParallel(dp_step, dp_mb, dp_net_ok, why_ar[0], t_emb_ar, t_regather,
                          t_send, ok_p2p[0], why_p2p[0])
 
 
@@ -574,14 +571,12 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, dt
     mem_ok = mem["total"] <= dev.mem_capacity
 
     # ---- the plan's rules, then the hardware's, then memory (first failing one wins) -----
+    # DP, DP_exp and the stage hop: their collectives' own verdicts (evaluated here anyway)
     compute_raw = [times[k] for k in STAGE_KEYS if k not in _COMM_KEYS] + [t_opt_raw]
-    comm_raw = ([times[k] for k in _COMM_KEYS] + list(dpc.raw)
-                + [jnp.where(multi_stage, dpc.send, 0.0),
-                   jnp.where(multi_stage & (model_s.tied_embeddings > 0.5), dpc.emb_allreduce,
-                             0.0),
-                   jnp.where(multi_stage & (tp > 1.5) & (par_s.sp < 0.5), dpc.regather, 0.0)])
+    comm_raw = [times[k] for k in _COMM_KEYS]
     feasible, reason = nx.first_reason(
-        checks + _plan.system_checks(_plan.TRAIN, system, par_s, structure_ok)
+        checks + _plan.system_checks(_plan.TRAIN, system, par_s, structure_ok,
+                                     placed=("tp", "ep"))
         + [(dpc.ok & pp_net_ok, "topology_mismatch")]
         + _plan.finite_checks(compute_raw, comm_raw) + [(mem_ok, "out_of_memory")])
     # the network's own reason where a collective of the step does not fit it
