@@ -138,9 +138,9 @@ def hardware_sweep(out: Path, say, quick: bool) -> pd.DataFrame:
     import jaxmodel as jm
     from jaxmodel.cost.area import area_fields
     from jaxmodel.plots import heatmap_plot, pareto_mask, pareto_plot
-    from jaxmodel.search.objectives import apply_knobs, serving_time
+    from jaxmodel.parallel.inference import inference_single
+    from jaxmodel.search.objectives import apply_knobs
     from jaxmodel.workload import layer as _layer
-    from jaxmodel.workload import memory as _memory
     base = hw_db.system("dgx_h100")
     base = dataclasses.replace(base, device=area_fields(base.device))
     model = hw_db.model("llama3-70b")
@@ -150,10 +150,9 @@ def hardware_sweep(out: Path, say, quick: bool) -> pd.DataFrame:
 
     def serve(system, p):
         s = apply_knobs(system, p)
-        t = serving_time(s, model, par, batch, prompt, gen, variant=variant)
-        mem = _memory.inference_memory_single(model, par, batch, prompt, gen)["total"]
-        fits = mem <= s.device.mem_capacity
-        tps = jnp.where(fits, batch * gen / t, 0.0)
+        r = inference_single(s, model, par, batch, prompt, gen, variant=variant)
+        fits = r.feasible
+        tps = r.tokens_per_s
         cost = jm.tco.single(s, tps)
         return {"tokens_per_s": tps, "usd_per_hour": cost.usd_per_hour,
                 "capex_usd": cost.capex_usd, "usd_per_mtok": cost.usd_per_million_tokens,

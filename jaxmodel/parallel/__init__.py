@@ -2,8 +2,10 @@
 
 Public names: :func:`train_step` → :class:`TrainResult`; :func:`inference` →
 :class:`InferenceResult` (from :mod:`jaxmodel.parallel.inference`). Modules:
-:mod:`~jaxmodel.parallel.pipeline` (schedule formulas), :mod:`~jaxmodel.parallel.gemm_table`
-(GEMM de-duplication for big parallelism sweeps).
+:mod:`~jaxmodel.parallel.plan` (the rules of a plan and the placement of its groups, read by
+training, inference, the layer model and the search), :mod:`~jaxmodel.parallel.pipeline`
+(schedule formulas), :mod:`~jaxmodel.parallel.gemm_table` (GEMM de-duplication for big
+parallelism sweeps).
 """
 
 from jaxmodel.parallel.inference import InferenceResult, inference

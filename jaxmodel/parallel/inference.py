@@ -6,8 +6,14 @@ generates one token per step against it; inference latency = prefill + decoding)
 
 Model: ``dp`` replicas serve ``batch/dp`` sequences each; within a replica ``pp`` stages of
 ``n_layers/pp`` layers run one after another (no micro-batching, i.e. latency-optimal
-pipelining; a hop between stages is a point-to-point transfer of the hidden states) and each
-layer is the LLMCompass layer of :func:`jaxmodel.workload.layer.layer_breakdown` under ``tp``.
+pipelining; a hop between stages is a point-to-point transfer of the hidden states, placed as
+in training by :mod:`jaxmodel.parallel.plan`: across the outermost tier the ``tp·pp`` devices
+of one pipeline span) and each layer is the LLMCompass layer of
+:func:`jaxmodel.workload.layer.layer_breakdown` under ``tp``.
+
+Feasibility: the ``"infer"`` rules of :mod:`jaxmodel.parallel.plan` (structure, device,
+network, finite times), then memory. Every result is finite with ``feasible=True`` or
+``+inf`` with ``feasible=False`` and the reason of the first failing rule.
 
 - ``ttft_s``: embedding of the prompt + all layers in prefill + ``pp − 1`` hops + LM head on the
   last position (``[b, d]×[d, V/t]``), an all-gather of the logits and a softmax over them.
@@ -25,8 +31,8 @@ Units: seconds, bytes, tokens/s.
 
 from __future__ import annotations
 
-import importlib
 import dataclasses
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -34,11 +40,12 @@ import jax.numpy as jnp
 from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
 from jaxmodel.batching import batch_shape, batched
-from jaxmodel.numerics import INF, divides, first_reason, is_integer, reason_name, safe_div
+from jaxmodel.numerics import INF, first_reason, reason_name
+from jaxmodel.parallel import plan as _plan
 from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_args,
                             validate_knobs)
-from jaxmodel.workload.layer import (ANY, LAYER_OPS, Variant, default_gemm, layer_checks,
-                                     layer_times, variant_of)
+from jaxmodel.workload.layer import (ANY, LAYER_OPS, Variant, default_gemm, layer_times,
+                                     variant_of)
 from jaxmodel.workload.memory import inference_memory_single
 from jaxmodel.workload.moe import MOE_OPS
 _prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
@@ -88,6 +95,20 @@ def _elementwise(dev, n, bytes_moved, flops):
     return _ops.elementwise_latency.single(dev, n, bytes_moved, flops, overhead=True)
 
 
+def _embedding_parts(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0,
+                     variant: Variant = ANY):
+    """``(lookup_s, all_reduce_s)`` of :func:`embedding_time`."""
+    dev = system.device
+    lookup = _elementwise(dev, tokens * model.d_model, 2.0 * dtype_bytes, 0.0)
+    if variant.tp is False:
+        return lookup, 0.0 * lookup
+    multi = par.tp > 1.5
+    ar = _comm.collective_latency.single(system, "all_reduce",
+                                         tokens * model.d_model * dtype_bytes,
+                                         jnp.where(multi, par.tp, 2.0), net=variant.net)
+    return lookup, jnp.where(multi, ar, 0.0)
+
+
 def embedding_time(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0,
                    variant: Variant = ANY):
     """Vocab-parallel embedding of ``tokens`` rows, s.
@@ -96,15 +117,25 @@ def embedding_time(system: System, model: Model, par: Parallelism, tokens, dtype
     one ``d``-row per token, memory-bound) and an all-reduce over ``t`` combines the
     ``[tokens, d]`` result.
     """
+    lookup, ar = _embedding_parts(system, model, par, tokens, dtype_bytes, variant)
+    return lookup + ar
+
+
+def _lm_head_parts(system: System, model: Model, par: Parallelism, batch, gemm=None,
+                   dtype_bytes=2.0, variant: Variant = ANY):
+    """``(gemm_and_softmax_s, all_gather_s)`` of :func:`lm_head_time`."""
+    gemm = gemm or default_gemm
     dev = system.device
-    lookup = _elementwise(dev, tokens * model.d_model, 2.0 * dtype_bytes, 0.0)
+    vocab = model.vocab_size / jnp.maximum(par.tp, 1.0)
+    head = gemm(dev, batch, vocab, model.d_model, 1.0, dtype_bytes)
+    head = head + _ops.softmax_latency.single(dev, batch, vocab, overhead=True)
     if variant.tp is False:
-        return lookup
+        return head, 0.0 * head
     multi = par.tp > 1.5
-    ar = _comm.collective_latency.single(system, "all_reduce",
-                                         tokens * model.d_model * dtype_bytes,
-                                         jnp.where(multi, par.tp, 2.0), net=variant.net)
-    return lookup + jnp.where(multi, ar, 0.0)
+    gather = _comm.collective_latency.single(system, "all_gather",
+                                             batch * model.vocab_size * dtype_bytes,
+                                             jnp.where(multi, par.tp, 2.0), net=variant.net)
+    return head, jnp.where(multi, gather, 0.0)
 
 
 def lm_head_time(system: System, model: Model, par: Parallelism, batch, gemm=None,
@@ -115,60 +146,55 @@ def lm_head_time(system: System, model: Model, par: Parallelism, batch, gemm=Non
     ``t`` and a softmax over ``[b, V/t]``. The same in prefill (only the last prompt position
     produces a token) and in every decode step.
     """
-    gemm = gemm or default_gemm
-    dev = system.device
-    vocab = model.vocab_size / jnp.maximum(par.tp, 1.0)
-    head = gemm(dev, batch, vocab, model.d_model, 1.0, dtype_bytes)
-    head = head + _ops.softmax_latency.single(dev, batch, vocab, overhead=True)
-    if variant.tp is False:
-        return head
-    multi = par.tp > 1.5
-    gather = _comm.collective_latency.single(system, "all_gather",
-                                             batch * model.vocab_size * dtype_bytes,
-                                             jnp.where(multi, par.tp, 2.0), net=variant.net)
-    return head + jnp.where(multi, gather, 0.0)
+    head, gather = _lm_head_parts(system, model, par, batch, gemm, dtype_bytes, variant)
+    return head + gather
 
 
 def _pp_hop(system: System, par: Parallelism, nbytes, net=_comm.ANY_NET):
-    """Point-to-point transfer of ``nbytes`` between adjacent stages (``tp`` devices apart)."""
+    """Point-to-point transfer of ``nbytes`` across a stage boundary, s.
+
+    The pair sits where the plan module places it (:func:`jaxmodel.parallel.plan.placement`,
+    Megatron order): across the outermost tier the ``tp·pp`` devices of one pipeline span,
+    so a pipeline longer than a node pays the inter-node link.
+    """
     multi = par.pp > 1.5
-    t = _comm.collective_latency.single(system, "p2p", nbytes, 2.0,
-                                        stride=jnp.maximum(par.tp, 1.0), net=net)
+    hop = _plan.placement(system, par).stage_hop
+    t = _comm.collective_latency.single(system, "p2p", nbytes, hop.size, stride=hop.stride,
+                                        net=net)
     return jnp.where(multi, t, 0.0)
 
 
-def inference_checks(system: System, model: Model, par: Parallelism, batch, prompt_len,
-                     gen_len):
-    """Consistency checks of an inference plan, memory excluded: ``[(ok, reason_name)]``."""
-    dev = system.device
-    dev_ok = ((dev.freq_hz > 0) & (dev.mem_bw > 0) & (dev.core_count > 0)
-              & (dev.mem_capacity > 0))
-    devices_ok = jnp.abs(par.n_devices - system.n_devices) < 0.5
-    layers_ok = divides(jnp.maximum(par.pp, 1.0), model.n_layers)
-    batch_ok = (batch >= 1) & is_integer(batch) & divides(jnp.maximum(par.dp, 1.0), batch)
-    lens_ok = (prompt_len >= 1) & (gen_len >= 1) & is_integer(prompt_len) & is_integer(gen_len)
-    return ([(dev_ok, "invalid_device")] + layer_checks(model, par)
-            + [(devices_ok, "devices_mismatch"), (layers_ok, "layers_not_divisible"),
-               (batch_ok, "batch_not_divisible"), (lens_ok, "invalid_workload")])
+def _plan_inputs(system, model, par, batch, prompt_len, gen_len, dtype_bytes):
+    return _plan.inputs(model, par, n_devices=system.n_devices, batch=batch,
+                        seq_len=prompt_len, gen_len=gen_len, dtype_bytes=dtype_bytes)
 
 
-def inference_feasibility(system: System, model: Model, par: Parallelism, batch, prompt_len,
-                          gen_len):
-    """``(feasible, reason)`` of :func:`inference_checks` (memory excluded)."""
-    return first_reason(inference_checks(system, model, par, batch, prompt_len, gen_len))
+_COMM_OPS = ("allreduce_mha", "allreduce_ffn", "moe_alltoall")
 
 
 def inference_single(system: System, model: Model, par: Parallelism, batch, prompt_len,
                      gen_len, gemm=None, dtype_bytes=None, kv_samples: int = KV_SAMPLES,
-                     variant: Variant = ANY, precision=None):
-    """Single-configuration body of :func:`inference` (use inside other formulas)."""
+                     variant: Variant = ANY, memory_rule: bool = True, precision=None):
+    """Single-configuration body of :func:`inference` (use inside other formulas).
+
+    ``memory_rule=False`` (static) leaves out the last rule, ``out_of_memory``: the times of a
+    plan that does not fit stay finite (co-design objectives penalise the memory smoothly);
+    every other rule still applies.
+    """
     dev = system.device
     prec = _prec.resolve(precision, dtype_bytes)
     dtype_bytes = prec.act_bytes
+    f = jnp.result_type(float)
+    batch, prompt_len, gen_len, dtype_bytes = (jnp.asarray(x, dtype=f) for x in (
+        batch, prompt_len, gen_len, dtype_bytes))
+    checks = _plan.structure_checks(_plan.INFER, _plan_inputs(
+        system, model, par, batch, prompt_len, gen_len, dtype_bytes))
+    structure_ok, _ = first_reason(checks)
     dp = jnp.maximum(par.dp, 1.0)
     b = jnp.maximum(batch / dp, 1.0)            # sequences per replica
     prompt = jnp.maximum(prompt_len, 1.0)
     gen = jnp.maximum(gen_len, 1.0)
+    dtype_s = jnp.where(dtype_bytes > 0, dtype_bytes, 2.0)
     n_layers = model.n_layers
     pp = jnp.maximum(par.pp, 1.0)
 
@@ -186,23 +212,31 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
 
     # embedding and stage hops of the prompt and of one decode token: one trace, vmapped
     tokens = jnp.stack([b * prompt, b])
-    emb = jax.vmap(lambda n: embedding_time(system, model, par, n, dtype_bytes,
-                                            variant))(tokens)
+    lookup, emb_ar = jax.vmap(lambda n: _embedding_parts(system, model, par, n, dtype_s,
+                                                         variant))(tokens)
     hops = (pp - 1.0) * jax.vmap(lambda n: _pp_hop(system, par, n * model.d_model
-                                                   * dtype_bytes, variant.net))(tokens)
+                                                   * dtype_s, variant.net))(tokens)
+    emb = lookup + emb_ar
     emb_pre, emb_dec = emb[0], emb[1]
     hop_pre, hop_dec = hops[0], hops[1]
-    head_pre = head_dec = lm_head_time(system, model, par, b, gemm, dtype_bytes, variant)
+    head_c, head_g = _lm_head_parts(system, model, par, b, gemm, dtype_s, variant)
+    head_pre = head_dec = head_c + head_g
 
     ttft = n_layers * pre["total"] + hop_pre + emb_pre + head_pre
     tpot = n_layers * dec["total"] + hop_dec + emb_dec + head_dec
     total = ttft + (gen - 1.0) * tpot
 
     mem = inference_memory_single(model, par, b, prompt, gen, precision=prec)
-    mem_ok = mem["total"] <= dev.mem_capacity
-    feasible, reason = first_reason(
-        inference_checks(system, model, par, batch, prompt_len, gen_len)
-        + [(_prec.supported(dev, prec), "precision_unsupported"), (mem_ok, "out_of_memory")])
+    rules = (checks + _plan.system_checks(_plan.INFER, system, par, structure_ok)
+             + [(_prec.supported(dev, prec), "precision_unsupported")]
+             + _plan.finite_checks(
+                 [x[k] for x in (pre, dec) for k in LAYER_OPS + MOE_OPS if k not in _COMM_OPS]
+                 + [lookup[0], lookup[1], head_c],
+                 [x[k] for x in (pre, dec) for k in _COMM_OPS]
+                 + [emb_ar[0], emb_ar[1], head_g, hop_pre, hop_dec]))
+    if memory_rule:
+        rules = rules + [(mem["total"] <= dev.mem_capacity, "out_of_memory")]
+    feasible, reason = first_reason(rules)
 
     def gate(x):
         return jnp.where(feasible, x, INF)
@@ -217,9 +251,10 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
         "head_prefill": head_pre, "head_decode": head_dec})
     breakdown = {k: gate(v) for k, v in breakdown.items()}
     breakdown.update({f"memory.{k}": v for k, v in mem.items()})
+    safe_total = jnp.where(feasible & (total > 0), total, 1.0)
     return InferenceResult(
         ttft_s=gate(ttft), tpot_s=gate(tpot), total_s=gate(total),
-        tokens_per_s=jnp.where(feasible, safe_div(batch * gen, total), 0.0),
+        tokens_per_s=jnp.where(feasible, batch * gen / safe_total, 0.0),
         memory_bytes=mem["total"], feasible=feasible, reason=reason, breakdown=breakdown)
 
 
@@ -251,9 +286,11 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
         :class:`InferenceResult`; batch axes of the inputs lead every field.
 
     Raises:
-        ValueError: a single concrete configuration whose plan is inconsistent (tp not
-            dividing the heads, dp·tp·pp ≠ devices, pp not dividing the layers, batch not
-            divisible by dp, ...). Out of memory is not an error: ``feasible=False``.
+        ValueError: a single concrete configuration whose plan breaks a rule of
+            :mod:`jaxmodel.parallel.plan` (tp not dividing the heads, dp·tp·pp ≠ devices, pp
+            not dividing the layers, batch not divisible by dp, a group the network cannot
+            place, ...); the message names the reason, fields and values. Out of memory and
+            an unusable device are not errors: ``feasible=False`` with the reason.
 
     Example:
         >>> r = jm.inference(hw_db.system("hgx_a100_4gpu"), hw_db.model("llama2-13b"),
@@ -261,23 +298,16 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
         >>> float(r.ttft_s), float(r.tpot_s), bool(r.feasible)
         (0.607, 0.0222, True)
     """
-    if is_concrete(system, model, par, batch, prompt_len, gen_len) and batch_shape(
-            system, model, par, batch, prompt_len, gen_len) == ():
-        ok, why = inference_feasibility(system, model, par, jnp.asarray(float(batch)),
-                                        jnp.asarray(float(prompt_len)),
-                                        jnp.asarray(float(gen_len)))
-        if not bool(ok):
-            raise ValueError(
-                f"inconsistent inference plan ({reason_name(why)}): dp={par.dp!r}, "
-                f"tp={par.tp!r}, pp={par.pp!r} on {system.n_devices!r} devices; "
-                f"n_heads={model.n_heads!r}, n_kv_heads={model.n_kv_heads!r}, "
-                f"n_layers={model.n_layers!r}; batch={batch!r}, prompt_len={prompt_len!r}, "
-                f"gen_len={gen_len!r}")
+    prec = _prec.resolve(precision, dtype_bytes)
+    if is_concrete(system, model, par, batch, prompt_len, gen_len, prec) and batch_shape(
+            system, model, par, batch, prompt_len, gen_len, prec) == ():
         validate_args(system, model, par, where="inference")
+        _plan.raise_if_invalid("inference", _plan.INFER, _plan_inputs(
+            system, model, par, batch, prompt_len, gen_len, prec.act_bytes), system, par)
     validate_knobs("inference", batch=batch, prompt_len=prompt_len, gen_len=gen_len,
                    dtype_bytes=dtype_bytes)
-    return _inference(system, model, par, batch, prompt_len, gen_len, gemm,
-                      _prec.resolve(precision, dtype_bytes), variant_of(model, par, system))
+    return _inference(system, model, par, batch, prompt_len, gen_len, gemm, prec,
+                      variant_of(model, par, system))
 
 
 inference.single = inference_single

@@ -22,7 +22,7 @@ m micro-batches per step and per data-parallel replica.
 
 Example:
     >>> from jaxmodel.parallel import pipeline
-    >>> float(pipeline.bubble_fraction(1.0, 8.0, 64.0, 1.0))     # 1F1B, p=8, m=64
+    >>> float(pipeline.bubble_time(1.0, 8.0, 1.0, 1.0)) / 64.0   # 1F1B, p=8, m=64
     0.109375
 """
 
@@ -53,24 +53,6 @@ def effective_interleave(schedule, interleave):
     """Virtual stages per device actually used: ``interleave`` for the interleaved schedule,
     1 otherwise (GPipe and 1F1B have one chunk per device)."""
     return jnp.where(schedule == INTERLEAVED, jnp.maximum(interleave, 1.0), 1.0)
-
-
-def bubble_fraction(schedule, pp, m, interleave):
-    """Pipeline bubble as a fraction of the ideal (bubble-free) compute time.
-
-    GPipe and 1F1B: (p−1)/m; interleaved 1F1B: (p−1)/(m·v) (PTD-P §2.2.1 and §2.2.2).
-
-    Args:
-        schedule: schedule code (gpipe=0, 1f1b=1, interleaved=2).
-        pp: pipeline stages p.
-        m: micro-batches per step per replica.
-        interleave: virtual stages per device v (ignored unless interleaved).
-
-    Returns:
-        Bubble time / ideal time, dimensionless (0 for p = 1; +inf for m = 0).
-    """
-    v = effective_interleave(schedule, interleave)
-    return safe_div(pp - 1.0, m * v, fill=jnp.inf)
 
 
 def in_flight_microbatches(schedule, pp, m, interleave):
@@ -133,35 +115,19 @@ def p2p_transfers_on_critical_path(schedule, pp, m, interleave):
     return jnp.where(pp > 1.0, 2.0 * (m * v + pp - 1.0), 0.0)
 
 
-def pipeline_time(schedule, pp, m, interleave, t_max, t_mean, t_p2p):
-    """Time of the pipelined forward+backward passes of one step, s.
+def bubble_time(schedule, pp, interleave, t_mean):
+    """Pipeline fill/drain time of one step, s: (p−1)/v · t_mean.
 
-    ``m·t_max + (p−1)/v · t_mean + n_p2p·t_p2p``: the slowest stage bounds the steady state
-    (m micro-batches), the fill/drain bubble costs (p−1)/v average stage-steps (PTD-P §2.2,
-    bubble fraction (p−1)/(m·v)), and the stage-boundary transfers of
-    :func:`p2p_transfers_on_critical_path` are exposed. With equal stages and no transfers
-    this is the textbook (m + (p−1)/v)·(t_f + t_b).
+    The slowest stage bounds the steady state (m micro-batches, composed by the caller),
+    the fill and drain cost (p−1)/v average stage-steps — a bubble fraction (p−1)/(m·v) of
+    the ideal time for equal stages (GPipe and 1F1B: (p−1)/m; interleaved 1F1B: (p−1)/(m·v);
+    PTD-P §2.2.1 and §2.2.2).
 
     Args:
-        schedule: schedule code.
+        schedule: schedule code (gpipe=0, 1f1b=1, interleaved=2).
         pp: pipeline stages p.
-        m: micro-batches per step per replica.
-        interleave: virtual stages per device v.
-        t_max: forward+backward time of one micro-batch on the slowest device (all of its
-            chunks), s.
-        t_mean: the same averaged over the p devices, s.
-        t_p2p: one stage-boundary transfer, s.
-
-    Returns:
-        Seconds.
+        interleave: virtual stages per device v (ignored unless interleaved).
+        t_mean: forward+backward time of one micro-batch averaged over the p devices, s.
     """
-    v = effective_interleave(schedule, interleave)
-    bubble = safe_div(pp - 1.0, v, fill=0.0) * t_mean
-    n_p2p = p2p_transfers_on_critical_path(schedule, pp, m, interleave)
-    return m * t_max + bubble + n_p2p * t_p2p
-
-
-def bubble_time(schedule, pp, interleave, t_mean):
-    """The fill/drain part of :func:`pipeline_time`: (p−1)/v · t_mean, s."""
     v = effective_interleave(schedule, interleave)
     return safe_div(pp - 1.0, v, fill=0.0) * t_mean

@@ -7,10 +7,12 @@ training_layer_times`, :func:`~jaxmodel.workload.layer.embedding_times`), the co
 (:func:`jaxmodel.comm.collective_cost`) and the elementwise kernel (optimizer), composed as
 Megatron-LM executes them (Narayanan et al., SC'21, "PTD-P"; Korthikanti et al., MLSys 2023):
 
-**Placement** (PTD-P §3.2 "Takeaway #1/#2"): device id = tp_rank + tp·(pp_rank + pp·dp_rank),
-i.e. TP innermost (inside a node), then PP, then DP across nodes. Collective groups: TP
-contiguous (stride 1), DP at stride tp·pp; pipeline transfers cross the outermost network tier
-the tp·pp devices of one pipeline span.
+**Plan rules and placement** (:mod:`jaxmodel.parallel.plan`, PTD-P §3.2 "Takeaway #1/#2"):
+device id = tp_rank + tp·(pp_rank + pp·dp_rank), i.e. TP innermost (inside a node), then PP,
+then DP across nodes. Collective groups: TP contiguous (stride 1), DP at stride tp·pp, EP on
+``ep`` consecutive DP ranks and DP_exp = dp/ep at stride tp·pp·ep; pipeline transfers cross
+the outermost network tier the tp·pp devices of one pipeline span. Feasibility is the plan
+module's rules (structure, device, network, finiteness) followed by memory.
 
 **Per stage and micro-batch** (slowest stage): ``L/p`` layers (all ``v`` chunks of a device)
 × (forward + backward + recompute + TP collectives, all serial — Megatron does not overlap TP
@@ -87,12 +89,12 @@ Units: seconds, bytes, FLOP.
 
 from __future__ import annotations
 
-import importlib
 import dataclasses
+import importlib
 import math
 import tomllib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -103,6 +105,7 @@ from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
 from jaxmodel.batching import batch_shape, batched
 from jaxmodel.parallel import pipeline as pl
+from jaxmodel.parallel import plan as _plan
 from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_knobs,
                             validate_model, validate_parallelism, validate_system)
 from jaxmodel.workload import layer as _layer
@@ -211,71 +214,6 @@ def _exposed(t_comm, window, overlap):
     return jnp.maximum(t_comm - overlap * window, 0.0)
 
 
-def plan_checks(system: System, model: Model, par: Parallelism, global_batch, seq_len):
-    """Structural checks of a training plan as ``[(ok, reason_name), ...]`` (single config).
-
-    Degrees are integers ≥ 1, ZeRO ∈ {0..3}, schedule/recompute codes valid; dp·tp·pp equals
-    the system's devices; tp divides the query heads (KV heads divide or are replicated);
-    pp·v divides the layers; m = B/(dp·b) is a positive integer (and a multiple of p for the
-    interleaved schedule, a Megatron-LM requirement, PTD-P §2.2.2); ``interleave > 1`` only
-    with the interleaved schedule; under SP tp divides the sequence; ep divides the experts
-    and dp. Memory is checked separately.
-    """
-    tp, pp, dp = par.tp, par.pp, par.dp
-    ints = [par.dp, par.tp, par.pp, par.ep, par.micro_batch, par.interleave]
-    degrees_ok = jnp.asarray(True)
-    for x in ints:
-        degrees_ok = degrees_ok & (x >= 1) & nx.is_integer(x)
-    codes_ok = ((par.zero >= 0) & (par.zero <= 3) & nx.is_integer(par.zero)
-                & (par.schedule >= 0) & (par.schedule <= 2) & nx.is_integer(par.schedule)
-                & (par.recompute >= 0) & (par.recompute <= 2) & nx.is_integer(par.recompute))
-    schedule_ok = (par.interleave < 1.5) | (par.schedule == pl.INTERLEAVED)
-    model_ok = ((model.d_model > 0) & (model.n_heads > 0) & (model.n_kv_heads > 0)
-                & (model.head_dim > 0) & (model.d_ff > 0) & (model.n_layers > 0)
-                & (model.vocab_size > 0) & (seq_len > 0) & (global_batch > 0))
-    t = jnp.maximum(tp, 1.0)
-    heads_ok = nx.divides(t, model.n_heads) & (nx.divides(t, model.n_kv_heads)
-                                                | nx.divides(model.n_kv_heads, t))
-    v = pl.effective_interleave(par.schedule, par.interleave)
-    layers_ok = nx.divides(jnp.maximum(pp, 1.0) * jnp.maximum(v, 1.0), model.n_layers)
-    m = pl.n_microbatches(global_batch, dp, par.micro_batch)
-    batch_ok = (m >= 1) & nx.is_integer(m)
-    batch_ok = batch_ok & ((par.schedule != pl.INTERLEAVED) | (pp < 1.5)
-                           | nx.divides(jnp.maximum(pp, 1.0), m))
-    devices_ok = jnp.abs(dp * tp * pp - system.n_devices) < 0.5
-    seq_ok = (par.sp < 0.5) | nx.divides(t, seq_len)
-    experts_ok = (nx.divides(jnp.maximum(par.ep, 1.0), model.n_experts)
-                  & nx.divides(jnp.maximum(par.ep, 1.0), jnp.maximum(dp, 1.0)))
-    return [(model_ok, "invalid_model"),
-            (degrees_ok & codes_ok & schedule_ok, "invalid_parallelism"),
-            (devices_ok, "devices_mismatch"),
-            (heads_ok, "heads_not_divisible"),
-            (layers_ok, "layers_not_divisible"),
-            (batch_ok, "batch_not_divisible"),
-            (seq_ok, "sequence_not_divisible"),
-            (experts_ok, "experts_not_divisible")]
-
-
-def _sanitised(par: Parallelism, ok) -> Parallelism:
-    """A structurally harmless plan where ``ok`` is False (double-where: no NaN anywhere)."""
-    def s(x, fallback=1.0):
-        return jnp.where(ok, x, fallback)
-    return dataclasses.replace(
-        par, dp=s(par.dp), tp=s(par.tp), pp=s(par.pp), ep=s(par.ep),
-        micro_batch=s(par.micro_batch), interleave=s(par.interleave),
-        schedule=s(par.schedule), recompute=s(par.recompute, 0.0), zero=s(par.zero, 0.0),
-        sp=s(par.sp, 0.0))
-
-
-def _sanitised_model(model: Model, ok) -> Model:
-    def s(x):
-        return jnp.where(ok, x, 1.0)
-    return dataclasses.replace(
-        model, n_layers=s(model.n_layers), d_model=s(model.d_model), n_heads=s(model.n_heads),
-        n_kv_heads=s(model.n_kv_heads), head_dim=s(model.head_dim), d_ff=s(model.d_ff),
-        vocab_size=s(model.vocab_size))
-
-
 def _collectives(system: System, op: str, calls, net: _comm.NetVariant = _comm.ANY_NET):
     """Evaluate several ``op`` collectives ``[(nbytes, group, stride), ...]`` in one vmap.
 
@@ -287,22 +225,6 @@ def _collectives(system: System, op: str, calls, net: _comm.NetVariant = _comm.A
     t, ok, why = jax.vmap(
         lambda n, g, s: _comm.collective_cost.single(system, op, n, g, "auto", s, net))(*cols)
     return tuple(t[i] for i in range(len(calls))), ok, why
-
-
-def _cross_stride(system: System, span):
-    """Stride of a 2-member group that crosses the outermost tier ``span`` devices reach.
-
-    With ids counted innermost tier first, ``span`` consecutive devices cross tier k when
-    ``span`` exceeds the devices inside one tier-k element. The returned stride (devices per
-    element of that tier's inner block) makes :func:`jaxmodel.comm.collective_cost` place
-    the pair across exactly that tier. 1 when ``span`` fits the innermost tier.
-    """
-    stride = jnp.asarray(1.0)
-    inner = 1.0
-    for lvl in system.levels:
-        stride = jnp.where(span > inner + 0.5, inner, stride)
-        inner = inner * jnp.maximum(lvl.size, 1.0)
-    return stride
 
 
 def residual_dropout_times(dev, model: Model, par: Parallelism, micro_batch, seq_len,
@@ -351,21 +273,37 @@ def residual_dropout_times(dev, model: Model, par: Parallelism, micro_batch, seq
 # --------------------------------------------------------------------------------------------
 # the single-configuration model
 # --------------------------------------------------------------------------------------------
+class Prep(NamedTuple):
+    """Inputs of the composition of one configuration (:func:`_prepare`)."""
+
+    system: System            # at its sustained clock
+    peak: Any                 # nominal (datasheet) matrix FLOP/s, for the MFU
+    checks: list              # the plan's structural rules [(ok, reason)] (plan module)
+    structure_ok: Any         # all of them hold
+    model: Model              # sanitised (double-where)
+    par: Parallelism          # sanitised
+    global_batch: Any         # sanitised, sequences per step
+    seq_len: Any              # sanitised, tokens per sequence
+
+
 def _prepare(system: System, model: Model, par: Parallelism, global_batch, seq_len,
-             clock_fraction=None):
-    """Sustained-clock system, plan checks and sanitised inputs (single configuration)."""
+             clock_fraction=None, precision=None) -> Prep:
+    """Sustained-clock system, the plan's rules and sanitised inputs (single configuration)."""
     f = jnp.result_type(float)
     peak = system.device.peak_matrix_flops          # nominal (datasheet) peak for the MFU
     system = dataclasses.replace(system, device=sustained_device(system.device, clock_fraction))
     global_batch = jnp.asarray(global_batch, dtype=f)
     seq_len = jnp.asarray(seq_len, dtype=f)
-    checks = plan_checks(system, model, par, global_batch, seq_len)
+    checks = _plan.structure_checks(_plan.TRAIN, _plan.inputs(
+        model, par, n_devices=system.n_devices, batch=global_batch, seq_len=seq_len,
+        dtype_bytes=_prec.precision(precision).act_bytes))
     structure_ok, _ = nx.first_reason(checks)
-    model_s = _sanitised_model(model, checks[0][0])
-    par_s = _sanitised(par, structure_ok)
+    model_ok = _plan.all_ok(checks, "invalid_model")
+    model_s = _plan.sanitised_model(model, model_ok)
+    par_s = _plan.sanitised(par, structure_ok)
     gb = jnp.where(structure_ok, global_batch, par_s.dp * par_s.micro_batch)
-    seq = jnp.where(checks[0][0], seq_len, 1.0)
-    return system, peak, checks, structure_ok, model_s, par_s, gb, seq
+    seq = jnp.where(model_ok & _plan.all_ok(checks, "invalid_workload"), seq_len, 1.0)
+    return Prep(system, peak, checks, structure_ok, model_s, par_s, gb, seq)
 
 
 def _stage_plan(par_s: Parallelism) -> Parallelism:
@@ -434,10 +372,9 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
             (:class:`jaxmodel.workload.layer.Variant`; ``ANY`` keeps every branch).
     """
     prec = _prec.resolve(precision, dtype_bytes)
-    prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction)
-    system_t, _, _, _, model_s, par_s, _, seq = prep
-    times = stage_times_single(system_t, model_s, _stage_plan(par_s), seq, gemm, prec,
-                               dropout, variant)
+    prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction, prec)
+    times = stage_times_single(prep.system, prep.model, _stage_plan(prep.par), prep.seq_len,
+                               gemm, prec, dropout, variant)
     return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
                     variant.net, tp_overlap)
 
@@ -447,47 +384,50 @@ def _from_stage_times(system, model, par, global_batch, seq_len, times, dp_overl
                       clock_fraction=None, net: _comm.NetVariant = _comm.ANY_NET,
                       tp_overlap=0.0):
     """:func:`train_step_single` with the stage times given (the de-duplicated path)."""
-    prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction)
-    return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param,
-                    _prec.precision(precision), net, tp_overlap)
+    prec = _prec.precision(precision)
+    prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction, prec)
+    return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
+                    net, tp_overlap)
 
 
 def _stage_inputs(system, model, par, global_batch, seq_len, clock_fraction=None,
                   precision=None):
     """Inputs of :func:`stage_times_single` for one configuration (de-duplication key)."""
-    system_t, _, _, _, model_s, par_s, _, seq = _prepare(system, model, par, global_batch,
-                                                         seq_len, clock_fraction)
-    return system_t, model_s, _stage_plan(par_s), seq, _prec.precision(precision)
+    prec = _prec.precision(precision)
+    prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction, prec)
+    return prep.system, prep.model, _stage_plan(prep.par), prep.seq_len, prec
 
 
-def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
-             net: _comm.NetVariant = _comm.ANY_NET, tp_overlap=0.0):
-    """The step from the stage times: pipeline, DP/ZeRO, optimizer, memory, feasibility."""
-    system, peak, checks, structure_ok, model_s, par_s, gb, seq = prep
+_COMM_KEYS = ("tp_comm_fwd", "tp_comm_bwd", "ep_comm_fwd", "ep_comm_bwd", "emb_comm_fwd",
+              "emb_comm_bwd")
+
+
+class _Layer(NamedTuple):
+    """Per-layer (and first/last-stage) times of one micro-batch after the TP overlap, s."""
+
+    fwd: Any
+    bwd: Any
+    rc: Any
+    tpf: Any
+    tpb: Any
+    epf: Any
+    epb: Any
+    first: Any      # embedding (+ half of the embedding-layer TP collectives)
+    last: Any       # LM head + loss (+ the other half)
+
+
+def _layer_times(t: dict, rcode, tp_overlap) -> _Layer:
+    """The stage times with the bias/dropout/residual kernels added and the TP collectives
+    overlapped with the GEMMs of the same pass (module docstring, Wang et al. 2023)."""
     f = jnp.result_type(float)
-    grad_bytes = prec.grad_bytes if grad_bytes is None else grad_bytes
-    dtype_bytes = prec.act_bytes
-    adam_bytes = (CONSTANTS["adam_bytes_per_param"] if adam_bytes_per_param is None
-                  else adam_bytes_per_param)
-    dev = system.device
-    tp, pp, dp, b = par_s.tp, par_s.pp, par_s.dp, par_s.micro_batch
-    m = pl.n_microbatches(gb, dp, b)
-    layers = model_s.n_layers / pp                       # per device, all v chunks
-
-    times_ok = jnp.asarray(True)
-    for k in STAGE_KEYS:
-        times_ok = times_ok & jnp.isfinite(times[k])
-    t = {k: _finite(times[k]) for k in STAGE_KEYS}
     fwd, bwd, rc = t["fwd"], t["bwd"], t["recompute"]
     tpf, tpb, epf, epb = t["tp_comm_fwd"], t["tp_comm_bwd"], t["ep_comm_fwd"], t["ep_comm_bwd"]
     # the bias/dropout/residual kernels the workload's layer omits (see residual_dropout_times)
-    rcode = par_s.recompute
     rc = rc + jnp.select([rcode < 0.5, rcode < 1.5], [0.0, t["rd_selective"]], t["rd_fwd"])
     fwd = fwd + t["rd_fwd"]
     bwd = bwd + t["rd_bwd"]
-    # TP collectives pipelined with the GEMMs of the same pass (module docstring, Wang et
-    # al. 2023): forward, the recomputed forward (full recompute repeats the forward's TP
-    # and EP communication, inside ``rc``) and backward, each against its own compute.
+    # forward, the recomputed forward (full recompute repeats the forward's TP and EP
+    # communication, inside ``rc``) and backward, each against its own compute.
     tp_ov = jnp.asarray(tp_overlap, dtype=f)
     full_rc = rcode >= 1.5
     rc_tp = jnp.where(full_rc, tpf, 0.0)
@@ -502,35 +442,44 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
     first = t["embed_fwd"] + t["embed_bwd"] + 0.5 * emb_comm
     last = (t["lm_head_fwd"] + t["lm_head_bwd"] + t["loss_fwd"] + t["loss_bwd"]
             + 0.5 * emb_comm)
-    multi_stage = pp > 1.5
-    extra_max = jnp.where(multi_stage, jnp.maximum(first, last), first + last)
-    extra_mean = (first + last) / pp
+    return _Layer(fwd, bwd, rc, tpf, tpb, epf, epb, first, last)
 
-    layer_f = layers * (fwd + tpf + epf)                  # forward of one micro-batch
-    layer_b = layers * (bwd + rc + tpb + epb)             # backward (+ recompute)
-    window_f = layer_f
-    window_b = layer_b
 
-    # ---- data parallelism / ZeRO ---------------------------------------------------------
-    n_par = _params.params_per_device.single(model_s, par_s)
-    # MoE: expert weights are reduced/sharded over DP_exp = dp/ep only (DeepSpeed-TED),
-    # whose members are tp·pp·ep devices apart; the rest over dp
-    n_exp = _moe.expert_params_per_device(model_s, par_s)
+class _DataParallel(NamedTuple):
+    """Exposed DP/ZeRO communication (s) and what the network said about it."""
+
+    per_step: Any        # once per step
+    per_micro: Any       # every micro-batch, on the stage's critical path
+    ok: Any              # the DP and DP_exp collectives fit the network
+    why: Any             # the reason code of the DP all-reduce
+    emb_allreduce: Any   # tied-embedding gradient all-reduce between first and last stage
+    regather: Any        # TP all-gather re-assembling a scatter/gather stage transfer
+    send: Any            # one stage-boundary transfer
+    send_ok: Any
+    send_why: Any
+
+
+def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp, window_f,
+                   window_b, grad_bytes, weight_bytes, dp_overlap, act_bytes,
+                   net) -> _DataParallel:
+    """DP/ZeRO collectives (Rajbhandari et al. SC'20; table in the module docstring), and the
+    pipeline's stage-boundary collectives, all evaluated in one vmap per op."""
+    f = jnp.result_type(float)
+    tp, dp = par_s.tp, par_s.dp
+    # MoE: expert weights (n_exp of the n_par) are reduced/sharded over DP_exp = dp/ep only
+    # (DeepSpeed-TED), whose members are tp·pp·ep devices apart; the rest over dp
     grads_b = grad_bytes * (n_par - n_exp)
-    params_b = prec.weight_bytes * (n_par - n_exp)
-    dp_stride = tp * pp
+    params_b = weight_bytes * (n_par - n_exp)
+    dp_stride = where.dp.stride
     dp_multi = dp > 1.5
     dp_group = jnp.where(dp_multi, dp, 2.0)         # double-where: never a group of 1
-    dpe = jnp.maximum(dp / jnp.maximum(par_s.ep, 1.0), 1.0)
+    dpe = where.dp_exp.size
     dpe_multi = (dpe > 1.5) & (n_exp > 0)          # dense models: no expert reduction
     dpe_group = jnp.where(dpe_multi, dpe, 2.0)
-    dpe_stride = dp_stride * jnp.maximum(par_s.ep, 1.0)
+    dpe_stride = where.dp_exp.stride
     tp_multi = tp > 1.5
-    act_bytes = pl.p2p_bytes(b, seq, model_s.d_model, tp, dtype_bytes)
-    cross = _cross_stride(system, tp * pp)
-    pair_stride = jnp.maximum(cross, tp)            # first↔last / worst neighbouring stages
+    pair_stride = where.stage_hop.stride            # first↔last / worst neighbouring stages
     emb_grad_b = grad_bytes * model_s.vocab_size * model_s.d_model / tp
-    # One vmapped collective evaluation per op (each op's graph is traced once).
     (t_ar, t_emb_ar, t_ar_e), ok_ar, why_ar = _collectives(
         system, "all_reduce", [(grads_b, dp_group, dp_stride), (emb_grad_b, 2.0, pair_stride),
                                (grad_bytes * n_exp, dpe_group, dpe_stride)], net)
@@ -540,7 +489,7 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
     (t_ag, t_regather, t_ag_e), _, _ = _collectives(
         system, "all_gather", [(params_b, dp_group, dp_stride),
                                (act_bytes * tp, jnp.where(tp_multi, tp, 2.0), 1.0),
-                               (prec.weight_bytes * n_exp, dpe_group, dpe_stride)], net)
+                               (weight_bytes * n_exp, dpe_group, dpe_stride)], net)
     (t_send,), ok_p2p, why_p2p = _collectives(system, "p2p", [(act_bytes, 2.0, pair_stride)],
                                                 net)
     t_ar, t_rs, t_ag = (jnp.where(dp_multi, _finite(x), 0.0)
@@ -558,35 +507,70 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
     z2_mb = _exposed(t_rs, window_b, ov)
     z3_mb = _exposed(t_ag, window_f, ov) + _exposed(t_ag + t_rs, window_b, ov)
     dp_mb = jnp.select([zero < 1.5, zero < 2.5], [0.0, z2_mb], z3_mb)
+    return _DataParallel(dp_step, dp_mb, dp_net_ok, why_ar[0], t_emb_ar, t_regather,
+                         t_send, ok_p2p[0], why_p2p[0])
+
+
+def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
+             net: _comm.NetVariant = _comm.ANY_NET, tp_overlap=0.0):
+    """The step from the stage times: layers, DP/ZeRO, pipeline, optimizer, memory and the
+    plan's rules (feasibility)."""
+    system, peak, checks, structure_ok, model_s, par_s, gb, seq = prep
+    grad_bytes = prec.grad_bytes if grad_bytes is None else grad_bytes
+    dtype_bytes = prec.act_bytes
+    adam_bytes = (CONSTANTS["adam_bytes_per_param"] if adam_bytes_per_param is None
+                  else adam_bytes_per_param)
+    dev = system.device
+    tp, pp, dp, b = par_s.tp, par_s.pp, par_s.dp, par_s.micro_batch
+    m = pl.n_microbatches(gb, dp, b)
+    layers = model_s.n_layers / pp                       # per device, all v chunks
+    where = _plan.placement(system, par_s)
+
+    t = {k: _finite(times[k]) for k in STAGE_KEYS}
+    rcode = par_s.recompute
+    lt = _layer_times(t, rcode, tp_overlap)
+    multi_stage = pp > 1.5
+    extra_max = jnp.where(multi_stage, jnp.maximum(lt.first, lt.last), lt.first + lt.last)
+    extra_mean = (lt.first + lt.last) / pp
+    layer_f = layers * (lt.fwd + lt.tpf + lt.epf)           # forward of one micro-batch
+    layer_b = layers * (lt.bwd + lt.rc + lt.tpb + lt.epb)   # backward (+ recompute)
+
+    # ---- data parallelism / ZeRO (and the stage-boundary collectives) ---------------------
+    act_bytes = pl.p2p_bytes(b, seq, model_s.d_model, tp, dtype_bytes)
+    n_par = _params.params_per_device.single(model_s, par_s)
+    n_exp = _moe.expert_params_per_device(model_s, par_s)
+    dpc = _data_parallel(system, model_s, par_s, where, n_par, n_exp, layer_f, layer_b,
+                         grad_bytes, prec.weight_bytes, dp_overlap, act_bytes, net)
 
     # ---- pipeline ---------------------------------------------------------------------------
-    stage_core = layer_f + layer_b
-    t_mean = stage_core + extra_mean + dp_mb
-    t_regather = jnp.where(tp_multi & (par_s.sp < 0.5), _finite(t_regather), 0.0)
-    t_p2p = jnp.where(multi_stage, _finite(t_send) + t_regather, 0.0)
-    pp_net_ok = ~multi_stage | ok_p2p[0]
-    why_ar, why_p2p = why_ar[0], why_p2p[0]
+    t_mean = layer_f + layer_b + extra_mean + dpc.per_micro
+    t_regather = jnp.where((tp > 1.5) & (par_s.sp < 0.5), _finite(dpc.regather), 0.0)
+    t_p2p = jnp.where(multi_stage, _finite(dpc.send) + t_regather, 0.0)
+    pp_net_ok = ~multi_stage | dpc.send_ok
     n_p2p = pl.p2p_transfers_on_critical_path(par_s.schedule, pp, m, par_s.interleave)
     bubble = pl.bubble_time(par_s.schedule, pp, par_s.interleave, t_mean)
     # tied embeddings: first and last stage all-reduce the word-embedding gradient (Megatron)
-    t_emb_ar = jnp.where(multi_stage & (model_s.tied_embeddings > 0.5), _finite(t_emb_ar), 0.0)
+    t_emb_ar = jnp.where(multi_stage & (model_s.tied_embeddings > 0.5),
+                         _finite(dpc.emb_allreduce), 0.0)
 
     # ---- optimizer ----------------------------------------------------------------------
+    zero = par_s.zero
     local = (n_par - n_exp) / jnp.where(zero >= 0.5, dp, 1.0) + n_exp / jnp.where(
-        zero >= 0.5, dpe, 1.0)
-    t_opt = _finite(_ops.elementwise_latency.single(dev, local, adam_bytes,
-                                                    CONSTANTS["adam_flops_per_param"]))
+        zero >= 0.5, where.dp_exp.size, 1.0)
+    t_opt_raw = _ops.elementwise_latency.single(dev, local, adam_bytes,
+                                                CONSTANTS["adam_flops_per_param"])
+    t_opt = _finite(t_opt_raw)
 
     breakdown = {
-        "compute": m * layers * (fwd + bwd),
-        "recompute": m * layers * rc,
-        "tp_comm": m * layers * (tpf + tpb),
+        "compute": m * layers * (lt.fwd + lt.bwd),
+        "recompute": m * layers * lt.rc,
+        "tp_comm": m * layers * (lt.tpf + lt.tpb),
         "embedding": m * extra_max,
-        "dp_comm": m * dp_mb + dp_step,
+        "dp_comm": m * dpc.per_micro + dpc.per_step,
         "pp_comm": n_p2p * t_p2p + t_emb_ar,
         "bubble": bubble,
         "optimizer": t_opt,
-        "ep_comm": m * layers * (epf + epb),
+        "ep_comm": m * layers * (lt.epf + lt.epb),
     }
     step = sum(breakdown[k] for k in BREAKDOWN_KEYS)
 
@@ -595,17 +579,20 @@ def _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
     mem = _memory.training_memory.single(model_s, par_s, seq, in_flight, grad_bytes, prec)
     mem_ok = mem["total"] <= dev.mem_capacity
 
-    ops_ok, ops_why = _ops.ops_feasible.single(dev)
+    # ---- the plan's rules, then the hardware's, then memory (first failing one wins) -----
+    # DP, DP_exp and the stage hop: their collectives' own verdicts (evaluated here anyway)
+    compute_raw = [times[k] for k in STAGE_KEYS if k not in _COMM_KEYS] + [t_opt_raw]
+    comm_raw = [times[k] for k in _COMM_KEYS]
     feasible, reason = nx.first_reason(
-        checks + [(ops_ok, "invalid_device"), (dp_net_ok & pp_net_ok, "topology_mismatch"),
-                  (_prec.supported(dev, prec), "precision_unsupported"),
-                  (times_ok, "invalid_network"), (mem_ok, "out_of_memory")])
-    # more specific codes from the device / network checks
-    reason = jnp.where(reason == nx.reason_code("invalid_device"), ops_why, reason)
-    reason = jnp.where((reason == nx.reason_code("topology_mismatch")) & ~dp_net_ok, why_ar,
-                       reason)
-    reason = jnp.where((reason == nx.reason_code("topology_mismatch")) & dp_net_ok & ~pp_net_ok,
-                       why_p2p, reason).astype(jnp.int32)
+        checks + _plan.system_checks(_plan.TRAIN, system, par_s, structure_ok,
+                                     placed=("tp", "ep"))
+        + [(dpc.ok & pp_net_ok, "topology_mismatch"),
+           (_prec.supported(dev, prec), "precision_unsupported")]
+        + _plan.finite_checks(compute_raw, comm_raw) + [(mem_ok, "out_of_memory")])
+    # the network's own reason where a collective of the step does not fit it
+    topo = reason == nx.reason_code("topology_mismatch")
+    reason = jnp.where(topo & ~dpc.ok, dpc.why, reason)
+    reason = jnp.where(topo & dpc.ok & ~pp_net_ok, dpc.send_why, reason).astype(jnp.int32)
 
     flops = _params.model_flops_per_token.single(model_s, seq, False) * gb * seq
     full_rc = (_params.model_flops_per_token.single(model_s, seq, True) * gb * seq - flops)
@@ -729,8 +716,9 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         :class:`TrainResult` with the batch shape of the inputs in front of every field.
 
     Raises:
-        ValueError: for a concrete single configuration whose plan is inconsistent (devices,
-            divisibility, schedule, codes) — the message names the fields and values. Out of
+        ValueError: for a concrete single configuration whose plan breaks a rule of
+            :mod:`jaxmodel.parallel.plan` (devices, divisibility, schedule, codes, a group the
+            network cannot place) — the message names the reason, fields and values. Out of
             memory never raises: ``feasible=False``, reason ``out_of_memory``, memory figures.
 
     Example:
@@ -752,7 +740,9 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         validate_system(system)
         validate_model(model)
         validate_parallelism(par)
-        _raise_if_inconsistent(system, model, par, global_batch, seq_len)
+        _plan.raise_if_invalid("train_step", _plan.TRAIN, _plan.inputs(
+            model, par, n_devices=system.n_devices, batch=global_batch, seq_len=seq_len,
+            dtype_bytes=prec.act_bytes), system, par)
     kw = {} if chunk is None else {"chunk": chunk}
     scalar_knobs = np.ndim(dropout) == 0 and is_concrete(dropout)
     if dedup is None:
@@ -783,56 +773,3 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
 
 
 train_step.single = train_step_single
-
-
-def _raise_if_inconsistent(system, model, par, global_batch, seq_len):
-    """Clear ``ValueError`` for an inconsistent concrete plan (API edge, single config)."""
-    g = lambda x: float(np.asarray(x))  # noqa: E731
-    dp, tp, pp, b = g(par.dp), g(par.tp), g(par.pp), g(par.micro_batch)
-    v, sched = g(par.interleave), g(par.schedule)
-    B, s, n = g(global_batch), g(seq_len), g(system.n_devices)
-    L, H, KV = g(model.n_layers), g(model.n_heads), g(model.n_kv_heads)
-    problems = []
-    for name, x in (("dp", dp), ("tp", tp), ("pp", pp), ("ep", g(par.ep)),
-                    ("micro_batch", b), ("interleave", v)):
-        if x < 1 or x != round(x):
-            problems.append(f"{name}={x:g} must be an integer >= 1")
-    for name, x, hi in (("schedule", sched, 2), ("recompute", g(par.recompute), 2)):
-        if x not in range(hi + 1):
-            problems.append(f"{name} code {x:g} must be 0..{hi}")
-    if problems:
-        raise ValueError("train_step: invalid parallelism: " + "; ".join(problems))
-    if v > 1 and sched != pl.INTERLEAVED:
-        raise ValueError(f"train_step: interleave={v:g} needs schedule='interleaved' "
-                         f"(got schedule code {sched:g})")
-    if abs(dp * tp * pp - n) > 0.5:
-        raise ValueError(f"train_step: dp·tp·pp = {dp:g}·{tp:g}·{pp:g} = {dp * tp * pp:g} "
-                         f"does not match the system's {n:g} devices")
-    if H % tp or (KV % tp and tp % KV):
-        raise ValueError(f"train_step: tp={tp:g} must divide n_heads={H:g} (and n_kv_heads="
-                         f"{KV:g} must divide or be divisible by tp)")
-    vv = v if sched == pl.INTERLEAVED else 1.0
-    if L % (pp * vv):
-        raise ValueError(f"train_step: n_layers={L:g} is not divisible by pp·interleave = "
-                         f"{pp:g}·{vv:g}")
-    m = B / (dp * b)
-    if m < 1 or m != round(m):
-        raise ValueError(f"train_step: global_batch={B:g} is not a multiple of dp·micro_batch"
-                         f" = {dp:g}·{b:g}")
-    if sched == pl.INTERLEAVED and pp > 1 and m % pp:
-        raise ValueError(f"train_step: the interleaved schedule needs the micro-batch count "
-                         f"m = {m:g} to be a multiple of pp = {pp:g} (Megatron-LM)")
-    if g(par.sp) > 0.5 and s % tp:
-        raise ValueError(f"train_step: sequence parallelism needs tp={tp:g} to divide "
-                         f"seq_len={s:g}")
-    ep, E = g(par.ep), g(model.n_experts)
-    if E % ep or dp % ep:
-        raise ValueError(f"train_step: ep={ep:g} must divide n_experts={E:g} and dp={dp:g}")
-    # the network must be able to place the DP group at stride tp·pp
-    if dp > 1:
-        _, ok, why = _comm.collective_cost(system, "all_reduce", 1.0, dp, "auto", tp * pp)
-        if not bool(ok):
-            from jaxmodel.numerics import reason_name
-            raise ValueError(f"train_step: the data-parallel group (dp={dp:g}, stride tp·pp="
-                             f"{tp * pp:g}) cannot be placed on the system's tiers "
-                             f"{[g(l.size) for l in system.levels]}: {reason_name(why)}")

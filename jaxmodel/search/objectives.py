@@ -16,12 +16,13 @@ any other ``Device`` field  that field
 ==========================  ===================================================================
 
 Objectives (lower is better; LLMCompass §V's "performance per cost" inverted). The served
-workload is one request batch: prefill + ``gen_len`` decode steps of ``n_layers`` layers
-(:func:`serving_time`, LLMCompass §IV-A/§V-A):
+workload is one request batch, timed by the single-configuration body of
+:func:`jaxmodel.inference` (prefill, ``gen_len − 1`` decode steps, embedding, LM head and
+pipeline hops; LLMCompass §IV-A/§V-A), the same numbers ``jm.inference`` returns:
 
 - ``usd_per_mtok`` (default): total cost of ownership per million generated tokens,
   :func:`jaxmodel.tco` (system capital — devices, hosts, network — amortised, plus energy)
-  at the served throughput ``batch·gen_len / time`` per replica of the system;
+  at the served throughput ``batch·gen_len / time`` (``jm.inference``'s ``tokens_per_s``);
 - ``usd_seconds``: device cost (:func:`jaxmodel.device_cost`, die + memory + package) × the
   serving time — LLMCompass Table IV's performance/cost, inverted;
 - ``latency_cost_cap``: the serving time, plus a quadratic penalty when the device cost
@@ -52,7 +53,7 @@ import jax.numpy as jnp
 
 from jaxmodel.types import Device, Model, Parallelism, System
 
-__all__ = ["apply_knobs", "make_objective", "serving_time", "OBJECTIVES", "run_spec"]
+__all__ = ["apply_knobs", "make_objective", "OBJECTIVES", "run_spec"]
 
 OBJECTIVES = ("usd_per_mtok", "usd_seconds", "latency_cost_cap")
 _DEVICE_FIELDS = {f.name for f in dataclasses.fields(Device)} - {"name"}
@@ -100,29 +101,19 @@ def apply_knobs(system: System, params: Mapping[str, Any]) -> System:
     return dataclasses.replace(system, device=dataclasses.replace(dev, **upd), levels=levels)
 
 
-def serving_time(system: System, model: Model, par: Parallelism, batch=8.0,
-                 prompt_len=2048.0, gen_len=1024.0, n_layers=None, gemm=None, variant=None,
-                 precision=None):
-    """Seconds to serve one request batch: prefill + ``gen_len`` decode steps (single config).
-
-    Source: LLMCompass §IV-A (one GPT-3 layer, batch 8, input 2048, the 1024th output token;
-    4-way TP) and §V-A (latency = prefill + decoding). Each decode step is timed at the KV
-    length of the middle of the generation (``prompt_len + gen_len/2``), where the per-step
-    latency, close to affine in the KV length, equals its average. ``n_layers`` defaults to
-    the model's (one layer per pipeline stage-free device group, no pipeline). ``variant``:
-    static op-graph switches of the layer (:func:`jaxmodel.workload.layer.variant_of`); pass
-    the concrete model's and plan's when tracing over hardware knobs only (smaller graph).
-    ``precision``: preset name or :class:`jaxmodel.Precision` (default ``"bf16"``).
-    """
+def _serving(system: System, model: Model, par: Parallelism, batch, prompt_len, gen_len,
+             n_layers=None, gemm=None, variant=None, precision=None):
+    """:func:`jaxmodel.inference`'s single-configuration body on the served workload, with
+    every rule but memory (the objectives penalise memory smoothly). ``n_layers`` serves
+    that many layers of the model (all by default); ``precision`` a preset name or
+    :class:`jaxmodel.Precision` (default ``"bf16"``)."""
+    from jaxmodel.parallel.inference import inference_single
     from jaxmodel.workload import layer as _layer
-    layers = model.n_layers if n_layers is None else n_layers
-    kw = {"precision": precision} if variant is None else {"variant": variant,
-                                                            "precision": precision}
-    pre = _layer.layer_times(system, model, par, batch, prompt_len, "prefill", 0.0, gemm,
-                             **kw)
-    dec = _layer.layer_times(system, model, par, batch, 1.0, "decode",
-                             prompt_len + 0.5 * gen_len, gemm, **kw)
-    return layers * (pre["total"] + gen_len * dec["total"])
+    if n_layers is not None:
+        model = dataclasses.replace(model, n_layers=n_layers)
+    return inference_single(system, model, par, batch, prompt_len, gen_len, gemm,
+                            variant=_layer.ANY if variant is None else variant,
+                            memory_rule=False, precision=precision)
 
 
 def make_objective(system: System, model: Model, par: Parallelism,
@@ -134,7 +125,9 @@ def make_objective(system: System, model: Model, par: Parallelism,
     Args:
         system, model, par: the base hardware, model and (inference) parallelism.
         kind: one of :data:`OBJECTIVES` (module docstring).
-        batch, prompt_len, gen_len, n_layers: the served workload (:func:`serving_time`).
+        batch, prompt_len, gen_len, n_layers: the served workload, as
+            :func:`jaxmodel.inference` takes it (``batch`` over the plan's ``dp`` replicas;
+            ``n_layers`` serves that many layers of the model, default all).
         cost_cap_usd: device cost cap of ``latency_cost_cap``.
         penalty: weight of the squared relative violation of the memory capacity (and of
             the cost cap).
@@ -145,7 +138,6 @@ def make_objective(system: System, model: Model, par: Parallelism,
     from jaxmodel import cost as _cost
     from jaxmodel import ops as _ops
     from jaxmodel.cost.area import area_fields
-    from jaxmodel.workload import memory as _memory
     if kind not in OBJECTIVES:
         raise ValueError(f"codesign: objective={kind!r} is not one of {OBJECTIVES}")
     if kind == "latency_cost_cap" and cost_cap_usd is None:
@@ -156,23 +148,17 @@ def make_objective(system: System, model: Model, par: Parallelism,
             return _ops.gemm_latency.single(dev, m, n, k, batch=b, dtype_bytes=d, soft=soft)
     from jaxmodel.workload import layer as _layer
     base = dataclasses.replace(system, device=area_fields(system.device))
-    layers = model.n_layers if n_layers is None else n_layers
     variant = _layer.variant_of(model, par, base)
 
     def objective(params):
         s = apply_knobs(base, params)
-        t = serving_time(s, model, par, batch, prompt_len, gen_len, layers, gemm, variant,
-                         precision)
-        mem = _memory.inference_memory_single(model, par, batch, prompt_len, gen_len,
-                                              precision=precision)["total"]
-        # full-model memory, scaled to the layers actually served (n_layers < model's)
-        mem = mem * layers / model.n_layers
-        over = jnp.maximum(mem / s.device.mem_capacity - 1.0, 0.0)
+        r = _serving(s, model, par, batch, prompt_len, gen_len, n_layers, gemm, variant,
+                     precision)
+        t = r.total_s
+        over = jnp.maximum(r.memory_bytes / s.device.mem_capacity - 1.0, 0.0)
         fit = 1.0 + penalty * over ** 2
         if kind == "usd_per_mtok":
-            replicas = s.n_devices / jnp.maximum(par.tp * par.pp, 1.0)
-            tokens_per_s = replicas * batch * gen_len / t
-            return _cost.tco.single(s, tokens_per_s).usd_per_million_tokens * fit
+            return _cost.tco.single(s, r.tokens_per_s).usd_per_million_tokens * fit
         usd = _cost.device_cost.single(s.device).total_usd
         if kind == "usd_seconds":
             return usd * t * fit
@@ -219,7 +205,9 @@ def _design_metrics(system, model, par, params, workload, variant):
     """Jitted body of :func:`evaluate_design` (op-by-op eager evaluation takes seconds)."""
     from jaxmodel import cost as _cost
     s = apply_knobs(system, params)
-    t = serving_time(s, model, par, **workload, variant=variant)
+    wl = {"batch": 8.0, "prompt_len": 2048.0, "gen_len": 1024.0, **workload}
+    t = _serving(s, model, par, wl["batch"], wl["prompt_len"], wl["gen_len"],
+                 wl.get("n_layers"), variant=variant, precision=wl.get("precision")).total_s
     c = _cost.device_cost.single(s.device)
     return {"time_s": t, "device_usd": c.total_usd, "die_area_mm2": c.die_area_mm2,
             "usd_seconds": t * c.total_usd, "mem_capacity_gb": s.device.mem_capacity / 1e9,
@@ -235,15 +223,14 @@ def run_spec(spec: Mapping, steps: int | None = None) -> dict:
     (knob = [lo, hi]) and optional ``[init]`` (default: the base hardware's values).
     """
     import hw_db
-    from jaxmodel.cli import _load_system, build_parallelism
     from jaxmodel.search.optimize import codesign
     cd = dict(spec.get("codesign", {}))
     bounds = {k: tuple(v) for k, v in dict(spec.get("bounds", {})).items()}
     if not bounds:
         raise ValueError("codesign spec: missing [bounds] (knob = [lo, hi])")
-    system = _load_system(spec.get("system"), spec.get("nodes"), spec.get("device"))
+    system = _spec_system(spec.get("system"), spec.get("nodes"), spec.get("device"))
     model = hw_db.model(spec.get("model", "gpt3-175b"))
-    par = build_parallelism(dict(spec.get("parallelism", {})), float(system.n_devices))
+    par = _spec_parallelism(dict(spec.get("parallelism", {})), float(system.n_devices))
     wl = dict(spec.get("workload", {}))
     unknown = set(wl) - {"batch", "prompt_len", "gen_len", "n_layers", "precision"}
     if unknown:
@@ -268,3 +255,29 @@ def run_spec(spec: Mapping, steps: int | None = None) -> dict:
             "continuous_value": res.continuous_value, "n_evals": res.n_evals,
             "best_history": res.best_history[:: max(1, len(res.best_history) // 20)].tolist(),
             "design": evaluate_design(system, model, par, res.params, **wl)}
+
+
+def _spec_system(name: str | None, nodes: int | None, device: str | None) -> System:
+    """The system of a spec: a named system (``nodes`` of it), else one ``device``, else
+    DGX A100."""
+    import hw_db
+    if name:
+        return hw_db.system(name, nodes=nodes)
+    if device:
+        return System(device=hw_db.device(device), levels=(), name=f"1x{device}")
+    return hw_db.system("dgx_a100" if "dgx_a100" in hw_db.names("system")
+                        else hw_db.names("system")[0], nodes=nodes)
+
+
+def _spec_parallelism(values: Mapping, n_devices: float) -> Parallelism:
+    """The plan of a spec's ``[parallelism]`` table; ``dp`` defaults to the devices left."""
+    from jaxmodel.types import validate_parallelism
+    known = [f.name for f in dataclasses.fields(Parallelism)]
+    unknown = set(values) - set(known)
+    if unknown:
+        raise ValueError(f"parallelism: unknown field(s) {sorted(unknown)}; known: {known}")
+    kw = {k: v for k, v in values.items() if v is not None}
+    if "dp" not in kw:
+        tp, pp = float(kw.get("tp", 1)), float(kw.get("pp", 1))
+        kw["dp"] = max(1.0, float(n_devices) / (tp * pp))
+    return validate_parallelism(Parallelism(**kw))

@@ -1,8 +1,9 @@
 """Exhaustive parallelism search.
 
 :func:`search_parallelism` enumerates every consistent 5D plan for a model on ``n`` devices —
-``dp·tp·pp = n``, ``tp`` dividing the attention heads, ``pp`` (times the interleave) dividing
-the layers, micro-batches dividing the per-replica batch, experts over ``ep | dp·tp`` — crossed
+the rules of :mod:`jaxmodel.parallel.plan` (``dp·tp·pp = n``, ``tp`` dividing the attention
+heads, ``pp`` times the interleave dividing the layers, micro-batches dividing the per-replica
+batch, experts sharded over data-parallel ranks, ``ep | dp``), crossed
 with sequence parallelism, pipeline schedule, virtual stages, activation recompute, ZeRO stage
 and FlashAttention (and, optionally, execution options of the training step), and evaluates
 all of them in one batched :func:`jaxmodel.train_step` call. That call does the
@@ -11,6 +12,9 @@ tile searches are) are computed once per distinct stage input and composed into 
 (exact); optionally the GEMM shapes are also timed once and looked up
 (:mod:`jaxmodel.parallel.gemm_table`).
 docs/architecture.md, "Data flows one way": this module only calls ``parallel``.
+
+The row order groups plans by ``tp``, ``pp``, micro-batch, schedule/interleave, SP, EP and then
+recompute, ZeRO, FlashAttention (a stable sort by step time keeps it among ties).
 
 Source of the enumeration rules: Narayanan et al., "Efficient Large-Scale Language Model
 Training on GPU Clusters Using Megatron-LM", SC'21 §2–3 (PTD-P; interleaving needs the
@@ -44,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from jaxmodel.numerics import REASONS
+from jaxmodel.parallel import plan as _plan
 from jaxmodel.types import (RECOMPUTE, SCHEDULES, Model, Parallelism, System, code_of,
                             is_concrete)
 
@@ -72,20 +77,25 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
                     flash_attention: Sequence[bool] = (False, True),
                     max_tp: int | None = None, max_pp: int | None = None,
                     micro_batches: Sequence[int] | None = None,
-                    max_interleave: int | None = None) -> dict[str, np.ndarray]:
+                    max_interleave: int | None = None,
+                    seq_len: float | None = None) -> dict[str, np.ndarray]:
     """All consistent plans as columns ``{field: float array}`` (Parallelism field names).
 
-    Rules (each plan is one row):
+    The candidate product — ``tp`` and ``pp`` over the divisors of ``n_devices`` with
+    ``dp = n/(tp·pp)``, every divisor of the experts as ``ep``, every divisor of the global
+    batch as ``micro_batch``, the schedules with their virtual stages (GPipe and 1F1B one
+    chunk per device; interleaved ``v >= 2`` dividing the layers), sequence parallelism —
+    is filtered with the training rules of :mod:`jaxmodel.parallel.plan` (the same rules
+    :func:`jaxmodel.train_step` checks, evaluated on numpy columns), and crossed with
+    recompute, ZeRO and FlashAttention. Among them: ``dp·tp·pp = n``; ``tp`` divides the
+    heads (KV heads divide or are replicated); ``pp·v`` divides the layers;
+    ``dp·micro_batch`` divides the global batch, a multiple of ``pp`` micro-batches for the
+    interleaved schedule; ``ep`` divides the experts and ``dp`` (DeepSpeed-TED); with
+    ``seq_len``, ``tp`` divides it under SP.
 
-    - ``dp · tp · pp = n_devices``; ``tp`` divides the query heads and the KV heads divide
-      over (or are replicated across) ``tp``; ``pp`` divides the layers;
-    - ``dp`` divides the global batch; ``micro_batch`` divides ``global_batch / dp``;
-    - ``ep`` divides the experts and ``dp · tp`` (1 for dense models);
-    - ``sp`` only with ``tp > 1`` (it is a no-op otherwise); ZeRO stages > 0 only with
-      ``dp > 1``;
-    - GPipe and 1F1B use one chunk per device; the interleaved schedule needs ``pp > 1``,
-      ``v >= 2`` virtual stages with ``pp · v`` dividing the layers and a micro-batch count
-      that is a multiple of ``pp`` (PTD-P §2.2.2).
+    Plans that would duplicate another are not generated: ``sp`` only with ``tp > 1`` (a
+    no-op otherwise), ZeRO stages > 0 only with ``dp > 1``, the interleaved schedule only
+    with ``pp > 1``.
 
     Args:
         model: concrete model (counts are read as integers).
@@ -93,15 +103,16 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
         schedules, recompute: names or codes to consider.
         zero, sp, flash_attention: options to consider.
         max_tp, max_pp, max_interleave: optional caps; ``micro_batches``: allowed sizes.
+        seq_len: tokens per sequence (checks SP's divisibility; ``None``: not checked).
     """
     if not is_concrete(model):
         raise ValueError("search_parallelism: the model must be concrete (not traced)")
     n = _as_int(n_devices, "n_devices")
     gb = _as_int(global_batch, "global_batch")
     L = _as_int(model.n_layers, "model.n_layers")
-    H = _as_int(model.n_heads, "model.n_heads")
-    Hkv = _as_int(model.n_kv_heads, "model.n_kv_heads")
-    E = _as_int(model.n_experts, "model.n_experts")
+    for field in ("n_heads", "n_kv_heads", "n_experts"):
+        _as_int(getattr(model, field), f"model.{field}")
+    E = int(float(np.asarray(model.n_experts)))
     sched_codes = sorted({int(code_of(s, SCHEDULES, "schedules")) for s in schedules})
     rc_codes = sorted({int(code_of(r, RECOMPUTE, "recompute")) for r in recompute})
     for z in zero:
@@ -113,50 +124,64 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
     if not (sched_codes and rc_codes and zero and sp_opts and fa_opts):
         raise ValueError("search_parallelism: every option list must be non-empty")
 
-    blocks = []
+    # ---- candidates of the structural fields, in the order of the output ----------------
+    sched_v = []
+    for s in sched_codes:
+        if s == 2:
+            sched_v += [(2, v) for v in _divisors(L) if v >= 2 and
+                        (max_interleave is None or v <= max_interleave)]
+        else:
+            sched_v.append((s, 1))
+    mbs = [b for b in _divisors(gb) if micro_batches is None or b in micro_batches]
+    rows = []
     for tp in _divisors(n):
         if max_tp and tp > max_tp:
             continue
-        if H % tp or not (Hkv % tp == 0 or tp % Hkv == 0):
-            continue
+        sps = [s for s in sp_opts if tp > 1 or s == 0.0] or [0.0]
         for pp in _divisors(n // tp):
-            if (max_pp and pp > max_pp) or L % pp:
+            if max_pp and pp > max_pp:
                 continue
-            dp = n // (tp * pp)
-            if gb % dp:
+            sv = [x for x in sched_v if x[0] != 2 or pp > 1]
+            if not sv or not mbs:
                 continue
-            eps = [e for e in _divisors(E) if (dp * tp) % e == 0]
-            mbs = [b for b in _divisors(gb // dp) if micro_batches is None or b in
-                   micro_batches]
-            for mb in mbs:
-                m = gb // (dp * mb)
-                sched_v = []
-                for s in sched_codes:
-                    if s == 2:
-                        if pp == 1 or m % pp:
-                            continue
-                        sched_v += [(2, v) for v in _divisors(L // pp) if v >= 2 and
-                                    (max_interleave is None or v <= max_interleave)]
-                    else:
-                        sched_v.append((s, 1))
-                if not sched_v:
-                    continue
-                sps = [s for s in sp_opts if tp > 1 or s == 0.0] or [0.0]
-                zs = [z for z in zero if dp > 1 or z == 0] or [0]
-                grids = np.meshgrid(np.arange(len(sched_v)), sps, eps, rc_codes, zs, fa_opts,
-                                    indexing="ij")
-                flat = [g.reshape(-1) for g in grids]
-                sv = np.asarray(sched_v, dtype=float)[flat[0].astype(int)]
-                k = flat[0].size
-                blocks.append(np.stack([
-                    np.full(k, dp), np.full(k, tp), np.full(k, pp), flat[1], flat[2],
-                    np.full(k, mb), sv[:, 1], sv[:, 0], flat[3], flat[4], flat[5]], axis=1))
-    order = ("dp", "tp", "pp", "sp", "ep", "micro_batch", "interleave", "schedule",
-             "recompute", "zero", "flash_attention")
-    assert set(order) == set(PAR_FIELDS), "Parallelism gained a field: extend the search"
-    table = (np.concatenate(blocks).astype(float) if blocks
-             else np.zeros((0, len(order))))
-    return {f: table[:, i] for i, f in enumerate(order)}
+            g = np.meshgrid(mbs, np.arange(len(sv)), sps, _divisors(E), indexing="ij")
+            g = [x.reshape(-1) for x in g]
+            svs = np.asarray(sv, dtype=float)[g[1]]
+            k = g[0].size
+            rows.append(np.stack([np.full(k, n // (tp * pp)), np.full(k, tp), np.full(k, pp),
+                                  g[2], g[3], g[0], svs[:, 1], svs[:, 0]], axis=1))
+    head = ("dp", "tp", "pp", "sp", "ep", "micro_batch", "interleave", "schedule")
+    cand = (np.concatenate(rows).astype(float) if rows else np.zeros((0, len(head))))
+    cols = {f: cand[:, i] for i, f in enumerate(head)}
+    zeros = np.zeros(len(cand))
+    f = {k: float(np.asarray(getattr(model, k))) for k in _plan._MODEL}
+    p = _plan.PlanInputs(n_devices=float(n), batch=float(gb),
+                         seq_len=1.0 if seq_len is None else float(seq_len),
+                         gen_len=1.0, dtype_bytes=2.0, cp=1.0, recompute=zeros, zero=zeros,
+                         flash_attention=zeros, **cols, **f)
+    checks = _plan.structure_checks(_plan.TRAIN, p, np)
+    keep = np.ones(len(cand), dtype=bool)
+    for ok, reason in checks:
+        if seq_len is None and reason == "sequence_not_divisible":
+            continue
+        keep &= np.broadcast_to(ok, keep.shape)
+    cand = cand[keep]
+
+    # ---- crossed with the execution options (ZeRO > 0 only with dp > 1) ---------------------
+    idx, blocks = [], []
+    for multi_dp in (False, True):
+        rows_i = np.nonzero((cand[:, 0] > 1) == multi_dp)[0]
+        zs = [z for z in zero if multi_dp or z == 0] or [0]
+        opts = np.stack([x.reshape(-1) for x in np.meshgrid(rc_codes, zs, fa_opts,
+                                                              indexing="ij")], axis=1)
+        idx.append(np.repeat(rows_i, len(opts)))
+        blocks.append(np.concatenate([np.repeat(cand[rows_i], len(opts), axis=0),
+                                      np.tile(opts, (len(rows_i), 1))], axis=1))
+    order = np.argsort(np.concatenate(idx), kind="stable")
+    table = np.concatenate(blocks)[order].astype(float)
+    fields = head + ("recompute", "zero", "flash_attention")
+    assert set(fields) == set(PAR_FIELDS), "Parallelism gained a field: extend the search"
+    return {k: table[:, i] for i, k in enumerate(fields)}
 
 
 def _scaled_system(system: System, n_devices: int) -> System:
@@ -238,7 +263,7 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
     n = _as_int(n_devices, "n_devices")
     gb = _as_int(global_batch, "global_batch")
     system = _scaled_system(system, n)
-    plans = enumerate_plans(model, n, gb, **options)
+    plans = enumerate_plans(model, n, gb, **{"seq_len": float(seq_len), **options})
     n_plans = len(plans["dp"])
     if n_plans == 0:
         raise ValueError(f"search_parallelism: no consistent plan for {n} devices, global "

@@ -69,7 +69,7 @@ from jaxmodel import ops as _ops
 from jaxmodel.batching import batched
 from jaxmodel.ops import attention as _attention
 from jaxmodel.workload import moe as _moe
-from jaxmodel.numerics import INF, divides, first_reason, is_integer
+from jaxmodel.numerics import INF, first_reason
 from jaxmodel.types import Model, Parallelism, System, static_flag, validate_args
 _prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
 
@@ -149,23 +149,14 @@ def variant_of(model: Model, par: Parallelism, system: System | None = None) -> 
 
 
 def layer_checks(model: Model, par: Parallelism):
-    """Checks of a layer's TP split as ``[(ok, reason_name), ...]`` (see ``numerics.REASONS``).
-
-    - model dimensions are positive;
-    - degrees ``dp, tp, pp`` are integers ``>= 1``;
-    - ``t`` divides the query heads, and the KV heads divide over (or are replicated across)
-      ``t`` (Megatron GQA).
+    """Checks of one layer's split as ``[(ok, reason_name), ...]`` (see ``numerics.REASONS``):
+    the ``"layer"`` rules of the plan (:mod:`jaxmodel.parallel.plan`) — positive model
+    dimensions, integer degrees ``>= 1``, ``t`` dividing the query heads with the KV heads
+    divided over (or replicated across) ``t`` (Megatron GQA), and ``ep`` dividing the experts
+    and ``dp``.
     """
-    degrees_ok = ((par.tp >= 1) & is_integer(par.tp) & (par.pp >= 1) & is_integer(par.pp)
-                  & (par.dp >= 1) & is_integer(par.dp))
-    model_ok = ((model.d_model > 0) & (model.n_heads > 0) & (model.n_kv_heads > 0)
-                & (model.head_dim > 0) & (model.d_ff > 0) & (model.n_layers > 0)
-                & (model.vocab_size > 0))
-    tp = jnp.maximum(par.tp, 1.0)
-    heads_ok = divides(tp, model.n_heads) & (divides(tp, model.n_kv_heads)
-                                               | divides(model.n_kv_heads, tp))
-    return [(model_ok, "invalid_model"), (degrees_ok, "invalid_parallelism"),
-            (heads_ok, "heads_not_divisible")] + _moe.moe_checks(model, par)
+    from jaxmodel.parallel import plan as _plan      # the plan module imports no workload
+    return _plan.structure_checks(_plan.LAYER, _plan.inputs(model, par))
 
 
 def layer_feasibility(model: Model, par: Parallelism):
@@ -575,15 +566,11 @@ layer_breakdown.single = layer_times
 def _raise_if_invalid(model, par):
     """Raise ``ValueError`` for an inconsistent *concrete, unbatched* plan (API edge)."""
     from jaxmodel.batching import batch_shape
-    from jaxmodel.numerics import reason_name
+    from jaxmodel.parallel import plan as _plan
     from jaxmodel.types import is_concrete
     if not is_concrete(model, par) or batch_shape(model, par) != ():
         return
-    ok, why = layer_feasibility(model, par)
-    if not bool(ok):
-        raise ValueError(f"infeasible layer split ({reason_name(why)}): tp={par.tp!r}, "
-                         f"n_heads={model.n_heads!r}, n_kv_heads={model.n_kv_heads!r}, "
-                         f"pp={par.pp!r}, dp={par.dp!r}")
+    _plan.raise_if_invalid("layer", _plan.LAYER, _plan.inputs(model, par))
 
 
 # --------------------------------------------------------------------------------------------

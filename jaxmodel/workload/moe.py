@@ -53,7 +53,7 @@ from jaxmodel.batching import batched
 from jaxmodel.types import Model, Parallelism, System
 from jaxmodel.workload.params import ffn_params, n_moe_layers
 
-__all__ = ["MOE_OPS", "moe_layer_fraction", "expert_capacity", "moe_dims", "moe_checks",
+__all__ = ["MOE_OPS", "moe_layer_fraction", "expert_capacity", "moe_dims",
            "moe_feasibility", "ffn_rows", "alltoall_time", "expert_params_per_device",
            "moe_activation_bytes", "moe_layer_times"]
 
@@ -118,26 +118,20 @@ def moe_dims(model: Model, par: Parallelism, tokens, dtype_bytes=2.0, dropless=F
             "expert_tokens": m, "slots": slots, "a2a_bytes": slots * d * dtype_bytes}
 
 
-def moe_checks(model: Model, par: Parallelism):
-    """``[(ok, "experts_not_divisible")]``: ``ep`` divides the experts and the data-parallel
-    degree (DeepSpeed-TED eq. 2 with integer ``DP_exp = dp/ep``); a dense model needs
-    ``ep = 1``."""
-    ep = jnp.maximum(par.ep, 1.0)
-    ok = (par.ep >= 1) & nx.divides(ep, model.n_experts) & nx.divides(ep, jnp.maximum(par.dp,
-                                                                                      1.0))
-    return [(ok, "experts_not_divisible")]
-
-
 @batched
 def moe_feasibility(model: Model, par: Parallelism):
-    """``(feasible, reason)`` of :func:`moe_checks` (batched).
+    """``(feasible, reason)`` of the plan's expert rule (batched): ``ep`` divides the experts
+    and the data-parallel degree (DeepSpeed-TED eq. 2 with integer ``DP_exp = dp/ep``; the
+    rule lives in :mod:`jaxmodel.parallel.plan`).
 
     Example:
         >>> ok, why = moe_feasibility(hw_db.model("mixtral-8x7b"), jm.Parallelism(dp=3, ep=3))
         >>> jm.reason_name(why)                                # 'experts_not_divisible'
         'experts_not_divisible'
     """
-    return nx.first_reason(moe_checks(model, par))
+    from jaxmodel.parallel import plan as _plan      # the plan module imports no workload
+    return nx.first_reason([c for c in _plan.structure_checks(_plan.LAYER, _plan.inputs(
+        model, par)) if c[1] == "experts_not_divisible"])
 
 
 def _scale(rows, w):

@@ -106,10 +106,11 @@ def _batch_system(bw=2.0e12):
 
 
 def test_batch_flags_infeasible_entries_without_nan():
-    """tp = 4 ok; tp = 3 (heads); dp·tp·pp = 8 on 4 devices; tp = pp = 2 ok; out of memory."""
+    """tp = 4 ok; tp = 3 (3 ≠ 4 devices: the device rule comes before the heads rule);
+    dp·tp·pp = 8 on 4 devices; tp = pp = 2 ok; out of memory."""
     r = inference(_batch_system(), M, PAR5, 8, 512, 64, gemm=roofline_gemm)
     assert r.feasible.tolist() == [True, False, False, True, False]
-    assert [int(x) for x in r.reason] == [0, reason_code("heads_not_divisible"),
+    assert [int(x) for x in r.reason] == [0, reason_code("devices_mismatch"),
                                           reason_code("devices_mismatch"), 0,
                                           reason_code("out_of_memory")]
     for leaf in jax.tree_util.tree_leaves(r):

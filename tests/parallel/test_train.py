@@ -20,6 +20,7 @@ import hw_db
 from jaxmodel import comm, ops
 from jaxmodel.numerics import reason_code
 from jaxmodel.parallel import pipeline as pl
+from jaxmodel.parallel import plan as pplan
 from jaxmodel.parallel import train as tr
 from jaxmodel.workload import params as wparams
 
@@ -254,9 +255,9 @@ def test_tp_overlap(batch):
 
 
 def test_cross_stride_places_stage_pairs_across_the_outer_tier():
-    assert float(tr._cross_stride(TWO_TIER, 4.0)) == 1.0      # a pipeline inside one node
-    assert float(tr._cross_stride(TWO_TIER, 16.0)) == 8.0     # spans both nodes
-    assert float(tr._cross_stride(ONE_TIER, 16.0)) == 1.0
+    assert float(pplan.cross_stride(TWO_TIER, 4.0)) == 1.0      # a pipeline inside one node
+    assert float(pplan.cross_stride(TWO_TIER, 16.0)) == 8.0     # spans both nodes
+    assert float(pplan.cross_stride(ONE_TIER, 16.0)) == 1.0
 
 
 def test_residual_dropout_kernels():
