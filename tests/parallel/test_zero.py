@@ -68,7 +68,7 @@ def test_limits(sys2):
     # "infinite" network → compute only (up to the base latencies)
     fast = dataclasses.replace(sys2, levels=[dataclasses.replace(
         lv, bw_per_device=lv.bw_per_device * 1e9, base_latency=0.0, link_latency=0.0,
-        switch_latency=0.0, chunk_latency=0.0) for lv in sys2.levels])
+        switch_latency=0.0, chunk_latency=0.0, nccl_link=-1.0) for lv in sys2.levels])
     z = zero.zero3_step(fast, PSI, N, CF, CB, 16.0, 1.0)
     assert float(z["total"]) == pytest.approx(N * (CF + CB), rel=1e-4)
     # no compute → communication-bound floor: every gather and reduce-scatter in sequence
