@@ -3,7 +3,8 @@
 Compilation cache
     :func:`configure_compilation_cache` (called once by ``import jaxmodel``) turns on JAX's
     persistent compilation cache in a per-user directory — ``$JAXMODEL_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/jaxmodel/jax``, else ``~/.cache/jaxmodel/jax`` — unless
+    ``$XDG_CACHE_HOME/jaxmodel/jax``, else ``~/.cache/jaxmodel/jax``; one subdirectory per
+    host CPU type — unless
 
     - ``JAXMODEL_NO_CACHE=1`` is set, or
     - the user configured JAX's cache already (``jax_compilation_cache_dir`` set, e.g. by
@@ -42,14 +43,34 @@ _cache_dir: Path | None = None
 # ---------------------------------------------------------------------------------------------
 # persistent compilation cache
 
+def _host_tag() -> str:
+    """Short fingerprint of the host CPU (architecture and, on Linux, its feature flags).
+
+    JAX's cache key names the backend but not the host's instruction-set extensions, and
+    jaxlib 0.10's XLA:CPU loader only warns when a cached executable was built for features
+    this host lacks (openxla/xla#44565 makes that check unreliable). One subdirectory per
+    host type keeps a home directory shared between different machines safe."""
+    import hashlib
+    import platform
+    text = platform.machine() + platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            text += next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return "host-" + hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
 def default_cache_dir() -> Path:
     """``$JAXMODEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/jaxmodel/jax``, else
-    ``~/.cache/jaxmodel/jax``."""
+    ``~/.cache/jaxmodel/jax`` — with one subdirectory per host CPU type (:func:`_host_tag`)."""
     env = os.environ.get("JAXMODEL_CACHE_DIR")
     if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "jaxmodel" / "jax"
+        base = Path(env).expanduser()
+    else:
+        home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        base = Path(home).expanduser() / "jaxmodel" / "jax"
+    return base / _host_tag()
 
 
 def _truthy(name: str) -> bool:

@@ -38,15 +38,17 @@ import functools
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
 
 from jaxmodel.batching import DEFAULT_CHUNK, _is_static, device_mesh, map_blocks, map_points
 from jaxmodel.search.grid import Grid, leaf_names, resolve
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["sweep", "save", "output_names"]
 
@@ -209,6 +211,7 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
                 cols[f"{name}[{j}]"] = val[:, j]
         else:
             cols[name] = val
+    import pandas as pd   # imported here: ``import jaxmodel`` stays fast
     df = pd.DataFrame(cols)
     df.attrs.update(n_evaluated=int(n_total), wall_s=time.perf_counter() - t0,
                     n_devices=int(n_dev), n_blocks=int(n_blocks))
