@@ -233,15 +233,17 @@ def map_blocks(batch_fn: Callable, xs, *, width: int, to_host: Callable = np.asa
 
 
 def dedup_map(fn: Callable, inputs: tuple, *, shape: tuple | None = None,
-              chunk: int | None = None, **static_kwargs):
-    """``call_batched(fn, *inputs, **static_kwargs)`` evaluated once per distinct input row.
+              chunk: int | None = None, **kwargs):
+    """``call_batched(fn, *inputs, **kwargs)`` evaluated once per distinct input row.
 
     ``inputs`` is a tuple of positional arguments (config pytrees, numbers) with concrete
     leaves broadcastable to ``shape`` (default: their common batch shape). Leaves constant
     over the batch are passed as scalars (unmapped: XLA folds them, and they do not enter the
     comparison); the rows of the varying leaves are reduced with an exact ``numpy.unique``,
     ``fn`` runs on the distinct rows only, and the outputs are gathered back — bit-identical
-    to evaluating every row. Static leaves (strings, booleans, None) pass through.
+    to evaluating every row. Static leaves (strings, booleans, None) pass through;
+    ``kwargs`` go unchanged to every evaluation (static options, or numbers without the batch
+    axis).
 
     Returns:
         ``fn``'s output pytree with ``shape`` in front of every leaf.
@@ -269,7 +271,7 @@ def dedup_map(fn: Callable, inputs: tuple, *, shape: tuple | None = None,
     for i in dyn:
         new[i] = jnp.asarray(cols[i][first]) if i in varying else jnp.asarray(cols[i][0])
     sub = jax.tree_util.tree_unflatten(tree, new)
-    out_u = call_batched(fn, *sub, **kw, **static_kwargs)
+    out_u = call_batched(fn, *sub, **kw, **kwargs)
     inverse = np.asarray(inverse).reshape(n)
 
     def gather(v):
