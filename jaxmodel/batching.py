@@ -195,7 +195,7 @@ def bucket_width(n: int, minimum: int = 64) -> int:
 
 def map_blocks(batch_fn: Callable, xs, *, width: int, to_host: Callable = np.asarray,
                desc: str | None = None, unit: str = "row", units_per_row: int = 1,
-               progress: bool = True):
+               total_units: int | None = None, progress: bool = True):
     """Host-side loop: ``batch_fn`` over the rows of the pytree ``xs`` in blocks of exactly
     ``width`` rows (the last one padded by repeating the final row), so a jitted ``batch_fn``
     compiles once for any row count. Block ``b + 1`` is dispatched before block ``b``'s
@@ -203,8 +203,8 @@ def map_blocks(batch_fn: Callable, xs, *, width: int, to_host: Callable = np.asa
 
     Each block's outputs carry a leading axis of ``R`` rows (``R = width`` for a row-wise
     function); they are concatenated and cut to ``n · R / width`` rows. A progress bar
-    (``desc``, counting ``units_per_row`` per input row) appears for loops longer than a few
-    seconds unless ``progress=False`` or output is quiet.
+    (``desc``, counting ``units_per_row`` per input row, at most ``total_units``) appears for
+    loops longer than a few seconds unless ``progress=False`` or output is quiet.
     """
     width = max(1, int(width))
     leaves = jax.tree_util.tree_leaves(xs)
@@ -214,7 +214,8 @@ def map_blocks(batch_fn: Callable, xs, *, width: int, to_host: Callable = np.asa
     padded = pad_to_multiple(xs, width)
     n_blocks = -(-n // width)
     outs, pending = [], None
-    with progress_bar(n * units_per_row, desc or getattr(batch_fn, "__name__", "batch"), unit,
+    total = n * units_per_row if total_units is None else int(total_units)
+    with progress_bar(total, desc or getattr(batch_fn, "__name__", "batch"), unit,
                       enabled=progress and n_blocks > 1) as bar:
         for b in range(n_blocks):
             block = jax.tree_util.tree_map(lambda x: x[b * width:(b + 1) * width], padded)
@@ -222,7 +223,8 @@ def map_blocks(batch_fn: Callable, xs, *, width: int, to_host: Callable = np.asa
             if pending is not None:
                 outs.append(jax.tree_util.tree_map(to_host, pending[0]))
                 bar.update(pending[1])
-            pending = (res, min(width, n - b * width) * units_per_row)
+            done = b * width * units_per_row
+            pending = (res, max(0, min(width * units_per_row, total - done)))
         outs.append(jax.tree_util.tree_map(to_host, pending[0]))
         bar.update(pending[1])
 

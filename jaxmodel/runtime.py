@@ -150,8 +150,9 @@ def _fmt(s: float) -> str:
 
 
 @contextlib.contextmanager
-def stage(desc: str, *, show_after: float = SHOW_AFTER_S, stream=None):
-    """Time a stage; if it ran longer than ``show_after`` seconds (and output is not quiet),
+def stage(desc: str, *, show_after: float | None = None, stream=None):
+    """Time a stage; if it ran longer than ``show_after`` seconds (default
+    :data:`SHOW_AFTER_S`) and output is not quiet,
     write ``[jaxmodel] desc: 12.3 s (compile 9.8 s, run 2.5 s)`` to stderr.
 
     Yields a dict in which the caller may put ``note`` (appended to the line, e.g. a count).
@@ -164,7 +165,7 @@ def stage(desc: str, *, show_after: float = SHOW_AFTER_S, stream=None):
         wall = time.perf_counter() - t0
         comp = min(compile_seconds() - c0, wall)
         info.update(wall_s=wall, compile_s=comp)
-        if wall > show_after and not quiet():
+        if wall > (SHOW_AFTER_S if show_after is None else show_after) and not quiet():
             note = f", {info['note']}" if info.get("note") else ""
             print(f"[jaxmodel] {desc}: {_fmt(wall)} (compile {_fmt(comp)}, run "
                   f"{_fmt(wall - comp)}{note})", file=stream or sys.stderr, flush=True)
@@ -176,9 +177,9 @@ class progress_bar:
     Use as ``with progress_bar(n, "sweep") as bar: ... bar.update(k)``."""
 
     def __init__(self, total: int, desc: str, unit: str = "pt", *,
-                 show_after: float = SHOW_AFTER_S, enabled: bool = True):
+                 show_after: float | None = None, enabled: bool = True):
         self.total, self.desc, self.unit = int(total), desc, unit
-        self.show_after = show_after
+        self.show_after = SHOW_AFTER_S if show_after is None else show_after
         self.enabled = enabled and not quiet()
         self.done = 0
         self.t0 = time.perf_counter()

@@ -189,7 +189,7 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     out_tree = map_blocks(
         lambda s: _block(jnp.int32(s[0]), dynamic, knob_values, consts, **statics), starts,
         width=1, to_host=_to_host, desc=f"sweep {getattr(fn, '__name__', 'fn')}", unit="pt",
-        units_per_row=step, progress=progress)
+        units_per_row=step, total_units=n_total, progress=progress)
     out_tree = jax.tree_util.tree_map(lambda y: y[:n_total], out_tree)
     flat_out, _ = jax.tree_util.tree_flatten(out_tree)
     names = output_names(out_tree, default=getattr(fn, "__name__", "value"))
