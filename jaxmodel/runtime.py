@@ -12,9 +12,11 @@ Compilation cache
 
     JAX keys each entry by the HLO module, the compile options, the backend and the jaxlib
     version, so a new jaxlib or a changed model recompiles; a hit returns the executable XLA
-    would have built (results are identical). Only compilations longer than
-    :data:`MIN_COMPILE_S` are stored: the model's tile searches take seconds to compile, the
-    many small helper jits would only add file traffic.
+    would have built (results are identical). Compilations longer than :data:`MIN_COMPILE_S`
+    are stored: besides the tile searches (tens of seconds to compile) a prediction runs some
+    30 small jits of 0.1–1 s each, worth seconds together; reading an entry back costs
+    milliseconds. Tracing and lowering to MLIR are not cached (JAX redoes them in every
+    process), so they set the floor of a second run.
 
 Progress
     :func:`progress_bar` (a tqdm bar for a loop of blocks) and :func:`stage` (one status line
@@ -33,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-MIN_COMPILE_S = 0.5   # store compilations longer than this in the persistent cache, s
+MIN_COMPILE_S = 0.1   # store compilations longer than this in the persistent cache, s
 SHOW_AFTER_S = 2.0    # report a stage that takes longer than this, s
 
 _quiet: bool | None = None
