@@ -93,6 +93,8 @@ def map_points(fn: Callable, xs, *, chunk: int = DEFAULT_CHUNK, mesh: Mesh | Non
     """
     leaves = jax.tree_util.tree_leaves(xs)
     n = leaves[0].shape[0]
+    if n == 0:
+        return jax.vmap(fn)(xs)
     if mesh is None and shard and n > chunk:
         mesh = device_mesh()
     n_dev = mesh.devices.size if mesh is not None else 1

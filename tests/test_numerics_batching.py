@@ -134,6 +134,12 @@ def test_map_points_chunked_equals_unchunked_equals_loop(n, chunk):
         np.testing.assert_allclose(chunked[key], [r[key] for r in loop], rtol=1e-15, atol=0)
 
 
+def test_map_points_empty_batch():
+    from jaxmodel.batching import map_points
+    out = jax.jit(lambda x: map_points(_point, x, chunk=4))(_rows(0))
+    assert out["t"].shape == (0,)
+
+
 def test_pad_to_multiple_repeats_last_row_exactly():
     from jaxmodel.batching import pad_to_multiple
     x = np.arange(10.0).reshape(5, 2)
