@@ -20,12 +20,19 @@ import dataclasses
 import time
 from pathlib import Path
 
+_t0 = time.perf_counter()
+import jaxmodel as jm  # noqa: E402,I001  (first: its import time is measured)
+IMPORT_S = time.perf_counter() - _t0
+_cache = jm.runtime.compilation_cache_dir()
+CACHE = ("off" if _cache is None else
+         f"{_cache} ({'warm' if any(_cache.iterdir()) else 'empty'})")
+print(f"import jaxmodel {IMPORT_S:.2f} s; persistent compilation cache: {CACHE}", flush=True)
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import hw_db
-import jaxmodel as jm
 
 OUT = Path(__file__).resolve().parent / "out"
 LIB = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "chiplet_cost_library"

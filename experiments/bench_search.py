@@ -14,25 +14,39 @@ recompute, no SP, no FlashAttention, no overlap of the gradient all-reduce or of
 collectives, fp32 gradients).
 Writes ``experiments/out/bench_search.csv`` (top 200 plans + Megatron's) and ``.png``.
 
-Most of a cold run is XLA compilation of the training step; ``--cache DIR`` enables JAX's
-persistent compilation cache so a second process skips it (the printed ``cache`` field says
-which case was measured).
+Also prints ``import jaxmodel`` time and the first and second answer to a single question (one
+training step of the best plan). Most of a cold run is XLA compilation of the training step;
+jaxmodel's persistent compilation cache (on by default, ``jaxmodel.runtime``) lets a second
+process skip it: ``--cache DIR`` puts it in DIR, ``--no-cache`` turns it off, and the printed
+``compilation_cache`` field says which case was measured (empty or warm).
 
-Run: ``.venv/bin/python experiments/bench_search.py [--small] [--cache DIR]``
+Run: ``.venv/bin/python experiments/bench_search.py [--small] [--cache DIR | --no-cache]``
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
+if "--cache" in sys.argv:          # before importing jaxmodel, which configures the cache
+    os.environ["JAXMODEL_CACHE_DIR"] = sys.argv[sys.argv.index("--cache") + 1]
+if "--no-cache" in sys.argv:
+    os.environ["JAXMODEL_NO_CACHE"] = "1"
 
-import jaxmodel as jm  # noqa: I001
-import hw_db
+_t0 = time.perf_counter()
+import jaxmodel as jm  # noqa: E402,I001  (first: its import time is measured)
+IMPORT_S = time.perf_counter() - _t0
+_cache = jm.runtime.compilation_cache_dir()
+CACHE = ("off" if _cache is None else
+         f"{_cache} ({'warm' if any(_cache.iterdir()) else 'empty'})")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+import hw_db  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
 COLS = ["dp", "tp", "pp", "sp", "micro_batch", "interleave", "schedule", "recompute", "zero",
@@ -44,6 +58,7 @@ def main(small: bool = False) -> dict:
     nodes, n, gb = (16, 128, 128) if small else (192, 1536, 1536)
     system = hw_db.system("dgx_a100", nodes=nodes)
     model = hw_db.model("gpt3-175b")
+    load = os.getloadavg()[0]
     t0 = time.perf_counter()
     df = jm.search_parallelism(system, model, n, gb, 2048,
                                step_options={"dp_overlap": [0.0, 1.0],
@@ -84,8 +99,27 @@ def main(small: bool = False) -> dict:
     def plan(row):
         return {k: (row[k] if isinstance(row[k], str) else float(row[k])) for k in COLS}
 
+    # a single question after the search: one training step of the best plan (first answer:
+    # this shape of call traces and compiles; second answer: the same call again)
+    par = jm.Parallelism(**{k: best[k] for k in ("dp", "tp", "pp", "sp", "micro_batch",
+                                                  "interleave", "schedule", "recompute",
+                                                  "zero", "flash_attention")})
+    answers = []
+    for _ in range(2):
+        t1 = time.perf_counter()
+        r = jm.train_step(system, model, par, gb, 2048, dp_overlap=float(best.dp_overlap),
+                          tp_overlap=float(best.tp_overlap),
+                          grad_bytes=float(best.grad_bytes))
+        float(r.step_time_s)
+        answers.append(time.perf_counter() - t1)
+
     out = {"n_configs": int(n_eval), "n_feasible": int(df.attrs["n_feasible"]),
            "wall_s": round(wall, 1), "configs_per_s": round(n_eval / wall, 1),
+           "import_s": round(IMPORT_S, 2), "compilation_cache": CACHE,
+           "load_average": round(load, 1),
+           "single_train_step_first_s": round(answers[0], 2),
+           "single_train_step_second_s": round(answers[1], 3),
+           "single_train_step_s": float(r.step_time_s),
            "timings": {k: round(v, 1) for k, v in df.attrs["timings"].items()},
            "best": plan(best)}
     no_tp_ov = df[df.tp_overlap == 0]
@@ -102,11 +136,5 @@ def main(small: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    cache = None
-    if "--cache" in sys.argv:
-        import jax
-        cache = Path(sys.argv[sys.argv.index("--cache") + 1])
-        warm = cache.exists() and any(cache.iterdir())
-        jax.config.update("jax_compilation_cache_dir", str(cache))
-        print(f"persistent compilation cache {cache} ({'warm' if warm else 'cold'})")
+    print(f"import jaxmodel {IMPORT_S:.2f} s; persistent compilation cache: {CACHE}")
     main(small="--small" in sys.argv)

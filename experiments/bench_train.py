@@ -22,12 +22,19 @@ import sys
 import time
 from pathlib import Path
 
+_t0 = time.perf_counter()
+import jaxmodel as jm  # noqa: E402,I001  (first: its import time is measured)
+IMPORT_S = time.perf_counter() - _t0
+_cache = jm.runtime.compilation_cache_dir()
+CACHE = ("off" if _cache is None else
+         f"{_cache} ({'warm' if any(_cache.iterdir()) else 'empty'})")
+print(f"import jaxmodel {IMPORT_S:.2f} s; persistent compilation cache: {CACHE}", flush=True)
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-import jaxmodel as jm  # noqa: I001  (before hw_db: the package wires hw_db up)
 import hw_db
 from jaxmodel.parallel.gemm_table import GemmTable
 

@@ -25,6 +25,25 @@ from jaxmodel.comm import *  # noqa: F401,F403,E402
 from jaxmodel.workload import *  # noqa: F401,F403,E402
 from jaxmodel.parallel import *  # noqa: F401,F403,E402
 from jaxmodel.cost import *  # noqa: F401,F403,E402
-from jaxmodel.search import *  # noqa: F401,F403,E402
 
 __version__ = "0.1.0"
+
+# Heavy optional dependencies (pandas, optax, matplotlib, tqdm) are imported inside the
+# functions that use them; the search package (pandas DataFrames) loads on first use of one of
+# its names, so ``import jaxmodel`` stays well under a second.
+from jaxmodel import search as _search_pkg  # noqa: E402  (lazy: its modules load on access)
+
+
+def __getattr__(name):
+    if name in _search_pkg.__all__:
+        return getattr(_search_pkg, name)
+    raise AttributeError(f"module 'jaxmodel' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_search_pkg.__all__))
+
+
+from jaxmodel import runtime as _runtime  # noqa: E402
+
+_runtime.configure_compilation_cache()   # JAXMODEL_CACHE_DIR / JAXMODEL_NO_CACHE, see runtime

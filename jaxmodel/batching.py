@@ -1,10 +1,22 @@
-"""The API edge: evaluate a single-configuration function on batched configurations.
+"""The API edge: evaluate a single-configuration function on many configurations.
 
-Convention 1 of docs/architecture.md: every formula is written for one configuration with scalar leaves;
-batching happens only here. :func:`batched` turns such a function into one that accepts config
-pytrees (and numeric arguments) whose leaves carry any common, broadcastable batch shape, runs
-one jitted ``vmap`` (chunked with ``lax.map(batch_size=...)`` for large batches) and returns
-outputs with that batch shape in front.
+Convention 1 of docs/architecture.md: every formula is written for one configuration with scalar
+leaves; batching happens only here, by one mechanism:
+
+- :func:`map_points` (traceable): a single-point function over the leading axis of a pytree of
+  inputs — padded to whole chunks by repeating the last row (:func:`pad_to_multiple`), run as
+  ``lax.map(fn, xs, batch_size=chunk)`` (one ``vmap`` when the batch fits one chunk), sharded
+  over the devices of a 1-D mesh with ``shard_map`` when several JAX devices are visible, and
+  sliced back to the real rows;
+- :func:`call_batched` / :func:`batched` turn a single-config function into one that accepts
+  config pytrees (and numeric arguments) whose leaves carry any common, broadcastable batch
+  shape: one jitted :func:`map_points` call, outputs with that batch shape in front;
+- :func:`map_blocks` (host side) runs a jitted batch function over rows in blocks of one fixed
+  width (one compilation for any row count), overlapping each block's device work with the
+  previous block's transfer, with a progress bar for long loops
+  (:class:`jaxmodel.runtime.progress_bar`);
+- :func:`dedup_map` evaluates a function once per distinct input row of a concrete batch and
+  gathers the results back (bit-identical to evaluating every row).
 
 Python strings, booleans, ``None`` and types among the arguments are static (they select code
 paths and are part of the compilation cache key); every other leaf is a float array.
@@ -22,13 +34,17 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+from jaxmodel.runtime import progress_bar
 
 DEFAULT_CHUNK = 4096
+AXIS = "d"   # name of the device axis of the sharding mesh
 
 
 def _is_static(leaf: Any) -> bool:
@@ -38,6 +54,70 @@ def _is_static(leaf: Any) -> bool:
 
 def _float_dtype():
     return jnp.result_type(float)
+
+
+def device_mesh(devices: Sequence | None = None) -> Mesh | None:
+    """1-D mesh (axis :data:`AXIS`) over ``devices`` (default: every JAX device, across
+    processes); None when there is only one device (nothing to shard)."""
+    devs = list(devices) if devices is not None else jax.devices()
+    return Mesh(np.asarray(devs), (AXIS,)) if len(devs) > 1 else None
+
+
+def pad_to_multiple(flat, chunk: int):
+    """Pad the leading axis of every array in the pytree ``flat`` to a multiple of ``chunk``
+    by repeating its last row (numpy arrays stay numpy, others become JAX arrays).
+
+    ``lax.map(batch_size=chunk)`` on a length that is not a multiple of ``chunk`` traces and
+    compiles the body twice (the scan and a separate vmap for the remainder), which doubles
+    compile time — the dominant cost of a large sweep. The padded rows repeat a real
+    configuration (never NaN) and are sliced off by the caller.
+    """
+    def pad(x):
+        n = x.shape[0]
+        extra = (-n) % chunk
+        if extra == 0:
+            return x
+        xp = np if isinstance(x, np.ndarray) else jnp
+        return xp.concatenate([x, xp.broadcast_to(x[-1:], (extra,) + x.shape[1:])])
+    return jax.tree_util.tree_map(pad, flat)
+
+
+def map_points(fn: Callable, xs, *, chunk: int = DEFAULT_CHUNK, mesh: Mesh | None = None,
+               shard: bool = True):
+    """``fn`` (one point → pytree) over the leading axis of the pytree ``xs``; traceable.
+
+    The batch is padded to whole chunks (per device), evaluated with
+    ``lax.map(fn, xs, batch_size=chunk)`` — or one ``vmap`` when a device's share fits one
+    chunk — and sliced back to its ``n`` rows. With several devices (``mesh``, default
+    :func:`device_mesh` when ``shard``; only for batches larger than one chunk) each device
+    evaluates a contiguous share under ``shard_map``; arrays ``fn`` closes over are
+    replicated. Results do not depend on the device count.
+    """
+    leaves = jax.tree_util.tree_leaves(xs)
+    n = leaves[0].shape[0]
+    if n == 0:
+        return jax.vmap(fn)(xs)
+    if mesh is None and shard and n > chunk:
+        mesh = device_mesh()
+    n_dev = mesh.devices.size if mesh is not None else 1
+    per_dev = -(-n // n_dev)
+    width = min(chunk, per_dev)
+    per_dev = -(-per_dev // width) * width
+
+    def local(x):
+        if per_dev <= width:
+            return jax.vmap(fn)(x)
+        return jax.lax.map(fn, x, batch_size=width)
+
+    padded = pad_to_multiple(xs, per_dev * n_dev)
+    if n_dev > 1:
+        out = jax.shard_map(local, mesh=mesh, in_specs=(P(AXIS),), out_specs=P(AXIS),
+                            check_vma=False)(padded)
+    else:
+        out = local(padded)
+    if per_dev * n_dev == n:
+        return out
+    return jax.tree_util.tree_map(lambda y: y[:n], out)
 
 
 @functools.partial(jax.jit, static_argnames=("fn", "treedef", "static", "positions", "chunk"))
@@ -61,30 +141,8 @@ def _run(dynamic, *, fn, treedef, static, positions, chunk):
     if shape == ():
         return rebuild([])
     flat = [jnp.broadcast_to(dynamic[i], shape).reshape(size) for i in mapped]
-    if size <= chunk:
-        out = jax.vmap(rebuild)(flat)
-    else:
-        out = jax.lax.map(rebuild, pad_to_multiple(flat, chunk), batch_size=chunk)
-        out = jax.tree_util.tree_map(lambda y: y[:size], out)
+    out = map_points(rebuild, flat, chunk=chunk)
     return jax.tree_util.tree_map(lambda y: y.reshape(shape + y.shape[1:]), out)
-
-
-def pad_to_multiple(flat, chunk: int):
-    """Pad the leading axis of every array in ``flat`` to a multiple of ``chunk`` by
-    repeating its last row.
-
-    ``lax.map(batch_size=chunk)`` on a length that is not a multiple of ``chunk`` traces and
-    compiles the body twice (the scan and a separate vmap for the remainder), which doubles
-    compile time — the dominant cost of a large sweep. The padded rows repeat a real
-    configuration (never NaN) and are sliced off by the caller.
-    """
-    def pad(x):
-        n = x.shape[0]
-        extra = (-n) % chunk
-        if extra == 0:
-            return x
-        return jnp.concatenate([x, jnp.broadcast_to(x[-1:], (extra,) + x.shape[1:])])
-    return jax.tree_util.tree_map(pad, flat)
 
 
 def call_batched(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, **kwargs):
@@ -131,3 +189,99 @@ def batch_shape(*trees: Any) -> tuple:
     shapes = [jnp.shape(x) for t in trees for x in jax.tree_util.tree_leaves(t)
               if not _is_static(x)]
     return tuple(jnp.broadcast_shapes(*shapes)) if shapes else ()
+
+
+def bucket_width(n: int, minimum: int = 64) -> int:
+    """The power of two ``>= max(n, minimum)``: batch widths that let calls of similar size
+    share one compilation."""
+    return max(int(minimum), 1 << max(0, math.ceil(math.log2(max(int(n), 1)))))
+
+
+def map_blocks(batch_fn: Callable, xs, *, width: int, to_host: Callable = np.asarray,
+               desc: str | None = None, unit: str = "row", units_per_row: int = 1,
+               total_units: int | None = None, progress: bool = True):
+    """Host-side loop: ``batch_fn`` over the rows of the pytree ``xs`` in blocks of exactly
+    ``width`` rows (the last one padded by repeating the final row), so a jitted ``batch_fn``
+    compiles once for any row count. Block ``b + 1`` is dispatched before block ``b``'s
+    result is copied to the host (``to_host``), so transfers overlap device work.
+
+    Each block's outputs carry a leading axis of ``R`` rows (``R = width`` for a row-wise
+    function); they are concatenated and cut to ``n · R / width`` rows. A progress bar
+    (``desc``, counting ``units_per_row`` per input row, at most ``total_units``) appears for
+    loops longer than a few seconds unless ``progress=False`` or output is quiet.
+    """
+    width = max(1, int(width))
+    leaves = jax.tree_util.tree_leaves(xs)
+    n = leaves[0].shape[0]
+    if n == 0:
+        raise ValueError("map_blocks: empty batch")
+    padded = pad_to_multiple(xs, width)
+    n_blocks = -(-n // width)
+    outs, pending = [], None
+    total = n * units_per_row if total_units is None else int(total_units)
+    with progress_bar(total, desc or getattr(batch_fn, "__name__", "batch"), unit,
+                      enabled=progress and n_blocks > 1) as bar:
+        for b in range(n_blocks):
+            block = jax.tree_util.tree_map(lambda x: x[b * width:(b + 1) * width], padded)
+            res = batch_fn(block)
+            if pending is not None:
+                outs.append(jax.tree_util.tree_map(to_host, pending[0]))
+                bar.update(pending[1])
+            done = b * width * units_per_row
+            pending = (res, max(0, min(width * units_per_row, total - done)))
+        outs.append(jax.tree_util.tree_map(to_host, pending[0]))
+        bar.update(pending[1])
+
+    def cat(*ys):
+        y = np.concatenate(ys) if len(ys) > 1 else ys[0]
+        return y[:n * (y.shape[0] // n_blocks) // width]
+    return jax.tree_util.tree_map(cat, *outs)
+
+
+def dedup_map(fn: Callable, inputs: tuple, *, shape: tuple | None = None,
+              chunk: int | None = None, **kwargs):
+    """``call_batched(fn, *inputs, **kwargs)`` evaluated once per distinct input row.
+
+    ``inputs`` is a tuple of positional arguments (config pytrees, numbers) with concrete
+    leaves broadcastable to ``shape`` (default: their common batch shape). Leaves constant
+    over the batch are passed as scalars (unmapped: XLA folds them, and they do not enter the
+    comparison); the rows of the varying leaves are reduced with an exact ``numpy.unique``,
+    ``fn`` runs on the distinct rows only, and the outputs are gathered back — bit-identical
+    to evaluating every row. Static leaves (strings, booleans, None) pass through;
+    ``kwargs`` go unchanged to every evaluation (static options, or numbers without the batch
+    axis).
+
+    Returns:
+        ``fn``'s output pytree with ``shape`` in front of every leaf.
+
+    Raises:
+        ValueError: an empty batch, or traced (non-concrete) inputs.
+    """
+    kw = {} if chunk is None else {"chunk": int(chunk)}
+    shape = tuple(batch_shape(*inputs)) if shape is None else tuple(shape)
+    leaves, tree = jax.tree_util.tree_flatten(tuple(inputs))
+    n = math.prod(shape)
+    if n == 0:
+        raise ValueError("dedup_map: empty batch")
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        raise ValueError("dedup_map: inputs must be concrete (de-duplication runs on the host)")
+    dyn = [i for i, x in enumerate(leaves) if not _is_static(x)]
+    cols = {i: np.broadcast_to(np.asarray(leaves[i]), shape).reshape(n) for i in dyn}
+    varying = [i for i in dyn if cols[i].min() != cols[i].max()]
+    if varying:
+        _, first, inverse = np.unique(np.stack([cols[i] for i in varying], axis=1), axis=0,
+                                      return_index=True, return_inverse=True)
+    else:
+        first, inverse = np.zeros(1, dtype=int), np.zeros(n, dtype=int)
+    new = list(leaves)
+    for i in dyn:
+        new[i] = jnp.asarray(cols[i][first]) if i in varying else jnp.asarray(cols[i][0])
+    sub = jax.tree_util.tree_unflatten(tree, new)
+    out_u = call_batched(fn, *sub, **kw, **kwargs)
+    inverse = np.asarray(inverse).reshape(n)
+
+    def gather(v):
+        v = np.asarray(v)
+        v = v.reshape((1,) + v.shape) if not varying else v
+        return jnp.asarray(v[inverse].reshape(shape + v.shape[1:]))
+    return jax.tree_util.tree_map(gather, out_u)

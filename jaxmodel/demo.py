@@ -37,13 +37,16 @@ MODELS = ("gpt3-175b", "llama3-70b")
 
 
 class Progress:
-    """Section timer printing ``[demo t=…s] message`` lines."""
+    """Section timer printing ``[demo t=…s] message`` lines (silenced by ``--quiet`` or
+    ``JAXMODEL_QUIET=1``)."""
 
     def __init__(self):
         self.t0 = time.perf_counter()
 
     def __call__(self, msg: str):
-        print(f"[demo {time.perf_counter() - self.t0:6.1f}s] {msg}", flush=True)
+        from jaxmodel import runtime
+        if not runtime.quiet():
+            print(f"[demo {time.perf_counter() - self.t0:6.1f}s] {msg}", flush=True)
 
 
 def stack(objs):
@@ -256,6 +259,8 @@ def main(argv=None) -> int:
         "\n")[0])
     ap.add_argument("--out", default="demo_out", help="output folder")
     ap.add_argument("--quick", action="store_true", help="smaller sweep, search and co-design")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress output (as JAXMODEL_QUIET=1); the summary still prints")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -263,23 +268,32 @@ def main(argv=None) -> int:
     say(f"jaxmodel demo → {out}/ (JAX {jax.__version__}, {jax.device_count()} "
         f"{jax.devices()[0].platform} device(s))")
     import jaxmodel  # noqa: F401  (import cost inside the timed run)
+    from jaxmodel.runtime import set_quiet, stage
+    if a.quiet:
+        set_quiet(True)
     summary = {}
-    pred = predictions(out, say)
+    # each stage reports its wall time split into compile and run (stderr, when > 2 s)
+    with stage("demo 1/5 predictions"):
+        pred = predictions(out, say)
     summary["predictions"] = pred.round(4).to_dict(orient="records")
-    roofline(out, say)
-    sw = hardware_sweep(out, say, a.quick)
+    with stage("demo 2/5 roofline"):
+        roofline(out, say)
+    with stage("demo 3/5 hardware sweep"):
+        sw = hardware_sweep(out, say, a.quick)
     feas = sw[sw.fits_memory]
     best = feas.loc[feas.usd_per_mtok.idxmin()]
     summary["hardware_sweep"] = {"n_designs": len(sw), "n_feasible": len(feas),
                                  "best_usd_per_mtok": {k: float(best[k]) for k in best.index
                                                        if k != "fits_memory"}}
-    se = parallelism_search(out, say, a.quick)
+    with stage("demo 4/5 parallelism search"):
+        se = parallelism_search(out, say, a.quick)
     cols = ["dp", "tp", "pp", "sp", "micro_batch", "interleave", "schedule", "recompute",
             "zero", "flash_attention", "step_time_s", "mfu"]
     summary["parallelism_search"] = {"n_plans": int(se.attrs["n_evaluated"]),
                                      "best": {k: (v if isinstance(v, str) else float(v))
                                               for k, v in se.iloc[0][cols].items()}}
-    summary["codesign"] = codesign_run(out, say, a.quick)
+    with stage("demo 5/5 co-design"):
+        summary["codesign"] = codesign_run(out, say, a.quick)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
 
     print("\n=== summary ===")

@@ -4,10 +4,16 @@
   is an error rather than a silent wrong answer;
 - float64 is enabled: gradient checks compare against finite differences in float64. Models
   themselves run in the default float dtype, so float32 behaviour is tested by the
-  ``float32`` fixture where it matters.
+  ``float32`` fixture where it matters;
+- jaxmodel's persistent compilation cache (jaxmodel.runtime) stays off: the suite tests the
+  code, not executables cached by an earlier run, and writes nothing into the user's home.
+  Setting ``JAXMODEL_CACHE_DIR`` (or JAX's own ``JAX_COMPILATION_CACHE_DIR``) opts back in.
 """
 
+import os
 
+if not os.environ.get("JAXMODEL_CACHE_DIR"):
+    os.environ.setdefault("JAXMODEL_NO_CACHE", "1")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -103,3 +103,223 @@ def test_chunked_path_pads_to_whole_chunks_and_matches_vmap():
     chunked = call_batched(_toy.single, batch, 1e9, chunk=3)   # 3 chunks, last one padded
     assert chunked.shape == (7,)
     np.testing.assert_allclose(chunked, whole, rtol=1e-12)
+
+
+# --- the one batching mechanism: map_points, map_blocks, dedup_map, sharding, progress ------
+
+def _point(x):
+    """A single-point function with a candidate axis and a masked min (as the tile search)."""
+    cand = jnp.array([1.0, 2.0, 3.0, 5.0])
+    t = x["a"] / cand + cand * x["b"]
+    return {"t": jnp.min(jnp.where(cand <= x["b"] * 10.0, t, jnp.inf)), "s": x["a"] * 2.0}
+
+
+def _rows(n):
+    rng = np.random.default_rng(0)
+    return {"a": jnp.asarray(rng.uniform(1, 10, n)), "b": jnp.asarray(rng.uniform(0.1, 1, n))}
+
+
+@pytest.mark.parametrize("n,chunk", [(1, 4), (7, 3), (12, 4), (13, 4), (100, 128)])
+def test_map_points_chunked_equals_unchunked_equals_loop(n, chunk):
+    from jaxmodel.batching import map_points
+    xs = _rows(n)
+    chunked = jax.jit(lambda x: map_points(_point, x, chunk=chunk))(xs)
+    whole = jax.jit(jax.vmap(_point))(xs)
+    loop = [jax.jit(_point)({k: v[i] for k, v in xs.items()}) for i in range(n)]
+    # equal up to the last bit or two: XLA may vectorise a chunk of 3 and one of 7 rows
+    # differently (fused multiply-adds), the formulas are the same
+    for key in ("t", "s"):
+        assert chunked[key].shape == (n,)
+        np.testing.assert_allclose(chunked[key], whole[key], rtol=1e-15, atol=0)
+        np.testing.assert_allclose(chunked[key], [r[key] for r in loop], rtol=1e-15, atol=0)
+
+
+def test_map_points_empty_batch():
+    from jaxmodel.batching import map_points
+    out = jax.jit(lambda x: map_points(_point, x, chunk=4))(_rows(0))
+    assert out["t"].shape == (0,)
+
+
+def test_pad_to_multiple_repeats_last_row_exactly():
+    from jaxmodel.batching import pad_to_multiple
+    x = np.arange(10.0).reshape(5, 2)
+    p = pad_to_multiple({"x": x, "y": jnp.arange(5.0)}, 4)
+    assert isinstance(p["x"], np.ndarray) and p["x"].shape == (8, 2)
+    np.testing.assert_array_equal(p["x"][:5], x)
+    np.testing.assert_array_equal(p["x"][5:], np.repeat(x[-1:], 3, axis=0))
+    np.testing.assert_array_equal(p["y"], [0, 1, 2, 3, 4, 4, 4, 4])
+    assert pad_to_multiple({"x": x}, 5)["x"] is x        # already whole: untouched
+
+
+def test_map_blocks_fixed_width_compiles_once():
+    from jaxmodel.batching import map_blocks
+    traces = []
+
+    @jax.jit
+    def batch_fn(x):
+        traces.append(x["a"].shape)
+        return jax.vmap(_point)(x)
+
+    for n in (23, 5, 8):
+        out = map_blocks(batch_fn, _rows(n), width=8, progress=False)
+        ref = jax.jit(jax.vmap(_point))(_rows(n))
+        assert out["t"].shape == (n,) and isinstance(out["t"], np.ndarray)
+        np.testing.assert_allclose(out["t"], ref["t"], rtol=1e-15, atol=0)
+    assert traces == [(8,)]                               # one shape, one compilation
+
+
+def test_map_blocks_trims_row_multiples():
+    from jaxmodel.batching import map_blocks
+    out = map_blocks(lambda s: jnp.arange(6) + 6 * s[0], np.arange(3), width=1,
+                     progress=False)
+    np.testing.assert_array_equal(out, np.arange(18))
+
+
+def test_dedup_map_equals_evaluating_every_row():
+    from jaxmodel.batching import call_batched, dedup_map
+    dev = hw_db.device("a100_80gb")
+    bws = jnp.asarray([1e12, 2e12, 1e12, 3e12, 2e12, 1e12])
+    ms = jnp.asarray([[1e9], [1e8]])                       # broadcasts to (2, 6)
+    batch = dataclasses.replace(dev, mem_bw=bws)
+    calls = []
+
+    def counted(d, m, mode="sum"):
+        calls.append(jnp.shape(d.mem_bw))
+        return {"t": _toy.single(d, m, mode=mode), "pair": jnp.stack([d.mem_bw, m])}
+
+    got = dedup_map(counted, (batch, ms), mode="max")
+    full = call_batched(counted, batch, ms, mode="max")
+    assert calls[0] == ()                                  # traced per point
+    assert got["t"].shape == (2, 6) and got["pair"].shape == (2, 6, 2)
+    np.testing.assert_array_equal(got["t"], full["t"])
+    np.testing.assert_array_equal(got["pair"], full["pair"])
+    # constant inputs: one evaluation, broadcast back
+    one = dedup_map(counted, (dev, 1e9), shape=(3,))
+    np.testing.assert_array_equal(one["t"], np.full(3, float(_toy(dev, 1e9, mode="sum"))))
+
+
+def test_dedup_map_reduces_to_unique_rows():
+    from jaxmodel import batching
+    seen = []
+    orig = batching.call_batched
+
+    def spy(fn, *args, **kwargs):
+        seen.append(batch_shape(*args))
+        return orig(fn, *args, **kwargs)
+
+    batching.call_batched = spy
+    try:
+        batching.dedup_map(lambda a, b: a * b, (jnp.asarray([1., 2., 1., 2.]),
+                                                jnp.asarray([5., 5., 5., 6.])))
+    finally:
+        batching.call_batched = orig
+    assert seen == [(3,)]                                  # rows (1,5), (2,5), (2,6)
+
+
+def test_multi_device_sharding_matches_one_device():
+    """Four host devices: map_points shards over them (shard_map in the jaxpr), and
+    call_batched and sweep give the same numbers as a single device."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = r'''
+import dataclasses, json
+import jax, jax.numpy as jnp, numpy as np
+import hw_db, jaxmodel as jm
+from jaxmodel.batching import call_batched, map_points
+assert jax.device_count() == 4, jax.devices()
+f = lambda x: jnp.sin(x) * x
+jaxpr = str(jax.make_jaxpr(lambda x: map_points(f, x, chunk=4))(jnp.arange(10.0)))
+dev = hw_db.device("a100_80gb")
+batch = dataclasses.replace(dev, mem_bw=jnp.linspace(1e12, 3e12, 37))
+t = call_batched(jm.ops.gemm.gemm_latency.single, batch, 512.0, 1024.0, 2048.0, chunk=8)
+df = jm.sweep(jm.gemm_latency, dev, 1024, 1024, 1024, chunk=4, progress=False,
+              grid={"dev.mem_bw": [1e12, 2e12, 3e12], "dev.core_count": [54, 108, 132]})
+print(json.dumps({"shard": "shard_map" in jaxpr, "t": np.asarray(t).tolist(),
+                  "sweep": df["gemm_latency"].tolist(), "n_devices": df.attrs["n_devices"]}))
+'''
+    root = Path(__file__).resolve().parents[1]
+
+    def run(n_dev):
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n_dev}",
+                   JAX_PLATFORMS="cpu", JAXMODEL_NO_CACHE="1", PYTHONPATH=str(root))
+        r = subprocess.run([sys.executable, "-c", code.replace("== 4", f"== {n_dev}")],
+                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        import json
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    four, one = run(4), run(1)
+    assert four["shard"] and not one["shard"]
+    assert four["n_devices"] == 4 and one["n_devices"] == 1
+    np.testing.assert_array_equal(four["t"], one["t"])
+    np.testing.assert_array_equal(four["sweep"], one["sweep"])
+
+
+def test_progress_is_quiet_on_request(capsys, monkeypatch):
+    from jaxmodel import runtime
+    runtime.set_quiet(None)
+    monkeypatch.delenv("JAXMODEL_QUIET", raising=False)
+    with runtime.stage("toy stage", show_after=0.0):
+        pass
+    with runtime.progress_bar(3, "toy loop", show_after=0.0) as bar:
+        for _ in range(3):
+            bar.update(1)
+    err = capsys.readouterr().err
+    assert "[jaxmodel] toy stage:" in err and "compile" in err and "toy loop" in err
+    monkeypatch.setenv("JAXMODEL_QUIET", "1")
+    with runtime.stage("toy stage", show_after=0.0):
+        pass
+    with runtime.progress_bar(3, "toy loop", show_after=0.0) as bar:
+        bar.update(3)
+    runtime.set_quiet(True)
+    monkeypatch.delenv("JAXMODEL_QUIET")
+    with runtime.stage("toy stage", show_after=0.0):
+        pass
+    runtime.set_quiet(None)
+    assert capsys.readouterr().err == ""
+
+
+def test_stage_separates_compile_time():
+    from jaxmodel import runtime
+    runtime.compile_seconds()
+
+    @jax.jit
+    def f(x):
+        return jnp.sum(jnp.sin(x) ** 2)
+
+    with runtime.stage("compile", show_after=1e9) as info:
+        f(jnp.arange(17.0)).block_until_ready()
+    assert 0.0 < info["compile_s"] <= info["wall_s"]
+    y = (jnp.arange(17.0) + 1.0).block_until_ready()
+    with runtime.stage("cached", show_after=1e9) as info:
+        f(y).block_until_ready()
+    assert info["compile_s"] == 0.0
+
+
+def test_compilation_cache_configuration(tmp_path):
+    """import jaxmodel turns JAX's persistent cache on in JAXMODEL_CACHE_DIR (per host type),
+    leaves a user's own JAX cache setting alone, and JAXMODEL_NO_CACHE=1 turns it off."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    code = ("import jax, jaxmodel; print(jax.config.jax_compilation_cache_dir, "
+            "jax.config.jax_persistent_cache_min_compile_time_secs)")
+
+    def run(**env):
+        e = {k: v for k, v in os.environ.items()
+             if k not in ("JAXMODEL_CACHE_DIR", "JAXMODEL_NO_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+        e.update(env, PYTHONPATH=str(root))
+        r = subprocess.run([sys.executable, "-c", code], cwd=root, env=e, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.split()
+
+    path, min_s = run(JAXMODEL_CACHE_DIR=str(tmp_path / "c"))
+    assert Path(path).parent == tmp_path / "c" and Path(path).name.startswith("host-")
+    assert Path(path).is_dir() and float(min_s) > 0
+    assert run(JAXMODEL_CACHE_DIR=str(tmp_path / "c"), JAXMODEL_NO_CACHE="1")[0] == "None"
+    assert run(JAX_COMPILATION_CACHE_DIR=str(tmp_path / "mine"))[0] == str(tmp_path / "mine")

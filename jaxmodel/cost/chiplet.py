@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmodel.batching import pad_to_multiple
+from jaxmodel.batching import map_points
 from jaxmodel.cost import wafer
 from jaxmodel.numerics import safe_div
 
@@ -759,11 +759,7 @@ def _run(system: ChipletSystem, *, dpw_mode, k_max, rows, chunk):
               for k, v in system.chip.items()},
         layer={k: jnp.broadcast_to(v, shape + (n, nl)).reshape(size, n, nl)
                for k, v in system.layer.items()})
-    if size <= chunk:
-        out = jax.vmap(fn)(flat)
-    else:
-        out = jax.lax.map(fn, pad_to_multiple(flat, chunk), batch_size=chunk)
-        out = jax.tree_util.tree_map(lambda y: y[:size], out)
+    out = map_points(fn, flat, chunk=chunk)
     return jax.tree_util.tree_map(lambda y: y.reshape(shape + y.shape[1:]), out)
 
 

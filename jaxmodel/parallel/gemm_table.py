@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmodel import ops as _ops
+from jaxmodel.batching import bucket_width, map_blocks
 from jaxmodel.types import Device
 
 _FIELDS = ("m", "n", "k", "batch", "dtype_bytes", "sa_mac_per_cycle")
@@ -142,14 +143,15 @@ class GemmTable:
                              "(a table is valid for one device)")
         if len(shapes) == 0:
             return cls(shapes, np.zeros(0))
-        # one batched tile search; the batch is padded to a power of two (>= 64) so tables of
-        # similar size share one compilation
-        size = max(64, 1 << int(np.ceil(np.log2(len(shapes)))))
-        padded = np.concatenate([shapes, np.repeat(shapes[:1], size - len(shapes), axis=0)])
-        cols = [jnp.asarray(padded[:, j]) for j in range(len(_FIELDS))]
-        t = _ops.gemm_latency(dataclasses.replace(dev, sa_mac_per_cycle=cols[5]), cols[0],
-                              cols[1], cols[2], batch=cols[3], dtype_bytes=cols[4])
-        times = np.asarray(t, dtype=np.float64)[:len(shapes)]
+        # one batched tile search, its width a power of two (>= 64) so tables of similar size
+        # share one compilation; column 5 is the systolic rate of the row's compute dtype
+        def tile_search(rows):
+            d = dataclasses.replace(dev, sa_mac_per_cycle=rows[:, 5])
+            return _ops.gemm_latency(d, rows[:, 0], rows[:, 1], rows[:, 2], batch=rows[:, 3],
+                                     dtype_bytes=rows[:, 4])
+        t = map_blocks(tile_search, jnp.asarray(shapes), width=bucket_width(len(shapes), 64),
+                       progress=False)
+        times = np.asarray(t, dtype=np.float64)
         return cls(shapes, times)
 
     @classmethod

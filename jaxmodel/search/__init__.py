@@ -7,9 +7,24 @@ Modules: :mod:`~jaxmodel.search.grid` (spec parsing, index arithmetic),
 :mod:`~jaxmodel.search.objectives` (hardware knobs and co-design objectives).
 """
 
-from jaxmodel.search.explore import save, sweep
-from jaxmodel.search.optimize import CodesignResult, codesign
-from jaxmodel.search.parallelism import enumerate_plans, search_parallelism
+import importlib
+
+# name -> module; modules are imported on first access (pandas and optax load with them)
+_LAZY = {"sweep": "explore", "save": "explore", "codesign": "optimize",
+         "CodesignResult": "optimize", "search_parallelism": "parallelism",
+         "enumerate_plans": "parallelism"}
 
 __all__: list[str] = ["sweep", "save", "codesign", "CodesignResult", "search_parallelism",
                       "enumerate_plans"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"jaxmodel.search.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'jaxmodel.search' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

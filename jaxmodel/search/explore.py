@@ -9,12 +9,14 @@ docs/architecture.md, convention 1) over
 - and/or config arguments whose leaves already carry a batch axis (``dataclasses.replace(dev,
   mem_bw=array)``); the grid is then repeated for every batch element.
 
-Work is split into blocks (one jitted call each, the progress-bar step); a block is sharded
-over every JAX device with ``shard_map`` on a 1-D mesh (each device derives its own index range
-from ``lax.axis_index``, so nothing but a scalar start crosses the host link) and each shard
-runs ``lax.map(batch_size=chunk)`` (convention 3: chunked evaluation keeps the candidate
-tensors of the tile search small). Under ``jax.distributed`` the mesh spans every process and
-the results are all-gathered, so the same code runs on a pod.
+Work is split into blocks of design points (one jitted call each, the progress-bar step), driven
+by :func:`jaxmodel.batching.map_blocks` (the next block is dispatched before the previous one is
+copied back). Inside a block, :func:`jaxmodel.batching.map_points` evaluates the points: the
+block's index range is built inside the jitted call (nothing but a scalar start crosses the host
+link), sharded over every JAX device with ``shard_map`` on a 1-D mesh, and each shard runs
+``lax.map(batch_size=chunk)`` (convention 3: chunked evaluation keeps the candidate tensors of
+the tile search small). Under ``jax.distributed`` the mesh spans every process and the results
+are all-gathered, so the same code runs on a pod.
 
 Results come back as a :class:`pandas.DataFrame`, one row per design point: one column per knob
 (and per batched leaf), one per scalar output leaf (dataclass fields, dict keys, tuple items;
@@ -36,21 +38,19 @@ import functools
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
-from jax.sharding import Mesh, PartitionSpec as P
 
-from jaxmodel.batching import DEFAULT_CHUNK, _is_static
+from jaxmodel.batching import DEFAULT_CHUNK, _is_static, device_mesh, map_blocks, map_points
 from jaxmodel.search.grid import Grid, leaf_names, resolve
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 __all__ = ["sweep", "save", "output_names"]
-
-_AXIS = "d"
-
 
 def output_names(tree: Any, default: str = "value") -> list[str]:
     """Column names of the leaves of an output pytree (dots between nested names)."""
@@ -71,17 +71,14 @@ def output_names(tree: Any, default: str = "value") -> list[str]:
     return names
 
 
-def _mesh(devices=None) -> Mesh:
-    devs = list(devices) if devices is not None else jax.devices()
-    return Mesh(np.asarray(devs), (_AXIS,))
-
-
 @functools.partial(jax.jit, static_argnames=(
     "fn", "treedef", "static", "positions", "knob_pos", "strides", "sizes", "grid_size",
-    "batch_size", "n_total", "per_device", "chunk", "mesh"))
-def _block(start, dynamic, knob_values, consts, *, fn, treedef, static, positions, knob_pos, strides,
-           sizes, grid_size, batch_size, n_total, per_device, chunk, mesh):
-    """Evaluate design points ``start .. start + per_device · n_devices`` (clamped)."""
+    "batch_size", "n_total", "step", "chunk", "mesh"))
+def _block(start, dynamic, knob_values, consts, *, fn, treedef, static, positions, knob_pos,
+           strides, sizes, grid_size, batch_size, n_total, step, chunk, mesh):
+    """Evaluate design points ``start .. start + step`` (indices clamped to the last point)
+    with :func:`jaxmodel.batching.map_points`: the index range is built inside the jitted
+    call (and sharded with it), so only the scalar ``start`` crosses the host link."""
 
     def point(i):
         b = i // grid_size
@@ -94,17 +91,8 @@ def _block(start, dynamic, knob_values, consts, *, fn, treedef, static, position
         args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
         return fn(*args, **kwargs, **consts)
 
-    def shard(start_, dynamic_, knob_values_, consts_):
-        del dynamic_, knob_values_, consts_  # closed over; kept replicated by in_specs
-        base = start_ + jax.lax.axis_index(_AXIS) * per_device
-        idx = jnp.minimum(base + jnp.arange(per_device, dtype=jnp.int32), n_total - 1)
-        if per_device <= chunk:
-            return jax.vmap(point)(idx)
-        return jax.lax.map(point, idx, batch_size=chunk)
-
-    run = jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(), P(), P()), out_specs=P(_AXIS),
-                        check_vma=False)
-    return run(start, dynamic, knob_values, consts)
+    idx = jnp.minimum(start + jnp.arange(step, dtype=jnp.int32), n_total - 1)
+    return map_points(point, idx, chunk=chunk, mesh=mesh, shard=False)
 
 
 def _to_host(tree):
@@ -128,7 +116,8 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
         chunk: design points per ``lax.map`` step on each device.
         grid: ``{knob: values}`` cartesian spec (see :mod:`jaxmodel.search.grid`); rows vary
             the last knob fastest, as ``itertools.product``. Repeated for each batch element.
-        progress: show a tqdm bar when the sweep takes several blocks.
+        progress: show a progress bar (stderr) when the sweep takes several blocks and more
+            than a few seconds (``JAXMODEL_QUIET=1`` silences it).
         devices: JAX devices to shard over (default: all, across processes).
         block: design points per jitted call and device (default: up to 16 chunks).
         labels: show the spec's own labels (e.g. schedule names) in knob columns.
@@ -177,8 +166,9 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
         raise ValueError(f"sweep: {n_total} design points exceed the int32 index range; "
                          f"split the spec")
 
-    mesh = _mesh(devices)
-    n_dev = mesh.devices.size
+    devs = list(devices) if devices is not None else jax.devices()
+    mesh = device_mesh(devs)
+    n_dev = len(devs)
     chunk = max(1, int(chunk))
     per_dev_needed = -(-n_total // n_dev)
     if block is None:
@@ -192,28 +182,15 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     statics = dict(fn=single, treedef=treedef, static=tuple(static),
                    positions=tuple(positions), knob_pos=knob_pos, strides=g.strides,
                    sizes=g.sizes, grid_size=n_grid, batch_size=n_batch, n_total=n_total,
-                   per_device=per_device, chunk=chunk, mesh=mesh)
+                   step=step, chunk=chunk, mesh=mesh)
     knob_values = tuple(jnp.asarray(v, dtype=dtype) for v in g.values)
     consts = dict(consts or {})
-    bar = None
-    if progress and n_blocks > 1:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=n_total, unit="pt", desc=f"sweep {getattr(fn, '__name__', 'fn')}",
-                   unit_scale=True)
-    outs, pending = [], None
-    for b in range(n_blocks):
-        res = _block(jnp.int32(b * step), dynamic, knob_values, consts, **statics)
-        if pending is not None:  # overlap the next block's compute with this transfer
-            outs.append(_to_host(pending[0]))
-            if bar is not None:
-                bar.update(pending[1])
-        pending = (res, min(step, n_total - b * step))
-    outs.append(_to_host(pending[0]))
-    if bar is not None:
-        bar.update(pending[1])
-        bar.close()
-
-    out_tree = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs)[:n_total], *outs)
+    starts = np.arange(n_blocks, dtype=np.int32) * step
+    out_tree = map_blocks(
+        lambda s: _block(jnp.int32(s[0]), dynamic, knob_values, consts, **statics), starts,
+        width=1, to_host=_to_host, desc=f"sweep {getattr(fn, '__name__', 'fn')}", unit="pt",
+        units_per_row=step, total_units=n_total, progress=progress)
+    out_tree = jax.tree_util.tree_map(lambda y: y[:n_total], out_tree)
     flat_out, _ = jax.tree_util.tree_flatten(out_tree)
     names = output_names(out_tree, default=getattr(fn, "__name__", "value"))
 
@@ -234,6 +211,7 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
                 cols[f"{name}[{j}]"] = val[:, j]
         else:
             cols[name] = val
+    import pandas as pd   # imported here: ``import jaxmodel`` stays fast
     df = pd.DataFrame(cols)
     df.attrs.update(n_evaluated=int(n_total), wall_s=time.perf_counter() - t0,
                     n_devices=int(n_dev), n_blocks=int(n_blocks))

@@ -44,9 +44,9 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from jaxmodel.batching import pad_to_multiple
+from jaxmodel.batching import map_blocks
+from jaxmodel.runtime import stage
 
 __all__ = ["codesign", "CodesignResult"]
 
@@ -82,15 +82,6 @@ def _pattern_search(batch_fn, x, v, lo, hi, int_idx, budget, dtype):
         else:
             h /= 2.0
     return x, v, used
-
-
-def _fixed_width(batch_fn, rows, width: int, dtype) -> np.ndarray:
-    """``batch_fn`` over ``rows`` in blocks of exactly ``width`` rows (the last one padded by
-    repeating its final row), so a jitted ``batch_fn`` compiles once for any row count."""
-    rows = jnp.asarray(np.asarray(rows, dtype=float), dtype)
-    (padded,) = pad_to_multiple([rows], width)
-    out = [np.asarray(batch_fn(padded[i:i + width])) for i in range(0, len(padded), width)]
-    return np.concatenate(out)[:len(rows)].astype(float)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +181,7 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
     steps, n_starts = int(steps), int(n_starts)
     if steps < 1 or n_starts < 1:
         raise ValueError(f"codesign: steps and n_starts must be >= 1, got {steps}, {n_starts}")
+    import optax   # imported here: ``import jaxmodel`` stays fast
     dtype = jnp.result_type(float)
     lo_j, span_j = jnp.asarray(lo, dtype), jnp.asarray(hi - lo, dtype)
 
@@ -245,7 +237,8 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
                                              length=steps)
             return to_u(w_last), hist
 
-    u_last, (vals, us, n_ev) = jax.jit(jax.vmap(run))(starts)
+    with stage(f"codesign: {steps} {optimizer} steps x {n_starts} start(s)"):
+        u_last, (vals, us, n_ev) = jax.block_until_ready(jax.jit(jax.vmap(run))(starts))
     vals, us = np.asarray(vals).T, np.asarray(us).transpose(1, 0, 2)  # (steps, starts, ...)
     n_grad = steps * n_starts
     n_evals = int(np.asarray(n_ev).sum())
@@ -262,7 +255,9 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
             v = jnp.asarray(fn({k: x[i] for i, k in enumerate(keys)}), dtype)
             return jnp.where(jnp.isfinite(v), v, jnp.inf)
         jitted = jax.jit(jax.vmap(at_x))
-        return lambda x_rows: _fixed_width(jitted, x_rows, width, dtype)
+        return lambda x_rows: map_blocks(
+            jitted, jnp.asarray(np.asarray(x_rows, dtype=float), dtype), width=width,
+            progress=False).astype(float)
 
     objective_batch = x_batch_fn(objective)
     x_final = np.exp(lo + np.clip(np.asarray(u_last, dtype=float), 0, 1) * (hi - lo))
@@ -295,14 +290,16 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
         cands.extend(itertools.product(*options))
     cands = np.unique(np.asarray(cands, dtype=float), axis=0)
     exact_batch = objective_batch if exact is None else x_batch_fn(exact)
-    cand_vals = np.asarray(exact_batch(cands))
-    n_evals += len(cands)
-    j = int(np.argmin(cand_vals))
-    best_x, best_v = cands[j].copy(), float(cand_vals[j])
-    if polish > 0:
-        best_x, best_v, used = _pattern_search(exact_batch, best_x, best_v, lo, hi, int_idx,
-                                               int(polish), dtype)
-        n_evals += used
+    with stage(f"codesign: {len(cands)} rounded candidate(s)"
+               + (f", pattern search ({int(polish)} evaluations)" if polish > 0 else "")):
+        cand_vals = np.asarray(exact_batch(cands))
+        n_evals += len(cands)
+        j = int(np.argmin(cand_vals))
+        best_x, best_v = cands[j].copy(), float(cand_vals[j])
+        if polish > 0:
+            best_x, best_v, used = _pattern_search(exact_batch, best_x, best_v, lo, hi,
+                                                   int_idx, int(polish), dtype)
+            n_evals += used
     params = {k: float(best_x[i]) for i, k in enumerate(keys)}
     x_last = np.exp(lo + np.clip(np.asarray(u_last), 0, 1) * (hi - lo))
     return CodesignResult(

@@ -4,6 +4,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -135,6 +136,27 @@ def test_sweep_blocks_and_padding(dev):
     pd.testing.assert_frame_equal(a, b)
 
 
+def test_sweep_progress_bar_and_quiet(dev, capsys, monkeypatch):
+    """Several blocks: a progress bar on stderr once the loop runs longer than the threshold
+    (0 s here); JAXMODEL_QUIET=1 or progress=False silence it; the numbers do not change."""
+    from jaxmodel import runtime
+    monkeypatch.setattr(runtime, "SHOW_AFTER_S", 0.0)
+    monkeypatch.delenv("JAXMODEL_QUIET", raising=False)
+    runtime.set_quiet(None)
+    spec = {"dev.mem_bw": np.linspace(1e11, 3e12, 7), "par.tp": [1, 2, 4, 8, 16]}
+    args = (roofline, dev, 64.0, 8192, 8192, jm.Parallelism())
+    shown = jm.sweep(*args, grid=spec, chunk=4, block=8)
+    err = capsys.readouterr().err
+    assert "sweep roofline" in err and re.search(r"35(\.0)?/35(\.0)? ", err)
+    monkeypatch.setenv("JAXMODEL_QUIET", "1")
+    quiet = jm.sweep(*args, grid=spec, chunk=4, block=8)
+    monkeypatch.delenv("JAXMODEL_QUIET")
+    off = jm.sweep(*args, grid=spec, chunk=4, block=8, progress=False)
+    assert capsys.readouterr().err == ""
+    pd.testing.assert_frame_equal(shown, quiet)
+    pd.testing.assert_frame_equal(shown, off)
+
+
 _SHARDED = textwrap.dedent("""
     import os, sys, jax
     jax.config.update("jax_enable_x64", True)
@@ -153,7 +175,7 @@ _SHARDED = textwrap.dedent("""
 def test_sharded_over_4_cpu_devices_equals_single_device(dev, tmp_path):
     out = tmp_path / "sharded.pkl"
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu")
+               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     script = tmp_path / "run.py"
     script.write_text(_SHARDED.format(here=str(Path(__file__).parent)))
     subprocess.run([sys.executable, str(script), str(out)], check=True, env=env, cwd=ROOT,

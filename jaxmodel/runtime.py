@@ -1,0 +1,213 @@
+"""Process-level runtime settings: JAX's persistent compilation cache, progress reporting.
+
+Compilation cache
+    :func:`configure_compilation_cache` (called once by ``import jaxmodel``) turns on JAX's
+    persistent compilation cache in a per-user directory — ``$JAXMODEL_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/jaxmodel/jax``, else ``~/.cache/jaxmodel/jax``; one subdirectory per
+    host CPU type — unless
+
+    - ``JAXMODEL_NO_CACHE=1`` is set, or
+    - the user configured JAX's cache already (``jax_compilation_cache_dir`` set, e.g. by
+      ``JAX_COMPILATION_CACHE_DIR``, or ``jax_enable_compilation_cache`` turned off).
+
+    JAX keys each entry by the HLO module, the compile options, the backend and the jaxlib
+    version, so a new jaxlib or a changed model recompiles; a hit returns the executable XLA
+    would have built (results are identical). Compilations longer than :data:`MIN_COMPILE_S`
+    are stored: besides the tile searches (tens of seconds to compile) a prediction runs some
+    30 small jits of 0.1–1 s each, worth seconds together; reading an entry back costs
+    milliseconds. Tracing and lowering to MLIR are not cached (JAX redoes them in every
+    process), so they set the floor of a second run.
+
+Progress
+    :func:`progress_bar` (a tqdm bar for a loop of blocks) and :func:`stage` (one status line
+    for a stage, with the seconds spent compiling reported separately from the rest) write to
+    stderr only when a stage runs longer than :data:`SHOW_AFTER_S`; ``JAXMODEL_QUIET=1`` or
+    :func:`set_quiet` silences both. Compile seconds come from JAX's own monitoring events
+    (``/jax/core/compile/*`` durations: tracing, lowering and the XLA backend compile).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+MIN_COMPILE_S = 0.1   # store compilations longer than this in the persistent cache, s
+SHOW_AFTER_S = 2.0    # report a stage that takes longer than this, s
+
+_quiet: bool | None = None
+_cache_dir: Path | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# persistent compilation cache
+
+def _host_tag() -> str:
+    """Short fingerprint of the host CPU (architecture and, on Linux, its feature flags).
+
+    JAX's cache key names the backend but not the host's instruction-set extensions, and
+    jaxlib 0.10's XLA:CPU loader only warns when a cached executable was built for features
+    this host lacks (openxla/xla#44565 makes that check unreliable). One subdirectory per
+    host type keeps a home directory shared between different machines safe."""
+    import hashlib
+    import platform
+    text = platform.machine() + platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            text += next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return "host-" + hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def default_cache_dir() -> Path:
+    """``$JAXMODEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/jaxmodel/jax``, else
+    ``~/.cache/jaxmodel/jax`` — with one subdirectory per host CPU type (:func:`_host_tag`)."""
+    env = os.environ.get("JAXMODEL_CACHE_DIR")
+    if env:
+        base = Path(env).expanduser()
+    else:
+        home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        base = Path(home).expanduser() / "jaxmodel" / "jax"
+    return base / _host_tag()
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def configure_compilation_cache() -> Path | None:
+    """Enable JAX's persistent compilation cache in :func:`default_cache_dir` (see the module
+    docstring for when it stays off). Returns the directory in use by jaxmodel, or None."""
+    global _cache_dir
+    if _truthy("JAXMODEL_NO_CACHE"):
+        return None
+    import jax
+    if jax.config.jax_compilation_cache_dir or not jax.config.jax_enable_compilation_cache:
+        return None   # the user's own configuration wins
+    path = default_cache_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None   # read-only home: run without a persistent cache
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_S)
+    _cache_dir = path
+    return path
+
+
+def compilation_cache_dir() -> Path | None:
+    """The directory jaxmodel configured for JAX's compilation cache (None when it did not)."""
+    return _cache_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# quiet flag and compile-time accounting
+
+def set_quiet(quiet: bool | None = True) -> None:
+    """Silence (True) or allow (False) progress output; None follows ``JAXMODEL_QUIET``."""
+    global _quiet
+    _quiet = quiet
+
+
+def quiet() -> bool:
+    """True when progress output is off (:func:`set_quiet`, else ``JAXMODEL_QUIET=1``)."""
+    return _quiet if _quiet is not None else _truthy("JAXMODEL_QUIET")
+
+
+_compile_s = 0.0
+_compile_lock = threading.Lock()
+_listening = False
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+
+
+def _on_duration(event: str, duration: float, **_) -> None:
+    global _compile_s
+    if event in _COMPILE_EVENTS:
+        with _compile_lock:
+            _compile_s += float(duration)
+
+
+def compile_seconds() -> float:
+    """Seconds this process spent tracing, lowering and compiling with JAX since the first
+    call of this function (a persistent-cache hit counts as its retrieval time)."""
+    global _listening
+    if not _listening:
+        import jax
+        jax.monitoring.register_event_duration_secs_listener(_on_duration)
+        _listening = True
+    return _compile_s
+
+
+# ---------------------------------------------------------------------------------------------
+# progress
+
+def _fmt(s: float) -> str:
+    return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+@contextlib.contextmanager
+def stage(desc: str, *, show_after: float | None = None, stream=None):
+    """Time a stage; if it ran longer than ``show_after`` seconds (default
+    :data:`SHOW_AFTER_S`) and output is not quiet,
+    write ``[jaxmodel] desc: 12.3 s (compile 9.8 s, run 2.5 s)`` to stderr.
+
+    Yields a dict in which the caller may put ``note`` (appended to the line, e.g. a count).
+    """
+    c0, t0 = compile_seconds(), time.perf_counter()
+    info: dict = {}
+    try:
+        yield info
+    finally:
+        wall = time.perf_counter() - t0
+        comp = min(compile_seconds() - c0, wall)
+        info.update(wall_s=wall, compile_s=comp)
+        if wall > (SHOW_AFTER_S if show_after is None else show_after) and not quiet():
+            note = f", {info['note']}" if info.get("note") else ""
+            print(f"[jaxmodel] {desc}: {_fmt(wall)} (compile {_fmt(comp)}, run "
+                  f"{_fmt(wall - comp)}{note})", file=stream or sys.stderr, flush=True)
+
+
+class progress_bar:
+    """A tqdm bar on stderr for a loop of ``total`` units, shown only when the loop is not
+    quiet and is still running after ``show_after`` seconds (so short loops print nothing).
+    Use as ``with progress_bar(n, "sweep") as bar: ... bar.update(k)``."""
+
+    def __init__(self, total: int, desc: str, unit: str = "pt", *,
+                 show_after: float | None = None, enabled: bool = True):
+        self.total, self.desc, self.unit = int(total), desc, unit
+        self.show_after = SHOW_AFTER_S if show_after is None else show_after
+        self.enabled = enabled and not quiet()
+        self.done = 0
+        self.t0 = time.perf_counter()
+        self.c0 = compile_seconds()
+        self._bar = None
+
+    def __enter__(self):
+        return self
+
+    def update(self, n: int = 1) -> None:
+        self.done += int(n)
+        if self._bar is None and self.enabled and self.done < self.total \
+                and time.perf_counter() - self.t0 > self.show_after:
+            from tqdm.auto import tqdm
+            self._bar = tqdm(total=self.total, desc=self.desc, unit=self.unit,
+                             unit_scale=True, file=sys.stderr, initial=self.done - int(n))
+        if self._bar is not None:
+            self._bar.update(int(n))
+
+    def close(self) -> None:
+        if self._bar is not None:
+            comp = compile_seconds() - self.c0
+            self._bar.set_postfix_str(f"compile {_fmt(comp)}", refresh=True)
+            self._bar.close()
+            self._bar = None
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
