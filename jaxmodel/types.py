@@ -112,6 +112,19 @@ class Device:
         mem_protocol: 0 HBM2e, 1 DDR5, 2 PCIe5, 3 PCIe4 (area and memory cost).
         link_protocol: 0 NVLink3, 1 NVLink4, 2 InfinityFabric, 3 PCIe5, 4 PCIe4 (area model).
         All area-only fields default to -1 = "look up hw_db/tech/device_area.toml by name".
+        matmul_efficiency: fraction of the peak tensor rate a library GEMM kernel's main loop
+            sustains (calibration constant; :func:`jaxmodel.ops.gemm._library_seconds`).
+        matmul_wave_latency_s: pipeline fill + epilogue of one wave of GEMM tiles, s.
+        matmul_bw_efficiency: fraction of ``mem_bw`` a GEMM kernel's operand stream reaches
+            (weight-streaming bound); 0 = ``mem_bw_efficiency``.
+        matmul_kernel_overhead_s: device-side floor of one GEMM kernel (kernel timer), s.
+        rmsnorm_overhead_s, rope_overhead_s, silu_mul_overhead_s, add_overhead_s,
+        embedding_overhead_s: device-side floor of one fused kernel of that family, s.
+        rmsnorm_bw_efficiency, rope_bw_efficiency, silu_mul_bw_efficiency, add_bw_efficiency,
+        embedding_bw_efficiency: fraction of ``mem_bw`` that kernel family reaches
+            (calibration constants); 0 = ``mem_bw_efficiency``.
+        sustained_clock_fraction: core clock under sustained (training) load over ``freq_hz``
+            (power limit), 1.0 = no throttling.
     """
 
     freq_hz: Array
@@ -156,6 +169,25 @@ class Device:
     sa_mantissa_bits: Array = -1.0
     mem_protocol: Array = -1.0
     link_protocol: Array = -1.0
+    # Kernel-level calibration (jaxmodel.ops; fitted by experiments/calibrate.py, provenance in
+    # hw_db/devices/*.toml). The *_overhead_s fields above are per-call times of PyTorch-eager
+    # kernels (host dispatch included, LLMCompass's measurements); the fields below are
+    # device-side kernel floors (kernel timers, fused kernels) and library-GEMM constants.
+    matmul_efficiency: Array = 1.0
+    matmul_wave_latency_s: Array = 0.0
+    matmul_bw_efficiency: Array = 0.0
+    matmul_kernel_overhead_s: Array = 0.0
+    rmsnorm_overhead_s: Array = 0.0
+    rope_overhead_s: Array = 0.0
+    silu_mul_overhead_s: Array = 0.0
+    add_overhead_s: Array = 0.0
+    embedding_overhead_s: Array = 0.0
+    rmsnorm_bw_efficiency: Array = 0.0
+    rope_bw_efficiency: Array = 0.0
+    silu_mul_bw_efficiency: Array = 0.0
+    add_bw_efficiency: Array = 0.0
+    embedding_bw_efficiency: Array = 0.0
+    sustained_clock_fraction: Array = 1.0
 
     @property
     def peak_matrix_flops(self) -> Array:
@@ -186,9 +218,14 @@ DEVICE_POSITIVE = ("freq_hz", "core_count", "lanes_per_core", "vector_width",
                    "vector_flops_per_cycle", "sa_rows", "sa_cols", "sa_mac_per_cycle",
                    "local_buffer_bytes", "global_buffer_bytes", "global_buffer_bytes_per_cycle",
                    "mem_bw", "mem_capacity", "exp_flops", "mem_bw_efficiency",
-                   "vector_dtype_bytes")
+                   "vector_dtype_bytes", "matmul_efficiency", "sustained_clock_fraction")
 DEVICE_NONNEGATIVE = ("matmul_overhead_s", "softmax_overhead_s", "layernorm_overhead_s",
-                      "gelu_overhead_s", "physical_core_count", "mem_channels", "device_links",
+                      "gelu_overhead_s", "matmul_wave_latency_s", "matmul_kernel_overhead_s",
+                      "rmsnorm_overhead_s", "rope_overhead_s", "silu_mul_overhead_s",
+                      "add_overhead_s", "embedding_overhead_s", "matmul_bw_efficiency",
+                      "rmsnorm_bw_efficiency",
+                      "rope_bw_efficiency", "silu_mul_bw_efficiency", "add_bw_efficiency",
+                      "embedding_bw_efficiency", "physical_core_count", "mem_channels", "device_links",
                       "tdp_w", "process_node_nm")
 
 

@@ -129,17 +129,17 @@ def _load_table(name: str) -> dict:
 
 
 CONSTANTS = _load_table("training")
-CLOCK_FRACTION = _load_table("sustained_clock_fraction")
 
 
 def sustained_device(dev, clock_fraction=None):
     """The device as it runs under sustained training load: ``freq_hz`` × the sustained
-    clock fraction (``hw_db/tech/training.toml``, by device name; 1.0 when not listed).
+    clock fraction (the device field ``sustained_clock_fraction``, set in
+    ``hw_db/devices/*.toml``; 1.0 by default), or ``clock_fraction`` when given.
 
     Tables of GEMM latencies for the ``gemm=`` hook must be built on this device
     (:meth:`jaxmodel.parallel.gemm_table.GemmTable.for_train_step` does).
     """
-    frac = CLOCK_FRACTION.get(dev.name, 1.0) if clock_fraction is None else clock_fraction
+    frac = dev.sustained_clock_fraction if clock_fraction is None else clock_fraction
     return dataclasses.replace(dev, freq_hz=dev.freq_hz * frac)
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble",
