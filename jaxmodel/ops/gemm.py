@@ -11,16 +11,23 @@ The problem ``C[m×n] = A[m×k]·B[k×n]`` is tiled three times:
    innermost, as CUTLASS/XLA: ``C`` stays in the global buffer and is written once). One step
    costs ``max(read, compute) + write`` when the working set fits half of the global buffer
    (double buffering), else ``read + compute + write``. Transfers run at the achievable
-   main-memory bandwidth ``mem_bw · mem_bw_efficiency``.
+   main-memory bandwidth ``Device.achievable_mem_bw``.
 2. **global buffer → local buffer (L1 tile ``tm×tn×tk`` per core).** The L1 tiles of one L2 tile
    run in waves of ``core_count`` tiles; a wave costs ``max(read, compute) + C traffic``, reads
    de-duplicated inside the wave (merged accesses, paper Fig. 4 scheme 1) and charged at the
    global-buffer bandwidth; ``C`` stays in the cores across ``k`` when all ``(m, n)`` sub-tiles
    of the L2 tile fit one wave (read-after-write elision). L1 tiles are double buffered, so the
-   working set must fit half the local buffer; ``tk`` is the largest power of two that fits.
+   working set must fit half the local buffer; ``tk`` is searched over :data:`L1_TK` (a
+   bigger local buffer only unmasks candidates, so it is never slower).
 3. **local buffer → lanes (L0).** The L1 tile is split over the ``lanes_per_core`` systolic arrays
-   along ``m`` and/or ``n`` (``i·j = lanes``); cycles from :func:`systolic_cycles`, plus the vector
-   unit accumulating partial sums when ``k`` is split.
+   along ``m`` and/or ``n`` (``i·j = lanes``); cycles from :func:`systolic_cycles` (never below
+   MACs / array size), plus the vector unit accumulating partial sums when ``k`` is split.
+
+A GEMM kernel of a GPU library is in addition bounded by :func:`_library_seconds`: whole CTA
+output tiles per core in waves over the cores (tile and wave quantisation), split-K / stream-K
+to fill the cores when there are few tiles (decode), the main loop at a calibrated fraction of
+the peak tensor rate, and the operand (weight) stream at a calibrated fraction of the memory
+bandwidth. The kernel time is the larger of the two models (:func:`combine_parts`).
 
 Edge tiles: every dimension has ``ceil(d/T) − 1`` full tiles and one remainder tile, so an L2
 candidate has 8 tile classes (full/edge in m, n, k) whose costs are summed with their counts
@@ -33,8 +40,9 @@ The candidate grid is static (160 tilings in powers of two, clipped to the probl
 :func:`jaxmodel.numerics.masked_min` picks the best (or a soft-min for smooth co-design).
 
 Deviations from LLMCompass, all deliberate: the ``mnk`` loop order is searched too; L1
-``tk`` is not searched; L1 tiles are multiples of the systolic-array size (so 128×128 TPU
-arrays get big enough tiles); the candidate grid is independent of the shape.
+``tk`` is searched over a static set; L1 tiles are multiples of the systolic-array size (so
+128×128 TPU arrays get big enough tiles); the candidate grid is independent of the shape; the
+library-kernel bound above.
 """
 
 from __future__ import annotations
@@ -56,8 +64,8 @@ from jaxmodel.ops.systolic import systolic_cycles  # noqa: F401  (inlined below;
 # l1 ∈ {32..256}) is replaced by 160 candidates chosen by greedy forward selection from a
 # 1,400-point product grid (L2 m 64..4096, n/m 1/4..4, L2 k 128..16384, L1 1..16 arrays) on
 # random devices × LLM GEMM shapes: experiments/select_gemm_grid.py (held-out: the best of
-# the 160 is on average 0.55 % slower than the best of all 1,400, p95 2.5 %). l1_K is not
-# searched: the largest power of two that fits half the local buffer is taken.
+# the 160 is on average 0.55 % slower than the best of all 1,400, p95 2.5 %). l1_K is a
+# second candidate axis (L1_TK).
 # ------------------------------------------------------------------------------------------
 GRID_CANDIDATES = (
     (512, 128, 128, 4),
@@ -565,16 +573,21 @@ def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None)
 
     LLMCompass tile-level mapper (LLMCompass §III-B1, notes §2): exhaustive search over a static
     grid of L2/L1/L0 tilings with double buffering, edge tiles, split-K and the closed-form
-    systolic cycle count; GEMV fast path for ``m == 1`` or ``n == 1``; for ``batch > 1`` the
-    better of ``batch ×`` one GEMM and LLMCompass's merged ``BatchedMatmul`` form. Adds
-    ``dev.matmul_overhead_s`` (per-kernel launch overhead) when ``overhead``.
+    systolic cycle count, bounded below by the library-kernel model (:func:`_library_seconds`:
+    CTA tile and wave quantisation, split-K, main-loop efficiency, weight streaming); GEMV fast
+    path for ``m == 1`` or ``n == 1``; for ``batch > 1`` the better of ``batch ×`` one GEMM and
+    LLMCompass's merged ``BatchedMatmul`` form. Adds ``dev.matmul_overhead_s`` (per-call
+    overhead of a PyTorch-eager kernel, host dispatch included) when ``overhead`` is true, or
+    the device-side kernel floor ``dev.matmul_kernel_overhead_s`` when ``overhead="kernel"``
+    (kernel timers, CUDA graphs).
 
     Args:
         dev: :class:`jaxmodel.Device` (leaves may carry a batch axis).
         m, n, k: GEMM dimensions (floats; may be batched).
         batch: independent GEMMs in the kernel (attention heads × sequences).
         dtype_bytes: bytes per element (2 = fp16/bf16).
-        overhead: add the per-kernel overhead.
+        overhead: ``True`` adds the eager per-call overhead, ``"kernel"`` the device-side
+            kernel floor, ``False`` nothing.
         soft: ``None`` for the exact (hard) min over mappings, or a relative temperature
             (e.g. ``0.05``) for a smooth min whose gradient mixes near-optimal mappings.
 
