@@ -123,6 +123,8 @@ class Device:
         rmsnorm_bw_efficiency, rope_bw_efficiency, silu_mul_bw_efficiency, add_bw_efficiency,
         embedding_bw_efficiency: fraction of ``mem_bw`` that kernel family reaches
             (calibration constants); 0 = ``mem_bw_efficiency``.
+        mem_latency_s: one dependent global-memory round trip of a thread, s (the latency
+            chain of per-row kernels; calibration constant, 0 = none).
         sustained_clock_fraction: core clock under sustained (training) load over ``freq_hz``
             (power limit), 1.0 = no throttling.
     """
@@ -187,6 +189,7 @@ class Device:
     silu_mul_bw_efficiency: Array = 0.0
     add_bw_efficiency: Array = 0.0
     embedding_bw_efficiency: Array = 0.0
+    mem_latency_s: Array = 0.0
     sustained_clock_fraction: Array = 1.0
 
     @property
@@ -225,7 +228,7 @@ DEVICE_NONNEGATIVE = ("matmul_overhead_s", "softmax_overhead_s", "layernorm_over
                       "add_overhead_s", "embedding_overhead_s", "matmul_bw_efficiency",
                       "rmsnorm_bw_efficiency",
                       "rope_bw_efficiency", "silu_mul_bw_efficiency", "add_bw_efficiency",
-                      "embedding_bw_efficiency", "physical_core_count", "mem_channels", "device_links",
+                      "embedding_bw_efficiency", "mem_latency_s", "physical_core_count", "mem_channels", "device_links",
                       "tdp_w", "process_node_nm")
 
 

@@ -330,7 +330,7 @@ def ffn_block(dev, model: Model, sh: Shard, tokens, dtype_bytes=2.0, backward=Fa
              "w2": [(Gemm(tokens, sh.d_model, sh.d_ff), 1.0)]}
     is_swiglu = model.activation > 0.5
     gelu = _ops.gelu_latency.single(dev, n_act, overhead=True)
-    swiglu = _ops.silu_mul_latency.single(dev, n_act, dtype_bytes, overhead=True)
+    swiglu = _ops.silu_mul_latency.single(dev, n_act, dtype_bytes, overhead=True, rows=tokens)
     act = jnp.where(is_swiglu, swiglu, gelu)
     if backward:
         gelu_b = _elementwise(dev, n_act, 3.0 * dtype_bytes, 2.0 * (10.0 + dev.exp_flops))
