@@ -16,7 +16,8 @@ def _toy(a100):
         a100, mem_bw=2e12, mem_bw_efficiency=0.8, rmsnorm_bw_efficiency=0.5,
         rope_bw_efficiency=0.4, silu_mul_bw_efficiency=0.5, add_bw_efficiency=0.9,
         embedding_bw_efficiency=0.0, rmsnorm_overhead_s=5e-6, rope_overhead_s=4e-6,
-        silu_mul_overhead_s=4e-6, add_overhead_s=2e-6, embedding_overhead_s=3e-6)
+        silu_mul_overhead_s=4e-6, add_overhead_s=2e-6, embedding_overhead_s=3e-6,
+        mem_latency_s=0.0)
 
 
 def test_rmsnorm_hand_value(a100):
@@ -28,6 +29,18 @@ def test_rmsnorm_hand_value(a100):
     assert float(jm.rmsnorm_latency(d, 1.0, 4096.0)) == pytest.approx(5e-6)
     assert float(jm.rmsnorm_latency(d, 1.0, 4096.0, overhead=False)) == pytest.approx(
         (3 * 4096 + 4096) * 2 / 1e12, rel=1e-6)
+
+
+def test_row_latency_chain_hand_value(a100):
+    # one block per row, 2 blocks per SM: 108·2 rows per wave; RMSNorm walks each row twice
+    # in ceil(cols / 1024) dependent loads per thread
+    d = dataclasses.replace(_toy(a100), mem_latency_s=0.5e-6, rmsnorm_overhead_s=0.0)
+    assert float(jm.rmsnorm_latency(d, 1.0, 8192.0)) == pytest.approx(2 * 8 * 0.5e-6)
+    assert float(jm.rmsnorm_latency(d, 217.0, 8192.0)) == pytest.approx(2 * 2 * 8 * 0.5e-6)
+    # SiLU·mul: ceil(28672 / 1024) = 28 loads per thread when the rows are given
+    got = float(jm.silu_mul_latency(d, 4.0 * 28672, rows=4.0))
+    assert got == pytest.approx(max(28 * 0.5e-6, 3 * 4 * 28672 * 2 / 1e12), rel=1e-6)
+    assert float(jm.silu_mul_latency(d, 4.0 * 28672)) < got     # no rows: no chain
 
 
 def test_rope_silu_add_embedding_hand_values(a100):
@@ -97,7 +110,7 @@ def test_layer_uses_rmsnorm_rope_silu_for_llama_only():
     rms = float(jm.rmsnorm_latency(dev, 2048.0, 4096.0))
     assert float(t["layernorm_mha"]) == pytest.approx(rms, rel=1e-5)
     assert float(t["act"]) == pytest.approx(
-        float(jm.silu_mul_latency(dev, 2048.0 * llama.d_ff)), rel=1e-5)
+        float(jm.silu_mul_latency(dev, 2048.0 * llama.d_ff, rows=2048.0)), rel=1e-5)
     rope = float(jm.rope_latency(dev, 2048.0, 32.0, 32.0, 128.0))
     q = float(jm.gemm_latency(dev, 2048, 4096, 4096))
     assert float(t["qkv"]) == pytest.approx(3 * q + rope, rel=1e-4)
