@@ -13,7 +13,8 @@ Sections (each a function ``name(anchor_dir, out_dir) -> dict of summary numbers
 
 ``--calibrate`` re-derives the per-device calibration constants stored in ``hw_db/devices``
 (per-family launch overheads and ``mem_bw_efficiency``) from the same anchors and prints them;
-see :func:`calibrate` for the procedure. It does not write the TOMLs. The reported MAPEs are
+see :func:`calibrate` for the procedure. It does not write the TOMLs
+(``experiments/calibrate.py --write`` does, together with the kernel-anchor constants). The reported MAPEs are
 therefore in-sample; ``--cv`` fits on half the rows and reports the MAPE on the other half.
 
 Run: ``.venv/bin/python experiments/validate_llmcompass.py [--calibrate] [--cv]``
@@ -198,7 +199,7 @@ def _best_overhead(pred0: np.ndarray, meas: np.ndarray) -> float:
     return float(max(r[np.searchsorted(c, 0.5 * c[-1])], 0.0))
 
 
-def calibrate(anchor_dir: Path | None = None, train=None) -> dict:
+def calibrate(anchor_dir: Path | None = None, train=None, devices: dict | None = None) -> dict:
     """Fit, per device, ``mem_bw_efficiency`` and the four per-kernel overheads.
 
     Procedure (one constant per device, or per device and operator family; never per row):
@@ -211,6 +212,8 @@ def calibrate(anchor_dir: Path | None = None, train=None) -> dict:
         anchor_dir: ``shared/anchors`` (found automatically when ``None``).
         train: optional boolean mask over the rows of :func:`load_operator_anchors`; only
             those rows are fitted (cross-validation).
+        devices: optional ``{device_tag: jm.Device}``, the devices to fit (their other
+            constants as given); default every device of :data:`DEVICES` from ``hw_db``.
 
     Returns:
         ``{device_tag: {field: value, ..., "mape": {family: pct}}}``.
@@ -220,9 +223,9 @@ def calibrate(anchor_dir: Path | None = None, train=None) -> dict:
         df = df[np.asarray(train)]
     result = {}
     eff = EFFICIENCY_GRID
-    for tag, name in DEVICES.items():
-        dev = dataclasses.replace(hw_db.device(name),
-                                  mem_bw_efficiency=jnp.asarray(eff)[:, None])
+    bases = devices or {tag: hw_db.device(name) for tag, name in DEVICES.items()}
+    for tag, base in bases.items():
+        dev = dataclasses.replace(base, mem_bw_efficiency=jnp.asarray(eff)[:, None])
         pred0 = {}
         for fam in FAMILIES:
             g = df[(df.device == tag) & (df.family == fam)]

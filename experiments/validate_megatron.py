@@ -174,10 +174,10 @@ def gemm_sustained_ratio():
 
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
-    from jaxmodel.parallel.train import CLOCK_FRACTION
     ratio = gemm_sustained_ratio()
     print(f"sustained/model GEMM ratio on the derivation shapes: {np.round(ratio, 3)} "
-          f"(mean {ratio.mean():.3f}); training.toml uses {CLOCK_FRACTION['a100_80gb']}")
+          f"(mean {ratio.mean():.3f}); a100_80gb sustained_clock_fraction = "
+          f"{float(hw_db.device('a100_80gb').sustained_clock_fraction)}")
     out, cand = run_table1()
     cand.to_csv(OUT / "validate_megatron_candidates.csv", index=False)
     out.to_csv(OUT / "validate_megatron.csv", index=False)

@@ -135,6 +135,21 @@ class Device:
         matrix_ratio_fp32, matrix_ratio_tf32, matrix_ratio_bf16, matrix_ratio_fp16,
         matrix_ratio_fp8, matrix_ratio_fp4, matrix_ratio_int8: dense tensor-core peak of
             that compute dtype / ``peak_matrix_flops`` (0 = unsupported; jaxmodel.precision).
+        matmul_efficiency: fraction of the peak tensor rate a library GEMM kernel's main loop
+            sustains (calibration constant; :func:`jaxmodel.ops.gemm._library_seconds`).
+        matmul_wave_latency_s: pipeline fill + epilogue of one wave of GEMM tiles, s.
+        matmul_bw_efficiency: fraction of ``mem_bw`` a GEMM kernel's operand stream reaches
+            (weight-streaming bound); 0 = ``mem_bw_efficiency``.
+        matmul_kernel_overhead_s: device-side floor of one GEMM kernel (kernel timer), s.
+        rmsnorm_overhead_s, rope_overhead_s, silu_mul_overhead_s, add_overhead_s,
+        embedding_overhead_s: device-side floor of one fused kernel of that family, s.
+        rmsnorm_bw_efficiency, rope_bw_efficiency, silu_mul_bw_efficiency, add_bw_efficiency,
+        embedding_bw_efficiency: fraction of ``mem_bw`` that kernel family reaches
+            (calibration constants); 0 = ``mem_bw_efficiency``.
+        mem_latency_s: one dependent global-memory round trip of a thread, s (the latency
+            chain of per-row kernels; calibration constant, 0 = none).
+        sustained_clock_fraction: core clock under sustained (training) load over ``freq_hz``
+            (power limit), 1.0 = no throttling.
     """
 
     freq_hz: Array
@@ -195,6 +210,26 @@ class Device:
         """Dense matrix peak of ``dtype`` (a name of ``jaxmodel.precision.DTYPES``), FLOP/s
         (OP/s for int8); 0 when unsupported."""
         return self.peak_matrix_flops * getattr(self, f"matrix_ratio_{dtype}")
+    # Kernel-level calibration (jaxmodel.ops; fitted by experiments/calibrate.py, provenance in
+    # hw_db/devices/*.toml). The *_overhead_s fields above are per-call times of PyTorch-eager
+    # kernels (host dispatch included, LLMCompass's measurements); the fields below are
+    # device-side kernel floors (kernel timers, fused kernels) and library-GEMM constants.
+    matmul_efficiency: Array = 1.0
+    matmul_wave_latency_s: Array = 0.0
+    matmul_bw_efficiency: Array = 0.0
+    matmul_kernel_overhead_s: Array = 0.0
+    rmsnorm_overhead_s: Array = 0.0
+    rope_overhead_s: Array = 0.0
+    silu_mul_overhead_s: Array = 0.0
+    add_overhead_s: Array = 0.0
+    embedding_overhead_s: Array = 0.0
+    rmsnorm_bw_efficiency: Array = 0.0
+    rope_bw_efficiency: Array = 0.0
+    silu_mul_bw_efficiency: Array = 0.0
+    add_bw_efficiency: Array = 0.0
+    embedding_bw_efficiency: Array = 0.0
+    mem_latency_s: Array = 0.0
+    sustained_clock_fraction: Array = 1.0
 
     @property
     def peak_matrix_flops(self) -> Array:

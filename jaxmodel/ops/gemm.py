@@ -11,16 +11,23 @@ The problem ``C[m×n] = A[m×k]·B[k×n]`` is tiled three times:
    innermost, as CUTLASS/XLA: ``C`` stays in the global buffer and is written once). One step
    costs ``max(read, compute) + write`` when the working set fits half of the global buffer
    (double buffering), else ``read + compute + write``. Transfers run at the achievable
-   main-memory bandwidth ``mem_bw · mem_bw_efficiency``.
+   main-memory bandwidth ``Device.achievable_mem_bw``.
 2. **global buffer → local buffer (L1 tile ``tm×tn×tk`` per core).** The L1 tiles of one L2 tile
    run in waves of ``core_count`` tiles; a wave costs ``max(read, compute) + C traffic``, reads
    de-duplicated inside the wave (merged accesses, paper Fig. 4 scheme 1) and charged at the
    global-buffer bandwidth; ``C`` stays in the cores across ``k`` when all ``(m, n)`` sub-tiles
    of the L2 tile fit one wave (read-after-write elision). L1 tiles are double buffered, so the
-   working set must fit half the local buffer; ``tk`` is the largest power of two that fits.
+   working set must fit half the local buffer; ``tk`` is searched over :data:`L1_TK` (a
+   bigger local buffer only unmasks candidates, so it is never slower).
 3. **local buffer → lanes (L0).** The L1 tile is split over the ``lanes_per_core`` systolic arrays
-   along ``m`` and/or ``n`` (``i·j = lanes``); cycles from :func:`systolic_cycles`, plus the vector
-   unit accumulating partial sums when ``k`` is split.
+   along ``m`` and/or ``n`` (``i·j = lanes``); cycles from :func:`systolic_cycles` (never below
+   MACs / array size), plus the vector unit accumulating partial sums when ``k`` is split.
+
+A GEMM kernel of a GPU library is in addition bounded by :func:`_library_seconds`: whole CTA
+output tiles per core in waves over the cores (tile and wave quantisation), split-K / stream-K
+to fill the cores when there are few tiles (decode), the main loop at a calibrated fraction of
+the peak tensor rate, and the operand (weight) stream at a calibrated fraction of the memory
+bandwidth. The kernel time is the larger of the two models (:func:`combine_parts`).
 
 Edge tiles: every dimension has ``ceil(d/T) − 1`` full tiles and one remainder tile, so an L2
 candidate has 8 tile classes (full/edge in m, n, k) whose costs are summed with their counts
@@ -33,8 +40,9 @@ The candidate grid is static (160 tilings in powers of two, clipped to the probl
 :func:`jaxmodel.numerics.masked_min` picks the best (or a soft-min for smooth co-design).
 
 Deviations from LLMCompass, all deliberate: the ``mnk`` loop order is searched too; L1
-``tk`` is not searched; L1 tiles are multiples of the systolic-array size (so 128×128 TPU
-arrays get big enough tiles); the candidate grid is independent of the shape.
+``tk`` is searched over a static set; L1 tiles are multiples of the systolic-array size (so
+128×128 TPU arrays get big enough tiles); the candidate grid is independent of the shape; the
+library-kernel bound above.
 """
 
 from __future__ import annotations
@@ -58,8 +66,8 @@ from jaxmodel.types import validate_args
 # l1 ∈ {32..256}) is replaced by 160 candidates chosen by greedy forward selection from a
 # 1,400-point product grid (L2 m 64..4096, n/m 1/4..4, L2 k 128..16384, L1 1..16 arrays) on
 # random devices × LLM GEMM shapes: experiments/select_gemm_grid.py (held-out: the best of
-# the 160 is on average 0.55 % slower than the best of all 1,400, p95 2.5 %). l1_K is not
-# searched: the largest power of two that fits half the local buffer is taken.
+# the 160 is on average 0.55 % slower than the best of all 1,400, p95 2.5 %). l1_K is a
+# second candidate axis (L1_TK).
 # ------------------------------------------------------------------------------------------
 GRID_CANDIDATES = (
     (512, 128, 128, 4),
@@ -224,6 +232,7 @@ GRID_CANDIDATES = (
     (4096, 4096, 16384, 16),
 )
 L0_SPLIT_M = (1.0, 2.0, 4.0)          # lanes along m; the rest (lanes / i) along n
+L1_TK = (1.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0)  # L1 k-tile candidates
 
 GRID = np.asarray(GRID_CANDIDATES, dtype=np.float64).T      # (4, C)
 N_CANDIDATES = GRID.shape[1]
@@ -239,17 +248,11 @@ def _f(x):
     return jnp.asarray(x, dtype=jnp.result_type(float))
 
 
-def _pow2_floor(x):
-    """Largest power of two ≤ x (x ≥ 1), straight-through: exact value, zero gradient."""
-    x = jnp.maximum(x, 1.0)
-    return jax.lax.stop_gradient(2.0 ** jnp.floor(jnp.log2(x) + 1e-6))
-
-
 def _rates(dev):
     """Per-cycle rates of a device (bytes/cycle, FLOP/cycle), sanitised against zeros."""
     ok = (dev.freq_hz > 0) & (dev.mem_bw > 0) & (dev.mem_bw_efficiency > 0)
     freq = nx.sanitize(dev.freq_hz, ok)
-    dram = nx.sanitize(dev.mem_bw * dev.mem_bw_efficiency, ok) / freq   # bytes / cycle
+    dram = nx.sanitize(dev.achievable_mem_bw, ok) / freq   # bytes / cycle
     l2bw = nx.sanitize(dev.global_buffer_bytes_per_cycle,
                        dev.global_buffer_bytes_per_cycle > 0)
     vec_core = nx.sanitize(dev.lanes_per_core * dev.vector_width * dev.vector_flops_per_cycle,
@@ -317,7 +320,7 @@ def _candidate_cycles(dev, m, n, k, word):
     n = jnp.maximum(n, 1.0)
     k = jnp.maximum(k, 1.0)
 
-    g = _f(GRID)
+    g = _f(GRID)[:, :, None]                                    # (4, C, 1)
     # ---- L2 tile (clipped to the problem) ---------------------------------------------
     TM = jnp.minimum(g[0], m)
     TN = jnp.minimum(g[1], n)
@@ -326,14 +329,15 @@ def _candidate_cycles(dev, m, n, k, word):
     fit2 = ws2 <= dev.global_buffer_bytes
     db2 = ws2 <= 0.5 * dev.global_buffer_bytes
 
-    # ---- L1 tile: tm = tn a multiple of the systolic array (clipped), tk the largest power
-    # of two that fits half the local buffer (L1 is always double buffered) ----------------
+    # ---- L1 tile: tm = tn a multiple of the systolic array (clipped); tk searched over the
+    # static set L1_TK (a second candidate axis), each masked where the double-buffered
+    # working set overflows the local buffer: a bigger local buffer only unmasks candidates,
+    # so it is never slower ------------------------------------------------------------------
     t1 = g[3] * jnp.maximum(H, W)
     tm = jnp.minimum(t1, TM)
     tn = jnp.minimum(t1, TN)
-    room = 0.5 * dev.local_buffer_bytes / word - tm * tn        # elements left for A and B
-    fit1 = room >= (tm + tn)                                    # at least tk = 1
-    tk = jnp.minimum(_pow2_floor(nx.safe_div(room, tm + tn, fill=1.0)), TK)
+    tk = jnp.minimum(_f(np.asarray(L1_TK))[None, :], TK)        # (C, T)
+    fit1 = 2.0 * (tm * tn + tk * (tm + tn)) * word <= dev.local_buffer_bytes
     mask = fit1 & fit2
 
     # ---- L0: lanes split along m (i) and n (lanes / i); chosen on the full L1 tile --------
@@ -353,7 +357,8 @@ def _candidate_cycles(dev, m, n, k, word):
     # full and the remainder tile ------------------------------------------------------------
     def per_dim(d, T, t, lane_extent):
         cnt = _cdiv(d, T)
-        rem = d - (cnt - 1.0) * T
+        # the remainder lies in (0, T]; clipped because float32 rounds it to 0 for huge d
+        rem = jnp.clip(d - (cnt - 1.0) * T, jnp.minimum(d, 1.0), T)
         out = []
         for size, count in ((T, cnt - 1.0), (rem, 1.0)):
             e = jnp.minimum(t, size)
@@ -381,7 +386,8 @@ def _candidate_cycles(dev, m, n, k, word):
             ratio = mn_e * ek * r_ratio
             sa = jnp.where(ratio >= 64.0, fm * fn * ek * jnp.where(ratio >= 128.0, 1 / 0.99,
                                                                    1 / 0.98),
-                           fm * fn * (ek + H + W - 2.0) - 1.0) * r_mac   # systolic_cycles
+                           jnp.maximum(fm * fn * (ek + H + W - 2.0) - 1.0,
+                                       mn_e * ek / (H * W))) * r_mac   # systolic_cycles
             wave_compute = sa + jnp.where(aK > 1.0, mn_e * r_vc, 0.0)
             tiles = aMN * aK
             waves = _cdiv(tiles, cores)
@@ -409,8 +415,10 @@ def _candidate_cycles(dev, m, n, k, word):
             step = jnp.where(db, jnp.maximum(read, l1_time), read + l1_time)
             mnk = mnk + count * (step + write * ck)
     prologue = (word * r_dram) * (TM * TK + TK * TN)
-    cycles = jnp.minimum(knm, mnk) + prologue
-    return jnp.where(mask, cycles, jnp.inf), mask
+    cycles = jnp.minimum(knm, mnk) + prologue                   # (C, T)
+    best = nx.masked_min(cycles, mask, axis=-1)                 # best L1 tk per candidate
+    mask = jnp.any(mask, axis=-1)
+    return jnp.where(mask, best, jnp.inf), mask
 
 
 def _tiled_cycles(dev, m, n, k, word, soft=None):
@@ -428,6 +436,70 @@ def _tiled_cycles(dev, m, n, k, word, soft=None):
     return best, jnp.any(mask)
 
 
+# ------------------------------------------------------------------------------------------
+# Library-kernel bound: what a GPU BLAS kernel adds to the tile-level mapper.
+# Each core (SM) computes whole CTA output tiles; CUTLASS/cuBLAS tile shapes in units of the
+# systolic-array edge (16 on A100: 256×128 … 64×64), and split-K factors that cuBLAS's
+# heuristics and stream-K choose from to fill the cores when there are few output tiles.
+# ------------------------------------------------------------------------------------------
+CTA_TILES = tuple(itertools.product((1.0, 2.0, 4.0, 8.0, 16.0), repeat=2))
+SPLIT_K = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+_CTA = np.asarray([(a, b, s) for a, b in CTA_TILES for s in SPLIT_K], dtype=np.float64).T
+_ACC_BYTES = 4.0   # split-K partial sums are fp32 (cuBLAS/CUTLASS workspace)
+
+
+def _library_seconds(dev, m, n, k, word):
+    """Time a library GEMM kernel needs at least, s: CTA-tile and wave quantisation, split-K,
+    sustained tensor-core efficiency and the weight-streaming (memory) bound.
+
+    Sources: NVIDIA, "Matrix Multiplication Background User's Guide" (Deep Learning
+    Performance docs), §"Tile quantization" and §"Wave quantization": an ``m×n`` output is
+    computed as ``ceil(m/Tm)·ceil(n/Tn)`` whole tiles, one per SM at a time, in
+    ``ceil(tiles / SMs)`` waves; Osama et al., "Stream-K: Work-centric Parallel
+    Decomposition for Dense Matrix-Matrix Multiplication on the GPU" (PPoPP 2023), §2–3:
+    splitting ``k`` in ``s`` parts multiplies the work units by ``s`` (so few-tile GEMMs —
+    decode, 1–64 tokens — fill the SMs) at the cost of a fixup reduction of ``s`` fp32
+    partial ``C`` tiles. Per configuration the best (tile, split) pair counts, as a library
+    heuristic picks it:
+
+    ``t = max(waves·(max(Tm·Tn·k_s / (MAC/cycle/core · f · η),
+    (Tm + Tn)·k_s·word / (global-buffer BW / cores)) + t_wave),``  (``k_s = ceil(k/s)``: the
+    second term is the operand stream of one core, which makes small tiles slow),
+    (A + B + C + [s>1]·2·s·m·n·4 B) / (mem_bw · η_mem))``,
+    ``waves = ceil(ceil(m/Tm)·ceil(n/Tn)·s / cores)``; ``η`` = ``dev.matmul_efficiency``
+    (fraction of the peak tensor rate a kernel's main loop sustains, calibrated), ``η_mem``
+    = ``dev.matmul_bw_efficiency`` (the fraction of peak bandwidth a GEMM's operand stream
+    reaches, calibrated; 0 = ``mem_bw_efficiency``) and
+    ``t_wave`` = ``dev.matmul_wave_latency_s`` (pipeline fill and epilogue of one wave,
+    calibrated). Units: seconds.
+    """
+    freq, dram, l2bw, vec_core, cores = _rates(dev)
+    edge = jnp.maximum(dev.sa_rows, dev.sa_cols)
+    rate = dev.lanes_per_core * dev.sa_rows * dev.sa_cols * dev.sa_mac_per_cycle  # MAC/cycle
+    rate = nx.sanitize(rate * freq * dev.matmul_efficiency,
+                       (rate > 0) & (dev.matmul_efficiency > 0))                 # MAC/s/core
+    c = _f(_CTA)
+    Tm, Tn, s = c[0] * edge, c[1] * edge, c[2]
+    tiles = _cdiv(m, Tm) * _cdiv(n, Tn)
+    waves = _cdiv(tiles * s, cores)
+    kk = _cdiv(k, s)
+    # a core streams its tile's A and B slices from the global buffer at its share of the
+    # global-buffer bandwidth: small tiles are operand-bandwidth bound
+    per_tile = jnp.maximum(Tm * Tn * kk / rate, (Tm + Tn) * kk * word * cores / (l2bw * freq))
+    compute = waves * (per_tile + dev.matmul_wave_latency_s)
+    # a tile spans at least one systolic-array edge per lane in each dimension (CUTLASS
+    # arranges a CTA's warps in a grid over the tile; 64 on A100, the smallest M and N of
+    # cuBLAS's sm80 tensor-core kernels)
+    big = jnp.minimum(Tm, Tn) >= dev.lanes_per_core * edge
+    compute = jnp.where(big, compute, jnp.inf)
+    traffic = (m * k + k * n + m * n) * word + jnp.where(s > 1.0, 2.0 * s * m * n * _ACC_BYTES,
+                                                         0.0)
+    bw = dev.mem_bw * jnp.where(dev.matmul_bw_efficiency > 0, dev.matmul_bw_efficiency,
+                                dev.mem_bw_efficiency)
+    memory = nx.safe_div(traffic, bw, fill=jnp.inf)
+    return jnp.min(jnp.maximum(compute, memory))
+
+
 def _gemv_seconds(dev, m, n, k, word):
     """GEMV fast path (m == 1 or n == 1): vector units, max(compute, memory traffic).
 
@@ -436,16 +508,33 @@ def _gemv_seconds(dev, m, n, k, word):
     flops = 2.0 * m * n * k
     io = (m * k + n * k + m * n) * word
     vec = nx.safe_div(flops, dev.peak_vector_flops, fill=jnp.inf)
-    mem = nx.safe_div(io, dev.mem_bw * dev.mem_bw_efficiency, fill=jnp.inf)
+    mem = nx.safe_div(io, dev.achievable_mem_bw, fill=jnp.inf)
     return jnp.maximum(vec, mem)
 
 
-def _one_gemm_seconds(dev, m, n, k, word, soft):
+def gemm_parts(dev, m, n, k, word, soft=None):
+    """The three terms of one GEMM's time, s: ``(tile_s, library_s, gemv_s)``.
+
+    ``tile_s``: the tile-level mapper; ``library_s``: the library-kernel bound
+    (:func:`_library_seconds`); ``gemv_s``: the vector-unit path used when ``m`` or ``n`` is 1.
+    The kernel time is ``gemv_s`` for a GEMV, else ``max(tile_s, library_s)``
+    (:func:`combine_parts`). Exposed so that a calibration can vary the library constants
+    without re-running the tile search.
+    """
     freq, *_ = _rates(dev)
-    cycles, any_ok = _tiled_cycles(dev, m, n, k, word, soft)
-    tiled = cycles / freq
+    cycles, _ = _tiled_cycles(dev, m, n, k, word, soft)
+    return (cycles / freq, _library_seconds(dev, m, n, k, word),
+            _gemv_seconds(dev, m, n, k, word))
+
+
+def combine_parts(m, n, tile_s, library_s, gemv_s):
+    """One GEMM's time from :func:`gemm_parts`, s."""
     is_gemv = (m <= 1.0) | (n <= 1.0)
-    return jnp.where(is_gemv, _gemv_seconds(dev, m, n, k, word), tiled)
+    return jnp.where(is_gemv, gemv_s, jnp.maximum(tile_s, library_s))
+
+
+def _one_gemm_seconds(dev, m, n, k, word, soft):
+    return combine_parts(m, n, *gemm_parts(dev, m, n, k, word, soft))
 
 
 def _gemm_single(dev, m, n, k, batch=1.0, dtype_bytes=2.0, overhead=True, soft=None,
@@ -460,12 +549,14 @@ def _gemm_single(dev, m, n, k, batch=1.0, dtype_bytes=2.0, overhead=True, soft=N
     if merged:
         # LLMCompass BatchedMatmul: one [m, b·k]×[b·k, n] GEMM plus writing b−1 extra C's.
         fused = (_one_gemm_seconds(dev, m_, n_, b * k_, word, soft)
-                 + nx.safe_div((b - 1.0) * m_ * n_ * word, dev.mem_bw * dev.mem_bw_efficiency,
+                 + nx.safe_div((b - 1.0) * m_ * n_ * word, dev.achievable_mem_bw,
                                fill=jnp.inf))
         t = jnp.minimum(single, fused)
     else:
         t = single
-    if overhead:
+    if overhead == "kernel":
+        t = t + dev.matmul_kernel_overhead_s
+    elif overhead:
         t = t + dev.matmul_overhead_s
     return jnp.where(ok, t, jnp.inf)
 
@@ -493,16 +584,21 @@ def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
 
     LLMCompass tile-level mapper (LLMCompass §III-B1, notes §2): exhaustive search over a static
     grid of L2/L1/L0 tilings with double buffering, edge tiles, split-K and the closed-form
-    systolic cycle count; GEMV fast path for ``m == 1`` or ``n == 1``; for ``batch > 1`` the
-    better of ``batch ×`` one GEMM and LLMCompass's merged ``BatchedMatmul`` form. Adds
-    ``dev.matmul_overhead_s`` (per-kernel launch overhead) when ``overhead``.
+    systolic cycle count, bounded below by the library-kernel model (:func:`_library_seconds`:
+    CTA tile and wave quantisation, split-K, main-loop efficiency, weight streaming); GEMV fast
+    path for ``m == 1`` or ``n == 1``; for ``batch > 1`` the better of ``batch ×`` one GEMM and
+    LLMCompass's merged ``BatchedMatmul`` form. Adds ``dev.matmul_overhead_s`` (per-call
+    overhead of a PyTorch-eager kernel, host dispatch included) when ``overhead`` is true, or
+    the device-side kernel floor ``dev.matmul_kernel_overhead_s`` when ``overhead="kernel"``
+    (kernel timers, CUDA graphs).
 
     Args:
         dev: :class:`jaxmodel.Device` (leaves may carry a batch axis).
         m, n, k: GEMM dimensions (floats; may be batched).
         batch: independent GEMMs in the kernel (attention heads × sequences).
         dtype_bytes: bytes per element (2 = fp16/bf16).
-        overhead: add the per-kernel overhead.
+        overhead: ``True`` adds the eager per-call overhead, ``"kernel"`` the device-side
+            kernel floor, ``False`` nothing.
         rate_scale: systolic throughput relative to the device's 16-bit rate (2 = FP8 on
             H100; ``jaxmodel.precision.matrix_ratio``); ``<= 0`` gives ``+inf``.
         soft: ``None`` for the exact (hard) min over mappings, or a relative temperature
@@ -519,12 +615,18 @@ def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
     """
     validate_args(dev, where="gemm_latency")      # a concrete single device: clear errors
     return _gemm_batched(_at_rate(dev, rate_scale), m, n, k, batch, dtype_bytes,
-                         bool(overhead), soft, not _is_one(batch))
+                         _overhead_mode(overhead), soft, not _is_one(batch))
+
+
+def _overhead_mode(overhead):
+    """``"kernel"`` stays a string (static); anything else becomes a bool."""
+    return "kernel" if isinstance(overhead, str) and overhead == "kernel" else bool(overhead)
 
 
 def _gemm_latency_single(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
                          rate_scale=1.0):
-    return _gemm_single(_at_rate(dev, rate_scale), m, n, k, batch, dtype_bytes, overhead, soft,
+    return _gemm_single(_at_rate(dev, rate_scale), m, n, k, batch, dtype_bytes,
+                        _overhead_mode(overhead), soft,
                         not _is_one(batch))
 
 
@@ -545,7 +647,7 @@ def gemm_roofline(dev, m, n, k, batch=1, dtype_bytes=2):
     """
     flops = 2.0 * batch * m * n * k
     io = batch * (m * k + k * n + m * n) * dtype_bytes
-    bw = jnp.minimum(dev.mem_bw * dev.mem_bw_efficiency, dev.global_buffer_bw)
+    bw = jnp.minimum(dev.achievable_mem_bw, dev.global_buffer_bw)
     ok = _device_ok(dev)
     t = jnp.maximum(nx.safe_div(flops, dev.peak_matrix_flops, fill=jnp.inf),
                     nx.safe_div(io, bw, fill=jnp.inf))

@@ -9,7 +9,8 @@ Source: LLMCompass §III-B1 "From local buffer to lanes" and its
   utilisation formula, ``ceil(M/H)·ceil(N/W)·K / u`` with ``u = 0.99`` (ratio ≥ 128) or
   ``u = 0.98`` (ratio ≥ 64); the ceilings pad thin tiles (``u = M/H`` for ``M < H``).
 
-Both are divided by ``mac_per_cycle`` (MACs per PE per cycle).
+Both are floored at ``M·N·K / (H·W)`` (an array does at most ``H·W`` MACs per cycle) and
+divided by ``mac_per_cycle`` (MACs per PE per cycle).
 """
 
 from __future__ import annotations
@@ -40,4 +41,7 @@ def systolic_cycles(m, n, k, rows, cols, mac_per_cycle=1.0):
     util = jnp.where(ratio >= 128.0, 0.99, 0.98)
     pipelined = folds * k / util
     cycles = jnp.where(ratio >= 64.0, pipelined, closed)
+    # an array does at most rows·cols MACs per cycle: never below m·n·k / (rows·cols) (the
+    # closed form's "− 1" would give k − 1 cycles for k MACs on a 1×1 array)
+    cycles = jnp.maximum(cycles, nx.safe_div(m * n * k, rows * cols, fill=jnp.inf))
     return nx.safe_div(cycles, mac_per_cycle, fill=jnp.inf)

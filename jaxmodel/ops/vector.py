@@ -1,4 +1,6 @@
-"""Vector-unit operators on one device: softmax, layernorm, GELU and a generic elementwise kernel.
+"""Vector-unit operators on one device: softmax, layernorm, GELU, a generic elementwise kernel,
+and the fused memory-bound kernels of Llama-family layers (RMSNorm, RoPE, SiLU·mul, residual
+add, embedding lookup).
 
 Source: LLMCompass §III-B3 "Other Operators" and ``software_model/{softmax,
 layernorm,gelu}.py`` as described in. They run on the
@@ -154,7 +156,7 @@ def _gelu_single(dev, n, overhead=True):
     # A streaming kernel overlaps its main-memory and global-buffer traffic (LLMCompass adds
     # them, which double-charges a TPU's HBM and under-rates GPUs' achievable bandwidth).
     io = jnp.maximum(
-        nx.safe_div(2.0 * padded * word, dev.mem_bw * dev.mem_bw_efficiency, fill=jnp.inf),
+        nx.safe_div(2.0 * padded * word, dev.achievable_mem_bw, fill=jnp.inf),
         nx.safe_div(2.0 * padded * word, dev.global_buffer_bw, fill=jnp.inf))
     compute = nx.safe_div(padded * (10.0 + dev.exp_flops), dev.peak_vector_flops, fill=jnp.inf)
     t = jnp.maximum(io, compute)
@@ -186,7 +188,7 @@ def _elementwise_single(dev, n_elements, bytes_per_element_moved, flops_per_elem
                         overhead=True):
     ok = _device_ok(dev) & _device_fits(dev) & (n_elements >= 0)
     n = jnp.maximum(n_elements, 0.0)
-    mem = nx.safe_div(n * bytes_per_element_moved, dev.mem_bw * dev.mem_bw_efficiency,
+    mem = nx.safe_div(n * bytes_per_element_moved, dev.achievable_mem_bw,
                       fill=jnp.inf)
     compute = nx.safe_div(n * flops_per_element, dev.peak_vector_flops, fill=jnp.inf)
     t = jnp.maximum(mem, compute)
@@ -222,3 +224,210 @@ def elementwise_latency(dev, n_elements, bytes_per_element_moved, flops_per_elem
 
 
 elementwise_latency.single = _elementwise_single
+
+
+# --------------------------------------------------------------------------------------------
+# Fused memory-bound kernels of Llama-family decoder layers
+# --------------------------------------------------------------------------------------------
+ROW_BLOCK_THREADS = 1024.0   # vLLM's per-token kernels: blockDim = min(cols, 1024)
+CORE_THREADS = 2048.0        # resident threads per SM (A100/H100; NVIDIA CUDA C Programming
+                             # Guide, "Compute Capabilities" table)
+
+
+def _row_chain_seconds(dev, rows, serial_loads):
+    """Latency chain of a kernel with one thread block per row, s.
+
+    Each thread of a row's block walks its share of the row in ``serial_loads`` dependent
+    global-memory round trips (``dev.mem_latency_s`` each); ``CORE_THREADS / block`` blocks are
+    resident per core, so rows run in ``ceil(rows / (cores · blocks per core))`` waves. With
+    few rows (decode) this chain, not the bandwidth, sets the time: Little's law, too few bytes
+    in flight (Volkov, "Understanding Latency Hiding on GPUs", UC Berkeley PhD thesis 2016).
+    """
+    per_core = jnp.maximum(jnp.floor(CORE_THREADS / ROW_BLOCK_THREADS), 1.0)
+    waves = nx.ceil_div(jnp.maximum(rows, 0.0), dev.core_count * per_core)
+    return waves * serial_loads * dev.mem_latency_s
+
+
+def _stream_seconds(dev, nbytes, flops, bw_efficiency, overhead_s, overhead=True,
+                    chain_s=0.0):
+    """One memory-bound kernel: ``max(floor_f, bytes / (mem_bw · η_f), flops / vector FLOP/s)``,
+    s.
+
+    ``floor_f`` (``overhead_s``) is the family's shortest kernel duration (launch, one memory
+    round trip, the block reductions of one wave of thread blocks), measured by kernel timers;
+    it overlaps the kernel's own transfers, so it is a floor, not an addend: the measured times
+    stay flat at it until the data take longer (e.g. RMSNorm on A100: 5 µs from 1 to ~200
+    tokens of 4096, then linear in the bytes).
+
+    ``η_f`` is the kernel family's achieved fraction of peak bandwidth (a calibration constant:
+    a kernel with one block per token and scalar 2-byte loads keeps fewer bytes in flight than
+    a vectorised streaming kernel, so it reaches less of the bandwidth; Little's law, see
+    Volkov, "Understanding Latency Hiding on GPUs", UC Berkeley PhD thesis 2016, ch. 4);
+    ``η_f = 0`` means the device's ``mem_bw_efficiency``. Roofline after Williams et al.,
+    "Roofline" (CACM 2009). ``chain_s``: the latency chain of per-row kernels
+    (:func:`_row_chain_seconds`), a third lower bound.
+    """
+    ok = _device_ok(dev) & _device_fits(dev) & (nbytes >= 0) & (flops >= 0)
+    eff = jnp.where(bw_efficiency > 0, bw_efficiency, dev.mem_bw_efficiency)
+    mem = nx.safe_div(jnp.maximum(nbytes, 0.0), dev.mem_bw * eff, fill=jnp.inf)
+    compute = nx.safe_div(jnp.maximum(flops, 0.0), dev.peak_vector_flops, fill=jnp.inf)
+    t = jnp.maximum(jnp.maximum(mem, compute), chain_s)
+    if overhead:
+        t = jnp.maximum(t, overhead_s)
+    return jnp.where(ok, t, jnp.inf)
+
+
+RMSNORM_FLOPS = 4.0     # x², accumulate, ·rsqrt, ·weight per element
+
+
+def _rmsnorm_single(dev, rows, cols, dtype_bytes=2.0, overhead=True):
+    n = jnp.maximum(rows, 0.0) * jnp.maximum(cols, 0.0)
+    nbytes = (3.0 * n + cols) * dtype_bytes
+    chain = _row_chain_seconds(dev, rows, 2.0 * nx.ceil_div(cols, ROW_BLOCK_THREADS))
+    t = _stream_seconds(dev, nbytes, RMSNORM_FLOPS * n, dev.rmsnorm_bw_efficiency,
+                        dev.rmsnorm_overhead_s, overhead, chain)
+    return jnp.where((rows > 0) & (cols > 0), t, jnp.inf)
+
+
+@batched
+def rmsnorm_latency(dev, rows, cols, dtype_bytes=2, overhead=True):
+    """RMSNorm over the last axis of ``[rows × cols]`` (Zhang & Sennrich, "Root Mean Square
+    Layer Normalization", NeurIPS 2019: ``y = x / sqrt(mean(x²) + ε) · g``), seconds.
+
+    Kernel modelled: vLLM's ``rms_norm_kernel`` (``csrc/layernorm_kernels.cu``, the kernel
+    Sarathi-Serve and vLLM serve Llama models with): one thread block per row, a first pass
+    reading ``x`` to accumulate ``Σx²``, a block reduction, a second pass reading ``x`` and
+    the weight and writing ``y``. Bytes: ``(3·rows·cols + cols)·word`` (two reads and one
+    write per element, the weight once); FLOP: 4 per element; latency chain
+    ``2·ceil(cols / 1024)`` loads per thread (:func:`_row_chain_seconds`). Memory-bound
+    (:func:`_stream_seconds` with ``dev.rmsnorm_bw_efficiency``), at least
+    ``dev.rmsnorm_overhead_s``.
+
+    Example:
+        >>> rmsnorm_latency(hw_db.device("a100_80gb"), 4096, 4096)
+    """
+    return _rmsnorm_single(dev, rows, cols, dtype_bytes, overhead)
+
+
+rmsnorm_latency.single = _rmsnorm_single
+
+ROPE_FLOPS = 3.0        # x·cos − y·sin (or x·sin + y·cos): 2 multiplies + 1 add per element
+ROPE_BLOCK_THREADS = 512.0   # vLLM rotary_embedding: blockDim = min(pairs, 512)
+
+
+def _rope_single(dev, tokens, heads, kv_heads, head_dim, dtype_bytes=2.0, overhead=True):
+    tok = jnp.maximum(tokens, 0.0)
+    n = tok * (jnp.maximum(heads, 0.0) + jnp.maximum(kv_heads, 0.0)) * head_dim
+    nbytes = (2.0 * n + tok * head_dim) * dtype_bytes
+    pairs = 0.5 * (jnp.maximum(heads, 0.0) + jnp.maximum(kv_heads, 0.0)) * head_dim
+    chain = _row_chain_seconds(dev, tok, nx.ceil_div(pairs, ROPE_BLOCK_THREADS))
+    t = _stream_seconds(dev, nbytes, ROPE_FLOPS * n, dev.rope_bw_efficiency,
+                        dev.rope_overhead_s, overhead, chain)
+    return jnp.where((tokens > 0) & (heads > 0) & (head_dim > 0) & (kv_heads >= 0), t, jnp.inf)
+
+
+@batched
+def rope_latency(dev, tokens, heads, kv_heads, head_dim, dtype_bytes=2, overhead=True):
+    """Rotary position embedding of the query and key heads (Su et al., "RoFormer", 2021,
+    eq. 34), in place, seconds.
+
+    Kernel modelled: vLLM's ``rotary_embedding_kernel`` (``csrc/pos_encoding_kernels.cu``):
+    one block per token rotating every (x, y) pair of its ``heads + kv_heads`` query and key
+    heads in place, cos/sin read from a ``[positions, head_dim]`` cache. Bytes:
+    ``(2·tokens·(heads + kv_heads)·head_dim + tokens·head_dim)·word`` (read and write q and k,
+    read one cos/sin row per token); FLOP: 3 per element; latency chain
+    ``ceil(pairs / 512)`` per thread (:func:`_row_chain_seconds`). Memory-bound
+    (``dev.rope_bw_efficiency``), at least ``dev.rope_overhead_s``.
+
+    Example:
+        >>> rope_latency(hw_db.device("a100_80gb"), 4096, 32, 8, 128)
+    """
+    return _rope_single(dev, tokens, heads, kv_heads, head_dim, dtype_bytes, overhead)
+
+
+rope_latency.single = _rope_single
+
+
+def _silu_mul_single(dev, n, dtype_bytes=2.0, overhead=True, rows=None):
+    n_ = jnp.maximum(n, 0.0)
+    if rows is None:
+        chain = 0.0
+    else:
+        cols = nx.safe_div(n_, rows, fill=0.0)
+        chain = _row_chain_seconds(dev, rows, nx.ceil_div(cols, ROW_BLOCK_THREADS))
+    t = _stream_seconds(dev, 3.0 * n_ * dtype_bytes, (dev.exp_flops + 5.0) * n_,
+                        dev.silu_mul_bw_efficiency, dev.silu_mul_overhead_s, overhead, chain)
+    return jnp.where(n > 0, t, jnp.inf)
+
+
+@batched
+def silu_mul_latency(dev, n, dtype_bytes=2, overhead=True, rows=None):
+    """SwiGLU activation ``silu(gate)·up`` over ``n`` output elements (Shazeer, "GLU Variants
+    Improve Transformer", 2020, eq. 6), seconds.
+
+    Kernel modelled: vLLM's ``silu_and_mul_kernel`` (``csrc/activation_kernels.cu``): one
+    block per token reading the gate and up halves of the fused ``[tokens, 2·d_ff]`` GEMM
+    output and writing ``[tokens, d_ff]``. Bytes ``3·n·word``; FLOP ``exp + 5`` per element
+    (sigmoid: negate, exp, add, divide; two multiplies). With ``rows`` (tokens) given, the
+    per-row latency chain (:func:`_row_chain_seconds`, ``ceil(d_ff / 1024)`` loads per thread)
+    bounds it too. Memory-bound
+    (``dev.silu_mul_bw_efficiency``), at least ``dev.silu_mul_overhead_s``.
+
+    Example:
+        >>> silu_mul_latency(hw_db.device("a100_80gb"), 4096 * 11008)
+    """
+    return _silu_mul_single(dev, n, dtype_bytes, overhead, rows)
+
+
+silu_mul_latency.single = _silu_mul_single
+
+
+def _add_single(dev, n, dtype_bytes=2.0, overhead=True):
+    n_ = jnp.maximum(n, 0.0)
+    t = _stream_seconds(dev, 3.0 * n_ * dtype_bytes, n_, dev.add_bw_efficiency,
+                        dev.add_overhead_s, overhead)
+    return jnp.where(n > 0, t, jnp.inf)
+
+
+@batched
+def add_latency(dev, n, dtype_bytes=2, overhead=True):
+    """Residual add ``y = a + b`` over ``n`` elements, seconds.
+
+    Kernel modelled: PyTorch's ``vectorized_elementwise_kernel`` (ATen
+    ``native/cuda/CUDALoops.cuh``): vectorised loads of both inputs, one store. Bytes
+    ``3·n·word``, 1 FLOP per element; memory-bound (``dev.add_bw_efficiency``), at least
+    ``dev.add_overhead_s``.
+
+    Example:
+        >>> add_latency(hw_db.device("a100_80gb"), 4096 * 4096)
+    """
+    return _add_single(dev, n, dtype_bytes, overhead)
+
+
+add_latency.single = _add_single
+
+
+def _embedding_single(dev, tokens, hidden, dtype_bytes=2.0, overhead=True):
+    tok = jnp.maximum(tokens, 0.0)
+    nbytes = 2.0 * tok * jnp.maximum(hidden, 0.0) * dtype_bytes + 8.0 * tok
+    t = _stream_seconds(dev, nbytes, 0.0 * tok, dev.embedding_bw_efficiency,
+                        dev.embedding_overhead_s, overhead)
+    return jnp.where((tokens > 0) & (hidden > 0), t, jnp.inf)
+
+
+@batched
+def embedding_latency(dev, tokens, hidden, dtype_bytes=2, overhead=True):
+    """Embedding lookup of ``tokens`` rows of width ``hidden``, seconds.
+
+    Kernel modelled: PyTorch's ``F.embedding`` forward (ATen ``index_select`` gather,
+    ``native/cuda/Indexing.cu``): reads one ``hidden``-wide row per token id and writes it.
+    Bytes ``2·tokens·hidden·word + 8·tokens`` (int64 ids); no FLOP. Memory-bound
+    (``dev.embedding_bw_efficiency``), at least ``dev.embedding_overhead_s``.
+
+    Example:
+        >>> embedding_latency(hw_db.device("a100_80gb"), 4096, 4096)
+    """
+    return _embedding_single(dev, tokens, hidden, dtype_bytes, overhead)
+
+
+embedding_latency.single = _embedding_single

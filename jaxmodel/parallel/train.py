@@ -58,7 +58,8 @@ Engine userbuffers). Same rule per layer and pass: ``exposed = max(0, t_tp − t
 t_compute)`` with the layer's forward (backward incl. recompute) compute as the window.
 
 **Sustained clocks**: the device runs at ``freq_hz ×`` its sustained clock fraction under
-training load (power limit; ``hw_db/tech/training.toml``, derived from sustained vs short-run
+training load (power limit; the device field ``sustained_clock_fraction``, derived from
+sustained vs short-run
 GEMM microbenchmarks), see :func:`sustained_device`.
 
 **Optimizer**: mixed-precision Adam on the local parameter shard (÷dp from ZeRO-1), a
@@ -134,17 +135,17 @@ def _load_table(name: str) -> dict:
 
 
 CONSTANTS = _load_table("training")
-CLOCK_FRACTION = _load_table("sustained_clock_fraction")
 
 
 def sustained_device(dev, clock_fraction=None):
     """The device as it runs under sustained training load: ``freq_hz`` × the sustained
-    clock fraction (``hw_db/tech/training.toml``, by device name; 1.0 when not listed).
+    clock fraction (the device field ``sustained_clock_fraction``, set in
+    ``hw_db/devices/*.toml``; 1.0 by default), or ``clock_fraction`` when given.
 
     Tables of GEMM latencies for the ``gemm=`` hook must be built on this device
     (:meth:`jaxmodel.parallel.gemm_table.GemmTable.for_train_step` does).
     """
-    frac = CLOCK_FRACTION.get(dev.name, 1.0) if clock_fraction is None else clock_fraction
+    frac = dev.sustained_clock_fraction if clock_fraction is None else clock_fraction
     return dataclasses.replace(dev, freq_hz=dev.freq_hz * frac)
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble",
@@ -358,14 +359,14 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
         tp_overlap: fraction of a layer's compute usable to hide its TP collectives (0..1;
             0 = Megatron-LM 2021, 1 = Megatron-core ``--tp-comm-overlap``).
         grad_bytes: bytes per gradient element for memory and reduction traffic (default
-            ``training.toml`` ``main_grad_bytes``).
+            the precision's ``grad_bytes``).
         adam_bytes_per_param: main-memory bytes the optimizer step moves per parameter
             (default ``training.toml``).
         dtype_bytes: legacy bytes per weight/activation element (sets those fields of
             ``precision``, :func:`jaxmodel.precision.resolve`).
         precision: preset name or :class:`jaxmodel.Precision` (default ``"bf16"``).
-        clock_fraction: sustained core-clock fraction (default: ``training.toml`` by device
-            name, see :func:`sustained_device`); the GEMM hook receives the scaled device.
+        clock_fraction: sustained core-clock fraction (default: the device's
+            ``sustained_clock_fraction``, see :func:`sustained_device`); the GEMM hook receives the scaled device.
         dropout: 1 = Megatron GPT's hidden and attention dropout, 0 = none (changes the
             memory-bound kernels of :func:`residual_dropout_times`).
         variant: static branch switches of the workload's op graph
@@ -703,7 +704,7 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
             tensor-core rate for its compute dtypes gives ``feasible=False``, reason
             ``precision_unsupported``.
         clock_fraction: sustained core-clock fraction under training load (default from
-            ``hw_db/tech/training.toml`` by device name, 1.0 for unlisted devices).
+            the device's ``sustained_clock_fraction`` field).
         dropout: 1 (default) = Megatron GPT's dropout kernels, 0 = no dropout.
         dedup: evaluate the per-layer times once per distinct stage input (:func:`
             stage_times`) and compose every plan from them — exact, and much faster for

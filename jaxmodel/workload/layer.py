@@ -13,15 +13,16 @@ and ``s_kv`` keys per sequence (``s`` in prefill, ``kv_len + s`` in decode):
 ==================  ==============================================================  ==========
 row                 kernel(s)                                                        LLMCompass
 ==================  ==============================================================  ==========
-``qkv``             Q [b·s, d]×[d, h·d_h/t]; K and V [b·s, d]×[d, h_kv'·d_h] each     Q_K_V
+``qkv``             Q [b·s, d]×[d, h·d_h/t]; K and V [b·s, d]×[d, h_kv'·d_h] each;    Q_K_V
+                    Llama (SwiGLU) models: + RoPE on q and k
 ``qk``              batched: b·h_kv' × ([s·g, d_h]×[d_h, s_kv])                       Q_mul_K
 ``softmax``         rows b·h/t·s, cols s_kv                                           Softmax
 ``av``              batched: b·h_kv' × ([s·g, s_kv]×[s_kv, d_h])                      A_mul_V
 ``wo``              [b·s, h·d_h/t]×[h·d_h/t, d]                                       Wo_proj
-``layernorm_mha``   rows b·s (b·s/t under SP), cols d                                 LayerNorm_MHA
+``layernorm_mha``   rows b·s (b·s/t under SP), cols d; RMSNorm for SwiGLU models       LayerNorm_MHA
 ``allreduce_mha``   all-reduce of b·s·d words over t (SP: reduce-scatter+all-gather)  AllReduce_MHA
 ``w1``              [b·s, d]×[d, (m−1)·d_ff/t]  (m = 2 GELU, 3 SwiGLU: gate+up fused)  W1_proj
-``act``             GELU (LLMCompass GeLU op) or SiLU·gate (elementwise), b·s·d_ff/t  GeLU
+``act``             GELU (LLMCompass GeLU op) or fused SiLU·mul, b·s·d_ff/t elements   GeLU
 ``w2``              [b·s, d_ff/t]×[d_ff/t, d]                                         W2_proj
 ``layernorm_ffn``   as layernorm_mha                                                  LayerNorm_FFN
 ``allreduce_ffn``   as allreduce_mha                                                  AllReduce_FFN
@@ -365,8 +366,8 @@ def ffn_block(dev, model: Model, sh: Shard, tokens, dtype_bytes=2.0, backward=Fa
 
     GELU FFN (GPT): ``W1 [d, d_ff/t]``, GELU (LLMCompass GeLU kernel), ``W2 [d_ff/t, d]``.
     SwiGLU (Llama; Shazeer 2020): gate and up fused into one ``[d, 2·d_ff/t]`` GEMM, then
-    ``silu(gate)·up`` as an elementwise kernel reading 2 and writing 1 word per output element
-    (``exp + 5`` FLOP: sigmoid and two multiplies), then ``W2``.
+    ``silu(gate)·up`` (:func:`jaxmodel.ops.silu_mul_latency`, the fused SiLU·mul kernel),
+    then ``W2``.
     Backward activation (memory-bound): GELU reads ``x, dy`` and writes ``dx`` (3 words,
     ``2·(10 + exp)`` FLOP, twice LLMCompass's forward count); SwiGLU reads ``gate, up, dy`` and
     writes ``dgate, dup`` (5 words, ``2·(exp + 5)`` FLOP).
@@ -379,7 +380,7 @@ def ffn_block(dev, model: Model, sh: Shard, tokens, dtype_bytes=2.0, backward=Fa
              "w2": [(Gemm(tokens, sh.d_model, sh.d_ff), 1.0)]}
     is_swiglu = model.activation > 0.5
     gelu = _ops.gelu_latency.single(dev, n_act, overhead=True)
-    swiglu = _elementwise(dev, n_act, 3.0 * dtype_bytes, dev.exp_flops + 5.0)
+    swiglu = _ops.silu_mul_latency.single(dev, n_act, dtype_bytes, overhead=True, rows=tokens)
     act = jnp.where(is_swiglu, swiglu, gelu)
     if backward:
         gelu_b = _elementwise(dev, n_act, 3.0 * dtype_bytes, 2.0 * (10.0 + dev.exp_flops))
@@ -390,17 +391,21 @@ def ffn_block(dev, model: Model, sh: Shard, tokens, dtype_bytes=2.0, backward=Fa
     return gemms, {"act": (act, act_b)}
 
 
-def layernorm(dev, sh: Shard, par: Parallelism, tokens, dtype_bytes=2.0, backward=False):
+def layernorm(dev, sh: Shard, par: Parallelism, tokens, dtype_bytes=2.0, backward=False,
+              rms=False):
     """One layernorm over ``[tokens, d]`` (``tokens/t`` rows under sequence parallelism), s.
 
-    LLMCompass LayerNorm kernel (notes §2); SP shards it (Korthikanti et al. 2022 §4.2.2).
+    LLMCompass LayerNorm kernel (notes §2), or RMSNorm where ``rms`` (Llama family,
+    :func:`jaxmodel.ops.rmsnorm_latency`); SP shards it (Korthikanti et al. 2022 §4.2.2).
     Backward: reads ``x, dy``, writes ``dx`` (3 words, ~10 FLOP per element), memory-bound.
 
     Returns:
         ``(fwd_s, bwd_s)``.
     """
     rows = jnp.where(par.sp > 0.5, tokens / sh.tp, tokens)
-    fwd = _ops.layernorm_latency.single(dev, rows, sh.d_model, overhead=True)
+    fwd = jnp.where(rms, _ops.rmsnorm_latency.single(dev, rows, sh.d_model, dtype_bytes,
+                                                     overhead=True),
+                    _ops.layernorm_latency.single(dev, rows, sh.d_model, overhead=True))
     bwd = (_elementwise(dev, rows * sh.d_model, 3.0 * dtype_bytes, 10.0) if backward
            else jnp.zeros_like(fwd))
     return fwd, bwd
@@ -460,10 +465,17 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
         # dense FFN, or the share-weighted mix with the MoE FFN (dropless when serving)
         ffn_g, ffn_v = _moe.ffn_rows(dev, model, par, sh, tokens, dtype_bytes, training,
                                      dropless=not training)
-    ln = layernorm(dev, sh, par, tokens, dtype_bytes, training)
+    llama = model.activation > 0.5        # SwiGLU models: RMSNorm and rotary embeddings
+    ln = layernorm(dev, sh, par, tokens, dtype_bytes, training, rms=llama)
     gemms = {**qkv_projection(sh, tokens, fused=training), **core_g,
              **output_projection(sh, tokens), **ffn_g}
-    vectors = {**core_v, **ffn_v, "layernorm_mha": ln, "layernorm_ffn": ln}
+    # RoPE rotates q and k right after the QKV projection: timed in the ``qkv`` row; its
+    # backward is the inverse rotation of dq and dk, the same kernel.
+    rope = jnp.where(llama, _ops.rope_latency.single(dev, tokens, sh.heads, sh.kv_heads,
+                                                     sh.head_dim, dtype_bytes, overhead=True),
+                     0.0)
+    vectors = {**core_v, **ffn_v, "layernorm_mha": ln, "layernorm_ffn": ln,
+               "qkv": (rope, rope if training else jnp.zeros_like(rope))}
     return gemms, vectors
 
 

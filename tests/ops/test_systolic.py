@@ -27,3 +27,13 @@ def test_mac_per_cycle_divides_and_arrays_broadcast():
     c = systolic_cycles(jnp.array([16.0, 32.0]), 16.0, 16.0, 16.0, 16.0, 0.5)
     assert c.shape == (2,)
     assert float(c[0]) == 2 * 45
+
+
+@pytest.mark.parametrize("m,n,k,rows,cols", [(1, 1, 7, 1, 1), (5, 3, 9, 1, 1), (16, 16, 1, 16, 16),
+                                             (40, 8, 64, 4, 4), (128, 128, 256, 16, 16)])
+def test_never_below_macs_over_array_size(m, n, k, rows, cols):
+    assert float(systolic_cycles(m, n, k, rows, cols)) >= m * n * k / (rows * cols)
+
+
+def test_one_by_one_array_does_one_mac_per_cycle():
+    assert float(systolic_cycles(1, 1, 7, 1, 1)) == 7.0

@@ -1,0 +1,601 @@
+"""Fit every calibrated per-device constant once, write it into ``hw_db/devices/*.toml`` with its
+provenance, and print in-sample and cross-validated errors.
+
+Anchors (``shared/anchors/``, see each folder's README):
+
+- ``kernels/layer_ops_A100.csv``: kernel times (kernel timers, fused vLLM-style kernels, fp16)
+  of every GEMM, RMSNorm, RoPE, SiLU·mul, residual add and embedding of Llama-family decoder
+  layers on an A100 80GB, 1–16k tokens, TP 1–8. Fits, for ``a100_80gb``:
+  ``matmul_wave_latency_s`` and ``matmul_kernel_overhead_s`` (the library-GEMM bound of
+  :mod:`jaxmodel.ops.gemm`) and, per fused-kernel family, ``<family>_bw_efficiency`` and
+  ``<family>_overhead_s``; and two constants of the anchors' board, which is predicted as the
+  A100 80GB PCIe part (see :data:`PCIE_80GB`): its sustained clock fraction and its GEMM
+  weight-stream bandwidth fraction (printed, not written: they are not the SXM part's).
+- ``llmcompass_measured/matmul_A100.csv`` (short runs at full clock): ``matmul_efficiency``.
+- ``llmcompass_measured/*``: PyTorch-eager operator times on A100, MI210, TPUv3. Fits
+  ``mem_bw_efficiency`` and the eager per-call overheads ``{matmul,softmax,layernorm,gelu}_
+  overhead_s`` (procedure of ``experiments/validate_llmcompass.py``), after the kernel fit.
+- ``microbench/gpu_microbenchmarks.csv``: ``sustained_clock_fraction`` of the A100 = sustained
+  cuBLASLt throughput after 10,000 warm-up iterations (Azure ND A100 v4) over the GEMM model's
+  full-clock throughput on the three largest shapes (so that the training model reproduces
+  the sustained microbenchmarks); the model-free ratio to the short-run PyTorch 8192³ of
+  ``llmcompass_measured/matmul_A100.csv`` is printed beside it (the power-limited clock).
+
+Transfers (no kernel anchors for the device): ``a100_40gb`` takes every ``a100_80gb`` kernel
+constant (same GA100 die, clocks, HBM2e memory system and software); the other devices keep the
+defaults (library constants 1.0 / 0, kernel families at ``mem_bw_efficiency`` without a floor)
+— the microbenchmarks hold FP8 GEMMs only for H100/H200/GB200, which do not determine an fp16
+main-loop efficiency, and their STREAM ratios are already the devices' ``mem_bw_efficiency``.
+
+Procedure (one constant per device and kernel family, never per row): per kernel family a grid
+over its bandwidth efficiency with the floor in closed form (weighted median of
+``measured − predicted``, weights 1/measured: minimises the MAPE); the GEMM constants by
+coordinate descent over grids of ``matmul_efficiency``, ``matmul_wave_latency_s`` and
+``matmul_bw_efficiency``, the floor in closed form. Cross-validation refits on a training
+split and scores the held-out rows: k-fold by model (fit on four models, test on the fifth)
+and by token band (1–63, 64–511, 512–4095, ≥ 4096).
+
+The kernel anchors come from a profiler that runs each kernel back to back for minutes, so they
+are predicted on the sustained-clock device (:func:`jaxmodel.parallel.train.sustained_device`).
+
+Run: ``.venv/bin/python experiments/calibrate.py [--write] [--no-cv]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+
+import jaxmodel as jm  # before hw_db: hw_db imports jaxmodel
+import hw_db
+from jaxmodel.ops import gemm as G
+from jaxmodel.parallel.train import sustained_device
+
+ROOT = Path(__file__).resolve().parent.parent
+DEVICE_DIR = ROOT / "hw_db" / "devices"
+BANDS = ((1, 63, "1-63"), (64, 511, "64-511"), (512, 4095, "512-4095"),
+         (4096, 10 ** 9, ">=4096"))
+FAMILIES = ("gemm", "rmsnorm", "rope", "silu_mul", "add", "embedding")
+GEMM_OPS = {"attn_pre_proj": "qkv", "attn_post_proj": "wo", "mlp_up_proj": "up",
+            "mlp_down_proj": "down"}
+KERNEL_SOURCE = "shared/anchors/kernels/layer_ops_A100.csv"
+
+EFF_GRID = np.round(np.arange(0.60, 1.0001, 0.01), 2)            # matmul_efficiency
+CLOCK_GRID = np.round(np.arange(0.60, 1.0001, 0.01), 2)          # anchor-board clock
+WAVE_GRID = np.arange(0.0, 6.01e-6, 0.25e-6)                     # matmul_wave_latency_s
+MMBW_GRID = np.round(np.arange(0.60, 0.951, 0.01), 2)            # matmul_bw_efficiency
+BW_GRID = np.round(np.arange(0.10, 1.0001, 0.01), 2)             # <family>_bw_efficiency
+FLOOR_GRID = np.arange(0.0, 10.01e-6, 0.1e-6)                    # <family>_overhead_s
+LAT_GRID = np.arange(0.0, 1.501e-6, 0.1e-6)                      # mem_latency_s
+
+
+def find_anchors() -> Path:
+    for cand in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors",
+                 Path("/work/shared/anchors")):
+        if cand.exists():
+            return cand
+    raise FileNotFoundError("shared/anchors not found beside the repository")
+
+
+def _validate_llmcompass():
+    spec = importlib.util.spec_from_file_location(
+        "validate_llmcompass", ROOT / "experiments" / "validate_llmcompass.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def band_of(tokens) -> np.ndarray:
+    t = np.asarray(tokens)
+    out = np.empty(t.shape, dtype=object)
+    for lo, hi, name in BANDS:
+        out[(t >= lo) & (t <= hi)] = name
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Kernel anchors: one row per (CSV row, kernel)
+# ------------------------------------------------------------------------------------------
+def load_kernel_anchors(anchor_dir: Path | None = None) -> pd.DataFrame:
+    """The A100 kernel anchors in long form.
+
+    Columns: ``model``, ``tokens``, ``tp``, ``op`` (``qkv wo up down input_norm post_norm rope
+    act add emb``), ``family`` (:data:`FAMILIES`), the per-GPU shape ``m, n, k`` (GEMM), ``rows,
+    cols`` (norms; ``rows·cols`` elements for act/add), ``heads, kv_heads, head_dim`` (RoPE),
+    ``measured_s``, ``band``. Shapes follow the README (QKV: tokens × (h + 2·h_kv)·d_h/TP ×
+    hidden, gate+up fused: 2·ffn/TP).
+    """
+    d = pd.read_csv(Path(anchor_dir or find_anchors()) / "kernels" / "layer_ops_A100.csv")
+    t = d.num_tensor_parallel_workers.astype(float)
+    T = d.num_tokens.astype(float)
+    h = d.n_embd.astype(float)
+    hd = h / d.n_head
+    heads = d.n_head / t
+    kv = np.maximum(d.n_kv_head / t, 1.0)
+    ffn = d.n_expanded_embd / t
+    nan = np.full(len(d), np.nan)
+    base = dict(model=d.model.values, tokens=T.values, tp=t.values)
+
+    def rows(op, family, ms, m=nan, n=nan, k=nan, r=nan, c=nan):
+        return pd.DataFrame(dict(base, op=op, family=family, m=m, n=n, k=k, rows=r, cols=c,
+                                 heads=heads.values, kv_heads=kv.values, head_dim=hd.values,
+                                 measured_s=np.asarray(ms, float) * 1e-3))
+
+    parts = [
+        rows("qkv", "gemm", d.attn_pre_proj_ms_median, T, (heads + 2 * kv) * hd, h),
+        rows("wo", "gemm", d.attn_post_proj_ms_median, T, h, heads * hd),
+        rows("up", "gemm", d.mlp_up_proj_ms_median, T,
+             np.where(d.use_gated_mlp, 2.0, 1.0) * ffn, h),
+        rows("down", "gemm", d.mlp_down_proj_ms_median, T, h, ffn),
+        rows("input_norm", "rmsnorm", d.input_layernorm_ms_median, r=T, c=h),
+        rows("post_norm", "rmsnorm", d.post_attention_layernorm_ms_median, r=T, c=h),
+        rows("rope", "rope", d.attn_rope_ms_median, r=T),
+        rows("act", "silu_mul", d.mlp_act_ms_median, r=T, c=ffn),
+        rows("add", "add", d.add_ms_median, r=T, c=h),
+        rows("emb", "embedding", d.emb_ms_median, r=T, c=h),
+    ]
+    df = pd.concat(parts, ignore_index=True)
+    df = df[np.isfinite(df.measured_s) & (df.measured_s > 0)].reset_index(drop=True)
+    df["band"] = band_of(df.tokens.values)
+    return df
+
+
+# The board of the kernel anchors: the profiler's README does not say whether the A100 80GB
+# PCIe (300 W, 1,935 GB/s) or SXM4 (400 W, 2,039 GB/s) part was used. Its large GEMMs run ~9 %
+# below what the SXM measurements imply at the SXM sustained clock (LLMCompass short runs,
+# Azure sustained cuBLASLt), as a lower power limit would make them: they are predicted on the
+# PCIe part (NVIDIA A100 80GB PCIe datasheet), whose sustained clock fraction is fitted.
+# Two constants are properties of that board, not of the SXM part, and stay out of
+# a100_80gb.toml: its sustained clock fraction and the fraction of its bandwidth a GEMM's weight
+# stream reaches (the SXM part's short-run decode GEMMs of llmcompass_measured reach ~0.9 of
+# 2,039 GB/s, the anchor board ~0.7 of 1,935 GB/s). They are refitted wherever the anchors are
+# predicted (:func:`fit_board`); the kernel-implementation constants (wave latency, kernel
+# floors, the fused kernels' bandwidth fractions) carry over to the SXM part.
+PCIE_80GB = {"mem_bw": 1.935e12, "tdp_w": 300.0}
+BOARD_FIELDS = ("sustained_clock_fraction", "matmul_bw_efficiency")
+
+
+def anchor_board(dev, clock: float, matmul_bw: float = 0.0):
+    """The kernel anchors' board: ``dev`` (an A100 80GB) as the PCIe part with sustained
+    clock fraction ``clock`` and GEMM weight-stream fraction ``matmul_bw``."""
+    return dataclasses.replace(dev, sustained_clock_fraction=clock,
+                               matmul_bw_efficiency=matmul_bw, **PCIE_80GB)
+
+
+def fit_board(df: pd.DataFrame, dev) -> object:
+    """The anchor board with its two board constants fitted on the GEMM rows of ``df``, every
+    other constant as in ``dev`` (e.g. ``hw_db.device("a100_80gb")``)."""
+    fit = fit_gemm(df, anchor_board(dev, 0.85, 0.75), rounds=2,
+                   fields=BOARD_FIELDS)
+    return anchor_board(dev, fit["sustained_clock_fraction"], fit["matmul_bw_efficiency"])
+
+
+def kernel_device(dev):
+    """The device the kernel anchors are predicted on: the profiler runs every kernel back to
+    back for minutes, so at the sustained clock
+    (:func:`jaxmodel.parallel.train.sustained_device`)."""
+    return sustained_device(dev)
+
+
+def predict_kernels(df: pd.DataFrame, dev) -> np.ndarray:
+    """Predicted seconds of every row of :func:`load_kernel_anchors` on the board ``dev``
+    (see :func:`anchor_board`; device-side floors included: ``overhead="kernel"`` for GEMMs,
+    the family floors for the fused kernels)."""
+    dev = kernel_device(dev)
+    out = np.full(len(df), np.nan)
+    f = lambda c: jnp.asarray(c.values, dtype=jnp.float32)  # noqa: E731
+    for fam, g in df.groupby("family", sort=False):
+        if fam == "gemm":
+            u = g[["m", "n", "k"]].drop_duplicates()
+            t = np.asarray(jm.gemm_latency(dev, f(u.m), f(u.n), f(u.k), overhead="kernel"))
+            key = pd.MultiIndex.from_frame(g[["m", "n", "k"]])
+            p = pd.Series(t, index=pd.MultiIndex.from_frame(u)).reindex(key).values
+        elif fam == "rmsnorm":
+            p = jm.rmsnorm_latency(dev, f(g.rows), f(g.cols))
+        elif fam == "rope":
+            p = jm.rope_latency(dev, f(g.rows), f(g.heads), f(g.kv_heads), f(g.head_dim))
+        elif fam == "silu_mul":
+            p = jm.silu_mul_latency(dev, f(g.rows) * f(g.cols), rows=f(g.rows))
+        elif fam == "add":
+            p = jm.add_latency(dev, f(g.rows) * f(g.cols))
+        else:
+            p = jm.embedding_latency(dev, f(g.rows), f(g.cols))
+        out[g.index.values] = np.asarray(p)
+    return out
+
+
+def mape(pred, meas) -> float:
+    return float(np.mean(np.abs(np.asarray(pred) / np.asarray(meas) - 1.0)) * 100.0)
+
+
+# ------------------------------------------------------------------------------------------
+# Fits
+# ------------------------------------------------------------------------------------------
+def best_floor(pred0: np.ndarray, meas: np.ndarray) -> float:
+    """Floor o ≥ 0 minimising Σ|pred0 + o − meas| / meas: a weighted median (closed form)."""
+    r = meas - pred0
+    w = 1.0 / meas
+    order = np.argsort(r)
+    r, w = r[order], w[order]
+    c = np.cumsum(w)
+    return float(max(r[np.searchsorted(c, 0.5 * c[-1])], 0.0))
+
+
+def _no_floor(dev, fam):
+    return dataclasses.replace(dev, **{f"{fam}_overhead_s": 0.0})
+
+
+def fit_vector_family(df: pd.DataFrame, dev, fam: str) -> dict:
+    """``<fam>_bw_efficiency`` on :data:`BW_GRID` and the floor ``<fam>_overhead_s`` on
+    :data:`FLOOR_GRID` (the kernel time is ``max(floor, transfer)``), least MAPE."""
+    g = df[df.family == fam].reset_index(drop=True)
+    meas = g.measured_s.values
+    batched = dataclasses.replace(_no_floor(dev, fam), **{
+        f"{fam}_bw_efficiency": jnp.asarray(BW_GRID)[:, None]})
+    # one evaluation over the whole grid: the ops broadcast the device's leading axis
+    pred = _predict_family_grid(g, batched, fam)                   # (grid, rows)
+    best = None
+    for floor in FLOOR_GRID:
+        e = np.mean(np.abs(np.maximum(pred, floor) / meas - 1.0), axis=1) * 100
+        i = int(np.argmin(e))
+        if best is None or e[i] < best[0]:
+            best = (float(e[i]), float(BW_GRID[i]), float(floor))
+    return {f"{fam}_bw_efficiency": best[1], f"{fam}_overhead_s": best[2], "_mape": best[0]}
+
+
+CHAIN_FAMILIES = ("rmsnorm", "rope", "silu_mul")   # per-row kernels with a latency chain
+
+
+def fit_vector_families(df: pd.DataFrame, dev) -> dict:
+    """The fused-kernel constants: ``mem_latency_s`` on :data:`LAT_GRID` (shared by the
+    per-row kernels; each value with every family's own fit, the least summed MAPE wins),
+    then each family's bandwidth fraction and floor."""
+    best = None
+    for lat in LAT_GRID:
+        d = dataclasses.replace(dev, mem_latency_s=float(lat))
+        fits = {fam: fit_vector_family(df, d, fam) for fam in CHAIN_FAMILIES}
+        score = sum(f.pop("_mape") for f in fits.values())
+        if best is None or score < best[0]:
+            best = (score, float(lat), fits)
+    out = {"mem_latency_s": best[1]}
+    for f in best[2].values():
+        out.update(f)
+    d = dataclasses.replace(dev, mem_latency_s=best[1])
+    for fam in FAMILIES[1:]:
+        if fam not in CHAIN_FAMILIES:
+            f = fit_vector_family(df, d, fam)
+            f.pop("_mape")
+            out.update(f)
+    return out
+
+
+def _predict_family_grid(g, dev, fam):
+    dev = kernel_device(dev)
+    f = lambda c: jnp.asarray(c.values, dtype=jnp.float32)[None, :]  # noqa: E731
+    if fam == "rmsnorm":
+        p = jm.rmsnorm_latency(dev, f(g.rows), f(g.cols))
+    elif fam == "rope":
+        p = jm.rope_latency(dev, f(g.rows), f(g.heads), f(g.kv_heads), f(g.head_dim))
+    elif fam == "silu_mul":
+        p = jm.silu_mul_latency(dev, f(g.rows) * f(g.cols), rows=f(g.rows))
+    elif fam == "add":
+        p = jm.add_latency(dev, f(g.rows) * f(g.cols))
+    else:
+        p = jm.embedding_latency(dev, f(g.rows), f(g.cols))
+    return np.asarray(p)
+
+
+class GemmParts:
+    """The tile-search term of every distinct GEMM shape (cached per clock fraction); the
+    library bound re-evaluated per candidate constant set
+    (:func:`jaxmodel.ops.gemm.gemm_parts`)."""
+
+    def __init__(self, g: pd.DataFrame):
+        self.u = g[["m", "n", "k"]].drop_duplicates().reset_index(drop=True)
+        key = pd.MultiIndex.from_frame(g[["m", "n", "k"]])
+        self.idx = pd.Series(np.arange(len(self.u)),
+                             index=pd.MultiIndex.from_frame(self.u)).reindex(key).values
+        self.m, self.n, self.k = (jnp.asarray(self.u[c].values, dtype=jnp.float32)
+                                  for c in ("m", "n", "k"))
+        self._parts = jax.jit(jax.vmap(G.gemm_parts, in_axes=(None, 0, 0, 0, None)))
+        self._lib = jax.jit(jax.vmap(G._library_seconds, in_axes=(None, 0, 0, 0, None)))
+        self._cache = {}
+
+    def predict(self, dev) -> np.ndarray:
+        """Seconds per row without the kernel floor."""
+        sd = kernel_device(dev)
+        key = float(dev.sustained_clock_fraction)
+        if key not in self._cache:
+            tile, _, gemv = self._parts(sd, self.m, self.n, self.k, 2.0)
+            self._cache[key] = (tile, gemv)
+        tile, gemv = self._cache[key]
+        lib = self._lib(sd, self.m, self.n, self.k, 2.0)
+        t = G.combine_parts(self.m, self.n, tile, lib, gemv)
+        return np.asarray(t)[self.idx]
+
+
+def fit_gemm(df: pd.DataFrame, dev, start: dict | None = None, rounds: int = 2,
+             fields=("sustained_clock_fraction", "matmul_wave_latency_s",
+                     "matmul_bw_efficiency", "matmul_kernel_overhead_s")) -> dict:
+    """``sustained_clock_fraction`` of the anchor board, ``matmul_wave_latency_s`` and
+    ``matmul_bw_efficiency`` by coordinate descent on their grids (``matmul_efficiency`` as
+    given: it is fitted on the short-run SXM anchors), ``matmul_kernel_overhead_s`` in closed
+    form. The clock is searched coarse-to-fine (each value re-runs the tile search); ``start``
+    (a previous fit) narrows it to ±0.03 around that fit. Only ``fields`` are fitted, the
+    others kept as in ``dev``."""
+    g = df[df.family == "gemm"].reset_index(drop=True)
+    meas = g.measured_s.values
+    parts = GemmParts(g)
+    cur = {"sustained_clock_fraction": 0.85, "matmul_wave_latency_s": 1e-6,
+           "matmul_bw_efficiency": 0.75}
+    cur = {k: (v if k in fields else float(getattr(dev, k))) for k, v in cur.items()}
+    cur.update({k: v for k, v in (start or {}).items() if k in cur and k in fields})
+    fit_floor = "matmul_kernel_overhead_s" in fields
+
+    def score(c):
+        p = parts.predict(dataclasses.replace(dev, **c))
+        o = best_floor(p, meas) if fit_floor else float(dev.matmul_kernel_overhead_s)
+        return mape(p + o, meas), o
+
+    def search(name, grid):
+        res = [(score({**cur, name: float(v)})[0], float(v)) for v in grid]
+        cur[name] = min(res)[1]
+
+    for r in range(rounds):
+        c0 = cur["sustained_clock_fraction"]
+        if start is None and r == 0:
+            search("sustained_clock_fraction", CLOCK_GRID[::5])
+            c0 = cur["sustained_clock_fraction"]
+            search("sustained_clock_fraction", CLOCK_GRID[np.abs(CLOCK_GRID - c0) <= 0.045])
+        else:
+            search("sustained_clock_fraction", CLOCK_GRID[np.abs(CLOCK_GRID - c0) <= 0.035])
+        if "matmul_wave_latency_s" in fields:
+            search("matmul_wave_latency_s", WAVE_GRID)
+        search("matmul_bw_efficiency", MMBW_GRID)
+    err, floor = score(cur)
+    return {**cur, "matmul_kernel_overhead_s": floor}
+
+
+def fit_kernels(df: pd.DataFrame, dev, start: dict | None = None, rounds: int = 2) -> dict:
+    """All kernel-anchor constants from the rows ``df`` (``dev``: the anchor board; ``start``:
+    a previous GEMM fit to refine)."""
+    out = fit_gemm(df, dev, start, rounds)
+    board = dataclasses.replace(dev, sustained_clock_fraction=out["sustained_clock_fraction"])
+    out.update(fit_vector_families(df, board))
+    return out
+
+
+def fit_matmul_efficiency(anchor_dir: Path, dev) -> tuple[float, float, float]:
+    """``matmul_efficiency`` on :data:`EFF_GRID` from the short-run (full-clock) PyTorch GEMMs
+    of ``llmcompass_measured/matmul_A100.csv``, each with its eager overhead in closed form;
+    returns ``(efficiency, overhead_s, MAPE %)``."""
+    vl = _validate_llmcompass()
+    ops = vl.load_operator_anchors(anchor_dir)
+    g = ops[(ops.device == "A100") & (ops.family == "matmul")]
+    meas = g.measured_s.values
+    batched = dataclasses.replace(dev, matmul_efficiency=jnp.asarray(EFF_GRID)[:, None])
+    f = lambda c: jnp.asarray(c.values, dtype=jnp.float32)[None, :]  # noqa: E731
+    pred = np.asarray(jm.gemm_latency(batched, f(g.M), f(g.N), f(g.K), overhead=False))
+    best = None
+    for i, eff in enumerate(EFF_GRID):
+        o = best_floor(pred[i], meas)
+        e = mape(pred[i] + o, meas)
+        if best is None or e < best[2]:
+            best = (float(eff), o, e)
+    return best
+
+
+def family_table(df: pd.DataFrame, pred: np.ndarray) -> pd.DataFrame:
+    """MAPE (%) per family × token band, with ``all`` row and column."""
+    ape = np.abs(pred / df.measured_s.values - 1.0) * 100
+    x = df.assign(ape=ape)
+    t = x.pivot_table(index="family", columns="band", values="ape", aggfunc="mean")
+    t = t.reindex(index=list(FAMILIES), columns=[b[2] for b in BANDS])
+    t["all"] = x.groupby("family").ape.mean().reindex(FAMILIES)
+    return t
+
+
+def cross_validate(df: pd.DataFrame, board, by: str, start: dict) -> np.ndarray:
+    """Held-out predictions: refit on all groups but one (``by`` = ``model`` or ``band``);
+    the GEMM search starts from the full fit ``start`` (the clock within ±0.03 of it)."""
+    pred = np.full(len(df), np.nan)
+    for key in df[by].unique():
+        test = (df[by] == key).values
+        fit = fit_kernels(df[~test].reset_index(drop=True), board, start=start, rounds=1)
+        d = dataclasses.replace(board, **fit)   # board constants refitted too
+        pred[test] = predict_kernels(df[test].reset_index(drop=True), d)
+    return pred
+
+
+# ------------------------------------------------------------------------------------------
+# Sustained clock fraction (microbenchmarks, model-free)
+# ------------------------------------------------------------------------------------------
+SUSTAINED_SHAPES = ("m=8192 n=8192 k=8192", "m=16384 n=16384 k=16384",
+                    "m=6144 n=12288 k=12288")
+
+
+def sustained_clock_fraction(anchor_dir: Path, dev) -> tuple[float, str]:
+    """Sustained cuBLASLt fp16 throughput (after 10,000 warm-up iterations) over the GEMM
+    model's full-clock prediction, mean over the three largest A100 shapes; and the
+    model-free ratio sustained / short-run PyTorch on 8192³ beside it in the source."""
+    mb = pd.read_csv(anchor_dir / "microbench" / "gpu_microbenchmarks.csv")
+    rows = mb[(mb.gpu == "A100") & (mb.benchmark == "gemm_cublaslt") & (mb.dtype == "FP16")
+              & mb.shape_or_op.isin(SUSTAINED_SHAPES)]
+    mnk = np.asarray([[float(t.split("=")[1]) for t in x.split()] for x in rows.shape_or_op])
+    f = lambda i: jnp.asarray(mnk[:, i], dtype=jnp.float32)  # noqa: E731
+    t = np.asarray(jm.gemm_latency(dev, f(0), f(1), f(2), overhead=False))
+    model = 2.0 * mnk.prod(axis=1) / t / 1e12
+    ratios = rows.value.to_numpy() / model
+    frac = float(np.mean(ratios))
+    short = None
+    for line in (anchor_dir / "llmcompass_measured" / "matmul_A100.csv").read_text().splitlines():
+        x = [v.strip() for v in line.split(",")]
+        if x[:3] == ["8192", "8192", "8192"]:
+            short = float(re.sub(r"[A-Za-z/]+$", "", x[4]))
+    s8192 = float(rows[rows.shape_or_op == SUSTAINED_SHAPES[0]].value.iloc[0])
+    parts = ", ".join(f"{r.shape_or_op.replace(' ', ',')}: {r.value}/{m:.1f}"
+                      for r, m in zip(rows.itertuples(), model))
+    src = (f"derived (experiments/calibrate.py): sustained cuBLASLt fp16 throughput after 10,000 "
+           f"warm-up iterations (shared/anchors/microbench, Azure ND A100 v4) over the GEMM "
+           f"model's full-clock throughput (matmul_efficiency fitted on short runs) on the three "
+           f"largest A100 shapes ({parts} TFLOP/s), mean {frac:.3f}. Model-free cross-check: "
+           f"sustained {s8192} over short-run PyTorch {short:.1f} TFLOP/s on 8192^3 "
+           f"(llmcompass_measured/matmul_A100.csv) = {s8192 / short:.3f}: the A100 SXM4 "
+           f"power-limits at 400 W under sustained tensor-core load; the remaining "
+           f"{(s8192 / short - frac) * 100:.1f} points are the model's optimism on these shapes")
+    return frac, src
+
+
+# ------------------------------------------------------------------------------------------
+# TOML writing
+# ------------------------------------------------------------------------------------------
+def set_fields(name: str, values: dict, sources: dict):
+    """Replace (or append to the ``[device]`` table) ``key = { value = v, source = "..." }``."""
+    path = DEVICE_DIR / f"{name}.toml"
+    lines = path.read_text().splitlines()
+    for key, v in values.items():
+        src = sources[key].replace('"', "'")
+        txt = f'{key} = {{ value = {_fmt(v)}, source = "{src}" }}'
+        hit = [i for i, ln in enumerate(lines) if re.match(rf"{key}\s*=", ln)]
+        if hit:
+            lines[hit[0]] = txt
+        else:
+            start = lines.index("[device]")
+            end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")),
+                       len(lines))
+            while end > start + 1 and not lines[end - 1].strip():
+                end -= 1
+            lines.insert(end, txt)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _fmt(v: float) -> str:
+    if v != 0 and abs(v) < 1e-3:
+        return f"{v * 1e6:.3g}e-6"
+    return f"{v:.4g}"
+
+
+def _kernel_sources(fit: dict, table: pd.DataFrame, cv: dict, clock: float) -> dict:
+    where = (f"calibrated (experiments/calibrate.py) on {KERNEL_SOURCE}, predicted on the "
+             f"A100 80GB PCIe board (1,935 GB/s) at its fitted sustained clock fraction "
+             f"{clock:.2f}")
+    cv_txt = "; ".join(f"{k} CV {v:.1f} %" for k, v in cv.items()) if cv else ""
+    out = {}
+    gem = (f"{where}: coordinate descent over grids of the board clock, "
+           f"matmul_wave_latency_s, matmul_bw_efficiency with the floor in closed form "
+           f"(weighted median), minimising the GEMM MAPE over all "
+           f"{'4 GEMMs x 6,780 rows'}; GEMM MAPE {table.loc['gemm', 'all']:.1f} % in sample"
+           + (f"; {cv_txt}" if cv_txt else ""))
+    for k in ("matmul_wave_latency_s", "matmul_kernel_overhead_s"):
+        out[k] = gem
+    for fam in FAMILIES[1:]:
+        s = (f"{where}: {fam}_bw_efficiency on a 0.10-1.00 grid and the floor "
+             f"{fam}_overhead_s on a 0-10 us grid (time = max(floor, transfer)), minimising "
+             f"the {fam} MAPE; "
+             f"{table.loc[fam, 'all']:.1f} % in sample")
+        out[f"{fam}_bw_efficiency"] = out[f"{fam}_overhead_s"] = s
+    out["mem_latency_s"] = (f"{where}: on a 0-1.5 us grid, shared by the per-row kernels "
+                            f"(RMSNorm, RoPE, SiLU-mul; each value with every family's own "
+                            f"fit), least summed MAPE")
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="write the TOMLs")
+    ap.add_argument("--no-cv", action="store_true", help="skip the cross-validation")
+    args = ap.parse_args(argv)
+    anchors = find_anchors()
+    pd.set_option("display.width", 160)
+
+    dev = hw_db.device("a100_80gb")
+
+    # 2. kernel anchors and the main-loop efficiency, alternated (weakly coupled) -----------
+    df = load_kernel_anchors(anchors)
+    dev = dataclasses.replace(dev, matmul_efficiency=0.9)
+    start = None
+    for i in range(2):
+        fit = fit_kernels(df, anchor_board(dev, 0.85), start=start, rounds=2 - i)
+        start = dict(fit)
+        board_clock = fit.pop("sustained_clock_fraction")
+        board_mmbw = fit.pop("matmul_bw_efficiency")
+        dev = dataclasses.replace(dev, **fit)
+        eff, _, eff_mape = fit_matmul_efficiency(anchors, dev)
+        dev = dataclasses.replace(dev, matmul_efficiency=eff)
+    board = anchor_board(dev, board_clock, board_mmbw)
+    # sustained clock of the SXM part, against the model with its fitted efficiency
+    frac, frac_src = sustained_clock_fraction(anchors, dev)
+    dev = dataclasses.replace(dev, sustained_clock_fraction=frac)
+    print(f"sustained_clock_fraction (A100 SXM4) = {frac:.3f}")
+    pred = predict_kernels(df, board)
+    table = family_table(df, pred)
+    print(f"\nmatmul_efficiency = {eff:.2f} (short-run A100 GEMMs, matmul MAPE {eff_mape:.1f} %)")
+    print(f"kernel-anchor board: A100 80GB PCIe, sustained clock fraction {board_clock:.2f}, "
+          f"GEMM weight stream {board_mmbw:.2f} of {PCIE_80GB['mem_bw'] / 1e9:.0f} GB/s")
+    print("\n== A100 kernel anchors, in sample (MAPE %) ==")
+    for k, v in fit.items():
+        print(f"  {k} = {v:.4g}")
+    print(table.round(1).to_string())
+    cv = {}
+    if not args.no_cv:
+        for by in ("model", "band"):
+            p = cross_validate(df, board, by, start)
+            t = family_table(df, p)
+            cv[f"by {by}"] = float(t.loc["gemm", "all"])
+            print(f"\n== cross-validated, leave one {by} out (MAPE %) ==")
+            print(t.round(1).to_string())
+
+    # 3. LLMCompass eager constants, with the kernel constants in place -------------------
+    vl = _validate_llmcompass()
+    cal = {}
+    for tag, name in vl.DEVICES.items():
+        base = dev if name == "a100_80gb" else hw_db.device(name)
+        cal[tag] = vl.calibrate(anchors, devices={tag: base})[tag]
+    vl.print_calibration(cal)
+
+    if args.write:
+        src = _kernel_sources(fit, table, cv, board_clock)
+        src["matmul_efficiency"] = (
+            f"calibrated (experiments/calibrate.py): value on a 0.60-1.00 grid minimising the "
+            f"MAPE of the short-run (full-clock) PyTorch GEMMs of shared/anchors/"
+            f"llmcompass_measured/matmul_A100.csv, eager overhead in closed form: "
+            f"{eff_mape:.1f} %; the main-loop fraction of peak tensor throughput of a "
+            f"library GEMM (jaxmodel.ops.gemm._library_seconds)")
+        for name in ("a100_80gb", "a100_40gb"):
+            s = dict(src) if name == "a100_80gb" else {
+                k: f"taken from the a100_80gb calibration (same GA100 die, clocks, HBM2e memory "
+                   f"system and software): {v}" for k, v in src.items()}
+            vals = dict(fit, sustained_clock_fraction=frac, matmul_efficiency=eff)
+            s["sustained_clock_fraction"] = (frac_src if name == "a100_80gb" else
+                                             "same GA100 silicon, clocks and 400 W limit as "
+                                             "a100_80gb (NVIDIA A100 datasheet): " + frac_src)
+            set_fields(name, vals, s)
+        for tag, name in vl.DEVICES.items():
+            c = cal[tag]
+            vals = {k: c[k] for k in ("mem_bw_efficiency", *vl.OVERHEAD_FIELD.values())}
+            s = {"mem_bw_efficiency": (
+                f"calibrated (experiments/calibrate.py, procedure of experiments/"
+                f"validate_llmcompass.py): value on a 0.50-1.00 grid minimising the mean of the "
+                f"four operator-family MAPEs over shared/anchors/llmcompass_measured/*_{tag}.csv "
+                f"with per-family overheads refitted at each value")}
+            for fam, field in vl.OVERHEAD_FIELD.items():
+                s[field] = (f"calibrated (experiments/calibrate.py): per-call PyTorch-eager "
+                            f"overhead, weighted-median fit minimising the {fam} MAPE over "
+                            f"shared/anchors/llmcompass_measured/{fam}_{tag}.csv; "
+                            f"{fam} MAPE {c['mape'][fam]:.1f} %")
+            set_fields(name, vals, s)
+        print("\nwrote hw_db/devices/{a100_80gb,a100_40gb,mi210,tpuv3}.toml")
+    return fit, table
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

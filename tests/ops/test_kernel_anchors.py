@@ -1,0 +1,40 @@
+"""Operator models against the A100 kernel anchors (Llama-family layer kernels, 1–16k tokens,
+TP 1–8), on a systematic subsample so that it runs in seconds.
+
+Same code as experiments/validate_kernels.py: the device constants from hw_db, the anchor
+board's two constants (clock, GEMM weight stream) refitted on the subsample. Targets from
+the task: GEMM MAPE <= 8 % overall and <= 12 % per token band, other families <= 15 %.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hw_db
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def calibrate():
+    spec = importlib.util.spec_from_file_location("calibrate",
+                                                  ROOT / "experiments" / "calibrate.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_kernel_anchor_targets(anchors, calibrate):
+    df = calibrate.load_kernel_anchors(anchors)
+    assert len(df) == 6780 * 10
+    sub = df.iloc[::37].reset_index(drop=True)          # every band, model, TP and family
+    board = calibrate.fit_board(sub, hw_db.device("a100_80gb"))
+    pred = calibrate.predict_kernels(sub, board)
+    assert np.all(np.isfinite(pred))
+    table = calibrate.family_table(sub, pred)
+    assert table.loc["gemm", "all"] <= 8.0, table.to_string()
+    assert table.loc["gemm"].drop("all").max() <= 12.0, table.to_string()
+    for fam in calibrate.FAMILIES[1:]:
+        assert table.loc[fam, "all"] <= 15.0, table.to_string()

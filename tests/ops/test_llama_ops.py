@@ -1,0 +1,120 @@
+"""Fused memory-bound kernels of Llama-family layers: hand values, floors, batching, grads."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxmodel as jm
+
+
+def _toy(a100):
+    """The A100 with round kernel constants (hand values do not depend on a calibration)."""
+    return dataclasses.replace(
+        a100, mem_bw=2e12, mem_bw_efficiency=0.8, rmsnorm_bw_efficiency=0.5,
+        rope_bw_efficiency=0.4, silu_mul_bw_efficiency=0.5, add_bw_efficiency=0.9,
+        embedding_bw_efficiency=0.0, rmsnorm_overhead_s=5e-6, rope_overhead_s=4e-6,
+        silu_mul_overhead_s=4e-6, add_overhead_s=2e-6, embedding_overhead_s=3e-6,
+        mem_latency_s=0.0)
+
+
+def test_rmsnorm_hand_value(a100):
+    d = _toy(a100)
+    rows, cols = 8192.0, 4096.0
+    want = (3 * rows * cols + cols) * 2 / (2e12 * 0.5)        # two reads + one write, fp16
+    assert float(jm.rmsnorm_latency(d, rows, cols)) == pytest.approx(want, rel=1e-6)
+    # one token: the floor (the transfer of 24 KiB takes 25 ns)
+    assert float(jm.rmsnorm_latency(d, 1.0, 4096.0)) == pytest.approx(5e-6)
+    assert float(jm.rmsnorm_latency(d, 1.0, 4096.0, overhead=False)) == pytest.approx(
+        (3 * 4096 + 4096) * 2 / 1e12, rel=1e-6)
+
+
+def test_row_latency_chain_hand_value(a100):
+    # one block per row, 2 blocks per SM: 108·2 rows per wave; RMSNorm walks each row twice
+    # in ceil(cols / 1024) dependent loads per thread
+    d = dataclasses.replace(_toy(a100), mem_latency_s=0.5e-6, rmsnorm_overhead_s=0.0)
+    assert float(jm.rmsnorm_latency(d, 1.0, 8192.0)) == pytest.approx(2 * 8 * 0.5e-6)
+    assert float(jm.rmsnorm_latency(d, 217.0, 8192.0)) == pytest.approx(2 * 2 * 8 * 0.5e-6)
+    # SiLU·mul: ceil(28672 / 1024) = 28 loads per thread when the rows are given
+    got = float(jm.silu_mul_latency(d, 4.0 * 28672, rows=4.0))
+    assert got == pytest.approx(max(28 * 0.5e-6, 3 * 4 * 28672 * 2 / 1e12), rel=1e-6)
+    assert float(jm.silu_mul_latency(d, 4.0 * 28672)) < got     # no rows: no chain
+
+
+def test_rope_silu_add_embedding_hand_values(a100):
+    d = _toy(a100)
+    t, h, kv, hd = 4096.0, 32.0, 8.0, 128.0
+    assert float(jm.rope_latency(d, t, h, kv, hd)) == pytest.approx(
+        (2 * t * (h + kv) * hd + t * hd) * 2 / (2e12 * 0.4), rel=1e-6)
+    n = 4096.0 * 14336
+    assert float(jm.silu_mul_latency(d, n)) == pytest.approx(3 * n * 2 / 1e12, rel=1e-6)
+    assert float(jm.add_latency(d, n)) == pytest.approx(3 * n * 2 / (2e12 * 0.9), rel=1e-6)
+    # bw efficiency 0 falls back to the device's mem_bw_efficiency
+    assert float(jm.embedding_latency(d, t, 4096.0)) == pytest.approx(
+        (2 * t * 4096 * 2 + 8 * t) / (2e12 * 0.8), rel=1e-6)
+
+
+def test_floor_is_a_floor_not_an_addend(a100):
+    d = _toy(a100)
+    n = jnp.logspace(1, 9, 9)
+    t = np.asarray(jm.add_latency(d, n))
+    assert np.all(t >= 2e-6 - 1e-15)
+    assert np.all(np.diff(t) >= 0)
+    big = float(jm.add_latency(d, 1e9))
+    assert big == pytest.approx(float(jm.add_latency(d, 1e9, overhead=False)))
+
+
+def test_invalid_sizes_are_inf(a100):
+    assert np.isinf(float(jm.rmsnorm_latency(a100, 0.0, 4096.0)))
+    assert np.isinf(float(jm.rope_latency(a100, 16.0, 0.0, 8.0, 128.0)))
+    assert np.isinf(float(jm.silu_mul_latency(a100, -1.0)))
+
+
+def test_vmap_matches_loop_and_jit_matches_eager(a100):
+    rows = jnp.array([1.0, 64.0, 4096.0, 16384.0])
+    batched = np.asarray(jm.rmsnorm_latency(a100, rows, 8192.0))
+    loop = [float(jm.rmsnorm_latency.single(a100, r, 8192.0)) for r in rows]
+    np.testing.assert_allclose(batched, loop, rtol=1e-6)
+    f = jax.jit(lambda r: jm.silu_mul_latency.single(a100, r))
+    assert float(f(1e7)) == pytest.approx(float(jm.silu_mul_latency.single(a100, 1e7)),
+                                          rel=1e-6)
+
+
+def test_gradient_matches_finite_difference(a100):
+    d = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), _toy(a100))
+
+    def f(bw):
+        return jm.rmsnorm_latency.single(dataclasses.replace(d, mem_bw=bw), 8192.0, 8192.0)
+
+    g = float(jax.grad(f)(2e12))
+    h = 1e6
+    fd = (float(f(2e12 + h)) - float(f(2e12 - h))) / (2 * h)
+    assert g == pytest.approx(fd, rel=1e-5)
+    assert g < 0
+
+
+def test_float32_finite(a100, float32):
+    t = jm.rope_latency(a100, 8192.0, 64.0, 8.0, 128.0)
+    assert t.dtype == jnp.float32 and np.isfinite(float(t))
+
+
+def test_layer_uses_rmsnorm_rope_silu_for_llama_only():
+    import hw_db
+    system = hw_db.system("dgx_a100")
+    par = jm.Parallelism(tp=1)
+    dev = system.device
+    llama = hw_db.model("llama2-7b")
+    t = jm.layer_breakdown(system, llama, par, 1, 2048)
+    rms = float(jm.rmsnorm_latency(dev, 2048.0, 4096.0))
+    assert float(t["layernorm_mha"]) == pytest.approx(rms, rel=1e-5)
+    assert float(t["act"]) == pytest.approx(
+        float(jm.silu_mul_latency(dev, 2048.0 * llama.d_ff, rows=2048.0)), rel=1e-5)
+    rope = float(jm.rope_latency(dev, 2048.0, 32.0, 32.0, 128.0))
+    q = float(jm.gemm_latency(dev, 2048, 4096, 4096))
+    assert float(t["qkv"]) == pytest.approx(3 * q + rope, rel=1e-4)
+    gpt = hw_db.model("gpt3-13b")
+    tg = jm.layer_breakdown(system, gpt, par, 1, 2048)
+    assert float(tg["layernorm_mha"]) == pytest.approx(
+        float(jm.layernorm_latency(dev, 2048.0, gpt.d_model)), rel=1e-5)
