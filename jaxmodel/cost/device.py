@@ -13,7 +13,9 @@ Sources:
       share per device); outer levels use NICs sized to ``bw_per_device`` and a leaf-spine fat
       tree of fixed-radix switches when the topology is ``switch``, direct cables otherwise.
 
-All prices in USD, areas in mm², capacities in bytes (GB = 1e9 bytes).
+All prices in USD, areas in mm², capacities in bytes; memory prices are per DRAM gigabyte,
+which is binary (JEDEC JESD100B.01: a "GB" of DRAM is 2**30 bytes; an "80 GB" HBM part holds
+80·2**30 bytes).
 
 Example:
     >>> c = jm.device_cost(hw_db.device("a100_80gb"))
@@ -93,7 +95,7 @@ def _device_cost_single(dev: Device, include_yield: bool = True) -> DeviceCost:
     code = jnp.clip(jnp.round(_field(dev, "mem_protocol")), 0, 3).astype(int)
     is_hbm = jnp.asarray(mem["protocol_price"]["code_is_hbm"], dtype=float)[code]
     price = jnp.where(is_hbm > 0, mem["usd_per_gb"]["hbm2e"], mem["usd_per_gb"]["ddr5"])
-    memory = dev.mem_capacity / 1e9 * price
+    memory = dev.mem_capacity / 2.0 ** 30 * price
     pk = tech.table("packaging")["package"]
     package = jnp.asarray(pk["package_usd"] + pk["assembly_usd"]) * jnp.ones_like(memory)
     return DeviceCost(total_usd=die + memory + package, die_usd=die, memory_usd=memory,
