@@ -430,11 +430,12 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     sync = tp_collective(system, par, batch * seq_len * model.d_model * dtype_bytes, variant)
     out["allreduce_mha"] = sync
     out["allreduce_ffn"] = sync
-    out["moe_alltoall"] = (0.0 * sync if variant.moe is False else
+    out["moe_alltoall"] = (jnp.zeros_like(sync) if variant.moe is False else
                            _moe.alltoall_time(system, model, par, batch * seq_len, dtype_bytes,
                                               net=variant.net,
                                               dropless=True))
-    ok, _ = layer_feasibility(model, par)
+    ok, _ = first_reason(layer_checks(model, par)
+                         + [((batch > 0) & (seq_len > 0) & (kv_len >= 0), "invalid_workload")])
     out = {k: jnp.where(ok, out[k], INF) for k in LAYER_OPS + _moe.MOE_OPS}
     out["total"] = sum(out[k] for k in LAYER_OPS + _moe.MOE_OPS)
     return out
@@ -501,7 +502,8 @@ def _raise_if_invalid(model, par):
     from jaxmodel.types import is_concrete
     if not is_concrete(model, par) or batch_shape(model, par) != ():
         return
-    ok, why = layer_feasibility(model, par)
+    with jax.ensure_compile_time_eval():      # concrete even inside an outer jax.jit
+        ok, why = layer_feasibility(model, par)
     if not bool(ok):
         raise ValueError(f"infeasible layer split ({reason_name(why)}): tp={par.tp!r}, "
                          f"n_heads={model.n_heads!r}, n_kv_heads={model.n_kv_heads!r}, "
