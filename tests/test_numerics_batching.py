@@ -103,3 +103,66 @@ def test_chunked_path_pads_to_whole_chunks_and_matches_vmap():
     chunked = call_batched(_toy.single, batch, 1e9, chunk=3)   # 3 chunks, last one padded
     assert chunked.shape == (7,)
     np.testing.assert_allclose(chunked, whole, rtol=1e-12)
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_ceil_div_exact_at_integers(x64):
+    """ceil(k·b / b) = k for every b in 1..1999 and k in 1..7, in float32 and float64, jitted
+    with a broadcast scalar divisor (which XLA compiles as a multiplication by 1/b)."""
+    prev = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", x64)
+    try:
+        b = jnp.arange(1.0, 2000.0)
+        for k in range(1, 8):
+            got = jax.jit(nm.ceil_div)(k * b, b)
+            assert bool(jnp.all(got == k)), (k, int(jnp.sum(got != k)))
+            # one more element needs one more tile
+            assert bool(jnp.all(jax.jit(nm.ceil_div)(k * b + 1.0, b) == k + 1))
+        cores = jnp.asarray(104.0)
+        tiles = jnp.array([1456.0, 728.0, 364.0, 105.0, 1.0, 0.0])
+        got = jax.jit(lambda t, c: nm.ceil_div(t, c))(tiles, cores)
+        assert got.tolist() == [14.0, 7.0, 4.0, 2.0, 1.0, 0.0]
+        assert float(nm.ceil_div(5.0, 0.0)) == 0.0 and float(nm.ceil_div(5.0, -2.0)) == 0.0
+        assert float(jax.grad(nm.ceil_div)(7.0, 2.0)) == 0.0
+    finally:
+        jax.config.update("jax_enable_x64", prev)
+
+
+def test_finalize_no_nan_no_silent_inf():
+    value = jnp.array([1.0, jnp.inf, jnp.nan, 2.0, jnp.nan])
+    feasible = jnp.array([True, True, True, False, False])
+    reason = jnp.array([0, 0, 0, nm.reason_code("out_of_memory"),
+                        nm.reason_code("invalid_device")], dtype=jnp.int32)
+    v, ok, why = nm.finalize(value, feasible, reason)
+    assert v.tolist() == [1.0, jnp.inf, jnp.inf, jnp.inf, jnp.inf]
+    assert ok.tolist() == [True, False, False, False, False]
+    assert [nm.reason_name(c) for c in why] == ["ok", "out_of_range", "out_of_range",
+                                                "out_of_memory", "invalid_device"]
+    # reason codes are append-only: the established ones keep their numbers
+    assert nm.REASONS[:3] == ("ok", "invalid_device", "buffer_too_small")
+    assert nm.reason_code("invalid_workload") == 14 and nm.reason_code("out_of_range") == 15
+
+
+def test_operators_float32_match_float64():
+    """The operator models agree between float32 and float64 to 1e-5 on 300 random shapes
+    per device (tile counts are exact in both precisions)."""
+    import jaxmodel as jm
+    rng = np.random.default_rng(0)
+    rows = np.round(2 ** rng.uniform(0, 16, 300))
+    cols = np.round(2 ** rng.uniform(0, 16, 300))
+    ks = np.round(2 ** rng.uniform(0, 14, 300))
+    prev = jax.config.jax_enable_x64
+    out = {}
+    try:
+        for x64 in (False, True):
+            jax.config.update("jax_enable_x64", x64)
+            for name in ("a100_80gb", "mi210", "tpuv3"):
+                dev = hw_db.device(name)
+                out[x64, name] = [np.asarray(f, dtype=np.float64) for f in (
+                    jm.softmax_latency(dev, rows, cols), jm.layernorm_latency(dev, rows, cols),
+                    jm.gelu_latency(dev, rows * cols), jm.gemm_latency(dev, rows, cols, ks))]
+    finally:
+        jax.config.update("jax_enable_x64", prev)
+    for name in ("a100_80gb", "mi210", "tpuv3"):
+        for a, b in zip(out[False, name], out[True, name]):
+            np.testing.assert_allclose(a, b, rtol=1e-5)
