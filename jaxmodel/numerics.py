@@ -141,6 +141,20 @@ def where_feasible(feasible, value):
     return jnp.where(feasible, value, INF)
 
 
+def weighted(w, t):
+    """``w·t`` for a non-negative weight (a count, a share) and a time that may be ``+inf``.
+
+    ``0`` where ``w <= 0`` (even if ``t = inf``: no ``0·inf``), ``+inf`` where ``w > 0`` and ``t``
+    is infinite, else ``w·t``. Gradients are finite everywhere: an infinite ``t`` contributes
+    no gradient to ``w`` or ``t`` (double-where), so an infeasible operator inside a weighted
+    sum cannot poison the derivatives of the weights (model dimensions, shares).
+    """
+    use = w > 0
+    finite = jnp.isfinite(t)
+    prod = w * jnp.where(use & finite, t, 0.0)
+    return jnp.where(use & ~finite, INF, prod)
+
+
 def finalize(value, feasible=True, reason=0):
     """The last step of a public result: ``(value, feasible, reason)`` with no NaN and no
     silent infinity.

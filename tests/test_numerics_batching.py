@@ -169,3 +169,12 @@ def test_operators_float32_match_float64():
         jax.config.update("jax_enable_x64", prev)
     for a, b in zip(out[False], out[True]):
         np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+def test_weighted_zero_times_inf_and_finite_gradients():
+    w = jnp.array([0.0, 2.0, 2.0, -1.0])
+    t = jnp.array([jnp.inf, jnp.inf, 3.0, jnp.inf])
+    assert nm.weighted(w, t).tolist() == [0.0, jnp.inf, 6.0, 0.0]
+    gw, gt = jax.vmap(jax.grad(nm.weighted, argnums=(0, 1)))(w, t)
+    assert bool(jnp.all(jnp.isfinite(gw))) and bool(jnp.all(jnp.isfinite(gt)))
+    assert gw.tolist() == [0.0, 0.0, 3.0, 0.0] and gt.tolist() == [0.0, 0.0, 2.0, 0.0]

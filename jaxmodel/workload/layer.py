@@ -67,7 +67,7 @@ from jaxmodel import ops as _ops
 from jaxmodel.batching import batched
 from jaxmodel.ops import attention as _attention
 from jaxmodel.workload import moe as _moe
-from jaxmodel.numerics import INF, divides, first_reason, is_integer
+from jaxmodel.numerics import INF, divides, first_reason, is_integer, weighted
 from jaxmodel.types import Model, Parallelism, System, static_flag
 
 #: The 12 per-op rows of LLMCompass's layer breakdown, in the order of its CSVs.
@@ -231,7 +231,7 @@ def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=2.0, backward=False)
     out = {row: [0.0, 0.0] for row in gemm_rows}
     for (row, count, direction, _), t in zip(plain + multi, times):
         # counts may be arrays (MoE share, FlashAttention switch); a zero count adds exactly 0
-        out[row][direction] = out[row][direction] + count * jnp.where(count > 0, t, 0.0)
+        out[row][direction] = out[row][direction] + weighted(count, t)
     out = {row: (jnp.asarray(f), jnp.asarray(b)) for row, (f, b) in out.items()}
     for row, (f, b) in vector_rows.items():     # a row may have GEMM and vector parts
         gf, gb = out.get(row, (0.0, 0.0))

@@ -145,8 +145,9 @@ def _scale(rows, w):
 
 
 def _safe(w, t):
-    """``w·t`` that is exactly 0 (value and gradient) where ``w = 0``, even if ``t = inf``."""
-    return w * jnp.where(w > 0, t, 0.0)
+    """``w·t`` that is exactly 0 where ``w = 0``, even if ``t = inf``, with finite gradients
+    (:func:`jaxmodel.numerics.weighted`)."""
+    return nx.weighted(w, t)
 
 
 def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, backward=False,
