@@ -34,6 +34,7 @@ REASONS = (
     "sequence_not_divisible",    # 13 sequence not divisible by tp under sequence parallelism
     "invalid_workload",          # 14 batch / prompt / generation length < 1 or not an integer
     "precision_unsupported",     # 15 the device has no tensor-core rate for the compute dtype
+    "out_of_range",              # 16 a result overflows the float range (absurd magnitudes)
 )
 
 
@@ -55,19 +56,34 @@ def safe_div(num, den, fill=0.0):
 
 
 def ceil_div(a, b):
-    """``ceil(a / b)`` on floats (b > 0). Used for tile counts; gradient is zero a.e."""
-    return jnp.ceil(safe_div(a, b, fill=0.0) - 1e-9)
+    """``ceil(a / b)`` on floats, exact wherever ``a`` and ``b`` are integers (``b > 0``; 0
+    where ``b <= 0``). Used for tile counts; gradient is zero a.e.
+
+    The float quotient can land one ulp above an integer (``3b/b → 3.0000002`` in float32
+    when the division is compiled as a multiplication by ``1/b``), which a plain ``ceil``
+    turns into one tile too many. The ceiling of the quotient is therefore corrected with
+    products, which are exact for integers below ``2**24`` (float32) / ``2**53`` (float64):
+    ``c − 1`` tiles already cover ``a`` when ``(c − 1)·b >= a``, and ``c`` tiles are too few
+    when ``c·b < a``. No absolute margin is involved, so the result is the same in float32
+    and float64 at any magnitude.
+    """
+    ok = b > 0
+    den = jnp.where(ok, b, 1.0)
+    c = jnp.ceil(a / den)
+    c = jnp.where((c - 1.0) * den >= a, c - 1.0, c)
+    c = jnp.where(c * den < a, c + 1.0, c)
+    return jax.lax.stop_gradient(jnp.where(ok, c, 0.0))
 
 
 def smooth_ceil_div(a, b):
     """``a / b`` rounded up in value but with the gradient of ``a / b``.
 
-    Straight-through estimator: the forward value is the exact ceiling (so latencies match the
-    discrete model), the backward pass sees the continuous ratio, so d(latency)/d(bandwidth)
-    is informative rather than zero almost everywhere.
+    Straight-through estimator: the forward value is the exact ceiling (:func:`ceil_div`, so
+    latencies match the discrete model), the backward pass sees the continuous ratio, so
+    d(latency)/d(bandwidth) is informative rather than zero almost everywhere.
     """
     x = safe_div(a, b, fill=0.0)
-    return x + jax.lax.stop_gradient(jnp.ceil(x - 1e-9) - x)
+    return x + jax.lax.stop_gradient(ceil_div(a, b) - x)
 
 
 def masked_min(values, mask, axis=-1):
@@ -78,11 +94,6 @@ def masked_min(values, mask, axis=-1):
     reduction, so infinities/NaNs in them never reach the gradient.
     """
     return jnp.min(jnp.where(mask, values, INF), axis=axis)
-
-
-def masked_argmin(values, mask, axis=-1):
-    """Index of the masked minimum (0 when no entry qualifies)."""
-    return jnp.argmin(jnp.where(mask, values, INF), axis=axis)
 
 
 def soft_min(values, mask, temperature):
@@ -129,6 +140,43 @@ def first_reason(checks: Iterable[Tuple[jax.Array, str]]):
 def where_feasible(feasible, value):
     """``value`` where feasible, else ``+inf`` (compute ``value`` from sanitised inputs)."""
     return jnp.where(feasible, value, INF)
+
+
+def weighted(w, t):
+    """``w·t`` for a non-negative weight (a count, a share) and a time that may be ``+inf``.
+
+    ``0`` where ``w <= 0`` (even if ``t = inf``: no ``0·inf``), ``+inf`` where ``w > 0`` and ``t``
+    is infinite, else ``w·t``. Gradients are finite everywhere: an infinite ``t`` contributes
+    no gradient to ``w`` or ``t`` (double-where), so an infeasible operator inside a weighted
+    sum cannot poison the derivatives of the weights (model dimensions, shares).
+    """
+    use = w > 0
+    finite = jnp.isfinite(t)
+    prod = w * jnp.where(use & finite, t, 0.0)
+    return jnp.where(use & ~finite, INF, prod)
+
+
+def finalize(value, feasible=True, reason=0):
+    """The last step of a public result: ``(value, feasible, reason)`` with no NaN and no
+    silent infinity.
+
+    Where a configuration passed its checks but its value is not finite (float overflow of
+    absurd magnitudes, e.g. ``1e30`` fields in float32, or ``0·inf`` arising from them), it
+    becomes infeasible with reason ``out_of_range``; every infeasible value is ``+inf``.
+    Inputs of the formulas should still be sanitised (double-where) so that gradients stay
+    finite; this guard only fixes the forward value.
+
+    Returns:
+        ``value`` (finite where feasible, else ``+inf``), ``feasible`` (bool) and ``reason``
+        (int32, 0 where feasible).
+    """
+    value = jnp.asarray(value)
+    feasible = jnp.asarray(feasible, dtype=bool)
+    finite = jnp.isfinite(value)
+    reason = jnp.where(feasible & ~finite, jnp.int32(reason_code("out_of_range")),
+                       jnp.asarray(reason, dtype=jnp.int32))
+    feasible = feasible & finite
+    return jnp.where(feasible, value, INF), feasible, reason
 
 
 def sanitize(x, ok, fallback=1.0):

@@ -323,3 +323,78 @@ def test_compilation_cache_configuration(tmp_path):
     assert Path(path).is_dir() and float(min_s) > 0
     assert run(JAXMODEL_CACHE_DIR=str(tmp_path / "c"), JAXMODEL_NO_CACHE="1")[0] == "None"
     assert run(JAX_COMPILATION_CACHE_DIR=str(tmp_path / "mine"))[0] == str(tmp_path / "mine")
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_ceil_div_exact_at_integers(x64):
+    """ceil(k·b / b) = k for every b in 1..1999 and k in 1..7, in float32 and float64, jitted
+    with a broadcast scalar divisor (which XLA compiles as a multiplication by 1/b)."""
+    prev = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", x64)
+    try:
+        b = jnp.arange(1.0, 2000.0)
+        for k in range(1, 8):
+            got = jax.jit(nm.ceil_div)(k * b, b)
+            assert bool(jnp.all(got == k)), (k, int(jnp.sum(got != k)))
+            # one more element needs one more tile
+            assert bool(jnp.all(jax.jit(nm.ceil_div)(k * b + 1.0, b) == k + 1))
+        cores = jnp.asarray(104.0)
+        tiles = jnp.array([1456.0, 728.0, 364.0, 105.0, 1.0, 0.0])
+        got = jax.jit(lambda t, c: nm.ceil_div(t, c))(tiles, cores)
+        assert got.tolist() == [14.0, 7.0, 4.0, 2.0, 1.0, 0.0]
+        assert float(nm.ceil_div(5.0, 0.0)) == 0.0 and float(nm.ceil_div(5.0, -2.0)) == 0.0
+        assert float(jax.grad(nm.ceil_div)(7.0, 2.0)) == 0.0
+    finally:
+        jax.config.update("jax_enable_x64", prev)
+
+
+def test_finalize_no_nan_no_silent_inf():
+    value = jnp.array([1.0, jnp.inf, jnp.nan, 2.0, jnp.nan])
+    feasible = jnp.array([True, True, True, False, False])
+    reason = jnp.array([0, 0, 0, nm.reason_code("out_of_memory"),
+                        nm.reason_code("invalid_device")], dtype=jnp.int32)
+    v, ok, why = nm.finalize(value, feasible, reason)
+    assert v.tolist() == [1.0, jnp.inf, jnp.inf, jnp.inf, jnp.inf]
+    assert ok.tolist() == [True, False, False, False, False]
+    assert [nm.reason_name(c) for c in why] == ["ok", "out_of_range", "out_of_range",
+                                                "out_of_memory", "invalid_device"]
+    # reason codes are append-only: the established ones keep their numbers
+    assert nm.REASONS[:3] == ("ok", "invalid_device", "buffer_too_small")
+    assert nm.reason_code("invalid_workload") == 14 and nm.reason_code("out_of_range") == 16
+
+
+def test_operators_float32_match_float64():
+    """The operator models agree between float32 and float64 to 1e-5 on 100 random shapes
+    on each of A100, MI210 and TPUv3 (tile counts are exact in both precisions)."""
+    import jaxmodel as jm
+    rng = np.random.default_rng(0)
+    rows = np.round(2 ** rng.uniform(0, 16, 300))
+    cols = np.round(2 ** rng.uniform(0, 16, 300))
+    ks = np.round(2 ** rng.uniform(0, 14, 300))
+    names = ("a100_80gb", "mi210", "tpuv3")
+    devs = [hw_db.device(n) for n in names]
+    # one batched device (100 shapes each): one compilation per operator and precision
+    fields = {f.name: np.repeat([float(getattr(d, f.name)) for d in devs], 100)
+              for f in dataclasses.fields(devs[0]) if f.name != "name"}
+    prev = jax.config.jax_enable_x64
+    out = {}
+    try:
+        for x64 in (False, True):
+            jax.config.update("jax_enable_x64", x64)
+            dev = dataclasses.replace(devs[0], **{k: jnp.asarray(v) for k, v in fields.items()})
+            out[x64] = [np.asarray(f, dtype=np.float64) for f in (
+                jm.softmax_latency(dev, rows, cols), jm.layernorm_latency(dev, rows, cols),
+                jm.gelu_latency(dev, rows * cols), jm.gemm_latency(dev, rows, cols, ks))]
+    finally:
+        jax.config.update("jax_enable_x64", prev)
+    for a, b in zip(out[False], out[True]):
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+def test_weighted_zero_times_inf_and_finite_gradients():
+    w = jnp.array([0.0, 2.0, 2.0, -1.0])
+    t = jnp.array([jnp.inf, jnp.inf, 3.0, jnp.inf])
+    assert nm.weighted(w, t).tolist() == [0.0, jnp.inf, 6.0, 0.0]
+    gw, gt = jax.vmap(jax.grad(nm.weighted, argnums=(0, 1)))(w, t)
+    assert bool(jnp.all(jnp.isfinite(gw))) and bool(jnp.all(jnp.isfinite(gt)))
+    assert gw.tolist() == [0.0, 0.0, 3.0, 0.0] and gt.tolist() == [0.0, 0.0, 2.0, 0.0]

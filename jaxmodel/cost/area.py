@@ -33,6 +33,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmodel import numerics as nx
 from jaxmodel.batching import batched
 from jaxmodel.cost import tech
 from jaxmodel.types import Device
@@ -121,26 +122,39 @@ def _die_area_single(dev: Device):
     t = tech.table("area_model")
     tr = t["transistors"]
     rf = t["register_file"]
-    node = dev.process_node_nm
+    # Every count and size the area model multiplies must be finite and >= 0 (the node > 0);
+    # otherwise the whole breakdown is +inf (double-where: the formulas below only ever see
+    # sanitised values, so neither value nor gradient turns NaN).
+    raw = {name: _field(dev, name) for name in AREA_FIELDS}
+    raw.update(process_node_nm=dev.process_node_nm, sa_rows=dev.sa_rows, sa_cols=dev.sa_cols,
+               vector_width=dev.vector_width, lanes_per_core=dev.lanes_per_core,
+               cores=jnp.where(dev.physical_core_count > 0, dev.physical_core_count,
+                               dev.core_count))
+    ok = dev.process_node_nm > 0
+    for v in raw.values():
+        ok = ok & jnp.isfinite(v) & (v >= 0)
+    f = {k: nx.sanitize(v, ok, 7.0 if k == "process_node_nm" else 1.0) for k, v in raw.items()}
+
+    node = f["process_node_nm"]
     density = tech.node_value("logic_density_mtr_per_mm2", node) * 1e6  # transistors / mm²
     bitcell = tech.sram_bitcell_um2(node)
 
-    vector_tr = (_field(dev, "lane_int32_units") * tr["int32_alu"]
-                 + _field(dev, "lane_fp16_units") * _fpu_transistors(10.0)
-                 + _field(dev, "lane_fp32_units") * _fpu_transistors(23.0)
-                 + _field(dev, "lane_fp64_units") * tr["fpu64"])
-    sa_tr = dev.sa_rows * dev.sa_cols * _fpu_transistors(_field(dev, "sa_mantissa_bits"))
-    control_tr = dev.vector_width * tr["control_per_lane"]
-    ports = _field(dev, "regfile_ports")
+    vector_tr = (f["lane_int32_units"] * tr["int32_alu"]
+                 + f["lane_fp16_units"] * _fpu_transistors(10.0)
+                 + f["lane_fp32_units"] * _fpu_transistors(23.0)
+                 + f["lane_fp64_units"] * tr["fpu64"])
+    sa_tr = f["sa_rows"] * f["sa_cols"] * _fpu_transistors(f["sa_mantissa_bits"])
+    control_tr = f["vector_width"] * tr["control_per_lane"]
+    ports = f["regfile_ports"]
     w = rf["base_cell_tracks"]
     port_factor = ((w + ports) / (w + rf["anchor_ports"])) ** 2
-    rf_area = (rf["anchor_area_mm2"] * _field(dev, "regfile_bytes_per_lane") * 8.0
+    rf_area = (rf["anchor_area_mm2"] * f["regfile_bytes_per_lane"] * 8.0
                / rf["anchor_bits"] * port_factor * rf["anchor_density_mtr_per_mm2"] * 1e6
                / density)
-    local = sram_area(_field(dev, "physical_local_buffer_bytes"), bitcell)
+    local = sram_area(f["physical_local_buffer_bytes"], bitcell)
 
-    cores = jnp.where(dev.physical_core_count > 0, dev.physical_core_count, dev.core_count)
-    lanes = dev.lanes_per_core
+    cores = f["cores"]
+    lanes = f["lanes_per_core"]
     per_core = {
         "core_control": lanes * control_tr / density,
         "core_vector": lanes * vector_tr / density,
@@ -154,19 +168,19 @@ def _die_area_single(dev: Device):
 
     mp = t["memory_protocol"]
     lp = t["link_protocol"]
-    mcode = jnp.clip(jnp.round(_field(dev, "mem_protocol")), 0, len(mp["phy_mm2"]) - 1
-                     ).astype(int)
-    lcode = jnp.clip(jnp.round(_field(dev, "link_protocol")), 0, len(lp["phy_mm2"]) - 1
-                     ).astype(int)
-    channels = _field(dev, "physical_mem_channels")
-    links = _field(dev, "physical_device_links")
-    out["global_buffer"] = sram_area(_field(dev, "physical_global_buffer_bytes"), bitcell)
+    mcode = jnp.clip(jnp.round(f["mem_protocol"]), 0, len(mp["phy_mm2"]) - 1).astype(int)
+    lcode = jnp.clip(jnp.round(f["link_protocol"]), 0, len(lp["phy_mm2"]) - 1).astype(int)
+    channels = f["physical_mem_channels"]
+    links = f["physical_device_links"]
+    out["global_buffer"] = sram_area(f["physical_global_buffer_bytes"], bitcell)
     out["memory_phy"] = channels * jnp.asarray(mp["phy_mm2"])[mcode]
     out["memory_controller"] = channels * jnp.asarray(mp["controller_transistors"])[mcode] / density
     out["link_phy"] = links * jnp.asarray(lp["phy_mm2"])[lcode]
     out["link_controller"] = links * jnp.asarray(lp["controller_transistors"])[lcode] / density
     out["total"] = sum(out[k] for k in CATEGORIES)
-    return out
+    # absurd magnitudes may still overflow (inf, or 0·inf): the whole breakdown is then +inf
+    _, ok, _ = nx.finalize(out["total"], ok)
+    return {k: nx.where_feasible(ok, v) for k, v in out.items()}
 
 
 _die_area_batched = batched(_die_area_single)
@@ -184,7 +198,9 @@ def die_area(dev: Device) -> dict:
         memory_phy, memory_controller, link_phy, link_controller``, the per-core parts summed
         over all cores (``core_control, core_vector, core_systolic, core_regfile,
         core_local_buffer``) and ``total`` (mm²). Differentiable w.r.t. continuous fields
-        (counts, buffer sizes, array sizes, ``process_node_nm``).
+        (counts, buffer sizes, array sizes, ``process_node_nm``). Every entry is ``+inf``
+        when a count or size is negative or not finite, the node is not positive, or the
+        area overflows the float range (never NaN).
 
     Example:
         >>> jm.die_area(hw_db.device("mi210"))["total"]

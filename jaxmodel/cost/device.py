@@ -35,7 +35,7 @@ from jaxmodel.batching import batched
 from jaxmodel.cost import tech
 from jaxmodel.cost.area import _die_area_single, _field, area_fields
 from jaxmodel.cost.wafer import negative_binomial_yield
-from jaxmodel.numerics import safe_div
+from jaxmodel.numerics import ceil_div
 from jaxmodel.types import Device, System
 
 
@@ -81,9 +81,14 @@ def _die_cost_single(area_mm2, node_nm, include_yield: bool = True,
         else defect_density
     alpha = tech.constant("process_nodes", "constants.yield_clustering_alpha")
     diameter = tech.constant("process_nodes", "constants.wafer_diameter_mm")
-    dpw = dies_per_wafer_ttm(area_mm2, diameter)
-    y = negative_binomial_yield(area_mm2, d, alpha) if include_yield else jnp.ones_like(dpw)
-    ok = dpw > 0
+    # double-where: an infinite (invalid) or non-positive area gives +inf cost and the
+    # formulas only see a harmless area, so gradients stay finite
+    area_ok = jnp.isfinite(area_mm2) & (area_mm2 > 0)
+    area = jnp.where(area_ok, area_mm2, 1.0)
+    dpw = jnp.where(area_ok, dies_per_wafer_ttm(area, diameter), 0.0)
+    y = negative_binomial_yield(area, d, alpha) if include_yield else jnp.ones_like(dpw)
+    y = jnp.where(area_ok, y, 0.0)
+    ok = (dpw > 0) & (y > 0)
     cost = jnp.where(ok, wafer_usd / jnp.where(ok, dpw * y, 1.0), jnp.inf)
     return cost, dpw, y
 
@@ -175,7 +180,7 @@ def _fat_tree_switches(ports, radix):
     """
     one = ports <= radix
     two = ports <= radix * radix / 2.0
-    return jnp.where(one, jnp.ceil(safe_div(ports, radix) - 1e-9),
+    return jnp.where(one, ceil_div(ports, radix),
                      jnp.where(two, 3.0 * ports / radix, 5.0 * ports / radix))
 
 
@@ -183,9 +188,12 @@ def _system_cost_single(system: System, include_yield: bool = True) -> SystemCos
     dc = tech.table("datacenter")
     net, host = dc["network"], dc["host"]
     dev_cost = _device_cost_single(system.device, include_yield).total_usd
+    # double-where: an unpriceable device (+inf) makes the devices' share +inf without an
+    # infinite factor in any product, so gradients (e.g. d/d level size) stay finite
+    dev_ok = jnp.isfinite(dev_cost)
     n = system.n_devices
-    devices = n * dev_cost
-    hosts = jnp.ceil(n / host["devices_per_node"] - 1e-9) * host["node_usd"]
+    devices = jnp.where(dev_ok, n * jnp.where(dev_ok, dev_cost, 0.0), jnp.inf)
+    hosts = ceil_div(n, host["devices_per_node"]) * host["node_usd"]
     per_level = []
     group = 1.0
     for i, lvl in enumerate(system.levels):
@@ -194,7 +202,7 @@ def _system_cost_single(system: System, include_yield: bool = True) -> SystemCos
             # scale-up fabric inside a node (NVLink / NVSwitch board share)
             cost = n * net["scaleup_usd_per_device"] * jnp.ones_like(lvl.size)
         else:
-            nics = n * jnp.ceil(lvl.bw_per_device / net["nic_bytes_per_s"] - 1e-9)
+            nics = n * ceil_div(lvl.bw_per_device, net["nic_bytes_per_s"])
             is_switch = jnp.round(lvl.topology) == 1.0
             switches = jnp.where(is_switch, _fat_tree_switches(nics, net["switch_radix"]), 0.0)
             two_plus = nics > net["switch_radix"]

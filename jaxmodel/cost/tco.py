@@ -26,7 +26,7 @@ from jaxmodel.batching import batched
 from jaxmodel.cost import tech
 from jaxmodel.cost.area import area_fields
 from jaxmodel.cost.device import _system_cost_single
-from jaxmodel.numerics import safe_div
+from jaxmodel.numerics import safe_div, sanitize, where_feasible
 from jaxmodel.types import System
 
 HOURS_PER_YEAR = 365.0 * 24.0
@@ -74,14 +74,27 @@ def _tco_single(system: System, tokens_per_s=0.0, run_time_s=0.0, capex_usd=-1.0
     built = _system_cost_single(system, include_yield).total_usd
     capex = jnp.where(capex_usd > 0, capex_usd, built)
     n = system.n_devices
-    power = n * (system.device.tdp_w * util + _default("host_power_w_per_device"))
+    # A negative or non-finite board power or device count is not a system: +inf cost
+    # (double-where: the formulas see harmless values there, so gradients stay finite).
+    ok = ((system.device.tdp_w >= 0) & jnp.isfinite(system.device.tdp_w) & (n >= 0)
+          & jnp.isfinite(n))
+    tdp = sanitize(system.device.tdp_w, ok, 0.0)
+    n = sanitize(n, ok, 0.0)
+    power = n * (tdp * util + _default("host_power_w_per_device"))
     capex_h = capex / (life * HOURS_PER_YEAR)
-    energy_h = power / 1000.0 * pue_ * price
+    energy_h = where_feasible(ok, power / 1000.0 * pue_ * price)
     per_hour = capex_h + energy_h
-    per_mtok = safe_div(per_hour * 1e6, 3600.0 * tokens_per_s, jnp.inf)
+    # per million tokens / per run: +inf without a positive rate; 0 without a run time;
+    # an infinite hourly cost never meets a zero factor (no inf·0)
+    finite_h = jnp.isfinite(per_hour)
+    safe_h = sanitize(per_hour, finite_h, 0.0)
+    per_mtok = where_feasible(finite_h, safe_div(safe_h * 1e6, 3600.0 * tokens_per_s, jnp.inf))
+    has_run = run_time_s > 0
+    run_s = sanitize(run_time_s, has_run, 0.0)
+    per_run = jnp.where(has_run, where_feasible(finite_h, safe_h * run_s / 3600.0), 0.0)
     return TCO(usd_per_hour=per_hour, capex_usd=capex, capex_per_hour=capex_h,
-               energy_per_hour=energy_h, power_w=power, usd_per_million_tokens=per_mtok,
-               usd_per_run=per_hour * run_time_s / 3600.0)
+               energy_per_hour=energy_h, power_w=where_feasible(ok, power),
+               usd_per_million_tokens=per_mtok, usd_per_run=per_run)
 
 
 _tco_batched = batched(_tco_single)
@@ -104,6 +117,9 @@ def tco(system: System, tokens_per_s=0.0, run_time_s=0.0, *, capex_usd=-1.0,
 
     Returns:
         :class:`TCO`. All inputs may be batched arrays; the result is differentiable.
+        Costs are ``+inf`` (never NaN) for a system that cannot be priced (an invalid device,
+        a negative board power); ``usd_per_million_tokens`` is ``+inf`` without a positive
+        token rate and ``usd_per_run`` is 0 without a positive run time.
     """
     sys_ = dataclasses.replace(system, device=area_fields(system.device))
     return _tco_batched(sys_, tokens_per_s, run_time_s, capex_usd, lifetime_years, pue,

@@ -1,9 +1,12 @@
 """Can a device run the operator models at all? Batched check and a concrete validator.
 
-The GEMM search (:mod:`jaxmodel.ops.gemm`) needs its smallest tiles to fit: the smallest L1
-tile of the grid (``MIN_L1_ARRAYS`` systolic arrays on a side, ``tk ≥ 1``, double buffered, fp16)
-in the local buffer, and the smallest L2 working set of the grid (fp16) in the global buffer.
-Smaller problems clip their tiles and need less. Inside a batch an infeasible device gives
+A device is feasible for the operator models exactly when some mapping of the GEMM search
+(:mod:`jaxmodel.ops.gemm`) fits its buffers: at least one candidate of the static tile grid,
+unclipped (the tiles of a problem larger than every grid tile), has its L1 tile (double
+buffered, ``tk ≥ 1``) in the local buffer *and* its L2 working set in the global buffer, at
+fp16 (``MIN_WORD`` bytes per element). The test reuses the search's own candidate mask, so it
+cannot drift from the mapper. Smaller problems clip their tiles and need less; wider words
+need more (such a call returns ``+inf`` by itself). Inside a batch an infeasible device gives
 ``feasible=False`` with a reason code (``numerics.REASONS``) and ``+inf`` latencies.
 """
 
@@ -11,17 +14,36 @@ from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
 import numpy as np
 
 from jaxmodel import numerics as nx
 from jaxmodel.batching import batched
-from jaxmodel.ops.gemm import _device_fits, _device_ok, min_global_bytes, min_local_bytes
+from jaxmodel.ops.gemm import (GRID, _candidate_cycles, _device_ok, min_global_bytes,
+                               min_local_bytes)
 from jaxmodel.types import validate_device
+
+#: Element size (bytes) the device-level tile check is made for (fp16).
+MIN_WORD = 2.0
+# A problem dimension larger than every tile of the grid: no candidate is clipped.
+_UNCLIPPED = float(2.0 * np.max(GRID[:3]))
+
+
+def tile_fits(dev, word=MIN_WORD):
+    """True where at least one unclipped GEMM candidate fits both buffers (single config).
+
+    Exactly the search's mask (:func:`jaxmodel.ops.gemm._candidate_cycles`) on a problem
+    larger than every grid tile, reduced with ``any``; only the mask is used, so the cost
+    terms are dead code under ``jit``.
+    """
+    big = jnp.asarray(_UNCLIPPED, dtype=jnp.result_type(float))
+    _, mask = _candidate_cycles(dev, big, big, big, word)
+    return jnp.any(mask)
 
 
 def _ops_feasible_single(dev):
     return nx.first_reason([(_device_ok(dev), "invalid_device"),
-                            (_device_fits(dev), "buffer_too_small")])
+                            (tile_fits(dev), "buffer_too_small")])
 
 
 @batched
@@ -29,9 +51,8 @@ def ops_feasible(dev):
     """``(feasible, reason)`` of a (batched) device for the operator models.
 
     ``invalid_device``: a rate, count or size is not a finite positive number;
-    ``buffer_too_small``: the smallest GEMM tile of the search grid does not fit (see
-    :func:`min_local_bytes`, :func:`min_global_bytes`). Reason codes index
-    ``jaxmodel.numerics.REASONS``.
+    ``buffer_too_small``: no GEMM tile of the search grid fits the buffers (see
+    :func:`tile_fits`). Reason codes index ``jaxmodel.numerics.REASONS``.
 
     Example:
         >>> ok, why = ops_feasible(hw_db.device("a100_80gb"))     # True, 0 ("ok")
@@ -45,8 +66,10 @@ ops_feasible.single = _ops_feasible_single
 def validate_device_for_ops(dev, where: str = "Device"):
     """Validate a concrete device for the operator models; raise ``ValueError`` if unusable.
 
-    Runs :func:`jaxmodel.validate_device` (field ranges) and then checks that the smallest GEMM
-    tile of the search grid fits the buffers, naming the field and the value otherwise.
+    Runs :func:`jaxmodel.validate_device` (field ranges) and then checks that some GEMM tile
+    of the search grid fits the buffers (:func:`tile_fits`), naming the binding buffer field
+    and its value otherwise: the local buffer when a tile would fit with an unbounded local
+    buffer, else the global buffer.
     Returns ``dev``.
 
     Example:
@@ -56,14 +79,22 @@ def validate_device_for_ops(dev, where: str = "Device"):
         ...
         ValueError: Device: field 'local_buffer_bytes' = 1024.0 is too small for any GEMM tile ...
     """
+    import dataclasses
+
     validate_device(dev, where)
-    need_local = np.asarray(min_local_bytes(np.asarray(dev.sa_rows, dtype=float),
-                                            np.asarray(dev.sa_cols, dtype=float)))
-    for field, need in (("local_buffer_bytes", need_local),
-                        ("global_buffer_bytes", np.asarray(min_global_bytes()))):
-        v = np.asarray(getattr(dev, field), dtype=float)
-        if not np.all(v >= need):
-            raise ValueError(f"{where}: field '{field}' = {getattr(dev, field)!r} is too small "
-                             f"for any GEMM tile (needs >= {math.ceil(float(np.max(need)))} "
-                             "bytes)")
-    return dev
+    fits = np.asarray(ops_feasible(dev)[0])
+    if np.all(fits):
+        return dev
+    no_local_limit = dataclasses.replace(
+        dev, local_buffer_bytes=jnp.full(jnp.shape(dev.local_buffer_bytes), jnp.inf))
+    local_binding = np.asarray(batched(tile_fits)(no_local_limit))
+    if np.any(~fits & local_binding):
+        field = "local_buffer_bytes"
+        need = np.max(np.asarray(min_local_bytes(np.asarray(dev.sa_rows, dtype=float),
+                                                 np.asarray(dev.sa_cols, dtype=float))))
+    else:
+        field = "global_buffer_bytes"
+        need = float(min_global_bytes())
+    raise ValueError(f"{where}: field '{field}' = {getattr(dev, field)!r} is too small "
+                     f"for any GEMM tile of the search grid (the smallest tile alone needs "
+                     f">= {math.ceil(float(need))} bytes)")

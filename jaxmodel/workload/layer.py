@@ -70,7 +70,7 @@ from jaxmodel import ops as _ops
 from jaxmodel.batching import batched
 from jaxmodel.ops import attention as _attention
 from jaxmodel.workload import moe as _moe
-from jaxmodel.numerics import INF, first_reason
+from jaxmodel.numerics import INF, first_reason, weighted
 from jaxmodel.types import Model, Parallelism, System, static_flag, validate_args
 _prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
 
@@ -280,7 +280,7 @@ def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=None, backward=False
     out = {row: [0.0, 0.0] for row in gemm_rows}
     for (row, count, direction, _), t in zip(plain + multi, times):
         # counts may be arrays (MoE share, FlashAttention switch); a zero count adds exactly 0
-        out[row][direction] = out[row][direction] + count * jnp.where(count > 0, t, 0.0)
+        out[row][direction] = out[row][direction] + weighted(count, t)
     out = {row: (jnp.asarray(f), jnp.asarray(b)) for row, (f, b) in out.items()}
     for row, (f, b) in vector_rows.items():     # a row may have GEMM and vector parts
         gf, gb = out.get(row, (0.0, 0.0))
@@ -501,11 +501,12 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     sync = tp_collective(system, par, batch * seq_len * model.d_model * dtype_bytes, variant)
     out["allreduce_mha"] = sync
     out["allreduce_ffn"] = sync
-    out["moe_alltoall"] = (0.0 * sync if variant.moe is False else
+    out["moe_alltoall"] = (jnp.zeros_like(sync) if variant.moe is False else
                            _moe.alltoall_time(system, model, par, batch * seq_len, dtype_bytes,
                                               net=variant.net,
                                               dropless=True))
-    ok, _ = layer_feasibility(model, par)
+    ok, _ = first_reason(layer_checks(model, par)
+                         + [((batch > 0) & (seq_len > 0) & (kv_len >= 0), "invalid_workload")])
     ok = ok & _prec.supported(dev, prec)
     keys = LAYER_OPS + _moe.MOE_OPS + (("quantize",) if "quantize" in out else ())
     out = {k: jnp.where(ok, out[k], INF) for k in keys}
@@ -582,7 +583,8 @@ def _raise_if_invalid(model, par):
     from jaxmodel.types import is_concrete
     if not is_concrete(model, par) or batch_shape(model, par) != ():
         return
-    _plan.raise_if_invalid("layer", _plan.LAYER, _plan.inputs(model, par))
+    with jax.ensure_compile_time_eval():      # concrete even inside an outer jax.jit
+        _plan.raise_if_invalid("layer", _plan.LAYER, _plan.inputs(model, par))
 
 
 # --------------------------------------------------------------------------------------------

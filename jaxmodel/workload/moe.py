@@ -103,12 +103,14 @@ def moe_dims(model: Model, par: Parallelism, tokens, dtype_bytes=2.0, dropless=F
     cap = expert_capacity(model, tokens)
     d = model.d_model
     if dropless:
-        group = tokens * ep                             # tokens routed inside the EP group
+        # tokens routed inside the EP group; no tokens (an invalid workload, flagged by the
+        # callers) means no active expert and empty GEMMs, never 0/0
+        group = jnp.maximum(tokens, 0.0) * ep
         q = jnp.clip(1.0 - k / E, 0.0, 1.0)
         q_safe = jnp.where(q > 0, q, 0.5)
         active = jnp.where(q > 0, 1.0 - q_safe ** group, 1.0)
         experts = local * active
-        m = k * group / (E * active)
+        m = nx.safe_div(k * group, E * active, fill=0.0)
         slots = k * tokens
     else:
         experts = local
@@ -139,8 +141,9 @@ def _scale(rows, w):
 
 
 def _safe(w, t):
-    """``w·t`` that is exactly 0 (value and gradient) where ``w = 0``, even if ``t = inf``."""
-    return w * jnp.where(w > 0, t, 0.0)
+    """``w·t`` that is exactly 0 where ``w = 0``, even if ``t = inf``, with finite gradients
+    (:func:`jaxmodel.numerics.weighted`)."""
+    return nx.weighted(w, t)
 
 
 def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, backward=False,
@@ -165,7 +168,7 @@ def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, b
              "moe_router": [(G(tokens, jnp.maximum(model.n_experts, 1.0), sh.d_model), f)]}
     _, moe_v = _layer.ffn_block(dev, model, sh, n_exp * m, dtype_bytes, backward)
     act_d, act_m = dense_v["act"], moe_v["act"]
-    vectors = {"act": tuple((1.0 - f) * a + _safe(f, b) for a, b in zip(act_d, act_m))}
+    vectors = {"act": tuple(_safe(1.0 - f, a) + _safe(f, b) for a, b in zip(act_d, act_m))}
 
     # router softmax + top-k, dispatch (scatter into the slots) and combine (weighted gather)
     E = jnp.maximum(model.n_experts, 1.0)
