@@ -461,7 +461,8 @@ def validate_fields(obj: Any, where: str) -> Any:
     cls = type(obj)
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
-        if f.name == "name" or isinstance(v, (tuple, list)) or dataclasses.is_dataclass(v):
+        if (f.name == "name" or isinstance(f.default, str)          # static string metadata
+                or isinstance(v, (tuple, list)) or dataclasses.is_dataclass(v)):
             continue
         check_value(where, f.name, v, rule_of(cls, f.name))
     return obj
@@ -639,6 +640,12 @@ class Model:
             ``num_nextn_predict_layers``): each a projection ``[2d, d]``, two norms and one
             decoder layer (an MoE layer when the model is MoE), sharing embedding and head.
         name: hw_db name (static metadata).
+        quantization: how the published weights are stored when the checkpoint ships
+            quantised (HF ``quantization_config``), e.g. ``"fp8 e4m3, 128x128 block scales"``
+            (static metadata; "" = unquantised).
+        serving_precision: the :data:`jaxmodel.precision.PRESETS` name matching that storage
+            ("" when none matches exactly; static metadata). The model functions take the
+            precision as an argument; this records the checkpoint's native one.
     """
 
     n_layers: Array
@@ -669,6 +676,8 @@ class Model:
     first_k_dense: Array = 0.0
     n_mtp_layers: Array = 0.0
     name: str = "custom"
+    quantization: str = ""
+    serving_precision: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "activation",
@@ -701,7 +710,7 @@ class Model:
         return self.n_experts > 1
 
 
-_register(Model, meta=("name",))
+_register(Model, meta=("name", "quantization", "serving_precision"))
 
 
 def validate_model(model: Model, where: str = "Model") -> Model:
