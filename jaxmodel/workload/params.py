@@ -160,7 +160,8 @@ def params_per_device(model: Model, par: Parallelism):
     (a tied head is duplicated there when ``pp > 1``, as Megatron does). The maximum over stages
     is returned: stage layers plus one embedding-sized matrix, or both when ``pp = 1`` and untied,
     plus the multi-token-prediction modules (:func:`mtp_params`, held with the head). Shared
-    experts are split over ``tp`` like a dense FFN, routed ones over ``ep·tp``. ZeRO sharding over ``dp`` is applied in :mod:`jaxmodel.workload.memory`, not here.
+    experts are split over ``tp`` like a dense FFN, routed ones over ``ep·tp``. ZeRO sharding
+    over ``dp`` is applied in :mod:`jaxmodel.workload.memory`, not here.
 
     Example:
         >>> p = params_per_device(hw_db.model("gpt3-175b"), jm.Parallelism(tp=8, pp=8))
