@@ -271,3 +271,27 @@ def test_unmodelled_keys_fail_with_their_name():
                                                         "max_window_layers")}
     with pytest.raises(ValueError, match="sliding_window"):   # which layers is not known
         hw_db.model({**llama, "model_type": "llama", "sliding_window": 4096})
+
+
+@pytest.mark.slow
+def test_mla_and_window_branches_batched_equal_single_configs():
+    """A batch mixing MLA/GQA and windowed/full layers (traced branches, ``jnp.where``)
+    gives each configuration's own static-branch result; absorbed MLA decode reads the
+    latent, far less than GQA-shaped keys and values of the same head sizes on one device
+    (under TP the latent is replicated on every rank while per-head keys split)."""
+    sys_ = hw_db.system("dgx_h100")
+    par = jm.Parallelism(tp=1)
+    m = hw_db.model("deepseek-v2-lite")
+    both = dataclasses.replace(m, attention=jnp.array([1.0, 0.0]),
+                               sliding_window=jnp.array([0.0, 512.0]))
+    got = jm.layer_breakdown(sys_, both, par, 8, 1, phase="decode", kv_len=8192)
+    for i, (att, win) in enumerate([(1.0, 0.0), (0.0, 512.0)]):
+        one = jm.layer_breakdown(sys_, dataclasses.replace(m, attention=att,
+                                                           sliding_window=win),
+                                 par, 8, 1, phase="decode", kv_len=8192)
+        for row in ("qkv", "qk", "av", "wo", "total"):
+            assert float(got[row][i]) == pytest.approx(float(one[row]), rel=1e-5), row
+    full = jm.layer_breakdown(sys_, dataclasses.replace(m, attention=0.0), par, 8, 1,
+                              phase="decode", kv_len=8192)
+    assert float(got["qk"][0]) < 0.5 * float(full["qk"])      # latent vs per-head keys
+    assert float(got["qk"][1]) < float(full["qk"])            # window 512 of 8193 keys
