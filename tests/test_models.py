@@ -107,6 +107,12 @@ def test_deepseek_v3_by_hand_and_its_mtp_module():
                                                        - param_count(m)), rel=1e-9)
     assert mtp == pytest.approx(14e9, rel=0.05)
     assert m.quantization.startswith("fp8 e4m3") and m.serving_precision == "fp8"
+    # the MTP module is held for training, not loaded for plain serving
+    one = jm.Parallelism()
+    assert float(params_per_device(m, one)) == pytest.approx(float(param_count(m, mtp=True)),
+                                                             rel=1e-9)
+    assert float(params_per_device(m, one, mtp=False)) == pytest.approx(float(param_count(m)),
+                                                                        rel=1e-9)
     jm.precision(m.serving_precision)           # a preset name
 
 

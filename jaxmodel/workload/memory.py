@@ -193,7 +193,8 @@ def inference_memory_single(model: Model, par: Parallelism, batch, prompt_len, g
     prec = _prec.resolve(precision, dtype_bytes)
     dtype_bytes = prec.act_bytes
     tp = jnp.maximum(par.tp, 1.0)
-    weights = _prec.serving_weight_bytes(prec) * params_per_device.single(model, par)
+    # serving without speculative decoding: no multi-token-prediction modules
+    weights = _prec.serving_weight_bytes(prec) * params_per_device.single(model, par, False)
     kv = kv_cache_bytes_single(model, par, batch, prompt_len + gen_len, prec.kv_bytes)
     # transient working set of the largest step, the prefill of one layer: scores + softmax
     # output, or the FFN intermediates, plus a few hidden-state buffers.

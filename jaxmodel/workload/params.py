@@ -150,7 +150,7 @@ def _sanitised_degrees(par: Parallelism):
 
 
 @batched
-def params_per_device(model: Model, par: Parallelism):
+def params_per_device(model: Model, par: Parallelism, mtp: bool = True):
     """Parameters held by the most loaded device under TP/PP/EP (count).
 
     Megatron layout (Shoeybi et al. 2019; Narayanan et al. 2021): layer weights are split over
@@ -159,7 +159,8 @@ def params_per_device(model: Model, par: Parallelism):
     embedding is split over ``tp`` and lives on the first stage, the LM head on the last
     (a tied head is duplicated there when ``pp > 1``, as Megatron does). The maximum over stages
     is returned: stage layers plus one embedding-sized matrix, or both when ``pp = 1`` and untied,
-    plus the multi-token-prediction modules (:func:`mtp_params`, held with the head). Shared
+    plus the multi-token-prediction modules (:func:`mtp_params`, held with the head; trained
+    with the model, loaded for serving only with speculative decoding: ``mtp=False``). Shared
     experts are split over ``tp`` like a dense FFN, routed ones over ``ep·tp``. ZeRO sharding
     over ``dp`` is applied in :mod:`jaxmodel.workload.memory`, not here.
 
@@ -179,8 +180,9 @@ def params_per_device(model: Model, par: Parallelism):
     n_emb = jnp.where(pp > 1, 1.0, 2.0 - model.tied_embeddings)
     # multi-token-prediction modules sit beside the head on the last stage
     mtp_layer = jnp.where(model.n_experts > 1, moe_layer, dense_layer)
-    mtp = model.n_mtp_layers * (2.0 * model.d_model ** 2 / tp + 3.0 * model.d_model + mtp_layer)
-    return layers + n_emb * emb + 2.0 * model.d_model + mtp
+    mtp_w = model.n_mtp_layers * (2.0 * model.d_model ** 2 / tp + 3.0 * model.d_model
+                                  + mtp_layer)
+    return layers + n_emb * emb + 2.0 * model.d_model + (mtp_w if mtp else 0.0)
 
 
 def attention_flops_per_token(model: Model, seq_len):
