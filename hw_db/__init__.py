@@ -350,72 +350,114 @@ _HF_KEYS = {
     "n_layers": ("num_hidden_layers", "n_layer", "num_layers"),
     "d_model": ("hidden_size", "n_embd", "d_model"),
     "n_heads": ("num_attention_heads", "n_head"),
-    "n_kv_heads": ("num_key_value_heads",),
+    "n_kv_heads": ("num_key_value_heads", "num_kv_heads"),
     "head_dim": ("head_dim",),
     "d_ff": ("intermediate_size", "n_inner", "ffn_hidden_size"),
     "vocab_size": ("vocab_size",),
-    "n_experts": ("num_local_experts", "num_experts"),
-    "top_k": ("num_experts_per_tok",),
-    "moe_every": ("decoder_sparse_step",),
+    "n_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+    "top_k": ("num_experts_per_tok", "experts_per_token"),
+    "moe_every": ("decoder_sparse_step", "moe_layer_freq"),
     "capacity_factor": ("capacity_factor",),
+    "q_lora_rank": ("q_lora_rank",),
+    "kv_lora_rank": ("kv_lora_rank",),
+    "qk_nope_head_dim": ("qk_nope_head_dim",),
+    "qk_rope_head_dim": ("qk_rope_head_dim",),
+    "v_head_dim": ("v_head_dim",),
+    "n_shared_experts": ("n_shared_experts", "num_shared_experts"),
+    "moe_d_ff": ("moe_intermediate_size",),
+    "first_k_dense": ("first_k_dense_replace",),
+    "n_mtp_layers": ("num_nextn_predict_layers",),
+    "sliding_window": ("sliding_window",),
+    "global_every": ("sliding_window_pattern",),
 }
-# Keys that change compute, memory or communication and are modelled.
+# Keys that change compute, memory or communication and are modelled (read by ``model``).
 HF_MODELLED_KEYS = frozenset(k for keys in _HF_KEYS.values() for k in keys) | {
-    "hidden_act", "activation_function", "tie_word_embeddings", "model_type"}
+    "hidden_act", "hidden_activation", "activation_function", "tie_word_embeddings",
+    "model_type", "attention_bias", "multi_query", "new_decoder_architecture",
+    "parallel_attn", "use_parallel_residual", "use_sliding_window", "max_window_layers",
+    "layer_types", "quantization_config", "sliding_window_size", "mlp_only_layers"}
 # Keys that do not change the cost of a step at a given sequence length, batch and precision:
 # names and bookkeeping, tokenizer ids, the checkpoint's storage dtype (the run's precision is
 # an argument of the call), the maximal context (the call gives the sequence length),
-# position-encoding constants (RoPE scaling rescales angles: same FLOPs), normalisation
-# epsilons, initialisation, dropout probabilities (dropout kernels are a train_step option),
-# the MoE auxiliary-loss knobs, Llama's ``pretraining_tp`` (a numerically equivalent split of
-# the same GEMMs), small biases, and GPT-2's classification-head and attention-scaling flags.
+# position-encoding constants (RoPE scaling rescales angles: same FLOPs; partial rotary
+# dimensions rotate fewer elements of the same tensors), normalisation epsilons and QK-norms
+# (per-head RMSNorms: < 0.01 % of the parameters), initialisation, dropout probabilities
+# (dropout kernels are a train_step option), the MoE routing and auxiliary-loss knobs (group
+# limits, score function, scaling, normalisation of the top-k weights, the clamp of GPT-OSS's
+# SwiGLU: same experts and GEMMs), expert-parallel hints of a deployment (``ep_size``), logit
+# soft-capping (one tanh per score: elementwise, not modelled like the softmax's scale),
+# Llama's ``pretraining_tp`` (a numerically equivalent split of the same GEMMs), small biases
+# (``mlp_bias``, ``bias``: < 0.01 %), Falcon's post-layernorm residual flag, and GPT-2's
+# classification-head and attention-scaling flags.
 HF_HARMLESS_KEYS = frozenset({
-    "_source", "_name_or_path", "name", "architectures", "transformers_version",
+    "_source", "_name_or_path", "name", "architectures", "transformers_version", "auto_map",
     "torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
     "unk_token_id", "decoder_start_token_id", "tokenizer_class", "max_position_embeddings",
     "n_positions", "n_ctx", "max_sequence_length", "seq_length", "rope_theta",
     "rope_scaling", "rotary_pct", "rotary_emb_base", "rope_type", "partial_rotary_factor",
+    "rope_local_base_freq", "rope_interleave", "original_max_position_embeddings",
+    "initial_context_length", "rotary", "rotary_dim", "use_mrope", "cache_implementation",
     "position_embedding_type", "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps",
+    "norm_eps", "use_qk_norm", "qk_layernorm",
     "initializer_range", "use_cache", "attention_dropout", "hidden_dropout",
     "hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop",
     "attn_pdrop", "summary_type", "summary_use_proj", "summary_activation",
     "summary_proj_to_labels", "summary_first_dropout", "task_specific_params",
     "scale_attn_weights", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx",
+    "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
     "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
-    "router_z_loss_coef", "pretraining_tp", "attention_bias", "mlp_bias", "bias",
+    "router_z_loss_coef", "aux_loss_alpha", "seq_aux", "n_group", "topk_group",
+    "topk_method", "norm_topk_prob", "routed_scaling_factor", "scoring_func", "ep_size",
+    "swiglu_limit", "pretraining_tp", "mlp_bias", "bias",
+    "apply_residual_connection_post_layernorm",
     "id2label", "label2id", "is_decoder", "is_encoder_decoder", "return_dict",
     "output_attentions", "output_hidden_states", "torchscript", "use_return_dict",
     "gradient_checkpointing", "prefix", "finetuning_task", "problem_type",
 })
 # Structural keys that are harmless only when they switch the feature off.
-_HF_OFF_WHEN_FALSY = frozenset({"sliding_window", "use_sliding_window", "max_window_layers",
-                                "quantization_config", "num_shared_experts",
-                                "n_shared_experts", "shared_expert_intermediate_size"})
+_HF_OFF_WHEN_FALSY = frozenset({"shared_expert_intermediate_size", "alibi"})
 # Architectures (HF ``model_type``) whose MLP is gated: ``down(act(gate(x)) * up(x))``, three
-# matrices. With ``hidden_act = "silu"`` that is SwiGLU (Shazeer, "GLU Variants Improve
-# Transformer", 2020), as in HF's ``LlamaMLP``/``MistralMLP``/``MixtralBlockSparseTop2MLP``.
+# matrices. With ``hidden_act = "silu"`` that is SwiGLU, with a GELU GeGLU (Shazeer, "GLU
+# Variants Improve Transformer", 2020), as in HF's ``LlamaMLP``/``MixtralBlockSparseTop2MLP``/
+# ``GemmaMLP``/``Phi3MLP``/``DeepseekV3MLP``/``GptOssExperts``.
 GATED_MLP_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe",
                                    "qwen3", "qwen3_moe", "olmo", "olmo2", "granite", "gemma",
-                                   "gemma2"})
+                                   "gemma2", "gemma3_text", "phi3", "deepseek_v2",
+                                   "deepseek_v3", "gpt_oss"})
 # Architectures with a plain two-matrix MLP ``fc2(act(fc1(x)))``.
 PLAIN_MLP_MODEL_TYPES = frozenset({"gpt2", "gpt3", "gpt_neox", "gptj", "gpt_bigcode", "opt",
-                                   "bloom", "falcon", "phi", "starcoder2", "codegen"})
+                                   "bloom", "falcon", "phi", "starcoder2", "codegen",
+                                   "nemotron"})
+# Architectures whose Q/K/V projections always carry biases (HF ``Qwen2Attention``).
+QKV_BIAS_MODEL_TYPES = frozenset({"qwen2", "qwen2_moe"})
+# Architectures whose attention and MLP run in parallel on the same input whatever the config
+# says (HF ``GPTJBlock``, ``CodeGenBlock``); Falcon and GPT-NeoX read a key.
+PARALLEL_BLOCK_MODEL_TYPES = frozenset({"gptj", "codegen"})
+# Architectures whose config class ties the LM head to the embedding when the key is absent
+# (``tie_word_embeddings`` defaults to true in HF's ``PretrainedConfig``; Llama-family classes
+# override it to false).
+TIED_BY_DEFAULT_MODEL_TYPES = frozenset({"gpt2", "gemma", "gemma2", "gemma3_text", "falcon"})
+# Architectures whose sliding window (when set) applies to every layer.
+_WINDOW_ALL_LAYERS = frozenset({"mistral", "mixtral", "phi3", "starcoder2", "qwen2",
+                                "qwen2_moe", "qwen3", "qwen3_moe"})
 _GELU_NAMES = frozenset({"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast",
                          "gelu_accurate", "quick_gelu"})
 
 
 def _activation(cfg: Mapping, where: str) -> str:
-    """The FFN kind (``"gelu"`` or ``"swiglu"``) of a HF config.
+    """The FFN kind (a name of ``jm.ACTIVATIONS``) of a HF config.
 
     A SiLU activation means a gated SiLU FFN (SwiGLU, three matrices) in the architectures of
     :data:`GATED_MLP_MODEL_TYPES` and whenever ``model_type`` is absent and the key is HF's
-    ``hidden_act`` (the Llama-family spelling); a GELU activation in a plain architecture is
-    the two-matrix GELU FFN. A ReLU FFN, a non-gated SiLU FFN and a gated GELU FFN (GeGLU)
-    are not modelled and are rejected.
+    ``hidden_act`` (the Llama-family spelling); a GELU activation is GeGLU in a gated
+    architecture (Gemma) and the two-matrix GELU FFN in a plain one. ``relu`` and ``relu2``
+    (squared ReLU, Nemotron) are two-matrix FFNs. A non-gated SiLU FFN and gated ReLU
+    variants are not modelled and are rejected. Gemma's ``hidden_activation`` wins over
+    ``hidden_act`` as in HF's ``GemmaConfig``.
     """
-    key = "hidden_act" if "hidden_act" in cfg else (
-        "activation_function" if "activation_function" in cfg else None)
-    act = cfg.get(key, "gelu") if key else "gelu"
+    key = next((k for k in ("hidden_activation", "hidden_act", "activation_function")
+                if cfg.get(k) is not None), None)
+    act = cfg[key] if key else "gelu"
     mtype = cfg.get("model_type")
     if mtype is not None and not isinstance(mtype, str):
         raise ValueError(f"{where}: field 'model_type' must be a string, got {mtype!r}")
@@ -425,7 +467,7 @@ def _activation(cfg: Mapping, where: str) -> str:
     if mtype in GATED_MLP_MODEL_TYPES or mtype in PLAIN_MLP_MODEL_TYPES:
         gated = mtype in GATED_MLP_MODEL_TYPES
     else:                       # unknown architecture: HF's Llama-family spelling decides
-        gated = key == "hidden_act"
+        gated = key == "hidden_act" and a in ("silu", "swish")
     if a in ("silu", "swish"):
         if gated:
             return "swiglu"
@@ -433,12 +475,14 @@ def _activation(cfg: Mapping, where: str) -> str:
                          f"(model_type={mtype!r}) is not modelled (only SwiGLU, the gated "
                          "SiLU FFN of Llama-family architectures)")
     if a in _GELU_NAMES:
-        if gated and mtype is not None:
-            raise ValueError(f"{where}: field '{key}' = {act!r}: a gated GELU FFN (GeGLU, "
+        return "geglu" if gated else "gelu"
+    if a in ("relu", "relu2", "relu_squared", "squared_relu"):
+        if gated:
+            raise ValueError(f"{where}: field '{key}' = {act!r}: a gated ReLU FFN (ReGLU, "
                              f"model_type={mtype!r}) is not modelled")
-        return "gelu"
-    raise ValueError(f"{where}: field '{key}' = {act!r} is not modelled (GELU and gated SiLU "
-                     "= SwiGLU are)")
+        return "relu" if a == "relu" else "relu2"
+    raise ValueError(f"{where}: field '{key}' = {act!r} is not modelled (GELU, ReLU, squared "
+                     "ReLU, and gated SiLU/GELU = SwiGLU/GeGLU are)")
 
 
 def _check_hf_keys(cfg: Mapping, where: str, strict: bool) -> None:
@@ -457,17 +501,127 @@ def _check_hf_keys(cfg: Mapping, where: str, strict: bool) -> None:
         warnings.warn(msg, stacklevel=3)
 
 
+def _flag(cfg: Mapping, key: str, where: str, default: bool) -> bool:
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ValueError(f"{where}: field '{key}' must be true or false, got {v!r}")
+    return v
+
+
+def _window(cfg: Mapping, n_layers: float, where: str) -> tuple[float, float]:
+    """``(sliding_window, global_every)`` of a HF config (see ``jm.Model``).
+
+    - ``layer_types`` (GPT-OSS, recent configs): a list of ``"sliding_attention"`` /
+      ``"full_attention"``; the full layers must be every ``k``-th (``(i + 1) % k == 0``) or none;
+    - Gemma-2 alternates local and global layers (HF ``Gemma2DecoderLayer``: ``k = 2``);
+      Gemma-3 every ``sliding_window_pattern``-th layer is global (HF default 6);
+    - Mistral, Mixtral, Phi-3, Starcoder2: the window applies to every layer; Qwen2/Qwen3 only
+      with ``use_sliding_window`` (then only when ``max_window_layers`` covers no layer:
+      their bottom-full / top-local split is not modelled).
+    """
+    mtype = cfg.get("model_type")
+    win = cfg.get("sliding_window")
+    if win is None:
+        win = cfg.get("sliding_window_size")
+    if win is False:
+        win = None
+    if win is not None and (isinstance(win, bool) or not isinstance(win, (int, float))
+                            or win < 0):
+        raise ValueError(f"{where}: field 'sliding_window' must be a number >= 0, got {win!r}")
+    types = cfg.get("layer_types")
+    if types is not None:
+        if (not isinstance(types, list) or len(types) != int(n_layers) or any(
+                t not in ("sliding_attention", "full_attention") for t in types)):
+            raise ValueError(f"{where}: field 'layer_types' must list 'sliding_attention' / "
+                             f"'full_attention' for each of the {n_layers:g} layers")
+        full = [i for i, t in enumerate(types) if t == "full_attention"]
+        if len(full) == len(types) or not win:
+            if len(full) != len(types):
+                raise ValueError(f"{where}: field 'layer_types' has sliding layers but no "
+                                 "'sliding_window'")
+            return 0.0, 0.0
+        if not full:
+            return float(win), 0.0
+        k = full[0] + 1
+        if full != [i for i in range(len(types)) if (i + 1) % k == 0]:
+            raise ValueError(f"{where}: field 'layer_types' = {types!r}: only one full-"
+                             "attention layer every k layers is modelled")
+        return float(win), float(k)
+    if mtype in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") or "use_sliding_window" in cfg:
+        if not _flag(cfg, "use_sliding_window", where, False):
+            return 0.0, 0.0          # HF Qwen2/Qwen3 ignore the window then
+        mwl = cfg.get("max_window_layers") or 0
+        if mwl:
+            raise ValueError(f"{where}: field 'max_window_layers' = {mwl!r} with "
+                             "use_sliding_window: full attention below that layer and a "
+                             "window above is not modelled")
+        return (float(win), 0.0) if win else (0.0, 0.0)
+    if not win:
+        return 0.0, 0.0
+    if mtype == "gemma2":
+        return float(win), 2.0
+    if mtype == "gemma3_text":
+        pat = cfg.get("sliding_window_pattern", 6)
+        if isinstance(pat, bool) or not isinstance(pat, int) or pat < 1:
+            raise ValueError(f"{where}: field 'sliding_window_pattern' must be an integer "
+                             f">= 1, got {pat!r}")
+        return float(win), float(pat)
+    if mtype in _WINDOW_ALL_LAYERS or "sliding_window_pattern" not in cfg:
+        if mtype not in _WINDOW_ALL_LAYERS:
+            raise ValueError(f"{where}: field 'sliding_window' = {win!r}: which layers of "
+                             f"model_type={mtype!r} use it is not known (give 'layer_types')")
+        return float(win), 0.0
+    return float(win), float(cfg["sliding_window_pattern"])
+
+
+def _quantization(cfg: Mapping, where: str) -> tuple[str, str]:
+    """``(quantization, serving_precision)`` from a HF ``quantization_config`` (see
+    ``jm.Model``): FP8 (DeepSeek-V3: E4M3 weights with 128×128 block scales, dynamic
+    activation scaling: W8A8 FP8 GEMMs → preset ``"fp8"``); MXFP4 (GPT-OSS: E2M1 experts with
+    an E8M0 scale per 32 elements, attention, router, embedding and head in BF16 → no preset
+    matches a per-module mix: recorded only); AWQ/GPTQ 4-bit → ``"w4a16"``."""
+    q = cfg.get("quantization_config")
+    if not q:
+        return "", ""
+    if not isinstance(q, Mapping):
+        raise ValueError(f"{where}: field 'quantization_config' must be an object, got {q!r}")
+    method = str(q.get("quant_method", "")).lower()
+    if method == "fp8":
+        fmt = q.get("fmt", "e4m3")
+        block = q.get("weight_block_size")
+        desc = f"fp8 {fmt}" + (f", {block[0]}x{block[1]} block scales" if block else "")
+        return desc, "fp8"
+    if method == "mxfp4":
+        keep = q.get("modules_to_not_convert") or []
+        return ("mxfp4 (E2M1, E8M0 scale per 32 elements)"
+                + (f"; not converted: {', '.join(map(str, keep))}" if keep else "")), ""
+    if method in ("awq", "gptq") and q.get("bits", 4) == 4:
+        return f"{method} 4-bit, group {q.get('group_size', 128)}", "w4a16"
+    raise ValueError(f"{where}: field 'quantization_config' with quant_method={method!r} is "
+                     "not modelled (fp8, mxfp4, awq/gptq 4-bit are)")
+
+
 def model(name_or_config: str | Path | Mapping = "gpt3-175b", strict: bool = True) -> Model:
     """Load a model by hw_db name, from a HF ``config.json`` path, or from its dict.
 
-    Reads ``num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads,
-    head_dim, intermediate_size, vocab_size, hidden_act, num_local_experts,
-    num_experts_per_tok, decoder_sparse_step, tie_word_embeddings`` and GPT-2's ``n_layer,
-    n_embd, n_head, n_inner, activation_function``. Missing ``intermediate_size`` defaults to
-    ``4·hidden`` and missing KV heads to the query heads. Every other key must be listed in
+    Reads the keys of ``_HF_KEYS`` (``num_hidden_layers, hidden_size, num_attention_heads,
+    num_key_value_heads, head_dim, intermediate_size, vocab_size``; MoE ``num_local_experts /
+    num_experts / n_routed_experts, num_experts_per_tok, decoder_sparse_step / moe_layer_freq,
+    n_shared_experts, moe_intermediate_size, first_k_dense_replace``; MLA ``q_lora_rank,
+    kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim``;
+    ``num_nextn_predict_layers``; GPT-2's ``n_layer, n_embd, n_head, n_inner``) and
+    ``hidden_act / hidden_activation / activation_function`` (:func:`_activation`),
+    ``tie_word_embeddings`` (default per :data:`TIED_BY_DEFAULT_MODEL_TYPES`), the sliding
+    window (:func:`_window`), Q/K/V biases (``attention_bias``, Qwen2), parallel blocks
+    (GPT-J, Falcon ``parallel_attn``, GPT-NeoX ``use_parallel_residual``), Falcon's
+    ``multi_query`` / ``new_decoder_architecture`` KV heads, and ``quantization_config``
+    (:func:`_quantization`). Missing ``intermediate_size`` defaults to ``4·hidden`` and
+    missing KV heads to the query heads. Every other key must be listed in
     :data:`HF_HARMLESS_KEYS` (it does not change the cost); a key that may change compute,
     memory or communication and is not modelled raises ``ValueError`` naming it
-    (``strict=False``: a warning). See :func:`_activation` for how ``silu`` is read.
+    (``strict=False``: a warning).
 
     Example:
         >>> m = hw_db.model({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
@@ -475,10 +629,10 @@ def model(name_or_config: str | Path | Mapping = "gpt3-175b", strict: bool = Tru
         >>> int(m.d_ff), float(m.ffn_matrices)
         (256, 3.0)
         >>> hw_db.model({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-        ...              "vocab_size": 100, "sliding_window": 4096})
+        ...              "vocab_size": 100, "shared_expert_intermediate_size": 5632})
         Traceback (most recent call last):
         ...
-        ValueError: model config: key 'sliding_window' = 4096 may change compute, ...
+        ValueError: model config: key 'shared_expert_intermediate_size' = 5632 may change ...
     """
     if isinstance(name_or_config, Mapping):
         cfg, where = dict(name_or_config), "model config"
@@ -493,34 +647,66 @@ def model(name_or_config: str | Path | Mapping = "gpt3-175b", strict: bool = Tru
     if not isinstance(cfg, Mapping):
         raise ValueError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
     _check_hf_keys(cfg, where, strict)
+    mtype = cfg.get("model_type")
 
     def get(field, default=None):
+        found = None
         for key in _HF_KEYS[field]:
             if cfg.get(key) is not None:
                 v = cfg[key]
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     raise ValueError(f"{where}: field '{key}' must be a number, got {v!r}")
                 check_value(where, key, float(v), rule_of(Model, field))
-                return float(v)
+                if found is not None and float(v) != found[1]:
+                    raise ValueError(f"{where}: field '{key}' = {v!r} disagrees with "
+                                     f"'{found[0]}' = {found[1]:g}")
+                found = found or (key, float(v))
+        if found is not None:
+            return found[1]
         if default is None:
             raise ValueError(f"{where}: missing field '{_HF_KEYS[field][0]}'")
         return float(default)
 
-    tied = cfg.get("tie_word_embeddings", False)
-    if not isinstance(tied, bool):
-        raise ValueError(f"{where}: field 'tie_word_embeddings' must be true or false, got "
-                         f"{tied!r}")
+    tied = _flag(cfg, "tie_word_embeddings", where, mtype in TIED_BY_DEFAULT_MODEL_TYPES)
+    n_layers = get("n_layers")
     d_model = get("d_model")
     n_heads = get("n_heads")
-    head_dim = get("head_dim", d_model / n_heads)
-    if "head_dim" not in cfg and d_model % n_heads:
-        raise ValueError(f"{where}: field 'hidden_size' = {d_model:g} is not divisible by "
-                         f"num_attention_heads = {n_heads:g}; give 'head_dim'")
-    m = Model(n_layers=get("n_layers"), d_model=d_model, n_heads=n_heads,
-              n_kv_heads=get("n_kv_heads", n_heads), head_dim=head_dim,
-              d_ff=get("d_ff", 4 * d_model), vocab_size=get("vocab_size"),
+    mla = cfg.get("kv_lora_rank") is not None
+    mla_dims = dict(q_lora_rank=get("q_lora_rank", 0), kv_lora_rank=get("kv_lora_rank", 0),
+                    qk_nope_head_dim=get("qk_nope_head_dim", 0),
+                    qk_rope_head_dim=get("qk_rope_head_dim", 0),
+                    v_head_dim=get("v_head_dim", 0))
+    if mla:
+        head_dim = get("head_dim", mla_dims["qk_nope_head_dim"] + mla_dims["qk_rope_head_dim"])
+    else:
+        head_dim = get("head_dim", d_model / n_heads)
+        if "head_dim" not in cfg and d_model % n_heads:
+            raise ValueError(f"{where}: field 'hidden_size' = {d_model:g} is not divisible by "
+                             f"num_attention_heads = {n_heads:g}; give 'head_dim'")
+    if mtype == "falcon" and not _flag(cfg, "new_decoder_architecture", where, False):
+        n_kv = 1.0 if _flag(cfg, "multi_query", where, True) else n_heads
+    else:
+        n_kv = get("n_kv_heads", n_heads)
+    parallel = (mtype in PARALLEL_BLOCK_MODEL_TYPES
+                or (mtype == "falcon" and _flag(cfg, "parallel_attn", where, True))
+                or (mtype == "gpt_neox" and _flag(cfg, "use_parallel_residual", where, True))
+                or _flag(cfg, "parallel_attn", where, False))
+    qkv_bias = mtype in QKV_BIAS_MODEL_TYPES or _flag(cfg, "attention_bias", where, False)
+    mlp_only = cfg.get("mlp_only_layers")
+    if mlp_only:
+        raise ValueError(f"{where}: field 'mlp_only_layers' = {mlp_only!r}: dense layers at "
+                         "arbitrary positions are not modelled (first_k_dense_replace is)")
+    window, global_every = _window(cfg, n_layers, where)
+    quant, serving = _quantization(cfg, where)
+    m = Model(n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv,
+              head_dim=head_dim, d_ff=get("d_ff", 4 * d_model), vocab_size=get("vocab_size"),
               activation=_activation(cfg, where), n_experts=get("n_experts", 1),
               top_k=get("top_k", 1), moe_every=get("moe_every", 1),
               capacity_factor=get("capacity_factor", 1.0), tied_embeddings=float(tied),
-              name=str(name))
+              attention="mla" if mla else "gqa", **mla_dims,
+              sliding_window=window, global_every=global_every, qkv_bias=float(qkv_bias),
+              parallel_block=float(parallel), n_shared_experts=get("n_shared_experts", 0),
+              moe_d_ff=get("moe_d_ff", 0), first_k_dense=get("first_k_dense", 0),
+              n_mtp_layers=get("n_mtp_layers", 0), name=str(name), quantization=quant,
+              serving_precision=serving)
     return validate_model(m, where=where)

@@ -12,8 +12,8 @@ Example:
     >>> t = jm.gemm_latency(dev, 2048, 12288, 12288)      # seconds
 """
 
-from jaxmodel.types import (ACTIVATIONS, RECOMPUTE, SCHEDULES, TOPOLOGIES, Device, Model,
-                            NetLevel, Parallelism, System, validate_device, validate_model,
+from jaxmodel.types import (ACTIVATIONS, ATTENTIONS, RECOMPUTE, SCHEDULES, TOPOLOGIES, Device,
+                            Model, NetLevel, Parallelism, System, validate_device, validate_model,
                             validate_parallelism, validate_system)
 from jaxmodel.numerics import REASONS, reason_name
 from jaxmodel.precision import (DTYPES, PRESETS, Precision, precision, stack as stack_precisions,

@@ -343,7 +343,15 @@ def cmd_list(a) -> Any:
     import hw_db
     kinds = {"devices": "device", "systems": "system", "models": "model"}
     chosen = [a.kind] if a.kind != "all" else list(kinds)
-    return {k: hw_db.names(kinds[k]) for k in chosen}
+    out = {k: hw_db.names(kinds[k]) for k in chosen}
+    if "models" in out:
+        from jaxmodel.workload.params import param_count
+        # total and per-token (active) parameters, billions (jaxmodel.param_count)
+        out["models"] = {n: {"params_b": round(float(param_count.single(m)) / 1e9, 3),
+                             "active_params_b": round(float(param_count.single(m, True)) / 1e9,
+                                                      3)}
+                         for n, m in ((n, hw_db.model(n)) for n in out["models"])}
+    return out
 
 
 def _hardware_args(p: argparse.ArgumentParser):
@@ -589,7 +597,7 @@ def parser() -> argparse.ArgumentParser:
                                      "stdout")
         return p
 
-    p = add("list", "list hw_db devices, systems and models")
+    p = add("list", "list hw_db devices, systems and models (with total and active parameters)")
     p.add_argument("kind", nargs="?", default="all",
                    choices=["all", "devices", "systems", "models"])
     p.set_defaults(func=cmd_list, table=False)

@@ -31,17 +31,23 @@ Array = Any  # a float, an int or a jax array (possibly with a leading batch axi
 TOPOLOGIES = ("ring", "switch", "fully_connected", "mesh2d", "torus2d")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
-ACTIVATIONS = ("gelu", "swiglu")
+# FFN kinds: GELU and ReLU / squared ReLU (two matrices), SwiGLU and GeGLU (gated, three).
+ACTIVATIONS = ("gelu", "swiglu", "geglu", "relu", "relu2")
+# Attention kinds: "gqa" covers multi-head (h_kv = h), grouped-query and multi-query
+# (h_kv = 1) attention; "mla" is DeepSeek's multi-head latent attention.
+ATTENTIONS = ("gqa", "mla")
 
 
 # Alternative spellings of code names. Only true synonyms are listed: GELU approximations
-# (``gelu_new``, ``gelu_pytorch_tanh``) cost what GELU costs. ``silu``/``relu`` are not
-# aliases: whether a SiLU FFN is gated (SwiGLU) depends on the architecture, which
-# ``hw_db.model`` decides from the HF config; a ReLU FFN is not modelled.
+# (``gelu_new``, ``gelu_pytorch_tanh``) cost what GELU costs; multi-head and multi-query
+# attention are the ``gqa`` kind with ``n_kv_heads = n_heads`` or 1. ``silu`` is not an alias:
+# whether a SiLU FFN is gated (SwiGLU) depends on the architecture, which ``hw_db.model``
+# decides from the HF config.
 ALIASES = {"fc": "fully_connected", "full_connected": "fully_connected", "mesh": "mesh2d",
            "torus": "torus2d", "2d_mesh": "mesh2d", "2d_torus": "torus2d",
            "interleaved_1f1b": "interleaved", "pipedream_flush": "1f1b", "gelu_new": "gelu",
-           "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu", "gelu_accurate": "gelu"}
+           "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu", "gelu_accurate": "gelu",
+           "relu_squared": "relu2", "squared_relu": "relu2", "mha": "gqa", "mqa": "gqa"}
 
 
 def code_of(value: Any, names: Sequence[str], field: str) -> Any:
@@ -391,6 +397,20 @@ RANGES: dict[str, dict[str, Rule]] = {
         "moe_every": _count(1, 1e5),
         "capacity_factor": _real(0, 1e3, lo_open=True),
         "tied_embeddings": FLAG,
+        "attention": _code(ATTENTIONS),
+        "q_lora_rank": _count(0, 1e7),
+        "kv_lora_rank": _count(0, 1e7),
+        "qk_nope_head_dim": _count(0, 1e5),
+        "qk_rope_head_dim": _count(0, 1e5),
+        "v_head_dim": _count(0, 1e5),
+        "sliding_window": _count(0, 1e9),
+        "global_every": _count(0, 1e5),
+        "qkv_bias": FLAG,
+        "parallel_block": FLAG,
+        "n_shared_experts": _count(0, 1e5),
+        "moe_d_ff": _count(0, 1e8),
+        "first_k_dense": _count(0, 1e5),
+        "n_mtp_layers": _count(0, 1e3),
     },
     "Parallelism": {
         "dp": _count(), "tp": _count(), "pp": _count(), "ep": _count(), "cp": _count(),
@@ -476,7 +496,8 @@ def validate_fields(obj: Any, where: str) -> Any:
     cls = type(obj)
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
-        if f.name == "name" or isinstance(v, (tuple, list)) or dataclasses.is_dataclass(v):
+        if (f.name == "name" or isinstance(f.default, str)          # static string metadata
+                or isinstance(v, (tuple, list)) or dataclasses.is_dataclass(v)):
             continue
         check_value(where, f.name, v, rule_of(cls, f.name))
     return obj
@@ -609,25 +630,57 @@ def validate_system(system: System, where: str = "System") -> System:
 # --------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Model:
-    """A decoder-only transformer (GPT / Llama / Mixtral family).
+    """A decoder-only transformer: GPT, Llama, Mistral/Mixtral, Qwen, Gemma, Phi, DeepSeek,
+    GPT-OSS, Falcon, GPT-J, Nemotron families.
 
-    Read from a HF ``config.json`` by ``hw_db.model``. Counts are leaves so batches may vary them.
+    Read from a HF ``config.json`` by ``hw_db.model``. Counts are leaves so batches may vary
+    them; every field added after the first seven has a default that switches its feature off.
 
     Attributes:
-        n_layers: decoder layers.
+        n_layers: decoder layers (without multi-token-prediction modules).
         d_model: hidden size.
         n_heads: attention (query) heads.
-        n_kv_heads: key/value heads (GQA/MQA; = n_heads for multi-head attention).
-        head_dim: per-head dimension (usually d_model / n_heads).
-        d_ff: FFN intermediate size (per expert for MoE).
+        n_kv_heads: key/value heads (GQA/MQA; = n_heads for multi-head attention; MLA: n_heads).
+        head_dim: per-head dimension (usually d_model / n_heads; MLA: unused, see below).
+        d_ff: FFN intermediate size of a dense layer (and of each expert when ``moe_d_ff = 0``).
         vocab_size: vocabulary size.
-        activation: code into ``ACTIVATIONS``: gelu (2-matrix FFN) or swiglu (3-matrix FFN).
-        n_experts: experts per MoE layer (1 = dense).
-        top_k: experts per token.
-        moe_every: every ``moe_every``-th layer is an MoE layer (HF ``decoder_sparse_step``).
+        activation: code into ``ACTIVATIONS``: gelu, relu, relu2 (squared ReLU, So et al.
+            2021 "Primer"; Nemotron) — 2-matrix FFNs; swiglu, geglu (gated, Shazeer 2020
+            "GLU Variants Improve Transformer") — 3-matrix FFNs.
+        n_experts: routed experts per MoE layer (1 = dense).
+        top_k: routed experts per token.
+        moe_every: every ``moe_every``-th layer (after the dense first ones) is an MoE layer
+            (HF ``decoder_sparse_step`` / ``moe_layer_freq``; interleaved MoE).
         capacity_factor: GShard expert capacity factor.
         tied_embeddings: 1 when the LM head shares the embedding matrix.
+        attention: code into ``ATTENTIONS``: gqa (MHA/GQA/MQA through ``n_kv_heads``) or mla
+            (multi-head latent attention, DeepSeek-AI 2024, "DeepSeek-V2", §2.1).
+        q_lora_rank: MLA query compression rank ``d_c'`` (0 = full-rank query projection).
+        kv_lora_rank: MLA key/value latent rank ``d_c``.
+        qk_nope_head_dim, qk_rope_head_dim: MLA per-head query/key dimensions without and
+            with RoPE (``d_h`` and ``d_h^R``; the RoPE key is shared by all heads).
+        v_head_dim: MLA per-head value dimension.
+        sliding_window: attention window of local layers, tokens (0 = full attention).
+        global_every: with a window, every ``global_every``-th layer attends globally
+            (Gemma-2: 2, Gemma-3: 6, GPT-OSS: 2); 0 = every layer is local (Mistral-7B).
+        qkv_bias: 1 when the Q, K, V projections carry biases (Qwen2, GPT-OSS).
+        parallel_block: 1 when attention and MLP read the same input and their outputs are
+            summed (GPT-J, Falcon; Wang & Komatsuzaki 2021; one TP reduction per layer).
+        n_shared_experts: always-active experts beside the routed ones (DeepSeekMoE, Dai et
+            al. 2024 §3.2), each ``moe_d_ff`` wide.
+        moe_d_ff: intermediate size of one routed or shared expert (HF
+            ``moe_intermediate_size``; fine-grained experts); 0 = ``d_ff``.
+        first_k_dense: the first layers keep a dense FFN (HF ``first_k_dense_replace``).
+        n_mtp_layers: multi-token-prediction modules (DeepSeek-V3 §2.2, HF
+            ``num_nextn_predict_layers``): each a projection ``[2d, d]``, two norms and one
+            decoder layer (an MoE layer when the model is MoE), sharing embedding and head.
         name: hw_db name (static metadata).
+        quantization: how the published weights are stored when the checkpoint ships
+            quantised (HF ``quantization_config``), e.g. ``"fp8 e4m3, 128x128 block scales"``
+            (static metadata; "" = unquantised).
+        serving_precision: the :data:`jaxmodel.precision.PRESETS` name matching that storage
+            ("" when none matches exactly; static metadata). The model functions take the
+            precision as an argument; this records the checkpoint's native one.
     """
 
     n_layers: Array
@@ -643,23 +696,56 @@ class Model:
     moe_every: Array = 1.0
     capacity_factor: Array = 1.0
     tied_embeddings: Array = 0.0
+    attention: Array = 0.0
+    q_lora_rank: Array = 0.0
+    kv_lora_rank: Array = 0.0
+    qk_nope_head_dim: Array = 0.0
+    qk_rope_head_dim: Array = 0.0
+    v_head_dim: Array = 0.0
+    sliding_window: Array = 0.0
+    global_every: Array = 0.0
+    qkv_bias: Array = 0.0
+    parallel_block: Array = 0.0
+    n_shared_experts: Array = 0.0
+    moe_d_ff: Array = 0.0
+    first_k_dense: Array = 0.0
+    n_mtp_layers: Array = 0.0
     name: str = "custom"
+    quantization: str = ""
+    serving_precision: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "activation",
                            code_of(self.activation, ACTIVATIONS, "activation"))
+        object.__setattr__(self, "attention",
+                           code_of(self.attention, ATTENTIONS, "attention"))
+
+    @property
+    def is_gated(self) -> Array:
+        """1 for gated FFNs (SwiGLU, GeGLU), else 0."""
+        a = self.activation
+        return jnp.where((a > 0.5) & (a < 2.5), 1.0, 0.0)
 
     @property
     def ffn_matrices(self) -> Array:
-        """Weight matrices per FFN: 2 for GELU, 3 for SwiGLU."""
-        return 2.0 + self.activation
+        """Weight matrices per FFN: 2 for GELU / ReLU / squared ReLU, 3 for SwiGLU / GeGLU."""
+        return 2.0 + self.is_gated
+
+    @property
+    def is_mla(self) -> Array:
+        return self.attention > 0.5
+
+    @property
+    def expert_d_ff(self) -> Array:
+        """Intermediate size of one routed/shared expert: ``moe_d_ff``, or ``d_ff`` when 0."""
+        return jnp.where(self.moe_d_ff > 0, self.moe_d_ff, self.d_ff)
 
     @property
     def is_moe(self) -> Array:
         return self.n_experts > 1
 
 
-_register(Model, meta=("name",))
+_register(Model, meta=("name", "quantization", "serving_precision"))
 
 
 def validate_model(model: Model, where: str = "Model") -> Model:
@@ -674,6 +760,14 @@ def validate_model(model: Model, where: str = "Model") -> Model:
         raise ValueError(f"{where}: field 'n_kv_heads' = {kv!r} must divide n_heads = {h!r}")
     if _concrete_scalars(e, k) and float(k) > float(e):
         raise ValueError(f"{where}: field 'top_k' = {k!r} exceeds n_experts = {e!r}")
+    if _concrete_scalars(model.attention) and float(model.attention) > 0.5:
+        for f in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            v = getattr(model, f)
+            if _concrete_scalars(v) and float(v) <= 0:
+                raise ValueError(f"{where}: field '{f}' = {v!r} must be > 0 for MLA attention")
+    fk, nl = model.first_k_dense, model.n_layers
+    if _concrete_scalars(fk, nl) and float(fk) > float(nl):
+        raise ValueError(f"{where}: field 'first_k_dense' = {fk!r} exceeds n_layers = {nl!r}")
     return model
 
 

@@ -201,16 +201,23 @@ def test_hf_activation_is_decided_by_the_architecture():
     assert float(hw_db.model({**gpt2, "activation_function": "gelu_new"}).ffn_matrices) == 2.0
     with pytest.raises(ValueError, match="non-gated SiLU"):
         hw_db.model({**gpt2, "activation_function": "silu"})
-    with pytest.raises(ValueError, match="'relu' is not modelled"):
-        hw_db.model({**LLAMA, "model_type": "opt", "hidden_act": "relu"})
-    with pytest.raises(ValueError, match="GeGLU"):
-        hw_db.model({**LLAMA, "model_type": "gemma", "hidden_act": "gelu_pytorch_tanh"})
+    opt = hw_db.model({**LLAMA, "model_type": "opt", "hidden_act": "relu"})
+    assert int(opt.activation) == jm.ACTIVATIONS.index("relu") and float(opt.ffn_matrices) == 2
+    nemo = hw_db.model({**LLAMA, "model_type": "nemotron", "hidden_act": "relu2"})
+    assert int(nemo.activation) == jm.ACTIVATIONS.index("relu2")
+    assert float(nemo.ffn_matrices) == 2.0
+    gemma = hw_db.model({**LLAMA, "model_type": "gemma", "hidden_act": "gelu_pytorch_tanh"})
+    assert int(gemma.activation) == jm.ACTIVATIONS.index("geglu")
+    assert float(gemma.ffn_matrices) == 3.0
+    with pytest.raises(ValueError, match="ReGLU"):
+        hw_db.model({**LLAMA, "hidden_act": "relu"})
+    with pytest.raises(ValueError, match="'tanh' is not modelled"):
+        hw_db.model({**LLAMA, "hidden_act": "tanh"})
 
 
 def test_hf_structural_keys_are_modelled_or_rejected():
-    for key, val in (("sliding_window", 4096), ("num_shared_experts", 2),
-                     ("quantization_config", {"bits": 4}), ("parallel_attn", True),
-                     ("moe_intermediate_size", 1408)):
+    for key, val in (("shared_expert_intermediate_size", 5632), ("alibi", True),
+                     ("num_mtp_modules", 1), ("hybrid_override_pattern", "M-M*")):
         with pytest.raises(ValueError, match=f"key '{key}'"):
             hw_db.model({**LLAMA, key: val})
         with pytest.warns(UserWarning, match=key):

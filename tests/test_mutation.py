@@ -189,12 +189,13 @@ def model_mutations():
             yield f"model {name} {key}: nan", key, mut(float("nan"))
             yield f"model {name} {key}: typo", key + "s", {
                 (key + "s" if k == key else k): x for k, x in cfg.items()}
-        yield f"model {name}: relu", "relu", {**cfg, "hidden_act": "relu",
-                                             "activation_function": "relu"}
-        yield f"model {name}: sliding window", "sliding_window", {**cfg,
-                                                                  "sliding_window": 4096}
-        yield f"model {name}: unknown structural key", "num_shared_experts", {
-            **cfg, "num_shared_experts": 2}
+        yield f"model {name}: tanh", "tanh", {**cfg, "hidden_act": "tanh",
+                                             "activation_function": "tanh",
+                                             "hidden_activation": "tanh"}
+        yield f"model {name}: negative window", "sliding_window", {**cfg,
+                                                                   "sliding_window": -4096}
+        yield f"model {name}: unknown structural key", "shared_expert_intermediate_size", {
+            **cfg, "shared_expert_intermediate_size": 5632}
         yield f"model {name}: tie string", "tie_word_embeddings", {
             **cfg, "tie_word_embeddings": "yes"}
 

@@ -147,7 +147,9 @@ def test_bools_are_flags_not_codes():
 
 def test_activation_aliases_are_true_synonyms_only():
     assert code_of("gelu_new", jm.ACTIVATIONS, "activation") == 0.0
-    for act in ("relu", "silu", "swish"):
+    assert code_of("relu", jm.ACTIVATIONS, "activation") == 3.0       # a kind of its own
+    assert code_of("squared_relu", jm.ACTIVATIONS, "activation") == 4.0
+    for act in ("silu", "swish"):      # gated or not depends on the architecture
         with pytest.raises(ValueError, match="activation"):
             code_of(act, jm.ACTIVATIONS, "activation")
     with pytest.raises(ValueError, match="did you mean 'switch'"):

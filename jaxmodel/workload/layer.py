@@ -70,6 +70,7 @@ from jaxmodel import ops as _ops
 from jaxmodel.batching import batched
 from jaxmodel.ops import attention as _attention
 from jaxmodel.workload import moe as _moe
+from jaxmodel.workload import params as _params
 from jaxmodel.numerics import INF, first_reason, weighted
 from jaxmodel.types import Model, Parallelism, System, static_flag, validate_args
 _prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
@@ -134,6 +135,8 @@ class Variant(NamedTuple):
     moe: bool | None = None   # any MoE layer (n_experts > 1): MoE FFN / all-to-all branches
     flash: bool | None = None  # FlashAttention anywhere: the fused attention branch
     net: _comm.NetVariant = _comm.ANY_NET  # static topologies of the system's tiers
+    mla: bool | None = None    # multi-head latent attention: the MLA projections / core
+    window: bool | None = None  # sliding-window layers: a second, windowed attention core
 
 
 ANY = Variant()
@@ -146,7 +149,9 @@ def variant_of(model: Model, par: Parallelism, system: System | None = None) -> 
                    tp=static_flag(par.tp, lambda a: a > 1.5),
                    moe=static_flag(model.n_experts, lambda a: a > 1.5),
                    flash=static_flag(par.flash_attention, lambda a: a > 0.5),
-                   net=_comm.net_variant_of(system))
+                   net=_comm.net_variant_of(system),
+                   mla=static_flag(model.attention, lambda a: a > 0.5),
+                   window=static_flag(model.sliding_window, lambda a: a > 0.5))
 
 
 def layer_checks(model: Model, par: Parallelism):
@@ -308,6 +313,54 @@ def qkv_projection(sh: Shard, tokens, fused=False):
                     (Gemm(tokens, sh.kv_heads * sh.head_dim, sh.d_model), 2.0)]}
 
 
+def mla_projections(model: Model, sh: Shard, tokens, absorbed=False):
+    """Projection GEMMs of multi-head latent attention (DeepSeek-AI 2024, "DeepSeek-V2",
+    §2.1.2–2.1.3), ``tokens`` rows, heads split over ``t`` and the down projections replicated
+    (vLLM / SGLang layout):
+
+    - ``qkv``: query down ``[T, d]×[d, d_c']`` and up ``[T, d_c']×[d_c', h/t·(d_h + d_h^R)]``
+      (one ``[T, d]×[d, h/t·(d_h + d_h^R)]`` without query compression); joint KV down with
+      the shared RoPE key ``[T, d]×[d, d_c + d_h^R]``; prefill/training: the key/value up
+      projection ``[T, d_c]×[d_c, h/t·(d_h + d_v)]``; ``absorbed`` (decode, §2.1.2 "we can
+      absorb W^UK into W^Q"): per head ``q_nope·W^UK`` ``[T, d_h]×[d_h, d_c]`` instead;
+    - ``wo``: ``absorbed``: per head the latent output through ``W^UV`` ``[T, d_c]×[d_c,
+      d_v]``; always ``[T, h/t·d_v]×[h/t·d_v, d]``.
+
+    Dimensions are floored at 1 so that a non-MLA model traced through this branch (weight 0)
+    stays finite.
+    """
+    one = lambda x: jnp.maximum(x, 1.0)                                    # noqa: E731
+    d, heads = sh.d_model, sh.heads
+    nope, rope = one(model.qk_nope_head_dim), one(model.qk_rope_head_dim)
+    v, c, cq = one(model.v_head_dim), one(model.kv_lora_rank), one(model.q_lora_rank)
+    has_q = jnp.where(model.q_lora_rank > 0, 1.0, 0.0)
+    q_out = heads * (nope + rope)
+    qkv = [(Gemm(tokens, cq, d), has_q), (Gemm(tokens, q_out, cq), has_q),
+           (Gemm(tokens, q_out, d), 1.0 - has_q), (Gemm(tokens, c + rope, d), 1.0)]
+    if absorbed:
+        qkv.append((Gemm(tokens, c, nope, heads), 1.0))
+        wo = [(Gemm(tokens, v, c, heads), 1.0)]
+    else:
+        qkv.append((Gemm(tokens, heads * (nope + v), c), 1.0))
+        wo = []
+    wo.append((Gemm(tokens, d, heads * v), 1.0))
+    return {"qkv": qkv, "wo": wo}
+
+
+def mla_core_shard(model: Model, sh: Shard, absorbed=False) -> Shard:
+    """The :class:`Shard` the attention core of MLA sees: prefill/training as multi-head
+    attention with ``d_h + d_h^R`` per head (values padded to it: ``d_v ≤ d_h + d_h^R``);
+    ``absorbed`` (decode) as multi-query attention over the cached latent, one KV "head" of
+    ``d_c + d_h^R`` shared by the ``h/t`` query heads."""
+    qk = jnp.maximum(model.qk_nope_head_dim + model.qk_rope_head_dim, 1.0)
+    if absorbed:
+        one = jnp.ones_like(sh.heads)
+        return sh._replace(kv_heads=one, group=sh.heads,
+                           head_dim=jnp.maximum(model.kv_lora_rank, 1.0)
+                           + model.qk_rope_head_dim)
+    return sh._replace(kv_heads=sh.heads, group=jnp.ones_like(sh.heads), head_dim=qk)
+
+
 def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, backward=False,
                    flash=0.0, flash_static: bool | None = None):
     """Scores, softmax and weighted sum of standard (unfused) attention, or FlashAttention.
@@ -378,7 +431,7 @@ def ffn_block(dev, model: Model, sh: Shard, tokens, dtype_bytes=2.0, backward=Fa
     n_act = tokens * sh.d_ff
     gemms = {"w1": [(Gemm(tokens, sh.ffn_in, sh.d_model), 1.0)],
              "w2": [(Gemm(tokens, sh.d_model, sh.d_ff), 1.0)]}
-    is_swiglu = model.activation > 0.5
+    is_swiglu = model.is_gated > 0.5          # SwiGLU / GeGLU: the gated elementwise kernel
     gelu = _ops.gelu_latency.single(dev, n_act, overhead=True)
     swiglu = _ops.silu_mul_latency.single(dev, n_act, dtype_bytes, overhead=True, rows=tokens)
     act = jnp.where(is_swiglu, swiglu, gelu)
@@ -441,11 +494,16 @@ def tp_collective(system: System, par: Parallelism, nbytes, variant: Variant = A
 
 
 def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dtype_bytes=None,
-                training=False, variant: Variant = ANY, *, precision=None, attn_word=None):
+                training=False, variant: Variant = ANY, *, precision=None, attn_word=None,
+                mla_absorbed: bool = False):
     """All compute rows of one layer: ``(gemm_rows, vector_rows)`` (see :func:`evaluate`).
 
     ``training`` fuses the QKV GEMM (Megatron) and times the backward vector kernels.
-    ``variant`` (static) drops the FlashAttention / MoE branches a configuration cannot use.
+    ``variant`` (static) drops the FlashAttention / MoE / MLA / window branches a
+    configuration cannot use. MLA (:func:`mla_projections`, :func:`mla_core_shard`) runs its
+    absorbed decode form when ``mla_absorbed`` (static; :func:`layer_times` sets it for
+    ``phase="decode"``). Sliding-window layers (``model.sliding_window``) attend
+    ``min(kv_seq, window)`` keys; the layer averages local and global attention by their share.
     Vector kernels move ``precision.act_bytes`` per element; FlashAttention runs at the
     ``attn_dtype`` rate on ``attn_word`` bytes (default ``act_bytes``).
     """
@@ -454,9 +512,29 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
     attn_word = dtype_bytes if attn_word is None else attn_word
     sh = shard(model, par)
     tokens = batch * seq_len
-    core_g, core_v = attention_core(_prec.scaled_device(dev, prec.attn_dtype), sh, batch,
-                                    seq_len, kv_seq, attn_word, training,
-                                    par.flash_attention, variant.flash)
+    # MLA decodes through the absorbed latent (DeepSeek-V2 §2.1.2); prefill and training use
+    # the explicit per-head keys and values.
+    absorbed = bool(mla_absorbed) and not training
+    is_mla = model.attention > 0.5
+    if variant.mla is None:
+        core_sh = Shard(*[jnp.where(is_mla, a, b) for a, b in
+                          zip(mla_core_shard(model, sh, absorbed), sh)])
+    else:
+        core_sh = mla_core_shard(model, sh, absorbed) if variant.mla else sh
+    adev = _prec.scaled_device(dev, prec.attn_dtype)
+    core_g, core_v = attention_core(adev, core_sh, batch, seq_len, kv_seq, attn_word,
+                                    training, par.flash_attention, variant.flash)
+    if variant.window is not False:
+        # local (sliding-window) layers attend min(kv, window) keys: the average layer mixes
+        # both cores by the share of local layers
+        share = _params.n_local_layers(model) / jnp.maximum(model.n_layers, 1.0)
+        win_g, win_v = attention_core(adev, core_sh, batch, seq_len,
+                                      _params.attended_keys(model, kv_seq, True), attn_word,
+                                      training, par.flash_attention, variant.flash)
+        core_g = {row: [(g, (1.0 - share) * c) for g, c in core_g[row]]
+                  + [(g, share * c) for g, c in win_g[row]] for row in core_g}
+        core_v = {row: tuple((1.0 - share) * a + share * b
+                             for a, b in zip(core_v[row], win_v[row])) for row in core_v}
     if variant.moe is False:
         ffn_g, ffn_v = ffn_block(dev, model, sh, tokens, dtype_bytes, training)
         zero = jnp.zeros_like(ffn_v["act"][0])
@@ -465,10 +543,18 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
         # dense FFN, or the share-weighted mix with the MoE FFN (dropless when serving)
         ffn_g, ffn_v = _moe.ffn_rows(dev, model, par, sh, tokens, dtype_bytes, training,
                                      dropless=not training)
-    llama = model.activation > 0.5        # SwiGLU models: RMSNorm and rotary embeddings
+    # RMSNorm and rotary embeddings: the gated-FFN (Llama / Gemma / Qwen / Mistral) families
+    llama = model.is_gated > 0.5
     ln = layernorm(dev, sh, par, tokens, dtype_bytes, training, rms=llama)
-    gemms = {**qkv_projection(sh, tokens, fused=training), **core_g,
-             **output_projection(sh, tokens), **ffn_g}
+    gqa = {**qkv_projection(sh, tokens, fused=training), **output_projection(sh, tokens)}
+    if variant.mla is None:
+        mla = mla_projections(model, sh, tokens, absorbed)
+        w = jnp.where(is_mla, 1.0, 0.0)
+        proj = {row: [(g, (1.0 - w) * c) for g, c in gqa[row]]
+                + [(g, w * c) for g, c in mla[row]] for row in gqa}
+    else:
+        proj = mla_projections(model, sh, tokens, absorbed) if variant.mla else gqa
+    gemms = {**proj, **core_g, **ffn_g}
     # RoPE rotates q and k right after the QKV projection: timed in the ``qkv`` row; its
     # backward is the inverse rotation of dq and dk, the same kernel.
     rope = jnp.where(llama, _ops.rope_latency.single(dev, tokens, sh.heads, sh.kv_heads,
@@ -495,7 +581,8 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     kv_seq = seq_len if phase == "prefill" else kv_len + seq_len
     # serving: the attention products read Q, K, V in the KV cache's storage type
     gemms, vectors = layer_graph(dev, model, par, batch, seq_len, kv_seq, variant=variant,
-                                 precision=prec, attn_word=prec.kv_bytes)
+                                 precision=prec, attn_word=prec.kv_bytes,
+                                 mla_absorbed=phase == "decode")
     rows = evaluate(gemm, dev, gemms, vectors, precision=prec, attn_word=prec.kv_bytes)
     out = {k: v[0] for k, v in rows.items()}
     sync = tp_collective(system, par, batch * seq_len * model.d_model * dtype_bytes, variant)

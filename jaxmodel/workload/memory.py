@@ -13,7 +13,8 @@ Sources:
   stage 2 also gradients, stage 3 also the weights;
 - activations per layer: Korthikanti et al. 2022 (MLSys 2023) §4, eqs. 1–2 and Table 2,
   generalised to GQA, ``d_ff ≠ 4d`` and SwiGLU (see :func:`activation_bytes_per_layer`);
-- KV cache: ``2 · b · s · h_kv · d_h`` words per layer (Pope et al. 2023 §2).
+- KV cache: ``2 · b · s · h_kv · d_h`` words per layer (Pope et al. 2023 §2); MLA's latent
+  ``b · s · (d_c + d_h^R)`` (DeepSeek-V2 §2.1.2); sliding windows cap ``s``.
 
 Units: bytes.
 
@@ -33,6 +34,7 @@ import jax.numpy as jnp
 from jaxmodel.batching import batched
 from jaxmodel.types import Model, Parallelism
 from jaxmodel.workload.moe import expert_params_per_device, moe_activation_bytes
+from jaxmodel.workload import params as _params
 from jaxmodel.workload.params import params_per_device
 _prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
 
@@ -140,12 +142,33 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
             "total": weights + grads + optim + acts}
 
 
-def kv_cache_bytes_single(model: Model, par: Parallelism, batch, seq_len, dtype_bytes=2.0):
-    """Single-configuration body of :func:`kv_cache_bytes`."""
+def kv_elements_per_token(model: Model, par: Parallelism):
+    """Cached elements per token and layer on one device (count).
+
+    GQA/MHA/MQA: ``2 · h_kv' · d_h`` (K and V), ``h_kv' = max(h_kv/t, 1)``. MLA: the latent
+    ``d_c + d_h^R`` (``kv_lora_rank + qk_rope_head_dim``; DeepSeek-AI 2024, "DeepSeek-V2",
+    §2.1.2 and Table 1), replicated on every TP rank (its heads are only formed after the
+    up projection).
+    """
     tp = jnp.maximum(par.tp, 1.0)
     kv_heads = jnp.maximum(model.n_kv_heads / tp, 1.0)
+    return jnp.where(model.is_mla, model.kv_lora_rank + model.qk_rope_head_dim,
+                     2.0 * kv_heads * model.head_dim)
+
+
+def cached_tokens_per_layer(model: Model, seq_len):
+    """Tokens cached per sequence, averaged over the layers: ``s`` on a global layer,
+    ``min(s, window)`` on a sliding-window layer (a rolling buffer; Jiang et al. 2023,
+    "Mistral 7B" §2), weighted by the share of local layers."""
+    share = _params.n_local_layers(model) / jnp.maximum(model.n_layers, 1.0)
+    return (1.0 - share) * seq_len + share * _params.attended_keys(model, seq_len, True)
+
+
+def kv_cache_bytes_single(model: Model, par: Parallelism, batch, seq_len, dtype_bytes=2.0):
+    """Single-configuration body of :func:`kv_cache_bytes`."""
     layers = model.n_layers / jnp.maximum(par.pp, 1.0)
-    return 2.0 * batch * seq_len * kv_heads * model.head_dim * dtype_bytes * layers
+    return (batch * cached_tokens_per_layer(model, seq_len) * kv_elements_per_token(model, par)
+            * dtype_bytes * layers)
 
 
 @batched
@@ -154,7 +177,9 @@ def kv_cache_bytes(model: Model, par: Parallelism, batch, seq_len, dtype_bytes=2
 
     Source: Pope et al. 2023 "Efficiently Scaling Transformer Inference" §2 (K and V of every
     past token per layer). ``h_kv' = max(h_kv/t, 1)``: KV heads split over TP and replicated
-    when ``t > h_kv`` (GQA/MQA). ``batch`` is the sequences this device group serves.
+    when ``t > h_kv`` (GQA/MQA). MLA caches its latent instead
+    (:func:`kv_elements_per_token`); sliding-window layers keep the last ``window`` tokens
+    (:func:`cached_tokens_per_layer`). ``batch`` is the sequences this device group serves.
     """
     return kv_cache_bytes_single(model, par, batch, seq_len, dtype_bytes)
 
@@ -168,14 +193,16 @@ def inference_memory_single(model: Model, par: Parallelism, batch, prompt_len, g
     prec = _prec.resolve(precision, dtype_bytes)
     dtype_bytes = prec.act_bytes
     tp = jnp.maximum(par.tp, 1.0)
-    weights = _prec.serving_weight_bytes(prec) * params_per_device.single(model, par)
+    # serving without speculative decoding: no multi-token-prediction modules
+    weights = _prec.serving_weight_bytes(prec) * params_per_device.single(model, par, False)
     kv = kv_cache_bytes_single(model, par, batch, prompt_len + gen_len, prec.kv_bytes)
     # transient working set of the largest step, the prefill of one layer: scores + softmax
     # output, or the FFN intermediates, plus a few hidden-state buffers.
     heads = model.n_heads / tp
     scores = jnp.where(par.flash_attention > 0.5, 0.0,       # FlashAttention keeps S on chip
                        2.0 * dtype_bytes * batch * heads * prompt_len * prompt_len)
-    ffn = dtype_bytes * batch * prompt_len * model.ffn_matrices * model.d_ff / tp
+    ffn = (dtype_bytes * batch * prompt_len * model.ffn_matrices
+           * jnp.maximum(model.d_ff, model.expert_d_ff) / tp)
     hidden = 4.0 * dtype_bytes * batch * prompt_len * model.d_model
     acts = jnp.maximum(scores, ffn) + hidden
     return {"weights": weights, "kv_cache": kv, "activations": acts,

@@ -51,7 +51,7 @@ from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
 from jaxmodel.batching import batched
 from jaxmodel.types import Model, Parallelism, System
-from jaxmodel.workload.params import ffn_params, n_moe_layers
+from jaxmodel.workload.params import expert_params, n_moe_layers
 
 __all__ = ["MOE_OPS", "moe_layer_fraction", "expert_capacity", "moe_dims",
            "moe_feasibility", "ffn_rows", "alltoall_time", "expert_params_per_device",
@@ -161,14 +161,25 @@ def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, b
     dims = moe_dims(model, par, tokens, dtype_bytes, dropless)
     n_exp, m = dims["experts"], dims["expert_tokens"]
     G = _layer.Gemm
+    # routed experts of width moe_d_ff (fine-grained experts); shared experts (DeepSeekMoE,
+    # Dai et al. 2024 §3.2) as one dense FFN of n_shared·moe_d_ff on every token, TP-split
+    e_ff = model.expert_d_ff / sh.tp
+    sh_e = sh._replace(d_ff=e_ff, ffn_in=(model.ffn_matrices - 1.0) * e_ff)
+    has_shared = jnp.where(model.n_shared_experts > 0, 1.0, 0.0)
+    s_ff = jnp.where(has_shared > 0, model.n_shared_experts, 1.0) * e_ff   # finite when 0
+    sh_s = sh._replace(d_ff=s_ff, ffn_in=(model.ffn_matrices - 1.0) * s_ff)
+    fs = f * has_shared
     gemms = {"w1": [(g, (1.0 - f) * c) for g, c in dense_g["w1"]]
-             + [(G(m, sh.ffn_in, sh.d_model), f * n_exp)],
+             + [(G(m, sh_e.ffn_in, sh.d_model), f * n_exp),
+                (G(tokens, sh_s.ffn_in, sh.d_model), fs)],
              "w2": [(g, (1.0 - f) * c) for g, c in dense_g["w2"]]
-             + [(G(m, sh.d_model, sh.d_ff), f * n_exp)],
+             + [(G(m, sh.d_model, sh_e.d_ff), f * n_exp), (G(tokens, sh.d_model, s_ff), fs)],
              "moe_router": [(G(tokens, jnp.maximum(model.n_experts, 1.0), sh.d_model), f)]}
-    _, moe_v = _layer.ffn_block(dev, model, sh, n_exp * m, dtype_bytes, backward)
-    act_d, act_m = dense_v["act"], moe_v["act"]
-    vectors = {"act": tuple(_safe(1.0 - f, a) + _safe(f, b) for a, b in zip(act_d, act_m))}
+    _, moe_v = _layer.ffn_block(dev, model, sh_e, n_exp * m, dtype_bytes, backward)
+    _, shared_v = _layer.ffn_block(dev, model, sh_s, tokens, dtype_bytes, backward)
+    act_d, act_m, act_s = dense_v["act"], moe_v["act"], shared_v["act"]
+    vectors = {"act": tuple(_safe(1.0 - f, a) + _safe(f, b) + _safe(fs, c)
+                            for a, b, c in zip(act_d, act_m, act_s))}
 
     # router softmax + top-k, dispatch (scatter into the slots) and combine (weighted gather)
     E = jnp.maximum(model.n_experts, 1.0)
@@ -211,7 +222,8 @@ def alltoall_time(system: System, model: Model, par: Parallelism, tokens, dtype_
 
 
 def expert_params_per_device(model: Model, par: Parallelism):
-    """Expert weights on the most loaded device (count): ``n_moe/pp · (E/ep) · ffn/tp``.
+    """Routed-expert weights on the most loaded device (count): ``n_moe/pp · (E/ep) ·
+    expert/tp`` (shared experts are dense weights, reduced over ``dp``).
 
     The part of :func:`jaxmodel.workload.params.params_per_device` whose gradients are reduced
     (and optimizer states ZeRO-sharded) over ``DP_exp = dp/ep`` only (DeepSpeed-TED §4;
@@ -220,7 +232,7 @@ def expert_params_per_device(model: Model, par: Parallelism):
     tp = jnp.maximum(par.tp, 1.0)
     pp = jnp.maximum(par.pp, 1.0)
     ep = jnp.maximum(par.ep, 1.0)
-    return n_moe_layers(model) / pp * model.n_experts / ep * ffn_params(model) / tp
+    return n_moe_layers(model) / pp * model.n_experts / ep * expert_params(model) / tp
 
 
 def moe_activation_bytes(model: Model, par: Parallelism, micro_batch, seq_len):
@@ -238,7 +250,7 @@ def moe_activation_bytes(model: Model, par: Parallelism, micro_batch, seq_len):
     tokens = micro_batch * seq_len
     dims = moe_dims(model, par, tokens)
     extra_tokens = dims["slots"] - tokens
-    ffn = extra_tokens * (2.0 * model.d_model + 2.0 * model.ffn_matrices * model.d_ff / tp)
+    ffn = extra_tokens * (2.0 * model.d_model + 2.0 * model.ffn_matrices * model.expert_d_ff / tp)
     gates = 4.0 * tokens * model.n_experts
     full = par.recompute > 1.5
     return jnp.where(full, 0.0, moe_layer_fraction(model) * (ffn + gates))
@@ -278,4 +290,5 @@ def moe_layer_times(system: System, model: Model, par: Parallelism, tokens, dtyp
 def _with_all_moe(model: Model) -> Model:
     """The model with every layer an MoE layer (``f = 1``), for per-MoE-layer figures."""
     import dataclasses
-    return dataclasses.replace(model, moe_every=jnp.ones_like(jnp.asarray(model.moe_every)))
+    return dataclasses.replace(model, moe_every=jnp.ones_like(jnp.asarray(model.moe_every)),
+                               first_k_dense=jnp.zeros_like(jnp.asarray(model.first_k_dense)))
