@@ -170,7 +170,9 @@ def precision(value: Any = None, **overrides) -> Precision:
         ValueError: unknown name or field; the message lists the known ones.
 
     Example:
-        >>> jm.precision("fp8", kv_bytes=2.0)
+        >>> p = jm.precision("fp8", kv_bytes=2.0)
+        >>> p.name, float(p.gemm_bytes), float(p.kv_bytes), float(p.master_bytes)
+        ('fp8', 1.0, 2.0, 4.0)
     """
     if isinstance(value, Precision):
         return dataclasses.replace(value, **overrides) if overrides else value

@@ -120,7 +120,7 @@ def mixed_models(rng, n):
     pick = rng.uniform(size=n) < 0.5
     kw = {f.name: jnp.asarray(np.where(pick, float(getattr(moe, f.name)),
                                        float(getattr(dense, f.name))))
-          for f in dataclasses.fields(jm.Model) if f.name != "name"}
+          for f in dataclasses.fields(jm.Model) if not isinstance(getattr(dense, f.name), str)}
     return dataclasses.replace(dense, **kw), pick
 
 

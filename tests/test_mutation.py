@@ -326,7 +326,8 @@ def test_explicit_units_are_converted_not_ignored(tmp_path):
     dev["freq_hz"] = {"value": 1410, "unit": "MHz", "source": "x"}
     dev["mem_bw"] = {"value": 2.039, "unit": "TB/s", "source": "x"}
     dev["local_buffer_bytes"] = {"value": 192, "unit": "KiB", "source": "x"}
-    dev["matmul_overhead_s"] = {"value": 25.9, "unit": "us", "source": "x"}
+    dev["matmul_overhead_s"] = {"value": dev["matmul_overhead_s"]["value"] * 1e6, "unit": "us",
+                                "source": "x"}
     p = tmp_path / "units.toml"
     p.write_text(dump_toml(data))
     ref, got = hw_db.device("a100_80gb"), hw_db.device(p)

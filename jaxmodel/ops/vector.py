@@ -305,6 +305,7 @@ def rmsnorm_latency(dev, rows, cols, dtype_bytes=2, overhead=True):
 
     Example:
         >>> rmsnorm_latency(hw_db.device("a100_80gb"), 4096, 4096)
+        Array(8.98e-05, dtype=...)
     """
     return _rmsnorm_single(dev, rows, cols, dtype_bytes, overhead)
 
@@ -341,6 +342,7 @@ def rope_latency(dev, tokens, heads, kv_heads, head_dim, dtype_bytes=2, overhead
 
     Example:
         >>> rope_latency(hw_db.device("a100_80gb"), 4096, 32, 8, 128)
+        Array(9.26e-05, dtype=...)
     """
     return _rope_single(dev, tokens, heads, kv_heads, head_dim, dtype_bytes, overhead)
 
@@ -375,6 +377,7 @@ def silu_mul_latency(dev, n, dtype_bytes=2, overhead=True, rows=None):
 
     Example:
         >>> silu_mul_latency(hw_db.device("a100_80gb"), 4096 * 11008)
+        Array(0.000265, dtype=...)
     """
     return _silu_mul_single(dev, n, dtype_bytes, overhead, rows)
 
@@ -400,6 +403,7 @@ def add_latency(dev, n, dtype_bytes=2, overhead=True):
 
     Example:
         >>> add_latency(hw_db.device("a100_80gb"), 4096 * 4096)
+        Array(5.25e-05, dtype=...)
     """
     return _add_single(dev, n, dtype_bytes, overhead)
 
@@ -426,6 +430,7 @@ def embedding_latency(dev, tokens, hidden, dtype_bytes=2, overhead=True):
 
     Example:
         >>> embedding_latency(hw_db.device("a100_80gb"), 4096, 4096)
+        Array(0.000206, dtype=...)
     """
     return _embedding_single(dev, tokens, hidden, dtype_bytes, overhead)
 

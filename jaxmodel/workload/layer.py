@@ -651,7 +651,7 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
         >>> t = jm.layer_breakdown(hw_db.system("hgx_a100_4gpu"), hw_db.model("gpt3-175b"),
         ...                        jm.Parallelism(tp=4), 8, 2048)
         >>> float(t["total"])  # ~0.066 s
-        0.0645
+        0.066
     """
     _raise_if_invalid(model, par)
     validate_args(system, model, par, where="layer_breakdown")
