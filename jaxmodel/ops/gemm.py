@@ -234,7 +234,21 @@ GRID_CANDIDATES = (
 L0_SPLIT_M = (1.0, 2.0, 4.0)          # lanes along m; the rest (lanes / i) along n
 L1_TK = (1.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0)  # L1 k-tile candidates
 
-GRID = np.asarray(GRID_CANDIDATES, dtype=np.float64).T      # (4, C)
+
+
+def _mappings(tilings, l1_tk):
+    """(5, C) mappings: every tiling × every L1 k-tile, where k-tiles at or above the tiling's
+    L2 k-tile are merged into the smallest of them (``tk = min(l1_k, TK)`` and ``TK ≤`` the L2
+    k-tile, so they give the same mapping: the merge is exact)."""
+    rows = []
+    for tm, tn, tk2, t1 in tilings:
+        ks = [k for k in l1_tk if k < tk2]
+        ks += [min(k for k in l1_tk if k >= tk2)] if max(l1_tk) >= tk2 else []
+        rows += [(tm, tn, tk2, t1, k) for k in ks]
+    return np.asarray(rows, dtype=np.float64).T
+
+
+GRID = _mappings(GRID_CANDIDATES, L1_TK)    # (5, C): L2 m, n, k, L1 m = n (arrays), L1 k
 N_CANDIDATES = GRID.shape[1]
 
 
@@ -320,7 +334,7 @@ def _candidate_cycles(dev, m, n, k, word):
     n = jnp.maximum(n, 1.0)
     k = jnp.maximum(k, 1.0)
 
-    g = _f(GRID)[:, :, None]                                    # (4, C, 1)
+    g = _f(GRID)                                                # (5, C)
     # ---- L2 tile (clipped to the problem) ---------------------------------------------
     TM = jnp.minimum(g[0], m)
     TN = jnp.minimum(g[1], n)
@@ -336,7 +350,7 @@ def _candidate_cycles(dev, m, n, k, word):
     t1 = g[3] * jnp.maximum(H, W)
     tm = jnp.minimum(t1, TM)
     tn = jnp.minimum(t1, TN)
-    tk = jnp.minimum(_f(np.asarray(L1_TK))[None, :], TK)        # (C, T)
+    tk = jnp.minimum(g[4], TK)
     fit1 = 2.0 * (tm * tn + tk * (tm + tn)) * word <= dev.local_buffer_bytes
     mask = fit1 & fit2
 
@@ -415,10 +429,8 @@ def _candidate_cycles(dev, m, n, k, word):
             step = jnp.where(db, jnp.maximum(read, l1_time), read + l1_time)
             mnk = mnk + count * (step + write * ck)
     prologue = (word * r_dram) * (TM * TK + TK * TN)
-    cycles = jnp.minimum(knm, mnk) + prologue                   # (C, T)
-    best = nx.masked_min(cycles, mask, axis=-1)                 # best L1 tk per candidate
-    mask = jnp.any(mask, axis=-1)
-    return jnp.where(mask, best, jnp.inf), mask
+    cycles = jnp.minimum(knm, mnk) + prologue
+    return jnp.where(mask, cycles, jnp.inf), mask
 
 
 def _tiled_cycles(dev, m, n, k, word, soft=None):
