@@ -34,7 +34,8 @@ candidate has 8 tile classes (full/edge in m, n, k) whose costs are summed with 
 (closed form, no per-tile enumeration). Inside an L2 tile, edge L1 tiles cost as much as full
 ones (a wave lasts as long as its slowest tile, as in LLMCompass).
 
-The candidate grid is static (160 tilings in powers of two, clipped to the problem; chosen by
+The candidate grid is static (160 tilings in powers of two × 9 L1 k-tiles, 1,292 mappings once
+k-tiles that clip to the same value are merged; clipped to the problem; see
 ``experiments/select_gemm_grid.py``) and every candidate is evaluated at once; infeasible ones
 (working set larger than a buffer) are masked with ``+inf`` and
 :func:`jaxmodel.numerics.masked_min` picks the best (or a soft-min for smooth co-design).
@@ -66,8 +67,12 @@ from jaxmodel.types import validate_args
 # l1 ∈ {32..256}) is replaced by 160 candidates chosen by greedy forward selection from a
 # 1,400-point product grid (L2 m 64..4096, n/m 1/4..4, L2 k 128..16384, L1 1..16 arrays) on
 # random devices × LLM GEMM shapes: experiments/select_gemm_grid.py (held-out: the best of
-# the 160 is on average 0.55 % slower than the best of all 1,400, p95 2.5 %). l1_K is a
-# second candidate axis (L1_TK).
+# the 160 is on average 0.55 % slower than the best of all 1,400, p95 2.5 %). Each tiling is
+# crossed with the L1 k-tiles L1_TK into one flat axis of mappings (:func:`_mappings`). The
+# k-tile cannot be pruned or put in closed form without changing the minimum: the largest
+# k-tile that fits is on average 16 % slower than the best (a smaller one splits k over more
+# cores), and keeping only the mappings that ever win on 40,000 random problems still needs
+# 973 of the 1,292 (select_gemm_grid.py).
 # ------------------------------------------------------------------------------------------
 GRID_CANDIDATES = (
     (512, 128, 128, 4),
@@ -343,8 +348,8 @@ def _candidate_cycles(dev, m, n, k, word):
     fit2 = ws2 <= dev.global_buffer_bytes
     db2 = ws2 <= 0.5 * dev.global_buffer_bytes
 
-    # ---- L1 tile: tm = tn a multiple of the systolic array (clipped); tk searched over the
-    # static set L1_TK (a second candidate axis), each masked where the double-buffered
+    # ---- L1 tile: tm = tn a multiple of the systolic array (clipped); tk from the static set
+    # L1_TK (the fifth grid row), each mapping masked where the double-buffered
     # working set overflows the local buffer: a bigger local buffer only unmasks candidates,
     # so it is never slower ------------------------------------------------------------------
     t1 = g[3] * jnp.maximum(H, W)
