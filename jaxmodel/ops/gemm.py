@@ -628,7 +628,7 @@ def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
     Example:
         >>> t = gemm_latency(hw_db.device("a100_80gb"), 2048, 12288, 12288)
         >>> float(t)
-        0.00216
+        0.00228
     """
     validate_args(dev, where="gemm_latency")      # a concrete single device: clear errors
     return _gemm_batched(_at_rate(dev, rate_scale), m, n, k, batch, dtype_bytes,
