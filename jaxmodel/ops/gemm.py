@@ -34,7 +34,8 @@ candidate has 8 tile classes (full/edge in m, n, k) whose costs are summed with 
 (closed form, no per-tile enumeration). Inside an L2 tile, edge L1 tiles cost as much as full
 ones (a wave lasts as long as its slowest tile, as in LLMCompass).
 
-The candidate grid is static (160 tilings in powers of two, clipped to the problem; chosen by
+The candidate grid is static (160 tilings in powers of two × 9 L1 k-tiles, 1,292 mappings once
+k-tiles that clip to the same value are merged; clipped to the problem; see
 ``experiments/select_gemm_grid.py``) and every candidate is evaluated at once; infeasible ones
 (working set larger than a buffer) are masked with ``+inf`` and
 :func:`jaxmodel.numerics.masked_min` picks the best (or a soft-min for smooth co-design).
@@ -66,8 +67,12 @@ from jaxmodel.types import validate_args
 # l1 ∈ {32..256}) is replaced by 160 candidates chosen by greedy forward selection from a
 # 1,400-point product grid (L2 m 64..4096, n/m 1/4..4, L2 k 128..16384, L1 1..16 arrays) on
 # random devices × LLM GEMM shapes: experiments/select_gemm_grid.py (held-out: the best of
-# the 160 is on average 0.55 % slower than the best of all 1,400, p95 2.5 %). l1_K is a
-# second candidate axis (L1_TK).
+# the 160 is on average 0.55 % slower than the best of all 1,400, p95 2.5 %). Each tiling is
+# crossed with the L1 k-tiles L1_TK into one flat axis of mappings (:func:`_mappings`). The
+# k-tile cannot be pruned or put in closed form without changing the minimum: the largest
+# k-tile that fits is on average 16 % slower than the best (a smaller one splits k over more
+# cores), and keeping only the mappings that ever win on 40,000 random problems still needs
+# 973 of the 1,292 (select_gemm_grid.py).
 # ------------------------------------------------------------------------------------------
 GRID_CANDIDATES = (
     (512, 128, 128, 4),
@@ -234,7 +239,21 @@ GRID_CANDIDATES = (
 L0_SPLIT_M = (1.0, 2.0, 4.0)          # lanes along m; the rest (lanes / i) along n
 L1_TK = (1.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0)  # L1 k-tile candidates
 
-GRID = np.asarray(GRID_CANDIDATES, dtype=np.float64).T      # (4, C)
+
+
+def _mappings(tilings, l1_tk):
+    """(5, C) mappings: every tiling × every L1 k-tile, where k-tiles at or above the tiling's
+    L2 k-tile are merged into the smallest of them (``tk = min(l1_k, TK)`` and ``TK ≤`` the L2
+    k-tile, so they give the same mapping: the merge is exact)."""
+    rows = []
+    for tm, tn, tk2, t1 in tilings:
+        ks = [k for k in l1_tk if k < tk2]
+        ks += [min(k for k in l1_tk if k >= tk2)] if max(l1_tk) >= tk2 else []
+        rows += [(tm, tn, tk2, t1, k) for k in ks]
+    return np.asarray(rows, dtype=np.float64).T
+
+
+GRID = _mappings(GRID_CANDIDATES, L1_TK)    # (5, C): L2 m, n, k, L1 m = n (arrays), L1 k
 N_CANDIDATES = GRID.shape[1]
 
 
@@ -320,7 +339,7 @@ def _candidate_cycles(dev, m, n, k, word):
     n = jnp.maximum(n, 1.0)
     k = jnp.maximum(k, 1.0)
 
-    g = _f(GRID)[:, :, None]                                    # (4, C, 1)
+    g = _f(GRID)                                                # (5, C)
     # ---- L2 tile (clipped to the problem) ---------------------------------------------
     TM = jnp.minimum(g[0], m)
     TN = jnp.minimum(g[1], n)
@@ -329,14 +348,14 @@ def _candidate_cycles(dev, m, n, k, word):
     fit2 = ws2 <= dev.global_buffer_bytes
     db2 = ws2 <= 0.5 * dev.global_buffer_bytes
 
-    # ---- L1 tile: tm = tn a multiple of the systolic array (clipped); tk searched over the
-    # static set L1_TK (a second candidate axis), each masked where the double-buffered
+    # ---- L1 tile: tm = tn a multiple of the systolic array (clipped); tk from the static set
+    # L1_TK (the fifth grid row), each mapping masked where the double-buffered
     # working set overflows the local buffer: a bigger local buffer only unmasks candidates,
     # so it is never slower ------------------------------------------------------------------
     t1 = g[3] * jnp.maximum(H, W)
     tm = jnp.minimum(t1, TM)
     tn = jnp.minimum(t1, TN)
-    tk = jnp.minimum(_f(np.asarray(L1_TK))[None, :], TK)        # (C, T)
+    tk = jnp.minimum(g[4], TK)
     fit1 = 2.0 * (tm * tn + tk * (tm + tn)) * word <= dev.local_buffer_bytes
     mask = fit1 & fit2
 
@@ -415,10 +434,8 @@ def _candidate_cycles(dev, m, n, k, word):
             step = jnp.where(db, jnp.maximum(read, l1_time), read + l1_time)
             mnk = mnk + count * (step + write * ck)
     prologue = (word * r_dram) * (TM * TK + TK * TN)
-    cycles = jnp.minimum(knm, mnk) + prologue                   # (C, T)
-    best = nx.masked_min(cycles, mask, axis=-1)                 # best L1 tk per candidate
-    mask = jnp.any(mask, axis=-1)
-    return jnp.where(mask, best, jnp.inf), mask
+    cycles = jnp.minimum(knm, mnk) + prologue
+    return jnp.where(mask, cycles, jnp.inf), mask
 
 
 def _tiled_cycles(dev, m, n, k, word, soft=None):
@@ -611,7 +628,7 @@ def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
     Example:
         >>> t = gemm_latency(hw_db.device("a100_80gb"), 2048, 12288, 12288)
         >>> float(t)
-        0.00216
+        0.00228
     """
     validate_args(dev, where="gemm_latency")      # a concrete single device: clear errors
     return _gemm_batched(_at_rate(dev, rate_scale), m, n, k, batch, dtype_bytes,

@@ -104,7 +104,7 @@ import numpy as np
 from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
-from jaxmodel.batching import batch_shape, batched
+from jaxmodel.batching import batch_shape, batched, dedup_map
 from jaxmodel.parallel import pipeline as pl
 from jaxmodel.parallel import plan as _plan
 from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_knobs,
@@ -645,28 +645,16 @@ def stage_times(system: System, model: Model, par: Parallelism, global_batch, se
     variant = _layer.variant_of(model, par, system)
     inputs = batched(_stage_inputs, **kw)(system, model, par, global_batch, seq_len,
                                           clock_fraction, prec)
-    leaves, tree = jax.tree_util.tree_flatten(inputs)
-    n = math.prod(shape)
-    if n == 0:
+    if math.prod(shape) == 0:
         raise ValueError("train_step: empty batch of plans")
-    cols = [np.broadcast_to(np.asarray(x), shape).reshape(n) for x in leaves]
-    # constant columns stay scalars: unmapped leaves let XLA fold the device and model
-    # constants into the tile search (half the compile time), and the unique is cheaper
-    varying = {i for i, c in enumerate(cols) if n and c.min() != c.max()}
-    if varying:
-        _, first, inverse = np.unique(np.stack([cols[i] for i in sorted(varying)], axis=1), axis=0,
-                                      return_index=True, return_inverse=True)
-    else:
-        first, inverse = np.zeros(1, dtype=int), np.zeros(n, dtype=int)
-    sub = jax.tree_util.tree_unflatten(tree, [
-        jnp.asarray(c[first]) if i in varying else jnp.asarray(c[0]) for i, c in enumerate(cols)])
-    sys_u, model_u, par_u, seq_u, prec_u = sub
-    times_u = batched(stage_times_single, **kw)(sys_u, model_u, par_u, seq_u, gemm=gemm,
-                                                precision=prec_u, dropout=dropout,
-                                                variant=variant)
-    inverse = np.asarray(inverse).reshape(n)
-    return {k: jnp.asarray(np.atleast_1d(np.asarray(v))[inverse].reshape(shape))
-            for k, v in times_u.items()}
+    return dedup_map(_stage_times_row, inputs, shape=shape, gemm=gemm, dropout=dropout,
+                     variant=variant, **kw)
+
+
+def _stage_times_row(system, model, par, seq_len, precision, gemm=None, dropout=1.0,
+                     variant=_layer.ANY):
+    """:func:`stage_times_single` on the outputs of :func:`_stage_inputs` (their order)."""
+    return stage_times_single(system, model, par, seq_len, gemm, precision, dropout, variant)
 
 
 def train_step(system: System, model: Model, par: Parallelism, global_batch, seq_len, *,

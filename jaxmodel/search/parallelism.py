@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
+from jaxmodel import runtime
 from jaxmodel.numerics import REASONS
 from jaxmodel.parallel import plan as _plan
 from jaxmodel.types import (RECOMPUTE, SCHEDULES, Model, Parallelism, System, code_of,
@@ -256,9 +257,10 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
     from jaxmodel.search.explore import output_names
 
     def say(msg):
-        if progress:
+        if progress and not runtime.quiet():
             print(f"[search_parallelism] {msg}", file=sys.stderr, flush=True)
 
+    shown = None if progress else math.inf     # runtime.stage lines follow ``progress`` too
     t0 = time.perf_counter()
     n = _as_int(n_devices, "n_devices")
     gb = _as_int(global_batch, "global_batch")
@@ -309,19 +311,19 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
     gemm, info = None, {}
     if gemm_table:
         from jaxmodel.parallel.gemm_table import GemmTable
-        t1 = time.perf_counter()
-        table = GemmTable.for_train_step(system, model, par, gb, float(seq_len),
-                                         precision=kw.get("precision"))
-        gemm = table.lookup
-        info["n_unique_gemms"] = int(len(table.shapes))
-        timings["gemm_table_s"] = time.perf_counter() - t1
-        say(f"{info['n_unique_gemms']} distinct GEMM shapes timed in "
-            f"{timings['gemm_table_s']:.1f} s")
-    t1 = time.perf_counter()
-    res = _parallel.train_step(system, model, par, float(gb), float(seq_len), gemm=gemm, **kw)
-    res = jax.tree_util.tree_map(np.asarray, res)
-    timings["evaluate_s"] = time.perf_counter() - t1
-    say(f"evaluated in {timings['evaluate_s']:.1f} s")
+        with runtime.stage("search_parallelism: GEMM table", show_after=shown) as st:
+            table = GemmTable.for_train_step(system, model, par, gb, float(seq_len),
+                                             precision=kw.get("precision"))
+            gemm = table.lookup
+            info["n_unique_gemms"] = int(len(table.shapes))
+            st["note"] = f"{info['n_unique_gemms']} distinct GEMM shapes"
+        timings["gemm_table_s"] = st["wall_s"]
+    with runtime.stage("search_parallelism: train_step", show_after=shown) as st:
+        res = _parallel.train_step(system, model, par, float(gb), float(seq_len), gemm=gemm,
+                                   **kw)
+        res = jax.tree_util.tree_map(np.asarray, res)
+        st["note"] = f"{n_eval:,} plans"
+    timings["evaluate_s"] = st["wall_s"]
 
     cols = {k: plans[k] for k in PAR_FIELDS}
     cols["schedule"] = np.asarray(SCHEDULES)[plans["schedule"].astype(int)]

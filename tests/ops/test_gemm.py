@@ -20,7 +20,8 @@ def _index(pred):
 
 def test_gemm_that_fits_one_tile_hand_value(toy):
     # Candidate whose L2 and L1 tiles clip to the whole 32×32×32 problem.
-    i = _index(lambda tm, tn, tk, t1: tm >= 32 and tn >= 32 and tk >= 32 and t1 * 16 >= 32)
+    i = _index(lambda tm, tn, tk, t1, k1: tm >= 32 and tn >= 32 and tk >= 32 and t1 * 16 >= 32
+               and k1 >= 32)
     cycles, mask = jax.jit(G._candidate_cycles)(toy, 32.0, 32.0, 32.0, 2.0)
     # L0: 1 lane, 2×2 folds of a 16×16 array: 4·(32 + 16 + 16 − 2) − 1 = 247 cycles.
     # L1: one wave: max(read 2·32·64 B / 4096 B/cyc = 1, 247) + write 2048/4096 + read 1 = 248.5
@@ -250,3 +251,26 @@ def test_kernel_overhead_mode(a100):
     assert float(jm.gemm_latency(dev, 64, 4096, 4096, overhead="kernel")) == pytest.approx(
         base + 3e-6)
     assert float(jm.gemm_latency(dev, 64, 4096, 4096)) == pytest.approx(base + 25e-6)
+
+
+def test_merged_l1_k_tiles_leave_the_search_exact(a100, monkeypatch):
+    # The grid merges L1 k-tiles at or above a tiling's L2 k-tile (they clip to the same tk);
+    # the min over the merged grid equals the min over every tiling × every L1 k-tile.
+    full = np.asarray([(*t, k) for t in G.GRID_CANDIDATES for k in G.L1_TK]).T
+    assert G.N_CANDIDATES < full.shape[1]
+    rng = np.random.default_rng(0)
+    shapes = np.round(2.0 ** rng.uniform(0, 15, (24, 3)))
+    locals_ = 2.0 ** rng.uniform(15, 21, 24)
+
+    def best(d, s):
+        c, ok = G._candidate_cycles(d, s[0], s[1], s[2], 2.0)
+        return nx.masked_min(c, ok)
+
+    devs = dataclasses.replace(a100, local_buffer_bytes=jnp.asarray(locals_))
+    run = jax.vmap(best, in_axes=(dataclasses.replace(
+        jax.tree_util.tree_map(lambda _: None, a100), local_buffer_bytes=0), 0))
+    merged = np.asarray(jax.jit(lambda d, s: run(d, s))(devs, jnp.asarray(shapes)))
+    monkeypatch.setattr(G, "GRID", full)       # a fresh trace reads the patched grid
+    ref = np.asarray(jax.jit(lambda d, s: run(d, s))(devs, jnp.asarray(shapes)))
+    assert np.all(np.isfinite(ref))
+    np.testing.assert_array_equal(merged, ref)
