@@ -774,7 +774,7 @@ def collective_latency(system: System, op: str, nbytes, group_size, algorithm: s
         >>> jm.collective_latency(sys, "all_reduce", 2**26, 16)          # hierarchical
         Array(0.00136, dtype=...)
         >>> jm.collective_latency(sys, "all_reduce", 2**26, 2, stride=8)  # DP across nodes
-        Array(0.00362, dtype=...)
+        Array(0.00365, dtype=...)
     """
     _canonical(op, algorithm)
     validate_args(system, where="collective_latency")

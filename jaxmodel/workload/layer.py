@@ -240,9 +240,9 @@ def quantize_times(dev, gemm_rows, prec, backward=False):
                 continue
             c = jnp.where(on & (count > 0), count, 0.0)
             if row in FWD_CAST_ROWS:
-                fwd = fwd + c * _elementwise(dev, g.m * g.k, prec.cast_bytes, 3.0)
+                fwd = fwd + weighted(c, _elementwise(dev, g.m * g.k, prec.cast_bytes, 3.0))
             if backward and row in BWD_CAST_ROWS:
-                bwd = bwd + c * _elementwise(dev, g.m * g.n, bwd_bytes, 3.0)
+                bwd = bwd + weighted(c, _elementwise(dev, g.m * g.n, bwd_bytes, 3.0))
     return jnp.asarray(fwd), jnp.asarray(bwd)
 
 
