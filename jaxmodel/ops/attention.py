@@ -379,7 +379,16 @@ def flash_attention_rows(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, v
     ``dK``), ``softmax`` = the pointwise/reduction work + kernel launches, ``av`` = the value
     GEMMs (``P·V``; backward: ``dP``, ``dV``) + HBM stores. The rows sum to
     :func:`flash_attention_latency`'s ``fwd`` (and ``bwd`` when ``backward``).
+
+    Decoding (``q_len < kv_len``: new tokens against a KV cache) runs the split-KV kernel of
+    Flash-Decoding (Dao et al. 2023; TensorRT-LLM masked MHA, vLLM PagedAttention,
+    FlashInfer) whatever ``version``: one work unit per (sequence, KV head) with its ``g``
+    query heads folded into the rows, so each KV head's cache is read once per step, and the
+    keys split over thread blocks to fill the cores (the FA-2 decomposition above). FA-1's
+    unit per query head would reload K and V ``g`` times under grouped-query attention.
     """
+    decoding = (q_len < kv_len) & (version > 0.5)
+    version = jnp.where(decoding, jnp.maximum(version, 2.0), version)
     r = _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, 1.0, 0.0,
                       version, dtype_bytes, True)
     fwd = {"qk": r["load"] + r["gemm_qk"], "softmax": r["pointwise"] + r["overhead"],
