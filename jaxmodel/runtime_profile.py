@@ -39,7 +39,9 @@ Fields and what they change (:func:`device_for`, :func:`jaxmodel.workload.layer.
 - ``attention``: 0 the attention kernel of ``par.flash_attention``; 1 fused attention:
   FlashAttention-2 in prefill (Dao 2023) and a split-KV decode kernel whose thread blocks read
   each KV head's cache once for all its query heads (Flash-Decoding, Dao et al. 2023;
-  TensorRT-LLM masked multi-head attention; vLLM PagedAttention).
+  TensorRT-LLM's XQA kernel, v0.7+; vLLM PagedAttention); 2 as 1 but the decode kernel runs
+  one thread block per (sequence, query head), reading the KV head's cache once per query
+  head (TensorRT-LLM's masked multi-head attention before XQA: v0.5-0.6 on GQA models).
 - ``step_overhead_s``: host time per forward step (prefill and each decode step) not hidden
   behind the GPU: sampling, scheduling, graph launch, s.
 
@@ -57,7 +59,7 @@ import numpy as np
 from jaxmodel.types import Array, _register
 
 #: Flag fields (0/1 numeric leaves).
-FLAGS = ("kernel_floor", "cuda_graph", "fuse_norm", "fuse_act", "fuse_rope", "attention")
+FLAGS = ("kernel_floor", "cuda_graph", "fuse_norm", "fuse_act", "fuse_rope")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +74,8 @@ class Runtime:
         fuse_act: 1 = the FFN activation fused into the first FFN GEMM's epilogue.
         fuse_rope: 1 = RoPE fused into the QKV GEMM epilogue / attention kernel.
         attention: 0 = ``par.flash_attention``'s kernel, 1 = FlashAttention-2 prefill and a
-            GQA-packed split-KV decode kernel.
+            GQA-packed split-KV decode kernel, 2 = the same prefill and a per-query-head
+            decode kernel.
         step_overhead_s: host time per forward step not overlapped with the GPU, s.
         name: preset name (static metadata).
     """
@@ -103,6 +106,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the 21 rows; leave-one-model-out in the script's output.
     "trtllm": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
                    fuse_rope=1.0, attention=1.0, step_overhead_s=40e-6),
+    # TensorRT-LLM v0.5-0.6 (the versions of the published A100 tables) and
+    # FasterTransformer: as "trtllm" but generation attention by the masked MHA kernel, one
+    # thread block per query head (the XQA kernel sharing K/V loads across a GQA group came
+    # with v0.7, TensorRT-LLM release notes). Same step_overhead_s calibration.
+    "trtllm_v06": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
+                       fuse_rope=1.0, attention=2.0, step_overhead_s=40e-6),
     # vLLM (v0.4-0.6): eager PyTorch prefill with custom kernels, CUDA-graph decode,
     # fused_add_rms_norm, separate silu_and_mul and rotary_embedding kernels, FlashAttention
     # prefill / PagedAttention decode. No end-to-end anchor: step_overhead_s not calibrated.
@@ -130,7 +139,8 @@ def runtime(value: Any = None, **overrides) -> Runtime:
         value = "pytorch"
     if isinstance(value, str):
         key = value.lower().replace("-", "").replace("_", "")
-        key = {"tensorrtllm": "trtllm", "trt": "trtllm", "fastertransformer": "trtllm",
+        key = {"tensorrtllm": "trtllm", "trt": "trtllm", "fastertransformer": "trtllm_v06",
+               "trtllmv06": "trtllm_v06", "trtllmv0.6": "trtllm_v06",
                "eager": "pytorch", "torch": "pytorch"}.get(key, key)
         if key not in PRESETS:
             raise ValueError(f"runtime={value!r} is not one of {sorted(PRESETS)}")
@@ -209,6 +219,9 @@ def validate_runtime(rt: Runtime, where: str = "Runtime") -> Runtime:
         v = np.asarray(getattr(rt, f))
         if not np.all((v == 0.0) | (v == 1.0)):
             raise ValueError(f"{where}: {f}={v} must be 0 or 1")
+    v = np.asarray(rt.attention)
+    if not np.all((v == 0.0) | (v == 1.0) | (v == 2.0)):
+        raise ValueError(f"{where}: attention={v} must be 0, 1 or 2")
     v = np.asarray(rt.step_overhead_s)
     if not np.all(np.isfinite(v) & (v >= 0)):
         raise ValueError(f"{where}: step_overhead_s={v} must be finite and >= 0")

@@ -249,7 +249,9 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     tpot = n_layers * dec["total"] + hop_dec + emb_dec + head_dec + step
     total = ttft + (gen - 1.0) * tpot
 
-    mem = inference_memory_single(model, par, b, prompt, gen, precision=prec)
+    # the runtime's attention kernel decides whether the prefill keeps the score matrix
+    par_mem = par if rt is None else runtime_inputs(dev, par, variant, rt, False)[1]
+    mem = inference_memory_single(model, par_mem, b, prompt, gen, precision=prec)
     rules = (checks + _plan.system_checks(_plan.INFER, system, par, structure_ok)
              + [(_prec.supported(dev, prec), "precision_unsupported")]
              + _plan.finite_checks(

@@ -310,7 +310,7 @@ def qkv_projection(sh: Shard, tokens, fused=False):
 
 
 def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, backward=False,
-                   flash=0.0, flash_static: bool | None = None):
+                   flash=0.0, flash_static: bool | None = None, share_kv=True):
     """Scores, softmax and weighted sum of standard (unfused) attention, or FlashAttention.
 
     Source: LLMCompass §III-C / notes §2: ``Q·Kᵀ`` and ``A·V`` as batched GEMMs (one product per
@@ -322,6 +322,9 @@ def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, back
     spread over the same rows (:func:`jaxmodel.ops.attention.flash_attention_rows`).
     ``flash_static`` (:attr:`Variant.flash`): ``False`` traces the standard kernels only,
     ``True`` FlashAttention only, ``None`` both (selected per configuration).
+    ``share_kv``: FlashAttention decode reads each KV head once for its query group
+    (Flash-Decoding; :func:`jaxmodel.ops.attention.flash_attention_rows`), else once per
+    query head.
 
     Returns:
         ``(gemm_rows, vector_rows)`` with rows ``qk``, ``av`` and ``softmax``.
@@ -332,7 +335,7 @@ def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, back
     if flash_static is True:
         fa_rows = _attention.flash_attention_rows(dev, batch, sh.heads, seq_len, kv_seq,
                                                   sh.head_dim, sh.kv_heads, flash, dtype_bytes,
-                                                  backward)
+                                                  backward, share_kv)
         return {}, dict(fa_rows)
     if flash_static is False:
         sm = _ops.softmax_latency.single(dev, rows, kv_seq, overhead=True)
@@ -349,7 +352,7 @@ def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, back
             else jnp.zeros_like(sm))
     fa_rows = _attention.flash_attention_rows(dev, batch, sh.heads, seq_len, kv_seq,
                                               sh.head_dim, sh.kv_heads, flash, dtype_bytes,
-                                              backward)
+                                              backward, share_kv)
     vectors = {"softmax": (jnp.where(fa, fa_rows["softmax"][0], sm),
                            jnp.where(fa, fa_rows["softmax"][1], sm_b))}
     for row in ("qk", "av"):
@@ -460,9 +463,10 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
     attn_word = dtype_bytes if attn_word is None else attn_word
     sh = shard(model, par)
     tokens = batch * seq_len
+    share_kv = True if runtime is None else runtime.attention < 1.5
     core_g, core_v = attention_core(_prec.scaled_device(dev, prec.attn_dtype), sh, batch,
                                     seq_len, kv_seq, attn_word, training,
-                                    par.flash_attention, variant.flash)
+                                    par.flash_attention, variant.flash, share_kv)
     if variant.moe is False:
         ffn_g, ffn_v = ffn_block(dev, model, sh, tokens, dtype_bytes, training)
         zero = jnp.zeros_like(ffn_v["act"][0])
