@@ -19,13 +19,13 @@ model is multi-head, so the attention variant does not matter there). The
 ``"pytorch"`` profile (eager, LLMCompass's calibration) is printed beside as the baseline.
 
 Calibration: one constant per runtime and device, ``Runtime.step_overhead_s`` of
-``"trtllm"`` / ``"trtllm_v06"`` on A100: the value on a 0-200 µs grid (5 µs steps) minimising the mean of the
+``"trtllm"`` / ``"trtllm_v06"`` on A100: the value on a 0-2000 µs grid (10 µs steps) minimising the mean of the
 TensorRT-LLM throughput MAPE and batch-1 TTFT MAPE over all its rows. It enters each step
 additively (``ttft += s``, ``tpot += s``), so every grid value is evaluated in closed form from
 one model run at ``s = 0`` (checked against a run at the preset value). Leave-one-model-out:
 for each model, the value fitted on the other models' rows predicts the held-out model's rows.
 
-Outputs ``results/validate_serving.csv`` and ``results/validate_serving.png``.
+Outputs ``experiments/out/validate_serving.csv`` and ``.png``.
 
 Run: ``python experiments/validate_serving.py`` (a few minutes on CPU).
 """
@@ -45,8 +45,8 @@ import hw_db  # noqa: E402
 import jaxmodel as jm  # noqa: E402
 
 ANCHORS = "/work/shared/anchors/inference"
-OUT = os.path.join(os.path.dirname(__file__), "..", "results")
-STEP_GRID = np.arange(0.0, 200.1e-6, 5e-6)
+OUT = os.path.join(os.path.dirname(__file__), "out")
+STEP_GRID = np.arange(0.0, 2000.1e-6, 10e-6)
 PROFILE = "trtllm_v06"
 
 # Models not in hw_db, from their published configurations.

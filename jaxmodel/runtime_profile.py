@@ -42,6 +42,11 @@ Fields and what they change (:func:`device_for`, :func:`jaxmodel.workload.layer.
   TensorRT-LLM's XQA kernel, v0.7+; vLLM PagedAttention); 2 as 1 but the decode kernel runs
   one thread block per (sequence, query head), reading the KV head's cache once per query
   head (TensorRT-LLM's masked multi-head attention before XQA: v0.5-0.6 on GQA models).
+- ``sustained_clock``: 1 runs the device at its sustained clock (``freq_hz`` ×
+  ``sustained_clock_fraction``, the power-limited clock under back-to-back load, derived in
+  hw_db from sustained cuBLASLt throughput), as a serving benchmark or a loaded server runs;
+  0 at the boost clock (LLMCompass's single-kernel measurements). The training model uses
+  the same field (:func:`jaxmodel.parallel.train.sustained_device`).
 - ``step_overhead_s``: host time per forward step (prefill and each decode step) not hidden
   behind the GPU: sampling, scheduling, graph launch, s.
 
@@ -59,7 +64,7 @@ import numpy as np
 from jaxmodel.types import Array, _register
 
 #: Flag fields (0/1 numeric leaves).
-FLAGS = ("kernel_floor", "cuda_graph", "fuse_norm", "fuse_act", "fuse_rope")
+FLAGS = ("kernel_floor", "cuda_graph", "fuse_norm", "fuse_act", "fuse_rope", "sustained_clock")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +81,7 @@ class Runtime:
         attention: 0 = ``par.flash_attention``'s kernel, 1 = FlashAttention-2 prefill and a
             GQA-packed split-KV decode kernel, 2 = the same prefill and a per-query-head
             decode kernel.
+        sustained_clock: 1 = the device at its sustained (power-limited) clock.
         step_overhead_s: host time per forward step not overlapped with the GPU, s.
         name: preset name (static metadata).
     """
@@ -86,11 +92,15 @@ class Runtime:
     fuse_act: Array = 0.0
     fuse_rope: Array = 0.0
     attention: Array = 0.0
+    sustained_clock: Array = 0.0
     step_overhead_s: Array = 0.0
     name: str = "custom"
 
 
 _register(Runtime, meta=("name",))
+
+#: ``step_overhead_s`` of the TensorRT-LLM presets (see PRESETS).
+STEP = 40e-6
 
 #: Presets. Flags follow the runtimes' documented kernels; ``step_overhead_s`` is calibrated
 #: per runtime on measured end-to-end data where there is any (see each entry), else 0.
@@ -102,21 +112,22 @@ PRESETS: dict[str, dict[str, Any]] = {
     # attention plugin, fused MHA in the context phase and masked MHA (one pass over each KV
     # head's cache) in generation. step_overhead_s: calibrated (experiments/
     # validate_serving.py) on shared/anchors/inference/trtllm_a100_fp16.csv, A100: the value
-    # on a 0-200 µs grid minimising the mean of the throughput and batch-1 TTFT MAPEs of
+    # on a 0-2000 µs grid minimising the mean of the throughput and batch-1 TTFT MAPEs of
     # the 21 rows; leave-one-model-out in the script's output.
     "trtllm": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
-                   fuse_rope=1.0, attention=1.0, step_overhead_s=40e-6),
+                   fuse_rope=1.0, attention=1.0, sustained_clock=1.0, step_overhead_s=STEP),
     # TensorRT-LLM v0.5-0.6 (the versions of the published A100 tables) and
     # FasterTransformer: as "trtllm" but generation attention by the masked MHA kernel, one
     # thread block per query head (the XQA kernel sharing K/V loads across a GQA group came
     # with v0.7, TensorRT-LLM release notes). Same step_overhead_s calibration.
     "trtllm_v06": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
-                       fuse_rope=1.0, attention=2.0, step_overhead_s=40e-6),
+                       fuse_rope=1.0, attention=2.0, sustained_clock=1.0,
+                       step_overhead_s=STEP),
     # vLLM (v0.4-0.6): eager PyTorch prefill with custom kernels, CUDA-graph decode,
     # fused_add_rms_norm, separate silu_and_mul and rotary_embedding kernels, FlashAttention
     # prefill / PagedAttention decode. No end-to-end anchor: step_overhead_s not calibrated.
     "vllm": dict(kernel_floor=0.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=0.0,
-                 fuse_rope=0.0, attention=1.0, step_overhead_s=0.0),
+                 fuse_rope=0.0, attention=1.0, sustained_clock=1.0, step_overhead_s=0.0),
 }
 
 
@@ -201,12 +212,15 @@ def device_for(dev, rt: Runtime, decode):
     ``layernorm_overhead_s`` ← ``rmsnorm_overhead_s`` (one thread block per row, a block
     reduction: the same kernel shape, the only row-reduction family with a kernel-timer
     calibration); ``gelu_overhead_s`` ← ``silu_mul_overhead_s`` (the fused elementwise
-    activation family). Otherwise ``dev`` unchanged. Single configuration (``decode`` may be
+    activation family). Otherwise ``dev`` unchanged. ``sustained_clock`` scales ``freq_hz`` by
+    ``sustained_clock_fraction``. Single configuration (``decode`` may be
     traced).
     """
     on = floors_on(rt, decode)
     return dataclasses.replace(
         dev,
+        freq_hz=jnp.where(rt.sustained_clock > 0.5, dev.freq_hz * dev.sustained_clock_fraction,
+                          dev.freq_hz),
         matmul_overhead_s=jnp.where(on, dev.matmul_kernel_overhead_s, dev.matmul_overhead_s),
         softmax_overhead_s=jnp.where(on, dev.rmsnorm_overhead_s, dev.softmax_overhead_s),
         layernorm_overhead_s=jnp.where(on, dev.rmsnorm_overhead_s, dev.layernorm_overhead_s),

@@ -56,7 +56,7 @@ def test_presets_and_names():
     with pytest.raises(ValueError, match="kernel_floor"):
         rtp.validate_runtime(jm.Runtime(kernel_floor=0.5))
     leaves = jax.tree_util.tree_leaves(trt)
-    assert len(leaves) == 7        # name is static metadata
+    assert len(leaves) == 8        # name is static metadata
 
 
 @pytest.mark.parametrize("m", [GPT, LLAMA], ids=["gpt", "llama"])
