@@ -5,8 +5,6 @@ GEMMs are timed by the roofline + per-kernel overhead hook (fast compiles); the 
 overhead it adds is the device field the runtime swaps.
 """
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
