@@ -18,6 +18,7 @@ from jaxmodel.types import (ACTIVATIONS, ATTENTIONS, RECOMPUTE, SCHEDULES, TOPOL
 from jaxmodel.numerics import REASONS, reason_name
 from jaxmodel.precision import (DTYPES, PRESETS, Precision, precision, stack as stack_precisions,
                                 validate_precision)
+from jaxmodel.runtime_profile import PRESETS as RUNTIMES, Runtime, runtime as runtime_of  # noqa: E501
 
 # Each subpackage exports its public names through its own __all__ (one owner per subpackage).
 from jaxmodel.ops import *  # noqa: F401,F403,E402

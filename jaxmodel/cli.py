@@ -400,6 +400,10 @@ def cmd_predict(a) -> Any:
         fn = jm.inference
     if a.precision:
         spec["args"]["precision"] = a.precision
+    if getattr(a, "runtime", None):
+        if a.phase == "train":
+            raise ValueError("--runtime applies to serving (prefill, decode, inference)")
+        spec["args"]["runtime"] = a.runtime
     args, kwargs = build_call(fn, spec)
     res = to_jsonable(fn(*args, **kwargs))
     head = {"phase": a.phase, "system": args[0].name, "model": args[1].name,
@@ -614,6 +618,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-len", type=float, default=1024, dest="gen_len")
     p.add_argument("--precision", help="numeric precision preset: bf16 (default), fp8, ... "
                    "(jaxmodel.precision.PRESETS)")
+    p.add_argument("--runtime", help="serving runtime: pytorch (default, eager), trtllm, "
+                   "trtllm_v06, vllm (jaxmodel.runtime_profile.PRESETS)")
     p.set_defaults(func=cmd_predict, table=False)
 
     p = add("sweep", "sweep a design space from a TOML spec", "csv")

@@ -40,6 +40,7 @@ PACKAGES = ("jaxmodel", "hw_db")
 RANKS = {
     "jaxmodel.types": 0, "jaxmodel.numerics": 0, "jaxmodel.runtime": 0,
     "jaxmodel.precision": 0.5,
+    "jaxmodel.runtime_profile": 0,
     "jaxmodel.batching": 1,
     "jaxmodel.ops": 2, "jaxmodel.comm": 2,
     "hw_db": 2.5,

@@ -371,7 +371,7 @@ standard_attention_latency.single = _standard_single
 
 
 def flash_attention_rows(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, version=1.0,
-                         dtype_bytes=2.0, backward=False):
+                         dtype_bytes=2.0, backward=False, share_kv=True):
     """FlashAttention time spread over the standard attention rows, ``{row: (fwd_s, bwd_s)}``.
 
     Keeps a layer breakdown comparable between the two implementations (single configuration,
@@ -379,7 +379,19 @@ def flash_attention_rows(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, v
     ``dK``), ``softmax`` = the pointwise/reduction work + kernel launches, ``av`` = the value
     GEMMs (``P·V``; backward: ``dP``, ``dV``) + HBM stores. The rows sum to
     :func:`flash_attention_latency`'s ``fwd`` (and ``bwd`` when ``backward``).
+
+    Decoding (``q_len < kv_len``: new tokens against a KV cache) runs the split-KV kernel of
+    Flash-Decoding (Dao et al. 2023; TensorRT-LLM masked MHA, vLLM PagedAttention,
+    FlashInfer) whatever ``version``: one work unit per (sequence, KV head) with its ``g``
+    query heads folded into the rows, so each KV head's cache is read once per step, and the
+    keys split over thread blocks to fill the cores (the FA-2 decomposition above). FA-1's
+    unit per query head would reload K and V ``g`` times under grouped-query attention.
+    ``share_kv`` false (may be traced) keeps that per-query-head decode kernel: one thread
+    block per (sequence, query head), each reading its KV head's cache (TensorRT-LLM's masked
+    MHA before its XQA kernel for GQA/MQA generation, v0.7).
     """
+    decoding = (q_len < kv_len) & (version > 0.5) & share_kv
+    version = jnp.where(decoding, jnp.maximum(version, 2.0), version)
     r = _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, 1.0, 0.0,
                       version, dtype_bytes, True)
     fwd = {"qk": r["load"] + r["gemm_qk"], "softmax": r["pointwise"] + r["overhead"],

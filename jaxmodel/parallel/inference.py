@@ -21,6 +21,10 @@ network, finite times), then memory. Every result is finite with ``feasible=True
   mean of ``KV_SAMPLES`` steps at KV lengths evenly spaced (midpoints) over the decode phase
   (``prompt_len … prompt_len + gen_len − 2`` cached tokens; the latency is close to affine in
   the KV length, so the midpoint rule is near exact).
+- ``runtime`` (:mod:`jaxmodel.runtime_profile`): the serving runtime's kernel overheads,
+  fusions, CUDA-graph decode and fused attention apply to every layer, the embedding and the
+  head (decode steps under ``cuda_graph`` at the kernel floors); its ``step_overhead_s`` is
+  added once to ``ttft_s`` (the prefill step) and once to ``tpot_s`` (each decode step).
 - ``total_s = ttft_s + (gen_len − 1)·tpot_s`` (the first token comes from the prefill);
   ``tokens_per_s = batch·gen_len / total_s``.
 - ``memory_bytes``: weights (split over tp, pp), KV cache of ``prompt_len + gen_len`` tokens and
@@ -39,13 +43,14 @@ import jax.numpy as jnp
 
 from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
+from jaxmodel import runtime_profile as _rtp
 from jaxmodel.batching import batch_shape, batched
 from jaxmodel.numerics import INF, first_reason, reason_name
 from jaxmodel.parallel import plan as _plan
 from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_args,
                             validate_knobs)
 from jaxmodel.workload.layer import (ANY, LAYER_OPS, Variant, default_gemm, layer_times,
-                                     variant_of)
+                                     runtime_inputs, variant_of)
 from jaxmodel.workload.memory import inference_memory_single
 from jaxmodel.workload.moe import MOE_OPS
 _prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
@@ -174,12 +179,14 @@ _COMM_OPS = ("allreduce_mha", "allreduce_ffn", "moe_alltoall")
 
 def inference_single(system: System, model: Model, par: Parallelism, batch, prompt_len,
                      gen_len, gemm=None, dtype_bytes=None, kv_samples: int = KV_SAMPLES,
-                     variant: Variant = ANY, memory_rule: bool = True, precision=None):
+                     variant: Variant = ANY, memory_rule: bool = True, precision=None,
+                     runtime=None):
     """Single-configuration body of :func:`inference` (use inside other formulas).
 
     ``memory_rule=False`` (static) leaves out the last rule, ``out_of_memory``: the times of a
     plan that does not fit stay finite (co-design objectives penalise the memory smoothly);
-    every other rule still applies.
+    every other rule still applies. ``runtime``: a :class:`jaxmodel.Runtime`, a preset name
+    or None (eager, as LLMCompass).
     """
     dev = system.device
     prec = _prec.resolve(precision, dtype_bytes)
@@ -204,36 +211,54 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     kvs = [prompt + span * (i + 0.5) / kv_samples for i in range(kv_samples)]
     new_tokens = jnp.stack([prompt] + [jnp.ones_like(prompt)] * kv_samples)
     cached = jnp.stack([jnp.zeros_like(prompt)] + kvs)
+    rt = _rtp.runtime_arg(runtime)
     steps = jax.vmap(lambda s, kv: layer_times(system, model, par, b, s, "decode", kv, gemm,
-                                               variant=variant, precision=prec))(new_tokens,
-                                                                                 cached)
+                                               variant=variant, precision=prec,
+                                               runtime=rt))(new_tokens, cached)
     pre = {k: v[0] for k, v in steps.items()}
     dec = {k: jnp.mean(v[1:]) for k, v in steps.items()}
 
     # embedding and stage hops of the prompt and of one decode token: one trace, vmapped
     tokens = jnp.stack([b * prompt, b])
-    lookup, emb_ar = jax.vmap(lambda n: _embedding_parts(system, model, par, n, dtype_s,
-                                                         variant))(tokens)
+    is_decode = jnp.asarray([False, True])
+
+    def at(decode):       # the system with the runtime's kernel overheads of that phase
+        if rt is None:
+            return system
+        return dataclasses.replace(system, device=runtime_inputs(dev, par, variant, rt,
+                                                                 decode)[0])
+
+    lookup, emb_ar = jax.vmap(lambda n, d: _embedding_parts(at(d), model, par, n, dtype_s,
+                                                            variant))(tokens, is_decode)
     hops = (pp - 1.0) * jax.vmap(lambda n: _pp_hop(system, par, n * model.d_model
                                                    * dtype_s, variant.net))(tokens)
     emb = lookup + emb_ar
     emb_pre, emb_dec = emb[0], emb[1]
     hop_pre, hop_dec = hops[0], hops[1]
-    head_c, head_g = _lm_head_parts(system, model, par, b, gemm, dtype_s, variant)
-    head_pre = head_dec = head_c + head_g
+    if rt is None:
+        head_c, head_g = _lm_head_parts(system, model, par, b, gemm, dtype_s, variant)
+        head_pre = head_dec = head_c + head_g
+        step = 0.0
+    else:
+        head_c, head_g = jax.vmap(lambda d: _lm_head_parts(at(d), model, par, b, gemm,
+                                                           dtype_s, variant))(is_decode)
+        head_pre, head_dec = head_c[0] + head_g[0], head_c[1] + head_g[1]
+        step = rt.step_overhead_s
 
-    ttft = n_layers * pre["total"] + hop_pre + emb_pre + head_pre
-    tpot = n_layers * dec["total"] + hop_dec + emb_dec + head_dec
+    ttft = n_layers * pre["total"] + hop_pre + emb_pre + head_pre + step
+    tpot = n_layers * dec["total"] + hop_dec + emb_dec + head_dec + step
     total = ttft + (gen - 1.0) * tpot
 
-    mem = inference_memory_single(model, par, b, prompt, gen, precision=prec)
+    # the runtime's attention kernel decides whether the prefill keeps the score matrix
+    par_mem = par if rt is None else runtime_inputs(dev, par, variant, rt, False)[1]
+    mem = inference_memory_single(model, par_mem, b, prompt, gen, precision=prec)
     rules = (checks + _plan.system_checks(_plan.INFER, system, par, structure_ok)
              + [(_prec.supported(dev, prec), "precision_unsupported")]
              + _plan.finite_checks(
                  [x[k] for x in (pre, dec) for k in LAYER_OPS + MOE_OPS if k not in _COMM_OPS]
-                 + [lookup[0], lookup[1], head_c],
+                 + [lookup[0], lookup[1], jnp.sum(head_c)],
                  [x[k] for x in (pre, dec) for k in _COMM_OPS]
-                 + [emb_ar[0], emb_ar[1], head_g, hop_pre, hop_dec]))
+                 + [emb_ar[0], emb_ar[1], jnp.sum(head_g), hop_pre, hop_dec]))
     if memory_rule:
         rules = rules + [(mem["total"] <= dev.mem_capacity, "out_of_memory")]
     feasible, reason = first_reason(rules)
@@ -248,7 +273,8 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
         "prefill_layers": n_layers * pre["total"], "decode_layers": n_layers * dec["total"],
         "pp_comm_prefill": hop_pre, "pp_comm_decode": hop_dec,
         "embedding_prefill": emb_pre, "embedding_decode": emb_dec,
-        "head_prefill": head_pre, "head_decode": head_dec})
+        "head_prefill": head_pre, "head_decode": head_dec,
+        "step_overhead": step + 0.0 * ttft})
     breakdown = {k: gate(v) for k, v in breakdown.items()}
     breakdown.update({f"memory.{k}": v for k, v in mem.items()})
     safe_total = jnp.where(feasible & (total > 0), total, 1.0)
@@ -259,13 +285,14 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
 
 
 @batched
-def _inference(system, model, par, batch, prompt_len, gen_len, gemm, precision, variant):
+def _inference(system, model, par, batch, prompt_len, gen_len, gemm, precision, variant,
+               runtime):
     return inference_single(system, model, par, batch, prompt_len, gen_len, gemm,
-                            variant=variant, precision=precision)
+                            variant=variant, precision=precision, runtime=runtime)
 
 
 def inference(system: System, model: Model, par: Parallelism, batch, prompt_len, gen_len,
-              gemm=None, dtype_bytes=None, precision=None) -> InferenceResult:
+              gemm=None, dtype_bytes=None, precision=None, runtime=None) -> InferenceResult:
     """Latency, throughput and memory of serving ``batch`` requests (see module docstring).
 
     Args:
@@ -281,6 +308,10 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
         precision: preset name (``"bf16"`` default, ``"fp8"``: FP8 weights, GEMMs and KV
             cache, ...) or a :class:`jaxmodel.Precision`; a device without a tensor-core rate
             for its compute dtypes gives ``feasible=False``, reason ``precision_unsupported``.
+        runtime: serving runtime, a preset name (``"pytorch"`` default: PyTorch-eager
+            per-call overheads, every op its own kernel; ``"trtllm"``: TensorRT-LLM /
+            FasterTransformer; ``"vllm"``) or a :class:`jaxmodel.Runtime`
+            (:mod:`jaxmodel.runtime_profile`).
 
     Returns:
         :class:`InferenceResult`; batch axes of the inputs lead every field.
@@ -306,8 +337,11 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
             system, model, par, batch, prompt_len, gen_len, prec.act_bytes), system, par)
     validate_knobs("inference", batch=batch, prompt_len=prompt_len, gen_len=gen_len,
                    dtype_bytes=dtype_bytes)
+    rt = _rtp.runtime_arg(runtime)
+    if rt is not None and is_concrete(rt):
+        _rtp.validate_runtime(rt, where="inference")
     return _inference(system, model, par, batch, prompt_len, gen_len, gemm, prec,
-                      variant_of(model, par, system))
+                      variant_of(model, par, system), rt)
 
 
 inference.single = inference_single

@@ -67,6 +67,7 @@ import jax.numpy as jnp
 
 from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
+from jaxmodel import runtime_profile as _rtp
 from jaxmodel.batching import batched
 from jaxmodel.ops import attention as _attention
 from jaxmodel.workload import moe as _moe
@@ -362,7 +363,7 @@ def mla_core_shard(model: Model, sh: Shard, absorbed=False) -> Shard:
 
 
 def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, backward=False,
-                   flash=0.0, flash_static: bool | None = None):
+                   flash=0.0, flash_static: bool | None = None, share_kv=True):
     """Scores, softmax and weighted sum of standard (unfused) attention, or FlashAttention.
 
     Source: LLMCompass §III-C / notes §2: ``Q·Kᵀ`` and ``A·V`` as batched GEMMs (one product per
@@ -374,6 +375,9 @@ def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, back
     spread over the same rows (:func:`jaxmodel.ops.attention.flash_attention_rows`).
     ``flash_static`` (:attr:`Variant.flash`): ``False`` traces the standard kernels only,
     ``True`` FlashAttention only, ``None`` both (selected per configuration).
+    ``share_kv``: FlashAttention decode reads each KV head once for its query group
+    (Flash-Decoding; :func:`jaxmodel.ops.attention.flash_attention_rows`), else once per
+    query head.
 
     Returns:
         ``(gemm_rows, vector_rows)`` with rows ``qk``, ``av`` and ``softmax``.
@@ -384,7 +388,7 @@ def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, back
     if flash_static is True:
         fa_rows = _attention.flash_attention_rows(dev, batch, sh.heads, seq_len, kv_seq,
                                                   sh.head_dim, sh.kv_heads, flash, dtype_bytes,
-                                                  backward)
+                                                  backward, share_kv)
         return {}, dict(fa_rows)
     if flash_static is False:
         sm = _ops.softmax_latency.single(dev, rows, kv_seq, overhead=True)
@@ -401,7 +405,7 @@ def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, back
             else jnp.zeros_like(sm))
     fa_rows = _attention.flash_attention_rows(dev, batch, sh.heads, seq_len, kv_seq,
                                               sh.head_dim, sh.kv_heads, flash, dtype_bytes,
-                                              backward)
+                                              backward, share_kv)
     vectors = {"softmax": (jnp.where(fa, fa_rows["softmax"][0], sm),
                            jnp.where(fa, fa_rows["softmax"][1], sm_b))}
     for row in ("qk", "av"):
@@ -495,7 +499,7 @@ def tp_collective(system: System, par: Parallelism, nbytes, variant: Variant = A
 
 def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dtype_bytes=None,
                 training=False, variant: Variant = ANY, *, precision=None, attn_word=None,
-                mla_absorbed: bool = False):
+                mla_absorbed: bool = False, runtime=None):
     """All compute rows of one layer: ``(gemm_rows, vector_rows)`` (see :func:`evaluate`).
 
     ``training`` fuses the QKV GEMM (Megatron) and times the backward vector kernels.
@@ -506,6 +510,10 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
     ``min(kv_seq, window)`` keys; the layer averages local and global attention by their share.
     Vector kernels move ``precision.act_bytes`` per element; FlashAttention runs at the
     ``attn_dtype`` rate on ``attn_word`` bytes (default ``act_bytes``).
+    ``runtime`` (a :class:`jaxmodel.runtime_profile.Runtime`, serving only; None = eager, as
+    LLMCompass) applies its fusions: ``fuse_norm`` times each norm as one streaming kernel
+    (:func:`jaxmodel.ops.rmsnorm_latency`'s bandwidth model), ``fuse_act`` drops the ``act``
+    kernel (GEMM epilogue), ``fuse_rope`` drops the RoPE kernel (QKV epilogue).
     """
     prec = _prec.resolve(precision, dtype_bytes)
     dtype_bytes = prec.act_bytes
@@ -522,15 +530,16 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
     else:
         core_sh = mla_core_shard(model, sh, absorbed) if variant.mla else sh
     adev = _prec.scaled_device(dev, prec.attn_dtype)
+    share_kv = True if runtime is None else runtime.attention < 1.5
     core_g, core_v = attention_core(adev, core_sh, batch, seq_len, kv_seq, attn_word,
-                                    training, par.flash_attention, variant.flash)
+                                    training, par.flash_attention, variant.flash, share_kv)
     if variant.window is not False:
         # local (sliding-window) layers attend min(kv, window) keys: the average layer mixes
         # both cores by the share of local layers
         share = _params.n_local_layers(model) / jnp.maximum(model.n_layers, 1.0)
         win_g, win_v = attention_core(adev, core_sh, batch, seq_len,
                                       _params.attended_keys(model, kv_seq, True), attn_word,
-                                      training, par.flash_attention, variant.flash)
+                                      training, par.flash_attention, variant.flash, share_kv)
         core_g = {row: [(g, (1.0 - share) * c) for g, c in core_g[row]]
                   + [(g, share * c) for g, c in win_g[row]] for row in core_g}
         core_v = {row: tuple((1.0 - share) * a + share * b
@@ -560,6 +569,15 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
     rope = jnp.where(llama, _ops.rope_latency.single(dev, tokens, sh.heads, sh.kv_heads,
                                                      sh.head_dim, dtype_bytes, overhead=True),
                      0.0)
+    if runtime is not None:
+        rt = runtime
+        rows = jnp.where(par.sp > 0.5, tokens / sh.tp, tokens)
+        fused_ln = _ops.rmsnorm_latency.single(dev, rows, sh.d_model, dtype_bytes,
+                                               overhead=True)
+        ln = (jnp.where(rt.fuse_norm > 0.5, fused_ln, ln[0]), ln[1])
+        rope = jnp.where(rt.fuse_rope > 0.5, 0.0, rope)
+        ffn_v = {**ffn_v, "act": (jnp.where(rt.fuse_act > 0.5, 0.0, ffn_v["act"][0]),
+                                  ffn_v["act"][1])}
     vectors = {**core_v, **ffn_v, "layernorm_mha": ln, "layernorm_ffn": ln,
                "qkv": (rope, rope if training else jnp.zeros_like(rope))}
     return gemms, vectors
@@ -568,9 +586,26 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
 # --------------------------------------------------------------------------------------------
 # inference layer
 # --------------------------------------------------------------------------------------------
+def runtime_inputs(dev, par: Parallelism, variant: Variant, rt, decode):
+    """``(dev, par, variant)`` under serving runtime ``rt`` (a resolved
+    :class:`jaxmodel.runtime_profile.Runtime`, not the eager default): the device with the
+    per-kernel overheads the runtime charges (:func:`jaxmodel.runtime_profile.device_for`;
+    ``decode`` may be traced), FlashAttention-2 where ``rt.attention`` asks for fused
+    attention, and the matching static FlashAttention switch."""
+    dev = _rtp.device_for(dev, rt, decode)
+    fused = rt.attention > 0.5
+    par = dataclasses.replace(par, flash_attention=jnp.where(fused, 2.0, par.flash_attention))
+    on = static_flag(rt.attention, lambda a: a > 0.5)
+    if on is True or variant.flash is True:
+        variant = variant._replace(flash=True)
+    elif on is None:
+        variant = variant._replace(flash=None)
+    return dev, par, variant
+
+
 def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
                 phase: str = "prefill", kv_len=0.0, gemm: GemmFn | None = None,
-                dtype_bytes=None, variant: Variant = ANY, precision=None):
+                dtype_bytes=None, variant: Variant = ANY, precision=None, runtime=None):
     """Single-configuration body of :func:`layer_breakdown` (use inside other formulas)."""
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
@@ -579,10 +614,15 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     prec = _prec.resolve(precision, dtype_bytes)
     dtype_bytes = prec.act_bytes
     kv_seq = seq_len if phase == "prefill" else kv_len + seq_len
+    rt = _rtp.runtime(runtime)
+    if _rtp.is_eager(rt):
+        rt = None              # the eager (LLMCompass) graph, bit-identical to no runtime
+    else:
+        dev, par, variant = runtime_inputs(dev, par, variant, rt, kv_seq > seq_len)
     # serving: the attention products read Q, K, V in the KV cache's storage type
     gemms, vectors = layer_graph(dev, model, par, batch, seq_len, kv_seq, variant=variant,
                                  precision=prec, attn_word=prec.kv_bytes,
-                                 mla_absorbed=phase == "decode")
+                                 mla_absorbed=phase == "decode", runtime=rt)
     rows = evaluate(gemm, dev, gemms, vectors, precision=prec, attn_word=prec.kv_bytes)
     out = {k: v[0] for k, v in rows.items()}
     sync = tp_collective(system, par, batch * seq_len * model.d_model * dtype_bytes, variant)
@@ -603,14 +643,14 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
 
 @batched
 def _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm, precision,
-                     variant):
+                     variant, runtime):
     return layer_times(system, model, par, batch, seq_len, phase, kv_len, gemm,
-                       variant=variant, precision=precision)
+                       variant=variant, precision=precision, runtime=runtime)
 
 
 def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_len,
                     phase: str = "prefill", kv_len=0, gemm: GemmFn | None = None,
-                    dtype_bytes=None, precision=None):
+                    dtype_bytes=None, precision=None, runtime=None):
     """Latency of one decoder layer on one device, per op (LLMCompass layer model), s.
 
     Source: LLMCompass §III-C, notes §2: every kernel serial with its per-kernel
@@ -633,6 +673,10 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
         precision: a preset name (``"bf16"`` default, ``"fp8"``, ...) or a
             :class:`jaxmodel.Precision`; a device without a tensor-core rate for its compute
             dtypes gives ``+inf``.
+        runtime: serving runtime, a preset name (``"pytorch"`` default: eager per-call
+            overheads, as LLMCompass; ``"trtllm"``, ``"vllm"``) or a
+            :class:`jaxmodel.Runtime` (:mod:`jaxmodel.runtime_profile`): kernel floors vs
+            eager overheads, fusions, CUDA-graph decode, fused attention.
 
     Returns:
         dict op name → seconds with the 12 rows of :data:`LAYER_OPS`, a ``"quantize"`` row
@@ -657,7 +701,7 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
     validate_args(system, model, par, where="layer_breakdown")
     return _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm,
                             _prec.resolve(precision, dtype_bytes),
-                            variant_of(model, par, system))
+                            variant_of(model, par, system), _rtp.runtime_arg(runtime))
 
 
 layer_breakdown.single = layer_times

@@ -141,3 +141,14 @@ def test_default_tile_search_end_to_end():
     assert float(r.breakdown["prefill_layers"]) == pytest.approx(40 * float(pre["total"]),
                                                                  rel=1e-6)
     assert 0 < float(r.tpot_s) < float(r.ttft_s) < 10.0
+
+
+def test_pytorch_runtime_is_the_default(result):
+    """``runtime="pytorch"`` (eager, LLMCompass) is the call without a runtime, bit for bit,
+    and adds no step overhead."""
+    r = inference(SYSTEM, M, TP4, 8, 512, 64, gemm=roofline_gemm, runtime="pytorch")
+    for f in ("ttft_s", "tpot_s", "total_s", "tokens_per_s", "memory_bytes"):
+        assert float(getattr(r, f)) == float(getattr(result, f)), f
+    assert float(r.breakdown["step_overhead"]) == 0.0
+    with pytest.raises(ValueError, match="not one of"):
+        inference(SYSTEM, M, TP4, 8, 512, 64, gemm=roofline_gemm, runtime="tensorflow")

@@ -1,0 +1,243 @@
+"""Serving runtime as a configuration dimension: kernel launch costs, fusions, CUDA graphs,
+attention kernel and per-step host overhead.
+
+The layer model of :mod:`jaxmodel.workload.layer` times every kernel of a layer with its
+per-kernel overhead. *Which* overhead, and *which* kernels exist at all, depends on the serving
+runtime: PyTorch eager launches every op as its own kernel through the Python dispatcher
+(LLMCompass's measurements: the ``*_overhead_s`` device fields, e.g. 26 µs per GEMM, 48 µs per
+LayerNorm on A100); compiled runtimes (TensorRT-LLM, FasterTransformer) enqueue kernels from
+C++ ahead of the GPU and fuse the memory-bound operations of a layer, so the GPU sees only the
+device-side kernel floors (the ``*_kernel_overhead_s`` / ``rmsnorm_overhead_s`` ... fields,
+calibrated on kernel-timer data) of fewer kernels.
+
+A :class:`Runtime` is a frozen dataclass pytree like :class:`jaxmodel.Precision` (every field
+a numeric leaf, flags as 0/1), so a batch may mix runtimes.
+
+Fields and what they change (:func:`device_for`, :func:`jaxmodel.workload.layer.layer_graph`,
+:func:`jaxmodel.parallel.inference.inference`):
+
+- ``kernel_floor``: 1 charges every kernel its device-side floor instead of the eager per-call
+  overhead: GEMM ``matmul_kernel_overhead_s``; LayerNorm and softmax (one block per row,
+  a row reduction) the RMSNorm family floor ``rmsnorm_overhead_s``; GELU the fused
+  activation floor ``silu_mul_overhead_s``. Source: NVIDIA, "CUDA C++ Best Practices Guide"
+  (asynchronous launches: the host runs ahead of the GPU, so with a C++ enqueue loop the GPU
+  time per kernel is the kernel's own duration); TensorRT-LLM ``gptSession`` (C++ runtime).
+- ``cuda_graph``: decode steps replay a captured CUDA graph: kernel floors in decode whatever
+  ``kernel_floor`` says (one graph launch per step instead of one launch per kernel; the
+  launch is in ``step_overhead_s``). Source: NVIDIA CUDA Programming Guide §3.2.8.7
+  ("CUDA Graphs"); Kwon et al., "Efficient Memory Management for Large Language Model Serving
+  with PagedAttention" (vLLM), SOSP'23, §6 (CUDA graphs for decoding).
+- ``fuse_norm``: residual add + normalisation as one streaming kernel (TensorRT-LLM /
+  FasterTransformer ``generalAddBiasResidualLayerNorm``, vLLM ``fused_add_rms_norm``):
+  the norm row is timed by the bandwidth model of :func:`jaxmodel.ops.rmsnorm_latency`
+  (two reads and one write of the row) instead of LLMCompass's LayerNorm tiling.
+- ``fuse_act``: GELU / SiLU·mul in the epilogue of the first FFN GEMM (TensorRT-LLM
+  gated-activation GEMM plugin, FasterTransformer ``addBiasGeluV2`` fused into the cuBLASLt
+  epilogue): the ``act`` row is 0 (its elementwise work rides on the GEMM's output tiles).
+- ``fuse_rope``: rotary embedding in the QKV epilogue / the attention kernel's prologue
+  (TensorRT-LLM ``gpt_attention`` plugin, FlashInfer): no separate RoPE kernel.
+- ``attention``: 0 the attention kernel of ``par.flash_attention``; 1 fused attention:
+  FlashAttention-2 in prefill (Dao 2023) and a split-KV decode kernel whose thread blocks read
+  each KV head's cache once for all its query heads (Flash-Decoding, Dao et al. 2023;
+  TensorRT-LLM's XQA kernel, v0.7+; vLLM PagedAttention); 2 as 1 but the decode kernel runs
+  one thread block per (sequence, query head), reading the KV head's cache once per query
+  head (TensorRT-LLM's masked multi-head attention before XQA: v0.5-0.6 on GQA models).
+- ``sustained_clock``: 1 runs the device at its sustained clock (``freq_hz`` ×
+  ``sustained_clock_fraction``, the power-limited clock under back-to-back load, derived in
+  hw_db from sustained cuBLASLt throughput), as a serving benchmark or a loaded server runs;
+  0 at the boost clock (LLMCompass's single-kernel measurements). The training model uses
+  the same field (:func:`jaxmodel.parallel.train.sustained_device`).
+- ``step_overhead_s``: host time per forward step (prefill and each decode step) not hidden
+  behind the GPU: sampling, scheduling, graph launch, s.
+
+Units: seconds; flags are 0/1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmodel.types import Array, _register
+
+#: Flag fields (0/1 numeric leaves).
+FLAGS = ("kernel_floor", "cuda_graph", "fuse_norm", "fuse_act", "fuse_rope", "sustained_clock")
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    """Serving runtime: launch costs, fusions, CUDA graphs, attention kernel, host overhead.
+
+    Attributes:
+        kernel_floor: 1 = device-side kernel floors for every kernel, 0 = eager per-call
+            overheads (see the module docstring).
+        cuda_graph: 1 = decode steps replayed from a CUDA graph (kernel floors in decode).
+        fuse_norm: 1 = residual add + norm as one streaming kernel.
+        fuse_act: 1 = the FFN activation fused into the first FFN GEMM's epilogue.
+        fuse_rope: 1 = RoPE fused into the QKV GEMM epilogue / attention kernel.
+        attention: 0 = ``par.flash_attention``'s kernel, 1 = FlashAttention-2 prefill and a
+            GQA-packed split-KV decode kernel, 2 = the same prefill and a per-query-head
+            decode kernel.
+        sustained_clock: 1 = the device at its sustained (power-limited) clock.
+        step_overhead_s: host time per forward step not overlapped with the GPU, s.
+        name: preset name (static metadata).
+    """
+
+    kernel_floor: Array = 0.0
+    cuda_graph: Array = 0.0
+    fuse_norm: Array = 0.0
+    fuse_act: Array = 0.0
+    fuse_rope: Array = 0.0
+    attention: Array = 0.0
+    sustained_clock: Array = 0.0
+    step_overhead_s: Array = 0.0
+    name: str = "custom"
+
+
+_register(Runtime, meta=("name",))
+
+#: ``step_overhead_s`` of the TensorRT-LLM presets (see PRESETS).
+STEP = 0.0
+
+#: Presets. Flags follow the runtimes' documented kernels; ``step_overhead_s`` is calibrated
+#: per runtime on measured end-to-end data where there is any (see each entry), else 0.
+PRESETS: dict[str, dict[str, Any]] = {
+    # PyTorch eager as LLMCompass measured it: every op its own kernel, per-call overheads.
+    "pytorch": dict(),
+    # TensorRT-LLM (v0.7+, gptSessionBenchmark): C++ enqueue loop (kernel floors), fused
+    # add+LayerNorm, activation in the GEMM epilogue, RoPE in the attention plugin, fused MHA
+    # in the context phase and the XQA generation kernel (one pass over each KV head's cache),
+    # sustained clock. step_overhead_s: calibrated (experiments/validate_serving.py) on
+    # shared/anchors/inference/trtllm_a100_fp16.csv (A100, v0.5/0.6 rows under
+    # "trtllm_v06"): the value on a 0-2000 µs grid minimising the throughput MAPE of its 13
+    # multi-step rows is 0 (leave-one-model-out: 0, 310, 0, 0 µs): no host time per step
+    # beyond the kernels is visible in the data.
+    "trtllm": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
+                   fuse_rope=1.0, attention=1.0, sustained_clock=1.0, step_overhead_s=STEP),
+    # TensorRT-LLM v0.5-0.6 (the versions of the published A100 tables) and
+    # FasterTransformer: as "trtllm" but generation attention by the masked MHA kernel, one
+    # thread block per query head (the XQA kernel sharing K/V loads across a GQA group came
+    # with v0.7, TensorRT-LLM release notes). Same step_overhead_s calibration.
+    "trtllm_v06": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
+                       fuse_rope=1.0, attention=2.0, sustained_clock=1.0,
+                       step_overhead_s=STEP),
+    # vLLM (v0.4-0.6): eager PyTorch prefill with custom kernels, CUDA-graph decode,
+    # fused_add_rms_norm, separate silu_and_mul and rotary_embedding kernels, FlashAttention
+    # prefill / PagedAttention decode. No end-to-end anchor: step_overhead_s not calibrated.
+    "vllm": dict(kernel_floor=0.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=0.0,
+                 fuse_rope=0.0, attention=1.0, sustained_clock=1.0, step_overhead_s=0.0),
+}
+
+
+def runtime(value: Any = None, **overrides) -> Runtime:
+    """Convert a preset name, a mapping of fields or a :class:`Runtime` to a Runtime.
+
+    ``None`` gives ``"pytorch"`` (the eager calibration: results as without a runtime).
+
+    Raises:
+        ValueError: unknown name or field; the message lists the known ones.
+
+    Example:
+        >>> rt = jm.runtime_of("trtllm")
+        >>> float(rt.kernel_floor)
+        1.0
+    """
+    if isinstance(value, Runtime):
+        return dataclasses.replace(value, **overrides) if overrides else value
+    if value is None:
+        value = "pytorch"
+    if isinstance(value, str):
+        key = value.lower().replace("-", "").replace("_", "")
+        key = {"tensorrtllm": "trtllm", "trt": "trtllm", "fastertransformer": "trtllm_v06",
+               "trtllmv06": "trtllm_v06", "trtllmv0.6": "trtllm_v06",
+               "eager": "pytorch", "torch": "pytorch"}.get(key, key)
+        if key not in PRESETS:
+            raise ValueError(f"runtime={value!r} is not one of {sorted(PRESETS)}")
+        fields = dict(PRESETS[key], name=key)
+    elif isinstance(value, Mapping):
+        fields = dict(value)
+    else:
+        raise ValueError(f"runtime must be a name of {sorted(PRESETS)}, a mapping or a "
+                         f"jm.Runtime, got {type(value).__name__}")
+    fields.update(overrides)
+    known = {f.name for f in dataclasses.fields(Runtime)}
+    unknown = set(fields) - known
+    if unknown:
+        raise ValueError(f"runtime: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
+    return Runtime(**fields)
+
+
+def stack(values) -> Runtime:
+    """A batch of runtimes (leading axis) from names or Runtime objects."""
+    rs = [runtime(v) for v in values]
+    if not rs:
+        raise ValueError("runtime: empty list")
+    fields = {f.name: np.asarray([float(np.asarray(getattr(r, f.name))) for r in rs])
+              for f in dataclasses.fields(Runtime) if f.name != "name"}
+    names = {r.name for r in rs}
+    return Runtime(**fields, name=names.pop() if len(names) == 1 else "batch")
+
+
+def is_eager(rt: Runtime) -> bool:
+    """True when ``rt`` is concretely the eager default (every flag and the step overhead 0):
+    callers then skip the runtime branches and give bit-identical results."""
+    try:
+        return all(float(np.asarray(getattr(rt, f.name))) == 0.0
+                   for f in dataclasses.fields(Runtime) if f.name != "name")
+    except Exception:   # traced leaves
+        return False
+
+
+def runtime_arg(value: Any = None):
+    """The runtime a public call passes down: ``None`` for the concrete eager default (the
+    formulas then trace the eager graph only, bit-identical to a call without a runtime),
+    else the resolved :class:`Runtime`."""
+    rt = runtime(value)
+    return None if is_eager(rt) else rt
+
+
+def floors_on(rt: Runtime, decode) -> jnp.ndarray:
+    """Whether kernels are charged their device-side floors: ``kernel_floor``, or a decode
+    step (``decode`` true) replayed from a CUDA graph."""
+    return (rt.kernel_floor > 0.5) | ((rt.cuda_graph > 0.5) & decode)
+
+
+def device_for(dev, rt: Runtime, decode):
+    """``dev`` with the per-kernel overhead fields the runtime charges.
+
+    Under :func:`floors_on`, the eager per-call fields are replaced by the device-side
+    floors: ``matmul_overhead_s`` ← ``matmul_kernel_overhead_s``; ``softmax_overhead_s`` and
+    ``layernorm_overhead_s`` ← ``rmsnorm_overhead_s`` (one thread block per row, a block
+    reduction: the same kernel shape, the only row-reduction family with a kernel-timer
+    calibration); ``gelu_overhead_s`` ← ``silu_mul_overhead_s`` (the fused elementwise
+    activation family). Otherwise ``dev`` unchanged. ``sustained_clock`` scales ``freq_hz`` by
+    ``sustained_clock_fraction``. Single configuration (``decode`` may be
+    traced).
+    """
+    on = floors_on(rt, decode)
+    return dataclasses.replace(
+        dev,
+        freq_hz=jnp.where(rt.sustained_clock > 0.5, dev.freq_hz * dev.sustained_clock_fraction,
+                          dev.freq_hz),
+        matmul_overhead_s=jnp.where(on, dev.matmul_kernel_overhead_s, dev.matmul_overhead_s),
+        softmax_overhead_s=jnp.where(on, dev.rmsnorm_overhead_s, dev.softmax_overhead_s),
+        layernorm_overhead_s=jnp.where(on, dev.rmsnorm_overhead_s, dev.layernorm_overhead_s),
+        gelu_overhead_s=jnp.where(on, dev.silu_mul_overhead_s, dev.gelu_overhead_s))
+
+
+def validate_runtime(rt: Runtime, where: str = "Runtime") -> Runtime:
+    """Check a concrete runtime: flags in {0, 1}, ``step_overhead_s >= 0`` (ValueError)."""
+    for f in FLAGS:
+        v = np.asarray(getattr(rt, f))
+        if not np.all((v == 0.0) | (v == 1.0)):
+            raise ValueError(f"{where}: {f}={v} must be 0 or 1")
+    v = np.asarray(rt.attention)
+    if not np.all((v == 0.0) | (v == 1.0) | (v == 2.0)):
+        raise ValueError(f"{where}: attention={v} must be 0, 1 or 2")
+    v = np.asarray(rt.step_overhead_s)
+    if not np.all(np.isfinite(v) & (v >= 0)):
+        raise ValueError(f"{where}: step_overhead_s={v} must be finite and >= 0")
+    return rt

@@ -1,0 +1,177 @@
+"""Serving runtime profiles: presets, eager default unchanged, kernel floors, fusions, CUDA-graph
+decode, GQA decode attention, step overhead; vmap / jit / grad, float32.
+
+GEMMs are timed by the roofline + per-kernel overhead hook (fast compiles); the per-kernel
+overhead it adds is the device field the runtime swaps.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hw_db
+import jaxmodel as jm
+from jaxmodel import runtime_profile as rtp
+from jaxmodel.ops.attention import flash_attention_latency, flash_attention_rows
+from jaxmodel.workload.layer import layer_times
+
+SYSTEM = hw_db.system("hgx_a100_4gpu")
+DEV = SYSTEM.device
+
+
+def roofline_gemm(dev, m, n, k, batch, dtype_bytes):
+    return jm.gemm_roofline.single(dev, m, n, k, batch, dtype_bytes) + dev.matmul_overhead_s
+
+
+def model(**kw):
+    base = dict(n_layers=4, d_model=2048, n_heads=16, n_kv_heads=16, head_dim=128, d_ff=8192,
+                vocab_size=32000, activation="gelu")
+    base.update(kw)
+    return jm.Model(**{k: (float(v) if not isinstance(v, str) else v) for k, v in base.items()})
+
+
+GPT = model()
+LLAMA = model(n_kv_heads=4, d_ff=5632, activation="swiglu")
+TP1 = jm.Parallelism(tp=1)
+
+
+def layer(m, rt, phase="decode", s=1.0, kv=512.0, b=8.0, par=TP1):
+    return layer_times(SYSTEM, m, par, b, s, phase, kv, roofline_gemm, runtime=rt)
+
+
+def test_presets_and_names():
+    assert rtp.runtime(None).name == "pytorch" and rtp.is_eager(rtp.runtime("pytorch"))
+    trt = jm.runtime_of("TensorRT-LLM")
+    assert trt.name == "trtllm" and float(trt.kernel_floor) == 1.0
+    assert jm.runtime_of("fastertransformer").name == "trtllm_v06"
+    assert float(jm.runtime_of("trtllm_v06").attention) == 2.0
+    assert rtp.runtime_arg("pytorch") is None and rtp.runtime_arg("vllm") is not None
+    with pytest.raises(ValueError, match="not one of"):
+        jm.runtime_of("tgi")
+    with pytest.raises(ValueError, match="unknown field"):
+        jm.runtime_of("trtllm", graphs=1.0)
+    with pytest.raises(ValueError, match="kernel_floor"):
+        rtp.validate_runtime(jm.Runtime(kernel_floor=0.5))
+    leaves = jax.tree_util.tree_leaves(trt)
+    assert len(leaves) == 8        # name is static metadata
+
+
+@pytest.mark.parametrize("m", [GPT, LLAMA], ids=["gpt", "llama"])
+@pytest.mark.parametrize("phase,s,kv", [("prefill", 256.0, 0.0), ("decode", 1.0, 700.0)])
+def test_eager_runtime_branch_is_bit_identical_to_no_runtime(m, phase, s, kv):
+    """The runtime branch evaluated with the eager (all-zero) profile as traced leaves gives
+    exactly the results of the eager graph (``runtime=None``, the code path of "pytorch")."""
+    ref = jax.jit(lambda: layer(m, None, phase, s, kv))()
+    got = jax.jit(lambda rt: layer(m, rt, phase, s, kv))(jm.Runtime())
+    for k in ref:
+        assert float(got[k]) == float(ref[k]), k
+    # and the public call with "pytorch" is the call without a runtime
+    a = jm.layer_breakdown(SYSTEM, m, TP1, 8, s, phase, kv, gemm=roofline_gemm)
+    b = jm.layer_breakdown(SYSTEM, m, TP1, 8, s, phase, kv, gemm=roofline_gemm,
+                           runtime="pytorch")
+    assert all(float(a[k]) == float(b[k]) for k in a)
+
+
+def test_kernel_floors_remove_the_eager_overheads_hand_derived():
+    """GELU MHA decode layer, t = 1: 8 GEMM kernels (Q, K, V, QKᵀ, AV, W_o, W1, W2), one
+    softmax, two LayerNorms, one GELU; the floors replace each eager per-call overhead."""
+    eager = layer(GPT, None)
+    floor = layer(GPT, jm.Runtime(kernel_floor=1.0))
+    d_gemm = float(DEV.matmul_overhead_s - DEV.matmul_kernel_overhead_s)
+    d_ln = float(DEV.layernorm_overhead_s - DEV.rmsnorm_overhead_s)
+    d_sm = float(DEV.softmax_overhead_s - DEV.rmsnorm_overhead_s)
+    d_act = float(DEV.gelu_overhead_s - DEV.silu_mul_overhead_s)
+    want = 8 * d_gemm + 2 * d_ln + d_sm + d_act
+    assert want > 150e-6
+    assert float(eager["total"] - floor["total"]) == pytest.approx(want, rel=1e-9)
+    assert float(eager["qkv"] - floor["qkv"]) == pytest.approx(3 * d_gemm, rel=1e-9)
+    # CUDA graphs alone: decode at the floors, prefill unchanged
+    graph = jm.Runtime(cuda_graph=1.0)
+    assert float(layer(GPT, graph)["total"]) == pytest.approx(float(floor["total"]), rel=1e-12)
+    pre_e = layer(GPT, None, "prefill", 128.0, 0.0)
+    pre_g = layer(GPT, graph, "prefill", 128.0, 0.0)
+    assert float(pre_g["total"]) == float(pre_e["total"])
+
+
+def test_fusions_drop_their_kernels():
+    base = layer(LLAMA, jm.Runtime(kernel_floor=1.0))
+    act = layer(LLAMA, jm.Runtime(kernel_floor=1.0, fuse_act=1.0))
+    assert float(base["act"]) > 0 and float(act["act"]) == 0.0
+    rope = layer(LLAMA, jm.Runtime(kernel_floor=1.0, fuse_rope=1.0))
+    want = float(jm.rope_latency(DEV, 8.0, 16.0, 4.0, 128.0))
+    assert float(base["qkv"] - rope["qkv"]) == pytest.approx(want, rel=1e-9)
+    # fused add + norm on a GELU model: the streaming RMSNorm-family kernel
+    norm = layer(GPT, jm.Runtime(kernel_floor=1.0, fuse_norm=1.0))
+    assert float(norm["layernorm_mha"]) == pytest.approx(
+        float(jm.rmsnorm_latency(DEV, 8.0, 2048.0)), rel=1e-9)
+
+
+def test_gqa_decode_attention_loads_kv_once_per_kv_head_hand_derived():
+    b, h, hk, kv, d, w = 8.0, 16.0, 4.0, 1024.0, 128.0, 2.0
+    g = h / hk
+    fa2 = flash_attention_latency(DEV, b, h, 1.0, kv, d, hk, version=2.0)
+    # FA-2 decode unit = (sequence, KV head): Q and O of its g rows, K and V once, fp32 LSE
+    want = b * hk * (2.0 * g * d * w + 2.0 * kv * d * w + g * 4.0)
+    assert float(fa2["hbm_bytes"]) == pytest.approx(want, rel=1e-12)
+    fa1 = flash_attention_latency(DEV, b, h, 1.0, kv, d, hk, version=1.0)
+    assert float(fa1["hbm_bytes"]) > g * 0.9 * want     # K, V once per query head
+    # decoding through the layer rows runs the shared-K/V kernel whatever the version ...
+    rows = flash_attention_rows(DEV, b, h, 1.0, kv, d, hk, version=1.0)
+    assert sum(float(f) for f, _ in rows.values()) == pytest.approx(float(fa2["fwd"]),
+                                                                   rel=1e-12)
+    # ... unless the runtime asks for the per-query-head kernel
+    rows1 = flash_attention_rows(DEV, b, h, 1.0, kv, d, hk, version=1.0, share_kv=False)
+    assert sum(float(f) for f, _ in rows1.values()) == pytest.approx(float(fa1["fwd"]),
+                                                                    rel=1e-12)
+    # prefill keeps the version asked for
+    pre = flash_attention_rows(DEV, b, h, 256.0, 256.0, d, hk, version=1.0)
+    fa1p = flash_attention_latency(DEV, b, h, 256.0, 256.0, d, hk, version=1.0)
+    assert sum(float(f) for f, _ in pre.values()) == pytest.approx(float(fa1p["fwd"]),
+                                                                  rel=1e-12)
+    # the layer: fused attention decode is bandwidth-bound on the shared K/V bytes
+    par = jm.Parallelism(tp=1, flash_attention=1.0)
+    lay = layer(LLAMA, None, "decode", 1.0, kv - 1.0, b, par)
+    att = float(lay["qk"] + lay["softmax"] + lay["av"])
+    assert att < 3.0 * want / float(DEV.mem_bw) + 2.0 * float(DEV.matmul_overhead_s)
+
+
+@pytest.mark.slow
+def test_inference_runtime_step_overhead_vmap_jit_grad():
+    sysm = SYSTEM
+    par = jm.Parallelism(tp=4)
+    kw = dict(gemm=roofline_gemm)
+    r0 = jm.inference(sysm, LLAMA, par, 8, 256, 32, runtime=jm.runtime_of("trtllm",
+                                                                          step_overhead_s=0.0),
+                      **kw)
+    step = 50e-6
+    r1 = jm.inference(sysm, LLAMA, par, 8, 256, 32,
+                      runtime=jm.runtime_of("trtllm", step_overhead_s=step), **kw)
+    assert float(r1.ttft_s - r0.ttft_s) == pytest.approx(step, rel=1e-6)
+    assert float(r1.tpot_s - r0.tpot_s) == pytest.approx(step, rel=1e-6)
+    pt = jm.inference(sysm, LLAMA, par, 8, 256, 32, **kw)
+    assert float(r0.tpot_s) < float(pt.tpot_s) and float(r0.ttft_s) < float(pt.ttft_s)
+    assert bool(r1.feasible)
+    # vmap over a batch of runtimes == a loop
+    stack = rtp.stack(["pytorch", "trtllm", "vllm"])
+    rs = jm.inference(sysm, LLAMA, par, 8, 256, 32, runtime=stack, **kw)
+    for i, name in enumerate(["pytorch", "trtllm", "vllm"]):
+        one = jm.inference(sysm, LLAMA, par, 8, 256, 32, runtime=name, **kw)
+        assert float(rs.tpot_s[i]) == pytest.approx(float(one.tpot_s), rel=1e-9), name
+        assert float(rs.ttft_s[i]) == pytest.approx(float(one.ttft_s), rel=1e-9), name
+
+    # d total / d step = gen_len (one prefill step + gen_len − 1 decode steps)
+    def total(s):
+        rt = jm.runtime_of("trtllm", step_overhead_s=s)
+        return jm.inference.single(sysm, LLAMA, par, 8.0, 256.0, 32.0, roofline_gemm,
+                                   runtime=rt).total_s
+    gr = jax.jit(jax.grad(total))(jnp.asarray(40e-6))
+    assert float(gr) == pytest.approx(32.0, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_float32(float32):
+    r = jm.inference(SYSTEM, LLAMA, jm.Parallelism(tp=4), 8, 256, 32, gemm=roofline_gemm,
+                     runtime="trtllm")
+    assert r.tpot_s.dtype == jnp.float32
+    assert np.isfinite(float(r.tpot_s)) and bool(r.feasible)
