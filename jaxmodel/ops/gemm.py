@@ -491,7 +491,8 @@ def _library_seconds(dev, m, n, k, word):
     calibrated). Units: seconds.
     """
     freq, dram, l2bw, vec_core, cores = _rates(dev)
-    edge = jnp.maximum(dev.sa_rows, dev.sa_cols)
+    arrays_ok = (dev.sa_rows > 0) & (dev.sa_cols > 0) & (dev.lanes_per_core > 0)
+    edge = nx.sanitize(jnp.maximum(dev.sa_rows, dev.sa_cols), arrays_ok)  # double-where
     rate = dev.lanes_per_core * dev.sa_rows * dev.sa_cols * dev.sa_mac_per_cycle  # MAC/cycle
     rate = nx.sanitize(rate * freq * dev.matmul_efficiency,
                        (rate > 0) & (dev.matmul_efficiency > 0))                 # MAC/s/core
@@ -502,7 +503,8 @@ def _library_seconds(dev, m, n, k, word):
     kk = _cdiv(k, s)
     # a core streams its tile's A and B slices from the global buffer at its share of the
     # global-buffer bandwidth: small tiles are operand-bandwidth bound
-    per_tile = jnp.maximum(Tm * Tn * kk / rate, (Tm + Tn) * kk * word * cores / (l2bw * freq))
+    per_tile = jnp.maximum(Tm * Tn * kk / rate, nx.safe_div((Tm + Tn) * kk * word * cores,
+                                                            l2bw * freq, fill=jnp.inf))
     compute = waves * (per_tile + dev.matmul_wave_latency_s)
     # a tile spans at least one systolic-array edge per lane in each dimension (CUTLASS
     # arranges a CTA's warps in a grid over the tile; 64 on A100, the smallest M and N of
@@ -514,7 +516,7 @@ def _library_seconds(dev, m, n, k, word):
     bw = dev.mem_bw * jnp.where(dev.matmul_bw_efficiency > 0, dev.matmul_bw_efficiency,
                                 dev.mem_bw_efficiency)
     memory = nx.safe_div(traffic, bw, fill=jnp.inf)
-    return jnp.min(jnp.maximum(compute, memory))
+    return jnp.where(arrays_ok, jnp.min(jnp.maximum(compute, memory)), jnp.inf)
 
 
 def _gemv_seconds(dev, m, n, k, word):
@@ -540,7 +542,9 @@ def gemm_parts(dev, m, n, k, word, soft=None):
     """
     freq, *_ = _rates(dev)
     cycles, _ = _tiled_cycles(dev, m, n, k, word, soft)
-    return (cycles / freq, _library_seconds(dev, m, n, k, word),
+    fin = jnp.isfinite(cycles)                 # no tile fits: +inf, d/dfreq finite (double-where)
+    tile_s = jnp.where(fin, jnp.where(fin, cycles, 0.0) / freq, jnp.inf)
+    return (tile_s, _library_seconds(dev, m, n, k, word),
             _gemv_seconds(dev, m, n, k, word))
 
 
@@ -562,7 +566,7 @@ def _gemm_single(dev, m, n, k, batch=1.0, dtype_bytes=2.0, overhead=True, soft=N
     word = nx.sanitize(dtype_bytes, dtype_bytes > 0)
     b = nx.sanitize(batch, batch > 0)
     m_, n_, k_ = (nx.sanitize(x, x > 0) for x in (m, n, k))
-    single = b * _one_gemm_seconds(dev, m_, n_, k_, word, soft)
+    single = nx.weighted(b, _one_gemm_seconds(dev, m_, n_, k_, word, soft))
     if merged:
         # LLMCompass BatchedMatmul: one [m, b·k]×[b·k, n] GEMM plus writing b−1 extra C's.
         fused = (_one_gemm_seconds(dev, m_, n_, b * k_, word, soft)
