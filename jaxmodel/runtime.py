@@ -7,6 +7,9 @@ Compilation cache
     host CPU type — unless
 
     - ``JAXMODEL_NO_CACHE=1`` is set, or
+    - JAX has no GPU/TPU backend installed and ``JAXMODEL_CACHE_DIR`` is not set: on CPU the
+      cache is opt-in (set ``JAXMODEL_CACHE_DIR``), because jaxlib's CPU executable loader
+      logs two long ERROR lines on every cache hit (openxla/xla#44565; results unaffected), or
     - the user configured JAX's cache already (``jax_compilation_cache_dir`` set, e.g. by
       ``JAX_COMPILATION_CACHE_DIR``, or ``jax_enable_compilation_cache`` turned off).
 
@@ -79,11 +82,23 @@ def _truthy(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
+def _accelerator_plugin_installed() -> bool:
+    """True when a GPU or TPU backend of JAX is installed (checked without importing it)."""
+    import importlib.util
+    return any(importlib.util.find_spec(m) is not None for m in (
+        "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin",
+        "libtpu"))
+
+
 def configure_compilation_cache() -> Path | None:
     """Enable JAX's persistent compilation cache in :func:`default_cache_dir` (see the module
     docstring for when it stays off). Returns the directory in use by jaxmodel, or None."""
     global _cache_dir
     if _truthy("JAXMODEL_NO_CACHE"):
+        return None
+    if not os.environ.get("JAXMODEL_CACHE_DIR") and not _accelerator_plugin_installed():
+        # CPU only: opt-in. jaxlib's CPU AOT loader logs two multi-kilobyte ERROR lines on
+        # every cache hit (openxla/xla#44565) although the executables load and agree.
         return None
     import jax
     if jax.config.jax_compilation_cache_dir or not jax.config.jax_enable_compilation_cache:
