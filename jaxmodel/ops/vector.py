@@ -58,10 +58,11 @@ def _softmax_single(dev, rows, cols, overhead=True):
 
     cyc = (n2 - 1.0) * l2_tile(r2) + l2_tile(rem)
     best = nx.masked_min(cyc, fits)
-    t = best / freq
+    fin = jnp.isfinite(best)                  # no tile fits: +inf, d/dfreq finite (double-where)
+    t = jnp.where(fin, jnp.where(fin, best, 0.0) / freq, jnp.inf)
     if overhead:
         t = t + dev.softmax_overhead_s
-    return jnp.where(ok, t, jnp.inf)
+    return jnp.where(ok & ~jnp.isnan(t), t, jnp.inf)
 
 
 @batched
@@ -119,10 +120,11 @@ def _layernorm_single(dev, rows, cols, overhead=True):
                 + nx.ceil_div(tiles, cores) * (compute + io + (split - 1.0) * reduction))
 
     cyc = (n2 - 1.0) * l2_tile(r2) + l2_tile(rem)
-    t = cyc / freq
+    fin = jnp.isfinite(cyc)
+    t = jnp.where(fin, jnp.where(fin, cyc, 0.0) / freq, jnp.inf)
     if overhead:
         t = t + dev.layernorm_overhead_s
-    return jnp.where(ok, t, jnp.inf)
+    return jnp.where(ok & ~jnp.isnan(t), t, jnp.inf)   # overflow of absurd fields: +inf
 
 
 @batched
@@ -162,7 +164,7 @@ def _gelu_single(dev, n, overhead=True):
     t = jnp.maximum(io, compute)
     if overhead:
         t = t + dev.gelu_overhead_s
-    return jnp.where(ok, t, jnp.inf)
+    return jnp.where(ok & ~jnp.isnan(t), t, jnp.inf)   # overflow of absurd fields: +inf
 
 
 @batched

@@ -333,8 +333,9 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
     if is_concrete(system, model, par, batch, prompt_len, gen_len, prec) and batch_shape(
             system, model, par, batch, prompt_len, gen_len, prec) == ():
         validate_args(system, model, par, where="inference")
-        _plan.raise_if_invalid("inference", _plan.INFER, _plan_inputs(
-            system, model, par, batch, prompt_len, gen_len, prec.act_bytes), system, par)
+        with jax.ensure_compile_time_eval():      # concrete even inside an outer jax.jit
+            _plan.raise_if_invalid("inference", _plan.INFER, _plan_inputs(
+                system, model, par, batch, prompt_len, gen_len, prec.act_bytes), system, par)
     validate_knobs("inference", batch=batch, prompt_len=prompt_len, gen_len=gen_len,
                    dtype_bytes=dtype_bytes)
     rt = _rtp.runtime_arg(runtime)

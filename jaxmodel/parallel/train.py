@@ -729,9 +729,10 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         validate_system(system)
         validate_model(model)
         validate_parallelism(par)
-        _plan.raise_if_invalid("train_step", _plan.TRAIN, _plan.inputs(
-            model, par, n_devices=system.n_devices, batch=global_batch, seq_len=seq_len,
-            dtype_bytes=prec.act_bytes), system, par)
+        with jax.ensure_compile_time_eval():      # concrete even inside an outer jax.jit
+            _plan.raise_if_invalid("train_step", _plan.TRAIN, _plan.inputs(
+                model, par, n_devices=system.n_devices, batch=global_batch, seq_len=seq_len,
+                dtype_bytes=prec.act_bytes), system, par)
     kw = {} if chunk is None else {"chunk": chunk}
     scalar_knobs = np.ndim(dropout) == 0 and is_concrete(dropout)
     if dedup is None:
@@ -740,9 +741,10 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         if not (concrete and scalar_knobs):
             raise ValueError("train_step(dedup=True) needs concrete inputs and a scalar "
                              "dropout")
-        times = stage_times(system, model, par, global_batch, seq_len, gemm=gemm,
-                            precision=prec, clock_fraction=clock_fraction,
-                            dropout=dropout, chunk=chunk)
+        with jax.ensure_compile_time_eval():      # de-duplication reads concrete values
+            times = stage_times(system, model, par, global_batch, seq_len, gemm=gemm,
+                                precision=prec, clock_fraction=clock_fraction,
+                                dropout=dropout, chunk=chunk)
         return batched(_from_stage_times, **kw)(
             system, model, par, global_batch, seq_len, times, dp_overlap=dp_overlap,
             grad_bytes=grad_bytes, adam_bytes_per_param=adam_bytes_per_param,
