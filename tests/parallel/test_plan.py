@@ -224,6 +224,7 @@ def test_every_result_is_finite_and_feasible_or_inf_with_the_binding_reason(case
         reasons[i] == "invalid_device")
 
 
+@pytest.mark.slow     # ~80 s on 2 cores: a whole float32 inference graph
 def test_overflowing_device_is_flagged_in_float32(float32):
     dev = dataclasses.replace(TWO_NODES.device, mem_bw=jnp.asarray([2.0e12, 1e-30]))
     system = dataclasses.replace(TWO_NODES, device=dev)
