@@ -40,22 +40,31 @@ ZeRO stage   collectives                                           overlap windo
              bwd, reduce-scatter(grads)                             and bwd
 ===========  =====================================================  =======================
 
-**Overlap model.** Gradient buckets are reduced while the backward pass of the last
-micro-batch still runs (PyTorch DDP, Li et al., VLDB 2020, §3.2.3 "bucketing" and overlap;
-Megatron-core ``--overlap-grad-reduce``), and the ZeRO parameter all-gather overlaps the next
-forward (``--overlap-param-gather``; FSDP prefetching, Zhao et al., VLDB 2023, §3.3). Only the
-part of a collective longer than ``dp_overlap ×`` its compute window is exposed:
-``exposed = max(0, t_comm − dp_overlap · t_window)``. ``dp_overlap = 1`` (default) is full
-overlap; ``dp_overlap = 0`` serialises everything, as Megatron-LM 2021 did (its "local" DDP
-all-reduced after the last backward). Contention of overlapped communication for memory
-bandwidth/SMs is not modelled.
+**Overlap model** (:mod:`jaxmodel.parallel.overlap`, with SM and memory-bandwidth
+contention, Rashidi et al. ISCA 2021 §3). Gradient buckets are reduced while the backward
+pass still runs (PyTorch DDP, Li et al., VLDB 2020, §3.2.3 "bucketing"; Megatron-core
+``--overlap-grad-reduce``, buckets of ``max(40 M, 1 M·dp)`` parameters), and the ZeRO
+parameter all-gather overlaps the forward (``--overlap-param-gather``; FSDP prefetching, Zhao
+et al., VLDB 2023, §3.3). Under the interleaved schedule each of the ``v`` model chunks of the
+first stage synchronises on its own once its last backward ends
+(:func:`~jaxmodel.parallel.overlap.chunked_dp_exposed`): the window of one chunk is
+``1/v`` of one micro-batch's stage backward (forward for the gather), the deeper chunks'
+collectives queue behind each other, and the collective's NCCL kernels hold
+``DEFAULT_CHANNELS["dp"]`` SMs and move their ring traffic through main memory, which slows
+the backward they run beside. The estimate is never above the serial collective.
+``dp_overlap = 1`` (default) is this overlapped execution, ``dp_overlap = 0`` serialises
+everything, as Megatron-LM 2021 did (its "local" DDP all-reduced after the last backward);
+fractions interpolate linearly between the two.
 
 **TP communication overlap** (``tp_overlap``, default 0 = Megatron-LM 2021, which runs the TP
 collectives serially): the layer's TP collectives are decomposed and pipelined with the
 GEMMs that produce or consume them (Wang et al., ASPLOS 2023, "Overlap Communication with
 Dependent Computation via Decomposition"; Megatron-core ``--tp-comm-overlap`` with Transformer
-Engine userbuffers). Same rule per layer and pass: ``exposed = max(0, t_tp − tp_overlap ·
-t_compute)`` with the layer's forward (backward incl. recompute) compute as the window.
+Engine userbuffers, ``num_splits = 4`` chunks holding ``num_sm = 16`` SMs): per layer and pass
+(forward, recomputed forward, backward, each against its own compute),
+:func:`~jaxmodel.parallel.overlap.tp_overlap_exposed` — the first chunk's GEMM and the last
+chunk's collective are exposed, the rest overlaps at the compute rate the collective's SMs
+and memory traffic leave. ``tp_overlap = 1`` is that, 0 serial, fractions interpolate.
 
 **Sustained clocks**: the device runs at ``freq_hz ×`` its sustained clock fraction under
 training load (power limit; the device field ``sustained_clock_fraction``, derived from
@@ -105,6 +114,7 @@ from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
 from jaxmodel.batching import batch_shape, batched
+from jaxmodel.parallel import overlap as _ov
 from jaxmodel.parallel import pipeline as pl
 from jaxmodel.parallel import plan as _plan
 from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_knobs,
@@ -208,11 +218,6 @@ def _finite(x):
     """``x`` where finite, else 0 (double-where guard against inf·0 in the composition)."""
     x = jnp.asarray(x)
     return jnp.where(jnp.isfinite(x), x, 0.0)
-
-
-def _exposed(t_comm, window, overlap):
-    """Non-overlapped part of a collective: ``max(0, t_comm − overlap · window)`` (s)."""
-    return jnp.maximum(t_comm - overlap * window, 0.0)
 
 
 def _collectives(system: System, op: str, calls, net: _comm.NetVariant = _comm.ANY_NET):
@@ -355,9 +360,10 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
         gemm: static GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s`` passed
             to the workload's layer/embedding times (e.g. a :mod:`gemm_table` lookup); None
             uses the ops tile search.
-        dp_overlap: fraction of the compute window usable to hide DP/ZeRO collectives (0..1).
-        tp_overlap: fraction of a layer's compute usable to hide its TP collectives (0..1;
-            0 = Megatron-LM 2021, 1 = Megatron-core ``--tp-comm-overlap``).
+        dp_overlap: 1 = DP/ZeRO collectives overlapped with the backward/forward under
+            contention, 0 = serial, fractions interpolate (module docstring).
+        tp_overlap: 1 = TP collectives pipelined with their GEMMs under contention
+            (Megatron-core ``--tp-comm-overlap``), 0 = serial (Megatron-LM 2021).
         grad_bytes: bytes per gradient element for memory and reduction traffic (default
             the precision's ``grad_bytes``).
         adam_bytes_per_param: main-memory bytes the optimizer step moves per parameter
@@ -417,10 +423,31 @@ class _Layer(NamedTuple):
     last: Any       # LM head + loss (+ the other half)
 
 
-def _layer_times(t: dict, rcode, tp_overlap) -> _Layer:
+def _tp_hbm_bytes(par_s, micro_batch, seq_len, d_model, dtype_bytes):
+    """Main-memory bytes one device moves for the TP collectives of one layer and pass (the
+    contention input of :func:`jaxmodel.parallel.overlap.tp_overlap_exposed`): two
+    reduce-scatters + two all-gathers of the ``b·s·h`` activations with sequence parallelism,
+    two all-reduces without (Korthikanti et al. 2023 §4.2.2; ring traffic,
+    :func:`jaxmodel.parallel.overlap.comm_hbm_bytes`), bytes."""
+    tp = par_s.tp
+    n = micro_batch * seq_len * d_model * dtype_bytes
+    sp = 2.0 * (_ov.comm_hbm_bytes("reduce_scatter", n, tp)
+                + _ov.comm_hbm_bytes("all_gather", n, tp))
+    return jnp.where(par_s.sp > 0.5, sp, 2.0 * _ov.comm_hbm_bytes("all_reduce", n, tp))
+
+
+def _blend(serial, overlapped, knob):
+    """``serial + knob·(overlapped − serial)``: the knob's two ends are the serial collective
+    (0) and the contention model's overlapped one (1); fractions in between interpolate
+    linearly (s)."""
+    return serial + jnp.asarray(knob, dtype=jnp.result_type(float)) * (overlapped - serial)
+
+
+def _layer_times(t: dict, rcode, tp_overlap, dev, tp_hbm) -> _Layer:
     """The stage times with the bias/dropout/residual kernels added and the TP collectives
-    overlapped with the GEMMs of the same pass (module docstring, Wang et al. 2023)."""
-    f = jnp.result_type(float)
+    overlapped with the GEMMs of the same pass under SM/memory contention (module docstring;
+    Wang et al. 2023; :func:`jaxmodel.parallel.overlap.tp_overlap_exposed`). ``tp_hbm``:
+    main-memory bytes of one pass's TP collectives (:func:`_tp_hbm_bytes`)."""
     fwd, bwd, rc = t["fwd"], t["bwd"], t["recompute"]
     tpf, tpb, epf, epb = t["tp_comm_fwd"], t["tp_comm_bwd"], t["ep_comm_fwd"], t["ep_comm_bwd"]
     # the bias/dropout/residual kernels the workload's layer omits (see residual_dropout_times)
@@ -428,14 +455,21 @@ def _layer_times(t: dict, rcode, tp_overlap) -> _Layer:
     fwd = fwd + t["rd_fwd"]
     bwd = bwd + t["rd_bwd"]
     # forward, the recomputed forward (full recompute repeats the forward's TP and EP
-    # communication, inside ``rc``) and backward, each against its own compute.
-    tp_ov = jnp.asarray(tp_overlap, dtype=f)
+    # communication, inside ``rc``) and backward, each against its own compute; the
+    # userbuffers overlap holds ``DEFAULT_CHANNELS["tp"]`` SMs while it runs.
+    share = _ov.sm_share(dev, _ov.DEFAULT_CHANNELS["tp"])
+
+    def exposed(compute, comm):
+        ovl = _ov.tp_overlap_exposed(compute, comm, _ov.TP_OVERLAP_CHUNKS, 0.0, tp_hbm,
+                                     share, dev)
+        return _blend(comm, ovl, tp_overlap)
+
     full_rc = rcode >= 1.5
     rc_tp = jnp.where(full_rc, tpf, 0.0)
     rc_compute = rc - rc_tp - jnp.where(full_rc, epf, 0.0)
-    rc = rc - rc_tp + _exposed(rc_tp, rc_compute, tp_ov)
-    tpf = _exposed(tpf, fwd, tp_ov)
-    tpb = _exposed(tpb, bwd, tp_ov)
+    rc = rc - rc_tp + exposed(rc_compute, rc_tp)
+    tpf = exposed(fwd, tpf)
+    tpb = exposed(bwd, tpb)
     emb_comm = t["emb_comm_fwd"] + t["emb_comm_bwd"]
     # embedding lookup on the first stage, LM head + loss on the last; their TP collectives
     # split evenly between the two (the embedding output all-reduce vs the head's input-grad
@@ -465,7 +499,6 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
                    net) -> _DataParallel:
     """DP/ZeRO collectives (Rajbhandari et al. SC'20; table in the module docstring), and the
     pipeline's stage-boundary collectives, all evaluated in one vmap per op."""
-    f = jnp.result_type(float)
     tp, dp = par_s.tp, par_s.dp
     # MoE: expert weights (n_exp of the n_par) are reduced/sharded over DP_exp = dp/ep only
     # (DeepSpeed-TED), whose members are tp·pp·ep devices apart; the rest over dp
@@ -498,15 +531,33 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
                         for x, x_e in ((t_ar, t_ar_e), (t_rs, t_rs_e), (t_ag, t_ag_e)))
     dp_net_ok = (~dp_multi | ok_ar[0]) & (~dpe_multi | ok_ar[2])
     zero = par_s.zero
-    ov = jnp.asarray(dp_overlap, dtype=f)
+    # overlapped: Megatron-core's per-chunk bucketed synchronisation of the interleaved
+    # schedule (:func:`jaxmodel.parallel.overlap.chunked_dp_exposed`), the NCCL kernels
+    # holding ``DEFAULT_CHANNELS["dp"]`` SMs and moving their ring traffic through memory
+    v = pl.effective_interleave(par_s.schedule, par_s.interleave)
+    n_buckets = _ov.mcore_buckets(n_par, dp)
+    share = _ov.sm_share(system.device, _ov.DEFAULT_CHANNELS["dp"])
+
+    def hbm(op, w):
+        return (jnp.where(dp_multi, _ov.comm_hbm_bytes(op, w * (n_par - n_exp), dp_group), 0.0)
+                + jnp.where(dpe_multi, _ov.comm_hbm_bytes(op, w * n_exp, dpe_group), 0.0))
+
+    def exposed(t_x, window, op, w):
+        ovl = _ov.chunked_dp_exposed(window / v, t_x, par_s.pp, v, n_buckets, hbm(op, w),
+                                     share, system.device)
+        # the chunked estimate bounds the backlog from above: never beyond the serial one
+        return _blend(t_x, jnp.minimum(ovl, t_x), dp_overlap)
+
+    g, wb = grad_bytes, weight_bytes
     # once per step
-    z0 = _exposed(t_ar, window_b, ov)
-    z12_rs = jnp.where(zero < 1.5, _exposed(t_rs, window_b, ov), 0.0)
-    z12_ag = _exposed(t_ag, window_f, ov)
+    z0 = exposed(t_ar, window_b, "all_reduce", g)
+    z12_rs = jnp.where(zero < 1.5, exposed(t_rs, window_b, "reduce_scatter", g), 0.0)
+    z12_ag = exposed(t_ag, window_f, "all_gather", wb)
     dp_step = jnp.select([zero < 0.5, zero < 2.5], [z0, z12_rs + z12_ag], 0.0)
     # every micro-batch (on the stage's critical path)
-    z2_mb = _exposed(t_rs, window_b, ov)
-    z3_mb = _exposed(t_ag, window_f, ov) + _exposed(t_ag + t_rs, window_b, ov)
+    z2_mb = exposed(t_rs, window_b, "reduce_scatter", g)
+    z3_mb = (exposed(t_ag, window_f, "all_gather", wb)
+             + exposed(t_ag + t_rs, window_b, "reduce_scatter", g))
     dp_mb = jnp.select([zero < 1.5, zero < 2.5], [0.0, z2_mb], z3_mb)
     return _DataParallel(dp_step, dp_mb, dp_net_ok, why_ar[0], t_emb_ar, t_regather,
                          t_send, ok_p2p[0], why_p2p[0])
@@ -529,7 +580,8 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
 
     t = {k: _finite(times[k]) for k in STAGE_KEYS}
     rcode = par_s.recompute
-    lt = _layer_times(t, rcode, tp_overlap)
+    lt = _layer_times(t, rcode, tp_overlap, dev,
+                      _tp_hbm_bytes(par_s, b, seq, model_s.d_model, dtype_bytes))
     multi_stage = pp > 1.5
     extra_max = jnp.where(multi_stage, jnp.maximum(lt.first, lt.last), lt.first + lt.last)
     extra_mean = (lt.first + lt.last) / pp
@@ -689,11 +741,11 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         seq_len: tokens per sequence.
         gemm: optional static GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s``
             (e.g. ``gemm_table.GemmTable.lookup``); default the ops tile search.
-        dp_overlap: fraction of the backward/forward window that hides DP/ZeRO collectives
-            (1 = full overlap, 0 = Megatron-LM 2021's serial all-reduce).
-        tp_overlap: fraction of a layer's compute that hides its TP collectives (0 =
-            default, Megatron-LM 2021; 1 = Megatron-core ``--tp-comm-overlap``, Wang et al.
-            ASPLOS 2023).
+        dp_overlap: 1 (default) = DP/ZeRO collectives overlapped with the backward/forward
+            under SM/memory contention (Megatron-core bucketing), 0 = Megatron-LM 2021's
+            serial all-reduce; fractions interpolate.
+        tp_overlap: 0 (default, Megatron-LM 2021) = serial TP collectives; 1 = Megatron-core
+            ``--tp-comm-overlap`` (Wang et al. ASPLOS 2023) under contention.
         grad_bytes: gradient bytes per element (default ``precision.grad_bytes``: 4, fp32
             main gradients).
         adam_bytes_per_param: optimizer-step traffic per parameter (default from hw_db).
