@@ -117,6 +117,7 @@ from jaxmodel.batching import batch_shape, batched
 from jaxmodel.parallel import overlap as _ov
 from jaxmodel.parallel import pipeline as pl
 from jaxmodel.parallel import plan as _plan
+from jaxmodel.parallel import zero as _zero
 from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_knobs,
                             validate_model, validate_parallelism, validate_system)
 from jaxmodel.workload import layer as _layer
@@ -496,7 +497,7 @@ class _DataParallel(NamedTuple):
 
 def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp, window_f,
                    window_b, grad_bytes, weight_bytes, dp_overlap, act_bytes,
-                   net) -> _DataParallel:
+                   net, m, layers) -> _DataParallel:
     """DP/ZeRO collectives (Rajbhandari et al. SC'20; table in the module docstring), and the
     pipeline's stage-boundary collectives, all evaluated in one vmap per op."""
     tp, dp = par_s.tp, par_s.dp
@@ -517,13 +518,20 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
     (t_ar, t_emb_ar, t_ar_e), ok_ar, why_ar = _collectives(
         system, "all_reduce", [(grads_b, dp_group, dp_stride), (emb_grad_b, 2.0, pair_stride),
                                (grad_bytes * n_exp, dpe_group, dpe_stride)], net)
-    (t_rs, t_rs_e), _, _ = _collectives(system, "reduce_scatter",
-                                        [(grads_b, dp_group, dp_stride),
-                                         (grad_bytes * n_exp, dpe_group, dpe_stride)], net)
-    (t_ag, t_regather, t_ag_e), _, _ = _collectives(
+    # ZeRO-3 gathers and reduce-scatters one unit (a layer, FSDP's transformer wrap policy)
+    # at a time: their per-unit collectives join the batch
+    units = jnp.maximum(layers, 1.0)
+    (t_rs, t_rs_e, u_rs, u_rs_e), _, _ = _collectives(
+        system, "reduce_scatter", [(grads_b, dp_group, dp_stride),
+                                   (grad_bytes * n_exp, dpe_group, dpe_stride),
+                                   (grads_b / units, dp_group, dp_stride),
+                                   (grad_bytes * n_exp / units, dpe_group, dpe_stride)], net)
+    (t_ag, t_regather, t_ag_e, u_ag, u_ag_e), _, _ = _collectives(
         system, "all_gather", [(params_b, dp_group, dp_stride),
                                (act_bytes * tp, jnp.where(tp_multi, tp, 2.0), 1.0),
-                               (weight_bytes * n_exp, dpe_group, dpe_stride)], net)
+                               (weight_bytes * n_exp, dpe_group, dpe_stride),
+                               (params_b / units, dp_group, dp_stride),
+                               (weight_bytes * n_exp / units, dpe_group, dpe_stride)], net)
     (t_send,), ok_p2p, why_p2p = _collectives(system, "p2p", [(act_bytes, 2.0, pair_stride)],
                                                 net)
     t_ar, t_rs, t_ag = (jnp.where(dp_multi, _finite(x), 0.0)
@@ -556,8 +564,22 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
     dp_step = jnp.select([zero < 0.5, zero < 2.5], [z0, z12_rs + z12_ag], 0.0)
     # every micro-batch (on the stage's critical path)
     z2_mb = exposed(t_rs, window_b, "reduce_scatter", g)
-    z3_mb = (exposed(t_ag, window_f, "all_gather", wb)
-             + exposed(t_ag + t_rs, window_b, "reduce_scatter", g))
+    # ZeRO-3 / FSDP: per-unit gathers prefetched one unit ahead in the forward and the
+    # backward, reduce-scatter of every micro-batch's gradients (:func:`jaxmodel.parallel.
+    # zero.zero3_step`); the dense and the expert parameters' collectives each against the
+    # whole compute (their overlaps are not stacked: an optimistic bound when both are large)
+
+    def z3(n, g_unit, r_unit, on, group, stride):
+        z = _zero.zero3_step(system, n, units, window_f / units, window_b / units, group, m,
+                             dtype_bytes=wb, grad_comm_bytes=g, stride=stride, net=net,
+                             collective_times=(jnp.where(on, _finite(g_unit), 0.0),
+                                               jnp.where(on, _finite(r_unit), 0.0), 0.0))
+        serial = z["gather"] + z["reduce_scatter"]
+        return serial, jnp.minimum(z["exposed_comm"] + z["contention"], serial)
+
+    ser_d, ovl_d = z3(n_par - n_exp, u_ag, u_rs, dp_multi, dp_group, dp_stride)
+    ser_e, ovl_e = z3(n_exp, u_ag_e, u_rs_e, dpe_multi, dpe_group, dpe_stride)
+    z3_mb = _blend(ser_d + ser_e, ovl_d + ovl_e, dp_overlap) / m
     dp_mb = jnp.select([zero < 1.5, zero < 2.5], [0.0, z2_mb], z3_mb)
     return _DataParallel(dp_step, dp_mb, dp_net_ok, why_ar[0], t_emb_ar, t_regather,
                          t_send, ok_p2p[0], why_p2p[0])
@@ -593,7 +615,7 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     n_par = _params.params_per_device.single(model_s, par_s)
     n_exp = _moe.expert_params_per_device(model_s, par_s)
     dpc = _data_parallel(system, model_s, par_s, where, n_par, n_exp, layer_f, layer_b,
-                         grad_bytes, prec.weight_bytes, dp_overlap, act_bytes, net)
+                         grad_bytes, prec.weight_bytes, dp_overlap, act_bytes, net, m, layers)
 
     # ---- pipeline ---------------------------------------------------------------------------
     t_mean = layer_f + layer_b + extra_mean + dpc.per_micro
@@ -630,6 +652,18 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     # ---- memory -------------------------------------------------------------------------
     in_flight = pl.in_flight_microbatches(par_s.schedule, pp, m, par_s.interleave)
     mem = _memory.training_memory.single(model_s, par_s, seq, in_flight, grad_bytes, prec)
+    # ZeRO-3 / FSDP: the sharded states plus the units alive unsharded at once (the computing
+    # one, the one prefetched, one unsharded gradient unit; :func:`jaxmodel.parallel.zero.
+    # zero3_memory`)
+    units = jnp.maximum(layers, 1.0)
+    z3m = [_zero.zero3_memory(n, units, group, dtype_bytes=_prec.training_weight_bytes(prec),
+                              grad_bytes=grad_bytes,
+                              optimizer_bytes=prec.master_bytes + prec.optim_bytes)
+           for n, group in ((n_par - n_exp, dp), (n_exp, where.dp_exp.size))]
+    z3_on = par_s.zero > 2.5
+    for k in ("weights", "gradients", "optimizer"):
+        mem[k] = jnp.where(z3_on, z3m[0][k] + z3m[1][k], mem[k])
+    mem["total"] = mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"]
     mem_ok = mem["total"] <= dev.mem_capacity
 
     # ---- the plan's rules, then the hardware's, then memory (first failing one wins) -----

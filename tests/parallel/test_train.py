@@ -145,7 +145,8 @@ def test_throughput_and_mfu_definitions(batch):
 
 
 def test_zero_memory_sharding(batch):
-    """ZeRO-1 shards optimizer states, -2 also gradients, -3 also weights, over dp = 4."""
+    """ZeRO-1 shards optimizer states, -2 also gradients, -3 also weights, over dp = 4
+    (Rajbhandari et al. SC'20 §5; Zhao et al. VLDB 2023 §3.3 for the gathered units)."""
     m = {z: batch[f"z{z}"].memory for z in range(4)}
     dp = 4.0
     n_par = float(wparams.params_per_device(MODEL, plan("z0")))
@@ -157,10 +158,15 @@ def test_zero_memory_sharding(batch):
     assert float(m[1]["gradients"]) == pytest.approx(g * n_par)
     assert float(m[2]["gradients"]) == pytest.approx(g * n_par / dp)
     assert float(m[2]["weights"]) == pytest.approx(2.0 * n_par)
-    assert float(m[3]["weights"]) == pytest.approx(2.0 * n_par / dp)
+    # ZeRO-3 / FSDP: the shard plus the units (layers, 4 on this stage) alive unsharded —
+    # the computing one and the prefetched one, one unsharded gradient unit
+    unit = n_par / 4.0
+    assert float(m[3]["weights"]) == pytest.approx(2.0 * (n_par / dp + 2.0 * unit))
+    assert float(m[3]["gradients"]) == pytest.approx(g * (n_par / dp + unit))
+    assert float(m[3]["optimizer"]) == pytest.approx(12.0 * n_par / dp)
     for z in range(4):
         assert float(m[z]["activations"]) == pytest.approx(float(m[0]["activations"]))
-    totals = [float(m[z]["total"]) for z in range(4)]
+    totals = [float(m[z]["total"]) for z in range(3)]
     assert totals == sorted(totals, reverse=True)
     # ZeRO-3 gathers parameters every micro-batch: more exposed DP traffic than ZeRO-1
     assert float(batch["z3"].breakdown["dp_comm"]) >= float(batch["z1"].breakdown["dp_comm"])
