@@ -1,4 +1,5 @@
-"""One training step of a decoder-only transformer under DP × TP × PP (+SP, ZeRO, recompute).
+"""One training step of a decoder-only transformer under DP × TP × PP × CP (+SP, EP, ZeRO,
+recompute).
 
 ``train_step(system, model, par, global_batch, seq_len)`` → :class:`TrainResult`.
 
@@ -24,6 +25,15 @@ stage when p = 1).
 stage-boundary transfers (2 per micro-batch and chunk, plus fill/drain), each b·s·h·2/t bytes
 (scatter/gather optimisation, PTD-P §4.1; the re-assembling all-gather over TP when SP is off).
 With p > 1 and tied embeddings the first and last stage all-reduce the embedding gradient.
+
+**Context parallelism** (``par.cp``, :mod:`jaxmodel.parallel.context`; Liu et al., ICLR
+2024, ring attention; Megatron-core ``--context-parallel-size``): placement tp → cp → pp →
+dp (CP at stride ``tp``, DP at ``tp·cp·pp``, the pipeline spans ``tp·cp·pp`` devices). Every
+token-wise operation, the embedding, the stage-boundary transfers and the stored
+activations use the ``s/cp`` local tokens; the attention of the local queries runs against
+all ``s`` keys with the ring's KV exchange overlapped block by block
+(:func:`~jaxmodel.parallel.context.cp_layer_times`); gradients are reduced and ZeRO-sharded
+over ``dp·cp``. ``cp = 1`` is the plain layer.
 
 **Data parallelism and ZeRO** (Rajbhandari et al., SC'20, §5 and §7): gradients are reduced in
 ``grad_bytes`` (4 = fp32 main gradients, as Megatron-LM keeps them), parameters gathered in
@@ -114,6 +124,7 @@ from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
 from jaxmodel.batching import batch_shape, batched
+from jaxmodel.parallel import context as _cx
 from jaxmodel.parallel import overlap as _ov
 from jaxmodel.parallel import pipeline as pl
 from jaxmodel.parallel import plan as _plan
@@ -235,7 +246,7 @@ def _collectives(system: System, op: str, calls, net: _comm.NetVariant = _comm.A
 
 
 def residual_dropout_times(dev, model: Model, par: Parallelism, micro_batch, seq_len,
-                           dropout=1.0, dtype_bytes=2.0):
+                           dropout=1.0, dtype_bytes=2.0, kv_len=None):
     """Memory-bound kernels of a Megatron training layer that the LLMCompass-style layer
     (:mod:`jaxmodel.workload.layer`, "no residual adds, biases or dropout kernels") omits,
     per layer and micro-batch on one device: ``(fwd_s, bwd_s, selective_recompute_s)``.
@@ -258,12 +269,14 @@ def residual_dropout_times(dev, model: Model, par: Parallelism, micro_batch, seq
 
     Each kernel is one :func:`jaxmodel.ops.elementwise_latency` call (roofline + launch
     overhead). ``dropout`` is 1 (Megatron GPT) or 0 (no dropout, e.g. Llama recipes).
+    ``seq_len`` is the device's tokens (``s/cp`` under context parallelism), ``kv_len`` the
+    keys each attends to (default ``seq_len``).
     """
     tp = jnp.maximum(par.tp, 1.0)
     heads = model.n_heads / tp
     e = micro_batch * seq_len * model.d_model
     e = jnp.where(par.sp > 0.5, e / tp, e)
-    probs = micro_batch * heads * seq_len * seq_len
+    probs = micro_batch * heads * seq_len * (seq_len if kv_len is None else kv_len)
     on = dropout > 0.5
     w = dtype_bytes / 2.0                     # byte counts above are for 2-byte activations
 
@@ -333,15 +346,22 @@ def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
                        variant: _layer.Variant = _layer.ANY) -> dict:
     """Per-layer and embedding times of one micro-batch (``par.micro_batch`` sequences) on
     one device, s: the workload's training layer and embedding times plus
-    :func:`residual_dropout_times` (keys :data:`STAGE_KEYS`). ``system`` runs at its
+    :func:`residual_dropout_times` (keys :data:`STAGE_KEYS`), under context parallelism
+    (:func:`jaxmodel.parallel.context.cp_layer_times`) on ``s/cp`` tokens. ``system`` runs at its
     sustained clock, ``model``/``par`` are sanitised (see :func:`train_step_single`)."""
     b = par.micro_batch
     prec = _prec.precision(precision)
-    lt = _layer.training_layer_times.single(system, model, par, b, seq_len, gemm=gemm,
-                                            precision=prec, variant=variant)
-    et = _layer.embedding_times.single(system, model, par, b, seq_len, gemm=gemm,
+    # the layer under context parallelism (every token-wise op on s/cp tokens, the attention
+    # of the local queries against all s keys with its ring exchange; the MoE all-to-all of
+    # the b·s/cp local tokens); cp = 1 is the workload's training layer
+    cp = jnp.maximum(par.cp, 1.0)
+    local = seq_len / cp
+    lt = _cx.cp_layer_times(system, model, par, b, seq_len, cp, gemm=gemm, precision=prec,
+                            variant=variant)
+    et = _layer.embedding_times.single(system, model, par, b, local, gemm=gemm,
                                        precision=prec, variant=variant)
-    rd = residual_dropout_times(system.device, model, par, b, seq_len, dropout, prec.act_bytes)
+    rd = residual_dropout_times(system.device, model, par, b, local, dropout, prec.act_bytes,
+                                kv_len=seq_len)
     out = {k: lt[k] for k in STAGE_KEYS[:7]}
     out.update({k: et[k] for k in STAGE_KEYS[7:13]})
     out.update(emb_comm_fwd=et["comm_fwd"], emb_comm_bwd=et["comm_bwd"], rd_fwd=rd[0],
@@ -500,18 +520,19 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
                    net, m, layers) -> _DataParallel:
     """DP/ZeRO collectives (Rajbhandari et al. SC'20; table in the module docstring), and the
     pipeline's stage-boundary collectives, all evaluated in one vmap per op."""
-    tp, dp = par_s.tp, par_s.dp
-    # MoE: expert weights (n_exp of the n_par) are reduced/sharded over DP_exp = dp/ep only
-    # (DeepSpeed-TED), whose members are tp·pp·ep devices apart; the rest over dp
+    tp = par_s.tp
+    # gradients are reduced and ZeRO-sharded over dp·cp (Megatron-core folds the CP group
+    # into the data-parallel one). MoE: expert weights (n_exp of the n_par) over DP_exp·cp =
+    # dp·cp/ep only (DeepSpeed-TED), whose members are tp·pp·ep devices apart (cp = 1)
     grads_b = grad_bytes * (n_par - n_exp)
     params_b = weight_bytes * (n_par - n_exp)
-    dp_stride = where.dp.stride
+    dp, dp_stride = where.dp_cp.size, where.dp_cp.stride
     dp_multi = dp > 1.5
     dp_group = jnp.where(dp_multi, dp, 2.0)         # double-where: never a group of 1
-    dpe = where.dp_exp.size
+    dpe = where.dp_exp_cp.size
     dpe_multi = (dpe > 1.5) & (n_exp > 0)          # dense models: no expert reduction
     dpe_group = jnp.where(dpe_multi, dpe, 2.0)
-    dpe_stride = where.dp_exp.stride
+    dpe_stride = where.dp_exp_cp.stride
     tp_multi = tp > 1.5
     pair_stride = where.stage_hop.stride            # first↔last / worst neighbouring stages
     emb_grad_b = grad_bytes * model_s.vocab_size * model_s.d_model / tp
@@ -595,7 +616,7 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     adam_bytes = (CONSTANTS["adam_bytes_per_param"] if adam_bytes_per_param is None
                   else adam_bytes_per_param)
     dev = system.device
-    tp, pp, dp, b = par_s.tp, par_s.pp, par_s.dp, par_s.micro_batch
+    tp, pp, dp, b, cp = par_s.tp, par_s.pp, par_s.dp, par_s.micro_batch, par_s.cp
     m = pl.n_microbatches(gb, dp, b)
     layers = model_s.n_layers / pp                       # per device, all v chunks
     where = _plan.placement(system, par_s)
@@ -603,7 +624,7 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     t = {k: _finite(times[k]) for k in STAGE_KEYS}
     rcode = par_s.recompute
     lt = _layer_times(t, rcode, tp_overlap, dev,
-                      _tp_hbm_bytes(par_s, b, seq, model_s.d_model, dtype_bytes))
+                      _tp_hbm_bytes(par_s, b, seq / cp, model_s.d_model, dtype_bytes))
     multi_stage = pp > 1.5
     extra_max = jnp.where(multi_stage, jnp.maximum(lt.first, lt.last), lt.first + lt.last)
     extra_mean = (lt.first + lt.last) / pp
@@ -611,7 +632,7 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     layer_b = layers * (lt.bwd + lt.rc + lt.tpb + lt.epb)   # backward (+ recompute)
 
     # ---- data parallelism / ZeRO (and the stage-boundary collectives) ---------------------
-    act_bytes = pl.p2p_bytes(b, seq, model_s.d_model, tp, dtype_bytes)
+    act_bytes = pl.p2p_bytes(b, seq, model_s.d_model, tp, dtype_bytes) / cp   # s/cp tokens
     n_par = _params.params_per_device.single(model_s, par_s)
     n_exp = _moe.expert_params_per_device(model_s, par_s)
     dpc = _data_parallel(system, model_s, par_s, where, n_par, n_exp, layer_f, layer_b,
@@ -630,8 +651,8 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
 
     # ---- optimizer ----------------------------------------------------------------------
     zero = par_s.zero
-    local = (n_par - n_exp) / jnp.where(zero >= 0.5, dp, 1.0) + n_exp / jnp.where(
-        zero >= 0.5, where.dp_exp.size, 1.0)
+    local = (n_par - n_exp) / jnp.where(zero >= 0.5, dp * cp, 1.0) + n_exp / jnp.where(
+        zero >= 0.5, where.dp_exp_cp.size, 1.0)
     t_opt_raw = _ops.elementwise_latency.single(dev, local, adam_bytes,
                                                 CONSTANTS["adam_flops_per_param"])
     t_opt = _finite(t_opt_raw)
@@ -651,7 +672,12 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
 
     # ---- memory -------------------------------------------------------------------------
     in_flight = pl.in_flight_microbatches(par_s.schedule, pp, m, par_s.interleave)
-    mem = _memory.training_memory.single(model_s, par_s, seq, in_flight, grad_bytes, prec)
+    # model states sharded over dp·cp; activations of the s/cp local tokens
+    # (:func:`jaxmodel.parallel.context.cp_activation_bytes`, the workload's inventory at cp = 1)
+    mem = _memory.training_memory.single(model_s, dataclasses.replace(par_s, dp=dp * cp), seq,
+                                         in_flight, grad_bytes, prec)
+    mem["activations"] = in_flight * layers * _cx.cp_activation_bytes(
+        model_s, par_s, b, seq, cp, dtype_bytes=dtype_bytes)
     # ZeRO-3 / FSDP: the sharded states plus the units alive unsharded at once (the computing
     # one, the one prefetched, one unsharded gradient unit; :func:`jaxmodel.parallel.zero.
     # zero3_memory`)
@@ -659,7 +685,7 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     z3m = [_zero.zero3_memory(n, units, group, dtype_bytes=_prec.training_weight_bytes(prec),
                               grad_bytes=grad_bytes,
                               optimizer_bytes=prec.master_bytes + prec.optim_bytes)
-           for n, group in ((n_par - n_exp, dp), (n_exp, where.dp_exp.size))]
+           for n, group in ((n_par - n_exp, dp * cp), (n_exp, where.dp_exp_cp.size))]
     z3_on = par_s.zero > 2.5
     for k in ("weights", "gradients", "optimizer"):
         mem[k] = jnp.where(z3_on, z3m[0][k] + z3m[1][k], mem[k])
@@ -672,7 +698,7 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     comm_raw = [times[k] for k in _COMM_KEYS]
     feasible, reason = nx.first_reason(
         checks + _plan.system_checks(_plan.TRAIN, system, par_s, structure_ok,
-                                     placed=("tp", "ep"))
+                                     placed=("tp", "ep", "cp"))
         + [(dpc.ok & pp_net_ok, "topology_mismatch"),
            (_prec.supported(dev, prec), "precision_unsupported")]
         + _plan.finite_checks(compute_raw, comm_raw) + [(mem_ok, "out_of_memory")])
@@ -688,7 +714,7 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     attn_rc = jnp.where(par_s.flash_attention > 0.5, 0.0, 4.0 * seq * model_s.n_heads
                         * model_s.head_dim * model_s.n_layers * gb * seq)
     hw_flops = flops + jnp.select([rcode < 0.5, rcode < 1.5], [0.0, attn_rc], full_rc)
-    n_dev = dp * tp * pp
+    n_dev = dp * tp * pp * cp
     safe_step = jnp.where(feasible & (step > 0), step, 1.0)
     step_time = jnp.where(feasible, step, jnp.inf)
     achieved = jnp.where(feasible, hw_flops / (safe_step * n_dev), 0.0)
@@ -768,9 +794,10 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
     docstring for the composition and the overlap model.
 
     Args:
-        system: devices and network; ``system.n_devices`` must equal dp·tp·pp.
+        system: devices and network; ``system.n_devices`` must equal dp·tp·pp·cp.
         model: the transformer.
-        par: the plan (dp, tp, pp, sp, ep, micro_batch, interleave, schedule, recompute, zero).
+        par: the plan (dp, tp, pp, cp, sp, ep, micro_batch, interleave, schedule, recompute,
+            zero, flash_attention).
         global_batch: sequences per optimizer step.
         seq_len: tokens per sequence.
         gemm: optional static GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s``
