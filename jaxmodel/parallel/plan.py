@@ -285,7 +285,7 @@ RULES: tuple[Rule, ...] = (
                         | divides(xp, xp.maximum(p.pp, 1.0), p.m)),
          lambda v: (f"the interleaved schedule needs the micro-batch count m = {_g(v['m'])} "
                     f"to be a multiple of pp = {_g(v['pp'])} (Megatron-LM)")),
-    Rule("invalid_parallelism", (INFER, LAYER), lambda xp, p: p.cp < 1.5,
+    Rule("invalid_parallelism", (INFER,), lambda xp, p: p.cp < 1.5,
          lambda v: f"cp={_g(v['cp'])}: context parallelism is modelled in training only"),
     Rule("sequence_not_divisible", (TRAIN, INFER),
          lambda xp, p: cp_sequence_ok(xp, p.seq_len, p.cp, p.tp, p.sp),
