@@ -232,6 +232,33 @@ def test_dp_overlap(batch):
         ar - float(over.breakdown["dp_comm"]), rel=1e-6)
 
 
+def test_dp_overlap_contention_by_hand(batch):
+    """The overlapped gradient all-reduce (one stage, one chunk) is the two-stage pipeline of
+    Megatron-core's n = ceil(params / 40 M) buckets behind the backward, while its 16 NCCL
+    SMs slow the backward to ρ = 1 − 16/108 (Rashidi et al. ISCA 2021): by hand, with
+    k = 1 − 1/n, ``exposed = t_c/n + t_m/n + max(k·t_m, k·t_c + (1−ρ)·k·t_m) − t_c`` — never
+    below the no-contention rule (ρ = 1), never above the serial all-reduce."""
+    serial, over = batch["dp16_serial"], batch["dp16"]
+    t = {k: float(np.asarray(v)[0]) for k, v in tr.stage_times(
+        ONE_TIER, MODEL, jax.tree_util.tree_map(lambda x: jnp.asarray([x]), plan("dp16")),
+        B, S, gemm=roofline).items()}
+    tc = 8.0 * (t["bwd"] + t["rd_bwd"] + t["tp_comm_bwd"] + t["ep_comm_bwd"])
+    n_par = float(wparams.params_per_device(MODEL, plan("dp16")))
+    tm = coll("all_reduce", tr.CONSTANTS["main_grad_bytes"] * n_par, 16)
+    n = float(np.ceil(n_par / 40e6))
+    k = 1.0 - 1.0 / n
+    assert n > 1
+
+    def hand(rho):
+        return tc / n + tm / n + max(k * tm, k * tc + (1 - rho) * k * tm) - tc
+
+    got = float(over.breakdown["dp_comm"])
+    assert got == pytest.approx(min(hand(1.0 - 16.0 / ONE_TIER.device.core_count), tm),
+                                rel=1e-6)
+    assert hand(1.0) <= got * (1 + 1e-9) <= float(serial.breakdown["dp_comm"]) * (1 + 1e-9)
+    assert float(serial.breakdown["dp_comm"]) == pytest.approx(tm, rel=1e-6)
+
+
 def test_tp_overlap(batch):
     """tp_overlap = 1 pipelines each layer's TP collectives with the compute of the same pass
     in 4 chunks (Wang et al. 2023; Transformer Engine userbuffers) while 16 SMs run the
