@@ -265,7 +265,8 @@ RULES: tuple[Rule, ...] = (
     Rule("invalid_parallelism", (TRAIN,), _execution_ok, _explain_execution),
     Rule("devices_mismatch", (TRAIN, INFER),
          lambda xp, p: xp.abs(_n_plan_devices(p) - p.n_devices) < 0.5,
-         lambda v: (f"dp·tp·pp·cp = {_g(v['dp'])}·{_g(v['tp'])}·{_g(v['pp'])}·{_g(v['cp'])} = "
+         lambda v: (f"dp·tp·pp·cp = {_g(v['dp'])}·{_g(v['tp'])}·{_g(v['pp'])}·"
+                    f"{_g(v['cp'])} = "
                     f"{_g(v['dp'] * v['tp'] * v['pp'] * v['cp'])} does not match the system's "
                     f"{_g(v['n_devices'])} devices")),
     Rule("heads_not_divisible", SCOPES, _heads_ok,

@@ -236,8 +236,8 @@ def test_dp_overlap_contention_by_hand(batch):
     """The overlapped gradient all-reduce (one stage, one chunk) is the two-stage pipeline of
     Megatron-core's n = ceil(params / 40 M) buckets behind the backward, while its 16 NCCL
     SMs slow the backward to ρ = 1 − 16/108 (Rashidi et al. ISCA 2021): by hand, with
-    k = 1 − 1/n, ``exposed = t_c/n + t_m/n + max(k·t_m, k·t_c + (1−ρ)·k·t_m) − t_c`` — never
-    below the no-contention rule (ρ = 1), never above the serial all-reduce."""
+    k = 1 − 1/n, ``exposed = t_c/n + t_m/n + max(k·t_m, k·t_c + (1−ρ)·k·t_m) − t_c`` —
+    never below the no-contention rule (ρ = 1), never above the serial all-reduce."""
     serial, over = batch["dp16_serial"], batch["dp16"]
     t = {k: float(np.asarray(v)[0]) for k, v in tr.stage_times(
         ONE_TIER, MODEL, jax.tree_util.tree_map(lambda x: jnp.asarray([x]), plan("dp16")),

@@ -124,8 +124,8 @@ def test_cp1_equals_the_plain_layer_and_cp_layer_composes():
 @pytest.mark.parametrize("seq, nodes", [(8192, 8), (32768, 16), (131072, 64)])
 def test_llama3_70b_long_context_plans_are_feasible_on_h100(seq, nodes):
     """Llama-3-70B at 8k, 32k and 128k tokens on 64–512 H100 (DGX H100): the search, with
-    context parallelism enumerated, finds feasible plans; at 128k only with cp > 1 (the
-    activations of one 128k sequence do not fit 80 GB under TP 8 alone)."""
+    context parallelism enumerated, finds feasible plans; at 128k the fastest splits the
+    sequence (cp > 1: the attention's s² work does not shrink with pipeline stages)."""
     system = hw_db.system("dgx_h100", nodes=nodes)
     model = hw_db.model("llama3-70b")
     n = nodes * 8
@@ -138,4 +138,4 @@ def test_llama3_70b_long_context_plans_are_feasible_on_h100(seq, nodes):
     best = ok.iloc[0]
     assert 0.0 < best.mfu < 1.0
     if seq == 131072:
-        assert (ok.cp > 1).all()
+        assert best.cp > 1
