@@ -88,7 +88,8 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
     The candidate product — ``tp``, ``cp`` (of ``cp``) and ``pp`` over the divisors of
     ``n_devices`` with ``dp = n/(tp·cp·pp)``, every divisor of the experts as ``ep``, every
     divisor of the global batch as ``micro_batch``, the schedules with their virtual stages
-    (GPipe and 1F1B one chunk per device; interleaved ``v >= 2`` dividing the layers), sequence parallelism —
+    (GPipe and 1F1B one chunk per device; interleaved ``v >= 2`` dividing the layers),
+    sequence parallelism —
     is filtered with the training rules of :mod:`jaxmodel.parallel.plan` (the same rules
     :func:`jaxmodel.train_step` checks, evaluated on numpy columns), and crossed with
     recompute, ZeRO and FlashAttention. Among them: ``dp·tp·pp·cp = n``; ``cp > 1`` splits
