@@ -37,7 +37,10 @@ over ``dp·cp``. ``cp = 1`` is the plain layer.
 
 **Data parallelism and ZeRO** (Rajbhandari et al., SC'20, §5 and §7): gradients are reduced in
 ``grad_bytes`` (4 = fp32 main gradients, as Megatron-LM keeps them), parameters gathered in
-the precision's ``weight_bytes`` (2), over the DP group of the most loaded stage:
+the precision's ``weight_bytes`` (2), over the DP (·CP) group of the most loaded stage.
+ZeRO-3 runs as FSDP does (:func:`jaxmodel.parallel.zero.zero3_step`, Zhao et al., VLDB 2023
+§3.3): one unit per layer, gathered one unit ahead, its memory the shard plus the units
+alive unsharded (:func:`jaxmodel.parallel.zero.zero3_memory`):
 
 ===========  =====================================================  =======================
 ZeRO stage   collectives                                           overlap window
@@ -46,8 +49,8 @@ ZeRO stage   collectives                                           overlap windo
 1            reduce-scatter(grads) once + all-gather(params) once  last bwd / next first fwd
 2            reduce-scatter(grads) every micro-batch + all-gather   that micro-batch's bwd /
              (params) once                                           next first fwd
-3            per micro-batch: all-gather(params) for fwd and for    that micro-batch's fwd
-             bwd, reduce-scatter(grads)                             and bwd
+3            per micro-batch and unit (layer): all-gather(params)   the unit before's fwd /
+             for fwd and for bwd, reduce-scatter(grads)             bwd (prefetch 1 unit)
 ===========  =====================================================  =======================
 
 **Overlap model** (:mod:`jaxmodel.parallel.overlap`, with SM and memory-bandwidth
