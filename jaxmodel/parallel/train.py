@@ -9,10 +9,11 @@ training_layer_times`, :func:`~jaxmodel.workload.layer.embedding_times`), the co
 Megatron-LM executes them (Narayanan et al., SC'21, "PTD-P"; Korthikanti et al., MLSys 2023):
 
 **Plan rules and placement** (:mod:`jaxmodel.parallel.plan`, PTD-P §3.2 "Takeaway #1/#2"):
-device id = tp_rank + tp·(pp_rank + pp·dp_rank), i.e. TP innermost (inside a node), then PP,
-then DP across nodes. Collective groups: TP contiguous (stride 1), DP at stride tp·pp, EP on
-``ep`` consecutive DP ranks and DP_exp = dp/ep at stride tp·pp·ep; pipeline transfers cross
-the outermost network tier the tp·pp devices of one pipeline span. Feasibility is the plan
+device id = tp_rank + tp·(cp_rank + cp·(pp_rank + pp·dp_rank)), i.e. TP innermost (inside a
+node), then CP, PP, then DP across nodes. Collective groups: TP contiguous (stride 1), CP at
+stride tp, DP at stride tp·cp·pp, EP on ``ep`` consecutive DP ranks and DP_exp = dp/ep at
+stride tp·cp·pp·ep; pipeline transfers cross the outermost network tier the tp·cp·pp devices
+of one pipeline span. Feasibility is the plan
 module's rules (structure, device, network, finiteness) followed by memory.
 
 **Per stage and micro-batch** (slowest stage): ``L/p`` layers (all ``v`` chunks of a device)
