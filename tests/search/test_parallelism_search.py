@@ -92,7 +92,7 @@ def test_search_ranks_plans_and_matches_direct_evaluation():
     model = hw_db.model("gpt2-small")
     df = jm.search_parallelism(system, model, 4, 8, 256, progress=False,
                                step_options={"dp_overlap": [0.0, 1.0]})
-    plans = enumerate_plans(model, 4, 8)
+    plans = enumerate_plans(model, 4, 8, seq_len=256.0)
     assert df.attrs["n_evaluated"] == len(df) == 2 * len(plans["dp"])
     t = df["step_time_s"].to_numpy()
     assert np.all(np.diff(t[np.isfinite(t)]) >= 0) and np.isfinite(t[0])
