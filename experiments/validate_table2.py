@@ -5,15 +5,13 @@ recomputation) of PTD-P (TP 8 × PP 12 for 175B, TP 8 × PP 35 for 530B) and of 
 model parallelism, on 384–2,240 A100-80GB of Selene (``hw_db.system("dgx_a100", nodes=N)``)
 at fixed global batch (micro-batch 4/2/1 for ZeRO-3: one micro-batch per step).
 
-- **ZeRO-3 rows**: computed directly with :func:`jaxmodel.parallel.zero.zero3_step` — per-layer
-  compute from :func:`jaxmodel.workload.layer.training_layer_times` (tp = pp = 1, full
-  recomputation as DeepSpeed's activation checkpointing, sustained clock) plus Megatron's
-  bias/dropout/residual kernels (:func:`jaxmodel.parallel.train.residual_dropout_times`) and
-  the embedding / LM head / loss on every device; one FSDP unit per layer, the embedding's
-  parameters spread over the units; parameter all-gather in fp16 before the forward and again
-  before the backward, gradient reduce-scatter in fp16 (DeepSpeed's default communication
-  type for fp16 training), over all GPUs; prefetch one unit ahead; overlap with SM and memory
-  contention (:mod:`jaxmodel.parallel.overlap`); optimizer step on the 1/N shard.
+- **ZeRO-3 rows**: :func:`jaxmodel.train_step` with ``Parallelism(dp=N, tp=1, pp=1,
+  zero=3, recompute="full")`` — the step's ZeRO-3 model (:func:`jaxmodel.parallel.zero.
+  zero3_step` inside the training step): one FSDP unit per layer, parameter all-gather before
+  the forward and again before the backward, gradient reduce-scatter in every micro-batch,
+  prefetch one unit ahead (``dp_overlap=1``; ``0`` serialises), with SM contention
+  (:mod:`jaxmodel.parallel.overlap`); fp16 gradient reduction (``grad_bytes=2``, DeepSpeed's
+  default communication type for fp16 training); optimizer step on the 1/N shard.
 - **PTD-P rows**: :func:`jaxmodel.train_step` as it is (full recompute, no SP, Megatron-LM 2021
   serial data-parallel all-reduce ``dp_overlap=0``, micro-batch 1, the best interleaving of
   {1, 2, 4, 8} / {1, 3} as in ``validate_megatron.py``).
@@ -34,10 +32,6 @@ import pandas as pd
 
 import jaxmodel as jm  # noqa: I001  (imported before hw_db: the package wires hw_db up)
 import hw_db
-from jaxmodel import comm as _comm
-from jaxmodel.parallel import train as tr
-from jaxmodel.parallel import zero
-from jaxmodel.workload import layer as _layer
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "experiments" / "out"
@@ -63,17 +57,6 @@ def eq3_flops(model, batch, seq=SEQ):
     return 96.0 * batch * seq * l * h * h * (1.0 + seq / (6.0 * h) + v / (16.0 * l * h))
 
 
-def layer_hbm_bytes(model, b, seq, dtype_bytes=2.0):
-    """Estimated main-memory bytes of one layer's compute (lower bound, for the contention
-    model): the 12h² weights read once per GEMM pass (twice in the backward) and the
-    34·s·b·h bytes of activations a layer writes (Korthikanti et al. 2023 §4.1), read back
-    in the backward. Returns ``(forward, backward)`` bytes."""
-    h = model.d_model
-    w = dtype_bytes * 12.0 * h * h
-    act = 34.0 * seq * b * h
-    return w + act, 2.0 * w + 2.0 * act
-
-
 def per_nic(system, gpus):
     """The sensitivity case "no rail aggregation": every GPU reaches all others only through
     its own InfiniBand port (one switch tier of ``gpus`` devices, the node's NVLink unused) —
@@ -83,38 +66,22 @@ def per_nic(system, gpus):
 
 
 def zero3_row(params_b, gpus, batch, mb, prefetch=1.0, rails=True):
-    """Predicted TFLOP/s per GPU and the step's parts for one ZeRO-3 row (default: NCCL-level
-    hierarchical collectives, prefetch one unit; ``prefetch=0`` serialises, ``rails=False``
-    is the :func:`per_nic` sensitivity case)."""
+    """Predicted TFLOP/s per GPU, the step and its breakdown for one ZeRO-3 row through
+    :func:`jaxmodel.train_step` (default: NCCL-level hierarchical collectives, prefetch one
+    unit; ``prefetch=0`` serialises, ``rails=False`` is the :func:`per_nic` sensitivity
+    case)."""
     model = MODELS[params_b]
-    nodes = int(gpus) // 8
-    system = hw_db.system("dgx_a100", nodes=nodes)
+    system = hw_db.system("dgx_a100", nodes=int(gpus) // 8)
     if not rails:
         system = per_nic(system, gpus)
-    system_t = dataclasses.replace(system, device=tr.sustained_device(system.device))
-    dev = system_t.device
     par = jm.Parallelism(dp=float(gpus), tp=1.0, pp=1.0, sp=False, micro_batch=float(mb),
                          recompute="full", zero=3)
-    lt = _layer.training_layer_times(system_t, model, par, float(mb), SEQ)
-    rd = tr.residual_dropout_times(dev, model, par, float(mb), SEQ)
-    et = _layer.embedding_times(system_t, model, par, float(mb), SEQ)
-    fwd = float(lt["fwd"] + rd[0])
-    bwd = float(lt["bwd"] + lt["recompute"] + rd[1] + rd[0])  # full recompute repeats rd fwd
-    emb = float(sum(et[k] for k in ("embed_fwd", "embed_bwd", "lm_head_fwd", "lm_head_bwd",
-                                    "loss_fwd", "loss_bwd")))
-    m = batch / (gpus * mb)
-    n_params = float(jm.param_count(model))
-    hf, hb = layer_hbm_bytes(model, mb, SEQ)
-    z = zero.zero3_step(system_t, n_params, model.n_layers, fwd, bwd, float(gpus), m,
-                        dtype_bytes=2.0, grad_comm_bytes=2.0, prefetch=prefetch,
-                        compute_bytes_fwd=hf, compute_bytes_bwd=hb,
-                        net=_comm.net_variant_of(system_t))
-    t_opt = float(jm.elementwise_latency(dev, n_params / gpus,
-                                         tr.CONSTANTS["adam_bytes_per_param"],
-                                         tr.CONSTANTS["adam_flops_per_param"]))
-    step = float(z["total"]) + m * emb + t_opt
+    r = jm.train_step(system, model, par, float(batch), SEQ, dp_overlap=prefetch,
+                      grad_bytes=2.0)
+    step = float(r.step_time_s)
     tflops = eq3_flops(model, batch) / (step * gpus) / 1e12
-    parts = {k: float(z[k]) for k in zero.ZERO3_KEYS}
+    parts = {k: float(v) for k, v in r.breakdown.items()}
+    parts["memory_GB"] = float(r.memory_bytes) / 1e9
     return tflops, step, parts
 
 
@@ -145,7 +112,7 @@ def main():
         p, g, b, mb = r.params_billion, r.num_gpus, r.global_batch_size, r.microbatch_size
         if r.scheme == "ZeRO-3":
             pred, step, parts = zero3_row(p, g, b, mb)
-            extra = {f"zero3_{k}_s": v for k, v in parts.items()}
+            extra = {f"zero3_{k}": v for k, v in parts.items()}
         else:
             pred, step, v = ptdp_row(p, g, b, mb)
             extra = {"interleave": v}

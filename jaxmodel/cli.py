@@ -56,7 +56,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 _PAR_FIELDS = ("dp", "tp", "pp", "sp", "ep", "micro_batch", "interleave", "schedule",
-               "recompute", "zero", "flash_attention")
+               "recompute", "zero", "flash_attention", "cp")
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,16 +207,16 @@ def build_parallelism(values: Mapping, n_devices: float | None = None):
             raise ValueError(f"parallelism: unknown field '{k}'{hint}; known: "
                              f"{list(_PAR_FIELDS)}")
     kw = {k: v for k, v in values.items() if v is not None}
-    for k in ("tp", "pp"):
+    for k in ("tp", "pp", "cp"):
         if k in kw:
             check_value("parallelism", k, kw[k], rule_of(jm.Parallelism, k))
     if "dp" not in kw and n_devices is not None:
-        tp, pp = float(kw.get("tp", 1)), float(kw.get("pp", 1))
-        dp = float(n_devices) / (tp * pp)
+        tp, pp, cp = float(kw.get("tp", 1)), float(kw.get("pp", 1)), float(kw.get("cp", 1))
+        dp = float(n_devices) / (tp * pp * cp)
         if dp < 1 or dp != round(dp):
-            raise ValueError(f"parallelism: tp·pp = {tp:g}·{pp:g} does not divide the "
-                             f"{float(n_devices):g} devices (dp would be {dp:g}); change "
-                             "tp/pp or the system's nodes")
+            raise ValueError(f"parallelism: tp·pp·cp = {tp:g}·{pp:g}·{cp:g} does not divide "
+                             f"the {float(n_devices):g} devices (dp would be {dp:g}); change "
+                             "tp/pp/cp or the system's nodes")
         kw["dp"] = dp
     return jm.validate_parallelism(jm.Parallelism(**kw), "parallelism")
 
@@ -228,7 +228,7 @@ def _default_tp(system, model, par_spec: Mapping) -> dict:
     if "tp" not in spec and system.levels:
         node = float(system.levels[0].size)
         h, kv = float(model.n_heads), float(model.n_kv_heads)
-        pp = float(spec.get("pp", 1))
+        pp = float(spec.get("pp", 1)) * float(spec.get("cp", 1))
         if node > 1 and h % node == 0 and (kv % node == 0 or node % kv == 0) and (
                 "dp" not in spec or float(spec["dp"]) * node * pp == float(system.n_devices)):
             spec["tp"] = node
@@ -309,8 +309,8 @@ def _public_fn(name: str):
 HINTS = {
     "out_of_memory": "raise --tp or --pp, use --zero 1..3 or --recompute selective/full, "
                      "lower --micro-batch (train) or --batch (inference), or add --nodes",
-    "devices_mismatch": "--dp·--tp·--pp must equal the system's devices (leave --dp out to "
-                        "derive it)",
+    "devices_mismatch": "--dp·--tp·--pp·--cp must equal the system's devices (leave --dp out "
+                        "to derive it)",
     "heads_not_divisible": "choose --tp dividing the model's attention heads",
     "layers_not_divisible": "choose --pp (and --interleave) dividing the model's layers",
     "batch_not_divisible": "make --global-batch a multiple of dp·--micro-batch",
@@ -367,6 +367,9 @@ def _par_args(p: argparse.ArgumentParser):
                              "heads, pp = 1, dp = the devices left)")
     for f in ("dp", "tp", "pp", "ep", "micro_batch", "interleave", "zero"):
         g.add_argument(f"--{f.replace('_', '-')}", type=float, dest=f, default=None)
+    g.add_argument("--cp", type=float, dest="cp", default=None,
+                   help="context parallelism (training): the sequence split over cp devices, "
+                        "ring attention")
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism")
     g.add_argument("--flash-attention", action="store_true", default=None,
                    dest="flash_attention")

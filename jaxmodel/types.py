@@ -789,6 +789,8 @@ class Parallelism:
         recompute: code into ``RECOMPUTE`` (none, selective, full).
         zero: ZeRO stage 0–3.
         flash_attention: 1 to use FlashAttention kernels, else 0 (bools accepted).
+        cp: context-parallel degree (the sequence of every layer split over ``cp`` devices,
+            ring attention; :mod:`jaxmodel.parallel.context`).
     """
 
     dp: Array = 1.0
@@ -802,6 +804,7 @@ class Parallelism:
     recompute: Array = 0.0
     zero: Array = 0.0
     flash_attention: Array = 0.0
+    cp: Array = 1.0
 
     def __post_init__(self):
         object.__setattr__(self, "schedule", code_of(self.schedule, SCHEDULES, "schedule"))
@@ -813,8 +816,9 @@ class Parallelism:
 
     @property
     def n_devices(self) -> Array:
-        """Devices used: dp · tp · pp (experts are placed inside dp · tp, DeepSpeed-TED)."""
-        return self.dp * self.tp * self.pp
+        """Devices used: dp · tp · pp · cp (experts are placed inside dp · tp,
+        DeepSpeed-TED)."""
+        return self.dp * self.tp * self.pp * self.cp
 
 
 _register(Parallelism)

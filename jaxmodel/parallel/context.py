@@ -45,19 +45,25 @@ Units: seconds, bytes.
 
 from __future__ import annotations
 
+import importlib
+
 import jax.numpy as jnp
 
 from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
 from jaxmodel.parallel import overlap as ov
+from jaxmodel.parallel import plan as _plan
 from jaxmodel.workload import layer as _layer
 from jaxmodel.workload import memory as _memory
+from jaxmodel.workload import moe as _moe
+
+_prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
 
 RING, ALLGATHER = 0, 1
 MODES = ("ring", "all_gather")
 
-CP_LAYER_KEYS = ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "cp_comm_fwd",
-                 "cp_comm_bwd", "cp_contention")
+CP_LAYER_KEYS = ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "ep_comm_fwd",
+                 "ep_comm_bwd", "cp_comm_fwd", "cp_comm_bwd", "cp_contention")
 
 
 def mode_code(mode) -> float:
@@ -73,14 +79,13 @@ def mode_code(mode) -> float:
 def cp_checks(seq_len, cp, tp=1.0, sp=0.0):
     """Structural checks ``[(ok, reason_name), ...]``: ``cp`` an integer ≥ 1, the sequence
     divisible into ``2·cp`` load-balancing chunks (and each rank's ``s/cp`` tokens by ``tp``
-    under sequence parallelism)."""
+    under sequence parallelism) — the plan's rule, :func:`jaxmodel.parallel.plan.
+    cp_sequence_ok`."""
     f = jnp.result_type(float)
     cp = jnp.asarray(cp, dtype=f)
     degree_ok = (cp >= 1) & nx.is_integer(cp)
-    c = jnp.maximum(cp, 1.0)
-    seq_ok = nx.divides(2.0 * c, seq_len) | (c < 1.5)
-    sp_ok = (jnp.asarray(sp) < 0.5) | nx.divides(jnp.maximum(tp, 1.0), seq_len / c)
-    return [(degree_ok, "invalid_parallelism"), (seq_ok & sp_ok, "sequence_not_divisible")]
+    return [(degree_ok, "invalid_parallelism"),
+            (_plan.cp_sequence_ok(jnp, seq_len, cp, tp, sp), "sequence_not_divisible")]
 
 
 def causal_imbalance(cp, balanced=1.0):
@@ -97,17 +102,6 @@ def kv_chunk_bytes(model, par, micro_batch, seq_len, cp, dtype_bytes=2.0):
     c = jnp.maximum(cp, 1.0)
     kv = jnp.maximum(model.n_kv_heads / jnp.maximum(par.tp, 1.0), 1.0)
     return 2.0 * micro_batch * (seq_len / c) * kv * model.head_dim * dtype_bytes
-
-
-def _cross_stride(system, span):
-    """Stride of a 2-member group crossing the outermost tier ``span`` consecutive devices
-    reach (1 when they fit the innermost tier)."""
-    stride = jnp.asarray(1.0)
-    inner = 1.0
-    for lvl in system.levels:
-        stride = jnp.where(span > inner + 0.5, inner, stride)
-        inner = inner * jnp.maximum(lvl.size, 1.0)
-    return stride
 
 
 def cp_attention_time(system, attn_fwd, attn_bwd, kv_bytes, cp, tp=1.0, mode=RING,
@@ -133,7 +127,7 @@ def cp_attention_time(system, attn_fwd, attn_bwd, kv_bytes, cp, tp=1.0, mode=RIN
     multi = c > 1.5
     group = jnp.where(multi, c, 2.0)
     dev = system.device
-    pair = jnp.maximum(_cross_stride(system, tp * c), tp)
+    pair = jnp.maximum(_plan.cross_stride(system, tp * c), tp)
     t_p2p, ok_p, _ = _comm.collective_cost.single(system, "p2p", kv_bytes, 2.0, "auto", pair,
                                                   net)
     t_p2p2, _, _ = _comm.collective_cost.single(system, "p2p", 2.0 * kv_bytes, 2.0, "auto",
@@ -166,32 +160,34 @@ def cp_attention_time(system, attn_fwd, attn_bwd, kv_bytes, cp, tp=1.0, mode=RIN
 
 
 def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, balanced=1.0,
-                   gemm=None, dtype_bytes=2.0, channels=None,
-                   variant: _layer.Variant = _layer.ANY):
+                   gemm=None, dtype_bytes=None, channels=None,
+                   variant: _layer.Variant = _layer.ANY, precision=None):
     """Per-layer, per-micro-batch training times of one device under context parallelism
     of degree ``cp`` (module docstring), s — the CP counterpart of
-    :func:`jaxmodel.workload.layer.training_layer_times` (``cp = 1`` reproduces its
-    ``fwd``, ``bwd``, ``recompute``, ``tp_comm_*`` for dense models).
+    :func:`jaxmodel.workload.layer.training_layer_times` (``cp = 1`` reproduces it).
 
     Returns:
         dict :data:`CP_LAYER_KEYS`: ``fwd``/``bwd`` compute incl. the CP attention with its
         exposed exchange, ``recompute`` (per ``par.recompute``: full repeats the forward
         incl. its TP and CP communication, selective the attention core), ``tp_comm_fwd``,
         ``tp_comm_bwd`` (TP collectives on ``s/cp`` tokens, serial), ``cp_comm_fwd``,
-        ``cp_comm_bwd`` (exposed CP exchange, part of ``fwd``/``bwd``), ``cp_contention``.
-        Infeasible TP splits or CP placements give ``+inf``. MoE layers: the expert GEMMs
-        are in ``fwd``/``bwd`` (the workload's share-weighted FFN rows), their dispatch and
-        combine all-to-all on ``b·s/cp`` tokens is the caller's
-        (:func:`jaxmodel.workload.moe.alltoall_time`).
+        ``cp_comm_bwd`` (exposed CP exchange, part of ``fwd``/``bwd``), ``cp_contention``,
+        ``ep_comm_fwd``/``ep_comm_bwd`` (MoE dispatch + combine all-to-all of the ``b·s/cp``
+        local tokens, :func:`jaxmodel.workload.moe.alltoall_time`; full recomputation
+        repeats it). Infeasible TP splits, CP placements or unsupported precisions give
+        ``+inf``. ``precision`` (or the legacy ``dtype_bytes``) as
+        :func:`~jaxmodel.workload.layer.training_layer_times`.
     """
     gemm = gemm or _layer.default_gemm
     f = jnp.result_type(float)
     dev = system.device
+    prec = _prec.resolve(precision, dtype_bytes)
+    dtype_bytes = prec.act_bytes
     c = jnp.maximum(jnp.asarray(cp, dtype=f), 1.0)
     local = seq_len / c
     gemms, vectors = _layer.layer_graph(dev, model, par, micro_batch, local, seq_len,
-                                        dtype_bytes, training=True, variant=variant)
-    rows = _layer.evaluate(gemm, dev, gemms, vectors, dtype_bytes, backward=True)
+                                        training=True, variant=variant, precision=prec)
+    rows = _layer.evaluate(gemm, dev, gemms, vectors, backward=True, precision=prec)
     fwd_all = sum(a for a, _ in rows.values())
     bwd_all = sum(b for _, b in rows.values())
     attn_f = rows["qk"][0] + rows["softmax"][0] + rows["av"][0]
@@ -211,15 +207,19 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
     sync = _layer.tp_collective(system, par, micro_batch * local * model.d_model * dtype_bytes,
                                 variant)
     comm = 2.0 * sync
+    a2a = (0.0 * sync if variant.moe is False else
+           _moe.alltoall_time(system, model, par, micro_batch * local, dtype_bytes,
+                              net=variant.net))
     attn_core_fwd = jnp.where(par.flash_attention > 0.5, 0.0, attn["fwd"])
     rc = par.recompute
     recompute = jnp.select([rc < 0.5, rc < 1.5], [jnp.zeros_like(fwd), attn_core_fwd],
-                           fwd + comm)
+                           fwd + comm + a2a)
     out = {"fwd": fwd, "bwd": bwd, "recompute": recompute, "tp_comm_fwd": comm,
-           "tp_comm_bwd": comm, "cp_comm_fwd": attn["comm_fwd"],
-           "cp_comm_bwd": attn["comm_bwd"], "cp_contention": attn["contention"]}
+           "tp_comm_bwd": comm, "ep_comm_fwd": a2a, "ep_comm_bwd": a2a,
+           "cp_comm_fwd": attn["comm_fwd"], "cp_comm_bwd": attn["comm_bwd"],
+           "cp_contention": attn["contention"]}
     ok, _ = _layer.layer_feasibility(model, par)
-    ok = ok & attn["feasible"]
+    ok = ok & attn["feasible"] & _prec.supported(dev, prec)
     return {k: jnp.where(ok, v, jnp.inf) for k, v in out.items()}
 
 
@@ -232,11 +232,12 @@ def cp_activation_bytes(model, par, micro_batch, seq_len, cp, mode=RING, dtype_b
     f = jnp.result_type(float)
     c = jnp.maximum(jnp.asarray(cp, dtype=f), 1.0)
     local = seq_len / c
-    act = _memory.activation_bytes_per_layer(model, par, micro_batch, local)
+    act = _memory.activation_bytes_per_layer.single(model, par, micro_batch, local, dtype_bytes)
     # the s² term computed at s/cp counts (s/cp)²; the local queries see all s keys
     scores_local = jnp.where(
         (par.flash_attention > 0.5) | (par.recompute > 0.5), 0.0,
-        5.0 * model.n_heads * local * local * micro_batch / jnp.maximum(par.tp, 1.0))
+        (4.0 * dtype_bytes / 2.0 + 1.0) * model.n_heads * local * local * micro_batch
+        / jnp.maximum(par.tp, 1.0))
     act = act + jnp.where(par.recompute > 1.5, 0.0, scores_local * (c - 1.0))
     kv = kv_chunk_bytes(model, par, micro_batch, seq_len, c, dtype_bytes)
     buf = jnp.where(jnp.asarray(mode, dtype=f) < 0.5, 2.0 * kv, c * kv)

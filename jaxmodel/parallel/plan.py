@@ -36,9 +36,11 @@ expert-data-parallel group ``DP_exp = dp/ep`` has stride ``tp·pp·ep``. That is
 time and memory model assumes (:func:`jaxmodel.workload.moe.alltoall_time` places the
 all-to-all at stride ``tp·pp``; expert weights are ``E/ep`` per device and their gradients are
 reduced over ``dp/ep``). A pipeline stage hop crosses the outermost network tier that the
-``tp·pp`` consecutive devices of one pipeline span (:func:`cross_stride`). A context-parallel
-group ``cp`` (Megatron-core order ``tp-cp-…``) belongs between TP and PP: its slot in
-:class:`Placement` has size 1 until :class:`~jaxmodel.types.Parallelism` carries ``cp``.
+``tp·cp·pp`` consecutive devices of one pipeline span (:func:`cross_stride`). The
+context-parallel group ``cp`` (Megatron-core order ``tp-cp-…``) sits between TP and PP:
+device id ``= tp_rank + tp·(cp_rank + cp·(pp_rank + pp·dp_rank))``, CP at stride ``tp``, PP
+at ``tp·cp``, DP at ``tp·cp·pp``. Gradients and ZeRO shards span the combined ``dp·cp``
+group (:attr:`Placement.dp_cp`).
 
 Helpers :func:`is_integer` and :func:`divides` are the ``xp``-generic versions of the
 :mod:`jaxmodel.numerics` ones (those are jnp-only).
@@ -126,8 +128,8 @@ class PlanInputs(NamedTuple):
 
 _MODEL = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size",
           "n_experts")
-_PLAN = ("dp", "tp", "pp", "ep", "sp", "micro_batch", "interleave", "schedule", "recompute",
-         "zero", "flash_attention")
+_PLAN = ("dp", "tp", "pp", "ep", "cp", "sp", "micro_batch", "interleave", "schedule",
+         "recompute", "zero", "flash_attention")
 
 
 def inputs(model, par, *, n_devices=float("nan"), batch=1.0, seq_len=1.0, gen_len=1.0,
@@ -135,7 +137,6 @@ def inputs(model, par, *, n_devices=float("nan"), batch=1.0, seq_len=1.0, gen_le
     """:class:`PlanInputs` from a model and a plan (pytrees or objects with those fields)."""
     kw = {k: getattr(model, k) for k in _MODEL}
     kw.update({k: getattr(par, k) for k in _PLAN})
-    kw["cp"] = getattr(par, "cp", 1.0)
     return PlanInputs(n_devices=n_devices, batch=batch, seq_len=seq_len, gen_len=gen_len,
                       dtype_bytes=dtype_bytes, **kw)
 
@@ -214,6 +215,16 @@ def _heads_ok(xp, p):
                                         | divides(xp, p.n_kv_heads, t))
 
 
+def cp_sequence_ok(xp, seq_len, cp, tp=1.0, sp=0.0):
+    """Context parallelism's sequence rule: with ``cp > 1`` the sequence splits into ``2·cp``
+    load-balancing chunks (Megatron-core / Transformer Engine causal CP: rank ``r`` holds
+    chunks ``r`` and ``2cp−1−r``), and under sequence parallelism ``tp`` divides each rank's
+    ``s/cp`` tokens."""
+    c = xp.maximum(cp, 1.0)
+    seq_ok = (c < 1.5) | divides(xp, 2.0 * c, seq_len)
+    return seq_ok & ((sp < 0.5) | divides(xp, xp.maximum(tp, 1.0), seq_len / c))
+
+
 def _bad(names, v):
     return "; ".join(f"{k}={_g(v[k])}" for k in names)
 
@@ -254,7 +265,8 @@ RULES: tuple[Rule, ...] = (
     Rule("invalid_parallelism", (TRAIN,), _execution_ok, _explain_execution),
     Rule("devices_mismatch", (TRAIN, INFER),
          lambda xp, p: xp.abs(_n_plan_devices(p) - p.n_devices) < 0.5,
-         lambda v: (f"dp·tp·pp = {_g(v['dp'])}·{_g(v['tp'])}·{_g(v['pp'])} = "
+         lambda v: (f"dp·tp·pp·cp = {_g(v['dp'])}·{_g(v['tp'])}·{_g(v['pp'])}·"
+                    f"{_g(v['cp'])} = "
                     f"{_g(v['dp'] * v['tp'] * v['pp'] * v['cp'])} does not match the system's "
                     f"{_g(v['n_devices'])} devices")),
     Rule("heads_not_divisible", SCOPES, _heads_ok,
@@ -274,10 +286,13 @@ RULES: tuple[Rule, ...] = (
                         | divides(xp, xp.maximum(p.pp, 1.0), p.m)),
          lambda v: (f"the interleaved schedule needs the micro-batch count m = {_g(v['m'])} "
                     f"to be a multiple of pp = {_g(v['pp'])} (Megatron-LM)")),
+    Rule("invalid_parallelism", (INFER,), lambda xp, p: p.cp < 1.5,
+         lambda v: f"cp={_g(v['cp'])}: context parallelism is modelled in training only"),
     Rule("sequence_not_divisible", (TRAIN, INFER),
-         lambda xp, p: (p.sp < 0.5) | divides(xp, xp.maximum(p.tp, 1.0), p.seq_len),
-         lambda v: (f"sequence parallelism needs tp={_g(v['tp'])} to divide "
-                    f"{v['seq_name']}={_g(v['seq_len'])}")),
+         lambda xp, p: cp_sequence_ok(xp, p.seq_len, p.cp, p.tp, p.sp),
+         lambda v: (f"{v['seq_name']}={_g(v['seq_len'])} must split into 2·cp = "
+                    f"{_g(2 * v['cp'])} chunks (cp > 1) and, with sequence parallelism, "
+                    f"tp={_g(v['tp'])} must divide its s/cp tokens")),
     Rule("experts_not_divisible", SCOPES,
          lambda xp, p: (divides(xp, xp.maximum(p.ep, 1.0), p.n_experts)
                         & divides(xp, xp.maximum(p.ep, 1.0), xp.maximum(p.dp, 1.0))),
@@ -353,6 +368,12 @@ class Placement(NamedTuple):
     ``stage_hop`` is the 2-member pair of one pipeline stage boundary: it crosses the tier
     the ``tp·pp`` devices of one pipeline span (the first↔last and the worst neighbouring
     stage pair). ``dp_exp`` is the expert-data-parallel group ``dp/ep`` of the expert weights.
+    ``dp_cp`` / ``dp_exp_cp``: the groups the gradients are reduced and ZeRO-sharded over,
+    ``dp·cp`` (``dp_exp·cp`` for expert weights; Megatron-core folds CP into the data-parallel
+    gradient group). With ``cp = 1`` they equal ``dp`` / ``dp_exp``; with ``cp > 1`` they are
+    placed at the CP stride ``tp`` — exact for ``pp = 1``; with ``pp > 1`` the DP members are
+    ``tp·cp·pp`` apart and the group is taken as denser than it is (the inner tiers carry a
+    larger share of its ring).
     """
 
     tp: Group
@@ -362,6 +383,8 @@ class Placement(NamedTuple):
     ep: Group
     dp_exp: Group
     stage_hop: Group
+    dp_cp: Group
+    dp_exp_cp: Group
 
 
 def cross_stride(system, span):
@@ -383,16 +406,20 @@ def cross_stride(system, span):
 def placement(system, par) -> Placement:
     """The groups of ``par`` on ``system`` (single configuration, degrees sanitised ≥ 1)."""
     tp = jnp.maximum(par.tp, 1.0)
-    cp = jnp.maximum(jnp.asarray(getattr(par, "cp", 1.0)), 1.0)
+    cp = jnp.maximum(par.cp, 1.0)
     pp = jnp.maximum(par.pp, 1.0)
     dp = jnp.maximum(par.dp, 1.0)
     ep = jnp.maximum(par.ep, 1.0)
     inner = tp * cp * pp                       # one pipeline: tp·cp·pp consecutive devices
     hop = jnp.maximum(cross_stride(system, inner), tp * cp)
+    dp_exp = jnp.maximum(dp / ep, 1.0)
+    multi_cp = cp > 1.5
     return Placement(tp=Group(tp, 1.0), cp=Group(cp, tp), pp=Group(pp, tp * cp),
                      dp=Group(dp, inner), ep=Group(ep, inner),
-                     dp_exp=Group(jnp.maximum(dp / ep, 1.0), inner * ep),
-                     stage_hop=Group(2.0, hop))
+                     dp_exp=Group(dp_exp, inner * ep),
+                     stage_hop=Group(2.0, hop),
+                     dp_cp=Group(dp * cp, jnp.where(multi_cp, tp, inner)),
+                     dp_exp_cp=Group(dp_exp * cp, jnp.where(multi_cp, tp, inner * ep)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -409,13 +436,13 @@ def _level_ok(lvl):
     return ok & (lvl.size >= 1)
 
 
-GROUPS = ("tp", "ep", "stage_hop", "dp", "dp_exp")
+GROUPS = ("tp", "cp", "ep", "stage_hop", "dp", "dp_exp")
 
 
 def _used_groups(scope: str, pl_: Placement, names=GROUPS):
     """``[(group, in_use)]`` of the groups (of ``names``) that communicate in ``scope``."""
     used = {"tp": pl_.tp.size > 1.5, "stage_hop": pl_.pp.size > 1.5,
-            "ep": pl_.ep.size > 1.5}
+            "ep": pl_.ep.size > 1.5, "cp": pl_.cp.size > 1.5}
     if scope == TRAIN:      # inference replicas never talk to each other
         used.update(dp=pl_.dp.size > 1.5, dp_exp=pl_.dp_exp.size > 1.5)
     return [(getattr(pl_, k), used[k]) for k in names if k in used]
@@ -484,7 +511,7 @@ def sanitised(par, ok):
     def s(x, fallback=1.0):
         return jnp.where(ok, x, fallback)
     return dataclasses.replace(
-        par, dp=s(par.dp), tp=s(par.tp), pp=s(par.pp), ep=s(par.ep),
+        par, dp=s(par.dp), tp=s(par.tp), pp=s(par.pp), ep=s(par.ep), cp=s(par.cp),
         micro_batch=s(par.micro_batch), interleave=s(par.interleave),
         schedule=s(par.schedule), recompute=s(par.recompute, 0.0), zero=s(par.zero, 0.0),
         sp=s(par.sp, 0.0))

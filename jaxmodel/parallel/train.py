@@ -1,4 +1,5 @@
-"""One training step of a decoder-only transformer under DP × TP × PP (+SP, ZeRO, recompute).
+"""One training step of a decoder-only transformer under DP × TP × PP × CP (+SP, EP, ZeRO,
+recompute).
 
 ``train_step(system, model, par, global_batch, seq_len)`` → :class:`TrainResult`.
 
@@ -8,10 +9,11 @@ training_layer_times`, :func:`~jaxmodel.workload.layer.embedding_times`), the co
 Megatron-LM executes them (Narayanan et al., SC'21, "PTD-P"; Korthikanti et al., MLSys 2023):
 
 **Plan rules and placement** (:mod:`jaxmodel.parallel.plan`, PTD-P §3.2 "Takeaway #1/#2"):
-device id = tp_rank + tp·(pp_rank + pp·dp_rank), i.e. TP innermost (inside a node), then PP,
-then DP across nodes. Collective groups: TP contiguous (stride 1), DP at stride tp·pp, EP on
-``ep`` consecutive DP ranks and DP_exp = dp/ep at stride tp·pp·ep; pipeline transfers cross
-the outermost network tier the tp·pp devices of one pipeline span. Feasibility is the plan
+device id = tp_rank + tp·(cp_rank + cp·(pp_rank + pp·dp_rank)), i.e. TP innermost (inside a
+node), then CP, PP, then DP across nodes. Collective groups: TP contiguous (stride 1), CP at
+stride tp, DP at stride tp·cp·pp, EP on ``ep`` consecutive DP ranks and DP_exp = dp/ep at
+stride tp·cp·pp·ep; pipeline transfers cross the outermost network tier the tp·cp·pp devices
+of one pipeline span. Feasibility is the plan
 module's rules (structure, device, network, finiteness) followed by memory.
 
 **Per stage and micro-batch** (slowest stage): ``L/p`` layers (all ``v`` chunks of a device)
@@ -25,9 +27,21 @@ stage-boundary transfers (2 per micro-batch and chunk, plus fill/drain), each b�
 (scatter/gather optimisation, PTD-P §4.1; the re-assembling all-gather over TP when SP is off).
 With p > 1 and tied embeddings the first and last stage all-reduce the embedding gradient.
 
+**Context parallelism** (``par.cp``, :mod:`jaxmodel.parallel.context`; Liu et al., ICLR
+2024, ring attention; Megatron-core ``--context-parallel-size``): placement tp → cp → pp →
+dp (CP at stride ``tp``, DP at ``tp·cp·pp``, the pipeline spans ``tp·cp·pp`` devices). Every
+token-wise operation, the embedding, the stage-boundary transfers and the stored
+activations use the ``s/cp`` local tokens; the attention of the local queries runs against
+all ``s`` keys with the ring's KV exchange overlapped block by block
+(:func:`~jaxmodel.parallel.context.cp_layer_times`); gradients are reduced and ZeRO-sharded
+over ``dp·cp``. ``cp = 1`` is the plain layer.
+
 **Data parallelism and ZeRO** (Rajbhandari et al., SC'20, §5 and §7): gradients are reduced in
 ``grad_bytes`` (4 = fp32 main gradients, as Megatron-LM keeps them), parameters gathered in
-the precision's ``weight_bytes`` (2), over the DP group of the most loaded stage:
+the precision's ``weight_bytes`` (2), over the DP (·CP) group of the most loaded stage.
+ZeRO-3 runs as FSDP does (:func:`jaxmodel.parallel.zero.zero3_step`, Zhao et al., VLDB 2023
+§3.3): one unit per layer, gathered one unit ahead, its memory the shard plus the units
+alive unsharded (:func:`jaxmodel.parallel.zero.zero3_memory`):
 
 ===========  =====================================================  =======================
 ZeRO stage   collectives                                           overlap window
@@ -36,26 +50,35 @@ ZeRO stage   collectives                                           overlap windo
 1            reduce-scatter(grads) once + all-gather(params) once  last bwd / next first fwd
 2            reduce-scatter(grads) every micro-batch + all-gather   that micro-batch's bwd /
              (params) once                                           next first fwd
-3            per micro-batch: all-gather(params) for fwd and for    that micro-batch's fwd
-             bwd, reduce-scatter(grads)                             and bwd
+3            per micro-batch and unit (layer): all-gather(params)   the unit before's fwd /
+             for fwd and for bwd, reduce-scatter(grads)             bwd (prefetch 1 unit)
 ===========  =====================================================  =======================
 
-**Overlap model.** Gradient buckets are reduced while the backward pass of the last
-micro-batch still runs (PyTorch DDP, Li et al., VLDB 2020, §3.2.3 "bucketing" and overlap;
-Megatron-core ``--overlap-grad-reduce``), and the ZeRO parameter all-gather overlaps the next
-forward (``--overlap-param-gather``; FSDP prefetching, Zhao et al., VLDB 2023, §3.3). Only the
-part of a collective longer than ``dp_overlap ×`` its compute window is exposed:
-``exposed = max(0, t_comm − dp_overlap · t_window)``. ``dp_overlap = 1`` (default) is full
-overlap; ``dp_overlap = 0`` serialises everything, as Megatron-LM 2021 did (its "local" DDP
-all-reduced after the last backward). Contention of overlapped communication for memory
-bandwidth/SMs is not modelled.
+**Overlap model** (:mod:`jaxmodel.parallel.overlap`, with SM and memory-bandwidth
+contention, Rashidi et al. ISCA 2021 §3). Gradient buckets are reduced while the backward
+pass still runs (PyTorch DDP, Li et al., VLDB 2020, §3.2.3 "bucketing"; Megatron-core
+``--overlap-grad-reduce``, buckets of ``max(40 M, 1 M·dp)`` parameters), and the ZeRO
+parameter all-gather overlaps the forward (``--overlap-param-gather``; FSDP prefetching, Zhao
+et al., VLDB 2023, §3.3). Under the interleaved schedule each of the ``v`` model chunks of the
+first stage synchronises on its own once its last backward ends
+(:func:`~jaxmodel.parallel.overlap.chunked_dp_exposed`): the window of one chunk is
+``1/v`` of one micro-batch's stage backward (forward for the gather), the deeper chunks'
+collectives queue behind each other, and the collective's NCCL kernels hold
+``DEFAULT_CHANNELS["dp"]`` SMs and move their ring traffic through main memory, which slows
+the backward they run beside. The estimate is never above the serial collective.
+``dp_overlap = 1`` (default) is this overlapped execution, ``dp_overlap = 0`` serialises
+everything, as Megatron-LM 2021 did (its "local" DDP all-reduced after the last backward);
+fractions interpolate linearly between the two.
 
 **TP communication overlap** (``tp_overlap``, default 0 = Megatron-LM 2021, which runs the TP
 collectives serially): the layer's TP collectives are decomposed and pipelined with the
 GEMMs that produce or consume them (Wang et al., ASPLOS 2023, "Overlap Communication with
 Dependent Computation via Decomposition"; Megatron-core ``--tp-comm-overlap`` with Transformer
-Engine userbuffers). Same rule per layer and pass: ``exposed = max(0, t_tp − tp_overlap ·
-t_compute)`` with the layer's forward (backward incl. recompute) compute as the window.
+Engine userbuffers, ``num_splits = 4`` chunks holding ``num_sm = 16`` SMs): per layer and pass
+(forward, recomputed forward, backward, each against its own compute),
+:func:`~jaxmodel.parallel.overlap.tp_overlap_exposed` — the first chunk's GEMM and the last
+chunk's collective are exposed, the rest overlaps at the compute rate the collective's SMs
+and memory traffic leave. ``tp_overlap = 1`` is that, 0 serial, fractions interpolate.
 
 **Sustained clocks**: the device runs at ``freq_hz ×`` its sustained clock fraction under
 training load (power limit; the device field ``sustained_clock_fraction``, derived from
@@ -105,8 +128,11 @@ from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
 from jaxmodel.batching import batch_shape, batched, dedup_map
+from jaxmodel.parallel import context as _cx
+from jaxmodel.parallel import overlap as _ov
 from jaxmodel.parallel import pipeline as pl
 from jaxmodel.parallel import plan as _plan
+from jaxmodel.parallel import zero as _zero
 from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_knobs,
                             validate_model, validate_parallelism, validate_system)
 from jaxmodel.workload import layer as _layer
@@ -210,11 +236,6 @@ def _finite(x):
     return jnp.where(jnp.isfinite(x), x, 0.0)
 
 
-def _exposed(t_comm, window, overlap):
-    """Non-overlapped part of a collective: ``max(0, t_comm − overlap · window)`` (s)."""
-    return jnp.maximum(t_comm - overlap * window, 0.0)
-
-
 def _collectives(system: System, op: str, calls, net: _comm.NetVariant = _comm.ANY_NET):
     """Evaluate several ``op`` collectives ``[(nbytes, group, stride), ...]`` in one vmap.
 
@@ -229,7 +250,7 @@ def _collectives(system: System, op: str, calls, net: _comm.NetVariant = _comm.A
 
 
 def residual_dropout_times(dev, model: Model, par: Parallelism, micro_batch, seq_len,
-                           dropout=1.0, dtype_bytes=2.0):
+                           dropout=1.0, dtype_bytes=2.0, kv_len=None):
     """Memory-bound kernels of a Megatron training layer that the LLMCompass-style layer
     (:mod:`jaxmodel.workload.layer`, "no residual adds, biases or dropout kernels") omits,
     per layer and micro-batch on one device: ``(fwd_s, bwd_s, selective_recompute_s)``.
@@ -252,12 +273,14 @@ def residual_dropout_times(dev, model: Model, par: Parallelism, micro_batch, seq
 
     Each kernel is one :func:`jaxmodel.ops.elementwise_latency` call (roofline + launch
     overhead). ``dropout`` is 1 (Megatron GPT) or 0 (no dropout, e.g. Llama recipes).
+    ``seq_len`` is the device's tokens (``s/cp`` under context parallelism), ``kv_len`` the
+    keys each attends to (default ``seq_len``).
     """
     tp = jnp.maximum(par.tp, 1.0)
     heads = model.n_heads / tp
     e = micro_batch * seq_len * model.d_model
     e = jnp.where(par.sp > 0.5, e / tp, e)
-    probs = micro_batch * heads * seq_len * seq_len
+    probs = micro_batch * heads * seq_len * (seq_len if kv_len is None else kv_len)
     on = dropout > 0.5
     w = dtype_bytes / 2.0                     # byte counts above are for 2-byte activations
 
@@ -327,15 +350,22 @@ def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
                        variant: _layer.Variant = _layer.ANY) -> dict:
     """Per-layer and embedding times of one micro-batch (``par.micro_batch`` sequences) on
     one device, s: the workload's training layer and embedding times plus
-    :func:`residual_dropout_times` (keys :data:`STAGE_KEYS`). ``system`` runs at its
+    :func:`residual_dropout_times` (keys :data:`STAGE_KEYS`), under context parallelism
+    (:func:`jaxmodel.parallel.context.cp_layer_times`) on ``s/cp`` tokens. ``system`` runs at its
     sustained clock, ``model``/``par`` are sanitised (see :func:`train_step_single`)."""
     b = par.micro_batch
     prec = _prec.precision(precision)
-    lt = _layer.training_layer_times.single(system, model, par, b, seq_len, gemm=gemm,
-                                            precision=prec, variant=variant)
-    et = _layer.embedding_times.single(system, model, par, b, seq_len, gemm=gemm,
+    # the layer under context parallelism (every token-wise op on s/cp tokens, the attention
+    # of the local queries against all s keys with its ring exchange; the MoE all-to-all of
+    # the b·s/cp local tokens); cp = 1 is the workload's training layer
+    cp = jnp.maximum(par.cp, 1.0)
+    local = seq_len / cp
+    lt = _cx.cp_layer_times(system, model, par, b, seq_len, cp, gemm=gemm, precision=prec,
+                            variant=variant)
+    et = _layer.embedding_times.single(system, model, par, b, local, gemm=gemm,
                                        precision=prec, variant=variant)
-    rd = residual_dropout_times(system.device, model, par, b, seq_len, dropout, prec.act_bytes)
+    rd = residual_dropout_times(system.device, model, par, b, local, dropout, prec.act_bytes,
+                                kv_len=seq_len)
     out = {k: lt[k] for k in STAGE_KEYS[:7]}
     out.update({k: et[k] for k in STAGE_KEYS[7:13]})
     out.update(emb_comm_fwd=et["comm_fwd"], emb_comm_bwd=et["comm_bwd"], rd_fwd=rd[0],
@@ -355,9 +385,10 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
         gemm: static GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s`` passed
             to the workload's layer/embedding times (e.g. a :mod:`gemm_table` lookup); None
             uses the ops tile search.
-        dp_overlap: fraction of the compute window usable to hide DP/ZeRO collectives (0..1).
-        tp_overlap: fraction of a layer's compute usable to hide its TP collectives (0..1;
-            0 = Megatron-LM 2021, 1 = Megatron-core ``--tp-comm-overlap``).
+        dp_overlap: 1 = DP/ZeRO collectives overlapped with the backward/forward under
+            contention, 0 = serial, fractions interpolate (module docstring).
+        tp_overlap: 1 = TP collectives pipelined with their GEMMs under contention
+            (Megatron-core ``--tp-comm-overlap``), 0 = serial (Megatron-LM 2021).
         grad_bytes: bytes per gradient element for memory and reduction traffic (default
             the precision's ``grad_bytes``).
         adam_bytes_per_param: main-memory bytes the optimizer step moves per parameter
@@ -417,10 +448,31 @@ class _Layer(NamedTuple):
     last: Any       # LM head + loss (+ the other half)
 
 
-def _layer_times(t: dict, rcode, tp_overlap) -> _Layer:
+def _tp_hbm_bytes(par_s, micro_batch, seq_len, d_model, dtype_bytes):
+    """Main-memory bytes one device moves for the TP collectives of one layer and pass (the
+    contention input of :func:`jaxmodel.parallel.overlap.tp_overlap_exposed`): two
+    reduce-scatters + two all-gathers of the ``b·s·h`` activations with sequence parallelism,
+    two all-reduces without (Korthikanti et al. 2023 §4.2.2; ring traffic,
+    :func:`jaxmodel.parallel.overlap.comm_hbm_bytes`), bytes."""
+    tp = par_s.tp
+    n = micro_batch * seq_len * d_model * dtype_bytes
+    sp = 2.0 * (_ov.comm_hbm_bytes("reduce_scatter", n, tp)
+                + _ov.comm_hbm_bytes("all_gather", n, tp))
+    return jnp.where(par_s.sp > 0.5, sp, 2.0 * _ov.comm_hbm_bytes("all_reduce", n, tp))
+
+
+def _blend(serial, overlapped, knob):
+    """``serial + knob·(overlapped − serial)``: the knob's two ends are the serial collective
+    (0) and the contention model's overlapped one (1); fractions in between interpolate
+    linearly (s)."""
+    return serial + jnp.asarray(knob, dtype=jnp.result_type(float)) * (overlapped - serial)
+
+
+def _layer_times(t: dict, rcode, tp_overlap, dev, tp_hbm) -> _Layer:
     """The stage times with the bias/dropout/residual kernels added and the TP collectives
-    overlapped with the GEMMs of the same pass (module docstring, Wang et al. 2023)."""
-    f = jnp.result_type(float)
+    overlapped with the GEMMs of the same pass under SM/memory contention (module docstring;
+    Wang et al. 2023; :func:`jaxmodel.parallel.overlap.tp_overlap_exposed`). ``tp_hbm``:
+    main-memory bytes of one pass's TP collectives (:func:`_tp_hbm_bytes`)."""
     fwd, bwd, rc = t["fwd"], t["bwd"], t["recompute"]
     tpf, tpb, epf, epb = t["tp_comm_fwd"], t["tp_comm_bwd"], t["ep_comm_fwd"], t["ep_comm_bwd"]
     # the bias/dropout/residual kernels the workload's layer omits (see residual_dropout_times)
@@ -428,14 +480,21 @@ def _layer_times(t: dict, rcode, tp_overlap) -> _Layer:
     fwd = fwd + t["rd_fwd"]
     bwd = bwd + t["rd_bwd"]
     # forward, the recomputed forward (full recompute repeats the forward's TP and EP
-    # communication, inside ``rc``) and backward, each against its own compute.
-    tp_ov = jnp.asarray(tp_overlap, dtype=f)
+    # communication, inside ``rc``) and backward, each against its own compute; the
+    # userbuffers overlap holds ``DEFAULT_CHANNELS["tp"]`` SMs while it runs.
+    share = _ov.sm_share(dev, _ov.DEFAULT_CHANNELS["tp"])
+
+    def exposed(compute, comm):
+        ovl = _ov.tp_overlap_exposed(compute, comm, _ov.TP_OVERLAP_CHUNKS, 0.0, tp_hbm,
+                                     share, dev)
+        return _blend(comm, ovl, tp_overlap)
+
     full_rc = rcode >= 1.5
     rc_tp = jnp.where(full_rc, tpf, 0.0)
     rc_compute = rc - rc_tp - jnp.where(full_rc, epf, 0.0)
-    rc = rc - rc_tp + _exposed(rc_tp, rc_compute, tp_ov)
-    tpf = _exposed(tpf, fwd, tp_ov)
-    tpb = _exposed(tpb, bwd, tp_ov)
+    rc = rc - rc_tp + exposed(rc_compute, rc_tp)
+    tpf = exposed(fwd, tpf)
+    tpb = exposed(bwd, tpb)
     emb_comm = t["emb_comm_fwd"] + t["emb_comm_bwd"]
     # embedding lookup on the first stage, LM head + loss on the last; their TP collectives
     # split evenly between the two (the embedding output all-reduce vs the head's input-grad
@@ -462,35 +521,42 @@ class _DataParallel(NamedTuple):
 
 def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp, window_f,
                    window_b, grad_bytes, weight_bytes, dp_overlap, act_bytes,
-                   net) -> _DataParallel:
+                   net, m, layers) -> _DataParallel:
     """DP/ZeRO collectives (Rajbhandari et al. SC'20; table in the module docstring), and the
     pipeline's stage-boundary collectives, all evaluated in one vmap per op."""
-    f = jnp.result_type(float)
-    tp, dp = par_s.tp, par_s.dp
-    # MoE: expert weights (n_exp of the n_par) are reduced/sharded over DP_exp = dp/ep only
-    # (DeepSpeed-TED), whose members are tp·pp·ep devices apart; the rest over dp
+    tp = par_s.tp
+    # gradients are reduced and ZeRO-sharded over dp·cp (Megatron-core folds the CP group
+    # into the data-parallel one). MoE: expert weights (n_exp of the n_par) over DP_exp·cp =
+    # dp·cp/ep only (DeepSpeed-TED), whose members are tp·pp·ep devices apart (cp = 1)
     grads_b = grad_bytes * (n_par - n_exp)
     params_b = weight_bytes * (n_par - n_exp)
-    dp_stride = where.dp.stride
+    dp, dp_stride = where.dp_cp.size, where.dp_cp.stride
     dp_multi = dp > 1.5
     dp_group = jnp.where(dp_multi, dp, 2.0)         # double-where: never a group of 1
-    dpe = where.dp_exp.size
+    dpe = where.dp_exp_cp.size
     dpe_multi = (dpe > 1.5) & (n_exp > 0)          # dense models: no expert reduction
     dpe_group = jnp.where(dpe_multi, dpe, 2.0)
-    dpe_stride = where.dp_exp.stride
+    dpe_stride = where.dp_exp_cp.stride
     tp_multi = tp > 1.5
     pair_stride = where.stage_hop.stride            # first↔last / worst neighbouring stages
     emb_grad_b = grad_bytes * model_s.vocab_size * model_s.d_model / tp
     (t_ar, t_emb_ar, t_ar_e), ok_ar, why_ar = _collectives(
         system, "all_reduce", [(grads_b, dp_group, dp_stride), (emb_grad_b, 2.0, pair_stride),
                                (grad_bytes * n_exp, dpe_group, dpe_stride)], net)
-    (t_rs, t_rs_e), _, _ = _collectives(system, "reduce_scatter",
-                                        [(grads_b, dp_group, dp_stride),
-                                         (grad_bytes * n_exp, dpe_group, dpe_stride)], net)
-    (t_ag, t_regather, t_ag_e), _, _ = _collectives(
+    # ZeRO-3 gathers and reduce-scatters one unit (a layer, FSDP's transformer wrap policy)
+    # at a time: their per-unit collectives join the batch
+    units = jnp.maximum(layers, 1.0)
+    (t_rs, t_rs_e, u_rs, u_rs_e), _, _ = _collectives(
+        system, "reduce_scatter", [(grads_b, dp_group, dp_stride),
+                                   (grad_bytes * n_exp, dpe_group, dpe_stride),
+                                   (grads_b / units, dp_group, dp_stride),
+                                   (grad_bytes * n_exp / units, dpe_group, dpe_stride)], net)
+    (t_ag, t_regather, t_ag_e, u_ag, u_ag_e), _, _ = _collectives(
         system, "all_gather", [(params_b, dp_group, dp_stride),
                                (act_bytes * tp, jnp.where(tp_multi, tp, 2.0), 1.0),
-                               (weight_bytes * n_exp, dpe_group, dpe_stride)], net)
+                               (weight_bytes * n_exp, dpe_group, dpe_stride),
+                               (params_b / units, dp_group, dp_stride),
+                               (weight_bytes * n_exp / units, dpe_group, dpe_stride)], net)
     (t_send,), ok_p2p, why_p2p = _collectives(system, "p2p", [(act_bytes, 2.0, pair_stride)],
                                                 net)
     t_ar, t_rs, t_ag = (jnp.where(dp_multi, _finite(x), 0.0)
@@ -498,15 +564,47 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
                         for x, x_e in ((t_ar, t_ar_e), (t_rs, t_rs_e), (t_ag, t_ag_e)))
     dp_net_ok = (~dp_multi | ok_ar[0]) & (~dpe_multi | ok_ar[2])
     zero = par_s.zero
-    ov = jnp.asarray(dp_overlap, dtype=f)
+    # overlapped: Megatron-core's per-chunk bucketed synchronisation of the interleaved
+    # schedule (:func:`jaxmodel.parallel.overlap.chunked_dp_exposed`), the NCCL kernels
+    # holding ``DEFAULT_CHANNELS["dp"]`` SMs and moving their ring traffic through memory
+    v = pl.effective_interleave(par_s.schedule, par_s.interleave)
+    n_buckets = _ov.mcore_buckets(n_par, dp)
+    share = _ov.sm_share(system.device, _ov.DEFAULT_CHANNELS["dp"])
+
+    def hbm(op, w):
+        return (jnp.where(dp_multi, _ov.comm_hbm_bytes(op, w * (n_par - n_exp), dp_group), 0.0)
+                + jnp.where(dpe_multi, _ov.comm_hbm_bytes(op, w * n_exp, dpe_group), 0.0))
+
+    def exposed(t_x, window, op, w):
+        ovl = _ov.chunked_dp_exposed(window / v, t_x, par_s.pp, v, n_buckets, hbm(op, w),
+                                     share, system.device)
+        # the chunked estimate bounds the backlog from above: never beyond the serial one
+        return _blend(t_x, jnp.minimum(ovl, t_x), dp_overlap)
+
+    g, wb = grad_bytes, weight_bytes
     # once per step
-    z0 = _exposed(t_ar, window_b, ov)
-    z12_rs = jnp.where(zero < 1.5, _exposed(t_rs, window_b, ov), 0.0)
-    z12_ag = _exposed(t_ag, window_f, ov)
+    z0 = exposed(t_ar, window_b, "all_reduce", g)
+    z12_rs = jnp.where(zero < 1.5, exposed(t_rs, window_b, "reduce_scatter", g), 0.0)
+    z12_ag = exposed(t_ag, window_f, "all_gather", wb)
     dp_step = jnp.select([zero < 0.5, zero < 2.5], [z0, z12_rs + z12_ag], 0.0)
     # every micro-batch (on the stage's critical path)
-    z2_mb = _exposed(t_rs, window_b, ov)
-    z3_mb = _exposed(t_ag, window_f, ov) + _exposed(t_ag + t_rs, window_b, ov)
+    z2_mb = exposed(t_rs, window_b, "reduce_scatter", g)
+    # ZeRO-3 / FSDP: per-unit gathers prefetched one unit ahead in the forward and the
+    # backward, reduce-scatter of every micro-batch's gradients (:func:`jaxmodel.parallel.
+    # zero.zero3_step`); the dense and the expert parameters' collectives each against the
+    # whole compute (their overlaps are not stacked: an optimistic bound when both are large)
+
+    def z3(n, g_unit, r_unit, on, group, stride):
+        z = _zero.zero3_step(system, n, units, window_f / units, window_b / units, group, m,
+                             dtype_bytes=wb, grad_comm_bytes=g, stride=stride, net=net,
+                             collective_times=(jnp.where(on, _finite(g_unit), 0.0),
+                                               jnp.where(on, _finite(r_unit), 0.0), 0.0))
+        serial = z["gather"] + z["reduce_scatter"]
+        return serial, jnp.minimum(z["exposed_comm"] + z["contention"], serial)
+
+    ser_d, ovl_d = z3(n_par - n_exp, u_ag, u_rs, dp_multi, dp_group, dp_stride)
+    ser_e, ovl_e = z3(n_exp, u_ag_e, u_rs_e, dpe_multi, dpe_group, dpe_stride)
+    z3_mb = _blend(ser_d + ser_e, ovl_d + ovl_e, dp_overlap) / m
     dp_mb = jnp.select([zero < 1.5, zero < 2.5], [0.0, z2_mb], z3_mb)
     return _DataParallel(dp_step, dp_mb, dp_net_ok, why_ar[0], t_emb_ar, t_regather,
                          t_send, ok_p2p[0], why_p2p[0])
@@ -522,14 +620,15 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     adam_bytes = (CONSTANTS["adam_bytes_per_param"] if adam_bytes_per_param is None
                   else adam_bytes_per_param)
     dev = system.device
-    tp, pp, dp, b = par_s.tp, par_s.pp, par_s.dp, par_s.micro_batch
+    tp, pp, dp, b, cp = par_s.tp, par_s.pp, par_s.dp, par_s.micro_batch, par_s.cp
     m = pl.n_microbatches(gb, dp, b)
     layers = model_s.n_layers / pp                       # per device, all v chunks
     where = _plan.placement(system, par_s)
 
     t = {k: _finite(times[k]) for k in STAGE_KEYS}
     rcode = par_s.recompute
-    lt = _layer_times(t, rcode, tp_overlap)
+    lt = _layer_times(t, rcode, tp_overlap, dev,
+                      _tp_hbm_bytes(par_s, b, seq / cp, model_s.d_model, dtype_bytes))
     multi_stage = pp > 1.5
     extra_max = jnp.where(multi_stage, jnp.maximum(lt.first, lt.last), lt.first + lt.last)
     extra_mean = (lt.first + lt.last) / pp
@@ -537,11 +636,11 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     layer_b = layers * (lt.bwd + lt.rc + lt.tpb + lt.epb)   # backward (+ recompute)
 
     # ---- data parallelism / ZeRO (and the stage-boundary collectives) ---------------------
-    act_bytes = pl.p2p_bytes(b, seq, model_s.d_model, tp, dtype_bytes)
+    act_bytes = pl.p2p_bytes(b, seq, model_s.d_model, tp, dtype_bytes) / cp   # s/cp tokens
     n_par = _params.params_per_device.single(model_s, par_s)
     n_exp = _moe.expert_params_per_device(model_s, par_s)
     dpc = _data_parallel(system, model_s, par_s, where, n_par, n_exp, layer_f, layer_b,
-                         grad_bytes, prec.weight_bytes, dp_overlap, act_bytes, net)
+                         grad_bytes, prec.weight_bytes, dp_overlap, act_bytes, net, m, layers)
 
     # ---- pipeline ---------------------------------------------------------------------------
     t_mean = layer_f + layer_b + extra_mean + dpc.per_micro
@@ -556,8 +655,8 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
 
     # ---- optimizer ----------------------------------------------------------------------
     zero = par_s.zero
-    local = (n_par - n_exp) / jnp.where(zero >= 0.5, dp, 1.0) + n_exp / jnp.where(
-        zero >= 0.5, where.dp_exp.size, 1.0)
+    local = (n_par - n_exp) / jnp.where(zero >= 0.5, dp * cp, 1.0) + n_exp / jnp.where(
+        zero >= 0.5, where.dp_exp_cp.size, 1.0)
     t_opt_raw = _ops.elementwise_latency.single(dev, local, adam_bytes,
                                                 CONSTANTS["adam_flops_per_param"])
     t_opt = _finite(t_opt_raw)
@@ -577,7 +676,24 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
 
     # ---- memory -------------------------------------------------------------------------
     in_flight = pl.in_flight_microbatches(par_s.schedule, pp, m, par_s.interleave)
-    mem = _memory.training_memory.single(model_s, par_s, seq, in_flight, grad_bytes, prec)
+    # model states sharded over dp·cp; activations of the s/cp local tokens
+    # (:func:`jaxmodel.parallel.context.cp_activation_bytes`, the workload's inventory at cp = 1)
+    mem = _memory.training_memory.single(model_s, dataclasses.replace(par_s, dp=dp * cp), seq,
+                                         in_flight, grad_bytes, prec)
+    mem["activations"] = in_flight * layers * _cx.cp_activation_bytes(
+        model_s, par_s, b, seq, cp, dtype_bytes=dtype_bytes)
+    # ZeRO-3 / FSDP: the sharded states plus the units alive unsharded at once (the computing
+    # one, the one prefetched, one unsharded gradient unit; :func:`jaxmodel.parallel.zero.
+    # zero3_memory`)
+    units = jnp.maximum(layers, 1.0)
+    z3m = [_zero.zero3_memory(n, units, group, dtype_bytes=_prec.training_weight_bytes(prec),
+                              grad_bytes=grad_bytes,
+                              optimizer_bytes=prec.master_bytes + prec.optim_bytes)
+           for n, group in ((n_par - n_exp, dp * cp), (n_exp, where.dp_exp_cp.size))]
+    z3_on = par_s.zero > 2.5
+    for k in ("weights", "gradients", "optimizer"):
+        mem[k] = jnp.where(z3_on, z3m[0][k] + z3m[1][k], mem[k])
+    mem["total"] = mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"]
     mem_ok = mem["total"] <= dev.mem_capacity
 
     # ---- the plan's rules, then the hardware's, then memory (first failing one wins) -----
@@ -586,7 +702,7 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     comm_raw = [times[k] for k in _COMM_KEYS]
     feasible, reason = nx.first_reason(
         checks + _plan.system_checks(_plan.TRAIN, system, par_s, structure_ok,
-                                     placed=("tp", "ep"))
+                                     placed=("tp", "ep", "cp"))
         + [(dpc.ok & pp_net_ok, "topology_mismatch"),
            (_prec.supported(dev, prec), "precision_unsupported")]
         + _plan.finite_checks(compute_raw, comm_raw) + [(mem_ok, "out_of_memory")])
@@ -602,7 +718,7 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     attn_rc = jnp.where(par_s.flash_attention > 0.5, 0.0, 4.0 * seq * model_s.n_heads
                         * model_s.head_dim * model_s.n_layers * gb * seq)
     hw_flops = flops + jnp.select([rcode < 0.5, rcode < 1.5], [0.0, attn_rc], full_rc)
-    n_dev = dp * tp * pp
+    n_dev = dp * tp * pp * cp
     safe_step = jnp.where(feasible & (step > 0), step, 1.0)
     step_time = jnp.where(feasible, step, jnp.inf)
     achieved = jnp.where(feasible, hw_flops / (safe_step * n_dev), 0.0)
@@ -670,18 +786,19 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
     docstring for the composition and the overlap model.
 
     Args:
-        system: devices and network; ``system.n_devices`` must equal dp·tp·pp.
+        system: devices and network; ``system.n_devices`` must equal dp·tp·pp·cp.
         model: the transformer.
-        par: the plan (dp, tp, pp, sp, ep, micro_batch, interleave, schedule, recompute, zero).
+        par: the plan (dp, tp, pp, cp, sp, ep, micro_batch, interleave, schedule, recompute,
+            zero, flash_attention).
         global_batch: sequences per optimizer step.
         seq_len: tokens per sequence.
         gemm: optional static GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s``
             (e.g. ``gemm_table.GemmTable.lookup``); default the ops tile search.
-        dp_overlap: fraction of the backward/forward window that hides DP/ZeRO collectives
-            (1 = full overlap, 0 = Megatron-LM 2021's serial all-reduce).
-        tp_overlap: fraction of a layer's compute that hides its TP collectives (0 =
-            default, Megatron-LM 2021; 1 = Megatron-core ``--tp-comm-overlap``, Wang et al.
-            ASPLOS 2023).
+        dp_overlap: 1 (default) = DP/ZeRO collectives overlapped with the backward/forward
+            under SM/memory contention (Megatron-core bucketing), 0 = Megatron-LM 2021's
+            serial all-reduce; fractions interpolate.
+        tp_overlap: 0 (default, Megatron-LM 2021) = serial TP collectives; 1 = Megatron-core
+            ``--tp-comm-overlap`` (Wang et al. ASPLOS 2023) under contention.
         grad_bytes: gradient bytes per element (default ``precision.grad_bytes``: 4, fp32
             main gradients).
         adam_bytes_per_param: optimizer-step traffic per parameter (default from hw_db).

@@ -92,7 +92,7 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
                dtype_bytes=2.0, grad_comm_bytes=2.0, prefetch=1.0, shard_group=None,
                reduce_every_microbatch=1.0, stride=1.0, channels=None,
                compute_bytes_fwd=0.0, compute_bytes_bwd=0.0,
-               net: _comm.NetVariant = _comm.ANY_NET):
+               net: _comm.NetVariant = _comm.ANY_NET, collective_times=None):
     """Time of the ZeRO-3 / FSDP part of a training step on one device (module docstring).
 
     Args:
@@ -121,6 +121,9 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
         compute_bytes_fwd, compute_bytes_bwd: main-memory bytes of one unit's compute (0: no
             memory contention modelled for the compute).
         net: static :class:`jaxmodel.comm.NetVariant` of ``system`` (prunes the graph only).
+        collective_times: ``(gather, reduce_scatter, replica_allreduce)`` seconds per unit
+            when the caller has evaluated them already (e.g. in one batched call with its
+            other collectives); ``None`` evaluates them here.
 
     Returns:
         dict: ``total`` (s, the ZeRO part of the step: all micro-batches' forward and backward
@@ -142,9 +145,13 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
     rs_bytes = p_unit * grad_comm_bytes
     ar_bytes = nx.safe_div(rs_bytes, shard, fill=0.0)
     stride = jnp.asarray(stride, dtype=f)
-    g, ok_g = _collective(system, "all_gather", ag_bytes, shard, stride, net)
-    r, ok_r = _collective(system, "reduce_scatter", rs_bytes, shard, stride, net)
-    a, ok_a = _collective(system, "all_reduce", ar_bytes, replicas, stride * shard, net)
+    if collective_times is None:
+        g, ok_g = _collective(system, "all_gather", ag_bytes, shard, stride, net)
+        r, ok_r = _collective(system, "reduce_scatter", rs_bytes, shard, stride, net)
+        a, ok_a = _collective(system, "all_reduce", ar_bytes, replicas, stride * shard, net)
+    else:
+        g, r, a = (jnp.asarray(x, dtype=f) for x in collective_times)
+        ok_g = ok_r = ok_a = jnp.asarray(True)
     share = ov.sm_share(dev, ov.DEFAULT_CHANNELS["zero"] if channels is None else channels)
     h_g = ov.comm_hbm_bytes("all_gather", ag_bytes, shard)
     h_r = ov.comm_hbm_bytes("reduce_scatter", rs_bytes, shard)

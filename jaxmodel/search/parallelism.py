@@ -1,7 +1,7 @@
 """Exhaustive parallelism search.
 
 :func:`search_parallelism` enumerates every consistent 5D plan for a model on ``n`` devices —
-the rules of :mod:`jaxmodel.parallel.plan` (``dp·tp·pp = n``, ``tp`` dividing the attention
+the rules of :mod:`jaxmodel.parallel.plan` (``dp·tp·pp·cp = n``, ``tp`` dividing the attention
 heads, ``pp`` times the interleave dividing the layers, micro-batches dividing the per-replica
 batch, experts sharded over data-parallel ranks, ``ep | dp``), crossed
 with sequence parallelism, pipeline schedule, virtual stages, activation recompute, ZeRO stage
@@ -58,6 +58,14 @@ _precision = importlib.import_module("jaxmodel.precision")  # the module, not jm
 __all__ = ["search_parallelism", "enumerate_plans"]
 
 PAR_FIELDS = tuple(f.name for f in dataclasses.fields(Parallelism))
+# context-parallel degrees considered (Megatron-core ``--context-parallel-size``; powers of
+# two inside a DGX node and across a few)
+CP_DEGREES = (1, 2, 4, 8, 16)
+# sequences this long and longer are where context parallelism pays (Megatron-core's
+# context-parallel guide: CP for long-context training, 8K tokens and beyond; Dubey et al.,
+# "The Llama 3 Herd of Models", 2024, §3.3.2: CP only in the long-context stage). Below it
+# :func:`search_parallelism` enumerates cp = 1 unless ``cp=`` is given.
+LONG_CONTEXT_TOKENS = 8192
 
 
 def _divisors(n: int) -> list[int]:
@@ -79,20 +87,23 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
                     max_tp: int | None = None, max_pp: int | None = None,
                     micro_batches: Sequence[int] | None = None,
                     max_interleave: int | None = None,
-                    seq_len: float | None = None) -> dict[str, np.ndarray]:
+                    seq_len: float | None = None,
+                    cp: Sequence[int] = CP_DEGREES) -> dict[str, np.ndarray]:
     """All consistent plans as columns ``{field: float array}`` (Parallelism field names).
 
-    The candidate product — ``tp`` and ``pp`` over the divisors of ``n_devices`` with
-    ``dp = n/(tp·pp)``, every divisor of the experts as ``ep``, every divisor of the global
-    batch as ``micro_batch``, the schedules with their virtual stages (GPipe and 1F1B one
-    chunk per device; interleaved ``v >= 2`` dividing the layers), sequence parallelism —
+    The candidate product — ``tp``, ``cp`` (of ``cp``) and ``pp`` over the divisors of
+    ``n_devices`` with ``dp = n/(tp·cp·pp)``, every divisor of the experts as ``ep``, every
+    divisor of the global batch as ``micro_batch``, the schedules with their virtual stages
+    (GPipe and 1F1B one chunk per device; interleaved ``v >= 2`` dividing the layers),
+    sequence parallelism —
     is filtered with the training rules of :mod:`jaxmodel.parallel.plan` (the same rules
     :func:`jaxmodel.train_step` checks, evaluated on numpy columns), and crossed with
-    recompute, ZeRO and FlashAttention. Among them: ``dp·tp·pp = n``; ``tp`` divides the
+    recompute, ZeRO and FlashAttention. Among them: ``dp·tp·pp·cp = n``; ``cp > 1`` splits
+    the sequence into ``2·cp`` chunks (needs ``seq_len``); ``tp`` divides the
     heads (KV heads divide or are replicated); ``pp·v`` divides the layers;
     ``dp·micro_batch`` divides the global batch, a multiple of ``pp`` micro-batches for the
     interleaved schedule; ``ep`` divides the experts and ``dp`` (DeepSpeed-TED); with
-    ``seq_len``, ``tp`` divides it under SP.
+    ``seq_len``, ``tp`` divides each CP rank's ``s/cp`` tokens under SP.
 
     Plans that would duplicate another are not generated: ``sp`` only with ``tp > 1`` (a
     no-op otherwise), ZeRO stages > 0 only with ``dp > 1``, the interleaved schedule only
@@ -104,7 +115,9 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
         schedules, recompute: names or codes to consider.
         zero, sp, flash_attention: options to consider.
         max_tp, max_pp, max_interleave: optional caps; ``micro_batches``: allowed sizes.
-        seq_len: tokens per sequence (checks SP's divisibility; ``None``: not checked).
+        seq_len: tokens per sequence (checks SP's and CP's divisibility; ``None``: not
+            checked, and only ``cp = 1`` is enumerated).
+        cp: context-parallel degrees to consider (default :data:`CP_DEGREES`).
     """
     if not is_concrete(model):
         raise ValueError("search_parallelism: the model must be concrete (not traced)")
@@ -122,7 +135,8 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
     zero = sorted(set(int(z) for z in zero))
     sp_opts = sorted(set(float(bool(s)) for s in sp))
     fa_opts = sorted(set(float(bool(f)) for f in flash_attention))
-    if not (sched_codes and rc_codes and zero and sp_opts and fa_opts):
+    cp_opts = sorted({_as_int(c, "cp") for c in cp if seq_len is not None or int(c) == 1})
+    if not (sched_codes and rc_codes and zero and sp_opts and fa_opts and cp_opts):
         raise ValueError("search_parallelism: every option list must be non-empty")
 
     # ---- candidates of the structural fields, in the order of the output ----------------
@@ -139,26 +153,28 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
         if max_tp and tp > max_tp:
             continue
         sps = [s for s in sp_opts if tp > 1 or s == 0.0] or [0.0]
-        for pp in _divisors(n // tp):
-            if max_pp and pp > max_pp:
-                continue
-            sv = [x for x in sched_v if x[0] != 2 or pp > 1]
-            if not sv or not mbs:
-                continue
-            g = np.meshgrid(mbs, np.arange(len(sv)), sps, _divisors(E), indexing="ij")
-            g = [x.reshape(-1) for x in g]
-            svs = np.asarray(sv, dtype=float)[g[1]]
-            k = g[0].size
-            rows.append(np.stack([np.full(k, n // (tp * pp)), np.full(k, tp), np.full(k, pp),
-                                  g[2], g[3], g[0], svs[:, 1], svs[:, 0]], axis=1))
-    head = ("dp", "tp", "pp", "sp", "ep", "micro_batch", "interleave", "schedule")
+        for c in (c for c in cp_opts if (n // tp) % c == 0):
+            for pp in _divisors(n // (tp * c)):
+                if max_pp and pp > max_pp:
+                    continue
+                sv = [x for x in sched_v if x[0] != 2 or pp > 1]
+                if not sv or not mbs:
+                    continue
+                g = np.meshgrid(mbs, np.arange(len(sv)), sps, _divisors(E), indexing="ij")
+                g = [x.reshape(-1) for x in g]
+                svs = np.asarray(sv, dtype=float)[g[1]]
+                k = g[0].size
+                rows.append(np.stack([np.full(k, n // (tp * c * pp)), np.full(k, tp),
+                                      np.full(k, pp), g[2], g[3], g[0], svs[:, 1], svs[:, 0],
+                                      np.full(k, c)], axis=1))
+    head = ("dp", "tp", "pp", "sp", "ep", "micro_batch", "interleave", "schedule", "cp")
     cand = (np.concatenate(rows).astype(float) if rows else np.zeros((0, len(head))))
     cols = {f: cand[:, i] for i, f in enumerate(head)}
     zeros = np.zeros(len(cand))
     f = {k: float(np.asarray(getattr(model, k))) for k in _plan._MODEL}
     p = _plan.PlanInputs(n_devices=float(n), batch=float(gb),
                          seq_len=1.0 if seq_len is None else float(seq_len),
-                         gen_len=1.0, dtype_bytes=2.0, cp=1.0, recompute=zeros, zero=zeros,
+                         gen_len=1.0, dtype_bytes=2.0, recompute=zeros, zero=zeros,
                          flash_attention=zeros, **cols, **f)
     checks = _plan.structure_checks(_plan.TRAIN, p, np)
     keep = np.ones(len(cand), dtype=bool)
@@ -220,7 +236,7 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
         system: the hardware; its outermost network level is resized when it holds a
             different number of devices than ``n_devices``.
         model: the transformer.
-        n_devices: devices to use (``dp·tp·pp``).
+        n_devices: devices to use (``dp·tp·pp·cp``).
         global_batch: sequences per optimizer step.
         seq_len: tokens per sequence.
         gemm_table: time each distinct GEMM shape once, then look it up. Off by default:
@@ -238,7 +254,9 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
         precision: one precision for every plan (name or :class:`jaxmodel.Precision`), or
             a list of them to search (the same as ``step_options={"precision": [...]}``).
         **options: enumeration options of :func:`enumerate_plans` (``schedules``,
-            ``recompute``, ``zero``, ``sp``, ``flash_attention``, ``max_tp``, ...).
+            ``recompute``, ``zero``, ``sp``, ``flash_attention``, ``max_tp``, ``cp``, ...);
+            ``cp`` defaults to :data:`CP_DEGREES` from :data:`LONG_CONTEXT_TOKENS` tokens on,
+            to ``(1,)`` for shorter sequences.
 
     Returns:
         DataFrame ranked by ``step_time_s`` (infeasible plans last, ``+inf``), one row per
@@ -265,6 +283,8 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
     n = _as_int(n_devices, "n_devices")
     gb = _as_int(global_batch, "global_batch")
     system = _scaled_system(system, n)
+    if "cp" not in options and float(seq_len) < LONG_CONTEXT_TOKENS:
+        options = {**options, "cp": (1,)}
     plans = enumerate_plans(model, n, gb, **{"seq_len": float(seq_len), **options})
     n_plans = len(plans["dp"])
     if n_plans == 0:

@@ -131,11 +131,11 @@ def test_placement_is_megatron_order():
 # the API edge
 # ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("fn, par, kw, match", [
-    ("train", {"dp": 2, "tp": 2, "pp": 2}, {}, r"devices_mismatch: dp·tp·pp = 2·2·2 = 8"),
+    ("train", {"dp": 2, "tp": 2, "pp": 2}, {}, r"devices_mismatch: dp·tp·pp·cp = 2·2·2·1 = 8"),
     ("train", {"dp": 4, "tp": 4, "ep": 8}, {}, r"ep=8 must divide n_experts=8 and dp=4"),
     ("train", {"dp": 16, "micro_batch": 3}, {}, r"global_batch=32 .* dp·micro_batch = 16·3"),
     ("train", {"dp": 4, "tp": 4, "sp": True}, {"seq_len": 510.0},
-     r"tp=4 to divide seq_len=510"),
+     r"seq_len=510 .* tp=4 must divide"),
     ("infer", {"dp": 2, "tp": 8}, {"batch": 3}, r"batch=3 is not a multiple of dp = 2"),
     ("infer", {"dp": 1, "tp": 16, "ep": 2}, {}, r"experts_not_divisible: ep=2 .* dp=1"),
     ("infer", {"dp": 8, "tp": 2}, {"dtype_bytes": 0.0}, r"dtype_bytes=0"),

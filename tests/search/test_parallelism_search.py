@@ -92,7 +92,7 @@ def test_search_ranks_plans_and_matches_direct_evaluation():
     model = hw_db.model("gpt2-small")
     df = jm.search_parallelism(system, model, 4, 8, 256, progress=False,
                                step_options={"dp_overlap": [0.0, 1.0]})
-    plans = enumerate_plans(model, 4, 8)
+    plans = enumerate_plans(model, 4, 8, seq_len=256.0)
     assert df.attrs["n_evaluated"] == len(df) == 2 * len(plans["dp"])
     t = df["step_time_s"].to_numpy()
     assert np.all(np.diff(t[np.isfinite(t)]) >= 0) and np.isfinite(t[0])
@@ -140,3 +140,22 @@ def test_every_enumerated_plan_is_feasible_or_out_of_memory(name, n, gb, seq):
 def test_moe_enumeration_keeps_only_ep_dividing_dp():
     plans = enumerate_plans(hw_db.model("mixtral-8x7b"), 8, 8)
     assert np.all(plans["dp"] % plans["ep"] == 0) and set(plans["ep"]) == {1.0, 2.0, 4.0, 8.0}
+
+
+def test_context_parallel_degrees_are_enumerated_through_the_plan_rules():
+    """cp ∈ {1, 2, 4, 8, 16} with dp·tp·pp·cp = n and the sequence split into 2·cp chunks
+    (and s/cp divisible by tp under SP); without a sequence length only cp = 1."""
+    model = hw_db.model("llama3-8b")
+    plans = enumerate_plans(model, 16, 32, seq_len=24.0, schedules=("1f1b",),
+                            recompute=("full",), zero=(1,), flash_attention=(True,))
+    cp, dp, tp, pp, sp = (plans[k] for k in ("cp", "dp", "tp", "pp", "sp"))
+    assert set(cp.tolist()) == {1.0, 2.0, 4.0}         # 2·8 = 16 does not divide 24
+    np.testing.assert_array_equal(dp * tp * pp * cp, 16.0)
+    assert np.all(24.0 % (2.0 * cp[cp > 1]) == 0)
+    assert np.all(((24.0 / cp) % tp == 0) | (sp == 0))
+    # the same plans with cp = 1 (dp absorbing cp) are there too
+    base = {(int(t), int(p)) for t, p, c in zip(tp, pp, cp) if c == 1}
+    assert {(int(t), int(p)) for t, p, c in zip(tp, pp, cp) if c == 4} <= base
+    assert set(enumerate_plans(model, 16, 32)["cp"].tolist()) == {1.0}
+    only = enumerate_plans(model, 16, 32, seq_len=4096.0, cp=(1,))
+    assert set(only["cp"].tolist()) == {1.0}
