@@ -53,14 +53,6 @@ RANKS = {
     "jaxmodel.cli": 8, "jaxmodel.demo": 8, "jaxmodel.plots": 8,
 }
 
-# Edges that break the layering today, each with why; their tests are non-strict xfails, so
-# they pass once the edge is gone. Every other edge is checked strictly.
-KNOWN = {
-    ("jaxmodel.workload.moe", "jaxmodel.workload.layer"):
-        "workload.moe calls the dense layer's ffn_block through a late import while "
-        "workload.layer imports moe (a cycle inside the workload layer)",
-}
-
 
 def _modules() -> dict[str, Path]:
     mods = {}
@@ -155,9 +147,6 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def _without_known(graph):
-    return {m: {t for t in ts if (m, t) not in KNOWN} for m, ts in graph.items()}
-
 
 def test_every_module_has_a_layer():
     for mod in _modules():
@@ -176,23 +165,16 @@ def test_graph_is_read():
 
 
 def test_no_upward_import():
-    g = _without_known(_graph())
+    g = _graph()
     bad = sorted(f"{m} (layer {_rank(m)}) imports {t} (layer {_rank(t)})"
                  for m, ts in g.items() for t in ts if _rank(t) > _rank(m))
     assert not bad, "upward imports:\n" + "\n".join(bad)
 
 
 def test_no_import_cycle():
-    cycles = _cycles(_without_known(_graph()))
+    cycles = _cycles(_graph())
     assert not cycles, "import cycles: " + "; ".join(" ↔ ".join(c) for c in cycles)
 
 
 def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-
-
-@pytest.mark.parametrize("edge", sorted(KNOWN), ids=lambda e: f"{e[0]}->{e[1]}")
-def test_known_offender_is_gone(edge, request):
-    request.applymarker(pytest.mark.xfail(strict=False, reason=KNOWN[edge]))
-    src, dst = edge
-    assert dst not in _graph()[src]

@@ -71,6 +71,7 @@ from jaxmodel import runtime_profile as _rtp
 from jaxmodel.batching import batched
 from jaxmodel.ops import attention as _attention
 from jaxmodel.workload import moe as _moe
+from jaxmodel.workload.ffn import Gemm, _elementwise, ffn_block  # noqa: F401
 from jaxmodel.workload import params as _params
 from jaxmodel.numerics import INF, first_reason, weighted
 from jaxmodel.types import Model, Parallelism, System, static_flag, validate_args
@@ -179,15 +180,6 @@ def layer_feasibility(model: Model, par: Parallelism):
 # for training, its two gradient GEMMs) in ONE vmapped call per kind, so the tile search is
 # traced and compiled once per layer instead of once per kernel.
 # --------------------------------------------------------------------------------------------
-class Gemm(NamedTuple):
-    """One GEMM kernel ``C[m, n] = A[m, k]·B[k, n]``; ``batch`` products (None: a weight GEMM)."""
-
-    m: jnp.ndarray
-    n: jnp.ndarray
-    k: jnp.ndarray
-    batch: jnp.ndarray | None = None
-
-
 def _grads(g: Gemm):
     """The two gradient GEMMs of ``C = A·B``: ``dA = dC·Bᵀ`` ``[m,n]×[n,k]`` and
     ``dB = Aᵀ·dC`` ``[k,m]×[m,n]`` (Narayanan et al. 2021 Appendix: backward = 2× forward)."""
@@ -294,10 +286,6 @@ def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=None, backward=False
     if not (isinstance(prec.cast_bytes, (int, float)) and prec.cast_bytes == 0):
         out["quantize"] = quantize_times(dev, gemm_rows, prec, backward)
     return out
-
-
-def _elementwise(dev, n, bytes_moved, flops):
-    return _ops.elementwise_latency.single(dev, n, bytes_moved, flops, overhead=True)
 
 
 def qkv_projection(sh: Shard, tokens, fused=False):
@@ -416,36 +404,6 @@ def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, back
 def output_projection(sh: Shard, tokens):
     """``W_o``: ``[b·s, h·d_h/t]×[h·d_h/t, d]`` (RowParallelLinear)."""
     return {"wo": [(Gemm(tokens, sh.d_model, sh.heads * sh.head_dim), 1.0)]}
-
-
-def ffn_block(dev, model: Model, sh: Shard, tokens, dtype_bytes=2.0, backward=False):
-    """Dense FFN of ``tokens`` rows: ``w1``, activation, ``w2``.
-
-    GELU FFN (GPT): ``W1 [d, d_ff/t]``, GELU (LLMCompass GeLU kernel), ``W2 [d_ff/t, d]``.
-    SwiGLU (Llama; Shazeer 2020): gate and up fused into one ``[d, 2·d_ff/t]`` GEMM, then
-    ``silu(gate)·up`` (:func:`jaxmodel.ops.silu_mul_latency`, the fused SiLU·mul kernel),
-    then ``W2``.
-    Backward activation (memory-bound): GELU reads ``x, dy`` and writes ``dx`` (3 words,
-    ``2·(10 + exp)`` FLOP, twice LLMCompass's forward count); SwiGLU reads ``gate, up, dy`` and
-    writes ``dgate, dup`` (5 words, ``2·(exp + 5)`` FLOP).
-
-    Returns:
-        ``(gemm_rows, vector_rows)`` with rows ``w1``, ``w2`` and ``act``.
-    """
-    n_act = tokens * sh.d_ff
-    gemms = {"w1": [(Gemm(tokens, sh.ffn_in, sh.d_model), 1.0)],
-             "w2": [(Gemm(tokens, sh.d_model, sh.d_ff), 1.0)]}
-    is_swiglu = model.is_gated > 0.5          # SwiGLU / GeGLU: the gated elementwise kernel
-    gelu = _ops.gelu_latency.single(dev, n_act, overhead=True)
-    swiglu = _ops.silu_mul_latency.single(dev, n_act, dtype_bytes, overhead=True, rows=tokens)
-    act = jnp.where(is_swiglu, swiglu, gelu)
-    if backward:
-        gelu_b = _elementwise(dev, n_act, 3.0 * dtype_bytes, 2.0 * (10.0 + dev.exp_flops))
-        swiglu_b = _elementwise(dev, n_act, 5.0 * dtype_bytes, 2.0 * (dev.exp_flops + 5.0))
-        act_b = jnp.where(is_swiglu, swiglu_b, gelu_b)
-    else:
-        act_b = jnp.zeros_like(act)
-    return gemms, {"act": (act, act_b)}
 
 
 def layernorm(dev, sh: Shard, par: Parallelism, tokens, dtype_bytes=2.0, backward=False,

@@ -51,6 +51,7 @@ from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
 from jaxmodel.batching import batched
 from jaxmodel.types import Model, Parallelism, System
+from jaxmodel.workload import ffn as _ffn
 from jaxmodel.workload.params import expert_params, n_moe_layers
 
 __all__ = ["MOE_OPS", "moe_layer_fraction", "expert_capacity", "moe_dims",
@@ -150,17 +151,15 @@ def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, b
              dropless=False):
     """FFN rows of one average layer: the dense FFN weighted ``1 − f``, the MoE FFN ``f``.
 
-    Drop-in replacement of :func:`jaxmodel.workload.layer.ffn_block` (same return format,
+    Drop-in replacement of :func:`jaxmodel.workload.ffn.ffn_block` (same return format,
     ``(gemm_rows, vector_rows)``, counts may be arrays) adding the ``moe_router`` row. For a
     dense model ``f = 0`` and the rows equal ``ffn_block``'s exactly.
     """
-    from jaxmodel.workload import layer as _layer      # layer imports this module
-
     f = moe_layer_fraction(model)
-    dense_g, dense_v = _layer.ffn_block(dev, model, sh, tokens, dtype_bytes, backward)
+    dense_g, dense_v = _ffn.ffn_block(dev, model, sh, tokens, dtype_bytes, backward)
     dims = moe_dims(model, par, tokens, dtype_bytes, dropless)
     n_exp, m = dims["experts"], dims["expert_tokens"]
-    G = _layer.Gemm
+    G = _ffn.Gemm
     # routed experts of width moe_d_ff (fine-grained experts); shared experts (DeepSeekMoE,
     # Dai et al. 2024 §3.2) as one dense FFN of n_shared·moe_d_ff on every token, TP-split
     e_ff = model.expert_d_ff / sh.tp
@@ -175,8 +174,8 @@ def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, b
              "w2": [(g, (1.0 - f) * c) for g, c in dense_g["w2"]]
              + [(G(m, sh.d_model, sh_e.d_ff), f * n_exp), (G(tokens, sh.d_model, s_ff), fs)],
              "moe_router": [(G(tokens, jnp.maximum(model.n_experts, 1.0), sh.d_model), f)]}
-    _, moe_v = _layer.ffn_block(dev, model, sh_e, n_exp * m, dtype_bytes, backward)
-    _, shared_v = _layer.ffn_block(dev, model, sh_s, tokens, dtype_bytes, backward)
+    _, moe_v = _ffn.ffn_block(dev, model, sh_e, n_exp * m, dtype_bytes, backward)
+    _, shared_v = _ffn.ffn_block(dev, model, sh_s, tokens, dtype_bytes, backward)
     act_d, act_m, act_s = dense_v["act"], moe_v["act"], shared_v["act"]
     vectors = {"act": tuple(_safe(1.0 - f, a) + _safe(f, b) + _safe(fs, c)
                             for a, b, c in zip(act_d, act_m, act_s))}
