@@ -33,9 +33,7 @@ sys.path.insert(0, str(ROOT))
 _t0 = time.perf_counter()
 import jaxmodel as jm  # noqa: E402  (first: its import time is measured)
 IMPORT_S = time.perf_counter() - _t0
-_cache = jm.runtime.compilation_cache_dir()
-CACHE = ("off" if _cache is None else
-         f"{_cache} ({'warm' if any(_cache.iterdir()) else 'empty'})")
+CACHE = jm.runtime.cache_state()
 
 import numpy as np  # noqa: E402
 import jax  # noqa: E402

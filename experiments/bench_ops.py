@@ -26,9 +26,7 @@ from pathlib import Path
 _t0 = time.perf_counter()
 import jaxmodel as jm  # noqa: E402,I001  (first: its import time is measured)
 IMPORT_S = time.perf_counter() - _t0
-_cache = jm.runtime.compilation_cache_dir()
-CACHE = ("off" if _cache is None else
-         f"{_cache} ({'warm' if any(_cache.iterdir()) else 'empty'})")
+CACHE = jm.runtime.cache_state()
 print(f"import jaxmodel {IMPORT_S:.2f} s; persistent compilation cache: {CACHE}", flush=True)
 
 import numpy as np

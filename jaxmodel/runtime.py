@@ -114,6 +114,12 @@ def configure_compilation_cache() -> Path | None:
     return path
 
 
+def cache_state() -> str:
+    """One phrase for reports: ``"off"`` or ``"<dir> (warm|empty)"``."""
+    d = _cache_dir
+    return "off" if d is None else f"{d} ({'warm' if any(d.iterdir()) else 'empty'})"
+
+
 def compilation_cache_dir() -> Path | None:
     """The directory jaxmodel configured for JAX's compilation cache (None when it did not)."""
     return _cache_dir
