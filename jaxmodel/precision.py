@@ -67,7 +67,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmodel.types import Array, _register, code_of
+from jaxmodel.types import Array, _register, code_of, from_preset
 
 #: Compute dtypes, encoded by position (the code stored in ``gemm_dtype`` / ``attn_dtype``).
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4", "int8")
@@ -174,30 +174,10 @@ def precision(value: Any = None, **overrides) -> Precision:
         >>> p.name, float(p.gemm_bytes), float(p.kv_bytes), float(p.master_bytes)
         ('fp8', 1.0, 2.0, 4.0)
     """
-    if isinstance(value, Precision):
-        return dataclasses.replace(value, **overrides) if overrides else value
-    if value is None:
-        value = "bf16"
-    if isinstance(value, str):
-        key = value.lower().replace("-", "").replace("_", "")
-        key = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "e4m3": "fp8",
-               "nvfp4": "fp4", "mxfp4": "fp4", "w8a8": "int8", "awq": "w4a16",
-               "gptq": "w4a16"}.get(key, key)
-        if key not in PRESETS:
-            raise ValueError(f"precision={value!r} is not one of {sorted(PRESETS)}")
-        fields = dict(PRESETS[key], name=key)
-    elif isinstance(value, Mapping):
-        fields = dict(value)
-    else:
-        raise ValueError(f"precision must be a name of {sorted(PRESETS)}, a mapping or a "
-                         f"jm.Precision, got {type(value).__name__}")
-    fields.update(overrides)
-    known = {f.name for f in dataclasses.fields(Precision)}
-    unknown = set(fields) - known
-    if unknown:
-        raise ValueError(f"precision: unknown field(s) {sorted(unknown)}; known: "
-                         f"{sorted(known)}")
-    return Precision(**fields)
+    return from_preset(Precision, value, overrides, PRESETS, {
+        "float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "e4m3": "fp8",
+        "nvfp4": "fp4", "mxfp4": "fp4", "w8a8": "int8", "awq": "w4a16", "gptq": "w4a16"},
+        "bf16", "precision")
 
 
 def resolve(precision_arg: Any = None, dtype_bytes: Any = None) -> Precision:

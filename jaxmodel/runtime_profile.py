@@ -61,7 +61,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmodel.types import Array, _register
+from jaxmodel.types import Array, _register, from_preset
 
 #: Flag fields (0/1 numeric leaves).
 FLAGS = ("kernel_floor", "cuda_graph", "fuse_norm", "fuse_act", "fuse_rope", "sustained_clock")
@@ -145,29 +145,10 @@ def runtime(value: Any = None, **overrides) -> Runtime:
         >>> float(rt.kernel_floor)
         1.0
     """
-    if isinstance(value, Runtime):
-        return dataclasses.replace(value, **overrides) if overrides else value
-    if value is None:
-        value = "pytorch"
-    if isinstance(value, str):
-        key = value.lower().replace("-", "").replace("_", "")
-        key = {"tensorrtllm": "trtllm", "trt": "trtllm", "fastertransformer": "trtllm_v06",
-               "trtllmv06": "trtllm_v06", "trtllmv0.6": "trtllm_v06",
-               "eager": "pytorch", "torch": "pytorch"}.get(key, key)
-        if key not in PRESETS:
-            raise ValueError(f"runtime={value!r} is not one of {sorted(PRESETS)}")
-        fields = dict(PRESETS[key], name=key)
-    elif isinstance(value, Mapping):
-        fields = dict(value)
-    else:
-        raise ValueError(f"runtime must be a name of {sorted(PRESETS)}, a mapping or a "
-                         f"jm.Runtime, got {type(value).__name__}")
-    fields.update(overrides)
-    known = {f.name for f in dataclasses.fields(Runtime)}
-    unknown = set(fields) - known
-    if unknown:
-        raise ValueError(f"runtime: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
-    return Runtime(**fields)
+    return from_preset(Runtime, value, overrides, PRESETS, {
+        "tensorrtllm": "trtllm", "trt": "trtllm", "fastertransformer": "trtllm_v06",
+        "trtllmv06": "trtllm_v06", "trtllmv0.6": "trtllm_v06", "eager": "pytorch",
+        "torch": "pytorch"}, "pytorch", "runtime")
 
 
 def stack(values) -> Runtime:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -880,6 +880,34 @@ def validate_args(*args, where: str = "", **kwargs) -> None:
 VALIDATORS.update({Device: validate_device, System: validate_system, Model: validate_model,
                    Parallelism: validate_parallelism,
                    NetLevel: lambda lvl, where="NetLevel": validate_fields(lvl, where)})
+
+
+def from_preset(cls, value: Any, overrides: dict, presets: Mapping, aliases: Mapping,
+                default: str, what: str):
+    """A ``cls`` config from a preset name (case, ``-`` and ``_`` ignored; ``aliases`` map
+    other spellings), a mapping of fields or a ``cls`` instance (``overrides`` replace
+    fields; ``None`` is ``default``). ``ValueError`` names an unknown preset or field."""
+    if isinstance(value, cls):
+        return dataclasses.replace(value, **overrides) if overrides else value
+    if value is None:
+        value = default
+    if isinstance(value, str):
+        key = value.lower().replace("-", "").replace("_", "")
+        key = aliases.get(key, key)
+        if key not in presets:
+            raise ValueError(f"{what}={value!r} is not one of {sorted(presets)}")
+        fields = dict(presets[key], name=key)
+    elif isinstance(value, Mapping):
+        fields = dict(value)
+    else:
+        raise ValueError(f"{what} must be a name of {sorted(presets)}, a mapping or a "
+                         f"jm.{cls.__name__}, got {type(value).__name__}")
+    fields.update(overrides)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(fields) - known
+    if unknown:
+        raise ValueError(f"{what}: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
+    return cls(**fields)
 
 
 def is_concrete(*trees: Any) -> bool:
