@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import re
 import sys
@@ -86,6 +87,7 @@ def find_anchors() -> Path:
     raise FileNotFoundError("shared/anchors not found beside the repository")
 
 
+@functools.lru_cache(maxsize=1)
 def _validate_llmcompass():
     spec = importlib.util.spec_from_file_location(
         "validate_llmcompass", ROOT / "experiments" / "validate_llmcompass.py")
@@ -199,16 +201,8 @@ def predict_kernels(df: pd.DataFrame, dev) -> np.ndarray:
             t = np.asarray(jm.gemm_latency(dev, f(u.m), f(u.n), f(u.k), overhead="kernel"))
             key = pd.MultiIndex.from_frame(g[["m", "n", "k"]])
             p = pd.Series(t, index=pd.MultiIndex.from_frame(u)).reindex(key).values
-        elif fam == "rmsnorm":
-            p = jm.rmsnorm_latency(dev, f(g.rows), f(g.cols))
-        elif fam == "rope":
-            p = jm.rope_latency(dev, f(g.rows), f(g.heads), f(g.kv_heads), f(g.head_dim))
-        elif fam == "silu_mul":
-            p = jm.silu_mul_latency(dev, f(g.rows) * f(g.cols), rows=f(g.rows))
-        elif fam == "add":
-            p = jm.add_latency(dev, f(g.rows) * f(g.cols))
         else:
-            p = jm.embedding_latency(dev, f(g.rows), f(g.cols))
+            p = _vector_family(dev, fam, g, f)
         out[g.index.values] = np.asarray(p)
     return out
 
@@ -221,13 +215,9 @@ def mape(pred, meas) -> float:
 # Fits
 # ------------------------------------------------------------------------------------------
 def best_floor(pred0: np.ndarray, meas: np.ndarray) -> float:
-    """Floor o ≥ 0 minimising Σ|pred0 + o − meas| / meas: a weighted median (closed form)."""
-    r = meas - pred0
-    w = 1.0 / meas
-    order = np.argsort(r)
-    r, w = r[order], w[order]
-    c = np.cumsum(w)
-    return float(max(r[np.searchsorted(c, 0.5 * c[-1])], 0.0))
+    """Floor o ≥ 0 minimising Σ|pred0 + o − meas| / meas: the weighted median of
+    ``validate_llmcompass._best_overhead`` (closed form)."""
+    return _validate_llmcompass()._best_overhead(pred0, meas)
 
 
 def _no_floor(dev, fam):
@@ -281,17 +271,20 @@ def fit_vector_families(df: pd.DataFrame, dev) -> dict:
 def _predict_family_grid(g, dev, fam):
     dev = kernel_device(dev)
     f = lambda c: jnp.asarray(c.values, dtype=jnp.float32)[None, :]  # noqa: E731
+    return np.asarray(_vector_family(dev, fam, g, f))
+
+
+def _vector_family(dev, fam, g, f):
+    """The memory-bound kernel of ``fam`` on the rows of ``g`` (columns through ``f``), s."""
     if fam == "rmsnorm":
-        p = jm.rmsnorm_latency(dev, f(g.rows), f(g.cols))
-    elif fam == "rope":
-        p = jm.rope_latency(dev, f(g.rows), f(g.heads), f(g.kv_heads), f(g.head_dim))
-    elif fam == "silu_mul":
-        p = jm.silu_mul_latency(dev, f(g.rows) * f(g.cols), rows=f(g.rows))
-    elif fam == "add":
-        p = jm.add_latency(dev, f(g.rows) * f(g.cols))
-    else:
-        p = jm.embedding_latency(dev, f(g.rows), f(g.cols))
-    return np.asarray(p)
+        return jm.rmsnorm_latency(dev, f(g.rows), f(g.cols))
+    if fam == "rope":
+        return jm.rope_latency(dev, f(g.rows), f(g.heads), f(g.kv_heads), f(g.head_dim))
+    if fam == "silu_mul":
+        return jm.silu_mul_latency(dev, f(g.rows) * f(g.cols), rows=f(g.rows))
+    if fam == "add":
+        return jm.add_latency(dev, f(g.rows) * f(g.cols))
+    return jm.embedding_latency(dev, f(g.rows), f(g.cols))
 
 
 class GemmParts:
