@@ -557,6 +557,11 @@ class NetLevel:
         ll_max_bw: NCCL's cap on the LL protocol's bus bandwidth (``llMaxBws``), bytes/s;
             0 = no cap.
         nvls_efficiency: NCCL's NVLS bandwidth factor (``nvlsEfficiency``: Hopper 0.85).
+        nccl_channels: NCCL's ring/tree channels on the tier (``comm->nChannels``); small
+            messages run on fewer (:func:`jaxmodel.comm.nccl.channel_factor`); 0 = always all.
+        launch_floor: smallest duration of one collective kernel, s, when a host-bound loop
+            issues them (rank 0 waits in its kernel for the peers' later launches); 0 = none
+            (device-bound streams). Calibration constant of a measurement set-up.
     """
 
     size: Array
@@ -575,6 +580,8 @@ class NetLevel:
     nccl_link: Array = -1.0
     ll_max_bw: Array = 0.0
     nvls_efficiency: Array = 1.0
+    nccl_channels: Array = 0.0
+    launch_floor: Array = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "topology", code_of(self.topology, TOPOLOGIES, "topology"))

@@ -48,7 +48,9 @@ spanning tiers uses the hierarchical composition: reduce-scatter on every inner 
 all-reduce on the outermost tier the group reaches (on ``n / Π inner members``), all-gather back
 down. ``"hierarchical"`` is accepted as a name for ``"auto"`` (the composition is always
 hierarchical). Each collective adds the largest ``base_latency`` among the tiers it uses
-(software/launch overhead, a calibration constant in hw_db).
+(software/launch overhead, a calibration constant in hw_db), and a collective measured per
+kernel in a host-bound loop takes at least the largest ``launch_floor`` of its tiers (rank 0's
+kernel waits for the peers' later launches; 0 on systems that describe device-bound runs).
 
 NCCL tiers (``NetLevel.nccl_link >= 0``: NVLink/NVSwitch, PCIe, InfiniBand) add NCCL's
 protocol dimension (:mod:`jaxmodel.comm.nccl`, NCCL 2.30.7 ``src/graph/tuning.cc``): for ring,
@@ -473,6 +475,11 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         f_p = nccl.bw_factor(name, op, link, level.nvls_efficiency)
         if name == "in_network":         # NVLS / CollNet: Simple only
             bwt_s = bwt / f_p[2]
+            if op == "all_reduce":
+                # NVLS all-reduce (NVLink tiers) at NCCL's bandwidth, capped at the link's
+                # (nccl.nvls_allreduce_factor); CollNet (network tiers) as above
+                bwt_s = jnp.where(link > 1.5, bwt_s,
+                                  bwt * nccl.nvls_allreduce_factor(level.nvls_efficiency))
             exe = _pipelined(lat_p[2], bwt_s, steps, cl)
             return exe, exe, lat_p[2] + bwt_s, _SIMPLE + 0.0 * exe
         bwt_p = bwt / f_p
@@ -481,7 +488,9 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
                          bwt * B / jnp.where(level.ll_max_bw > 0, level.ll_max_bw, 1.0), 0.0)
         bwt_p = jnp.maximum(bwt_p, jnp.stack([ll_t, 0.0 * ll_t, 0.0 * ll_t]))
         cl_p = jnp.stack([0.0 * cl, 0.0 * cl, cl + 0.0 * one])
-        exe = _pipelined(lat_p, bwt_p, steps, cl_p)
+        # small messages run on fewer channels (executed time only; NCCL's tuner ignores it)
+        exe = _pipelined(lat_p, bwt_p * nccl.channel_factor(name, n, m, level.nccl_channels),
+                         steps, cl_p)
         if op == "all_reduce" and name == "tree":     # tuner-only corrections (NCCL)
             tune = lat_p + bwt_p / nccl.tree_correction(n)
         elif op == "all_reduce":
@@ -627,7 +636,7 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
     for lvl in system.levels:
         net_ok = net_ok & (lvl.size >= 1) & (lvl.bw_per_device > 0) & (lvl.efficiency > 0) & (
             lvl.link_latency >= 0) & (lvl.switch_latency >= 0) & (lvl.base_latency >= 0) & (
-            lvl.max_payload_bytes > 0) & (lvl.flit_bytes > 0)
+            lvl.launch_floor >= 0) & (lvl.max_payload_bytes > 0) & (lvl.flit_bytes > 0)
     members, spacing, place_ok = topo.placement(system, group_size, stride)
     n_levels = len(system.levels)
 
@@ -645,6 +654,7 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
 
     total = jnp.asarray(0.0, dtype=f)
     base = jnp.asarray(0.0, dtype=f)
+    floor = jnp.asarray(0.0, dtype=f)
     shape_ok = jnp.asarray(True)
     used_any = jnp.asarray(False)
     any_active = jnp.asarray(False)
@@ -689,6 +699,7 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
         total = total + t_k
         used_any = used_any | (active & used)
         base = jnp.maximum(base, jnp.where(active, lvl.base_latency, 0.0))
+        floor = jnp.maximum(floor, jnp.where(active, lvl.launch_floor, 0.0))
 
     feasible, reason = first_reason([
         (net_ok, "invalid_network"),
@@ -697,7 +708,7 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
         (shape_ok, "topology_mismatch"),
         (used_any | ~any_active, "topology_mismatch"),
     ])
-    latency = jnp.where(feasible, total + base, INF)
+    latency = jnp.where(feasible, jnp.maximum(total + base, floor), INF)
     return latency, feasible, reason
 
 

@@ -24,11 +24,21 @@ Latency (µs in NCCL, seconds here) per algorithm on one tier of ``m`` ranks:
 - tree (all-reduce): ``baseLat[tree][p] + 2 · hops · hwLat[link][tree][p]`` with ``hops = m−1``
   inside a node (NCCL's intra-node tree is a chain) and ``log2 m`` across nodes;
 - NVLS / CollNet (in-network reduction, Simple only): ``hwLat[link][nvls][simple]`` (NVLink
-  SHARP) or ``hwLat[net][collnet_direct][simple]`` (SHARP on the network switches).
+  SHARP) or ``hwLat[net][collnet_direct][simple]`` (SHARP on the network switches); NVLS's
+  all-reduce bandwidth is the link's (:func:`nvls_allreduce_factor`).
 
 The tuner (not the executed time) also scales the tree all-reduce bandwidth by
 ``treeCorrectionFactor[p][log2(n/64)]`` and the Simple ring all-reduce latency across nodes by
 1.4 (``ncclTopoGetAlgoTime``): :func:`tree_correction`, :func:`ring_plateau`.
+
+Channels (``enqueue.cc`` ``topoGetAlgoInfo``): NCCL's model gives a ring or tree
+``nChannels × bw`` of bus bandwidth (``tuning.cc``: ``busBw = graphs[a]->nChannels * bw``),
+but a small message runs on fewer channels: ``nc`` drops while ``nBytes < nc · nt ·
+threshold`` (``nt`` threads per channel: LL 512, LL128 640, Simple 512, ``src/include/device.h``;
+``threshold`` bytes per thread: LL 8 (× ranks on a ring), LL128 8, Simple 64,
+``NCCL_*_THREAD_THRESHOLD`` and ``ncclTopoTuneModel``). The executed bandwidth is then
+``nc / nChannels`` of the tuner's (:func:`channel_factor`); the tuner itself does not see it.
+NVLS and CollNet keep their channels.
 
 Link classes (``NetLevel.nccl_link``): 0 = NVLink, 1 = PCIe, 2 = network (NCCL's ``NCCL_HW_*``).
 """
@@ -37,8 +47,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jaxmodel.numerics import smooth_ceil_div
+
 __all__ = ["PROTOCOLS", "NVLINK", "PCI", "NET", "BASE_LAT", "HW_LAT", "latency", "bw_factor",
-           "NVLINK_BW_PER_LINK", "TREE_CORRECTION", "tree_correction", "ring_plateau"]
+           "NVLINK_BW_PER_LINK", "TREE_CORRECTION", "tree_correction", "ring_plateau",
+           "channel_factor", "nvls_allreduce_factor"]
 
 PROTOCOLS = ("ll", "ll128", "simple")
 NVLINK, PCI, NET = 0.0, 1.0, 2.0
@@ -55,6 +68,12 @@ HW_LAT = {
     "collnet": ((0.0, 0.0, 3.7), (0.0, 0.0, 3.7), (0.0, 0.0, 31.0)),
     "nvls": ((0.0, 0.0, 25.0), (0.0, 0.0, 0.0), (0.0, 0.0, 18.0)),
 }
+# device.h: threads per channel (NCCL_LL_MAX_NTHREADS, NCCL_LL128_MAX_NTHREADS,
+# NCCL_SIMPLE_MAX_NTHREADS) and bytes per thread before another channel is used
+# (NCCL_LL_THREAD_THRESHOLD, NCCL_LL128_THREAD_THRESHOLD, NCCL_SIMPLE_THREAD_THRESHOLD), per
+# protocol (LL, LL128, Simple).
+THREADS = (512.0, 640.0, 512.0)
+THREAD_THRESHOLD = (8.0, 8.0, 64.0)
 # topo.h: NCCL's NVLink bandwidth per link, GB/s (SM80 20.0, SM90 20.6, SM100 40.1); for
 # reference in the provenance of hw_db ``efficiency`` values.
 NVLINK_BW_PER_LINK = {"a100": 20.0e9, "h100": 20.6e9, "b200": 40.1e9}
@@ -89,6 +108,46 @@ def ring_plateau(link):
     f = jnp.result_type(float)
     simple = _where(link > 1.5, 1.4, 1.0)
     return jnp.stack([jnp.ones((), f), jnp.ones((), f), jnp.asarray(simple, dtype=f)])
+
+
+def nvls_allreduce_factor(nvls_efficiency):
+    """NVLS all-reduce time on an NVLink tier over its ``(m−1)/m · n / B`` traffic time.
+
+    ``ncclTopoTuneModel`` (``tuning.cc``): ``intraBw = bwIntra · nvlsEfficiency ·
+    (nCh−1)/nCh``, doubled for all-reduce ("AllReduce pipelines two operations"), then
+    ``bw = min(intraBw, interBw)`` with ``interBw = bwInter = bwIntra`` inside one node, and the
+    bus bandwidth converted to algorithm bandwidth by ``nRanks / nsteps = m / (2(m−1))``: NCCL
+    models ``2(m−1)/m · n / (B · min(2 · eff, 1))`` (``(nCh−1)/nCh`` → 1), a ring's bandwidth
+    time whenever ``eff ≥ 0.5``. The executed time uses the same (the measured H100 kernel
+    times at 2/4/8 GPUs show one bus bandwidth, whichever algorithm NCCL picks). Returns
+    ``2 / min(2 · eff, 1)``.
+    """
+    f = jnp.result_type(float)
+    eff = jnp.asarray(nvls_efficiency, dtype=f)
+    return 2.0 / jnp.clip(2.0 * eff, 1e-9, 1.0)
+
+
+def channel_factor(alg: str, n, m, channels):
+    """``nChannels / nc``: how much slower than NCCL's modelled bus bandwidth a ring or tree
+    runs ``n`` bytes on ``m`` ranks, per protocol, shape (3,) (``enqueue.cc``
+    ``topoGetAlgoInfo``; see the module docstring).
+
+    ``nc = clip(⌊n / (nt · threshold)⌋, 1, nChannels)``, the ring's LL threshold multiplied by
+    ``m``. ``channels = 0`` (not set) gives 1. The floor has the value of NCCL's integer
+    division and the gradient of the ratio (:func:`jaxmodel.numerics.smooth_ceil_div`).
+    """
+    f = jnp.result_type(float)
+    thr = jnp.asarray(THREAD_THRESHOLD, dtype=f)
+    if alg == "ring":
+        thr = thr * jnp.stack([jnp.asarray(m, dtype=f), jnp.ones((), f), jnp.ones((), f)])
+    per_channel = jnp.asarray(THREADS, dtype=f) * thr                 # bytes per channel
+    c = jnp.asarray(channels, dtype=f)
+    has = c > 0.5
+    c_safe = jnp.where(has, c, 1.0)
+    ratio = jnp.asarray(n, dtype=f) / per_channel
+    nc = -smooth_ceil_div(-ratio, 1.0)                       # floor, gradient of the ratio
+    nc = jnp.clip(nc, 1.0, c_safe)
+    return jnp.where(has, c_safe / nc, 1.0)
 
 
 def _by_link(table, link):

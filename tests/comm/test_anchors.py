@@ -28,8 +28,8 @@ def test_allreduce_mape_within_10_percent(anchors, loader):
 
 
 def clean(ds, min_bytes=2.0**20):
-    """Rows >= 1 MiB: below, kernel times are dominated by waiting for the peers' kernels
-    (see experiments/calibrate_collectives.py)."""
+    """Rows >= 1 MiB: below, kernel times are dominated by the profiling loop (rank 0 waits
+    for the peers' launches, see experiments/calibrate_collectives.py)."""
     keep = ds["nbytes"] >= min_bytes
     return {k: (v[keep] if isinstance(v, np.ndarray) and v.shape == keep.shape else v)
             for k, v in ds.items()}
@@ -43,9 +43,10 @@ def test_kernel_times_from_1mib_within_10_percent(anchors, loader):
 
 @pytest.mark.slow
 def test_kernel_times_all_rows_regression(anchors):
-    # all rows, including the sub-MiB wait-dominated ones: 17.7 % (A100) and 11.0 % (H100)
-    assert mape(A.vidur(anchors, "single_node")) <= 18.5
-    assert mape(A.vidur_h100(anchors)) <= 11.5
+    # all rows, including the sub-MiB ones dominated by the profiling loop (launch floor):
+    # 17.2 % (A100: its 2 KiB rows take 10 us on 2 GPUs, 61 us on 4 and 8) and 10.2 % (H100)
+    assert mape(A.vidur(anchors, "single_node")) <= 17.5
+    assert mape(A.vidur_h100(anchors)) <= 10.5
 
 
 @pytest.mark.slow

@@ -50,8 +50,8 @@ def hand_tuner(m, n, nvls=False):
          ("tree", "ll128"): (14.0 + 2 * (m - 1) * 1.25) * US
          + 2 * n / B / (0.92 * 7 / 9) / corr[1],
          ("tree", "simple"): (8.4 + 2 * (m - 1) * 4.0) * US + 2 * n / B / 0.92 / corr[2]}
-    if nvls:
-        t[("in_network", "simple")] = 25.0 * US + (m - 1) / m * n / (B * 0.85)
+    if nvls:   # tuner: bus bandwidth min(2·0.85, 1)·B, algorithm bandwidth ·m/(2(m−1))
+        t[("in_network", "simple")] = 25.0 * US + 2 * (m - 1) / m * n / B
     return min(t, key=t.get)
 
 
@@ -70,15 +70,63 @@ def test_small_message_ll_large_simple_ring_a100():
     assert choice(lvl, 8, 2.0**26)[0] != "in_network"          # A100: no NVLink SHARP
 
 
+def nccl_rule_h100_8(n):
+    """NCCL 2.30.7's own choice for an all-reduce of ``n`` bytes on one 8x H100 NVSwitch node,
+    re-derived by hand from NCCL's sources (not from the model):
+
+    - graphs (``src/graph/search.cc``): 18 NVLink4 x 20.6 GB/s = 370.8 GB/s per GPU; ring and
+      tree: 6 channels at sm90 speed 60 GB/s, doubled by ``ncclTopoDupChannels`` to 12 x 30;
+      NVLS: 8 channels (one per GPU), speed 50 (8 x 60 > 370.8 · 8/7), ``bwInter = bwIntra``;
+    - ``ncclTopoTuneModel`` (``src/graph/tuning.cc``): ring Simple busBw 12·30 = 360, LL
+      min(llMaxBw 141, 180), LL128 min(0.92·360, 12·36.7); tree 0.92·360 capped at 12·38.7,
+      LL /3.8, LL128 ·7/9; NVLS min(50·0.85·7/8·2, 50)·8 = 400; bus → algorithm bandwidth
+      ·8/14 (ring, NVLS) or ·0.5 (tree); latencies baseLat + steps·hwLat (NVLink), NVLS 25 us;
+    - ``ncclTopoGetAlgoTime``: tree bandwidth x treeCorrectionFactor.
+
+    Returns ``(best (algorithm, protocol), relative margin to the best of the other family)``,
+    the families being NVLS and ring/tree."""
+    i = int(np.floor(np.log2(n / 64)))
+    corr = [nccl.TREE_CORRECTION[p][i] if 0 <= i < 23 else 1.0 for p in range(3)]
+    ring, tree = 360.0, min(0.92 * 360.0, 12 * 38.7)
+    bw = {("ring", "ll"): min(141.0, 0.5 * ring) * 8 / 14,
+          ("ring", "ll128"): min(0.92 * ring, 12 * 36.7) * 8 / 14,
+          ("ring", "simple"): ring * 8 / 14,
+          ("tree", "ll"): min(tree / 3.8, 141.0) * 0.5 * corr[0],
+          ("tree", "ll128"): min(tree * 7 / 9, 12 * 36.7) * 0.5 * corr[1],
+          ("tree", "simple"): tree * 0.5 * corr[2],
+          ("in_network", "simple"): min(50 * 0.85 * 7 / 8 * 2, 50.0) * 8 * 8 / 14}
+    lat = {("ring", "ll"): 6.6 + 14 * 0.6, ("ring", "ll128"): 14.0 + 14 * 1.9,
+           ("ring", "simple"): 8.4 + 14 * 3.4, ("tree", "ll"): 6.8 + 14 * 0.6,
+           ("tree", "ll128"): 14.0 + 14 * 1.25, ("tree", "simple"): 8.4 + 14 * 4.0,
+           ("in_network", "simple"): 25.0}
+    t = {k: lat[k] * US + n / (bw[k] * 1e9) for k in lat}
+    best = min(t, key=t.get)
+    nv = t[("in_network", "simple")]
+    other = min(v for k, v in t.items() if k[0] != "in_network")
+    return best, abs(nv - other) / min(nv, other)
+
+
 def test_auto_picks_nvls_on_h100_where_nccl_does():
+    """``auto`` on the dgx_h100 node against NCCL's own rule (:func:`nccl_rule_h100_8`), 2 KiB
+    to 4 GiB: NVLS exactly where NCCL picks it (sizes within 5 % of NCCL's tie excluded)."""
     sys_ = hw_db.system("dgx_h100")
     lvl = sys_.levels[0]
-    assert choice(lvl, 8, 2.0**16) == ("ring", "ll")
-    assert choice(lvl, 8, 2.0**26) == ("in_network", "simple")
-    # hand: NVLS 25 us + 7/8 n / (B·0.85) beats ring Simple 56 us + 7/4 n / B at 64 MiB
-    b = float(lvl.bw_per_device * lvl.efficiency)
+    checked = 0
+    for k in range(11, 33):
+        n = 2.0**k
+        want, margin = nccl_rule_h100_8(n)
+        if margin < 0.05:
+            continue
+        checked += 1
+        got = choice(lvl, 8, n)
+        assert (got[0] == "in_network") == (want[0] == "in_network"), (k, got, want)
+        if want[0] != "in_network":
+            assert got == ("ring", "ll") and want == ("ring", "ll"), (k, got, want)
+    assert checked >= 20
+    # NCCL's crossover: ring LL below ~1.2 MB, NVLS above
+    assert nccl_rule_h100_8(2.0**20)[0] == ("ring", "ll")
+    assert nccl_rule_h100_8(2.0**21)[0] == ("in_network", "simple")
     n = 2.0**26
-    assert 25e-6 + 7 / 8 * n / (b * 0.85) < 56e-6 + 7 / 4 * n / b
     auto = jm.collective_latency(sys_, "all_reduce", n, 8)
     assert float(auto) == pytest.approx(float(jm.collective_latency(
         sys_, "all_reduce", n, 8, algorithm="in_network")), rel=1e-12)
@@ -88,6 +136,50 @@ def test_auto_picks_nvls_on_h100_where_nccl_does():
     # reduce-scatter: NVLS moves the same (m-1)/m n as the ring, at 0.85 of its bandwidth and
     # with a larger latency, so the tuner keeps the ring (as NCCL's own formula does)
     assert choice(lvl, 8, 2.0**28, "reduce_scatter") == ("ring", "simple")
+
+
+def test_nvls_allreduce_factor():
+    """tuning.cc: NVLS all-reduce bus bandwidth min(2·eff, 1)·B (eff ≥ 0.5: the link's), so
+    its time is 2/min(2·eff, 1) times the (m−1)/m·n/B traffic time; executed = tuner."""
+    assert float(nccl.nvls_allreduce_factor(0.85)) == pytest.approx(2.0)
+    assert float(nccl.nvls_allreduce_factor(0.4)) == pytest.approx(2.5)
+    lvl = nvswitch(8, inr=1.0)
+    n = 2.0**28
+    t = float(coll.collective_latency.single(system(lvl), "all_reduce", n, 8.0,
+                                             "in_network"))
+    assert t == pytest.approx(25e-6 + 2 * 7 / 8 * n / B, rel=1e-9)
+
+
+def test_channel_factor_hand_derived():
+    """enqueue.cc topoGetAlgoInfo: nc = clip(floor(n / (nt · threshold)), 1, nChannels);
+    ring LL on 8 ranks: 512 threads x 64 B = 32 KiB per channel."""
+    f = lambda a, n, m=8.0, c=24.0: np.asarray(nccl.channel_factor(a, n, m, c))
+    np.testing.assert_allclose(f("ring", 2.0**11), [24.0, 24.0, 24.0])        # one channel
+    np.testing.assert_allclose(f("ring", 2.0**18), [3.0, 1.0, 3.0])           # 8 of 24
+    # just below 3 x 32 KiB: LL/Simple 2 channels; LL128 (640 x 8 B) floor(19.2) = 19
+    np.testing.assert_allclose(f("ring", 3 * 2.0**15 - 1), [12.0, 24 / 19, 12.0])
+    np.testing.assert_allclose(f("tree", 2.0**15), [3.0, 4.0, 24.0])       # LL: 8 B/thread
+    np.testing.assert_allclose(f("ring", 2.0**30), [1.0, 1.0, 1.0])
+    np.testing.assert_allclose(f("ring", 2.0**11, c=0.0), [1.0, 1.0, 1.0])    # not set
+    g = jax.grad(lambda n: nccl.channel_factor("ring", n, 8.0, 24.0)[2])(2.0**17)
+    assert np.isfinite(float(g)) and float(g) < 0
+
+
+def test_executed_time_with_channels_and_launch_floor():
+    """Ring LL, 8 ranks, 64 KiB on 24 channels: 2 channels run, 12x NCCL's bandwidth time;
+    the launch floor is a lower bound on the whole collective."""
+    lvl = nvswitch(8, nccl_channels=24.0, base_latency=2e-6)
+    n = 2.0**16
+    t = float(coll.collective_latency.single(system(lvl), "all_reduce", n, 8.0))
+    bwt = max(7 / 4 * n / B / 0.5, 7 / 4 * n / 87.7e9) * 12.0
+    assert t == pytest.approx(2e-6 + (6.6 + 14 * 0.6) * US + bwt, rel=1e-9)
+    floor = dataclasses.replace(lvl, launch_floor=40e-6)
+    assert float(coll.collective_latency.single(system(floor), "all_reduce", n, 8.0)) == \
+        pytest.approx(40e-6, rel=1e-12)
+    big = 2.0**30           # above the floor the floor does nothing
+    assert float(coll.collective_latency.single(system(floor), "all_reduce", big, 8.0)) == \
+        pytest.approx(float(coll.collective_latency.single(system(lvl), "all_reduce", big,
+                                                           8.0)), rel=1e-12)
 
 
 def test_executed_time_hand_derived():
