@@ -8,13 +8,13 @@ is ``jm.collective_latency(system, "all_reduce", n, g)`` with the hw_db constant
 (``algorithm="auto"``: NCCL's tuner choice on NCCL tiers; ``"best"`` shown beside);
 LLMCompass' own all-reduce model (its ring formula with its NVLink/ICI presets) is shown for
 reference. For the kernel-time sets the MAPE over rows >= 1 MiB is printed too (below, the
-kernel time is dominated by the wait for the peers' kernels; see
-``experiments/calibrate_collectives.py``). The algorithm and protocol that ``auto`` picks are
-written per row.
+kernel time is dominated by the profiling loop: rank 0's kernel waits for the peers' launches,
+the systems' ``launch_floor``; see ``experiments/calibrate_collectives.py``). The algorithm
+and protocol that ``auto`` picks are written per row.
 
 Targets: MAPE <= 10 % on every set except the two-node rows.
 
-Run: ``.venv/bin/python experiments/validate_collectives.py``. Writes
+Run: ``PYTHONPATH=. .venv/bin/python experiments/validate_collectives.py``. Writes
 ``experiments/out/validate_collectives.csv`` and ``.png``.
 """
 

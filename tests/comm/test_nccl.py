@@ -236,7 +236,8 @@ def test_vmap_matches_loop_and_jit_matches_eager():
 def test_grad_matches_finite_differences(n):
     def f(x):
         bw, cl = x
-        lvl = nvswitch(8, inr=1.0, bw_per_device=bw, chunk_latency=cl, base_latency=5e-6)
+        lvl = nvswitch(8, inr=1.0, bw_per_device=bw, chunk_latency=cl, base_latency=5e-6,
+                       nccl_channels=24.0)
         return coll.collective_latency.single(system(lvl), "all_reduce", n, 8.0)
 
     x = jnp.array([300e9, 1e-6], dtype=jnp.float64)
