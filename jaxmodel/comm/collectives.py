@@ -57,11 +57,13 @@ protocol dimension (:mod:`jaxmodel.comm.nccl`, NCCL 2.30.7 ``src/graph/tuning.cc
 tree and in-network (NVLS inside a node, CollNet/SHARP on a network tier) and each protocol
 LL / LL128 / Simple, the executed time is NCCL's latency ``lat(a, p)`` (base + per-step
 hardware latency of the link class) plus the algorithm's bandwidth time divided by NCCL's
-protocol factor (LL ½ capped at ``ll_max_bw``, LL128 0.92, tree ×0.92, NVLS
-``nvls_efficiency``), Simple with the chunked pipeline of :func:`_pipelined`. ``"auto"`` is
-NCCL's tuner (``getAlgoInfo``): the argmin over ``(a, p)`` of NCCL's own predicted time
-``lat(a, p) + bandwidth time`` — a code chosen inside the traced graph — and the executed time
-of that choice; ``"best"`` the minimum executed time over every algorithm and protocol. A
+protocol factor (LL ½ capped at ``ll_max_bw``, LL128 0.92, tree ×0.92, NVLS all-reduce at
+the link's bandwidth, :func:`jaxmodel.comm.nccl.nvls_allreduce_factor`), Simple with the
+chunked pipeline of :func:`_pipelined`; a ring or tree running a small message on fewer of
+NCCL's ``nccl_channels`` is slower by :func:`jaxmodel.comm.nccl.channel_factor` (``enqueue.cc``;
+executed time only). ``"auto"`` is NCCL's tuner (``getAlgoInfo``): the argmin over ``(a, p)``
+of NCCL's own predicted time ``lat(a, p) + bandwidth time`` — a code chosen inside the traced
+graph — and the executed time of that choice; ``"best"`` the minimum executed time over every algorithm and protocol. A
 hierarchical all-reduce composes per tier (NVLS reduce-scatter inside the node + tree or
 ring across nodes ≈ NCCL's NVLS-tree). Tiers with ``nccl_link = −1`` (TPU ICI, the LLMCompass
 fully connected node) keep Guo et al.'s per-topology choice with one (Simple) protocol.
