@@ -669,8 +669,10 @@ layer_breakdown.single = layer_times
 def _raise_if_cp(par):
     """Raise ``ValueError`` for a concrete ``cp > 1`` in one prefill/decode layer: context
     parallelism is a training dimension (:func:`jaxmodel.parallel.context.cp_layer_times`)."""
+    import numpy as np
+
     from jaxmodel.types import is_concrete
-    if is_concrete(par) and bool(jnp.any(jnp.asarray(par.cp) > 1.5)):
+    if is_concrete(par) and bool(np.any(np.asarray(par.cp) > 1.5)):
         raise ValueError(f"layer_breakdown: cp={par.cp}: context parallelism is modelled in "
                          "training only (train_step; jaxmodel.parallel.context."
                          "cp_layer_times for one layer)")
