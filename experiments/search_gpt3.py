@@ -7,8 +7,8 @@ Selene, ``hw_db.system("dgx_a100", nodes=192)``), global batch 1,536, sequence 2
 (data-parallel gradient reduction overlapped with the backward or not; bf16 or fp32 gradient
 reduction; TP collectives pipelined with their GEMMs or not) and ranks them by step time.
 
-For the best plan (and the best plan with Megatron-LM's TP 8 × PP 12 degrees, and the best
-plan without TP overlap) the script prints:
+For the best plan (and the best plan without TP overlap, without ZeRO-3 when the best uses
+it, and with Megatron-LM's TP 8 × PP 12 degrees) the script prints:
 
 - the step's parts (:attr:`jaxmodel.TrainResult.breakdown`, they sum to the step time) in
   seconds and in per cent of the step;
@@ -109,6 +109,9 @@ def main(small=False):
     no_tp = df[df.tp_overlap == 0]
     if len(no_tp):
         explain(system, model, no_tp.iloc[0], gb, seq, "best plan without TP overlap")
+    no_z3 = df[df.zero < 2.5]
+    if len(no_z3) and float(df.iloc[0].zero) > 2.5:
+        explain(system, model, no_z3.iloc[0], gb, seq, "best plan without ZeRO-3")
     meg = df[(df.tp == 8) & (df.pp == 12)]
     if len(meg):
         explain(system, model, meg.iloc[0], gb, seq, "best plan with Megatron-LM's TP 8 x PP 12")
