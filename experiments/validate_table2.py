@@ -5,13 +5,17 @@ recomputation) of PTD-P (TP 8 × PP 12 for 175B, TP 8 × PP 35 for 530B) and of 
 model parallelism, on 384–2,240 A100-80GB of Selene (``hw_db.system("dgx_a100", nodes=N)``)
 at fixed global batch (micro-batch 4/2/1 for ZeRO-3: one micro-batch per step).
 
-- **ZeRO-3 rows**: :func:`jaxmodel.train_step` with ``Parallelism(dp=N, tp=1, pp=1,
-  zero=3, recompute="full")`` — the step's ZeRO-3 model (:func:`jaxmodel.parallel.zero.
-  zero3_step` inside the training step): one FSDP unit per layer, parameter all-gather before
-  the forward and again before the backward, gradient reduce-scatter in every micro-batch,
-  prefetch one unit ahead (``dp_overlap=1``; ``0`` serialises), with SM contention
-  (:mod:`jaxmodel.parallel.overlap`); fp16 gradient reduction (``grad_bytes=2``, DeepSpeed's
-  default communication type for fp16 training); optimizer step on the 1/N shard.
+- **ZeRO-3 rows**, as DeepSpeed ran them in 2021 (:func:`deepspeed_row`): the compute of
+  :func:`jaxmodel.train_step` with ``Parallelism(dp=N, tp=1, pp=1, zero=3,
+  recompute="full")`` and the ZeRO-3 part timed by :func:`jaxmodel.parallel.zero.zero3_step`
+  with one FSDP unit per layer whose gathers and reduce-scatters are issued per parameter
+  tensor (12 per layer) through the list API, each call paying NCCL's flat-ring latency over
+  all N ranks and N copy kernels (:func:`jaxmodel.parallel.zero.call_overhead`), fp16
+  gradient reduction (DeepSpeed's default for fp16 training), no prefetch beyond DeepSpeed's
+  5·10⁷-parameter bucket (``prefetch=0``; ``1`` printed as a sensitivity case). Beside it:
+  the training step's own ZeRO-3 (FSDP flat-parameter units, prefetch one unit, SM
+  contention, :mod:`jaxmodel.parallel.overlap`) — what a flat-parameter implementation
+  would reach — and the per-NIC / serial sensitivity cases.
 - **PTD-P rows**: :func:`jaxmodel.train_step` as it is (full recompute, no SP, Megatron-LM 2021
   serial data-parallel all-reduce ``dp_overlap=0``, micro-batch 1, the best interleaving of
   {1, 2, 4, 8} / {1, 3} as in ``validate_megatron.py``).
@@ -32,6 +36,7 @@ import pandas as pd
 
 import jaxmodel as jm  # noqa: I001  (imported before hw_db: the package wires hw_db up)
 import hw_db
+from jaxmodel.parallel import zero
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "experiments" / "out"
@@ -85,6 +90,35 @@ def zero3_row(params_b, gpus, batch, mb, prefetch=1.0, rails=True):
     return tflops, step, parts
 
 
+def deepspeed_row(params_b, gpus, batch, mb, prefetch=0.0):
+    """Predicted TFLOP/s per GPU and the step of one ZeRO-3 row as DeepSpeed ran it in 2021:
+    the training step's compute (:func:`zero3_row`) with the ZeRO-3 part re-timed by
+    :func:`jaxmodel.parallel.zero.zero3_step` from per-tensor collectives — every layer's
+    4 weight matrices and 8 vectors (QKV, output, FC1, FC2 weights; their biases; two
+    LayerNorms' scale and shift) gathered and reduce-scattered one call each through the
+    list API (:func:`jaxmodel.parallel.zero.call_overhead`). ``prefetch = 0``: DeepSpeed's
+    default ``stage3_prefetch_bucket_size`` (5·10⁷ parameters) is a small fraction of one
+    layer (1.8·10⁹ / 5.0·10⁹ parameters for 175B / 530B), so a layer's gathers are waited
+    for when it runs; ``prefetch = 1`` is the sensitivity case of a layer gathered ahead."""
+    model = MODELS[params_b]
+    system = hw_db.system("dgx_a100", nodes=int(gpus) // 8)
+    _, step, parts = zero3_row(params_b, gpus, batch, mb)
+    n = float(model.n_layers)
+    m = batch / (gpus * mb)
+    # FSDP unit = one layer; forward = 1/3 of the layer compute, backward 2/3 + recompute
+    t_f = parts["compute"] / 3.0 / (n * m)
+    t_b = (2.0 * parts["compute"] / 3.0 + parts["recompute"]) / (n * m)
+    p_unit = 12.0 * float(model.d_model) ** 2 + 13.0 * float(model.d_model)
+    g = float(jm.collective_latency(system, "all_gather", 2.0 * p_unit, float(gpus)))
+    r = float(jm.collective_latency(system, "reduce_scatter", 2.0 * p_unit, float(gpus)))
+    oh = float(zero.call_overhead(system, float(gpus), 1.0, big_calls=4.0, small_calls=8.0,
+                                  list_api=1.0))
+    z = zero.zero3_step(system, n * p_unit, n, t_f, t_b, float(gpus), m, prefetch=prefetch,
+                        grad_comm_bytes=2.0, collective_times=(g + oh, r + oh, 0.0))
+    step = step - parts["dp_comm"] + float(z["total"] - z["compute"])
+    return eq3_flops(model, batch) / (step * gpus) / 1e12, step, oh
+
+
 def ptdp_row(params_b, gpus, batch, mb):
     """Predicted TFLOP/s per GPU of the published PTD-P plan (best interleaving)."""
     model = MODELS[params_b]
@@ -111,8 +145,12 @@ def main():
     for _, r in df.iterrows():
         p, g, b, mb = r.params_billion, r.num_gpus, r.global_batch_size, r.microbatch_size
         if r.scheme == "ZeRO-3":
-            pred, step, parts = zero3_row(p, g, b, mb)
-            extra = {f"zero3_{k}": v for k, v in parts.items()}
+            pred, step, oh = deepspeed_row(p, g, b, mb)
+            fsdp, _, parts = zero3_row(p, g, b, mb)
+            extra = {"per_tensor_call_overhead_ms": round(1e3 * oh, 1),
+                     "deepspeed_prefetch1_tflops": round(deepspeed_row(p, g, b, mb, 1.0)[0], 1),
+                     "fsdp_train_step_tflops": round(fsdp, 1),
+                     **{f"zero3_{k}": v for k, v in parts.items()}}
         else:
             pred, step, v = ptdp_row(p, g, b, mb)
             extra = {"interleave": v}
@@ -139,8 +177,12 @@ def main():
               f"{g.predicted_tflops.iloc[-1] / g.predicted_tflops.iloc[0]:.2f}, measured "
               f"{g.measured_tflops.iloc[-1] / g.measured_tflops.iloc[0]:.2f} "
               f"(GPUs ×{g.num_gpus.iloc[-1] / g.num_gpus.iloc[0]:g})")
-        cols = [c for c in g.columns if c.startswith("zero3_")]
+        cols = ["per_tensor_call_overhead_ms", "deepspeed_prefetch1_tflops",
+                "fsdp_train_step_tflops"] + [c for c in g.columns if c.startswith("zero3_")]
         print(g[["num_gpus"] + cols].round(2).to_string(index=False))
+        for c in ("deepspeed_prefetch1_tflops", "fsdp_train_step_tflops"):
+            print(f"  {c}: MAPE {100 * np.mean(np.abs(g[c] / g.measured_tflops - 1)):.1f} %, "
+                  f"ratio last/first {g[c].iloc[-1] / g[c].iloc[0]:.2f}")
     # sensitivity (not the model's prediction): serial collectives and/or no rail aggregation
     print("\nZeRO-3 sensitivity, predicted TFLOP/s per GPU (measured in the last column):")
     sens = []
@@ -158,7 +200,33 @@ def main():
     for c in ("overlap_rails", "serial_rails", "overlap_per_nic", "serial_per_nic"):
         print(f"  {c}: MAPE {100 * np.mean(np.abs(sens[c] / sens.measured - 1)):.1f} %")
     sens.to_csv(OUT / "validate_table2_zero3_sensitivity.csv", index=False)
+    print("\nZeRO-3 communication the measurements imply (serial reading: measured step − the "
+          "model's compute, recomputation, embedding and optimizer), for the 3·Ψ·2 bytes each "
+          "GPU moves per step (fp16 gathers forward and backward + fp16 reduce-scatter, "
+          "·(N−1)/N):")
+    print(implied_bandwidth(out).to_string(index=False))
 
+
+def implied_bandwidth(out):
+    """Per-GPU ZeRO-3 bandwidth implied by each measured row next to the model's serial one
+    (a diagnostic: what the anchor says about the collectives, not a fit)."""
+    rows = []
+    z = out[out.scheme == "ZeRO-3"]
+    for _, r in z.iterrows():
+        model = MODELS[r.params_billion]
+        flops = eq3_flops(model, r.global_batch)
+        t_meas = flops / (r.measured_tflops * 1e12 * r.num_gpus)
+        busy = sum(r[f"zero3_{k}"] for k in ("compute", "recompute", "embedding", "optimizer"))
+        _, t_serial, _ = zero3_row(r.params_billion, r.num_gpus, r.global_batch,
+                                   r.micro_batch, prefetch=0.0)
+        nbytes = 3.0 * 2.0 * r.params_billion * 1e9 * (r.num_gpus - 1.0) / r.num_gpus
+        rows.append({"params_billion": r.params_billion, "num_gpus": r.num_gpus,
+                     "measured_step_s": round(t_meas, 1), "model_busy_s": round(busy, 1),
+                     "implied_comm_s": round(t_meas - busy, 1),
+                     "implied_GBps_per_gpu": round(nbytes / (t_meas - busy) / 1e9, 1),
+                     "model_serial_comm_s": round(t_serial - busy, 1),
+                     "model_GBps_per_gpu": round(nbytes / (t_serial - busy) / 1e9, 1)})
+    return pd.DataFrame(rows)
 
 
 if __name__ == "__main__":

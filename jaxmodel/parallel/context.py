@@ -18,10 +18,13 @@ tier the ``tp·cp`` devices of one group span.
 
 **Per layer and micro-batch, one device** (:func:`cp_layer_times`). Every token-wise
 operation (QKV, ``W_o``, FFN, layernorms, TP collectives) runs on ``s/cp`` tokens. The
-attention core of the local queries (``s/cp`` of them) runs against all ``s`` keys; with
-FlashAttention's causal block skipping and load balancing each rank does ``1/cp`` of the
-causal work, without balancing the last rank does ``(2cp−1)/cp²`` of it
-(:func:`causal_imbalance`); standard attention computes the full ``s/cp × s`` rectangle. KV chunk per rank
+attention core of the local queries (``s/cp`` of them) runs against all ``s`` keys as the
+ring executes it: ``cp`` kernel calls of ``s/cp`` queries against one block of ``s/cp``
+keys (a causal FlashAttention call of that square has ``1/cp`` of the causal pairs of the
+whole sequence, the load-balanced share; without balancing the last rank does
+``(2cp−1)/cp²`` of the work, :func:`causal_imbalance`); standard attention computes the full
+``s/cp × s`` rectangle (``cp`` squares). Sliding-window layers are timed as the square calls
+too (window ≥ ``s/cp`` assumed). KV chunk per rank
 ``2·b·(s/cp)·(kv_heads/tp)·d_head·bytes`` (K and V, :func:`kv_chunk_bytes`).
 
 - Ring (``mode = RING``): forward ``(cp−1)·ov(a_f/cp, p2p(kv)) + a_f/cp`` (each block's
@@ -185,20 +188,23 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
     dtype_bytes = prec.act_bytes
     c = jnp.maximum(jnp.asarray(cp, dtype=f), 1.0)
     local = seq_len / c
-    gemms, vectors = _layer.layer_graph(dev, model, par, micro_batch, local, seq_len,
+    # the attention core as the ring runs it: cp kernel calls of the local queries against one
+    # rank's s/cp keys each (causal: cp·(s/cp)²/2 = 1/cp of the causal s²/2 query-key
+    # pairs; the standard kernels' full s/cp × s rectangle = cp squares). Timing it as one
+    # s/cp × s call would take the short-query, long-key shape for a KV-cache decode kernel.
+    gemms, vectors = _layer.layer_graph(dev, model, par, micro_batch, local, local,
                                         training=True, variant=variant, precision=prec)
     rows = _layer.evaluate(gemm, dev, gemms, vectors, backward=True, precision=prec)
     fwd_all = sum(a for a, _ in rows.values())
     bwd_all = sum(b for _, b in rows.values())
     attn_f = rows["qk"][0] + rows["softmax"][0] + rows["av"][0]
     attn_b = rows["qk"][1] + rows["softmax"][1] + rows["av"][1]
-    # causal work of the local queries. FlashAttention skips fully masked blocks: the rows
-    # of s/cp queries against s keys are those of the last, most loaded rank of a
-    # contiguous split ((2cp−1)/cp of 1/cp of the causal total); balancing brings it to
-    # 1/cp. Standard attention computes the full s/cp × s rectangle on every rank (1/cp of
-    # the s² of the unsplit layer): no imbalance either way.
+    # FlashAttention skips fully masked blocks: with the 2·cp-chunk load balancing every rank
+    # does 1/cp of the causal work, a contiguous split loads the last rank with (2cp−1)/cp of
+    # it (:func:`causal_imbalance`). Standard attention computes the full rectangle on every
+    # rank: no imbalance either way.
     fa = par.flash_attention > 0.5
-    scale = jnp.where(fa, causal_imbalance(c, balanced) / causal_imbalance(c, 0.0), 1.0)
+    scale = c * jnp.where(fa, causal_imbalance(c, balanced), 1.0)
     attn = cp_attention_time(system, attn_f * scale, attn_b * scale,
                              kv_chunk_bytes(model, par, micro_batch, seq_len, c, dtype_bytes),
                              c, par.tp, mode, channels, variant.net)

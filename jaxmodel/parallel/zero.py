@@ -36,6 +36,19 @@ overlap`, with SM and memory-bandwidth contention).
   over the replicas (``a``), in the backward's communication stream:
   ``T_b = g + (n−1)·ov(c_b, g + r + a) + c_b + r + a``.
 
+**Per-tensor collectives** (:func:`call_overhead`): FSDP gathers a unit as one flat
+parameter (one collective per unit). DeepSpeed's ZeRO-3 of 2021 (``partition_parameters.py``
+``_allgather_param`` / ``_reduce_scatter_gradient``, before ``_all_gather_base``) issues one
+all-gather and one reduce-scatter *per parameter tensor* through the list form of
+``torch.distributed`` (one output/input view per rank), and PyTorch's ``ProcessGroupNCCL``
+flattens that list with one copy kernel per rank. Every call then costs, beyond its bytes,
+NCCL's ring latency over the flat ring of all ``g`` ranks — all-gather and reduce-scatter
+have no tree in NCCL: ``baseLat + (g − nodes)·hwLat[NVLink] + (nodes − 1)·hwLat[NET]``
+(NCCL's tuning constants, :mod:`jaxmodel.comm.nccl`; LL for small tensors, Simple for the
+weight matrices) — plus ``g`` copy kernels (``Device.add_overhead_s`` each, the floor of a
+small elementwise kernel). Both grow with ``g``: at fixed global batch the compute per device
+falls as 1/devices while this cost rises with them.
+
 Step (per device): ``Σ_micro-batches (T_f + T_b)``; the optimizer step, embedding and
 pipeline terms are the caller's. With ``g, r ≫ c`` the step is communication-bound: the
 collective volume per device is ~``3·Ψ·2`` bytes whatever the number of devices, so at fixed
@@ -51,6 +64,7 @@ import jax.numpy as jnp
 
 from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
+from jaxmodel.comm import nccl as _nccl
 from jaxmodel.parallel import overlap as ov
 
 ZERO3_KEYS = ("compute", "exposed_comm", "contention", "gather", "reduce_scatter",
@@ -64,6 +78,38 @@ def _collective(system, op, nbytes, group, stride, net):
     t, ok, _ = _comm.collective_cost.single(system, op, nbytes, jnp.where(multi, group, 2.0),
                                             "auto", stride, net)
     return jnp.where(multi, jnp.where(ok, t, 0.0), 0.0), ~multi | ok
+
+
+def call_overhead(system, group, stride=1.0, big_calls=0.0, small_calls=0.0,
+                  list_api=1.0):
+    """Seconds that per-tensor collective calls add to one unit's gather or reduce-scatter
+    over ``group`` ranks ``stride`` devices apart (module docstring, "Per-tensor
+    collectives"): ``big_calls`` weight matrices at NCCL's Simple-protocol ring latency,
+    ``small_calls`` vectors (biases, norm weights) at its LL ring latency, and with
+    ``list_api`` one copy kernel per rank and call (``Device.add_overhead_s``).
+
+    The flat ring over ``g`` ranks spans ``nodes = g / (devices of the innermost tier /
+    stride)`` nodes: ``g − nodes`` steps on the innermost tier's link class, ``nodes − 1``
+    across the network (NCCL ``ncclTopoTuneModel``: ``nsteps = nRanks − 1`` for all-gather /
+    reduce-scatter). A unit gathered as one flat parameter (FSDP) is ``big_calls = 1``,
+    ``small_calls = 0``, ``list_api = 0``, whose latency the collective model has already:
+    the caller adds this only for the calls beyond it. Units: s.
+    """
+    f = jnp.result_type(float)
+    g = jnp.maximum(jnp.asarray(group, dtype=f), 1.0)
+    inner = system.levels[0]
+    per_node = jnp.clip(inner.size / jnp.maximum(jnp.asarray(stride, dtype=f), 1.0), 1.0, g)
+    nodes = jnp.where(len(system.levels) > 1, jnp.maximum(g / per_node, 1.0), 1.0)
+    link = jnp.maximum(inner.nccl_link, 0.0)
+    # per protocol (LL, LL128, Simple): baseLat + (g − nodes) steps inside the nodes, then
+    # (nodes − 1) network steps of hwLat[NET] each
+    lat = (_nccl.latency("ring", "all_gather", g - nodes + 1.0, link)
+           + (nodes - 1.0) * (_nccl.latency("ring", "all_gather", 2.0, _nccl.NET)
+                              - _nccl.latency("ring", "all_gather", 1.0, _nccl.NET)))
+    multi = g > 1.5
+    ring = big_calls * lat[2] + small_calls * lat[0]
+    copies = list_api * (big_calls + small_calls) * g * system.device.add_overhead_s
+    return jnp.where(multi, ring + copies, 0.0)
 
 
 def unit_pass_time(t_compute, t_comm, n_units, prefetch=1.0, t_tail=0.0, compute_bytes=0.0,
@@ -210,4 +256,4 @@ def zero3_memory(n_params, n_units, dp, *, shard_group=None, prefetch=1.0, dtype
             "total": weights + grads + opt}
 
 
-__all__ = ["zero3_step", "zero3_memory", "unit_pass_time", "ZERO3_KEYS"]
+__all__ = ["zero3_step", "zero3_memory", "unit_pass_time", "call_overhead", "ZERO3_KEYS"]

@@ -656,6 +656,7 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
         0.066
     """
     _raise_if_invalid(model, par)
+    _raise_if_cp(par)
     validate_args(system, model, par, where="layer_breakdown")
     return _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm,
                             _prec.resolve(precision, dtype_bytes),
@@ -663,6 +664,18 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
 
 
 layer_breakdown.single = layer_times
+
+
+def _raise_if_cp(par):
+    """Raise ``ValueError`` for a concrete ``cp > 1`` in one prefill/decode layer: context
+    parallelism is a training dimension (:func:`jaxmodel.parallel.context.cp_layer_times`)."""
+    import numpy as np
+
+    from jaxmodel.types import is_concrete
+    if is_concrete(par) and bool(np.any(np.asarray(par.cp) > 1.5)):
+        raise ValueError(f"layer_breakdown: cp={par.cp}: context parallelism is modelled in "
+                         "training only (train_step; jaxmodel.parallel.context."
+                         "cp_layer_times for one layer)")
 
 
 def _raise_if_invalid(model, par):

@@ -124,3 +124,34 @@ def test_vmap_jit_grad_float64(sys2):
 def test_float32(float32, sys2):
     r = cx.cp_attention_time(sys2, jnp.float32(4e-3), jnp.float32(8e-3), 1e6, 4.0, tp=4.0)
     assert r["fwd"].dtype == jnp.float32 and np.isfinite(float(r["fwd"]))
+
+
+def test_attention_core_splits_as_the_ring_runs_it(model):
+    """The attention of s/cp local queries is cp causal FlashAttention calls of s/cp × s/cp
+    (1/cp of the causal work), not one s/cp × s call (the short-query shape of a KV-cache
+    decode kernel): with FA-2 at 64k tokens the cp = 8 share costs between 1/8 of the unsplit
+    attention and 1.5× that (smaller calls waste more on diagonal blocks and launches), and
+    the layer's forward holds exactly cp square calls plus the exposed exchange."""
+    system = hw_db.system("dgx_h100", nodes=8)
+    par = _par(fa=2.0, tp=8.0)
+    s, c = 65536.0, 8.0
+    dev = system.device
+
+    def attn(q, kv):
+        g, v = _layer.layer_graph(dev, model, par, 1.0, q, kv, training=True)
+        rows = _layer.evaluate(_layer.default_gemm, dev, g, v, backward=True)
+        return sum(float(rows[k][0]) for k in ("qk", "softmax", "av"))
+
+    whole, square = attn(s, s), attn(s / c, s / c)
+    assert whole / c <= c * square <= 1.5 * whole / c
+    got = cx.cp_layer_times(system, model, par, 1.0, s, c)
+    one = cx.cp_layer_times(system, model, par, 1.0, s / c, 1.0)     # same token-wise work
+    # fwd = token-wise rows + the ring attention (cp blocks of `square`, exchange hidden or not)
+    assert float(got["fwd"]) - float(one["fwd"]) + square == pytest.approx(
+        c * square + float(got["cp_comm_fwd"]), rel=1e-5)
+
+
+def test_layer_breakdown_rejects_cp(sys2, model):
+    par = jm.Parallelism(dp=1.0, tp=4.0, pp=1.0, cp=2.0, sp=True)
+    with pytest.raises(ValueError, match="cp=2"):
+        jm.layer_breakdown(sys2, model, par, 1, 4096)

@@ -159,3 +159,34 @@ def test_float32(float32, sys2):
     z = zero.zero3_step(sys2, PSI, N, jnp.float32(CF), jnp.float32(CB), 16.0, 1.0)
     assert z["total"].dtype == jnp.float32
     assert np.isfinite(float(z["total"]))
+
+
+def test_per_tensor_call_overhead_hand_value():
+    """384 ranks on 48 DGX A100 nodes: NCCL flat ring, 336 NVLink steps + 47 network steps.
+    Simple: 8.4 + 336·3.4 + 47·14 µs; LL: 6.6 + 336·0.6 + 47·2.7 µs (NCCL's tuning
+    constants); list API: one copy kernel (add_overhead_s) per rank and call."""
+    s = hw_db.system("dgx_a100", nodes=48)
+    simple = (8.4 + 336 * 3.4 + 47 * 14.0) * 1e-6
+    ll = (6.6 + 336 * 0.6 + 47 * 2.7) * 1e-6
+    assert float(zero.call_overhead(s, 384.0, 1.0, 1.0, 0.0, 0.0)) == pytest.approx(simple,
+                                                                                    rel=1e-5)
+    assert float(zero.call_overhead(s, 384.0, 1.0, 0.0, 1.0, 0.0)) == pytest.approx(ll,
+                                                                                    rel=1e-5)
+    copies = 12 * 384 * float(s.device.add_overhead_s)
+    assert float(zero.call_overhead(s, 384.0, 1.0, 4.0, 8.0, 1.0)) == pytest.approx(
+        4 * simple + 8 * ll + copies, rel=1e-5)
+    # grows with the ranks; a group of one costs nothing
+    big = hw_db.system("dgx_a100", nodes=192)
+    assert float(zero.call_overhead(big, 1536.0, 1.0, 4.0, 8.0)) > 3.5 * float(
+        zero.call_overhead(s, 384.0, 1.0, 4.0, 8.0))
+    assert float(zero.call_overhead(s, 1.0, 1.0, 4.0, 8.0)) == 0.0
+    # inside one node only NVLink steps: 8 ranks, Simple = 8.4 + 7·3.4 µs
+    assert float(zero.call_overhead(s, 8.0, 1.0, 1.0, 0.0, 0.0)) == pytest.approx(
+        (8.4 + 7 * 3.4) * 1e-6, rel=1e-5)
+    # vmapped over the group size = the loop; finite gradient
+    gs = jnp.asarray([16.0, 64.0, 384.0])
+    v = jax.vmap(lambda g: zero.call_overhead(s, g, 1.0, 4.0, 8.0))(gs)
+    np.testing.assert_allclose(np.asarray(v), [float(zero.call_overhead(s, g, 1.0, 4.0, 8.0))
+                                               for g in gs], rtol=1e-6)
+    d = jax.grad(lambda g: zero.call_overhead(s, g, 1.0, 4.0, 8.0))(384.0)
+    assert np.isfinite(float(d)) and float(d) > 0
