@@ -58,3 +58,44 @@ def test_vectorised_codes():
     sched = jnp.array([GPIPE, F1B1, INTER])
     got = pl.in_flight_microbatches(sched, 4.0, 8.0, 2.0)
     np.testing.assert_allclose(np.asarray(got), [8.0, 4.0, 4 * (1 + 3 / 8)])
+
+
+@pytest.mark.parametrize("L,p,expected", [
+    (126, 8, (15, 16, 15)),       # Megatron --decoder-first/last-pipeline-num-layers 15
+    (126, 16, (7, 8, 7)),
+    (61, 16, (3, 4, 3)),          # 3 | 13 × 4, 3 | 3
+    (96, 8, (12, 12, 12)),        # even
+    (3, 2, (2, 2, 1)),            # one light stage: the last (LM head) takes it
+    (7, 1, (7, 7, 7)),
+    (5, 5, (1, 1, 1)),
+])
+def test_stage_layers(L, p, expected):
+    got = tuple(float(x) for x in pl.stage_layers(float(L), float(p)))
+    assert got == tuple(float(e) for e in expected)
+
+
+def test_stage_layers_is_a_layout():
+    """For every p <= L: the first and last counts and p − 2 middle stages of ⌊L/p⌋ or
+    ⌈L/p⌉ layers hold exactly L layers, the most loaded holds ⌈L/p⌉ (checked by building
+    the layout)."""
+    for L in range(1, 80):
+        for p in range(1, L + 1):
+            first, most, last = (int(x) for x in pl.stage_layers(float(L), float(p)))
+            q, c = L // p, -(-L // p)
+            assert most == c and first in (q, c) and last in (q, c)
+            if p == 1:
+                assert first == last == L
+                continue
+            rest = L - first - last                   # over p − 2 middle stages
+            assert (p - 2) * q <= rest <= (p - 2) * c, (L, p)
+            assert last == q                          # the head's stage is never heavier
+
+
+def test_stage_in_flight():
+    f, s, l = (float(x) for x in pl.stage_in_flight(F1B1, 8.0, 64.0, 1.0))
+    assert (f, s, l) == (8.0, 7.0, 1.0)               # 1F1B: p − k on stage k
+    assert tuple(float(x) for x in pl.stage_in_flight(GPIPE, 8.0, 64.0, 1.0)) == (64.0,) * 3
+    assert tuple(float(x) for x in pl.stage_in_flight(F1B1, 1.0, 4.0, 1.0)) == (1.0,) * 3
+    assert tuple(float(x) for x in pl.stage_in_flight(F1B1, 8.0, 4.0, 1.0)) == (4.0, 4.0, 1.0)
+    inter = float(pl.in_flight_microbatches(INTER, 4.0, 8.0, 2.0))
+    assert tuple(float(x) for x in pl.stage_in_flight(INTER, 4.0, 8.0, 2.0)) == (inter,) * 3
