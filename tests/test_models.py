@@ -22,10 +22,11 @@ from jaxmodel.workload.params import (model_flops_per_token, mtp_params, param_c
 NEW = ("llama3.1-8b", "llama3.2-1b", "llama3.2-3b", "mistral-7b", "mistral-nemo-12b",
        "mixtral-8x22b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-30b-a3b", "gemma2-9b",
        "gemma3-1b", "phi3-mini", "deepseek-v2-lite", "deepseek-v3", "gpt-oss-120b",
-       "falcon-7b", "gpt-j-6b")
+       "falcon-7b", "gpt-j-6b", "llama3.1-405b")
 
 # Published totals (parameters). Sources:
 PUBLISHED_TOTAL = {
+    "llama3.1-405b": 405e9,       # Meta, Llama 3.1 model card ("405B")
     "llama3.1-8b": 8.03e9,        # Meta, Llama 3.1 model card ("8B"; 8,030,261,248 in the HF index)
     "llama3.2-1b": 1.23e9,        # Meta, Llama 3.2 model card, "Params 1.23B"
     "llama3.2-3b": 3.21e9,        # Meta, Llama 3.2 model card, "Params 3.21B"
