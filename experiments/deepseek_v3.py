@@ -57,6 +57,11 @@ def training(recompute: str):
     return model, system, par, r
 
 
+#: DeepSeek-V3 Technical Report, Table 1: 2,664 K H800 GPU hours of pre-training for 14.8 T
+#: tokens (§1), i.e. tokens per second on the 2,048 GPUs of the cluster.
+REPORTED_TOKENS_PER_S = 14.8e12 / (2.664e6 * 3600.0) * 2048
+
+
 def print_training(model, system, par, r):
     first, most, last = (int(x) for x in pl.stage_layers(model.n_layers, par.pp))
     L, p = int(model.n_layers), int(par.pp)
@@ -72,6 +77,13 @@ def print_training(model, system, par, r):
           f"{float(r.step_time_s):.2f} s, MFU {float(r.mfu):.3f}, "
           f"{float(r.tokens_per_s) / 1e6:.2f} M tokens/s")
     step = float(r.step_time_s)
+    if bool(r.feasible):
+        hidden = float(r.breakdown["ep_comm"]) + float(r.breakdown["recompute"])
+        print(f"  reported: {REPORTED_TOKENS_PER_S / 1e6:.2f} M tokens/s (2.664 M GPU hours "
+              f"for 14.8 T tokens); without the exposed all-to-all (DualPipe overlaps it) "
+              f"and the recomputation (DeepSeek recomputes only norms and up-projections) "
+              f"this step would give {TRAIN['global_batch'] * TRAIN['seq_len'] / (step - hidden) / 1e6:.2f}"
+              f" M tokens/s")
     print("  step breakdown (slowest stage; s and share):")
     for k, v in r.breakdown.items():
         print(f"    {k:10s} {float(v):8.3f}  {float(v) / step:6.1%}")
@@ -109,8 +121,17 @@ def print_serving(model, system, par, r):
     print(f"  feasible {bool(r.feasible)} ({REASONS[int(r.reason)]}); TTFT "
           f"{float(r.ttft_s) * 1e3:.0f} ms, TPOT {float(r.tpot_s) * 1e3:.1f} ms, "
           f"{float(r.tokens_per_s):.0f} tokens/s")
-    for k, v in r.memory.items():
-        print(f"    {k:12s} {float(v) / GiB:7.2f} GiB per GPU")
+    for k in ("weights", "kv_cache", "activations", "total"):
+        print(f"    {k:12s} {float(r.breakdown['memory.' + k]) / GiB:7.2f} GiB per GPU "
+              f"(capacity {float(system.device.mem_capacity) / GiB:.0f})")
+    n_l = float(model.n_layers)
+    for ph in ("prefill", "decode"):
+        rows = {k.split(".", 1)[1]: float(v) for k, v in r.breakdown.items()
+                if k.startswith(ph + ".")}
+        top = sorted(rows.items(), key=lambda kv: -kv[1])[:4]
+        print(f"  {ph}: layers {float(r.breakdown[ph + '_layers']) * 1e3:.1f} ms "
+              f"(61 × {float(r.breakdown[ph + '_layers']) / n_l * 1e3:.2f} ms); largest rows "
+              "per layer: " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in top))
     print(f"  KV cache per token (all 61 layers): MLA latent {latent / 1e3:.1f} kB (every "
           f"GPU of the TP group holds a copy) vs multi-head K+V {mha * tp / 1e6:.2f} MB "
           f"({mha / 1e3:.0f} kB per GPU): {mha * tp / latent:.0f}× less per token, "
