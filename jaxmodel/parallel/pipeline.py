@@ -17,6 +17,12 @@ Sources:
       MLSys 2023, §4.2.3): the L/p layers' activations of p micro-batches times
       (1 + (p−1)/(p·v)), i.e. p + (p−1)/v micro-batch-stages.
 
+    * Uneven stages (:func:`stage_layers`, :func:`stage_in_flight`): ``⌊L/p⌋`` or ``⌈L/p⌉``
+      layers per stage, the lighter ones at the ends (Megatron-LM
+      ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``);
+      the step's steady state runs at the slowest stage, the bubble at the mean stage
+      (the fill and drain pass through every stage once), memory at the largest stage.
+
 Symbols: p pipeline stages (``par.pp``), v virtual stages per device (``par.interleave``),
 m micro-batches per step and per data-parallel replica.
 
