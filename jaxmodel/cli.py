@@ -408,6 +408,12 @@ def cmd_predict(a) -> Any:
             raise ValueError("--runtime applies to serving (prefill, decode, inference)")
         spec["args"]["runtime"] = a.runtime
     args, kwargs = build_call(fn, spec)
+    lora = getattr(a, "lora_rank", None)
+    if lora is not None or getattr(a, "lora_base", None):
+        if a.phase != "train":
+            raise ValueError("--lora-rank/--lora-base apply to training (predict train)")
+        kwargs["finetune"] = jm.lora(16.0 if lora is None else lora, a.lora_modules,
+                                     a.lora_base)
     res = to_jsonable(fn(*args, **kwargs))
     head = {"phase": a.phase, "system": args[0].name, "model": args[1].name,
             "parallelism": to_jsonable(args[2])}
@@ -623,6 +629,14 @@ def parser() -> argparse.ArgumentParser:
                    "(jaxmodel.precision.PRESETS)")
     p.add_argument("--runtime", help="serving runtime: pytorch (default, eager), trtllm, "
                    "trtllm_v06, vllm (jaxmodel.runtime_profile.PRESETS)")
+    p.add_argument("--lora-rank", type=float, dest="lora_rank",
+                   help="train: LoRA fine-tuning with adapters of this rank (frozen base)")
+    p.add_argument("--lora-modules", default="all", dest="lora_modules",
+                   help="train: adapted modules, comma-separated from q,k,v,o,gate,up,down "
+                        "(default all)")
+    p.add_argument("--lora-base", dest="lora_base",
+                   help="train: storage of the frozen base, a precision preset (w4a16 = "
+                        "QLoRA's 4-bit base; default the training precision)")
     p.set_defaults(func=cmd_predict, table=False)
 
     p = add("sweep", "sweep a design space from a TOML spec", "csv")

@@ -22,10 +22,11 @@ from jaxmodel.workload.params import (model_flops_per_token, mtp_params, param_c
 NEW = ("llama3.1-8b", "llama3.2-1b", "llama3.2-3b", "mistral-7b", "mistral-nemo-12b",
        "mixtral-8x22b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-30b-a3b", "gemma2-9b",
        "gemma3-1b", "phi3-mini", "deepseek-v2-lite", "deepseek-v3", "gpt-oss-120b",
-       "falcon-7b", "gpt-j-6b")
+       "falcon-7b", "gpt-j-6b", "llama3.1-405b")
 
 # Published totals (parameters). Sources:
 PUBLISHED_TOTAL = {
+    "llama3.1-405b": 405e9,       # Meta, Llama 3.1 model card ("405B")
     "llama3.1-8b": 8.03e9,        # Meta, Llama 3.1 model card ("8B"; 8,030,261,248 in the HF index)
     "llama3.2-1b": 1.23e9,        # Meta, Llama 3.2 model card, "Params 1.23B"
     "llama3.2-3b": 3.21e9,        # Meta, Llama 3.2 model card, "Params 3.21B"
@@ -301,3 +302,61 @@ def test_mla_and_window_branches_batched_equal_single_configs():
                               phase="decode", kv_len=8192)
     assert float(got["qk"][0]) < 0.5 * float(full["qk"])      # latent vs per-head keys
     assert float(got["qk"][1]) < float(full["qk"])            # window 512 of 8193 keys
+
+
+# --------------------------------------------------------------------------------------------
+# DeepSeek-V3 at its published scale (experiments/deepseek_v3.py prints the breakdowns)
+# --------------------------------------------------------------------------------------------
+def test_deepseek_v3_latent_kv_bytes_per_token_by_hand():
+    """MLA caches ``d_c + d_h^R = 512 + 64`` elements per token and layer, on every TP rank;
+    multi-head attention with the same heads would cache K (``d_h + d_h^R = 192``) and V
+    (128) of 128 heads: 71× more per token, 8.9× more per GPU at TP 8."""
+    m = hw_db.model("deepseek-v3")
+    par = jm.Parallelism(tp=8)
+    latent = float(kv_cache_bytes(m, par, 1.0, 1.0, 1.0))
+    assert latent == 576 * 61
+    mha_total = 128 * (192 + 128) * 61
+    assert mha_total / latent == pytest.approx(71.1, rel=1e-3)
+    assert float(kv_cache_bytes(m, jm.Parallelism(tp=8, pp=16), 1.0, 1.0, 1.0)) == 576 * 4
+
+
+def test_deepseek_v3_training_memory_on_2048_h800_by_stage():
+    """PP 16 (61 layers: 3 | 13 × 4, 3 | 3), EP 64, ZeRO-1 over dp 128, FP8, 1F1B with 120
+    micro-batches: the memory formulas alone say full recomputation fits 80 GiB and the
+    attention-only (selective) recomputation does not."""
+    from jaxmodel.parallel import pipeline as pl
+    m = hw_db.model("deepseek-v3")
+    assert tuple(float(x) for x in pl.stage_layers(61.0, 16.0)) == (3.0, 4.0, 3.0)
+    cap = float(hw_db.device("h800").mem_capacity)
+    flight = pl.stage_in_flight(1.0, 16.0, 120.0, 1.0)
+    got = {}
+    for rc in ("selective", "full"):
+        par = jm.Parallelism(dp=128, pp=16, ep=64, zero=1, recompute=rc, flash_attention=True)
+        got[rc] = jm.training_memory(m, par, 4096.0, flight, precision="fp8")
+    assert float(got["full"]["total"]) < cap < float(got["selective"]["total"])
+    # routed experts: 4 of 256 per MoE layer on a device, optimizer states over dp/ep = 2;
+    # the largest stage holds at least 3 layers' worth (the first: 3 layers + embedding)
+    expert = 3 * 7168 * 2048
+    assert float(got["full"]["optimizer"]) > 12.0 * 4 * (58 / 61 * 3) * expert / 2
+
+
+@pytest.mark.slow
+def test_deepseek_v3_trains_on_2048_h800_and_serves_on_8_h200():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "experiments" / "deepseek_v3.py"
+    spec = importlib.util.spec_from_file_location("deepseek_v3", path)
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    _, system, par, r = ex.training("full")
+    assert bool(r.feasible) and int(system.n_devices) == 2048
+    assert (float(par.pp), float(par.ep), float(par.zero)) == (16.0, 64.0, 1.0)
+    step = float(r.step_time_s)
+    assert sum(float(v) for v in r.breakdown.values()) == pytest.approx(step, rel=1e-9)
+    assert 0.05 < float(r.mfu) < 0.6
+    assert float(r.breakdown["ep_comm"]) > 0 and float(r.breakdown["bubble"]) > 0
+    model, system, par, r = ex.serving()
+    assert bool(r.feasible) and int(system.n_devices) == 8
+    assert float(r.ttft_s) > 0 and float(r.tpot_s) > 0
+    latent, mha = ex.kv_per_token(model, par, 1.0)
+    assert mha / latent == pytest.approx(128 / 8 * 320 / 576, rel=1e-9)

@@ -212,7 +212,7 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
     bwd = bwd_all - attn_b + attn["bwd"]
     sync = _layer.tp_collective(system, par, micro_batch * local * model.d_model * dtype_bytes,
                                 variant)
-    comm = 2.0 * sync
+    comm = _layer.tp_syncs(model) * sync
     a2a = (0.0 * sync if variant.moe is False else
            _moe.alltoall_time(system, model, par, micro_batch * local, dtype_bytes,
                               net=variant.net))

@@ -162,7 +162,8 @@ class GemmTable:
         # the GEMMs live in the per-layer stage times: record them on the distinct stage
         # inputs only (train_step's de-duplication), without composing the steps
         kw = {k: v for k, v in kwargs.items() if k in ("dtype_bytes", "clock_fraction",
-                                                        "dropout", "chunk", "precision")}
+                                                        "dropout", "chunk", "precision",
+                                                        "finetune")}
         shapes = collect_gemm_shapes(stage_times, system, model, par, global_batch, seq_len,
                                      **kw)
         return cls.build(sustained_device(system.device, kwargs.get("clock_fraction")), shapes)

@@ -17,6 +17,12 @@ Sources:
       MLSys 2023, §4.2.3): the L/p layers' activations of p micro-batches times
       (1 + (p−1)/(p·v)), i.e. p + (p−1)/v micro-batch-stages.
 
+    * Uneven stages (:func:`stage_layers`, :func:`stage_in_flight`): ``⌊L/p⌋`` or ``⌈L/p⌉``
+      layers per stage, the lighter ones at the ends (Megatron-LM
+      ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``);
+      the step's steady state runs at the slowest stage, the bubble at the mean stage
+      (the fill and drain pass through every stage once), memory at the largest stage.
+
 Symbols: p pipeline stages (``par.pp``), v virtual stages per device (``par.interleave``),
 m micro-batches per step and per data-parallel replica.
 
@@ -131,3 +137,62 @@ def bubble_time(schedule, pp, interleave, t_mean):
     """
     v = effective_interleave(schedule, interleave)
     return safe_div(pp - 1.0, v, fill=0.0) * t_mean
+
+
+# --------------------------------------------------------------------------------------------
+# Uneven stages
+# --------------------------------------------------------------------------------------------
+def stage_layers(n_layers, pp):
+    """Decoder layers on the first, the most loaded and the last pipeline stage (counts).
+
+    Layout: every stage holds ``q = ⌊L/p⌋`` or ``c = ⌈L/p⌉`` layers (``L mod p`` stages hold
+    ``c``); the lighter stages sit at the ends, where the embedding (first stage) and the LM
+    head with the loss (last stage) add their load — the last stage takes ``q``, the first
+    ``q`` too when at least two stages are light (``p − L mod p ≥ 2``), else ``c``. This is
+    Megatron-LM's ``--decoder-first-pipeline-num-layers q --decoder-last-pipeline-num-layers
+    q`` when the ``L − 2q`` middle layers divide evenly over the ``p − 2`` middle stages
+    (e.g. 126 layers on 8 stages: 15 | 6 × 16 | 15; on 16: 7 | 14 × 8 | 7) and its
+    ``--pipeline-model-parallel-layout`` otherwise (61 layers on 16 stages: 3 | 13 × 4, 3 |
+    3; Megatron-core ``TransformerConfig.num_layers_in_first_pipeline_stage`` /
+    ``num_layers_in_last_pipeline_stage``, ``pipeline_model_parallel_layout``). With
+    ``p | L`` every stage holds ``L/p``; with ``p = 1`` the one stage holds ``L``.
+
+    The most loaded stage holds ``c`` layers; the slowest stage is the largest of
+    ``first·t + embedding``, ``c·t`` and ``last·t + head`` (composed by the caller).
+
+    Args:
+        n_layers: decoder layers ``L`` (an integer for a consistent model).
+        pp: pipeline stages ``p`` (``1 ≤ p ≤ L``).
+
+    Returns:
+        ``(first, most, last)`` layers (floats; equal to ``L/p`` each when ``p | L``).
+    """
+    p = jnp.maximum(pp, 1.0)
+    L = jnp.maximum(n_layers, 0.0)
+    q = jnp.floor(L / p + 1e-9)
+    c = jnp.ceil(L / p - 1e-9)
+    rem = L - q * p
+    first = jnp.where(p - rem >= 1.5, q, c)
+    first = jnp.where(p < 1.5, L, first)
+    last = jnp.where(p < 1.5, L, q)
+    return first, c, last
+
+
+def stage_in_flight(schedule, pp, m, interleave):
+    """In-flight micro-batch-stages of the first stage and of the second one, the first
+    middle stage (the most loaded middle stage of :func:`stage_layers` holds ``⌈L/p⌉``
+    layers and sits right after the first): GPipe ``m`` each; 1F1B ``min(p − k, m)`` on
+    stage ``k`` (PTD-P §2.2.1: stage ``k`` runs ``p − k`` warm-up forwards); interleaved:
+    :func:`in_flight_microbatches` on both (its stages are even). The last stage holds
+    ``min(1, m)`` under 1F1B (``m`` under GPipe).
+
+    Returns:
+        ``(first, second, last)`` in-flight micro-batch-stages (floats).
+    """
+    first = in_flight_microbatches(schedule, pp, m, interleave)
+    k1 = jnp.where(pp > 1.5, 1.0, 0.0)
+    second = jnp.select([schedule == GPIPE, schedule == INTERLEAVED],
+                        [m, first], jnp.minimum(pp - k1, m))
+    last = jnp.select([schedule == GPIPE, schedule == INTERLEAVED],
+                      [m, first], jnp.minimum(jnp.where(pp > 1.5, 1.0, pp), m))
+    return first, second, last

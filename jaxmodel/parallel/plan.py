@@ -225,6 +225,20 @@ def cp_sequence_ok(xp, seq_len, cp, tp=1.0, sp=0.0):
     return seq_ok & ((sp < 0.5) | divides(xp, xp.maximum(tp, 1.0), seq_len / c))
 
 
+def layers_ok(xp, p):
+    """The pipeline's layer rule: every stage holds at least one layer (``pp ≤ n_layers``);
+    stages may hold unequal counts (:func:`jaxmodel.parallel.pipeline.stage_layers`: the
+    lighter ones at the ends, as Megatron-LM's ``--decoder-first-pipeline-num-layers`` /
+    ``--decoder-last-pipeline-num-layers``). The interleaved schedule keeps ``pp·v | L``:
+    its ``v`` model chunks per device are equal and assigned round-robin (Narayanan et al.,
+    SC'21, §2.2.2; Megatron-LM asserts that the layers per pipeline stage divide by
+    ``--num-layers-per-virtual-pipeline-stage``), and its bubble ``(p−1)/(m·v)`` and
+    activation count (Korthikanti et al. 2023 §4.2.3) assume equal chunks."""
+    pp = xp.maximum(p.pp, 1.0)
+    v = xp.maximum(p.interleave_eff, 1.0)
+    return (pp <= p.n_layers + 1e-6) & ((v < 1.5) | divides(xp, pp * v, p.n_layers))
+
+
 def _bad(names, v):
     return "; ".join(f"{k}={_g(v[k])}" for k in names)
 
@@ -272,11 +286,10 @@ RULES: tuple[Rule, ...] = (
     Rule("heads_not_divisible", SCOPES, _heads_ok,
          lambda v: (f"tp={_g(v['tp'])} must divide n_heads={_g(v['n_heads'])} (and n_kv_heads="
                     f"{_g(v['n_kv_heads'])} must divide or be divisible by tp)")),
-    Rule("layers_not_divisible", (TRAIN, INFER),
-         lambda xp, p: divides(xp, xp.maximum(p.pp, 1.0) * xp.maximum(p.interleave_eff, 1.0),
-                               p.n_layers),
-         lambda v: (f"n_layers={_g(v['n_layers'])} is not divisible by pp·interleave = "
-                    f"{_g(v['pp'])}·{_g(v['v'])}")),
+    Rule("layers_not_divisible", (TRAIN, INFER), layers_ok,
+         lambda v: (f"n_layers={_g(v['n_layers'])} must be at least pp={_g(v['pp'])} (stages "
+                    f"may hold unequal layers) and, with interleave={_g(v['v'])} > 1, "
+                    f"divisible by pp·interleave = {_g(v['pp'] * v['v'])}")),
     Rule("batch_not_divisible", (TRAIN, INFER),
          lambda xp, p: (p.m >= 1) & is_integer(xp, p.m),
          lambda v: (f"{v['batch_name']}={_g(v['batch'])} is not a multiple of "

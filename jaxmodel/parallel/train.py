@@ -16,7 +16,10 @@ stride tp·cp·pp·ep; pipeline transfers cross the outermost network tier the t
 of one pipeline span. Feasibility is the plan
 module's rules (structure, device, network, finiteness) followed by memory.
 
-**Per stage and micro-batch** (slowest stage): ``L/p`` layers (all ``v`` chunks of a device)
+**Per stage and micro-batch** (slowest stage): its layers (all ``v`` chunks of a device;
+``⌊L/p⌋`` or ``⌈L/p⌉`` when ``p`` does not divide ``L``, the lighter stages at the ends:
+:func:`jaxmodel.parallel.pipeline.stage_layers`, the slowest of the first, the most loaded
+and the last stage counts)
 × (forward + backward + recompute + TP collectives, all serial — Megatron does not overlap TP
 communication — plus the bias/dropout/residual kernels of :func:`residual_dropout_times`),
 plus the embedding on the first stage and the LM head + loss on the last (both on the one
@@ -136,6 +139,7 @@ from jaxmodel.parallel import zero as _zero
 from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_knobs,
                             validate_model, validate_parallelism, validate_system)
 from jaxmodel.workload import layer as _layer
+_lora = importlib.import_module("jaxmodel.workload.lora")  # the module; jm.lora is a function
 from jaxmodel.workload import memory as _memory
 from jaxmodel.workload import moe as _moe
 from jaxmodel.workload import params as _params
@@ -347,12 +351,13 @@ STAGE_KEYS = ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "ep_comm_
 
 def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
                        gemm: Callable | None = None, precision=None, dropout=1.0,
-                       variant: _layer.Variant = _layer.ANY) -> dict:
+                       variant: _layer.Variant = _layer.ANY, finetune=None) -> dict:
     """Per-layer and embedding times of one micro-batch (``par.micro_batch`` sequences) on
     one device, s: the workload's training layer and embedding times plus
     :func:`residual_dropout_times` (keys :data:`STAGE_KEYS`), under context parallelism
     (:func:`jaxmodel.parallel.context.cp_layer_times`) on ``s/cp`` tokens. ``system`` runs at its
-    sustained clock, ``model``/``par`` are sanitised (see :func:`train_step_single`)."""
+    sustained clock, ``model``/``par`` are sanitised (see :func:`train_step_single`).
+    ``finetune`` (a :class:`jaxmodel.workload.lora.LoRA`): :func:`_finetune_times`."""
     b = par.micro_batch
     prec = _prec.precision(precision)
     # the layer under context parallelism (every token-wise op on s/cp tokens, the attention
@@ -370,6 +375,31 @@ def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
     out.update({k: et[k] for k in STAGE_KEYS[7:13]})
     out.update(emb_comm_fwd=et["comm_fwd"], emb_comm_bwd=et["comm_bwd"], rd_fwd=rd[0],
                rd_bwd=rd[1], rd_selective=rd[2])
+    if finetune is not None:
+        out = _finetune_times(system, model, par, b, local, seq_len, out, finetune, gemm,
+                              prec, variant)
+    return out
+
+
+def _finetune_times(system, model, par, b, local, seq_len, out, cfg, gemm, prec, variant):
+    """The stage times under LoRA / QLoRA (:func:`jaxmodel.workload.lora.
+    stage_time_changes`: Hu et al., ICLR 2022; Dettmers et al., NeurIPS 2023): adapter GEMMs
+    and QLoRA's dequantisation added to the forward, backward and a full recomputation; the
+    frozen weights' and the LM head's weight-gradient GEMMs removed from the backward; no
+    embedding gradient."""
+    gemms, _ = _layer.layer_graph(system.device, model, par, b, local, seq_len, training=True,
+                                  variant=variant, precision=prec)
+    tokens = b * local
+    head = _layer.Gemm(tokens, model.vocab_size / jnp.maximum(par.tp, 1.0), model.d_model)
+    d = _lora.stage_time_changes(system.device, model, par, tokens, gemms, head, cfg,
+                                 gemm or _layer.default_gemm, prec)
+    out = dict(out)
+    out["fwd"] = out["fwd"] + d["fwd"]
+    out["bwd"] = out["bwd"] + d["bwd"]
+    out["recompute"] = out["recompute"] + jnp.where(par.recompute > 1.5, d["recompute_full"],
+                                                    0.0)
+    out["lm_head_bwd"] = out["lm_head_bwd"] + d["lm_head_bwd"]
+    out["embed_bwd"] = 0.0 * out["embed_bwd"]
     return out
 
 
@@ -378,7 +408,7 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
                       adam_bytes_per_param=None, dtype_bytes=None,
                       clock_fraction=None, dropout=1.0,
                       variant: _layer.Variant = _layer.ANY, tp_overlap=0.0,
-                      precision=None) -> TrainResult:
+                      precision=None, finetune=None) -> TrainResult:
     """Single-configuration body of :func:`train_step` (use inside other formulas).
 
     Args:
@@ -402,32 +432,34 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
             memory-bound kernels of :func:`residual_dropout_times`).
         variant: static branch switches of the workload's op graph
             (:class:`jaxmodel.workload.layer.Variant`; ``ANY`` keeps every branch).
+        finetune: ``None`` (full training) or a :class:`jaxmodel.workload.lora.LoRA`
+            (LoRA / QLoRA fine-tuning, see :func:`train_step`).
     """
     prec = _prec.resolve(precision, dtype_bytes)
     prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction, prec)
     times = stage_times_single(prep.system, prep.model, _stage_plan(prep.par), prep.seq_len,
-                               gemm, prec, dropout, variant)
+                               gemm, prec, dropout, variant, finetune)
     return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
-                    variant.net, tp_overlap)
+                    variant.net, tp_overlap, finetune)
 
 
 def _from_stage_times(system, model, par, global_batch, seq_len, times, dp_overlap=1.0,
                       grad_bytes=None, adam_bytes_per_param=None, precision=None,
                       clock_fraction=None, net: _comm.NetVariant = _comm.ANY_NET,
-                      tp_overlap=0.0):
+                      tp_overlap=0.0, finetune=None):
     """:func:`train_step_single` with the stage times given (the de-duplicated path)."""
     prec = _prec.precision(precision)
     prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction, prec)
     return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
-                    net, tp_overlap)
+                    net, tp_overlap, finetune)
 
 
 def _stage_inputs(system, model, par, global_batch, seq_len, clock_fraction=None,
-                  precision=None):
+                  precision=None, finetune=None):
     """Inputs of :func:`stage_times_single` for one configuration (de-duplication key)."""
     prec = _prec.precision(precision)
     prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction, prec)
-    return prep.system, prep.model, _stage_plan(prep.par), prep.seq_len, prec
+    return prep.system, prep.model, _stage_plan(prep.par), prep.seq_len, prec, finetune
 
 
 _COMM_KEYS = ("tp_comm_fwd", "tp_comm_bwd", "ep_comm_fwd", "ep_comm_bwd", "emb_comm_fwd",
@@ -611,7 +643,7 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
 
 
 def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
-             net: _comm.NetVariant = _comm.ANY_NET, tp_overlap=0.0):
+             net: _comm.NetVariant = _comm.ANY_NET, tp_overlap=0.0, finetune=None):
     """The step from the stage times: layers, DP/ZeRO, pipeline, optimizer, memory and the
     plan's rules (feasibility)."""
     system, peak, checks, structure_ok, model_s, par_s, gb, seq = prep
@@ -630,8 +662,17 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     lt = _layer_times(t, rcode, tp_overlap, dev,
                       _tp_hbm_bytes(par_s, b, seq / cp, model_s.d_model, dtype_bytes))
     multi_stage = pp > 1.5
-    extra_max = jnp.where(multi_stage, jnp.maximum(lt.first, lt.last), lt.first + lt.last)
     extra_mean = (lt.first + lt.last) / pp
+    # the slowest stage (uneven stages: :func:`jaxmodel.parallel.pipeline.stage_layers`):
+    # first (embedding), the most loaded middle one, or last (LM head + loss)
+    per_layer = lt.fwd + lt.tpf + lt.epf + lt.bwd + lt.rc + lt.tpb + lt.epb
+    n_first, n_most, n_last = pl.stage_layers(model_s.n_layers, pp)
+    slow_n = n_first
+    slow_extra = jnp.where(multi_stage, lt.first, lt.first + lt.last)
+    for n_k, extra_k in ((n_most, 0.0), (n_last, jnp.where(multi_stage, lt.last, 0.0))):
+        slower = n_k * per_layer + extra_k > slow_n * per_layer + slow_extra
+        slow_n = jnp.where(slower, n_k, slow_n)
+        slow_extra = jnp.where(slower, extra_k, slow_extra)
     layer_f = layers * (lt.fwd + lt.tpf + lt.epf)           # forward of one micro-batch
     layer_b = layers * (lt.bwd + lt.rc + lt.tpb + lt.epb)   # backward (+ recompute)
 
@@ -639,8 +680,18 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     act_bytes = pl.p2p_bytes(b, seq, model_s.d_model, tp, dtype_bytes) / cp   # s/cp tokens
     n_par = _params.params_per_device.single(model_s, par_s)
     n_exp = _moe.expert_params_per_device(model_s, par_s)
+    g_dp, w_dp, n_opt = grad_bytes, prec.weight_bytes, None
+    if finetune is not None:
+        # LoRA: only the adapters are reduced, gathered (ZeRO-1/2) and updated; ZeRO-3
+        # still gathers the frozen base per layer in its storage type
+        n_opt = _lora.adapter_params_per_device(model_s, par_s, finetune)
+        frac = n_opt / jnp.maximum(n_par, 1.0)
+        g_dp = grad_bytes * frac
+        w_dp = jnp.where(par_s.zero > 2.5, jnp.where(finetune.base_bytes > 0,
+                                                     finetune.base_bytes, prec.weight_bytes),
+                         prec.weight_bytes * frac)
     dpc = _data_parallel(system, model_s, par_s, where, n_par, n_exp, layer_f, layer_b,
-                         grad_bytes, prec.weight_bytes, dp_overlap, act_bytes, net, m, layers)
+                         g_dp, w_dp, dp_overlap, act_bytes, net, m, layers)
 
     # ---- pipeline ---------------------------------------------------------------------------
     t_mean = layer_f + layer_b + extra_mean + dpc.per_micro
@@ -657,31 +708,34 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     zero = par_s.zero
     local = (n_par - n_exp) / jnp.where(zero >= 0.5, dp * cp, 1.0) + n_exp / jnp.where(
         zero >= 0.5, where.dp_exp_cp.size, 1.0)
+    if n_opt is not None:
+        local = n_opt / jnp.where(zero >= 0.5, dp * cp, 1.0)
     t_opt_raw = _ops.elementwise_latency.single(dev, local, adam_bytes,
                                                 CONSTANTS["adam_flops_per_param"])
     t_opt = _finite(t_opt_raw)
 
     breakdown = {
-        "compute": m * layers * (lt.fwd + lt.bwd),
-        "recompute": m * layers * lt.rc,
-        "tp_comm": m * layers * (lt.tpf + lt.tpb),
-        "embedding": m * extra_max,
+        "compute": m * slow_n * (lt.fwd + lt.bwd),
+        "recompute": m * slow_n * lt.rc,
+        "tp_comm": m * slow_n * (lt.tpf + lt.tpb),
+        "embedding": m * slow_extra,
         "dp_comm": m * dpc.per_micro + dpc.per_step,
         "pp_comm": n_p2p * t_p2p + t_emb_ar,
         "bubble": bubble,
         "optimizer": t_opt,
-        "ep_comm": m * layers * (lt.epf + lt.epb),
+        "ep_comm": m * slow_n * (lt.epf + lt.epb),
     }
     step = sum(breakdown[k] for k in BREAKDOWN_KEYS)
 
     # ---- memory -------------------------------------------------------------------------
-    in_flight = pl.in_flight_microbatches(par_s.schedule, pp, m, par_s.interleave)
-    # model states sharded over dp·cp; activations of the s/cp local tokens
-    # (:func:`jaxmodel.parallel.context.cp_activation_bytes`, the workload's inventory at cp = 1)
-    mem = _memory.training_memory.single(model_s, dataclasses.replace(par_s, dp=dp * cp), seq,
-                                         in_flight, grad_bytes, prec)
-    mem["activations"] = in_flight * layers * _cx.cp_activation_bytes(
-        model_s, par_s, b, seq, cp, dtype_bytes=dtype_bytes)
+    # the largest of the first, most loaded and last stage; model states sharded over dp·cp;
+    # activations of the s/cp local tokens (:func:`jaxmodel.parallel.context.
+    # cp_activation_bytes`, the workload's inventory at cp = 1)
+    in_flight = pl.stage_in_flight(par_s.schedule, pp, m, par_s.interleave)
+    mem = _memory.training_memory.single(
+        model_s, dataclasses.replace(par_s, dp=dp * cp), seq, in_flight, grad_bytes, prec,
+        act_per_layer=_cx.cp_activation_bytes(model_s, par_s, b, seq, cp,
+                                              dtype_bytes=dtype_bytes))
     # ZeRO-3 / FSDP: the sharded states plus the units alive unsharded at once (the computing
     # one, the one prefetched, one unsharded gradient unit; :func:`jaxmodel.parallel.zero.
     # zero3_memory`)
@@ -693,6 +747,10 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     z3_on = par_s.zero > 2.5
     for k in ("weights", "gradients", "optimizer"):
         mem[k] = jnp.where(z3_on, z3m[0][k] + z3m[1][k], mem[k])
+    if finetune is not None:      # frozen base + adapters (:func:`jaxmodel.workload.lora.
+        mem.update(_lora.memory_states(                               # memory_states`)
+            model_s, dataclasses.replace(par_s, dp=dp * cp), finetune, n_par, prec,
+            grad_bytes))
     mem["total"] = mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"]
     mem_ok = mem["total"] <= dev.mem_capacity
 
@@ -712,6 +770,8 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     reason = jnp.where(topo & dpc.ok & ~pp_net_ok, dpc.send_why, reason).astype(jnp.int32)
 
     flops = _params.model_flops_per_token.single(model_s, seq, False) * gb * seq
+    if finetune is not None:      # no weight-gradient GEMMs for the frozen base
+        flops = flops - _lora.frozen_flops_per_token(model_s) * gb * seq
     full_rc = (_params.model_flops_per_token.single(model_s, seq, True) * gb * seq - flops)
     # selective recompute repeats the QKᵀ and AV forward GEMMs (none under FlashAttention,
     # whose backward recomputation is part of its backward time, as in the layer model)
@@ -741,7 +801,8 @@ DEDUP_MIN_BATCH = 1   # the split path also compiles faster for one plan (18 s v
 
 def stage_times(system: System, model: Model, par: Parallelism, global_batch, seq_len, *,
                 gemm: Callable | None = None, dtype_bytes=None, clock_fraction=None,
-                dropout=1.0, chunk: int | None = None, precision=None) -> dict:
+                dropout=1.0, chunk: int | None = None, precision=None,
+                finetune=None) -> dict:
     """Per-micro-batch stage times (:data:`STAGE_KEYS`) of a batch of plans, each distinct
     stage input evaluated once.
 
@@ -757,27 +818,29 @@ def stage_times(system: System, model: Model, par: Parallelism, global_batch, se
     """
     kw = {} if chunk is None else {"chunk": chunk}
     prec = _prec.resolve(precision, dtype_bytes)
-    shape = batch_shape(system, model, par, global_batch, seq_len, clock_fraction, prec)
+    shape = batch_shape(system, model, par, global_batch, seq_len, clock_fraction, prec,
+                        finetune)
     variant = _layer.variant_of(model, par, system)
     inputs = batched(_stage_inputs, **kw)(system, model, par, global_batch, seq_len,
-                                          clock_fraction, prec)
+                                          clock_fraction, prec, finetune)
     if math.prod(shape) == 0:
         raise ValueError("train_step: empty batch of plans")
     return dedup_map(_stage_times_row, inputs, shape=shape, gemm=gemm, dropout=dropout,
                      variant=variant, **kw)
 
 
-def _stage_times_row(system, model, par, seq_len, precision, gemm=None, dropout=1.0,
+def _stage_times_row(system, model, par, seq_len, precision, finetune, gemm=None, dropout=1.0,
                      variant=_layer.ANY):
     """:func:`stage_times_single` on the outputs of :func:`_stage_inputs` (their order)."""
-    return stage_times_single(system, model, par, seq_len, gemm, precision, dropout, variant)
+    return stage_times_single(system, model, par, seq_len, gemm, precision, dropout, variant,
+                              finetune)
 
 
 def train_step(system: System, model: Model, par: Parallelism, global_batch, seq_len, *,
                gemm: Callable | None = None, dp_overlap=1.0, grad_bytes=None,
                adam_bytes_per_param=None, dtype_bytes=None, clock_fraction=None,
                dropout=1.0, dedup: bool | None = None, chunk: int | None = None,
-               tp_overlap=0.0, precision=None) -> TrainResult:
+               tp_overlap=0.0, precision=None, finetune=None) -> TrainResult:
     """Time, throughput and memory of one training step (data × tensor × pipeline parallel).
 
     Source: Narayanan et al., SC'21 (PTD-P: placement §3, schedules §2.2, scatter/gather §4.1,
@@ -817,6 +880,13 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
             ``DEDUP_MIN_BATCH`` plans with a scalar ``dropout`` — also
             for one plan: two smaller compiled graphs build faster than one big one.
         chunk: ``lax.map`` batch size for big batches (default ``batching.DEFAULT_CHUNK``).
+        finetune: ``None`` (full training) or a :class:`jaxmodel.LoRA` (``jm.lora(16)``,
+            ``jm.qlora(16)``; leaves may be batched): LoRA / QLoRA fine-tuning — frozen base in
+            its storage type without gradients or optimizer states, adapters with full
+            training state, no weight-gradient GEMMs for the base, adapter GEMMs added
+            (:mod:`jaxmodel.workload.lora`; Hu et al., ICLR 2022; Dettmers et al., NeurIPS
+            2023). ``mfu`` then counts the fine-tuning's model FLOPs (forward and input
+            gradients of the base, no weight gradients).
 
     Returns:
         :class:`TrainResult` with the batch shape of the inputs in front of every field.
@@ -836,8 +906,9 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         (29.6, 0.358)
     """
     prec = _prec.resolve(precision, dtype_bytes)
-    concrete = is_concrete(system, model, par, global_batch, seq_len, clock_fraction, prec)
-    shape = batch_shape(system, model, par, global_batch, seq_len, prec)
+    concrete = is_concrete(system, model, par, global_batch, seq_len, clock_fraction, prec,
+                           finetune)
+    shape = batch_shape(system, model, par, global_batch, seq_len, prec, finetune)
     validate_knobs("train_step", global_batch=global_batch, seq_len=seq_len,
                    dp_overlap=dp_overlap, tp_overlap=tp_overlap, grad_bytes=grad_bytes,
                    adam_bytes_per_param=adam_bytes_per_param, dtype_bytes=dtype_bytes,
@@ -861,19 +932,19 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         with jax.ensure_compile_time_eval():      # de-duplication reads concrete values
             times = stage_times(system, model, par, global_batch, seq_len, gemm=gemm,
                                 precision=prec, clock_fraction=clock_fraction,
-                                dropout=dropout, chunk=chunk)
+                                dropout=dropout, chunk=chunk, finetune=finetune)
         return batched(_from_stage_times, **kw)(
             system, model, par, global_batch, seq_len, times, dp_overlap=dp_overlap,
             grad_bytes=grad_bytes, adam_bytes_per_param=adam_bytes_per_param,
             precision=prec, clock_fraction=clock_fraction,
-            net=_comm.net_variant_of(system), tp_overlap=tp_overlap)
+            net=_comm.net_variant_of(system), tp_overlap=tp_overlap, finetune=finetune)
     # static op-graph switches from concrete inputs (smaller graphs, faster compiles)
     variant = (_layer.variant_of(model, par, system) if is_concrete(model, par)
                else _layer.ANY._replace(net=_comm.net_variant_of(system)))
     kwargs = dict(gemm=gemm, dp_overlap=dp_overlap, grad_bytes=grad_bytes,
                   adam_bytes_per_param=adam_bytes_per_param, precision=prec,
                   clock_fraction=clock_fraction, dropout=dropout, variant=variant,
-                  tp_overlap=tp_overlap)
+                  tp_overlap=tp_overlap, finetune=finetune)
     if chunk is None:
         return _train_step_batched(system, model, par, global_batch, seq_len, **kwargs)
     return batched(train_step_single, chunk=chunk)(system, model, par, global_batch, seq_len,

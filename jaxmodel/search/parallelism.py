@@ -100,7 +100,8 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
     :func:`jaxmodel.train_step` checks, evaluated on numpy columns), and crossed with
     recompute, ZeRO and FlashAttention. Among them: ``dp·tp·pp·cp = n``; ``cp > 1`` splits
     the sequence into ``2·cp`` chunks (needs ``seq_len``); ``tp`` divides the
-    heads (KV heads divide or are replicated); ``pp·v`` divides the layers;
+    heads (KV heads divide or are replicated); ``pp ≤`` the layers (uneven stages:
+    :func:`jaxmodel.parallel.pipeline.stage_layers`), ``pp·v`` dividing them when interleaved;
     ``dp·micro_batch`` divides the global batch, a multiple of ``pp`` micro-batches for the
     interleaved schedule; ``ep`` divides the experts and ``dp`` (DeepSpeed-TED); with
     ``seq_len``, ``tp`` divides each CP rank's ``s/cp`` tokens under SP.
@@ -221,7 +222,7 @@ def _scaled_system(system: System, n_devices: int) -> System:
 def search_parallelism(system: System, model: Model, n_devices: int, global_batch,
                        seq_len, *, gemm_table: bool = False, progress: bool = True,
                        top: int | None = None, step_options: Mapping | None = None,
-                       precision=None, **options) -> pd.DataFrame:
+                       precision=None, finetune=None, **options) -> pd.DataFrame:
     """Rank every consistent parallelism plan for training ``model`` on ``n_devices``.
 
     The plans of :func:`enumerate_plans` (crossed with ``step_options``) are evaluated in ONE
@@ -253,6 +254,8 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
             (e.g. ``["bf16", "fp8"]``), searched like any other option.
         precision: one precision for every plan (name or :class:`jaxmodel.Precision`), or
             a list of them to search (the same as ``step_options={"precision": [...]}``).
+        finetune: ``None`` (full training) or a :class:`jaxmodel.LoRA` for every plan
+            (LoRA / QLoRA fine-tuning, :func:`jaxmodel.train_step`).
         **options: enumeration options of :func:`enumerate_plans` (``schedules``,
             ``recompute``, ``zero``, ``sp``, ``flash_attention``, ``max_tp``, ``cp``, ...);
             ``cp`` defaults to :data:`CP_DEGREES` from :data:`LONG_CONTEXT_TOKENS` tokens on,
@@ -333,14 +336,15 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
         from jaxmodel.parallel.gemm_table import GemmTable
         with runtime.stage("search_parallelism: GEMM table", show_after=shown) as st:
             table = GemmTable.for_train_step(system, model, par, gb, float(seq_len),
-                                             precision=kw.get("precision"))
+                                             precision=kw.get("precision"),
+                                             finetune=finetune)
             gemm = table.lookup
             info["n_unique_gemms"] = int(len(table.shapes))
             st["note"] = f"{info['n_unique_gemms']} distinct GEMM shapes"
         timings["gemm_table_s"] = st["wall_s"]
     with runtime.stage("search_parallelism: train_step", show_after=shown) as st:
         res = _parallel.train_step(system, model, par, float(gb), float(seq_len), gemm=gemm,
-                                   **kw)
+                                   finetune=finetune, **kw)
         res = jax.tree_util.tree_map(np.asarray, res)
         st["note"] = f"{n_eval:,} plans"
     timings["evaluate_s"] = st["wall_s"]

@@ -25,7 +25,7 @@ row                 kernel(s)                                                   
 ``act``             GELU (LLMCompass GeLU op) or fused SiLU·mul, b·s·d_ff/t elements   GeLU
 ``w2``              [b·s, d_ff/t]×[d_ff/t, d]                                         W2_proj
 ``layernorm_ffn``   as layernorm_mha                                                  LayerNorm_FFN
-``allreduce_ffn``   as allreduce_mha                                                  AllReduce_FFN
+``allreduce_ffn``   as allreduce_mha (0 for a parallel block, :func:`tp_syncs`)        AllReduce_FFN
 ``moe_router``      MoE gate GEMM, softmax/top-k, permutations (0 for dense models)
 ``moe_alltoall``    MoE dispatch + combine all-to-all over ``ep`` (0 for dense models)
 ``total``           sum of the rows above
@@ -455,6 +455,19 @@ def tp_collective(system: System, par: Parallelism, nbytes, variant: Variant = A
     return jnp.where(multi, t, 0.0)
 
 
+def tp_syncs(model: Model):
+    """Tensor-parallel synchronisation points of one layer per pass (count): 2 for the
+    sequential block (the attention and the MLP each end in a row-parallel GEMM whose
+    partial sums are all-reduced — Megatron's ``g``/``f`` pair, Shoeybi et al. 2019 §3 — or,
+    under SP, reduce-scattered and all-gathered again), 1 for a parallel attention + MLP
+    block (GPT-J, Falcon, GPT-NeoX, PaLM): both branches read the same input and their
+    row-parallel outputs are summed locally before a single all-reduce in the forward pass,
+    and their input gradients before a single one in the backward pass (Black et al. 2022,
+    "GPT-NeoX-20B", §2.1.3 "Parallel Attention + FF Layers"; Chowdhery et al. 2022, "PaLM",
+    §2 "Parallel Layers"; Megatron-LM's and GPT-NeoX's parallel-residual layers)."""
+    return 2.0 - jnp.clip(model.parallel_block, 0.0, 1.0)
+
+
 def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dtype_bytes=None,
                 training=False, variant: Variant = ANY, *, precision=None, attn_word=None,
                 mla_absorbed: bool = False, runtime=None):
@@ -585,7 +598,7 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     out = {k: v[0] for k, v in rows.items()}
     sync = tp_collective(system, par, batch * seq_len * model.d_model * dtype_bytes, variant)
     out["allreduce_mha"] = sync
-    out["allreduce_ffn"] = sync
+    out["allreduce_ffn"] = (tp_syncs(model) - 1.0) * sync    # 0 for a parallel block
     out["moe_alltoall"] = (jnp.zeros_like(sync) if variant.moe is False else
                            _moe.alltoall_time(system, model, par, batch * seq_len, dtype_bytes,
                                               net=variant.net,
@@ -711,8 +724,8 @@ def training_layer_single(system: System, model: Model, par: Parallelism, micro_
                               rows["qk"][0] + rows["softmax"][0] + rows["av"][0])
     sync = tp_collective(system, par, micro_batch * seq_len * model.d_model * dtype_bytes,
                          variant)
-    comm_fwd = 2.0 * sync
-    comm_bwd = 2.0 * sync
+    comm_fwd = tp_syncs(model) * sync
+    comm_bwd = comm_fwd
     a2a = (0.0 * sync if variant.moe is False else
            _moe.alltoall_time(system, model, par, micro_batch * seq_len, dtype_bytes,
                               net=variant.net))
@@ -750,7 +763,8 @@ def training_layer_times(system: System, model: Model, par: Parallelism, micro_b
         attention core (``QKᵀ``, softmax, ``AV``), full = the whole forward incl. its TP
         collectives;
         ``tp_comm_fwd`` / ``tp_comm_bwd`` — 2 all-reduces each (SP: 2 × (reduce-scatter +
-        all-gather)), not overlapped;
+        all-gather)), 1 for a parallel attention + MLP block (:func:`tp_syncs`), not
+        overlapped;
         ``ep_comm_fwd`` / ``ep_comm_bwd`` — MoE dispatch + combine all-to-all over ``ep``
         (share-weighted, 0 for dense models or ``ep = 1``; :func:`jaxmodel.workload.moe.
         alltoall_time`); full recomputation repeats the forward one.

@@ -33,7 +33,8 @@ import jax.numpy as jnp
 
 from jaxmodel.batching import batched
 from jaxmodel.types import Model, Parallelism
-from jaxmodel.workload.moe import expert_params_per_device, moe_activation_bytes
+from jaxmodel.workload import moe as _moe
+from jaxmodel.workload.moe import moe_activation_bytes
 from jaxmodel.workload import params as _params
 from jaxmodel.workload.params import params_per_device
 _prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
@@ -90,56 +91,84 @@ def activation_bytes_per_layer(model: Model, par: Parallelism, micro_batch, seq_
     return jnp.where(rc > 1.5, full, per_layer)
 
 
+def _stage_in_flight(in_flight):
+    """``(first, most, last)`` in-flight counts from a scalar (every stage alike) or a
+    3-tuple (:func:`jaxmodel.parallel.pipeline.stage_in_flight`)."""
+    if isinstance(in_flight, (tuple, list)):
+        return tuple(in_flight)
+    return (in_flight, in_flight, in_flight)
+
+
 @batched
 def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_bytes=None,
-                    precision=None):
-    """Training memory of the most loaded device (first pipeline stage), bytes.
+                    precision=None, act_per_layer=None):
+    """Training memory of the most loaded device (the pipeline stage with the largest total),
+    bytes.
 
     Source: see module docstring. Per parameter of ``precision`` (default ``"bf16"``): weights
     :func:`jaxmodel.precision.training_weight_bytes` (2 B; 3 B with FP8's cached weight
     copy), gradients ``grad_bytes`` (4 B fp32 main gradients as in Megatron), optimizer
     ``master_bytes + optim_bytes`` (4 + 8 = 12 B) per parameter of
-    :func:`~jaxmodel.workload.params.params_per_device`, divided by ``dp`` from ZeRO stage 1
+    :func:`~jaxmodel.workload.params.stage_params`, divided by ``dp`` from ZeRO stage 1
     (optimizer), 2 (+ gradients), 3 (+ weights). Activations: ``in_flight`` micro-batches
-    (of ``par.micro_batch`` sequences) through the stage's ``n_layers/pp`` layers, each
-    :func:`activation_bytes_per_layer`.
+    (of ``par.micro_batch`` sequences) through the stage's layers, each
+    :func:`activation_bytes_per_layer`. Three stages are evaluated — the first (embedding),
+    the most loaded middle one (``⌈L/p⌉`` layers) and the last (LM head), see
+    :func:`jaxmodel.parallel.pipeline.stage_layers` — and the one with the largest total is
+    returned (all three coincide when ``pp`` divides the layers and ``in_flight`` is a scalar).
 
     Args:
         seq_len: sequence length.
-        in_flight: micro-batches whose activations the stage holds at its peak, in units of
+        in_flight: micro-batches whose activations a stage holds at its peak, in units of
             one micro-batch through all the stage's layers: 1 without pipelining, ``pp`` for
             the first stage under 1F1B, ``pp + (pp−1)/m`` for interleaved 1F1B with ``m``
-            chunks (Korthikanti §4.2.3), the number of micro-batches under GPipe. The pipeline
-            schedules supply it.
+            chunks (Korthikanti §4.2.3), the number of micro-batches under GPipe — a scalar
+            (every stage alike) or the ``(first, second, last)`` stages' counts of
+            :func:`jaxmodel.parallel.pipeline.stage_in_flight`.
         grad_bytes: bytes per gradient element (default ``precision.grad_bytes``).
         precision: preset name or :class:`jaxmodel.Precision`; activations are stored in
             its ``act_bytes``.
+        act_per_layer: activation bytes of one layer and micro-batch (default
+            :func:`activation_bytes_per_layer`; context parallelism passes its own).
 
     Returns:
         dict with ``weights``, ``gradients``, ``optimizer``, ``activations``, ``total``.
     """
+    from jaxmodel.parallel.pipeline import stage_layers
     prec = _prec.precision(precision)
     grad_bytes = prec.grad_bytes if grad_bytes is None else grad_bytes
-    params = params_per_device.single(model, par)
     dp = jnp.maximum(par.dp, 1.0)
     zero = par.zero
     # expert weights are ZeRO-sharded over their data-parallel group dp/ep only (DeepSpeed-TED)
-    experts = expert_params_per_device(model, par)
     dp_exp = jnp.maximum(dp / jnp.maximum(par.ep, 1.0), 1.0)
+    if act_per_layer is None:
+        act_per_layer = activation_bytes_per_layer.single(model, par, par.micro_batch, seq_len,
+                                                          prec.act_bytes)
+    tp = jnp.maximum(par.tp, 1.0)
+    per_expert_layer = model.n_experts / jnp.maximum(par.ep, 1.0) * _params.expert_params(
+        model) / tp
+    stages = zip(_params.stage_params(model, par), _moe.stage_moe_layers(model, par),
+                 stage_layers(model.n_layers, par.pp), _stage_in_flight(in_flight))
+    best = None
+    for params, n_moe, layers, flight in stages:
+        experts = n_moe * per_expert_layer
 
-    def sharded(stage):
-        on = zero >= stage
-        return (params - experts) / jnp.where(on, dp, 1.0) + experts / jnp.where(on, dp_exp,
-                                                                                   1.0)
+        def sharded(stage):
+            on = zero >= stage
+            return ((params - experts) / jnp.where(on, dp, 1.0)
+                    + experts / jnp.where(on, dp_exp, 1.0))
 
-    weights = _prec.training_weight_bytes(prec) * sharded(2.5)
-    grads = grad_bytes * sharded(1.5)
-    optim = (prec.master_bytes + prec.optim_bytes) * sharded(0.5)
-    layers = model.n_layers / jnp.maximum(par.pp, 1.0)
-    acts = in_flight * layers * activation_bytes_per_layer.single(model, par, par.micro_batch,
-                                                                  seq_len, prec.act_bytes)
-    return {"weights": weights, "gradients": grads, "optimizer": optim, "activations": acts,
-            "total": weights + grads + optim + acts}
+        m = {"weights": _prec.training_weight_bytes(prec) * sharded(2.5),
+             "gradients": grad_bytes * sharded(1.5),
+             "optimizer": (prec.master_bytes + prec.optim_bytes) * sharded(0.5),
+             "activations": flight * layers * act_per_layer}
+        m["total"] = m["weights"] + m["gradients"] + m["optimizer"] + m["activations"]
+        if best is None:
+            best = m
+        else:
+            more = m["total"] > best["total"]
+            best = {k: jnp.where(more, m[k], best[k]) for k in m}
+    return best
 
 
 def kv_elements_per_token(model: Model, par: Parallelism):
@@ -166,14 +195,16 @@ def cached_tokens_per_layer(model: Model, seq_len):
 
 def kv_cache_bytes_single(model: Model, par: Parallelism, batch, seq_len, dtype_bytes=2.0):
     """Single-configuration body of :func:`kv_cache_bytes`."""
-    layers = model.n_layers / jnp.maximum(par.pp, 1.0)
+    from jaxmodel.parallel.pipeline import stage_layers
+    layers = stage_layers(model.n_layers, par.pp)[1]      # the most loaded stage, ⌈L/p⌉
     return (batch * cached_tokens_per_layer(model, seq_len) * kv_elements_per_token(model, par)
             * dtype_bytes * layers)
 
 
 @batched
 def kv_cache_bytes(model: Model, par: Parallelism, batch, seq_len, dtype_bytes=2.0):
-    """KV cache per device, bytes: ``2 · b · s · h_kv' · d_h · bytes · n_layers/pp``.
+    """KV cache per device, bytes: ``2 · b · s · h_kv' · d_h · bytes · ⌈n_layers/pp⌉`` (the
+    most loaded stage, :func:`jaxmodel.parallel.pipeline.stage_layers`).
 
     Source: Pope et al. 2023 "Efficiently Scaling Transformer Inference" §2 (K and V of every
     past token per layer). ``h_kv' = max(h_kv/t, 1)``: KV heads split over TP and replicated

@@ -222,16 +222,26 @@ def alltoall_time(system: System, model: Model, par: Parallelism, tokens, dtype_
 
 def expert_params_per_device(model: Model, par: Parallelism):
     """Routed-expert weights on the most loaded device (count): ``n_moe/pp · (E/ep) ·
-    expert/tp`` (shared experts are dense weights, reduced over ``dp``).
+    expert/tp`` (the MoE layers of the stage with ``⌈L/p⌉`` layers, :func:`stage_moe_layers`;
+    shared experts are dense weights, reduced over ``dp``).
 
     The part of :func:`jaxmodel.workload.params.params_per_device` whose gradients are reduced
     (and optimizer states ZeRO-sharded) over ``DP_exp = dp/ep`` only (DeepSpeed-TED §4;
     DeepSpeed-MoE expert-data-parallel groups). The router is dense (reduced over ``dp``).
     """
-    tp = jnp.maximum(par.tp, 1.0)
-    pp = jnp.maximum(par.pp, 1.0)
     ep = jnp.maximum(par.ep, 1.0)
-    return n_moe_layers(model) / pp * model.n_experts / ep * expert_params(model) / tp
+    tp = jnp.maximum(par.tp, 1.0)
+    return (stage_moe_layers(model, par)[1] * model.n_experts / ep * expert_params(model)
+            / tp)
+
+
+def stage_moe_layers(model: Model, par: Parallelism):
+    """MoE layers on the first, the most loaded and the last pipeline stage: the stage's
+    layers (:func:`jaxmodel.parallel.pipeline.stage_layers`) times the model-wide MoE share
+    (counts; ``n_moe/pp`` each when ``pp`` divides the layers)."""
+    from jaxmodel.parallel.pipeline import stage_layers
+    share = n_moe_layers(model) / jnp.maximum(model.n_layers, 1.0)
+    return tuple(share * x for x in stage_layers(model.n_layers, par.pp))
 
 
 def moe_activation_bytes(model: Model, par: Parallelism, micro_batch, seq_len):

@@ -149,24 +149,24 @@ def _sanitised_degrees(par: Parallelism):
     return tp, pp, ep
 
 
-@batched
-def params_per_device(model: Model, par: Parallelism, mtp: bool = True):
-    """Parameters held by the most loaded device under TP/PP/EP (count).
+def stage_params(model: Model, par: Parallelism, mtp: bool = True):
+    """Parameters on one device of the first, the most loaded and the last pipeline stage
+    (counts, a tuple of three).
 
     Megatron layout (Shoeybi et al. 2019; Narayanan et al. 2021): layer weights are split over
-    ``tp`` (layernorm weights replicated) and the ``n_layers/pp`` layers of a stage; expert
-    weights additionally over ``ep`` (DeepSpeed-TED, Guo et al. §III-C eq. 2). The vocabulary
-    embedding is split over ``tp`` and lives on the first stage, the LM head on the last
-    (a tied head is duplicated there when ``pp > 1``, as Megatron does). The maximum over stages
-    is returned: stage layers plus one embedding-sized matrix, or both when ``pp = 1`` and untied,
-    plus the multi-token-prediction modules (:func:`mtp_params`, held with the head; trained
-    with the model, loaded for serving only with speculative decoding: ``mtp=False``). Shared
-    experts are split over ``tp`` like a dense FFN, routed ones over ``ep·tp``. ZeRO sharding
-    over ``dp`` is applied in :mod:`jaxmodel.workload.memory`, not here.
-
-    Example:
-        >>> p = params_per_device(hw_db.model("gpt3-175b"), jm.Parallelism(tp=8, pp=8))
+    ``tp`` (layernorm weights replicated) and over the stage's layers
+    (:func:`jaxmodel.parallel.pipeline.stage_layers`: ``⌊L/p⌋`` or ``⌈L/p⌉`` per stage, the
+    lighter ones at the ends); each stage holds the average layer (dense and MoE layers in
+    their model-wide proportion); expert weights additionally over ``ep`` (DeepSpeed-TED,
+    Guo et al. §III-C eq. 2). The vocabulary embedding is split over ``tp`` and lives on the
+    first stage, the LM head and the final layernorm on the last (a tied head is duplicated
+    there when ``pp > 1``, as Megatron does), with the multi-token-prediction modules
+    (:func:`mtp_params`, trained with the model, loaded for serving only with speculative
+    decoding: ``mtp=False``). With ``pp = 1`` the one stage holds everything. Shared experts
+    are split over ``tp`` like a dense FFN, routed ones over ``ep·tp``. ZeRO sharding over
+    ``dp`` is applied in :mod:`jaxmodel.workload.memory`, not here.
     """
+    from jaxmodel.parallel.pipeline import stage_layers
     tp, pp, ep = _sanitised_degrees(par)
     n_moe = n_moe_layers(model)
     dense_layer = (attention_params(model) + ffn_params(model)) / tp + 4.0 * model.d_model
@@ -174,15 +174,33 @@ def params_per_device(model: Model, par: Parallelism, mtp: bool = True):
                  + model.n_experts * expert_params(model) / (ep * tp)
                  + model.n_shared_experts * expert_params(model) / tp
                  + model.d_model * model.n_experts)
-    layers = ((model.n_layers - n_moe) * dense_layer + n_moe * moe_layer) / pp
+    avg_layer = ((model.n_layers - n_moe) * dense_layer + n_moe * moe_layer) / jnp.maximum(
+        model.n_layers, 1.0)
+    first, most, last = stage_layers(model.n_layers, pp)
     emb = model.vocab_size * model.d_model / tp
-    # pp = 1: the one stage holds the embedding and (if untied) the head; pp > 1: one of them.
-    n_emb = jnp.where(pp > 1, 1.0, 2.0 - model.tied_embeddings)
-    # multi-token-prediction modules sit beside the head on the last stage
     mtp_layer = jnp.where(model.n_experts > 1, moe_layer, dense_layer)
     mtp_w = model.n_mtp_layers * (2.0 * model.d_model ** 2 / tp + 3.0 * model.d_model
-                                  + mtp_layer)
-    return layers + n_emb * emb + 2.0 * model.d_model + (mtp_w if mtp else 0.0)
+                                  + mtp_layer) if mtp else 0.0
+    head = emb + 2.0 * model.d_model + mtp_w
+    single = pp < 1.5
+    # pp = 1: the one stage holds the embedding and (if untied) the head
+    p_first = first * avg_layer + jnp.where(single, (1.0 - model.tied_embeddings) * emb
+                                            + head, emb)
+    p_last = last * avg_layer + head
+    p_most = jnp.where(single, p_first, most * avg_layer)
+    return p_first, p_most, jnp.where(single, p_first, p_last)
+
+
+@batched
+def params_per_device(model: Model, par: Parallelism, mtp: bool = True):
+    """Parameters held by the most loaded device under TP/PP/EP (count): the largest of
+    :func:`stage_params` (see there for the layout).
+
+    Example:
+        >>> p = params_per_device(hw_db.model("gpt3-175b"), jm.Parallelism(tp=8, pp=8))
+    """
+    first, most, last = stage_params(model, par, mtp)
+    return jnp.maximum(jnp.maximum(first, most), last)
 
 
 def attention_flops_per_token(model: Model, seq_len):

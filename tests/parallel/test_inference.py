@@ -86,7 +86,7 @@ def test_inconsistent_single_plans_raise():
     with pytest.raises(ValueError, match="heads_not_divisible"):
         inference(SYSTEM, model(n_heads=6, n_kv_heads=6), TP4, 8, 512, 64, gemm=roofline_gemm)
     with pytest.raises(ValueError, match="layers_not_divisible"):
-        inference(SYSTEM, model(n_layers=7), jm.Parallelism(tp=2, pp=2), 8, 512, 64,
+        inference(SYSTEM, model(n_layers=1), jm.Parallelism(tp=2, pp=2), 8, 512, 64,
                   gemm=roofline_gemm)
     with pytest.raises(ValueError, match="batch_not_divisible"):
         inference(SYSTEM, M, jm.Parallelism(tp=2, dp=2), 7, 512, 64, gemm=roofline_gemm)

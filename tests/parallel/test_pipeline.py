@@ -58,3 +58,76 @@ def test_vectorised_codes():
     sched = jnp.array([GPIPE, F1B1, INTER])
     got = pl.in_flight_microbatches(sched, 4.0, 8.0, 2.0)
     np.testing.assert_allclose(np.asarray(got), [8.0, 4.0, 4 * (1 + 3 / 8)])
+
+
+@pytest.mark.parametrize("L,p,expected", [
+    (126, 8, (15, 16, 15)),       # Megatron --decoder-first/last-pipeline-num-layers 15
+    (126, 16, (7, 8, 7)),
+    (61, 16, (3, 4, 3)),          # 3 | 13 × 4, 3 | 3
+    (96, 8, (12, 12, 12)),        # even
+    (3, 2, (2, 2, 1)),            # one light stage: the last (LM head) takes it
+    (7, 1, (7, 7, 7)),
+    (5, 5, (1, 1, 1)),
+])
+def test_stage_layers(L, p, expected):
+    got = tuple(float(x) for x in pl.stage_layers(float(L), float(p)))
+    assert got == tuple(float(e) for e in expected)
+
+
+def test_stage_layers_is_a_layout():
+    """For every p <= L: the first and last counts and p − 2 middle stages of ⌊L/p⌋ or
+    ⌈L/p⌉ layers hold exactly L layers, the most loaded holds ⌈L/p⌉ (checked by building
+    the layout)."""
+    for L in range(1, 80):
+        for p in range(1, L + 1):
+            first, most, last = (int(x) for x in pl.stage_layers(float(L), float(p)))
+            q, c = L // p, -(-L // p)
+            assert most == c and first in (q, c) and last in (q, c)
+            if p == 1:
+                assert first == last == L
+                continue
+            rest = L - first - last                   # over p − 2 middle stages
+            assert (p - 2) * q <= rest <= (p - 2) * c, (L, p)
+            assert last == q                          # the head's stage is never heavier
+
+
+def test_stage_in_flight():
+    f, s, l = (float(x) for x in pl.stage_in_flight(F1B1, 8.0, 64.0, 1.0))
+    assert (f, s, l) == (8.0, 7.0, 1.0)               # 1F1B: p − k on stage k
+    assert tuple(float(x) for x in pl.stage_in_flight(GPIPE, 8.0, 64.0, 1.0)) == (64.0,) * 3
+    assert tuple(float(x) for x in pl.stage_in_flight(F1B1, 1.0, 4.0, 1.0)) == (1.0,) * 3
+    assert tuple(float(x) for x in pl.stage_in_flight(F1B1, 8.0, 4.0, 1.0)) == (4.0, 4.0, 1.0)
+    inter = float(pl.in_flight_microbatches(INTER, 4.0, 8.0, 2.0))
+    assert tuple(float(x) for x in pl.stage_in_flight(INTER, 4.0, 8.0, 2.0)) == (inter,) * 3
+
+
+@pytest.mark.slow
+def test_train_step_uneven_stages_slowest_stage():
+    """7 vs 8 layers on 4 stages (one train_step batch over n_layers): with a large LM head
+    the slowest stage of the 7-layer model is the last (1 layer + head: 2 | 2, 2 | 1), of the
+    8-layer one the last too (2 layers + head), so the per-step compute of the slowest stage
+    halves while the embedding/head part stays; the memory of the first stage (2 layers +
+    embedding) is the same; the breakdown sums to the step."""
+    import jaxmodel as jm
+    import hw_db
+    from jaxmodel import ops
+
+    def roofline(dev, m, n, k, batch=1.0, dtype_bytes=2.0):
+        return ops.gemm_roofline.single(dev, m, n, k, batch, dtype_bytes) + \
+            dev.matmul_overhead_s
+
+    model = jm.Model(n_layers=jnp.asarray([7.0, 8.0]), d_model=1024.0, n_heads=16.0,
+                     n_kv_heads=16.0, head_dim=64.0, d_ff=4096.0, vocab_size=128000.0)
+    par = jm.Parallelism(pp=4, schedule="1f1b", recompute="none")
+    r = jm.train_step(hw_db.system("hgx_a100_4gpu"), model, par, 8, 512, gemm=roofline)
+    assert np.all(np.asarray(r.feasible))
+    c = np.asarray(r.breakdown["compute"])
+    assert c[0] == pytest.approx(0.5 * c[1], rel=1e-9)
+    e = np.asarray(r.breakdown["embedding"])
+    assert e[0] == pytest.approx(e[1], rel=1e-9) and e[0] > 0
+    step = np.asarray(r.step_time_s)
+    total = sum(np.asarray(v) for v in r.breakdown.values())
+    np.testing.assert_allclose(total, step, rtol=1e-9)
+    assert step[0] < step[1]
+    w = np.asarray(r.memory["weights"])
+    assert w[0] == pytest.approx(w[1], rel=1e-9)

@@ -42,6 +42,8 @@ BREAK = [
     ("devices_mismatch", {"n_devices": 32.0}),
     ("heads_not_divisible", {"n_heads": 15.0}),
     ("layers_not_divisible", {"interleave": 4.0, "batch": 32.0}),  # pp·v = 16 ∤ 8
+    ("layers_not_divisible", {"n_layers": 9.0}),                  # interleaved: pp·v = 8 ∤ 9
+    ("layers_not_divisible", {"n_layers": 3.0, "schedule": 1.0, "interleave": 1.0}),  # pp > L
     ("batch_not_divisible", {"batch": 18.0, "schedule": 1.0, "interleave": 1.0}),
     ("batch_not_divisible", {"batch": 12.0}),                     # m = 3 not a multiple of pp
     ("sequence_not_divisible", {"seq_len": 511.0}),
@@ -245,3 +247,42 @@ def test_inference_stage_hop_crosses_nodes(cases):
     assert hop > 2 * intra
     train_hop = float(plan.placement(TWO_NODES, jm.Parallelism(tp=8, pp=2)).stage_hop.stride)
     assert train_hop == 8.0
+
+
+@pytest.mark.parametrize("n_layers, pp", [(7.0, 4.0), (126.0, 8.0), (126.0, 16.0),
+                                          (61.0, 16.0), (4.0, 4.0)])
+def test_uneven_stages_pass_without_interleaving(n_layers, pp):
+    """Any pp <= n_layers (uneven stages) under GPipe/1F1B, in the rule list, the numpy
+    mask the search uses and the API edge alike."""
+    n_dev = 2.0 * pp * 2.0
+    over = dict(n_layers=n_layers, pp=pp, schedule=1.0, interleave=1.0, n_devices=n_dev,
+                batch=4.0 * pp)
+    for xp in (np, jnp):
+        assert _failing("train", _inputs(xp, **over), xp) == []
+        assert _failing("infer", _inputs(xp, **over), xp) == []
+    assert bool(plan.numpy_mask("train", _inputs(np, **over)))
+    plan.raise_if_invalid("t", "train", _inputs(np, **over))       # no ValueError
+    # the interleaved schedule keeps pp·v | L
+    inter = dict(over, schedule=2.0, interleave=2.0)
+    want = [] if n_layers % (2 * pp) == 0 else ["layers_not_divisible"]
+    assert _failing("train", _inputs(np, **inter), np) == want
+
+
+def test_layer_rule_message_names_the_fields():
+    with pytest.raises(ValueError, match=r"layers_not_divisible: n_layers=3 must be at least "
+                                         r"pp=4"):
+        plan.raise_if_invalid("t", "train", _inputs(np, n_layers=3.0, schedule=1.0,
+                                                    interleave=1.0))
+
+
+def test_search_enumerates_uneven_stages():
+    """126 layers on 1024 devices: pp 8 and 16 (neither divides 126) are enumerated; 128
+    stages (> 126 layers) are not; interleaving only where pp·v divides the layers."""
+    from jaxmodel.search.parallelism import enumerate_plans
+    m = dataclasses.replace(DENSE, n_layers=126.0, n_heads=128.0, n_kv_heads=8.0)
+    cols = enumerate_plans(m, 1024, 1024, max_tp=8, recompute=("full",), zero=(1,),
+                           sp=(True,), flash_attention=(True,))
+    pps = set(cols["pp"].tolist())
+    assert {8.0, 16.0} <= pps and 128.0 not in pps
+    inter = cols["schedule"] == 2
+    assert np.all(126 % (cols["pp"][inter] * cols["interleave"][inter]) == 0)

@@ -19,7 +19,7 @@ def brute_force(model, n, gb):
     rows = set()
     rng = range(1, n + 1)
     for dp, tp, pp in itertools.product(rng, rng, rng):
-        if dp * tp * pp != n or H % tp or not (Hkv % tp == 0 or tp % Hkv == 0) or L % pp:
+        if dp * tp * pp != n or H % tp or not (Hkv % tp == 0 or tp % Hkv == 0) or pp > L:
             continue
         if gb % dp:
             continue

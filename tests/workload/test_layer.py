@@ -246,3 +246,24 @@ def test_gradient_matches_finite_differences():
         xm[i] *= 1 - rel
         fd = (float(vg(jnp.asarray(xp))[0]) - float(vg(jnp.asarray(xm))[0])) / (2 * rel * x0[i])
         assert grad[i] == pytest.approx(fd, rel=1e-3, abs=1e-6 * float(v0) / x0[i]), names[i]
+
+
+def test_parallel_block_pays_one_tp_sync_per_pass():
+    """GPT-J / Falcon / GPT-NeoX parallel attention + MLP: the two branches' row-parallel
+    outputs are summed before one all-reduce (forward) and their input gradients before one
+    (backward) — half the sequential block's TP communication, with and without SP; the
+    serving layer drops the FFN all-reduce row."""
+    seq, par_ = small_model(), small_model(parallel_block=1.0)
+    for sp in (False, True):
+        p = jm.Parallelism(tp=4, sp=sp)
+        a = training_layer_times(SYSTEM, seq, p, 1, 256, gemm=flop_gemm)
+        b = training_layer_times(SYSTEM, par_, p, 1, 256, gemm=flop_gemm)
+        for k in ("tp_comm_fwd", "tp_comm_bwd"):
+            assert float(b[k]) == pytest.approx(0.5 * float(a[k]), rel=1e-12)
+            assert float(b[k]) > 0
+        assert float(b["fwd"]) == pytest.approx(float(a["fwd"]), rel=1e-12)
+    a = jm.layer_breakdown(SYSTEM, seq, jm.Parallelism(tp=4), 2, 128, gemm=flop_gemm)
+    b = jm.layer_breakdown(SYSTEM, par_, jm.Parallelism(tp=4), 2, 128, gemm=flop_gemm)
+    assert float(b["allreduce_ffn"]) == 0.0
+    assert float(b["allreduce_mha"]) == pytest.approx(float(a["allreduce_mha"]))
+    assert float(a["total"]) - float(b["total"]) == pytest.approx(float(a["allreduce_ffn"]))

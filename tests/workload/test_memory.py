@@ -2,6 +2,7 @@
 ZeRO sharding, KV cache with GQA, vmap vs loop and jit vs eager."""
 
 import csv
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -210,3 +211,25 @@ def test_precision_sets_every_tensor_class():
     assert float(f8["kv_cache"]) == pytest.approx(float(kv_cache_bytes(m, par, 4, 1024, 1.0)),
                                                   rel=1e-12)
     assert float(f8["total"]) < float(bf["total"])
+
+
+def test_uneven_stages_memory_by_hand():
+    """7 layers on 4 stages (2 | 2, 2 | 1: one light stage, the last): weights of the most
+    loaded stage, the stage with the largest total under 1F1B (first: 4 in flight × 2
+    layers + embedding), the KV cache of ⌈L/p⌉ layers."""
+    m = jm.Model(n_layers=7.0, d_model=1024.0, n_heads=16.0, n_kv_heads=16.0, head_dim=64.0,
+                 d_ff=4096.0, vocab_size=32000.0)
+    par = jm.Parallelism(pp=4)
+    layer = 12 * 1024.0 ** 2 + 4 * 1024.0           # 4d² + 8d² + two layernorms
+    emb = 32000.0 * 1024.0
+    assert float(params_per_device(m, par)) == pytest.approx(2 * layer + emb)
+    act = float(activation_bytes_per_layer(m, par, 1.0, 512.0))
+    mem = training_memory(m, par, 512.0, (4.0, 3.0, 1.0))
+    assert float(mem["activations"]) == pytest.approx(4.0 * 2.0 * act)
+    assert float(mem["weights"]) == pytest.approx(2.0 * (2 * layer + emb))
+    assert float(mem["optimizer"]) == pytest.approx(12.0 * (2 * layer + emb))
+    # even stages and a scalar in-flight count: the Korthikanti first-stage formula
+    even = training_memory(dataclasses.replace(m, n_layers=8.0), par, 512.0, 4.0)
+    assert float(even["activations"]) == pytest.approx(4.0 * 2.0 * act)
+    kv = float(kv_cache_bytes(m, par, 1.0, 100.0))
+    assert kv == pytest.approx(2 * 16 * 64 * 100 * 2.0 * 2)      # ⌈7/4⌉ = 2 layers
