@@ -35,6 +35,7 @@ REASONS = (
     "invalid_workload",          # 14 batch / prompt / generation length < 1 or not an integer
     "precision_unsupported",     # 15 the device has no tensor-core rate for the compute dtype
     "out_of_range",              # 16 a result overflows the float range (absurd magnitudes)
+    "rate_above_capacity",       # 17 serving: arrivals outpace service (unbounded queue)
 )
 
 
