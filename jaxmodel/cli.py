@@ -594,8 +594,17 @@ def cmd_serve_search(a) -> Any:
                            ttft_slo_s=a.ttft_slo, tpot_slo_s=a.tpot_slo,
                            precision=[x for x in a.precision.split(",") if x],
                            runtime=[x for x in a.runtime.split(",") if x],
-                           disaggregated=not a.no_disagg, full=a.all_rows,
-                           progress=not a.quiet, plot=a.plot)
+                           disaggregated=not a.no_disagg, full=a.all_rows or bool(a.plot),
+                           progress=not a.quiet)
+    if a.plot:
+        from jaxmodel.plots import serving_plot
+        serving_plot(df, path=a.plot, title=f"{model.name} on {df.attrs['n_devices']} × "
+                                            f"{system.device.name}")
+        if not a.all_rows:
+            attrs = df.attrs
+            df = df[df["pareto"]].sort_values("tokens_per_s_per_user",
+                                              kind="stable").reset_index(drop=True)
+            df.attrs.update(attrs)
     if not a.quiet:
         print(f"evaluated {df.attrs['n_evaluated']:,} configurations in "
               f"{df.attrs['wall_s']:.1f} s; {df.attrs['n_meeting_slo']:,} meet the limits",

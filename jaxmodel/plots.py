@@ -25,6 +25,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from jaxmodel.numerics import pareto_mask  # noqa: F401  (public here too)
+
 __all__ = ["pareto_mask", "pareto_plot", "breakdown_plot", "roofline_plot", "heatmap_plot",
            "serving_plot"]
 
@@ -43,28 +45,6 @@ def _save(fig, path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=130)
     return fig
-
-
-def pareto_mask(cost, perf, maximize: bool = True) -> np.ndarray:
-    """Boolean mask of Pareto-optimal points: lower ``cost`` and better ``perf``.
-
-    A point is on the front when no other point has ``cost <=`` and ``perf >=`` (``<=`` when
-    ``maximize`` is False) with one strict. Non-finite points are never on the front.
-    O(n log n): sort by cost (ties: better perf first), keep strict running records.
-    """
-    cost = np.asarray(cost, dtype=float)
-    perf = np.asarray(perf, dtype=float)
-    p = perf if maximize else -perf
-    ok = np.isfinite(cost) & np.isfinite(p)
-    mask = np.zeros(cost.shape, dtype=bool)
-    idx = np.flatnonzero(ok)
-    if idx.size == 0:
-        return mask
-    order = idx[np.lexsort((-p[idx], cost[idx]))]
-    ps = p[order]
-    prev = np.concatenate([[-np.inf], np.maximum.accumulate(ps)[:-1]])
-    mask[order[ps > prev]] = True
-    return mask
 
 
 def pareto_plot(df, x: str, y: str, maximize: bool = True, color: str | None = None,

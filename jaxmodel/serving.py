@@ -14,9 +14,9 @@ Decoding for Goodput-optimized Large Language Model Serving", OSDI'24, §3-4; Pa
 module gives the steady state of each as a pure function of one configuration (scalar
 leaves: vmappable, differentiable), in three steps:
 
-1. **Per-iteration cost table** (:func:`serving_costs`): the time of one decode iteration of a
-   replica carrying ``N`` tokens, for ``N`` on the fixed grid :data:`TOKEN_GRID` (1 … 8192),
-   is the ``tpot_s`` of :func:`jaxmodel.inference` at batch ``N`` (its decode step averaged
+1. **Per-iteration cost table** (:func:`serving_costs`): the time of one decode iteration of
+   a replica carrying ``N`` tokens, for ``N`` on the fixed grid :data:`TOKEN_GRID` (1, 4, …
+   16384), is the ``tpot_s`` of :func:`jaxmodel.inference` at batch ``N`` (its decode step averaged
    over the KV growth of a request, i.e. at the mean context ``isl + osl/2``, which is the
    mean over the sequences of a steady continuous batch); between grid points it is linear
    (the profile-and-interpolate approach of Vidur, Agrawal et al., MLSys'24, §4, and NVIDIA
@@ -60,8 +60,10 @@ from jaxmodel.numerics import INF, first_reason, reason_name
 from jaxmodel.parallel.inference import inference_single
 from jaxmodel.types import Model, Parallelism, System
 
-#: Tokens per decode iteration (per micro-batch) at which the cost table is evaluated.
-TOKEN_GRID = tuple(float(2 ** i) for i in range(14))
+#: Tokens per decode iteration (per micro-batch) at which the cost table is evaluated:
+#: powers of 4 (the iteration time is flat while memory-bound and linear once compute-bound,
+#: so a coarse geometric grid interpolates it closely; each point is one inference call).
+TOKEN_GRID = tuple(float(4 ** i) for i in range(8))
 #: vLLM's defaults: KV block of 16 tokens, 90 % of device memory for weights + KV cache
 #: (``--block-size 16``, ``--gpu-memory-utilization 0.9``; vLLM engine arguments).
 BLOCK_TOKENS = 16.0
@@ -195,7 +197,7 @@ def serving_costs(system: System, model: Model, par: Parallelism, isl, osl, prec
         >>> c = jm.serving_costs(hw_db.system("dgx_h100"), hw_db.model("llama3-8b"),
         ...                      jm.Parallelism(dp=8), 1024, 256, runtime="trtllm")
         >>> c.step_s.shape
-        (14,)
+        (8,)
     """
     return _serving_costs(system, model, par, isl, osl, _prec_arg(precision),
                           _rtp.runtime_arg(runtime))
@@ -218,7 +220,8 @@ def step_time(costs: ServingCosts, tokens):
     f = jnp.result_type(float)
     grid = jnp.asarray(TOKEN_GRID, f)
     n = jnp.maximum(tokens, 1.0)
-    i = jnp.clip(jnp.floor(jnp.log2(n)), 0, len(TOKEN_GRID) - 2).astype(jnp.int32)
+    i = jnp.clip(jnp.floor(jnp.log2(n) / 2.0 + 1e-9), 0, len(TOKEN_GRID) - 2).astype(
+        jnp.int32)
     lo, hi = grid[i], grid[i + 1]
     s = costs.step_s
     return s[i] + (n - lo) / (hi - lo) * (s[i + 1] - s[i])

@@ -15,7 +15,8 @@ where *load* is the arrival rate as a fraction of the configuration's capacity (
 which its queue becomes unbounded), so every configuration is visited along its own
 latency-throughput curve (the concurrency sweep of NVIDIA aiconfigurator's and
 vLLM's benchmark tools). It returns the Pareto front of output tokens/s per device against
-tokens/s per user among the configurations that are feasible and meet both limits.
+tokens/s per user among the configurations that are feasible and meet both limits
+(:func:`jaxmodel.plots.serving_plot` draws it from ``full=True``).
 
 Two batched stages, as :func:`jaxmodel.search_parallelism` de-duplicates its stage times:
 
@@ -47,7 +48,7 @@ from jaxmodel import runtime as _runtime
 from jaxmodel import runtime_profile as _rtp
 from jaxmodel import serving as _srv
 from jaxmodel.batching import map_points
-from jaxmodel.numerics import REASONS
+from jaxmodel.numerics import REASONS, pareto_mask
 from jaxmodel.types import Model, Parallelism, System
 
 _precision = importlib.import_module("jaxmodel.precision")
@@ -105,8 +106,8 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
                    pp: Sequence[int] = PP, max_batch: Sequence[int] = MAX_BATCH,
                    chunk: Sequence[int] = CHUNKS, precision: Sequence = PRECISIONS,
                    runtime: Sequence = RUNTIMES, loads: Sequence[float] = LOADS,
-                   disaggregated: bool = True, full: bool = False, progress: bool = True,
-                   plot=None) -> pd.DataFrame:
+                   disaggregated: bool = True, full: bool = False,
+                   progress: bool = True) -> pd.DataFrame:
     """Best serving deployments of ``model`` on ``n_devices`` under TTFT/TPOT limits.
 
     Args:
@@ -128,7 +129,6 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         full: return every evaluated configuration (with a ``pareto`` column) instead of the
             front.
         progress: print the stages to stderr.
-        plot: optional path of a PNG of the front (:func:`jaxmodel.plots.serving_plot`).
 
     Returns:
         DataFrame of the Pareto front (sorted by tokens/s per user): ``mode``
@@ -271,12 +271,11 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
     df = pd.concat(frames, ignore_index=True)
     df["reason_name"] = np.asarray(REASONS + ("?",))[np.clip(
         df["reason"].to_numpy().astype(int), 0, len(REASONS))]
-    from jaxmodel.plots import pareto_mask
     ok = df["meets_slo"].to_numpy()
     user = np.where(ok, df["tokens_per_s_per_user"].to_numpy(), np.nan)
     df["pareto"] = pareto_mask(-user, df["throughput_per_gpu"].to_numpy())
     wall = time.perf_counter() - t0
-    attrs = dict(n_evaluated=int(n_eval), n_feasible=int(df["feasible"].sum()),
+    attrs = dict(n_evaluated=int(n_eval), n_devices=n, n_feasible=int(df["feasible"].sum()),
                  n_meeting_slo=int(ok.sum()), wall_s=wall, configs_per_s=n_eval / wall,
                  timings=timings)
     for mode in ("aggregated", "disaggregated"):
@@ -285,9 +284,6 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
                                  if len(sel) else None)
     say(f"{n_eval:,} configurations in {wall:.1f} s ({n_eval / wall:,.0f}/s); "
         f"{attrs['n_meeting_slo']:,} meet the limits, {int(df['pareto'].sum())} on the front")
-    if plot is not None:
-        from jaxmodel.plots import serving_plot
-        serving_plot(df, path=plot, title=f"{model.name} on {n} × {system.device.name}")
     out = df if full else df[df["pareto"]].sort_values(
         "tokens_per_s_per_user", kind="stable").reset_index(drop=True)
     out.attrs.update(attrs)
