@@ -59,6 +59,7 @@ from jaxmodel.batching import batched
 from jaxmodel.numerics import INF, first_reason, reason_name
 from jaxmodel.parallel.inference import inference_single
 from jaxmodel.types import Model, Parallelism, System
+from jaxmodel.workload.layer import ANY, Variant, variant_of
 
 #: Tokens per decode iteration (per micro-batch) at which the cost table is evaluated:
 #: powers of 4 (the iteration time is flat while memory-bound and linear once compute-bound,
@@ -150,12 +151,13 @@ class ServingResult:
 # 1. cost table
 # --------------------------------------------------------------------------------------------
 def serving_costs_single(system: System, model: Model, par: Parallelism, isl, osl,
-                         precision=None, runtime=None) -> ServingCosts:
+                         precision=None, runtime=None, variant: Variant = ANY) -> ServingCosts:
     """Single-configuration body of :func:`serving_costs`.
 
     ``par.dp`` replicas each carry ``N`` sequences: :func:`jaxmodel.inference` runs at batch
     ``N·dp`` (``memory_rule=False``: the KV capacity is checked by the serving model), once
-    per grid point (one trace, vmapped).
+    per grid point (one trace, vmapped). ``variant`` (static): the code paths the inputs need
+    (:func:`jaxmodel.workload.layer.variant_of`; ``ANY`` traces every one).
     """
     f = jnp.result_type(float)
     grid = jnp.asarray(TOKEN_GRID, f)
@@ -165,7 +167,7 @@ def serving_costs_single(system: System, model: Model, par: Parallelism, isl, os
     rt = _rtp.runtime_arg(runtime)
     r = jax.vmap(lambda n: inference_single(system, model, par, n * dp, isl, osl,
                                             memory_rule=False, precision=precision,
-                                            runtime=rt))(grid)
+                                            runtime=rt, variant=variant))(grid)
     br = r.breakdown
     n_layers = model.n_layers
     attn = n_layers * sum(br[f"decode.{k}"] for k in _ATTN_OPS)
@@ -183,8 +185,8 @@ def serving_costs_single(system: System, model: Model, par: Parallelism, isl, os
 
 
 @batched
-def _serving_costs(system, model, par, isl, osl, precision, runtime):
-    return serving_costs_single(system, model, par, isl, osl, precision, runtime)
+def _serving_costs(system, model, par, isl, osl, precision, runtime, variant):
+    return serving_costs_single(system, model, par, isl, osl, precision, runtime, variant)
 
 
 def serving_costs(system: System, model: Model, par: Parallelism, isl, osl, precision=None,
@@ -200,7 +202,7 @@ def serving_costs(system: System, model: Model, par: Parallelism, isl, osl, prec
         (8,)
     """
     return _serving_costs(system, model, par, isl, osl, _prec_arg(precision),
-                          _rtp.runtime_arg(runtime))
+                          _rtp.runtime_arg(runtime), variant_of(model, par, system))
 
 
 serving_costs.single = serving_costs_single
@@ -425,9 +427,10 @@ def continuous_batching_from_costs(costs: ServingCosts, isl, osl, rate, max_batc
 def continuous_batching_single(system: System, model: Model, par: Parallelism, isl, osl,
                                rate, max_batch=256.0, chunk=0.0, block_tokens=BLOCK_TOKENS,
                                mem_fraction=MEM_FRACTION, ttft_slo_s=INF, tpot_slo_s=INF,
-                               precision=None, runtime=None) -> ServingResult:
+                               precision=None, runtime=None,
+                               variant: Variant = ANY) -> ServingResult:
     """Single-configuration body of :func:`continuous_batching`."""
-    costs = serving_costs_single(system, model, par, isl, osl, precision, runtime)
+    costs = serving_costs_single(system, model, par, isl, osl, precision, runtime, variant)
     return continuous_batching_from_costs(
         costs, isl, osl, rate, max_batch, dp=par.dp, pp=par.pp,
         n_gpus=jnp.maximum(par.dp, 1.0) * jnp.maximum(par.tp, 1.0) * jnp.maximum(par.pp, 1.0)
@@ -437,10 +440,10 @@ def continuous_batching_single(system: System, model: Model, par: Parallelism, i
 
 @batched
 def _continuous_batching(system, model, par, isl, osl, rate, max_batch, chunk, block_tokens,
-                         mem_fraction, ttft_slo_s, tpot_slo_s, precision, runtime):
+                         mem_fraction, ttft_slo_s, tpot_slo_s, precision, runtime, variant):
     return continuous_batching_single(system, model, par, isl, osl, rate, max_batch, chunk,
                                       block_tokens, mem_fraction, ttft_slo_s, tpot_slo_s,
-                                      precision, runtime)
+                                      precision, runtime, variant)
 
 
 def continuous_batching(system: System, model: Model, par: Parallelism, isl, osl, rate,
@@ -475,7 +478,8 @@ def continuous_batching(system: System, model: Model, par: Parallelism, isl, osl
     """
     return _continuous_batching(system, model, par, isl, osl, rate, max_batch, chunk,
                                 block_tokens, mem_fraction, ttft_slo_s, tpot_slo_s,
-                                _prec_arg(precision), _rtp.runtime_arg(runtime))
+                                _prec_arg(precision), _rtp.runtime_arg(runtime),
+                                variant_of(model, par, system))
 
 
 continuous_batching.single = continuous_batching_single
@@ -556,13 +560,15 @@ def _pool_par(par: Parallelism, n_devices):
 def disaggregated_single(system: System, model: Model, par_prefill: Parallelism,
                          par_decode: Parallelism, isl, osl, rate, max_batch=256.0,
                          block_tokens=BLOCK_TOKENS, mem_fraction=MEM_FRACTION, ttft_slo_s=INF,
-                         tpot_slo_s=INF, precision=None, runtime=None) -> ServingResult:
-    """Single-configuration body of :func:`disaggregated`."""
+                         tpot_slo_s=INF, precision=None, runtime=None,
+                         variants: tuple = (ANY, ANY)) -> ServingResult:
+    """Single-configuration body of :func:`disaggregated` (``variants``: static, of the
+    prefill and the decode pool)."""
     n = system.n_devices
     pre = serving_costs_single(system, model, _pool_par(par_prefill, n), isl, osl, precision,
-                               runtime)
+                               runtime, variants[0])
     dec = serving_costs_single(system, model, _pool_par(par_decode, n), isl, osl, precision,
-                               runtime)
+                               runtime, variants[1])
     return disaggregated_from_costs(
         pre, dec, system, isl, osl, rate, max_batch, dp_prefill=par_prefill.dp,
         pp_prefill=par_prefill.pp, tp_prefill=par_prefill.tp, dp_decode=par_decode.dp,
@@ -572,10 +578,11 @@ def disaggregated_single(system: System, model: Model, par_prefill: Parallelism,
 
 @batched
 def _disaggregated(system, model, par_prefill, par_decode, isl, osl, rate, max_batch,
-                   block_tokens, mem_fraction, ttft_slo_s, tpot_slo_s, precision, runtime):
+                   block_tokens, mem_fraction, ttft_slo_s, tpot_slo_s, precision, runtime,
+                   variants):
     return disaggregated_single(system, model, par_prefill, par_decode, isl, osl, rate,
                                 max_batch, block_tokens, mem_fraction, ttft_slo_s, tpot_slo_s,
-                                precision, runtime)
+                                precision, runtime, variants)
 
 
 def disaggregated(system: System, model: Model, par_prefill: Parallelism,
@@ -599,7 +606,9 @@ def disaggregated(system: System, model: Model, par_prefill: Parallelism,
     """
     return _disaggregated(system, model, par_prefill, par_decode, isl, osl, rate, max_batch,
                           block_tokens, mem_fraction, ttft_slo_s, tpot_slo_s,
-                          _prec_arg(precision), _rtp.runtime_arg(runtime))
+                          _prec_arg(precision), _rtp.runtime_arg(runtime),
+                          (variant_of(model, par_prefill, system),
+                           variant_of(model, par_decode, system)))
 
 
 disaggregated.single = disaggregated_single

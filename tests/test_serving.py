@@ -242,3 +242,20 @@ def test_public_functions_end_to_end(small):
     d = jm.disaggregated(system, model, jm.Parallelism(dp=1, tp=2), jm.Parallelism(dp=1, tp=2),
                          512, 128, rate=5.0, runtime="trtllm")
     assert bool(d.feasible) and float(d.ttft_s) > float(c.prefill_s)
+
+
+# ---- the serve-search command: argument errors without a traceback ------------------------
+@pytest.mark.parametrize("argv, msg", [
+    (["--isl", "0"], "--isl"), (["--tpot-slo", "-1"], "--tpot-slo"),
+    (["--device", "a100_80gb"], "--system"), (["--precision", "fp7"], "fp7")])
+def test_serve_search_cli_errors(argv, msg, capsys):
+    from jaxmodel import cli
+    assert cli.main(["serve-search", "--system", "hgx_a100_4gpu", "--quiet"] + argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxmodel: error:") and msg in err and "Traceback" not in err
+
+
+def test_serve_search_help_ends_with_an_example():
+    from jaxmodel import cli
+    text = cli.parser()._subparsers._group_actions[0].choices["serve-search"].format_help()
+    assert text.rstrip().endswith(cli.EXAMPLES["serve-search"])

@@ -50,6 +50,7 @@ from jaxmodel import serving as _srv
 from jaxmodel.batching import map_points
 from jaxmodel.numerics import REASONS, pareto_mask
 from jaxmodel.types import Model, Parallelism, System
+from jaxmodel.workload.layer import variant_of
 
 _precision = importlib.import_module("jaxmodel.precision")
 
@@ -190,7 +191,8 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
     say(f"{len(keys)} cost tables ({len(plans)} tp×pp plans × {len(precs)} precisions × "
         f"{len(rts)} runtimes) for {model.name} on {n} devices")
     with _runtime.stage("search_serving: cost tables", show_after=shown) as st:
-        table = _srv._serving_costs(system, model, par, isl_f, osl_f, prec_b, rt_b)
+        table = _srv._serving_costs(system, model, par, isl_f, osl_f, prec_b, rt_b,
+                                    variant_of(model, par, system))
         table = jax.block_until_ready(table)
         st["note"] = f"{len(keys)} tables × {len(_srv.TOKEN_GRID)} batch sizes"
     timings = {"cost_tables_s": st["wall_s"]}
