@@ -213,6 +213,7 @@ def small():
     return system, model, jm.Parallelism(dp=2, tp=2)
 
 
+@pytest.mark.slow
 def test_costs_are_the_inference_model(small):
     system, model, par = small
     c = jm.serving_costs(system, model, par, 512, 128, runtime="trtllm")
