@@ -260,3 +260,17 @@ def test_serve_search_help_ends_with_an_example():
     from jaxmodel import cli
     text = cli.parser()._subparsers._group_actions[0].choices["serve-search"].format_help()
     assert text.rstrip().endswith(cli.EXAMPLES["serve-search"])
+
+
+@pytest.mark.slow
+def test_serve_search_help_example_runs(capsys):
+    import io
+
+    import pandas as pd
+
+    from jaxmodel import cli
+    assert cli.main(cli.EXAMPLES["serve-search"].split()[1:]) == 0
+    df = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert len(df) >= 1 and df["meets_slo"].all()
+    assert (df["ttft_s"] <= 1.0).all() and (df["tpot_s"] <= 0.05).all()
+    assert set(df["runtime"]) <= {"trtllm", "vllm"}
