@@ -193,7 +193,7 @@ def serving_plot(df, x: str = "tokens_per_s_per_user", y: str = "throughput_per_
     ax = fig.add_subplot()
     ok = np.asarray(df["meets_slo"], bool) if "meets_slo" in df else np.ones(len(df), bool)
     xs, ys = np.asarray(df[x], float), np.asarray(df[y], float)
-    ok &= np.isfinite(xs) & np.isfinite(ys) & (ys > 0)
+    ok = ok & np.isfinite(xs) & np.isfinite(ys) & (ys > 0)
     groups = np.asarray(df[by]) if by in df else np.full(len(df), "all")
     for i, g in enumerate(sorted(set(groups[ok]))):
         sel = ok & (groups == g)
