@@ -274,3 +274,18 @@ def test_serve_search_help_example_runs(capsys):
     assert len(df) >= 1 and df["meets_slo"].all()
     assert (df["ttft_s"] <= 1.0).all() and (df["tpot_s"] <= 0.05).all()
     assert set(df["runtime"]) <= {"trtllm", "vllm"}
+
+
+def test_serving_plot_draws_one_front_per_mode(tmp_path):
+    import pandas as pd
+
+    from jaxmodel.plots import serving_plot
+    df = pd.DataFrame({"mode": ["aggregated"] * 3 + ["disaggregated"] * 3,
+                       "tokens_per_s_per_user": [10.0, 50.0, 20.0, 80.0, 30.0, 5.0],
+                       "throughput_per_gpu": [900.0, 300.0, 400.0, 200.0, 700.0, np.inf],
+                       "meets_slo": [True, True, False, True, True, True]})
+    fig = serving_plot(df, path=tmp_path / "front.png")
+    assert (tmp_path / "front.png").stat().st_size > 0
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["aggregated: 2 meet the limits, front of 2",
+                      "disaggregated: 2 meet the limits, front of 2"]
