@@ -19,6 +19,10 @@ SLOW_DOCTESTS = (
     "jaxmodel.search.objectives",
     "jaxmodel.parallel.inference.inference",
     "jaxmodel.parallel.gemm_table",
+    "jaxmodel.serving.serving_costs",
+    "jaxmodel.serving.continuous_batching",
+    "jaxmodel.serving.disaggregated",
+    "jaxmodel.search.serving.search_serving",
 )
 
 

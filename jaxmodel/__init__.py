@@ -26,6 +26,8 @@ from jaxmodel.comm import *  # noqa: F401,F403,E402
 from jaxmodel.workload import *  # noqa: F401,F403,E402
 from jaxmodel.parallel import *  # noqa: F401,F403,E402
 from jaxmodel.cost import *  # noqa: F401,F403,E402
+from jaxmodel.serving import (ServingCosts, ServingResult, continuous_batching,  # noqa: E402
+                              disaggregated, serving_costs)
 
 __version__ = "0.1.0"
 

@@ -10,6 +10,8 @@ Subcommands (``jaxmodel <cmd> --help`` for each)::
         --seq-len 2048 [--top 10]
     jaxmodel codesign spec.toml
     jaxmodel cost --device a100_80gb | --system dgx_a100
+    jaxmodel serve-search --system dgx_h100 --model llama3-8b --isl 1024 --osl 256 \\
+        --ttft-slo 1.0 --tpot-slo 0.05
 
 Hardware and models are hw_db names or file paths (a device/system TOML, a HF config.json).
 Output is JSON (default for single results) or CSV (default for tables); ``--format`` picks.
@@ -550,6 +552,72 @@ def cmd_search(a) -> Any:
     return df.head(a.top) if a.top else df
 
 
+# --------------------------------------------------------------------------------------------
+# serve-search: serving deployments under TTFT / TPOT limits
+# --------------------------------------------------------------------------------------------
+def _serve_search_parser(add) -> None:
+    p = add("serve-search", "search serving deployments (continuous batching, chunked prefill, "
+            "disaggregated prefill/decode) under TTFT/TPOT limits; prints the Pareto front",
+            "csv")
+    _hardware_args(p)
+    p.add_argument("--n-devices", type=int, dest="n_devices",
+                   help="devices (default: the system's)")
+    p.add_argument("--isl", type=float, default=1024, help="mean prompt tokens per request")
+    p.add_argument("--osl", type=float, default=256, help="mean output tokens per request")
+    p.add_argument("--ttft-slo", type=float, default=float("inf"), dest="ttft_slo",
+                   help="limit on the mean time to first token, s")
+    p.add_argument("--tpot-slo", type=float, default=float("inf"), dest="tpot_slo",
+                   help="limit on the mean time per output token, s")
+    p.add_argument("--precision", default="bf16,fp8",
+                   help="comma-separated precision presets to search (default bf16,fp8)")
+    p.add_argument("--runtime", default="pytorch,trtllm,vllm",
+                   help="comma-separated runtime presets to search (default all three)")
+    p.add_argument("--no-disagg", action="store_true", dest="no_disagg",
+                   help="aggregated serving only")
+    p.add_argument("--all", action="store_true", dest="all_rows",
+                   help="every evaluated configuration (with a 'pareto' column)")
+    p.add_argument("--plot", help="write a PNG of the front here")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_serve_search, table=True)
+
+
+def cmd_serve_search(a) -> Any:
+    import hw_db
+    import jaxmodel as jm
+    if a.device:
+        raise ValueError("serve-search needs --system (a device alone has no network)")
+    for name in ("isl", "osl"):
+        v = getattr(a, name)
+        if not (v >= 1 and v == int(v)):
+            raise ValueError(f"--{name} must be an integer >= 1, got {v:g}")
+    for name in ("ttft_slo", "tpot_slo"):
+        if not getattr(a, name) > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0 seconds, got "
+                             f"{getattr(a, name):g}")
+    system = _load_system(a.system, a.nodes, None)
+    model = hw_db.model(a.model)
+    df = jm.search_serving(system, model, a.n_devices, a.isl, a.osl,
+                           ttft_slo_s=a.ttft_slo, tpot_slo_s=a.tpot_slo,
+                           precision=[x for x in a.precision.split(",") if x],
+                           runtime=[x for x in a.runtime.split(",") if x],
+                           disaggregated=not a.no_disagg, full=a.all_rows or bool(a.plot),
+                           progress=not a.quiet)
+    if a.plot:
+        from jaxmodel.plots import serving_plot
+        serving_plot(df, path=a.plot, title=f"{model.name} on {df.attrs['n_devices']} × "
+                                            f"{system.device.name}")
+        if not a.all_rows:
+            attrs = df.attrs
+            df = df[df["pareto"]].sort_values("tokens_per_s_per_user",
+                                              kind="stable").reset_index(drop=True)
+            df.attrs.update(attrs)
+    if not a.quiet:
+        print(f"evaluated {df.attrs['n_evaluated']:,} configurations in "
+              f"{df.attrs['wall_s']:.1f} s; {df.attrs['n_meeting_slo']:,} meet the limits",
+              file=sys.stderr)
+    return df
+
+
 def cmd_codesign(a) -> Any:
     from jaxmodel.search import objectives
     spec = load_spec(a.spec, CODESIGN_KEYS)
@@ -590,6 +658,8 @@ EXAMPLES = {
               "--seq-len 1024 --top 5 --quiet",
     "codesign": "jaxmodel codesign examples/codesign.toml --steps 10",
     "cost": "jaxmodel cost --device a100_80gb --system dgx_a100",
+    "serve-search": "jaxmodel serve-search --system dgx_h100 --model llama3-8b --isl 1024 "
+                    "--osl 256 --ttft-slo 1.0 --tpot-slo 0.05 --runtime trtllm,vllm --quiet",
 }
 
 
@@ -670,6 +740,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--system", help="hw_db system name or TOML path")
     p.add_argument("--nodes", type=int)
     p.set_defaults(func=cmd_cost, table=False)
+
+    _serve_search_parser(add)
     return top
 
 
@@ -696,6 +768,10 @@ def _status(a, result) -> int:
                 if "reason" in result.columns else {}
             print(f"jaxmodel {a.command}: no feasible row ({len(result)} rows; reasons "
                   f"{reasons})", file=sys.stderr)
+            return 1
+        if a.command == "serve-search" and len(result) == 0:
+            print("jaxmodel serve-search: no configuration meets the limits; relax "
+                  "--ttft-slo / --tpot-slo or add devices", file=sys.stderr)
             return 1
         if a.command == "search" and len(result) == 0:
             print("jaxmodel search: no consistent plan for these devices and this model",

@@ -13,6 +13,7 @@ from typing import Iterable, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 INF = jnp.inf
 
@@ -35,6 +36,7 @@ REASONS = (
     "invalid_workload",          # 14 batch / prompt / generation length < 1 or not an integer
     "precision_unsupported",     # 15 the device has no tensor-core rate for the compute dtype
     "out_of_range",              # 16 a result overflows the float range (absurd magnitudes)
+    "rate_above_capacity",       # 17 serving: arrivals outpace service (unbounded queue)
 )
 
 
@@ -205,3 +207,25 @@ def broadcast_batch(*trees) -> Sequence:
     shape = jnp.broadcast_shapes(*[x.shape for x in leaves]) if leaves else ()
     return [jax.tree_util.tree_map(lambda x: jnp.broadcast_to(jnp.asarray(x), shape), t)
             for t in trees], shape
+
+
+def pareto_mask(cost, perf, maximize: bool = True) -> np.ndarray:
+    """Boolean mask of Pareto-optimal points: lower ``cost`` and better ``perf``.
+
+    A point is on the front when no other point has ``cost <=`` and ``perf >=`` (``<=`` when
+    ``maximize`` is False) with one strict. Non-finite points are never on the front.
+    O(n log n): sort by cost (ties: better perf first), keep strict running records.
+    """
+    cost = np.asarray(cost, dtype=float)
+    perf = np.asarray(perf, dtype=float)
+    p = perf if maximize else -perf
+    ok = np.isfinite(cost) & np.isfinite(p)
+    mask = np.zeros(cost.shape, dtype=bool)
+    idx = np.flatnonzero(ok)
+    if idx.size == 0:
+        return mask
+    order = idx[np.lexsort((-p[idx], cost[idx]))]
+    ps = p[order]
+    prev = np.concatenate([[-np.inf], np.maximum.accumulate(ps)[:-1]])
+    mask[order[ps > prev]] = True
+    return mask

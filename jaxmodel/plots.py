@@ -3,7 +3,9 @@
 - :func:`pareto_plot` — performance vs cost of a design sweep with its Pareto front;
 - :func:`breakdown_plot` — stacked latency breakdowns (one bar per configuration);
 - :func:`roofline_plot` — a device's roofline with operators placed on it;
-- :func:`heatmap_plot` — a metric over two swept knobs.
+- :func:`heatmap_plot` — a metric over two swept knobs;
+- :func:`serving_plot` — throughput per device vs tokens/s per user of serving deployments,
+  aggregated vs disaggregated fronts.
 
 Every function returns the :class:`matplotlib.figure.Figure` and writes it when ``path`` is
 given (PNG by suffix). Figures are drawn on an Agg canvas directly, so importing this module
@@ -23,7 +25,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["pareto_mask", "pareto_plot", "breakdown_plot", "roofline_plot", "heatmap_plot"]
+from jaxmodel.numerics import pareto_mask  # noqa: F401  (public here too)
+
+__all__ = ["pareto_mask", "pareto_plot", "breakdown_plot", "roofline_plot", "heatmap_plot",
+           "serving_plot"]
 
 
 def _figure(figsize=(6.4, 4.4)):
@@ -40,28 +45,6 @@ def _save(fig, path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=130)
     return fig
-
-
-def pareto_mask(cost, perf, maximize: bool = True) -> np.ndarray:
-    """Boolean mask of Pareto-optimal points: lower ``cost`` and better ``perf``.
-
-    A point is on the front when no other point has ``cost <=`` and ``perf >=`` (``<=`` when
-    ``maximize`` is False) with one strict. Non-finite points are never on the front.
-    O(n log n): sort by cost (ties: better perf first), keep strict running records.
-    """
-    cost = np.asarray(cost, dtype=float)
-    perf = np.asarray(perf, dtype=float)
-    p = perf if maximize else -perf
-    ok = np.isfinite(cost) & np.isfinite(p)
-    mask = np.zeros(cost.shape, dtype=bool)
-    idx = np.flatnonzero(ok)
-    if idx.size == 0:
-        return mask
-    order = idx[np.lexsort((-p[idx], cost[idx]))]
-    ps = p[order]
-    prev = np.concatenate([[-np.inf], np.maximum.accumulate(ps)[:-1]])
-    mask[order[ps > prev]] = True
-    return mask
 
 
 def pareto_plot(df, x: str, y: str, maximize: bool = True, color: str | None = None,
@@ -197,4 +180,35 @@ def heatmap_plot(df, x: str, y: str, value: str, agg: str = "min", log: bool = T
                 ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=6,
                         color="w")
     ax.set_title(title or f"{agg} {value}")
+    return _save(fig, path)
+
+
+def serving_plot(df, x: str = "tokens_per_s_per_user", y: str = "throughput_per_gpu",
+                 by: str = "mode", title: str | None = None, path=None):
+    """Serving deployments meeting their limits (``df.meets_slo``; every row when the column
+    is absent): ``y`` (output tokens/s per device) against ``x`` (tokens/s per user), one
+    colour and one Pareto front per value of ``by`` (aggregated / disaggregated), and the
+    overall front. ``df``: :func:`jaxmodel.search_serving` with ``full=True``."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    ok = np.asarray(df["meets_slo"], bool) if "meets_slo" in df else np.ones(len(df), bool)
+    xs, ys = np.asarray(df[x], float), np.asarray(df[y], float)
+    ok = ok & np.isfinite(xs) & np.isfinite(ys) & (ys > 0)
+    groups = np.asarray(df[by]) if by in df else np.full(len(df), "all")
+    for i, g in enumerate(sorted(set(groups[ok]))):
+        sel = ok & (groups == g)
+        color = f"C{i}"
+        ax.scatter(xs[sel], ys[sel], s=3, alpha=0.25, color=color, linewidths=0,
+                   rasterized=True)
+        m = pareto_mask(-xs[sel], ys[sel])
+        order = np.argsort(xs[sel][m])
+        ax.plot(xs[sel][m][order], ys[sel][m][order], "-o", ms=3, lw=1.2, color=color,
+                label=f"{g}: {sel.sum():,} meet the limits, front of {m.sum()}")
+    ax.set_xlabel(f"{x} (tokens/s per user)")
+    ax.set_ylabel(f"{y} (output tokens/s per device)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.set_title(title or "serving deployments")
     return _save(fig, path)

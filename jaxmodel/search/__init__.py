@@ -2,7 +2,8 @@
 
 Public names: :func:`sweep` (any model function over a lazy cartesian grid, chunked and
 sharded over all JAX devices) and :func:`save`; :func:`search_parallelism` (ranked 5D plans);
-:func:`codesign` → :class:`CodesignResult` (optax over continuous hardware knobs).
+:func:`codesign` → :class:`CodesignResult` (optax over continuous hardware knobs);
+:func:`search_serving` (serving deployments under TTFT/TPOT limits, Pareto front).
 Modules: :mod:`~jaxmodel.search.grid` (spec parsing, index arithmetic),
 :mod:`~jaxmodel.search.objectives` (hardware knobs and co-design objectives).
 """
@@ -12,10 +13,10 @@ import importlib
 # name -> module; modules are imported on first access (pandas and optax load with them)
 _LAZY = {"sweep": "explore", "save": "explore", "codesign": "optimize",
          "CodesignResult": "optimize", "search_parallelism": "parallelism",
-         "enumerate_plans": "parallelism"}
+         "enumerate_plans": "parallelism", "search_serving": "serving"}
 
 __all__: list[str] = ["sweep", "save", "codesign", "CodesignResult", "search_parallelism",
-                      "enumerate_plans"]
+                      "enumerate_plans", "search_serving"]
 
 
 def __getattr__(name):

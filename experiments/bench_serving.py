@@ -1,0 +1,81 @@
+"""Benchmark: serving-deployment search for Llama-3 8B and 70B on one DGX H100 (8 GPUs).
+
+``jm.search_serving`` enumerates aggregated (continuous batching, with or without chunked
+prefill) and disaggregated (prefill pool + decode pool, each with its own TP × PP)
+deployments × batch cap × precision (bf16, fp8) × runtime (pytorch, trtllm, vllm) × load,
+evaluates their steady state (``jaxmodel.serving``) and keeps the Pareto front of output
+tokens/s per GPU against tokens/s per user under a TTFT and a TPOT limit.
+
+Prints, per model: configurations, wall time (one fresh process, compile included; the two
+stages — cost tables, steady state — separately), configurations/s, the machine load, the
+persistent compilation cache state, and the front with the best aggregated and the best
+disaggregated deployment. Writes ``experiments/out/bench_serving_<model>.csv`` (the front)
+and ``.png`` (every deployment meeting the limits, aggregated vs disaggregated).
+
+Run: ``.venv/bin/python experiments/bench_serving.py [--small]`` (``--small``: Llama-3 8B
+only). Most of a cold run is XLA compilation of the cost tables (:func:`jaxmodel.inference`);
+``JAXMODEL_CACHE_DIR=DIR`` turns jaxmodel's persistent compilation cache on (CPU: opt-in),
+``JAXMODEL_NO_CACHE=1`` off; the printed ``compilation_cache`` says which case was measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+_t0 = time.perf_counter()
+import jaxmodel as jm  # noqa: E402,I001  (first: its import time is measured)
+IMPORT_S = time.perf_counter() - _t0
+
+import hw_db  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "out"
+ISL, OSL = 1024, 256
+# illustrative interactive-chat limits: first token within 1 s, 20 tokens/s per user
+TTFT_SLO_S, TPOT_SLO_S = 1.0, 0.05
+COLS = ["mode", "precision", "runtime", "tp", "pp", "dp", "prefill_tp", "prefill_pp",
+        "prefill_dp", "max_batch", "chunk", "load", "rate_rps", "ttft_s", "tpot_s", "batch",
+        "throughput_per_gpu", "tokens_per_s_per_user"]
+
+
+def run(model_name: str) -> dict:
+    system = hw_db.system("dgx_h100")
+    model = hw_db.model(model_name)
+    load = os.getloadavg()[0]
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    df = jm.search_serving(system, model, 8, ISL, OSL, ttft_slo_s=TTFT_SLO_S,
+                           tpot_slo_s=TPOT_SLO_S, full=True)
+    wall = time.perf_counter() - t0
+    from jaxmodel.plots import serving_plot
+    serving_plot(df, path=OUT / f"bench_serving_{model_name}.png",
+                 title=f"{model_name}, 8 × H100, TTFT <= {TTFT_SLO_S} s, TPOT <= {TPOT_SLO_S} s")
+    front = df[df["pareto"]].sort_values("tokens_per_s_per_user")
+    OUT.mkdir(parents=True, exist_ok=True)
+    front[COLS].to_csv(OUT / f"bench_serving_{model_name}.csv", index=False)
+    best = {m: df.attrs[f"best_{m}"] for m in ("aggregated", "disaggregated")}
+    out = {
+        "model": model_name, "system": "dgx_h100 (8 × H100 SXM)", "isl": ISL, "osl": OSL,
+        "ttft_slo_s": TTFT_SLO_S, "tpot_slo_s": TPOT_SLO_S,
+        "configurations": df.attrs["n_evaluated"], "wall_s": round(wall, 2),
+        "configs_per_s": round(df.attrs["n_evaluated"] / wall),
+        "timings_s": {k: round(v, 2) for k, v in df.attrs["timings"].items()},
+        "load_avg_1min": round(load, 2), "import_s": round(IMPORT_S, 2),
+        "compilation_cache": jm.runtime.cache_state(),
+        "cpu_s": round(time.process_time() - cpu0, 1), "n_feasible": df.attrs["n_feasible"],
+        "n_meeting_slo": df.attrs["n_meeting_slo"], "front_size": int(len(front)),
+        "best": {m: None if b is None else {k: b[k] for k in COLS} for m, b in best.items()},
+    }
+    print(json.dumps(out, indent=1, default=str))
+    print(front[COLS].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    return out
+
+
+def main(small: bool = False):
+    return [run(m) for m in (["llama3-8b"] if small else ["llama3-8b", "llama3-70b"])]
+
+
+if __name__ == "__main__":
+    main(small="--small" in sys.argv)

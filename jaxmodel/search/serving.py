@@ -1,0 +1,292 @@
+"""Serving-configuration search under time-to-first-token / time-per-output-token limits.
+
+:func:`search_serving` enumerates, for one model on ``n_devices`` devices, every serving
+configuration of
+
+- aggregated serving (continuous batching, :func:`jaxmodel.serving.continuous_batching`):
+  ``tp × pp`` (``dp = n/(tp·pp)`` replicas) × batch cap × prefill chunk (0 = none) ×
+  precision × runtime × load;
+- disaggregated serving (:func:`jaxmodel.serving.disaggregated`): a prefill pool of ``n_p``
+  and a decode pool of ``n − n_p`` devices, each with its own ``tp × pp`` (DistServe's
+  per-phase parallelism, Zhong et al., OSDI'24, §4.1) × batch cap × precision × runtime ×
+  load;
+
+where *load* is the arrival rate as a fraction of the configuration's capacity (the rate at
+which its queue becomes unbounded), so every configuration is visited along its own
+latency-throughput curve (the concurrency sweep of NVIDIA aiconfigurator's and
+vLLM's benchmark tools). It returns the Pareto front of output tokens/s per device against
+tokens/s per user among the configurations that are feasible and meet both limits
+(:func:`jaxmodel.plots.serving_plot` draws it from ``full=True``).
+
+Two batched stages, as :func:`jaxmodel.search_parallelism` de-duplicates its stage times:
+
+1. the per-iteration cost table (:func:`jaxmodel.serving.serving_costs`: the expensive
+   :func:`jaxmodel.inference` evaluations with their GEMM tile searches) once per distinct
+   ``(tp, pp, precision, runtime)`` — tens of rows;
+2. the steady-state formulas (:mod:`jaxmodel.serving`, elementwise algebra on the table) on
+   every configuration, gathering its table rows by index, in one jitted
+   :func:`jaxmodel.batching.map_points` call — 10⁵ rows.
+
+Both stages print their progress through :func:`jaxmodel.runtime.stage`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+import sys
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+
+from jaxmodel import runtime as _runtime
+from jaxmodel import runtime_profile as _rtp
+from jaxmodel import serving as _srv
+from jaxmodel.batching import map_points
+from jaxmodel.numerics import REASONS, pareto_mask
+from jaxmodel.types import Model, Parallelism, System
+from jaxmodel.workload.layer import variant_of
+
+_precision = importlib.import_module("jaxmodel.precision")
+
+__all__ = ["search_serving"]
+
+#: Defaults of the enumeration.
+MAX_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+CHUNKS = (0, 256, 512, 1024, 2048)
+LOADS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95,
+         0.98)
+PRECISIONS = ("bf16", "fp8")
+RUNTIMES = ("pytorch", "trtllm", "vllm")
+PP = (1, 2, 4, 8)
+ROW_CHUNK = 8192
+
+
+def _plans(n: int, tps: Sequence[int], pps: Sequence[int]) -> list[tuple[int, int]]:
+    return [(t, p) for t in sorted(set(tps)) for p in sorted(set(pps))
+            if t >= 1 and p >= 1 and n % (t * p) == 0]
+
+
+@functools.partial(jax.jit, static_argnames=("disagg",))
+def _evaluate(table, rows, system, isl, osl, ttft_slo, tpot_slo, disagg: bool):
+    """Stage 2: the steady state of every row (one jitted :func:`map_points` call)."""
+    def take(k):
+        return jax.tree_util.tree_map(lambda x: x[k.astype(jnp.int32)], table)
+
+    def agg(r):
+        c = take(r["k"])
+        cap = r["dp"] * _srv.aggregated_capacity(c, isl, osl, r["max_batch"], r["pp"],
+                                                  r["chunk"])
+        return _srv.continuous_batching_from_costs(
+            c, isl, osl, r["load"] * cap, r["max_batch"], dp=r["dp"], pp=r["pp"],
+            n_gpus=r["n"], chunk=r["chunk"], ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
+
+    def dis(r):
+        pre, dec = take(r["k"]), take(r["k_d"])
+        probe = _srv.disaggregated_from_costs(
+            pre, dec, system, isl, osl, 0.0, r["max_batch"], dp_prefill=r["dp_p"],
+            pp_prefill=r["pp_p"], tp_prefill=r["tp_p"], dp_decode=r["dp"], pp_decode=r["pp"],
+            tp_decode=r["tp"])
+        return _srv.disaggregated_from_costs(
+            pre, dec, system, isl, osl, r["load"] * probe.capacity_rps, r["max_batch"],
+            dp_prefill=r["dp_p"], pp_prefill=r["pp_p"], tp_prefill=r["tp_p"],
+            dp_decode=r["dp"], pp_decode=r["pp"], tp_decode=r["tp"], ttft_slo_s=ttft_slo,
+            tpot_slo_s=tpot_slo)
+
+    return map_points(dis if disagg else agg, rows, chunk=ROW_CHUNK)
+
+
+def search_serving(system: System, model: Model, n_devices: int | None = None, isl=1024,
+                   osl=256, *, ttft_slo_s: float = float("inf"),
+                   tpot_slo_s: float = float("inf"), tp: Sequence[int] | None = None,
+                   pp: Sequence[int] = PP, max_batch: Sequence[int] = MAX_BATCH,
+                   chunk: Sequence[int] = CHUNKS, precision: Sequence = PRECISIONS,
+                   runtime: Sequence = RUNTIMES, loads: Sequence[float] = LOADS,
+                   disaggregated: bool = True, full: bool = False,
+                   progress: bool = True) -> pd.DataFrame:
+    """Best serving deployments of ``model`` on ``n_devices`` under TTFT/TPOT limits.
+
+    Args:
+        system: the hardware; its outermost network level is resized to ``n_devices``
+            (default: the system's devices).
+        model: the transformer.
+        n_devices: devices of the deployment.
+        isl, osl: mean prompt and output tokens per request.
+        ttft_slo_s, tpot_slo_s: limits on the mean time to first token and time per output
+            token, s.
+        tp: tensor-parallel degrees (default: the powers of two up to the innermost network
+            tier); ``pp``: pipeline degrees; only ``tp·pp`` dividing ``n_devices``.
+        max_batch: batch caps (sequences per replica); ``chunk``: prefill chunk sizes of
+            aggregated serving (0 = no chunking).
+        precision, runtime: presets to search (names of :data:`jaxmodel.PRESETS` and
+            :data:`jaxmodel.RUNTIMES`).
+        loads: arrival rates as fractions of each configuration's capacity.
+        disaggregated: also search prefill/decode splits.
+        full: return every evaluated configuration (with a ``pareto`` column) instead of the
+            front.
+        progress: print the stages to stderr.
+
+    Returns:
+        DataFrame of the Pareto front (sorted by tokens/s per user): ``mode``
+        (``aggregated``/``disaggregated``), ``precision``, ``runtime``, ``tp``, ``pp``,
+        ``dp`` (the decode pool's when disaggregated), ``prefill_tp``, ``prefill_pp``,
+        ``prefill_dp`` (0 when aggregated), ``max_batch``, ``chunk``, ``load``, ``rate_rps``
+        and every field of :class:`jaxmodel.serving.ServingResult` (``reason_name`` beside
+        ``reason``). ``df.attrs``: ``n_evaluated``, ``n_feasible``, ``n_meeting_slo``,
+        ``wall_s``, ``configs_per_s``, ``timings``, ``best_aggregated`` and
+        ``best_disaggregated`` (highest throughput per device meeting the limits, as dicts).
+
+    Raises:
+        ValueError: unknown presets, empty option lists or a system that cannot be resized.
+
+    Example:
+        >>> df = jm.search_serving(hw_db.system("dgx_h100"), hw_db.model("llama3-8b"), 8,
+        ...                        1024, 256, ttft_slo_s=1.0, tpot_slo_s=0.05)
+        >>> bool((df.tpot_s <= 0.05).all())
+        True
+    """
+    from jaxmodel.search.parallelism import _as_int, _scaled_system
+
+    def say(msg):
+        if progress and not _runtime.quiet():
+            print(f"[search_serving] {msg}", file=sys.stderr, flush=True)
+
+    shown = None if progress else math.inf
+    t0 = time.perf_counter()
+    n = _as_int(system.n_devices if n_devices is None else n_devices, "n_devices")
+    system = _scaled_system(system, n)
+    isl_f, osl_f = float(isl), float(osl)
+    if not (isl_f >= 1 and osl_f >= 1):
+        raise ValueError(f"search_serving: isl and osl must be >= 1, got {isl!r}, {osl!r}")
+    if tp is None:
+        inner = int(float(np.asarray(system.levels[0].size))) if system.levels else 1
+        tp = [2 ** i for i in range(8) if 2 ** i <= max(inner, 1)]
+    plans = _plans(n, tp, pp)
+    precs = [_precision.precision(p) for p in precision]
+    rts = [_rtp.runtime(r) for r in runtime]
+    for name, vals in (("tp/pp", plans), ("precision", precs), ("runtime", rts),
+                       ("max_batch", max_batch), ("chunk", chunk), ("loads", loads)):
+        if len(vals) == 0:
+            raise ValueError(f"search_serving: no {name} to search")
+    if any(float(c) < 0 for c in chunk) or any(float(b) < 1 for b in max_batch):
+        raise ValueError("search_serving: chunk sizes must be >= 0 and batch caps >= 1")
+    if any(not 0 < float(x) < 1 for x in loads):
+        raise ValueError(f"search_serving: loads must lie in (0, 1), got {list(loads)}")
+
+    # ---- stage 1: one cost table per (plan, precision, runtime) ---------------------------
+    keys = [(t, p, i, j) for (t, p) in plans for i in range(len(precs)) for j in range(len(rts))]
+    kt = np.asarray([[t, p, i, j] for t, p, i, j in keys], dtype=float)
+    f = jnp.result_type(float)
+    par = Parallelism(dp=jnp.asarray(n / (kt[:, 0] * kt[:, 1]), f), tp=jnp.asarray(kt[:, 0], f),
+                      pp=jnp.asarray(kt[:, 1], f))
+    prec_b = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[kt[:, 2].astype(int)],
+                                                          f), _precision.stack(precs))
+    rt_b = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[kt[:, 3].astype(int)], f),
+                                  _rtp.stack(rts))
+    say(f"{len(keys)} cost tables ({len(plans)} tp×pp plans × {len(precs)} precisions × "
+        f"{len(rts)} runtimes) for {model.name} on {n} devices")
+    with _runtime.stage("search_serving: cost tables", show_after=shown) as st:
+        table = _srv._serving_costs(system, model, par, isl_f, osl_f, prec_b, rt_b,
+                                    variant_of(model, par, system))
+        table = jax.block_until_ready(table)
+        st["note"] = f"{len(keys)} tables × {len(_srv.TOKEN_GRID)} batch sizes"
+    timings = {"cost_tables_s": st["wall_s"]}
+
+    # ---- configurations ------------------------------------------------------------------
+    index = {key: k for k, key in enumerate(keys)}
+    mb = np.asarray(max_batch, dtype=float)
+    ld = np.asarray(loads, dtype=float)
+    ch = np.asarray(chunk, dtype=float)
+    agg = []
+    for k, (t, p, i, j) in enumerate(keys):
+        g = np.meshgrid(mb, ch, ld, indexing="ij")
+        m = g[0].size
+        agg.append(np.stack([np.full(m, k), np.full(m, t), np.full(m, p), np.full(m, n / (t * p)),
+                             g[0].ravel(), g[1].ravel(), g[2].ravel()], axis=1))
+    agg = np.concatenate(agg)
+    rows_a = {name: agg[:, c] for c, name in enumerate(
+        ("k", "tp", "pp", "dp", "max_batch", "chunk", "load"))}
+    rows_a["n"] = np.full(len(agg), float(n))
+    dis = []
+    if disaggregated:
+        for i in range(len(precs)):
+            for j in range(len(rts)):
+                for (tp_p, pp_p) in plans:
+                    for (tp_d, pp_d) in plans:
+                        sp, sd = tp_p * pp_p, tp_d * pp_d
+                        for n_p in range(sp, n, sp):
+                            n_d = n - n_p
+                            if n_d % sd:
+                                continue
+                            g = np.meshgrid(mb, ld, indexing="ij")
+                            m = g[0].size
+                            dis.append(np.stack([
+                                np.full(m, index[(tp_p, pp_p, i, j)]),
+                                np.full(m, index[(tp_d, pp_d, i, j)]),
+                                np.full(m, tp_p), np.full(m, pp_p), np.full(m, n_p / sp),
+                                np.full(m, tp_d), np.full(m, pp_d), np.full(m, n_d / sd),
+                                g[0].ravel(), g[1].ravel()], axis=1))
+    dis = np.concatenate(dis) if dis else np.zeros((0, 10))
+    rows_d = {name: dis[:, c] for c, name in enumerate(
+        ("k", "k_d", "tp_p", "pp_p", "dp_p", "tp", "pp", "dp", "max_batch", "load"))}
+    n_eval = len(agg) + len(dis)
+    say(f"{n_eval:,} configurations ({len(agg):,} aggregated, {len(dis):,} disaggregated)")
+
+    # ---- stage 2: the steady state of every configuration -------------------------------
+    with _runtime.stage("search_serving: steady state", show_after=shown) as st:
+        res = [_evaluate(table, {k: jnp.asarray(v, f) for k, v in rows_a.items()}, system,
+                         isl_f, osl_f, float(ttft_slo_s), float(tpot_slo_s), disagg=False)]
+        if len(dis):
+            res.append(_evaluate(table, {k: jnp.asarray(v, f) for k, v in rows_d.items()},
+                                 system, isl_f, osl_f, float(ttft_slo_s), float(tpot_slo_s),
+                                 disagg=True))
+        res = [jax.tree_util.tree_map(np.asarray, r) for r in res]
+        st["note"] = f"{n_eval:,} configurations"
+    timings["steady_state_s"] = st["wall_s"]
+
+    # ---- table ---------------------------------------------------------------------------
+    prec_names = np.asarray([p.name for p in precs])
+    rt_names = np.asarray([r.name for r in rts])
+
+    def frame(rows, r, mode):
+        k = rows["k"].astype(int)
+        cols = {"mode": np.full(len(k), mode), "precision": prec_names[kt[k, 2].astype(int)],
+                "runtime": rt_names[kt[k, 3].astype(int)], "tp": rows["tp"],
+                "pp": rows["pp"], "dp": rows["dp"],
+                "prefill_tp": rows.get("tp_p", np.zeros(len(k))),
+                "prefill_pp": rows.get("pp_p", np.zeros(len(k))),
+                "prefill_dp": rows.get("dp_p", np.zeros(len(k))),
+                "max_batch": rows["max_batch"], "chunk": rows.get("chunk", np.zeros(len(k))),
+                "load": rows["load"], "rate_rps": rows["load"] * r.capacity_rps}
+        cols.update({name: np.asarray(getattr(r, name)) for name in
+                     _srv.ServingResult.__dataclass_fields__})
+        return pd.DataFrame(cols)
+
+    frames = [frame(rows_a, res[0], "aggregated")]
+    if len(dis):
+        frames.append(frame(rows_d, res[1], "disaggregated"))
+    df = pd.concat(frames, ignore_index=True)
+    df["reason_name"] = np.asarray(REASONS + ("?",))[np.clip(
+        df["reason"].to_numpy().astype(int), 0, len(REASONS))]
+    ok = df["meets_slo"].to_numpy()
+    user = np.where(ok, df["tokens_per_s_per_user"].to_numpy(), np.nan)
+    df["pareto"] = pareto_mask(-user, df["throughput_per_gpu"].to_numpy())
+    wall = time.perf_counter() - t0
+    attrs = dict(n_evaluated=int(n_eval), n_devices=n, n_feasible=int(df["feasible"].sum()),
+                 n_meeting_slo=int(ok.sum()), wall_s=wall, configs_per_s=n_eval / wall,
+                 timings=timings)
+    for mode in ("aggregated", "disaggregated"):
+        sel = df[(df["mode"] == mode) & df["meets_slo"]]
+        attrs[f"best_{mode}"] = (sel.loc[sel["throughput_per_gpu"].idxmax()].to_dict()
+                                 if len(sel) else None)
+    say(f"{n_eval:,} configurations in {wall:.1f} s ({n_eval / wall:,.0f}/s); "
+        f"{attrs['n_meeting_slo']:,} meet the limits, {int(df['pareto'].sum())} on the front")
+    out = df if full else df[df["pareto"]].sort_values(
+        "tokens_per_s_per_user", kind="stable").reset_index(drop=True)
+    out.attrs.update(attrs)
+    return out

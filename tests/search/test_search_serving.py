@@ -1,0 +1,84 @@
+"""search_serving: enumeration counts, limits respected by the front, the front
+non-dominated, rows reproduced by the single-configuration models, argument errors."""
+
+import numpy as np
+import pytest
+
+import hw_db
+import jaxmodel as jm
+from jaxmodel.search import serving as ss
+
+OPTS = dict(tp=(1, 2, 4), pp=(1, 2), max_batch=(8, 64), chunk=(0, 256), precision=("bf16",),
+            runtime=("trtllm",), loads=(0.3, 0.9), progress=False)
+TTFT, TPOT = 0.5, 0.02
+
+
+def test_plans_divide_the_devices():
+    assert ss._plans(4, (1, 2, 4), (1, 2)) == [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)]
+    assert ss._plans(6, (1, 2, 4), (1, 3)) == [(1, 1), (1, 3), (2, 1), (2, 3)]
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(loads=(0.5, 1.2)), "loads"), (dict(chunk=(-1,)), "chunk"),
+    (dict(precision=()), "precision"), (dict(precision=("fp7",)), "fp7"),
+    (dict(tp=(3,), pp=(1,)), "tp/pp")])
+def test_bad_options_raise_before_computing(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        jm.search_serving(hw_db.system("hgx_a100_4gpu"), hw_db.model("llama3.2-1b"), 4, 512,
+                          128, **{**OPTS, **kw})
+
+
+@pytest.fixture(scope="module")
+def result():
+    system = hw_db.system("hgx_a100_4gpu")
+    model = hw_db.model("llama3.2-1b")
+    df = jm.search_serving(system, model, 4, 512, 128, ttft_slo_s=TTFT, tpot_slo_s=TPOT,
+                           full=True, **OPTS)
+    return system, model, df
+
+
+@pytest.mark.slow
+def test_counts_and_limits(result):
+    _, _, df = result
+    plans = ss._plans(4, OPTS["tp"], OPTS["pp"])
+    n_agg = len(plans) * 2 * 2 * 2
+    n_dis = sum(1 for a, b in plans for c, d in plans for n_p in range(a * b, 4, a * b)
+                if (4 - n_p) % (c * d) == 0) * 2 * 2
+    assert df.attrs["n_evaluated"] == len(df) == n_agg + n_dis
+    assert (df["mode"] == "aggregated").sum() == n_agg
+    front = df[df["pareto"]]
+    assert len(front) >= 1 and front["meets_slo"].all()
+    assert (front["ttft_s"] <= TTFT).all() and (front["tpot_s"] <= TPOT).all()
+    # no row meeting the limits dominates a front row
+    ok = df[df["meets_slo"]]
+    for _, r in front.iterrows():
+        dom = ((ok["tokens_per_s_per_user"] >= r["tokens_per_s_per_user"])
+               & (ok["throughput_per_gpu"] >= r["throughput_per_gpu"])
+               & ((ok["tokens_per_s_per_user"] > r["tokens_per_s_per_user"])
+                  | (ok["throughput_per_gpu"] > r["throughput_per_gpu"])))
+        assert not dom.any()
+    # infeasible rows say why and carry no NaN
+    assert not df[["ttft_s", "tpot_s", "throughput_per_gpu"]].isna().any().any()
+    assert set(df.loc[~df["feasible"], "reason_name"]) <= {"rate_above_capacity",
+                                                           "out_of_memory",
+                                                           "heads_not_divisible",
+                                                           "layers_not_divisible"}
+
+
+@pytest.mark.slow
+def test_rows_match_the_single_configuration_models(result):
+    system, model, df = result
+    ok = df[df["feasible"]]
+    a = ok[(ok["mode"] == "aggregated") & (ok["chunk"] > 0)].iloc[0]
+    r = jm.continuous_batching(system, model, jm.Parallelism(dp=a.dp, tp=a.tp, pp=a.pp), 512,
+                               128, a.rate_rps, a.max_batch, a.chunk, runtime="trtllm")
+    assert float(r.tpot_s) == pytest.approx(a.tpot_s, rel=1e-5)
+    assert float(r.ttft_s) == pytest.approx(a.ttft_s, rel=1e-5)
+    d = ok[ok["mode"] == "disaggregated"].iloc[-1]
+    r = jm.disaggregated(system, model,
+                         jm.Parallelism(dp=d.prefill_dp, tp=d.prefill_tp, pp=d.prefill_pp),
+                         jm.Parallelism(dp=d.dp, tp=d.tp, pp=d.pp), 512, 128, d.rate_rps,
+                         d.max_batch, runtime="trtllm")
+    assert float(r.tpot_s) == pytest.approx(d.tpot_s, rel=1e-5)
+    assert float(r.ttft_s) == pytest.approx(d.ttft_s, rel=1e-5)
+    assert np.isfinite(df.attrs["configs_per_s"])
