@@ -37,6 +37,7 @@ import dataclasses
 import os
 import sys
 
+import jax
 import numpy as np
 import pandas as pd
 
@@ -93,20 +94,26 @@ def load_rows() -> pd.DataFrame:
     return pd.concat([trt, ft], ignore_index=True, sort=False)
 
 
+def _stack(objs):
+    """One pytree with a leading row axis from same-structure configs (names dropped)."""
+    objs = [dataclasses.replace(o, name="row") for o in objs]
+    return jax.tree.map(lambda *xs: np.asarray(xs, dtype=float), *objs)
+
+
 def predict(rows: pd.DataFrame, runtime) -> pd.DataFrame:
-    """Model times of every row under ``runtime``: one vmapped call per (model, tp)."""
-    out = []
-    for (model_name, tp, system), g in rows.groupby(["model", "tp", "system"], sort=False):
-        r = jm.inference(system_of(system, int(tp)), MODELS[model_name],
-                         jm.Parallelism(tp=float(tp)), g["batch_size"].to_numpy(float),
-                         g["input_len"].to_numpy(float), g["output_len"].to_numpy(float),
-                         runtime=runtime)
-        out.append(pd.DataFrame({
-            "ttft": np.asarray(r.ttft_s), "tpot": np.asarray(r.tpot_s),
-            "feasible": np.asarray(r.feasible),
-            "reason": [jm.reason_name(x) for x in np.asarray(r.reason).ravel()],
-            "mem_gb": np.asarray(r.memory_bytes) / 1e9}, index=g.index))
-    return pd.concat(out).loc[rows.index]
+    """Model times of every row under ``runtime``: one vmapped call over all rows."""
+    systems = [system_of(s, int(tp)) for s, tp in zip(rows["system"], rows["tp"])]
+    systems = [dataclasses.replace(s, device=dataclasses.replace(s.device, name="row"))
+               for s in systems]
+    r = jm.inference(_stack(systems), _stack([MODELS[m] for m in rows["model"]]),
+                     jm.Parallelism(tp=rows["tp"].to_numpy(float)),
+                     rows["batch_size"].to_numpy(float), rows["input_len"].to_numpy(float),
+                     rows["output_len"].to_numpy(float), runtime=runtime)
+    return pd.DataFrame({
+        "ttft": np.asarray(r.ttft_s), "tpot": np.asarray(r.tpot_s),
+        "feasible": np.asarray(r.feasible),
+        "reason": [jm.reason_name(x) for x in np.asarray(r.reason).ravel()],
+        "mem_gb": np.asarray(r.memory_bytes) / 1e9}, index=rows.index)
 
 
 def with_step(rows, pred, step):

@@ -113,14 +113,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     # sustained clock. step_overhead_s: calibrated (experiments/validate_serving.py) on
     # shared/anchors/inference/trtllm_a100_fp16.csv (A100, v0.5/0.6 rows under
     # "trtllm_v06"): the value on a 0-2000 µs grid minimising the throughput MAPE of its 13
-    # multi-step rows is 0 (leave-one-model-out: 0, 310, 0, 0 µs): no host time per step
-    # beyond the kernels is visible in the data.
+    # multi-step rows is 0 (leave-one-model-out: 0 for each of the four models): no host time
+    # per step beyond the kernels is visible in the data.
     "trtllm": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
                    fuse_rope=1.0, attention=1.0, sustained_clock=1.0, step_overhead_s=STEP),
     # TensorRT-LLM v0.5-0.6 (the versions of the published A100 tables) and
     # FasterTransformer: as "trtllm" but generation attention by the masked MHA kernel, one
-    # thread block per query head (the XQA kernel sharing K/V loads across a GQA group came
-    # with v0.7, TensorRT-LLM release notes). Same step_overhead_s calibration.
+    # thread block per (query head, sequence) (TensorRT-LLM mmha_launch_kernel_ex: grid
+    # num_heads × batch_size), each reading its KV head's cache, so a GQA group's K/V is read
+    # once per query head (the XQA kernel sharing K/V loads across a GQA group came with
+    # v0.7, TensorRT-LLM release notes). Same step_overhead_s calibration.
     "trtllm_v06": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
                        fuse_rope=1.0, attention=2.0, sustained_clock=1.0,
                        step_overhead_s=STEP),

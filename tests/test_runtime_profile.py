@@ -124,6 +124,15 @@ def test_gqa_decode_attention_loads_kv_once_per_kv_head_hand_derived():
     rows1 = flash_attention_rows(DEV, b, h, 1.0, kv, d, hk, version=1.0, share_kv=False)
     assert sum(float(f) for f, _ in rows1.values()) == pytest.approx(float(fa1["fwd"]),
                                                                     rel=1e-12)
+    # the FlashAttention-2 path the serving runtimes take: the per-query-head kernel is the
+    # split-KV kernel with one unit per query head, K and V read g times
+    rows2 = flash_attention_rows(DEV, b, h, 1.0, kv, d, hk, version=2.0, share_kv=False)
+    fa2h = flash_attention_latency(DEV, b, h, 1.0, kv, d, h, version=2.0)
+    assert sum(float(f) for f, _ in rows2.values()) == pytest.approx(float(fa2h["fwd"]),
+                                                                    rel=1e-12)
+    assert float(fa2h["hbm_bytes"]) == pytest.approx(
+        b * h * (2.0 * d * w + 2.0 * kv * d * w + 4.0), rel=1e-12)
+    assert float(fa2h["hbm_bytes"]) > 0.9 * g * want
     # prefill keeps the version asked for
     pre = flash_attention_rows(DEV, b, h, 256.0, 256.0, d, hk, version=1.0)
     fa1p = flash_attention_latency(DEV, b, h, 256.0, 256.0, d, hk, version=1.0)

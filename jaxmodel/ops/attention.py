@@ -390,8 +390,10 @@ def flash_attention_rows(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, v
     block per (sequence, query head), each reading its KV head's cache (TensorRT-LLM's masked
     MHA before its XQA kernel for GQA/MQA generation, v0.7).
     """
-    decoding = (q_len < kv_len) & (version > 0.5) & share_kv
-    version = jnp.where(decoding, jnp.maximum(version, 2.0), version)
+    decoding = (q_len < kv_len) & (version > 0.5)
+    version = jnp.where(decoding & share_kv, jnp.maximum(version, 2.0), version)
+    # per-query-head decode kernel: every query head is a unit reading its KV head's cache
+    kv_heads = jnp.where(decoding & ~jnp.asarray(share_kv), heads, kv_heads)
     r = _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, 1.0, 0.0,
                       version, dtype_bytes, True)
     fwd = {"qk": r["load"] + r["gemm_qk"], "softmax": r["pointwise"] + r["overhead"],

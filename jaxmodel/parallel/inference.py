@@ -5,8 +5,8 @@ generates one token per step against it; inference latency = prefill + decoding)
 (Optimus inference with TP/PP, KV caching, GQA); Pope et al. 2023 (KV cache).
 
 Model: ``dp`` replicas serve ``batch/dp`` sequences each; within a replica ``pp`` stages of
-``n_layers/pp`` layers run one after another (no micro-batching, i.e. latency-optimal
-pipelining; a hop between stages is a point-to-point transfer of the hidden states, placed as
+``n_layers/pp`` layers run one after another (by default one micro-batch, i.e. latency-optimal
+pipelining; see ``micro_batches`` below; a hop between stages is a point-to-point transfer of the hidden states, placed as
 in training by :mod:`jaxmodel.parallel.plan`: across the outermost tier the ``tp·pp`` devices
 of one pipeline span) and each layer is the LLMCompass layer of
 :func:`jaxmodel.workload.layer.layer_breakdown` under ``tp``.
@@ -25,6 +25,18 @@ network, finite times), then memory. Every result is finite with ``feasible=True
   fusions, CUDA-graph decode and fused attention apply to every layer, the embedding and the
   head (decode steps under ``cuda_graph`` at the kernel floors); its ``step_overhead_s`` is
   added once to ``ttft_s`` (the prefill step) and once to ``tpot_s`` (each decode step).
+- ``micro_batches`` ``m`` (pipelined inference, LLMCompass §II-B: pipeline parallelism
+  raises throughput at the cost of latency; the micro-batch schedule of GPipe, Huang et al.
+  2019, applied to generation as in DeepSpeed-Inference, Aminabadi et al. SC'22 §IV-B): the
+  ``b`` sequences of a replica run as ``m`` micro-batches of ``b/m``; every time above is then
+  taken at ``b/m`` sequences. With ``F`` the latency of one micro-batch through the whole
+  pipeline (the formulas above) and ``S`` its slot on the busiest stage (``n_layers/pp``
+  layers plus the embedding and the send on the first stage, or the LM head on the last):
+  ``ttft_s = F_prefill + (m − 1)·S_prefill`` (the last micro-batch's first token) and
+  ``tpot_s = max(F_decode, m·S_decode)`` (a micro-batch's next step needs its previous
+  token, so a round of ``m`` micro-batches lasts at least one pass through the pipeline, and
+  the busiest stage serves all ``m`` in turn). Each device keeps every micro-batch's KV cache
+  of its layers; the prefill working set is one micro-batch's. ``m = 1`` is the formula above.
 - ``total_s = ttft_s + (gen_len − 1)·tpot_s`` (the first token comes from the prefill);
   ``tokens_per_s = batch·gen_len / total_s``.
 - ``memory_bytes``: weights (split over tp, pp), KV cache of ``prompt_len + gen_len`` tokens and
@@ -40,6 +52,7 @@ import importlib
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
@@ -100,18 +113,23 @@ def _elementwise(dev, n, bytes_moved, flops):
     return _ops.elementwise_latency.single(dev, n, bytes_moved, flops, overhead=True)
 
 
+def _tp_group(system: System, par: Parallelism, kind: str, nbytes, variant: Variant, like):
+    """Collective ``kind`` of ``nbytes`` over the ``t`` TP ranks, s; 0 when ``t = 1`` (the
+    group is never evaluated at size 1: double-where) or when ``variant`` rules TP out."""
+    if variant.tp is False:
+        return 0.0 * like
+    multi = par.tp > 1.5
+    t = _comm.collective_latency.single(system, kind, nbytes, jnp.where(multi, par.tp, 2.0),
+                                        net=variant.net)
+    return jnp.where(multi, t, 0.0)
+
+
 def _embedding_parts(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0,
                      variant: Variant = ANY):
     """``(lookup_s, all_reduce_s)`` of :func:`embedding_time`."""
-    dev = system.device
-    lookup = _elementwise(dev, tokens * model.d_model, 2.0 * dtype_bytes, 0.0)
-    if variant.tp is False:
-        return lookup, 0.0 * lookup
-    multi = par.tp > 1.5
-    ar = _comm.collective_latency.single(system, "all_reduce",
-                                         tokens * model.d_model * dtype_bytes,
-                                         jnp.where(multi, par.tp, 2.0), net=variant.net)
-    return lookup, jnp.where(multi, ar, 0.0)
+    lookup = _elementwise(system.device, tokens * model.d_model, 2.0 * dtype_bytes, 0.0)
+    return lookup, _tp_group(system, par, "all_reduce", tokens * model.d_model * dtype_bytes,
+                             variant, lookup)
 
 
 def embedding_time(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0,
@@ -134,13 +152,8 @@ def _lm_head_parts(system: System, model: Model, par: Parallelism, batch, gemm=N
     vocab = model.vocab_size / jnp.maximum(par.tp, 1.0)
     head = gemm(dev, batch, vocab, model.d_model, 1.0, dtype_bytes)
     head = head + _ops.softmax_latency.single(dev, batch, vocab, overhead=True)
-    if variant.tp is False:
-        return head, 0.0 * head
-    multi = par.tp > 1.5
-    gather = _comm.collective_latency.single(system, "all_gather",
-                                             batch * model.vocab_size * dtype_bytes,
-                                             jnp.where(multi, par.tp, 2.0), net=variant.net)
-    return head, jnp.where(multi, gather, 0.0)
+    return head, _tp_group(system, par, "all_gather", batch * model.vocab_size * dtype_bytes,
+                           variant, head)
 
 
 def lm_head_time(system: System, model: Model, par: Parallelism, batch, gemm=None,
@@ -169,6 +182,13 @@ def _pp_hop(system: System, par: Parallelism, nbytes, net=_comm.ANY_NET):
     return jnp.where(multi, t, 0.0)
 
 
+def _stage_slot(layers_s, hop_s, emb_s, head_s, pp):
+    """Time one micro-batch occupies the busiest pipeline stage, s: its ``n_layers/pp``
+    layers, plus the embedding and the send to the next stage on the first stage or the LM
+    head on the last (one stage holds both when ``pp = 1``)."""
+    return layers_s + jnp.where(pp > 1.5, jnp.maximum(emb_s + hop_s, head_s), emb_s + head_s)
+
+
 def _plan_inputs(system, model, par, batch, prompt_len, gen_len, dtype_bytes):
     return _plan.inputs(model, par, n_devices=system.n_devices, batch=batch,
                         seq_len=prompt_len, gen_len=gen_len, dtype_bytes=dtype_bytes)
@@ -180,13 +200,13 @@ _COMM_OPS = ("allreduce_mha", "allreduce_ffn", "moe_alltoall")
 def inference_single(system: System, model: Model, par: Parallelism, batch, prompt_len,
                      gen_len, gemm=None, dtype_bytes=None, kv_samples: int = KV_SAMPLES,
                      variant: Variant = ANY, memory_rule: bool = True, precision=None,
-                     runtime=None):
+                     runtime=None, micro_batches=1.0):
     """Single-configuration body of :func:`inference` (use inside other formulas).
 
     ``memory_rule=False`` (static) leaves out the last rule, ``out_of_memory``: the times of a
     plan that does not fit stay finite (co-design objectives penalise the memory smoothly);
     every other rule still applies. ``runtime``: a :class:`jaxmodel.Runtime`, a preset name
-    or None (eager, as LLMCompass).
+    or None (eager, as LLMCompass). ``micro_batches``: see :func:`inference`.
     """
     dev = system.device
     prec = _prec.resolve(precision, dtype_bytes)
@@ -199,6 +219,9 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     structure_ok, _ = first_reason(checks)
     dp = jnp.maximum(par.dp, 1.0)
     b = jnp.maximum(batch / dp, 1.0)            # sequences per replica
+    n_mb = jnp.clip(jnp.asarray(micro_batches, dtype=f), 1.0, b)
+    many = n_mb > 1.5
+    mb = b / n_mb                               # sequences per micro-batch
     prompt = jnp.maximum(prompt_len, 1.0)
     gen = jnp.maximum(gen_len, 1.0)
     dtype_s = jnp.where(dtype_bytes > 0, dtype_bytes, 2.0)
@@ -212,14 +235,14 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     new_tokens = jnp.stack([prompt] + [jnp.ones_like(prompt)] * kv_samples)
     cached = jnp.stack([jnp.zeros_like(prompt)] + kvs)
     rt = _rtp.runtime_arg(runtime)
-    steps = jax.vmap(lambda s, kv: layer_times(system, model, par, b, s, "decode", kv, gemm,
+    steps = jax.vmap(lambda s, kv: layer_times(system, model, par, mb, s, "decode", kv, gemm,
                                                variant=variant, precision=prec,
                                                runtime=rt))(new_tokens, cached)
     pre = {k: v[0] for k, v in steps.items()}
     dec = {k: jnp.mean(v[1:]) for k, v in steps.items()}
 
     # embedding and stage hops of the prompt and of one decode token: one trace, vmapped
-    tokens = jnp.stack([b * prompt, b])
+    tokens = jnp.stack([mb * prompt, mb])
     is_decode = jnp.asarray([False, True])
 
     def at(decode):       # the system with the runtime's kernel overheads of that phase
@@ -230,28 +253,39 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
 
     lookup, emb_ar = jax.vmap(lambda n, d: _embedding_parts(at(d), model, par, n, dtype_s,
                                                             variant))(tokens, is_decode)
-    hops = (pp - 1.0) * jax.vmap(lambda n: _pp_hop(system, par, n * model.d_model
-                                                   * dtype_s, variant.net))(tokens)
+    hop1 = jax.vmap(lambda n: _pp_hop(system, par, n * model.d_model * dtype_s,
+                                      variant.net))(tokens)
+    hops = (pp - 1.0) * hop1
     emb = lookup + emb_ar
     emb_pre, emb_dec = emb[0], emb[1]
     hop_pre, hop_dec = hops[0], hops[1]
     if rt is None:
-        head_c, head_g = _lm_head_parts(system, model, par, b, gemm, dtype_s, variant)
+        head_c, head_g = _lm_head_parts(system, model, par, mb, gemm, dtype_s, variant)
         head_pre = head_dec = head_c + head_g
         step = 0.0
     else:
-        head_c, head_g = jax.vmap(lambda d: _lm_head_parts(at(d), model, par, b, gemm,
+        head_c, head_g = jax.vmap(lambda d: _lm_head_parts(at(d), model, par, mb, gemm,
                                                            dtype_s, variant))(is_decode)
         head_pre, head_dec = head_c[0] + head_g[0], head_c[1] + head_g[1]
         step = rt.step_overhead_s
 
-    ttft = n_layers * pre["total"] + hop_pre + emb_pre + head_pre + step
-    tpot = n_layers * dec["total"] + hop_dec + emb_dec + head_dec + step
+    # one micro-batch through the whole pipeline, and the busiest stage's slot per micro-batch
+    first_pre = n_layers * pre["total"] + hop_pre + emb_pre + head_pre
+    first_dec = n_layers * dec["total"] + hop_dec + emb_dec + head_dec
+    slot_pre = jnp.where(many, _stage_slot(n_layers * pre["total"] / pp, hop1[0], emb_pre,
+                                           head_pre, pp), 0.0)       # double-where: 0·inf
+    slot_dec = jnp.where(many, _stage_slot(n_layers * dec["total"] / pp, hop1[1], emb_dec,
+                                           head_dec, pp), 0.0)
+    ttft = jnp.where(many, first_pre + (n_mb - 1.0) * slot_pre, first_pre) + step
+    tpot = jnp.where(many, jnp.maximum(first_dec, n_mb * slot_dec), first_dec) + step
     total = ttft + (gen - 1.0) * tpot
 
     # the runtime's attention kernel decides whether the prefill keeps the score matrix
     par_mem = par if rt is None else runtime_inputs(dev, par, variant, rt, False)[1]
     mem = inference_memory_single(model, par_mem, b, prompt, gen, precision=prec)
+    # every micro-batch's KV cache stays resident; the prefill working set is one micro-batch's
+    acts = jnp.where(many, mem["activations"] * (mb / b), mem["activations"])
+    mem = {**mem, "activations": acts, "total": mem["weights"] + mem["kv_cache"] + acts}
     rules = (checks + _plan.system_checks(_plan.INFER, system, par, structure_ok)
              + [(_prec.supported(dev, prec), "precision_unsupported")]
              + _plan.finite_checks(
@@ -286,13 +320,15 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
 
 @batched
 def _inference(system, model, par, batch, prompt_len, gen_len, gemm, precision, variant,
-               runtime):
+               runtime, micro_batches):
     return inference_single(system, model, par, batch, prompt_len, gen_len, gemm,
-                            variant=variant, precision=precision, runtime=runtime)
+                            variant=variant, precision=precision, runtime=runtime,
+                            micro_batches=micro_batches)
 
 
 def inference(system: System, model: Model, par: Parallelism, batch, prompt_len, gen_len,
-              gemm=None, dtype_bytes=None, precision=None, runtime=None) -> InferenceResult:
+              gemm=None, dtype_bytes=None, precision=None, runtime=None,
+              micro_batches=1.0) -> InferenceResult:
     """Latency, throughput and memory of serving ``batch`` requests (see module docstring).
 
     Args:
@@ -312,6 +348,9 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
             per-call overheads, every op its own kernel; ``"trtllm"``: TensorRT-LLM /
             FasterTransformer; ``"vllm"``) or a :class:`jaxmodel.Runtime`
             (:mod:`jaxmodel.runtime_profile`).
+        micro_batches: micro-batches each replica's ``batch/dp`` sequences are split into
+            (``>= 1``, clipped to the sequences; 1 = the whole batch as one, today's
+            latency-optimal pipeline). See the module docstring.
 
     Returns:
         :class:`InferenceResult`; batch axes of the inputs lead every field.
@@ -338,11 +377,14 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
                 system, model, par, batch, prompt_len, gen_len, prec.act_bytes), system, par)
     validate_knobs("inference", batch=batch, prompt_len=prompt_len, gen_len=gen_len,
                    dtype_bytes=dtype_bytes)
+    if is_concrete(micro_batches) and np.ndim(micro_batches) == 0 and not (
+            np.isfinite(micro_batches) and float(micro_batches) >= 1.0):
+        raise ValueError(f"inference: micro_batches={micro_batches} must be >= 1")
     rt = _rtp.runtime_arg(runtime)
     if rt is not None and is_concrete(rt):
         _rtp.validate_runtime(rt, where="inference")
     return _inference(system, model, par, batch, prompt_len, gen_len, gemm, prec,
-                      variant_of(model, par, system), rt)
+                      variant_of(model, par, system), rt, micro_batches)
 
 
 inference.single = inference_single

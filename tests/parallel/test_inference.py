@@ -152,3 +152,59 @@ def test_pytorch_runtime_is_the_default(result):
     assert float(r.breakdown["step_overhead"]) == 0.0
     with pytest.raises(ValueError, match="not one of"):
         inference(SYSTEM, M, TP4, 8, 512, 64, gemm=roofline_gemm, runtime="tensorflow")
+
+
+PP2 = jm.Parallelism(tp=2, pp=2)
+
+
+def test_micro_batched_pipeline_matches_hand_derivation():
+    """``micro_batches = m``: every time at ``b/m`` sequences; ttft = F + (m − 1)·S and
+    tpot = max(F, m·S) with F one micro-batch's pass through both stages and S its slot on the
+    busiest stage; KV cache of all sequences, working set of one micro-batch."""
+    whole = inference(SYSTEM, M, PP2, 8, 512, 64, gemm=roofline_gemm)
+    one = inference(SYSTEM, M, PP2, 8, 512, 64, gemm=roofline_gemm, micro_batches=1)
+    for f in ("ttft_s", "tpot_s", "total_s", "tokens_per_s", "memory_bytes"):
+        assert float(getattr(one, f)) == float(getattr(whole, f)), f
+    ms = jnp.array([2.0, 4.0, 8.0, 16.0])                       # 16 is clipped to 8
+    r = inference(SYSTEM, M, PP2, 8, 512, 64, gemm=roofline_gemm, micro_batches=ms)
+    small = inference(SYSTEM, M, PP2, jnp.array([4.0, 2.0, 1.0, 1.0]), 512, 64,
+                      gemm=roofline_gemm)
+    b = small.breakdown
+    for ph, name in (("prefill", "ttft_s"), ("decode", "tpot_s")):
+        F = np.asarray(getattr(small, name))
+        S = (np.asarray(b[f"{ph}_layers"]) / 2
+             + np.maximum(np.asarray(b[f"embedding_{ph}"]) + np.asarray(b[f"pp_comm_{ph}"]),
+                          np.asarray(b[f"head_{ph}"])))     # pp − 1 = 1 hop
+        m = np.array([2.0, 4.0, 8.0, 8.0])
+        want = F + (m - 1) * S if ph == "prefill" else np.maximum(F, m * S)
+        np.testing.assert_allclose(np.asarray(getattr(r, name)), want, rtol=1e-6)
+    assert (np.asarray(r.tpot_s)[2:] > np.asarray(small.tpot_s)[2:]).all()   # m > pp: m·S
+    np.testing.assert_allclose(np.asarray(r.tokens_per_s),
+                               8 * 64 / np.asarray(r.total_s), rtol=1e-6)
+    # pipelining pays: the first micro-batch's token comes sooner and more tokens per second
+    assert float(r.ttft_s[0]) < float(whole.ttft_s)
+    assert float(r.tokens_per_s[0]) > float(whole.tokens_per_s)
+    mem_w = jm.inference_memory(M, PP2, 8, 512, 64)
+    np.testing.assert_allclose(np.asarray(r.breakdown["memory.kv_cache"]),
+                               float(mem_w["kv_cache"]), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(r.breakdown["memory.activations"]),
+                               float(mem_w["activations"]) / np.array([2, 4, 8, 8]),
+                               rtol=1e-6)
+    # one device, no pipeline: the micro-batches run one after the other
+    r1 = inference(SYSTEM, M, TP4, 8, 512, 64, gemm=roofline_gemm, micro_batches=2)
+    h = inference(SYSTEM, M, TP4, 4, 512, 64, gemm=roofline_gemm)
+    assert float(r1.tpot_s) == pytest.approx(2 * float(h.tpot_s), rel=1e-6)
+    assert float(r1.ttft_s) == pytest.approx(2 * float(h.ttft_s), rel=1e-6)
+    with pytest.raises(ValueError, match="micro_batches"):
+        inference(SYSTEM, M, PP2, 8, 512, 64, gemm=roofline_gemm, micro_batches=0.5)
+
+
+def test_micro_batches_jit_matches_eager_and_vmap_matches_loop():
+    f = jax.jit(lambda m: inference(SYSTEM, M, PP2, 8, 512, 64, gemm=roofline_gemm,
+                                    micro_batches=m).tokens_per_s)
+    ms = jnp.array([1.0, 2.0, 4.0])
+    batched = np.asarray(f(ms))
+    loop = [float(inference(SYSTEM, M, PP2, 8, 512, 64, gemm=roofline_gemm,
+                            micro_batches=float(m)).tokens_per_s) for m in ms]
+    np.testing.assert_allclose(batched, loop, rtol=1e-6)
+    assert not np.isnan(batched).any()
