@@ -910,6 +910,18 @@ def from_preset(cls, value: Any, overrides: dict, presets: Mapping, aliases: Map
     return cls(**fields)
 
 
+def stack_configs(cls, configs: Sequence, what: str):
+    """A batch of ``cls`` configs (every numeric field gets a leading axis, one entry per
+    config) from concrete ``configs``; the static ``name`` is kept when all agree, else
+    ``"batch"``. ``ValueError`` for an empty list."""
+    if not configs:
+        raise ValueError(f"{what}: empty list")
+    fields = {f.name: np.asarray([float(np.asarray(getattr(c, f.name))) for c in configs])
+              for f in dataclasses.fields(cls) if f.name != "name"}
+    names = {c.name for c in configs}
+    return cls(**fields, name=names.pop() if len(names) == 1 else "batch")
+
+
 def is_concrete(*trees: Any) -> bool:
     """True when no leaf of ``trees`` is a tracer (i.e. values can be checked in Python)."""
     return not any(isinstance(x, jax.core.Tracer) for t in trees
