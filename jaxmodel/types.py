@@ -548,7 +548,7 @@ class NetLevel:
         flit_bytes, header_bytes, max_payload_bytes: packet format (LLMCompass eq. 1–2).
         in_network_reduction: 1 when switches reduce in-network (NVLink SHARP), else 0.
         chunk_latency: per-chunk overhead of a pipelined collective, s (calibration constant;
-            0 = the seed's unpipelined formulas). See ``jaxmodel.comm.collectives``.
+            0 = Guo et al.'s unpipelined formulas). See ``jaxmodel.comm.collectives``.
         bw_per_node: uplink bandwidth shared by the devices of one lower-tier unit (a node's
             NICs), bytes/s per direction; 0 = no shared limit (one NIC per device).
         nccl_link: NCCL link class of the tier for NCCL's algorithm/protocol model
