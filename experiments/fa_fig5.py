@@ -8,7 +8,7 @@ and activation recomputation (none or Megatron's selective recomputation of the 
 core, which lets standard attention use larger micro-batches) that fits the memory. Three
 parts:
 
-1. **Speed-up vs B** on H100: tokens/s with FlashAttention-1 (the seed's model) and
+1. **Speed-up vs B** on H100: tokens/s with FlashAttention-1 (Guo et al.'s model) and
    FlashAttention-2 over standard attention.
 2. **GPU generations** at B = 2048: A100-80GB, H100, B200 (each with its own node's NVLink
    tier grown to 16 devices), same fp16 precision everywhere.
@@ -18,9 +18,9 @@ parts:
 
 Plus the mechanism (the "attention time grows as O(N²) memory traffic without FA and
 stays compute-bound with"): the attention core alone on an H100 for N = 512 … 16k — time, HBM
-bytes, and the compute share ``(t_GEMM + t_pt) / t`` of FlashAttention (seed eq. 1).
+bytes, and the compute share ``(t_GEMM + t_pt) / t`` of FlashAttention (Guo et al., eq. 1).
 
-No numeric target: the seed's Fig. 5 is a what-if study. Writes
+No numeric target: Guo et al.'s Fig. 5 is a what-if study. Writes
 ``experiments/out/fa_fig5.csv`` and ``.png`` and prints the key numbers.
 
 Run: ``.venv/bin/python experiments/fa_fig5.py``
@@ -122,10 +122,9 @@ def attention_core_scaling() -> pd.DataFrame:
 
 
 def plot(sp, am, core, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    from jaxmodel.plots import _figure, _save
+    fig = _figure(figsize=(10, 7))
+    axes = fig.subplots(2, 2)
     h = sp[sp.gpu == "H100"]
     axes[0, 0].plot(h.batch, h.speedup, "o-", label="FA-1")
     axes[0, 0].plot(h.batch, h.speedup_fa2, "s--", label="FA-2")
@@ -155,8 +154,7 @@ def plot(sp, am, core, path):
     axes[1, 1].set_xlabel("context N")
     axes[1, 1].set_ylabel("bytes (fwd, 25 heads)")
     axes[1, 1].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
 
 
 def main():

@@ -6,17 +6,17 @@ Three panels (Guo et al. §V-A/§V-B):
 1. **TP vs DP** (top): GPT-2 medium, context 1k, on 8×A100-40GB
    (``hw_db.system("dgx_a100_40gb")``), (DP, TP) ∈ {(8, 1), (4, 2), (2, 4)}, FlashAttention-1
    (and -2) speed-up relative to standard attention at DP 8 / TP 1, with the compute-to-communication
-   ratio of each plan (the seed: ≈1.7× at DP 8, decaying with TP).
+   ratio of each plan (Guo et al.: ≈1.7× at DP 8, decaying with TP).
 2. **Network scaling** (bottom-left): MoE-139B (GPT3-13B base, 32 experts, top-1 on every
    other layer) on 256 A100-80GB (32 DGX A100 nodes), B = 512, DP = EP = 32, TP = 8, PP = 1;
-   the intra-node NVLink bandwidth per GPU scaled NVLink3 → 4 → 5 → "X" (= 2 × NVLink5, seed)
+   the intra-node NVLink bandwidth per GPU scaled NVLink3 → 4 → 5 → "X" (= 2 × NVLink5, as Guo et al.)
    with HDR InfiniBand (200 Gb/s per GPU) across nodes, and "X+X" (inter-node = intra-node).
    All-reduce (TP + DP) and all-to-all (EP) time per step, normalised by the compute time.
    Bandwidths: per-direction NVLink of ``dgx_a100`` (NVLink3), ``dgx_h100`` (NVLink4) and
    ``dgx_b200`` (NVLink5) in ``hw_db``; only the bandwidth changes (A100 compute everywhere).
 3. **MoE vs Megatron** (bottom-right): Megatron-145B (80 layers, hidden 12288, 96 heads,
    TP 8, PP 4, DP 8, batch 192, 8 micro-batches of 3) against MoE-139B (TP 8, EP = DP = 32,
-   batch 512), each without FlashAttention, with FA-1 (the seed's model) and with FA-2;
+   batch 512), each without FlashAttention, with FA-1 (Guo et al.'s model) and with FA-2;
    tokens/s relative to Megatron-145B without FA. Both use full activation recomputation
    (Megatron-LM Table 1 runs), the distributed optimizer (ZeRO-1: the 145B model does not fit
    80 GB per GPU at PP 4 otherwise), sequence length 2048, Megatron-LM 2021's non-overlapped
@@ -27,7 +27,7 @@ Three panels (Guo et al. §V-A/§V-B):
    default). The network sweep (panel 2) uses micro-batch 4, with FA-2 for the FA rows.
 
 TARGETS: Megatron-145B predicts 149 TFLOP/s per GPU within 10 %; MoE-139B trains
-4.5–8× the tokens/s of Megatron-145B (seed: 6.1×, 6.5× with FA).
+4.5–8× the tokens/s of Megatron-145B (Guo et al.: 6.1×, 6.5× with FA).
 
 Writes ``experiments/out/moe_fig6.csv`` and ``.png``; prints each panel and the targets.
 
@@ -199,10 +199,8 @@ def summarize(df256: pd.DataFrame):
 
 
 def plot(p1, p2, p3, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig = plt.figure(figsize=(11, 7))
+    from jaxmodel.plots import _figure, _save
+    fig = _figure(figsize=(11, 7))
     ax = fig.add_subplot(2, 1, 1)
     fa = p1[p1.flash_attention == 1.0]
     x = np.arange(len(fa))
@@ -228,8 +226,7 @@ def plot(p1, p2, p3, path):
     ax.set_xticks(np.arange(len(p3)), list(p3.case), rotation=30)
     ax.set_ylabel("tokens/s vs MG-145B")
     ax.set_title("MoE vs Megatron, ± FlashAttention")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
 
 
 def main():
@@ -261,9 +258,9 @@ def main():
     print(f"\nMegatron-145B ({p3.config[0]}): {tf:.1f} TFLOP/s per GPU (target 149 ± 10 %: "
           f"{'MET' if ok1 else 'MISSED'}, error {100 * (tf / 149 - 1):+.1f} %)")
     print(f"MoE-139B / Megatron-145B tokens/s: {s:.2f}x (target 4.5-8x: "
-          f"{'MET' if ok2 else 'MISSED'}; seed 6.1x); with FA-1 {sp['MoE-139B +FA1']:.2f}x, "
-          f"FA-2 {sp['MoE-139B +FA2']:.2f}x (seed 6.5x); Megatron + FA-1 "
-          f"{sp['MG-145B +FA1']:.2f}x, FA-2 {sp['MG-145B +FA2']:.2f}x (seed 1.1x)")
+          f"{'MET' if ok2 else 'MISSED'}; Guo et al. 6.1x); with FA-1 {sp['MoE-139B +FA1']:.2f}x, "
+          f"FA-2 {sp['MoE-139B +FA2']:.2f}x (Guo et al. 6.5x); Megatron + FA-1 "
+          f"{sp['MG-145B +FA1']:.2f}x, FA-2 {sp['MG-145B +FA2']:.2f}x (Guo et al. 1.1x)")
 
 
 if __name__ == "__main__":

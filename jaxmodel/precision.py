@@ -67,7 +67,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmodel.types import Array, _register, code_of, from_preset
+from jaxmodel.types import Array, _register, code_of, from_preset, stack_configs
 
 #: Compute dtypes, encoded by position (the code stored in ``gemm_dtype`` / ``attn_dtype``).
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4", "int8")
@@ -197,13 +197,7 @@ def resolve(precision_arg: Any = None, dtype_bytes: Any = None) -> Precision:
 
 def stack(values) -> Precision:
     """A batch of precisions (leading axis) from names or Precision objects."""
-    ps = [precision(v) for v in values]
-    if not ps:
-        raise ValueError("precision: empty list")
-    fields = {f.name: np.asarray([float(np.asarray(getattr(p, f.name))) for p in ps])
-              for f in dataclasses.fields(Precision) if f.name != "name"}
-    names = {p.name for p in ps}
-    return Precision(**fields, name=names.pop() if len(names) == 1 else "batch")
+    return stack_configs(Precision, [precision(v) for v in values], "precision")
 
 
 def validate_precision(p: Precision, where: str = "Precision") -> Precision:

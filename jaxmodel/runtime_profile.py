@@ -61,7 +61,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmodel.types import Array, _register, from_preset
+from jaxmodel.types import Array, _register, from_preset, stack_configs
 
 #: Flag fields (0/1 numeric leaves).
 FLAGS = ("kernel_floor", "cuda_graph", "fuse_norm", "fuse_act", "fuse_rope", "sustained_clock")
@@ -155,13 +155,7 @@ def runtime(value: Any = None, **overrides) -> Runtime:
 
 def stack(values) -> Runtime:
     """A batch of runtimes (leading axis) from names or Runtime objects."""
-    rs = [runtime(v) for v in values]
-    if not rs:
-        raise ValueError("runtime: empty list")
-    fields = {f.name: np.asarray([float(np.asarray(getattr(r, f.name))) for r in rs])
-              for f in dataclasses.fields(Runtime) if f.name != "name"}
-    names = {r.name for r in rs}
-    return Runtime(**fields, name=names.pop() if len(names) == 1 else "batch")
+    return stack_configs(Runtime, [runtime(v) for v in values], "runtime")
 
 
 def is_eager(rt: Runtime) -> bool:

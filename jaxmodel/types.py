@@ -548,7 +548,7 @@ class NetLevel:
         flit_bytes, header_bytes, max_payload_bytes: packet format (LLMCompass eq. 1–2).
         in_network_reduction: 1 when switches reduce in-network (NVLink SHARP), else 0.
         chunk_latency: per-chunk overhead of a pipelined collective, s (calibration constant;
-            0 = the seed's unpipelined formulas). See ``jaxmodel.comm.collectives``.
+            0 = Guo et al.'s unpipelined formulas). See ``jaxmodel.comm.collectives``.
         bw_per_node: uplink bandwidth shared by the devices of one lower-tier unit (a node's
             NICs), bytes/s per direction; 0 = no shared limit (one NIC per device).
         nccl_link: NCCL link class of the tier for NCCL's algorithm/protocol model
@@ -915,6 +915,18 @@ def from_preset(cls, value: Any, overrides: dict, presets: Mapping, aliases: Map
     if unknown:
         raise ValueError(f"{what}: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
     return cls(**fields)
+
+
+def stack_configs(cls, configs: Sequence, what: str):
+    """A batch of ``cls`` configs (every numeric field gets a leading axis, one entry per
+    config) from concrete ``configs``; the static ``name`` is kept when all agree, else
+    ``"batch"``. ``ValueError`` for an empty list."""
+    if not configs:
+        raise ValueError(f"{what}: empty list")
+    fields = {f.name: np.asarray([float(np.asarray(getattr(c, f.name))) for c in configs])
+              for f in dataclasses.fields(cls) if f.name != "name"}
+    names = {c.name for c in configs}
+    return cls(**fields, name=names.pop() if len(names) == 1 else "batch")
 
 
 def is_concrete(*trees: Any) -> bool:

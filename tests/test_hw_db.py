@@ -73,21 +73,31 @@ def _write_device(tmp_path, body):
     return p
 
 
+_A100_TOML = hw_db.ROOT / "devices" / "a100_80gb.toml"
+
+
+def _edited_device(tmp_path, old, new):
+    """A copy of the A100 device file with ``old`` (which must occur) replaced by ``new``."""
+    src = _A100_TOML.read_text()
+    assert old in src, old
+    return _write_device(tmp_path, src.replace(old, new))
+
+
+def _rejected(tmp_path, edits):
+    """Each ``(old, new, match)``: the edited A100 file is rejected with a matching error."""
+    for old, new, match in edits:
+        with pytest.raises(ValueError, match=match):
+            hw_db.device(_edited_device(tmp_path, old, new))
+
+
 def test_device_file_errors_name_file_field_value(tmp_path):
-    src = (hw_db.ROOT / "devices" / "a100_80gb.toml").read_text()
-    p = _write_device(tmp_path, src.replace("mem_bw = { value = 2.039e12",
-                                            "mem_bw = { value = -5"))
-    with pytest.raises(ValueError, match=r"dev.toml.*mem_bw.*-5"):
-        hw_db.device(p)
-    p = _write_device(tmp_path, src.replace("core_count = { value = 108",
-                                            "core_count = { value = \"many\""))
-    with pytest.raises(ValueError, match="core_count.*many"):
-        hw_db.device(p)
-    p = _write_device(tmp_path, src + "\nwarp_drive = { value = 1, source = \"x\" }\n")
+    _rejected(tmp_path, [
+        ("mem_bw = { value = 2.039e12", "mem_bw = { value = -5", r"dev.toml.*mem_bw.*-5"),
+        ("core_count = { value = 108", "core_count = { value = \"many\"", "core_count.*many"),
+        ("[device]", "[device\n", "malformed TOML")])
+    p = _write_device(tmp_path, _A100_TOML.read_text()
+                      + "\nwarp_drive = { value = 1, source = \"x\" }\n")
     with pytest.raises(ValueError, match="warp_drive"):
-        hw_db.device(p)
-    p = _write_device(tmp_path, src.replace("[device]", "[device\n"))
-    with pytest.raises(ValueError, match="malformed TOML"):
         hw_db.device(p)
     with pytest.raises(ValueError, match="unknown device"):
         hw_db.device("a101")
@@ -120,34 +130,22 @@ def _system_file(tmp_path, edit):
 
 
 def test_units_are_converted_or_rejected(tmp_path):
-    src = (hw_db.ROOT / "devices" / "a100_80gb.toml").read_text()
-    p = _write_device(tmp_path, src.replace("freq_hz = { value = 1.41e9,",
-                                            "freq_hz = { value = 1410, unit = \"MHz\","))
+    freq = "freq_hz = { value = 1.41e9,"
+    p = _edited_device(tmp_path, freq, "freq_hz = { value = 1410, unit = \"MHz\",")
     assert float(hw_db.device(p).freq_hz) == 1.41e9
-    p = _write_device(tmp_path, src.replace("freq_hz = { value = 1.41e9,",
-                                            "freq_hz = { value = 1410,"))
-    with pytest.raises(ValueError, match=r"freq_hz.*1410.*too small"):
-        hw_db.device(p)                                  # 1410 Hz: a GEMM would take minutes
-    p = _write_device(tmp_path, src.replace("freq_hz = { value = 1.41e9,",
-                                            "freq_hz = { value = 1.41, unit = \"GB\","))
-    with pytest.raises(ValueError, match=r"freq_hz.*'GB' measures B"):
-        hw_db.device(p)
-    p = _write_device(tmp_path, src.replace("core_count = { value = 108,",
-                                            "core_count = { value = 108, unit = \"MHz\","))
-    with pytest.raises(ValueError, match="core_count.*dimensionless"):
-        hw_db.device(p)
-    p = _write_device(tmp_path, src.replace("freq_hz = { value = 1.41e9,",
-                                            "freq_hz = { value = 1.41e9, unti = \"Hz\","))
-    with pytest.raises(ValueError, match="did you mean 'unit'"):
-        hw_db.device(p)
+    _rejected(tmp_path, [
+        # 1410 Hz: a GEMM would take minutes
+        (freq, "freq_hz = { value = 1410,", r"freq_hz.*1410.*too small"),
+        (freq, "freq_hz = { value = 1.41, unit = \"GB\",", r"freq_hz.*'GB' measures B"),
+        ("core_count = { value = 108,", "core_count = { value = 108, unit = \"MHz\",",
+         "core_count.*dimensionless"),
+        (freq, "freq_hz = { value = 1.41e9, unti = \"Hz\",", "did you mean 'unit'")])
     assert hw_db.to_si(8, "Gb/s", "B/s") == 1e9 and hw_db.to_si(3, "us", "s") == 3e-6
 
 
 def test_unknown_keys_suggest_the_closest(tmp_path):
-    src = (hw_db.ROOT / "devices" / "a100_80gb.toml").read_text()
-    p = _write_device(tmp_path, src.replace("mem_bw_efficiency =", "mem_bw_eficiency ="))
-    with pytest.raises(ValueError, match="did you mean 'mem_bw_efficiency'"):
-        hw_db.device(p)
+    _rejected(tmp_path, [("mem_bw_efficiency =", "mem_bw_eficiency =",
+                          "did you mean 'mem_bw_efficiency'")])
     with pytest.raises(ValueError, match="did you mean 'a100_80gb'"):
         hw_db.device("a100_80g")
     with pytest.raises(ValueError, match="did you mean 'mem_bw'"):
@@ -155,7 +153,7 @@ def test_unknown_keys_suggest_the_closest(tmp_path):
 
 
 def test_device_files_must_state_calibrated_constants(tmp_path):
-    src = (hw_db.ROOT / "devices" / "a100_80gb.toml").read_text()
+    src = _A100_TOML.read_text()
     lines = [l for l in src.splitlines() if not l.startswith("mem_bw_efficiency")]
     p = _write_device(tmp_path, "\n".join(lines))
     with pytest.raises(ValueError, match="missing device field.*mem_bw_efficiency"):

@@ -209,35 +209,33 @@ def cli_mutations(tmp: Path):
     bad_dev.write_text(dump_toml({**d, "device": {**d["device"], "freq_hz": {
         "value": 1410, "unit": "MHz", "source": "x"}, "core_count": {
         "value": "many", "source": "x"}}}))
-    cases = [
-        (["predict", "train", "--tp", "0"], "tp"), (["predict", "train", "--tp", "-8"], "tp"),
-        (["predict", "train", "--tp", "nan"], "tp"), (["predict", "train", "--pp", "0.5"], "pp"),
-        (["predict", "train", "--tp", "3"], "tp"), (["predict", "train", "--zero", "4"], "zero"),
-        (["predict", "train", "--micro-batch", "0"], "micro_batch"),
-        (["predict", "train", "--interleave", "0.5"], "interleave"),
-        (["predict", "train", "--ep", "0"], "ep"),
-        (["predict", "train", "--dp", "3"], "dp"),
-        (["predict", "train", "--global-batch", "0"], "global_batch"),
-        (["predict", "train", "--seq-len", "0"], "seq_len"),
-        (["predict", "train", "--seq-len", "100.5"], "seq_len"),
-        (["predict", "inference", "--batch", "0"], "batch"),
-        (["predict", "inference", "--gen-len", "0.5"], "gen_len"),
-        (["predict", "inference", "--prompt-len", "nan"], "prompt_len"),
-        (["predict", "train", "--nodes", "0"], "nodes"),
-        (["predict", "train", "--nodes", "-2"], "nodes"),
+    # (subcommand words, one bad flag and its value, the field the error must name)
+    flags = {
+        ("predict", "train"): [
+            ("--tp", "0", "tp"), ("--tp", "-8", "tp"), ("--tp", "nan", "tp"),
+            ("--pp", "0.5", "pp"), ("--tp", "3", "tp"), ("--zero", "4", "zero"),
+            ("--micro-batch", "0", "micro_batch"), ("--interleave", "0.5", "interleave"),
+            ("--ep", "0", "ep"), ("--dp", "3", "dp"), ("--global-batch", "0", "global_batch"),
+            ("--seq-len", "0", "seq_len"), ("--seq-len", "100.5", "seq_len"),
+            ("--nodes", "0", "nodes"), ("--nodes", "-2", "nodes"),
+            ("--system", "no_such", "no_such"), ("--model", "gpt-42", "gpt-42"),
+            ("--system", str(bad_sys), "device"), ("--device", str(bad_dev), "core_count"),
+            ("--out", str(tmp / "f.txt" / "x.json"), "x.json"),
+            ("--out", str(tmp / "r.xlsx"), "xlsx"), ("--schedule", "zigzag", "schedule")],
+        ("predict", "inference"): [
+            ("--batch", "0", "batch"), ("--gen-len", "0.5", "gen_len"),
+            ("--prompt-len", "nan", "prompt_len")],
+        ("search",): [
+            ("--step-option", "dp_overlap=5", "dp_overlap"),
+            ("--step-option", "grad_bytes=0", "grad_bytes"),
+            ("--step-option", "tp_overlap", "tp_overlap")],
+        ("cost",): [("--device", str(bad_dev), "core_count")],
+    }
+    cases = [([*cmd, flag, value], field) for cmd, rows in flags.items()
+             for flag, value, field in rows]
+    cases += [
         (["predict", "train", "--system", "dgx_a100", "--device", "a100_80gb"], "--device"),
-        (["predict", "train", "--system", "no_such"], "no_such"),
-        (["predict", "train", "--model", "gpt-42"], "gpt-42"),
-        (["predict", "train", "--system", str(bad_sys)], "device"),
-        (["predict", "train", "--device", str(bad_dev)], "core_count"),
-        (["predict", "train", "--out", str(tmp / "f.txt" / "x.json")], "x.json"),
-        (["predict", "train", "--out", str(tmp / "r.xlsx")], "xlsx"),
-        (["predict", "train", "--schedule", "zigzag"], "schedule"),
-        (["search", "--step-option", "dp_overlap=5"], "dp_overlap"),
-        (["search", "--step-option", "grad_bytes=0"], "grad_bytes"),
-        (["search", "--step-option", "tp_overlap"], "tp_overlap"),
         (["search", "--system", "dgx_a100", "--device", "a100_80gb"], "--device"),
-        (["cost", "--device", str(bad_dev)], "core_count"),
         (["cost", "--system", "dgx_a100", "--nodes", "0"], "nodes"),
         (["sweep", str(tmp / "missing.toml")], "missing.toml"),
         (["codesign", str(tmp / "missing.toml")], "missing.toml"),

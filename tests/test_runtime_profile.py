@@ -15,20 +15,15 @@ import jaxmodel as jm
 from jaxmodel import runtime_profile as rtp
 from jaxmodel.ops.attention import flash_attention_latency, flash_attention_rows
 from jaxmodel.workload.layer import layer_times
+from testkit import roofline_gemm, small_model
 
 SYSTEM = hw_db.system("hgx_a100_4gpu")
 DEV = SYSTEM.device
 
 
-def roofline_gemm(dev, m, n, k, batch, dtype_bytes):
-    return jm.gemm_roofline.single(dev, m, n, k, batch, dtype_bytes) + dev.matmul_overhead_s
-
-
 def model(**kw):
-    base = dict(n_layers=4, d_model=2048, n_heads=16, n_kv_heads=16, head_dim=128, d_ff=8192,
-                vocab_size=32000, activation="gelu")
-    base.update(kw)
-    return jm.Model(**{k: (float(v) if not isinstance(v, str) else v) for k, v in base.items()})
+    return small_model(dict(n_layers=4, d_model=2048, n_heads=16, n_kv_heads=16, head_dim=128,
+                            d_ff=8192, vocab_size=32000, activation="gelu"), **kw)
 
 
 GPT = model()

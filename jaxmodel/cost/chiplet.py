@@ -55,6 +55,7 @@ import numpy as np
 from jaxmodel.batching import map_points
 from jaxmodel.cost import wafer
 from jaxmodel.numerics import safe_div
+from jaxmodel.types import _register
 
 SECONDS_PER_YEAR = 365.0 * 24.0 * 3600.0
 LIBRARY_FILES = {
@@ -109,12 +110,21 @@ def _describe(elem: ET.Element) -> str:
         f"<{elem.tag}>"
 
 
-def _attr_float(path, elem, key, default=None):
+def _attr_text(path, elem, key, default):
+    """The attribute's text; ``None`` when it is absent or empty and ``default`` is given
+    (else ``ValueError`` naming the file, element and attribute)."""
     raw = elem.get(key)
     if raw is None or raw.strip() == "":
-        if default is not None:
-            return float(default)
-        raise ValueError(f"{path}: element {_describe(elem)} is missing attribute '{key}'")
+        if default is None:
+            raise ValueError(f"{path}: element {_describe(elem)} is missing attribute '{key}'")
+        return None
+    return raw
+
+
+def _attr_float(path, elem, key, default=None):
+    raw = _attr_text(path, elem, key, default)
+    if raw is None:
+        return float(default)
     try:
         v = float(raw)
     except ValueError:
@@ -127,11 +137,9 @@ def _attr_float(path, elem, key, default=None):
 
 
 def _attr_bool(path, elem, key, default=None):
-    raw = elem.get(key)
-    if raw is None or raw.strip() == "":
-        if default is not None:
-            return bool(default)
-        raise ValueError(f"{path}: element {_describe(elem)} is missing attribute '{key}'")
+    raw = _attr_text(path, elem, key, default)
+    if raw is None:
+        return bool(default)
     if raw.strip().lower() in ("true", "1", "yes"):
         return True
     if raw.strip().lower() in ("false", "0", "no"):
@@ -261,20 +269,14 @@ class ChipletSystem:
 
         A batched value ``v`` of shape ``B`` turns the field into shape ``B + (n_chips,)``.
         """
-        chip = dict(self.chip)
-        for key, val in fields.items():
-            if key not in chip:
-                raise ValueError(f"unknown chip field {key!r}; known: {sorted(chip)}")
-            val = jnp.asarray(val)
-            old = jnp.asarray(chip[key])
-            shape = jnp.broadcast_shapes(old.shape[:-1], val.shape)
-            new = jnp.broadcast_to(old, shape + old.shape[-1:])
-            if name is None:
-                new = jnp.broadcast_to(val[..., None], shape + old.shape[-1:]) * jnp.ones_like(new)
-            else:
-                new = new.at[..., self.index(name)].set(jnp.broadcast_to(val, shape))
-            chip[key] = new
-        return dataclasses.replace(self, chip=chip)
+        if name is None:
+            def put(old, val):
+                return jnp.broadcast_to(val[..., None], old.shape) * jnp.ones_like(old)
+        else:
+            def put(old, val):
+                return old.at[..., self.index(name)].set(
+                    jnp.broadcast_to(val, old.shape[:-1]))
+        return dataclasses.replace(self, chip=_with_values(self.chip, fields, "chip", 1, put))
 
     def with_layer_values(self, layer_name: str, **fields) -> "ChipletSystem":
         """Set fields (e.g. ``defect_density``) of every stackup use of library layer
@@ -283,20 +285,32 @@ class ChipletSystem:
         if not mask.any():
             raise ValueError(f"layer {layer_name!r} is not used by this system; used: "
                              f"{sorted({l for row in self.layer_names for l in row if l})}")
-        layer = dict(self.layer)
-        for key, val in fields.items():
-            if key not in layer:
-                raise ValueError(f"unknown layer field {key!r}; known: {sorted(layer)}")
-            val = jnp.asarray(val)
-            old = jnp.asarray(layer[key])
-            shape = jnp.broadcast_shapes(old.shape[:-2], val.shape)
-            old = jnp.broadcast_to(old, shape + old.shape[-2:])
-            layer[key] = jnp.where(jnp.asarray(mask), val[..., None, None], old)
-        return dataclasses.replace(self, layer=layer)
+
+        def put(old, val):
+            return jnp.where(jnp.asarray(mask), val[..., None, None], old)
+        return dataclasses.replace(self, layer=_with_values(self.layer, fields, "layer", 2,
+                                                            put))
 
 
-jax.tree_util.register_dataclass(ChipletSystem, data_fields=["chip", "layer"],
-                                 meta_fields=["names", "parent", "layer_names"])
+def _with_values(table: dict, fields: dict, kind: str, axes: int, put) -> dict:
+    """A copy of a per-chip or per-layer field table with ``fields`` set.
+
+    Each new value ``v`` (shape ``B``, batched or scalar) and the old field (``axes``
+    trailing per-chip / per-layer axes) are broadcast to ``B + old trailing shape``; then
+    ``put(old_broadcast, v)`` returns the new field. Unknown keys raise ``ValueError``.
+    """
+    out = dict(table)
+    for key, val in fields.items():
+        if key not in out:
+            raise ValueError(f"unknown {kind} field {key!r}; known: {sorted(out)}")
+        val = jnp.asarray(val)
+        old = jnp.asarray(out[key])
+        shape = jnp.broadcast_shapes(old.shape[:-axes], val.shape)
+        out[key] = put(jnp.broadcast_to(old, shape + old.shape[-axes:]), val)
+    return out
+
+
+_register(ChipletSystem, meta=("names", "parent", "layer_names"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,9 +343,7 @@ class ChipletCost:
                             index=list(self.names))
 
 
-jax.tree_util.register_dataclass(ChipletCost, data_fields=["total_usd", "cost_usd", "nre_usd",
-                                                           "feasible", "breakdown"],
-                                 meta_fields=["names"])
+_register(ChipletCost, meta=("names",))
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
 from jaxmodel.batching import batched
@@ -36,7 +35,7 @@ from jaxmodel.cost import tech
 from jaxmodel.cost.area import _die_area_single, _field, area_fields
 from jaxmodel.cost.wafer import negative_binomial_yield
 from jaxmodel.numerics import ceil_div
-from jaxmodel.types import Device, System
+from jaxmodel.types import Device, System, _register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +61,7 @@ class DeviceCost:
     die_yield: Any
 
 
-jax.tree_util.register_dataclass(DeviceCost, data_fields=[f.name for f in
-                                                          dataclasses.fields(DeviceCost)],
-                                 meta_fields=[])
+_register(DeviceCost)
 
 
 def dies_per_wafer_ttm(area_mm2, diameter_mm=300.0):
@@ -166,9 +163,7 @@ class SystemCost:
     n_devices: Any
 
 
-jax.tree_util.register_dataclass(SystemCost, data_fields=[f.name for f in
-                                                          dataclasses.fields(SystemCost)],
-                                 meta_fields=[])
+_register(SystemCost)
 
 
 def _fat_tree_switches(ports, radix):

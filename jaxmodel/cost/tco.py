@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
 from jaxmodel.batching import batched
@@ -27,7 +26,7 @@ from jaxmodel.cost import tech
 from jaxmodel.cost.area import area_fields
 from jaxmodel.cost.device import _system_cost_single
 from jaxmodel.numerics import safe_div, sanitize, where_feasible
-from jaxmodel.types import System
+from jaxmodel.types import System, _register
 
 HOURS_PER_YEAR = 365.0 * 24.0
 
@@ -55,8 +54,7 @@ class TCO:
     usd_per_run: Any
 
 
-jax.tree_util.register_dataclass(TCO, data_fields=[f.name for f in dataclasses.fields(TCO)],
-                                 meta_fields=[])
+_register(TCO)
 
 
 def _default(key):

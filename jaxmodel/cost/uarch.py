@@ -41,15 +41,10 @@ import jax.numpy as jnp
 
 from jaxmodel.batching import batched
 from jaxmodel.numerics import safe_div
-from jaxmodel.types import Device
+from jaxmodel.types import Device, _register
 
 Array = Any
 GIB = 1024.0 ** 3
-
-
-def _register(cls):
-    return jax.tree_util.register_dataclass(
-        cls, data_fields=[f.name for f in dataclasses.fields(cls)], meta_fields=[])
 
 
 @dataclasses.dataclass(frozen=True)

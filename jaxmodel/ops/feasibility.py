@@ -1,12 +1,16 @@
 """Can a device run the operator models at all? Batched check and a concrete validator.
 
-A device is feasible for the operator models exactly when some mapping of the GEMM search
-(:mod:`jaxmodel.ops.gemm`) fits its buffers: at least one candidate of the static tile grid,
-unclipped (the tiles of a problem larger than every grid tile), has its L1 tile (double
-buffered, ``tk ≥ 1``) in the local buffer *and* its L2 working set in the global buffer, at
-fp16 (``MIN_WORD`` bytes per element). The test reuses the search's own candidate mask, so it
-cannot drift from the mapper. Smaller problems clip their tiles and need less; wider words
-need more (such a call returns ``+inf`` by itself). Inside a batch an infeasible device gives
+A device is feasible for the operator models exactly when every field they divide by is a
+finite positive number and some mapping of the GEMM search (:mod:`jaxmodel.ops.gemm`) fits
+its buffers: at least one candidate of the static tile grid, unclipped (the tiles of a
+problem larger than every grid tile), has its L1 tile (double buffered) in the local buffer
+*and* its L2 working set in the global buffer, at fp16. That predicate is
+:func:`jaxmodel.ops.gemm.device_feasible` (built on the search's own candidate mask,
+:func:`jaxmodel.ops.gemm.tile_fits`, so it cannot drift from the mapper); it lives beside the
+grid because the GEMM itself gates on it, and every vector operator gates on the same
+function, so each operator's latency is finite exactly where :func:`ops_feasible` holds (and
+its own dimensions are valid). Smaller problems clip their tiles and need less; wider words
+need more (such a GEMM returns ``+inf`` by itself). Inside a batch an infeasible device gives
 ``feasible=False`` with a reason code (``numerics.REASONS``) and ``+inf`` latencies.
 """
 
@@ -19,29 +23,12 @@ import numpy as np
 
 from jaxmodel import numerics as nx
 from jaxmodel.batching import batched
-from jaxmodel.ops.gemm import (GRID, _candidate_cycles, _device_ok, min_global_bytes,
-                               min_local_bytes)
+from jaxmodel.ops.gemm import _device_ok, min_global_bytes, min_local_bytes, tile_fits
 from jaxmodel.types import validate_device
-
-#: Element size (bytes) the device-level tile check is made for (fp16).
-MIN_WORD = 2.0
-# A problem dimension larger than every tile of the grid: no candidate is clipped.
-_UNCLIPPED = float(2.0 * np.max(GRID[:3]))
-
-
-def tile_fits(dev, word=MIN_WORD):
-    """True where at least one unclipped GEMM candidate fits both buffers (single config).
-
-    Exactly the search's mask (:func:`jaxmodel.ops.gemm._candidate_cycles`) on a problem
-    larger than every grid tile, reduced with ``any``; only the mask is used, so the cost
-    terms are dead code under ``jit``.
-    """
-    big = jnp.asarray(_UNCLIPPED, dtype=jnp.result_type(float))
-    _, mask = _candidate_cycles(dev, big, big, big, word)
-    return jnp.any(mask)
 
 
 def _ops_feasible_single(dev):
+    """The reasons of :func:`jaxmodel.ops.gemm.device_feasible`, first failing first."""
     return nx.first_reason([(_device_ok(dev), "invalid_device"),
                             (tile_fits(dev), "buffer_too_small")])
 

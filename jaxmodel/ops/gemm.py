@@ -306,10 +306,32 @@ def min_global_bytes():
     return MIN_L2_ELEMENTS * _MIN_WORD
 
 
-def _device_fits(dev):
-    """True where the smallest GEMM tiles fit the buffers (device-level, shape-independent)."""
-    return ((dev.local_buffer_bytes >= min_local_bytes(dev.sa_rows, dev.sa_cols))
-            & (dev.global_buffer_bytes >= min_global_bytes()))
+# A problem dimension larger than every tile of the grid: no candidate is clipped.
+_UNCLIPPED = float(2.0 * np.max(GRID[:3]))
+
+
+def tile_fits(dev, word=_MIN_WORD):
+    """True where some unclipped candidate of the grid fits both buffers (single config).
+
+    The search's own mask (:func:`_candidate_cycles`) on a problem larger than every grid
+    tile, reduced with ``any``: the L1 tile (double buffered) in the local buffer *and* the
+    L2 working set in the global buffer, at ``word`` bytes per element (fp16 by default).
+    Smaller problems clip their tiles and need less, so where this holds every GEMM of that
+    word size has a mapping. Only the mask is used; the cost terms are dead code under
+    ``jit``. The device-level feasibility of every operator model
+    (:func:`device_feasible`, :func:`jaxmodel.ops.ops_feasible`).
+    """
+    big = _f(_UNCLIPPED)
+    _, mask = _candidate_cycles(dev, big, big, big, word)
+    return jnp.any(mask)
+
+
+def device_feasible(dev):
+    """True where the operator models can run on ``dev`` at all (single config): every field
+    they divide by is a finite positive number (:func:`_device_ok`) and some GEMM tile of
+    the grid fits the buffers (:func:`tile_fits`). Each operator gates on it, so its result
+    is finite exactly where this holds (and its own dimensions are valid)."""
+    return _device_ok(dev) & tile_fits(dev)
 
 
 def _cdiv(a, b):
@@ -508,9 +530,11 @@ def _library_seconds(dev, m, n, k, word):
     compute = waves * (per_tile + dev.matmul_wave_latency_s)
     # a tile spans at least one systolic-array edge per lane in each dimension (CUTLASS
     # arranges a CTA's warps in a grid over the tile; 64 on A100, the smallest M and N of
-    # cuBLAS's sm80 tensor-core kernels)
+    # cuBLAS's sm80 tensor-core kernels). Where no tile of the set is that big (more than 16
+    # lanes per core) the set cannot stand for the library's kernels: the compute side of the
+    # bound is dropped and the operand stream alone bounds the kernel.
     big = jnp.minimum(Tm, Tn) >= dev.lanes_per_core * edge
-    compute = jnp.where(big, compute, jnp.inf)
+    compute = jnp.where(big, compute, jnp.where(jnp.any(big), jnp.inf, 0.0))
     traffic = (m * k + k * n + m * n) * word + jnp.where(s > 1.0, 2.0 * s * m * n * _ACC_BYTES,
                                                          0.0)
     bw = dev.mem_bw * jnp.where(dev.matmul_bw_efficiency > 0, dev.matmul_bw_efficiency,
@@ -561,7 +585,7 @@ def _one_gemm_seconds(dev, m, n, k, word, soft):
 def _gemm_single(dev, m, n, k, batch=1.0, dtype_bytes=2.0, overhead=True, soft=None,
                  merged=True):
     """Single-config GEMM latency (see :func:`gemm_latency`)."""
-    ok = (_device_ok(dev) & _device_fits(dev) & (m > 0) & (n > 0) & (k > 0) & (batch > 0)
+    ok = (device_feasible(dev) & (m > 0) & (n > 0) & (k > 0) & (batch > 0)
           & (dtype_bytes > 0))
     word = nx.sanitize(dtype_bytes, dtype_bytes > 0)
     b = nx.sanitize(batch, batch > 0)

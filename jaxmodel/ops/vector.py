@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxmodel import numerics as nx
 from jaxmodel.batching import batched
-from jaxmodel.ops.gemm import _device_fits, _device_ok, _f, _rates
+from jaxmodel.ops.gemm import _f, _rates, device_feasible
 
 SOFTMAX_SPLITS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 SOFTMAX_L1_ROWS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
@@ -27,12 +27,18 @@ _SM_GRID = np.asarray(list(itertools.product(SOFTMAX_SPLITS, SOFTMAX_L1_ROWS, (0
                       dtype=np.float64).T                      # (3, 108): splits, rows, dbuf
 
 
-def _softmax_single(dev, rows, cols, overhead=True):
-    ok = _device_ok(dev) & _device_fits(dev) & (rows > 0) & (cols > 0)
-    freq, dram, l2bw, vec_core, cores = _rates(dev)
+def _row_op_inputs(dev, rows, cols):
+    """``(ok, word, M, N)`` of a row-wise vector operator on ``[rows × cols]`` (single config):
+    ``ok`` where the device is feasible and both dimensions positive; the vector word size,
+    rows and columns sanitised (double-where) for the formulas."""
+    ok = device_feasible(dev) & (rows > 0) & (cols > 0)
     word = nx.sanitize(dev.vector_dtype_bytes, dev.vector_dtype_bytes > 0)
-    M = nx.sanitize(rows, rows > 0)
-    N = nx.sanitize(cols, cols > 0)
+    return ok, word, nx.sanitize(rows, rows > 0), nx.sanitize(cols, cols > 0)
+
+
+def _softmax_single(dev, rows, cols, overhead=True):
+    ok, word, M, N = _row_op_inputs(dev, rows, cols)
+    freq, dram, l2bw, vec_core, cores = _rates(dev)
     exp = dev.exp_flops
     # L2 tile: full rows, as many as fit the global buffer.
     r2 = jnp.clip(jnp.floor(nx.safe_div(dev.global_buffer_bytes, N * word)), 1.0, M)
@@ -40,9 +46,20 @@ def _softmax_single(dev, rows, cols, overhead=True):
     rem = M - (n2 - 1.0) * r2
 
     g = _f(_SM_GRID)
-    split, l1_rows, dbuf = g[0], g[1], g[2]
-    n1 = jnp.maximum(N / split, 1.0)                             # L1 tile columns
-    fits = (l1_rows * n1 * word * (1.0 + dbuf) <= dev.local_buffer_bytes) & (split <= N)
+    n1 = jnp.maximum(N / g[0], 1.0)                              # L1 tile columns
+    fits = (g[1] * n1 * word * (1.0 + g[2]) <= dev.local_buffer_bytes) & (g[0] <= N)
+    # Rows too wide for 32 chunks in the local buffer: one more candidate, one row split in
+    # the smallest power of two of chunks that fits (single buffered), as the layernorm
+    # model splits; it is used only where no candidate of the grid fits.
+    need = jnp.maximum(nx.safe_div(N * word, dev.local_buffer_bytes, fill=1.0), 1.0)
+    wide = 2.0 ** jnp.ceil(jnp.log2(need))
+    wide = jnp.where(N / wide * word <= dev.local_buffer_bytes, wide, 2.0 * wide)  # rounding
+    split = jnp.concatenate([g[0], wide[None]])
+    l1_rows = jnp.concatenate([g[1], jnp.ones((1,), g.dtype)])
+    dbuf = jnp.concatenate([g[2], jnp.zeros((1,), g.dtype)])
+    n1 = jnp.maximum(N / split, 1.0)
+    fit_wide = (n1[-1] * word <= dev.local_buffer_bytes) & ~jnp.any(fits)
+    fits = jnp.concatenate([fits, fit_wide[None]])
 
     def l2_tile(r):                                              # r rows, (C,) cycles
         m1 = jnp.minimum(l1_rows, r)
@@ -70,7 +87,8 @@ def softmax_latency(dev, rows, cols, overhead=True):
     """Softmax over the last axis of a ``[rows × cols]`` tensor, seconds.
 
     LLMCompass online softmax (LLMCompass §III-B3, notes §2): full-row L2 tiles; a search over the
-    column split (1–32), L1 rows (1–256) and L1 double buffering; per L1 tile
+    column split (1–32), L1 rows (1–256) and L1 double buffering (a row too wide for 32
+    chunks is split in the smallest power of two of chunks that fits); per L1 tile
     ``compute = elems·(3·exp + 7) / core vector FLOP/cycle``, read and write at the global-buffer
     bandwidth, ``log2(splits)`` partial-row reductions; per L2 tile
     ``DRAM read + (ceil(L1 tiles / cores) + 1)·L1 step + DRAM write`` without overlap.
@@ -86,11 +104,8 @@ softmax_latency.single = _softmax_single
 
 
 def _layernorm_single(dev, rows, cols, overhead=True):
-    ok = _device_ok(dev) & _device_fits(dev) & (rows > 0) & (cols > 0)
+    ok, word, M, N = _row_op_inputs(dev, rows, cols)
     freq, dram, l2bw, vec_core, cores = _rates(dev)
-    word = nx.sanitize(dev.vector_dtype_bytes, dev.vector_dtype_bytes > 0)
-    M = nx.sanitize(rows, rows > 0)
-    N = nx.sanitize(cols, cols > 0)
     lanes = nx.sanitize(dev.lanes_per_core, dev.lanes_per_core > 0)
     width = nx.sanitize(dev.vector_width, dev.vector_width > 0)
     fpc = nx.sanitize(dev.vector_flops_per_cycle, dev.vector_flops_per_cycle > 0)
@@ -150,7 +165,7 @@ layernorm_latency.single = _layernorm_single
 
 
 def _gelu_single(dev, n, overhead=True):
-    ok = _device_ok(dev) & _device_fits(dev) & (n > 0)
+    ok = device_feasible(dev) & (n > 0)
     word = nx.sanitize(dev.vector_dtype_bytes, dev.vector_dtype_bytes > 0)
     n_ = nx.sanitize(n, n > 0)
     lanes_total = dev.core_count * dev.lanes_per_core * dev.vector_width
@@ -188,7 +203,7 @@ gelu_latency.single = _gelu_single
 
 def _elementwise_single(dev, n_elements, bytes_per_element_moved, flops_per_element,
                         overhead=True):
-    ok = _device_ok(dev) & _device_fits(dev) & (n_elements >= 0)
+    ok = device_feasible(dev) & (n_elements >= 0)
     n = jnp.maximum(n_elements, 0.0)
     mem = nx.safe_div(n * bytes_per_element_moved, dev.achievable_mem_bw,
                       fill=jnp.inf)
@@ -269,7 +284,7 @@ def _stream_seconds(dev, nbytes, flops, bw_efficiency, overhead_s, overhead=True
     "Roofline" (CACM 2009). ``chain_s``: the latency chain of per-row kernels
     (:func:`_row_chain_seconds`), a third lower bound.
     """
-    ok = _device_ok(dev) & _device_fits(dev) & (nbytes >= 0) & (flops >= 0)
+    ok = device_feasible(dev) & (nbytes >= 0) & (flops >= 0)
     eff = jnp.where(bw_efficiency > 0, bw_efficiency, dev.mem_bw_efficiency)
     mem = nx.safe_div(jnp.maximum(nbytes, 0.0), dev.mem_bw * eff, fill=jnp.inf)
     compute = nx.safe_div(jnp.maximum(flops, 0.0), dev.peak_vector_flops, fill=jnp.inf)

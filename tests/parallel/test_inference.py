@@ -15,19 +15,14 @@ import jaxmodel as jm
 import hw_db
 from jaxmodel.numerics import reason_code
 from jaxmodel.parallel.inference import InferenceResult, inference
+from testkit import roofline_gemm, small_model
 
 SYSTEM = hw_db.system("hgx_a100_4gpu")
 
 
-def roofline_gemm(dev, m, n, k, batch, dtype_bytes):
-    return jm.gemm_roofline.single(dev, m, n, k, batch, dtype_bytes) + dev.matmul_overhead_s
-
-
 def model(**kw):
-    base = dict(n_layers=8, d_model=2048, n_heads=16, n_kv_heads=4, head_dim=128, d_ff=5632,
-                vocab_size=32000, activation="swiglu")
-    base.update(kw)
-    return jm.Model(**{k: (float(v) if not isinstance(v, str) else v) for k, v in base.items()})
+    return small_model(dict(n_layers=8, d_model=2048, n_heads=16, n_kv_heads=4, head_dim=128,
+                            d_ff=5632, vocab_size=32000, activation="swiglu"), **kw)
 
 
 M = model()
