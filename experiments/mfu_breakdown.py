@@ -24,7 +24,7 @@ recompute, ZeRO-1, 64 GPUs, global batch 128 sequences (Llama) / 512 (GPT-3).
 
 Writes ``experiments/out/mfu_breakdown.csv``; prints one table per pair.
 
-Run: ``.venv/bin/python experiments/mfu_breakdown.py``
+Run (from the repository root): ``PYTHONPATH=. .venv/bin/python experiments/mfu_breakdown.py``
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def row_flops(model, seq, tp):
          "w1": 2 * seq * d * (mats - 1) * ff / tp,
          "w2": 2 * seq * ff * d / tp}
     out = {k: (v, 2 * v) for k, v in g.items()}
-    causal = 2.0 * seq * seq * h * dh / tp       # one of QKᵀ / PV, causal half
+    causal = seq * seq * h * dh / tp             # one of QKᵀ / PV: 2·s²·d_h·h/t halved
     out["qk"] = (causal, 2.5 * causal)
     out["av"] = (causal, 2.5 * causal)
     return out
