@@ -4,8 +4,8 @@ Dao, "FlashAttention-2", 2023, §3.2: FlashAttention-1 runs one thread block per
 head), so with ``b·h`` below the number of SMs most of the GPU idles; FlashAttention-2 also
 parallelises over the sequence (query blocks forward, key blocks backward). Llama-3-70B under
 TP 8 has 64/8 = 8 query heads (1 KV head) per device: at micro-batch 1 FA-1 fills 8 of the
-H100's 132 SMs. These tests pin that mechanism, which explains a training MFU of ~0.25 with
-``flash_attention=True`` (code 1) against ~0.43 with code 2.
+H100's 132 SMs. These tests pin that mechanism (``flash_attention=True`` is code 1, FA-1), and
+FA-2's grouped-query backward, parallel over query heads (Dao 2023 §3.1).
 """
 
 import jax.numpy as jnp
