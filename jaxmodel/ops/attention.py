@@ -17,7 +17,10 @@ Sources:
   once at the end, only the log-sum-exp stored), §3.2 parallelism over the sequence (one
   thread block per query block in the forward pass, per key block in the backward pass),
   loop order swapped (``Q_i`` stays on chip, ``K_j, V_j`` are streamed), ``dQ`` accumulated
-  with atomic adds in fp32 and a ``D = rowsum(dO∘O)`` pre-processing kernel in the backward.
+  with atomic adds in fp32 and a ``D = rowsum(dO∘O)`` pre-processing kernel in the backward;
+  §3.1 (multi-query / grouped-query attention): K and V are shared by index, and the backward
+  pass runs per query head and sums ``dK``, ``dV`` over the heads that share them
+  (flash-attn's ``mha_bwd``: a ``[b, n_kv, h, d]`` ``dk_expanded`` summed over the group).
   Decoding splits the KV sequence over thread blocks (Flash-Decoding, Dao et al. 2023).
 - Hierarchical roofline (Guo et al. §III-A via Optimus/DeepFlow): each byte is charged at the
   slowest memory level it must cross; re-reads of a working set that fits the global buffer
@@ -35,8 +38,8 @@ dimension ``d``, ``w`` bytes per element, SRAM ``M = dev.local_buffer_bytes`` pe
 - ``t_GEMM``: block products on one core's ``lanes`` systolic arrays
   (:func:`~jaxmodel.ops.systolic.systolic_cycles`, best split of the block over the lanes),
   times the block pairs of one work item, times the waves ``⌈items / cores⌉`` (FA-1: one item
-  per unit; FA-2: one per query block, per key block in the backward, and KV splits to fill the
-  cores in decoding);
+  per unit; FA-2: one per query block, per (key block, query head) in the backward, and KV
+  splits to fill the cores in decoding);
 - ``t_pt-reduc-ops``: scale, mask, row max, ``exp``, row sum and the output rescale per block
   on the core's vector units (FLOP counts below); dropout adds its RNG and multiply;
 - ``t_HBM-ld`` / ``t_HBM-st``: every access of the algorithm crosses the global buffer; the
@@ -164,7 +167,8 @@ def _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None, cau
     # keys when the query blocks alone cannot fill the cores. FA-1: one per unit.
     split = pick(1.0, jnp.clip(jnp.floor(nx.safe_div(cores, units * t_r, fill=1.0)), 1.0, t_c))
     items_f = pick(units, units * t_r * split)
-    items_b = pick(units, units * t_c)
+    # FA-2 backward (§3.1 GQA): one thread block per (key block, query head), g per KV head
+    items_b = pick(units, units * g * t_c)
     waves_f, waves_b = nx.ceil_div(items_f, cores), nx.ceil_div(items_b, cores)
 
     # ---- t_GEMM: S = Q·Kᵀ and O = P·V per block pair (bwd: S, dP, dV, dQ, dK) ---------------
@@ -211,15 +215,19 @@ def _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None, cau
     # FA-1 Alg. 4: K, V once; Q_i, O_i, dO_i, dQ_i, ℓ_i, m_i per pair, dQ_i stored per pair;
     # dK, dV once. FA-2: pre-processing D = rowsum(dO∘O) (reads dO, O, writes D); the loop over
     # key blocks streams Q_i, dO_i, L_i, D_i and read-modify-writes dQ_i (fp32); dK, dV once;
-    # dQ converted fp32 -> w (reads dq32, writes qo).
+    # dQ converted fp32 -> w (reads dq32, writes qo). Under GQA each of the g query heads
+    # reads K, V and writes its own dK, dV; a sum kernel reads the g copies, writes dK, dV.
     pre = 2.0 * qo + st
+    grouped = pick(0.0, jnp.where(g > 1.0, 1.0, 0.0))
+    kv_ld = pick(2.0 * kv, 2.0 * g * kv * (1.0 + grouped))
+    kv_st = pick(2.0 * kv, 2.0 * g * kv + grouped * 2.0 * kv)
     ld_all_b = pick(2.0 * kv + r1 * (4.0 * qo + 2.0 * st),
-                    pre + 2.0 * kv + r1 * (2.0 * qo + 2.0 * st + dq32) + dq32)
-    st_all_b = pick(r1 * qo + 2.0 * kv, st + r1 * dq32 + 2.0 * kv + qo)
-    ld_min_b = pick(2.0 * kv + 3.0 * qo + 2.0 * st, pre + 2.0 * kv + 2.0 * qo + 2.0 * st + dq32)
-    st_min_b = pick(qo + 2.0 * kv, st + dq32 + 2.0 * kv + qo)
-    live_b = pick(jnp.minimum(units, cores), jnp.minimum(units, nx.ceil_div(cores, t_c)))
-    ws_b = live_b * pick(4.0 * qo + 2.0 * st, 2.0 * qo + 2.0 * st + dq32)
+                    pre + kv_ld + r1 * (2.0 * qo + 2.0 * st + dq32) + dq32)
+    st_all_b = pick(r1 * qo + 2.0 * kv, st + r1 * dq32 + kv_st + qo)
+    ld_min_b = pick(2.0 * kv + 3.0 * qo + 2.0 * st, pre + kv_ld + 2.0 * qo + 2.0 * st + dq32)
+    st_min_b = pick(qo + 2.0 * kv, st + dq32 + kv_st + qo)
+    live_b = pick(jnp.minimum(units, cores), jnp.minimum(units * g, nx.ceil_div(cores, t_c)))
+    ws_b = live_b * pick(4.0 * qo + 2.0 * st, (2.0 * qo + 2.0 * st + dq32) / g)
     l2_cap = dev.global_buffer_bytes
     fits, fits_b = ws <= l2_cap, ws_b <= l2_cap
     hbm_ld = units * jnp.where(fits, ld_min, ld_all)
@@ -237,7 +245,8 @@ def _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None, cau
         "overhead": pick(1.0, 1.0) * ov,                    # one forward kernel
         "gemm_qk": gemm_qk, "gemm_pv": gemm_pv,
         "load_bwd": load_b, "gemm_bwd": gemm_qk_b + gemm_pv_b, "pointwise_bwd": pt_b,
-        "store_bwd": store_b, "overhead_bwd": pick(1.0, 3.0) * ov,   # FA-2: pre, main, convert
+        # FA-2: pre, main, convert (+ the dK, dV group sum under GQA)
+        "store_bwd": store_b, "overhead_bwd": pick(1.0, 3.0 + grouped) * ov,
         "gemm_qk_bwd": gemm_qk_b, "gemm_pv_bwd": gemm_pv_b,
         "hbm_bytes": hbm_ld + hbm_st, "hbm_bytes_bwd": hbm_ld_b + hbm_st_b,
         "flops": 4.0 * units * pairs * br * bc * d,
