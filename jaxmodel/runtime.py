@@ -134,9 +134,10 @@ def configure_compilation_cache(cli: bool | None = None) -> Path | None:
         # every cache hit (openxla/xla#44565) although the executables load and agree.
         return None
     import jax
-    if jax.config.jax_compilation_cache_dir or not jax.config.jax_enable_compilation_cache:
-        return None   # the user's own configuration wins
     path = default_cache_dir()
+    if (jax.config.jax_compilation_cache_dir or not jax.config.jax_enable_compilation_cache) \
+            and _cache_dir != path:
+        return None   # the user's own configuration wins
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -146,7 +147,7 @@ def configure_compilation_cache(cli: bool | None = None) -> Path | None:
                       0.0 if cli else MIN_COMPILE_S)
     _cache_dir = path
     if cli:
-        _export_dir = path.parent.parent / "executables" / path.name
+        _export_dir = path.parent / "executables" / path.name
     return path
 
 

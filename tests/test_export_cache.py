@@ -89,7 +89,7 @@ def test_cli_cache_defaults(tmp_path):
 
     jax_dir, min_s, exp_dir, level = run("/usr/bin/jaxmodel")
     assert Path(jax_dir).parent == tmp_path / "jaxmodel" / "jax" and float(min_s) == 0.0
-    assert Path(exp_dir) == tmp_path / "jaxmodel" / "executables" / Path(jax_dir).name
+    assert Path(exp_dir) == tmp_path / "jaxmodel" / "jax" / "executables" / Path(jax_dir).name
     if not runtime._accelerator_plugin_installed():
         assert level == "3"
     off = run("/usr/bin/jaxmodel", JAXMODEL_NO_CACHE="1")
@@ -97,3 +97,23 @@ def test_cli_cache_defaults(tmp_path):
     if not runtime._accelerator_plugin_installed():
         lib = run("python")
         assert lib[0] == "None" and lib[2] == "None" and lib[3] != "3"
+
+
+def test_configure_cli_after_library_import(tmp_path):
+    """A script that opted in with JAXMODEL_CACHE_DIR can switch to the command line's
+    defaults after ``import jaxmodel`` configured the cache (the second call is not mistaken
+    for a user's own JAX setting)."""
+    root = Path(__file__).resolve().parents[1]
+    code = ("import jaxmodel, jax; from jaxmodel import runtime; "
+            "p = runtime.configure_compilation_cache(cli=True); "
+            "print(p, runtime.export_cache_dir(), "
+            "jax.config.jax_persistent_cache_min_compile_time_secs)")
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("JAXMODEL_NO_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+    e.update(PYTHONPATH=str(root), JAXMODEL_CACHE_DIR=str(tmp_path / "c"))
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, env=e, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    path, exe, min_s = r.stdout.split()
+    assert Path(path).parent == tmp_path / "c" and float(min_s) == 0.0
+    assert Path(exe) == tmp_path / "c" / "executables" / Path(path).name
