@@ -17,7 +17,7 @@ Writes ``experiments/out/bench_search.csv`` (top 200 plans + Megatron's) and ``.
 Also prints ``import jaxmodel`` time and the first and second answer to a single question (one
 training step of the best plan). Most of a cold run is XLA compilation of the training step;
 jaxmodel's caches (``jaxmodel.runtime``: JAX's persistent compilation cache and the command
-line's executable cache) let a second process skip tracing and compiling: ``--cache DIR`` puts
+line's export cache) let a second process skip tracing and compiling: ``--cache DIR`` puts
 them in DIR, ``--no-cache`` turns them off, and the printed ``compilation_cache`` field says
 which case was measured (empty or warm).
 

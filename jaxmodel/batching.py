@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
@@ -190,30 +191,26 @@ def _static_key(leaf: Any):
 
 
 def _exported_call(dynamic, *, fn, treedef, static, positions, chunk):
-    """:func:`_run` through the executable cache (:func:`jaxmodel.runtime.export_cache_dir`):
-    load the compiled batch function when a previous process stored it (no tracing, lowering
-    or compilation), else trace, compile and store it
-    (``jax.experimental.serialize_executable``). None when the call cannot be keyed (traced
-    inputs, a stateful static argument) or the cache cannot be used; the caller then runs
-    :func:`_run`. A loaded executable is the one XLA built for the same program, so the
-    results are identical."""
+    """:func:`_run` through the export cache (:func:`jaxmodel.runtime.export_cache_dir`):
+    deserialize the traced-and-lowered batch function when a previous process stored it,
+    else trace, export and store it. None when the call cannot be keyed (traced inputs, a
+    stateful static argument) or the cache cannot be used; the caller then runs :func:`_run`.
+    Results are those of the same StableHLO module, compiled by the same XLA."""
     if any(isinstance(x, jax.core.Tracer) for x in dynamic):
         return None
     keys = [_static_key(x) for x in (fn,) + tuple(x for x in static if x is not None)]
     if any(k is None for k in keys):
         return None
-    from jax.experimental import serialize_executable as _se
     key = hashlib.sha1(repr((code_fingerprint(), keys, str(treedef), positions, chunk,
                              [(tuple(x.shape), x.dtype.name) for x in dynamic])).encode())
-    path = export_cache_dir() / f"{key.hexdigest()}.jaxexec"
-    compiled = None
+    path = export_cache_dir() / f"{key.hexdigest()}.jaxexport"
+    exp = None
     if path.is_file():
         try:
-            payload, in_tree, flat_tree, out_tree = pickle.loads(path.read_bytes())
-            compiled = _se.deserialize_and_load(payload, in_tree, flat_tree)
+            exp, out_tree = pickle.loads(path.read_bytes())
         except Exception:          # a truncated or foreign file: rebuild it below
-            compiled = None
-    if compiled is None:
+            exp = None
+    if exp is None:
         box = {}
 
         def flat(*dyn):
@@ -222,19 +219,20 @@ def _exported_call(dynamic, *, fn, treedef, static, positions, chunk):
             leaves, box["tree"] = jax.tree_util.tree_flatten(out)
             return leaves
         try:
-            compiled = jax.jit(flat).lower(*dynamic).compile()
-            payload, in_tree, flat_tree = _se.serialize(compiled)
-        except Exception:          # not serializable (e.g. host callbacks): run it plainly
+            exp = jax.export.export(jax.jit(flat))(*dynamic)
+        except Exception:          # not exportable (e.g. host callbacks): run it plainly
             return None
         out_tree = box["tree"]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(pickle.dumps((payload, in_tree, flat_tree, out_tree)))
+            # pickled, without the VJP builder (a closure; the command line never
+            # differentiates); jax.export.serialize would need the flatbuffers package
+            tmp.write_bytes(pickle.dumps((dataclasses.replace(exp, _get_vjp=None), out_tree)))
             os.replace(tmp, path)
         except OSError:
             pass
-    return jax.tree_util.tree_unflatten(out_tree, compiled(*dynamic))
+    return jax.tree_util.tree_unflatten(out_tree, exp.call(*dynamic))
 
 
 def batched(fn: Callable | None = None, *, chunk: int = DEFAULT_CHUNK):

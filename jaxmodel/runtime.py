@@ -22,11 +22,11 @@ Compilation cache
     are stored: besides the tile searches (tens of seconds to compile) a prediction runs some
     30 small jits of 0.1–1 s each, worth seconds together; reading an entry back costs
     milliseconds. Tracing and lowering to MLIR are not cached by JAX (it redoes them in every
-    process); the command line adds the executable cache (:func:`export_cache_dir`), which
-    keeps the compiled batch functions on disk by a key that needs no tracing, so a repeated
-    question with the same shapes (other numbers included) skips all three:
-    ``jaxmodel predict train`` went from ≈ 7 s to ≈ 2.8 s CPU time per warm process (2
-    cores, load ≈ 14).
+    process); the command line adds the export cache (:func:`export_cache_dir`), which keeps
+    the traced-and-lowered batch functions on disk by a key that needs no tracing, so a
+    repeated question with the same shapes (other numbers included) skips tracing:
+    ``jaxmodel predict train`` went from ≈ 7 s to ≈ 2.2–3.2 s CPU time per warm process (2
+    cores, load 13–15).
 
 Progress
     :func:`progress_bar` (a tqdm bar for a loop of blocks) and :func:`stage` (one status line
@@ -122,8 +122,8 @@ def configure_compilation_cache(cli: bool | None = None) -> Path | None:
 
     ``cli`` (default: whether this is the ``jaxmodel`` console script) selects the command
     line's defaults: the cache on for CPU too, every compilation stored (a prediction's
-    small jits are worth seconds together) and the executable cache
-    (:func:`export_cache_dir`) on. Call it before the first compilation: JAX fixes its cache settings then."""
+    small jits are worth seconds together) and the export cache (:func:`export_cache_dir`)
+    on. Call it before the first compilation: JAX fixes its cache settings then."""
     global _cache_dir, _export_dir
     cli = _cli_process() if cli is None else cli
     if _truthy("JAXMODEL_NO_CACHE"):
@@ -147,32 +147,35 @@ def configure_compilation_cache(cli: bool | None = None) -> Path | None:
                       0.0 if cli else MIN_COMPILE_S)
     _cache_dir = path
     if cli:
-        _export_dir = path.parent / "executables" / path.name
+        _export_dir = path.parent / "exports" / path.name
     return path
 
 
 # ---------------------------------------------------------------------------------------------
-# executable cache: compiled batch functions, so a repeated question skips tracing
+# export cache: traced-and-lowered batch functions, so a repeated question skips tracing
 
 _export_dir: Path | None = None
 
 
 def export_cache_dir() -> Path | None:
-    """Directory of the executable cache, or None (off; :func:`configure_compilation_cache`
+    """Directory of the export cache, or None (off; :func:`configure_compilation_cache`
     turns it on for the command line).
 
-    :func:`jaxmodel.batching.call_batched` stores each batch function it compiles there as a
-    serialized executable (``jax.experimental.serialize_executable``), keyed by the function,
-    its static arguments, the input shapes and dtypes and :func:`code_fingerprint`; a later
-    process with the same key loads it instead of tracing, lowering and compiling the model
-    again (seconds per call; JAX's own persistent cache would still need the first two). Only the command line
+    :func:`jaxmodel.batching.call_batched` stores each batch function it traces there as an
+    exported (traced and lowered) module (``jax.export``), keyed by the function, its static
+    arguments, the input shapes and dtypes and :func:`code_fingerprint`; a later process with
+    the same key loads it instead of tracing the model again (seconds per call), and its
+    compilation is a hit in JAX's persistent cache. (Serialized executables,
+    ``jax.experimental.serialize_executable``, would also skip the lowering, but jaxlib
+    0.10's XLA:CPU fails to run one built from a persistent-cache hit: "NOT_FOUND: Function
+    ... not found".) Only the command line
     turns it on: in library use a module attribute patched at run time (which the key cannot
     see) would give stale graphs."""
     return _export_dir
 
 
 def set_export_cache_dir(path: Path | str | None) -> None:
-    """Turn the executable cache on in ``path`` (or off with None)."""
+    """Turn the export cache on in ``path`` (or off with None)."""
     global _export_dir
     _export_dir = None if path is None else Path(path)
 

@@ -1,4 +1,4 @@
-"""The executable cache of batched calls (jaxmodel.batching._exported_call) and the command line's
+"""The export cache of batched calls (jaxmodel.batching._exported_call) and the command line's
 cache defaults (jaxmodel.runtime.configure_compilation_cache with ``cli``)."""
 
 import os
@@ -31,14 +31,14 @@ def test_exported_call_identical_and_skips_tracing(export_dir, monkeypatch):
         ref1 = np.asarray(jm.gemm_latency(dev, m1, 4096.0, 12288.0))
         ref2 = np.asarray(jm.gemm_latency(dev, m2, 4096.0, 12288.0))
     got1 = np.asarray(jm.gemm_latency(dev, m1, 4096.0, 12288.0))       # traces and stores
-    stored = sorted(export_dir.glob("*.jaxexec"))
+    stored = sorted(export_dir.glob("*.jaxexport"))
     assert stored
 
     def no_trace(*a, **k):
-        raise AssertionError("traced although the executable cache holds this call")
+        raise AssertionError("traced although the export cache holds this call")
     monkeypatch.setattr(batching, "_run", no_trace)
     got2 = np.asarray(jm.gemm_latency(dev, m2, 4096.0, 12288.0))       # loads from disk
-    assert sorted(export_dir.glob("*.jaxexec")) == stored
+    assert sorted(export_dir.glob("*.jaxexport")) == stored
     np.testing.assert_array_equal(got1, ref1)
     np.testing.assert_array_equal(got2, ref2)
 
@@ -46,7 +46,7 @@ def test_exported_call_identical_and_skips_tracing(export_dir, monkeypatch):
 def test_exported_call_rebuilds_damaged_entry(export_dir):
     dev = hw_db.device("a100_80gb")
     ref = np.asarray(jm.gemm_latency(dev, jnp.array([256.0, 1024.0]), 1024.0, 1024.0))
-    paths = sorted(export_dir.glob("*.jaxexec"))
+    paths = sorted(export_dir.glob("*.jaxexport"))
     for p in paths:
         p.write_bytes(b"not a pickle")
     got = np.asarray(jm.gemm_latency(dev, jnp.array([256.0, 1024.0]), 1024.0, 1024.0))
@@ -62,14 +62,14 @@ def test_exported_call_skips_stateful_static_arguments(export_dir):
         return g(x)
     out = batching.call_batched(f, jnp.arange(3.0), lambda x: x * scale)
     np.testing.assert_array_equal(np.asarray(out), np.arange(3.0) * 3.0)
-    assert not export_dir.exists() or not list(export_dir.glob("*.jaxexec"))
+    assert not export_dir.exists() or not list(export_dir.glob("*.jaxexport"))
     assert batching._static_key(lambda x: x) is None
     assert batching._static_key(jm.gemm_latency.single) is not None
 
 
 def test_cli_cache_defaults(tmp_path):
     """The console script turns the compilation cache on in $XDG_CACHE_HOME (CPU included),
-    stores every compilation, puts the executable cache beside it and hides jaxlib's cache-hit
+    stores every compilation, puts the export cache beside it and hides jaxlib's cache-hit
     ERROR lines; JAXMODEL_NO_CACHE=1 turns all of it off; library imports stay opt-in."""
     root = Path(__file__).resolve().parents[1]
     code = ("import sys; sys.argv[0] = {argv0!r}; import jaxmodel, os, jax; "
@@ -89,7 +89,7 @@ def test_cli_cache_defaults(tmp_path):
 
     jax_dir, min_s, exp_dir, level = run("/usr/bin/jaxmodel")
     assert Path(jax_dir).parent == tmp_path / "jaxmodel" / "jax" and float(min_s) == 0.0
-    assert Path(exp_dir) == tmp_path / "jaxmodel" / "jax" / "executables" / Path(jax_dir).name
+    assert Path(exp_dir) == tmp_path / "jaxmodel" / "jax" / "exports" / Path(jax_dir).name
     if not runtime._accelerator_plugin_installed():
         assert level == "3"
     off = run("/usr/bin/jaxmodel", JAXMODEL_NO_CACHE="1")
@@ -116,4 +116,4 @@ def test_configure_cli_after_library_import(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     path, exe, min_s = r.stdout.split()
     assert Path(path).parent == tmp_path / "c" and float(min_s) == 0.0
-    assert Path(exe) == tmp_path / "c" / "executables" / Path(path).name
+    assert Path(exe) == tmp_path / "c" / "exports" / Path(path).name
