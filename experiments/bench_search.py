@@ -16,9 +16,10 @@ Writes ``experiments/out/bench_search.csv`` (top 200 plans + Megatron's) and ``.
 
 Also prints ``import jaxmodel`` time and the first and second answer to a single question (one
 training step of the best plan). Most of a cold run is XLA compilation of the training step;
-jaxmodel's persistent compilation cache (on by default, ``jaxmodel.runtime``) lets a second
-process skip it: ``--cache DIR`` puts it in DIR, ``--no-cache`` turns it off, and the printed
-``compilation_cache`` field says which case was measured (empty or warm).
+jaxmodel's caches (``jaxmodel.runtime``: JAX's persistent compilation cache and the command
+line's export cache) let a second process skip tracing and compiling: ``--cache DIR`` puts
+them in DIR, ``--no-cache`` turns them off, and the printed ``compilation_cache`` field says
+which case was measured (empty or warm).
 
 Run: ``.venv/bin/python experiments/bench_search.py [--small] [--cache DIR | --no-cache]``
 """
@@ -39,6 +40,8 @@ if "--no-cache" in sys.argv:
 _t0 = time.perf_counter()
 import jaxmodel as jm  # noqa: E402,I001  (first: its import time is measured)
 IMPORT_S = time.perf_counter() - _t0
+if "--cache" in sys.argv:          # the command line's caches: every compilation stored and
+    jm.runtime.configure_compilation_cache(cli=True)   # the compiled search kept for a rerun
 CACHE = jm.runtime.cache_state()
 
 import numpy as np  # noqa: E402

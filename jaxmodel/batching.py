@@ -32,8 +32,13 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import math
+import os
+import pickle
+import types
 from typing import Any, Callable, Sequence
 
 import jax
@@ -41,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jaxmodel.runtime import progress_bar
+from jaxmodel.runtime import code_fingerprint, export_cache_dir, progress_bar
 
 DEFAULT_CHUNK = 4096
 AXIS = "d"   # name of the device axis of the sharding mesh
@@ -162,8 +167,72 @@ def call_batched(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, **kwargs):
                 dynamic.append(jnp.asarray(np.asarray(leaf, dtype=dtype)
                                            if not isinstance(leaf, jax.Array) else
                                            leaf.astype(dtype)))
-    return _run(dynamic, fn=fn, treedef=treedef, static=tuple(static),
-                positions=tuple(positions), chunk=int(chunk))
+    static, positions, chunk = tuple(static), tuple(positions), int(chunk)
+    if export_cache_dir() is not None:
+        out = _exported_call(dynamic, fn=fn, treedef=treedef, static=static,
+                             positions=positions, chunk=chunk)
+        if out is not None:
+            return out
+    return _run(dynamic, fn=fn, treedef=treedef, static=static, positions=positions,
+                chunk=chunk)
+
+
+def _static_key(leaf: Any):
+    """A process-independent key for a static leaf, or None when it has none (a closure, a
+    bound method or a lambda carries state the cache key cannot see)."""
+    if isinstance(leaf, (str, bool, type(None))):
+        return repr(leaf)
+    if isinstance(leaf, type) or isinstance(leaf, types.FunctionType):
+        name = getattr(leaf, "__qualname__", "")
+        if "<" in name or getattr(leaf, "__closure__", None):
+            return None
+        return f"{leaf.__module__}.{name}"
+    return None
+
+
+def _exported_call(dynamic, *, fn, treedef, static, positions, chunk):
+    """:func:`_run` through the export cache (:func:`jaxmodel.runtime.export_cache_dir`):
+    deserialize the traced-and-lowered batch function when a previous process stored it,
+    else trace, export and store it. None when the call cannot be keyed (traced inputs, a
+    stateful static argument) or the cache cannot be used; the caller then runs :func:`_run`.
+    Results are those of the same StableHLO module, compiled by the same XLA."""
+    if any(isinstance(x, jax.core.Tracer) for x in dynamic):
+        return None
+    keys = [_static_key(x) for x in (fn,) + tuple(x for x in static if x is not None)]
+    if any(k is None for k in keys):
+        return None
+    key = hashlib.sha1(repr((code_fingerprint(), keys, str(treedef), positions, chunk,
+                             [(tuple(x.shape), x.dtype.name) for x in dynamic])).encode())
+    path = export_cache_dir() / f"{key.hexdigest()}.jaxexport"
+    exp = None
+    if path.is_file():
+        try:
+            exp, out_tree = pickle.loads(path.read_bytes())
+        except Exception:          # a truncated or foreign file: rebuild it below
+            exp = None
+    if exp is None:
+        box = {}
+
+        def flat(*dyn):
+            out = _run(list(dyn), fn=fn, treedef=treedef, static=static, positions=positions,
+                       chunk=chunk)
+            leaves, box["tree"] = jax.tree_util.tree_flatten(out)
+            return leaves
+        try:
+            exp = jax.export.export(jax.jit(flat))(*dynamic)
+        except Exception:          # not exportable (e.g. host callbacks): run it plainly
+            return None
+        out_tree = box["tree"]
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            # pickled, without the VJP builder (a closure; the command line never
+            # differentiates); jax.export.serialize would need the flatbuffers package
+            tmp.write_bytes(pickle.dumps((dataclasses.replace(exp, _get_vjp=None), out_tree)))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return jax.tree_util.tree_unflatten(out_tree, exp.call(*dynamic))
 
 
 def batched(fn: Callable | None = None, *, chunk: int = DEFAULT_CHUNK):

@@ -1,0 +1,119 @@
+"""The export cache of batched calls (jaxmodel.batching._exported_call) and the command line's
+cache defaults (jaxmodel.runtime.configure_compilation_cache with ``cli``)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hw_db
+import jaxmodel as jm
+from jaxmodel import batching, runtime
+
+
+@pytest.fixture
+def export_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime, "_export_dir", tmp_path / "export")
+    return tmp_path / "export"
+
+
+def test_exported_call_identical_and_skips_tracing(export_dir, monkeypatch):
+    """A stored call is reused for other values of the same shapes without tracing the model,
+    and gives the numbers of the plain path bit for bit."""
+    dev = hw_db.device("a100_80gb")
+    m1, m2 = jnp.array([512.0, 2048.0]), jnp.array([64.0, 8192.0])
+    with monkeypatch.context() as mp:
+        mp.setattr(runtime, "_export_dir", None)
+        ref1 = np.asarray(jm.gemm_latency(dev, m1, 4096.0, 12288.0))
+        ref2 = np.asarray(jm.gemm_latency(dev, m2, 4096.0, 12288.0))
+    got1 = np.asarray(jm.gemm_latency(dev, m1, 4096.0, 12288.0))       # traces and stores
+    stored = sorted(export_dir.glob("*.jaxexport"))
+    assert stored
+
+    def no_trace(*a, **k):
+        raise AssertionError("traced although the export cache holds this call")
+    monkeypatch.setattr(batching, "_run", no_trace)
+    got2 = np.asarray(jm.gemm_latency(dev, m2, 4096.0, 12288.0))       # loads from disk
+    assert sorted(export_dir.glob("*.jaxexport")) == stored
+    np.testing.assert_array_equal(got1, ref1)
+    np.testing.assert_array_equal(got2, ref2)
+
+
+def test_exported_call_rebuilds_damaged_entry(export_dir):
+    dev = hw_db.device("a100_80gb")
+    ref = np.asarray(jm.gemm_latency(dev, jnp.array([256.0, 1024.0]), 1024.0, 1024.0))
+    paths = sorted(export_dir.glob("*.jaxexport"))
+    for p in paths:
+        p.write_bytes(b"not a pickle")
+    got = np.asarray(jm.gemm_latency(dev, jnp.array([256.0, 1024.0]), 1024.0, 1024.0))
+    np.testing.assert_array_equal(got, ref)
+    assert any(p.read_bytes() != b"not a pickle" for p in paths)   # the repeated call
+
+
+def test_exported_call_skips_stateful_static_arguments(export_dir):
+    """A closure (state the key cannot see) runs plainly and stores nothing."""
+    scale = 3.0
+
+    def f(x, g):
+        return g(x)
+    out = batching.call_batched(f, jnp.arange(3.0), lambda x: x * scale)
+    np.testing.assert_array_equal(np.asarray(out), np.arange(3.0) * 3.0)
+    assert not export_dir.exists() or not list(export_dir.glob("*.jaxexport"))
+    assert batching._static_key(lambda x: x) is None
+    assert batching._static_key(jm.gemm_latency.single) is not None
+
+
+def test_cli_cache_defaults(tmp_path):
+    """The console script turns the compilation cache on in $XDG_CACHE_HOME (CPU included),
+    stores every compilation, puts the export cache beside it and hides jaxlib's cache-hit
+    ERROR lines; JAXMODEL_NO_CACHE=1 turns all of it off; library imports stay opt-in."""
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys; sys.argv[0] = {argv0!r}; import jaxmodel, os, jax; "
+            "from jaxmodel import runtime; print(jax.config.jax_compilation_cache_dir, "
+            "jax.config.jax_persistent_cache_min_compile_time_secs, "
+            "runtime.export_cache_dir(), os.environ.get('TF_CPP_MIN_LOG_LEVEL'))")
+
+    def run(argv0, **env):
+        e = {k: v for k, v in os.environ.items()
+             if k not in ("JAXMODEL_CACHE_DIR", "JAXMODEL_NO_CACHE", "JAX_COMPILATION_CACHE_DIR",
+                          "TF_CPP_MIN_LOG_LEVEL", "XDG_CACHE_HOME")}
+        e.update(env, PYTHONPATH=str(root), XDG_CACHE_HOME=str(tmp_path))
+        r = subprocess.run([sys.executable, "-c", code.format(argv0=argv0)], cwd=root, env=e,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.split()
+
+    jax_dir, min_s, exp_dir, level = run("/usr/bin/jaxmodel")
+    assert Path(jax_dir).parent == tmp_path / "jaxmodel" / "jax" and float(min_s) == 0.0
+    assert Path(exp_dir) == tmp_path / "jaxmodel" / "jax" / "exports" / Path(jax_dir).name
+    if not runtime._accelerator_plugin_installed():
+        assert level == "3"
+    off = run("/usr/bin/jaxmodel", JAXMODEL_NO_CACHE="1")
+    assert off[0] == "None" and off[2] == "None"
+    if not runtime._accelerator_plugin_installed():
+        lib = run("python")
+        assert lib[0] == "None" and lib[2] == "None" and lib[3] != "3"
+
+
+def test_configure_cli_after_library_import(tmp_path):
+    """A script that opted in with JAXMODEL_CACHE_DIR can switch to the command line's
+    defaults after ``import jaxmodel`` configured the cache (the second call is not mistaken
+    for a user's own JAX setting)."""
+    root = Path(__file__).resolve().parents[1]
+    code = ("import jaxmodel, jax; from jaxmodel import runtime; "
+            "p = runtime.configure_compilation_cache(cli=True); "
+            "print(p, runtime.export_cache_dir(), "
+            "jax.config.jax_persistent_cache_min_compile_time_secs)")
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("JAXMODEL_NO_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+    e.update(PYTHONPATH=str(root), JAXMODEL_CACHE_DIR=str(tmp_path / "c"))
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, env=e, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    path, exe, min_s = r.stdout.split()
+    assert Path(path).parent == tmp_path / "c" and float(min_s) == 0.0
+    assert Path(exe) == tmp_path / "c" / "exports" / Path(path).name
