@@ -373,8 +373,9 @@ def _par_args(p: argparse.ArgumentParser):
                    help="context parallelism (training): the sequence split over cp devices, "
                         "ring attention")
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism")
-    g.add_argument("--flash-attention", action="store_true", default=None,
-                   dest="flash_attention")
+    g.add_argument("--flash-attention", nargs="?", const="fa1", default=None,
+                   choices=["standard", "fa1", "fa2"], dest="flash_attention",
+                   help="attention kernel (alone: fa1, FlashAttention-1)")
     g.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"])
     g.add_argument("--recompute", choices=["none", "selective", "full"])
 

@@ -78,11 +78,11 @@ def predictions(out: Path, say) -> pd.DataFrame:
     models = stack([hw_db.model(m) for _, m in pairs])
     par = jm.Parallelism(dp=8, tp=8, pp=8, sp=True, micro_batch=1, interleave=2,
                          schedule="interleaved", recompute="selective", zero=1,
-                         flash_attention=True)
+                         flash_attention="fa2")
     tr = jm.train_step(systems, models, par, 1024, 2048)
     say("training step of 2 models × 3 systems (512 GPUs each) evaluated")
     node = stack([dataclasses.replace(hw_db.system(s, nodes=1)) for s, _ in pairs])
-    inf = jm.inference(node, models, jm.Parallelism(tp=8, flash_attention=True), 8, 2048, 512)
+    inf = jm.inference(node, models, jm.Parallelism(tp=8, flash_attention="fa2"), 8, 2048, 512)
     say("inference of 2 models × 3 systems (one 8-GPU node each) evaluated")
     tco = jm.tco(node, inf.tokens_per_s)
     rows, breakdowns = [], {}
@@ -147,7 +147,7 @@ def hardware_sweep(out: Path, say, quick: bool) -> pd.DataFrame:
     base = hw_db.system("dgx_h100")
     base = dataclasses.replace(base, device=area_fields(base.device))
     model = hw_db.model("llama3-70b")
-    par = jm.Parallelism(tp=8, flash_attention=True)
+    par = jm.Parallelism(tp=8, flash_attention="fa2")
     variant = _layer.variant_of(model, par, base)
     batch, prompt, gen = 32.0, 2048.0, 512.0
 
@@ -191,7 +191,7 @@ def parallelism_search(out: Path, say, quick: bool) -> pd.DataFrame:
     import hw_db
     import jaxmodel as jm
     nodes = 2 if quick else 8
-    opts = dict(recompute=("selective", "full"), zero=(0, 1), flash_attention=(True,)) \
+    opts = dict(recompute=("selective", "full"), zero=(0, 1), flash_attention=("fa2",)) \
         if quick else {}
     df = jm.search_parallelism(hw_db.system("dgx_h100", nodes=nodes), hw_db.model("llama3-70b"),
                                8 * nodes, 256, 4096, progress=False, **opts)

@@ -50,6 +50,12 @@ ALIASES = {"fc": "fully_connected", "full_connected": "fully_connected", "mesh":
            "relu_squared": "relu2", "squared_relu": "relu2", "mha": "gqa", "mqa": "gqa"}
 
 
+#: ``Parallelism.flash_attention`` codes: 0 standard attention, 1 FlashAttention-1 (Dao et
+#: al., NeurIPS 2022; Guo et al.'s model), 2 FlashAttention-2 (Dao, ICLR 2024). ``True``
+#: means 1.
+FA_VERSIONS = ("standard", "fa1", "fa2")
+
+
 def code_of(value: Any, names: Sequence[str], field: str) -> Any:
     """Map a name to its numeric code; pass numbers and arrays through untouched.
 
@@ -795,7 +801,9 @@ class Parallelism:
         schedule: code into ``SCHEDULES`` (gpipe, 1f1b, interleaved).
         recompute: code into ``RECOMPUTE`` (none, selective, full).
         zero: ZeRO stage 0–3.
-        flash_attention: 1 to use FlashAttention kernels, else 0 (bools accepted).
+        flash_attention: attention kernel, a code into ``FA_VERSIONS``: 0 standard,
+            1 FlashAttention-1, 2 FlashAttention-2 (names ``"fa1"``/``"fa2"`` and bools
+            accepted; ``True`` is FlashAttention-1).
         cp: context-parallel degree (the sequence of every layer split over ``cp`` devices,
             ring attention; :mod:`jaxmodel.parallel.context`).
     """
@@ -816,6 +824,9 @@ class Parallelism:
     def __post_init__(self):
         object.__setattr__(self, "schedule", code_of(self.schedule, SCHEDULES, "schedule"))
         object.__setattr__(self, "recompute", code_of(self.recompute, RECOMPUTE, "recompute"))
+        if isinstance(self.flash_attention, str):
+            object.__setattr__(self, "flash_attention",
+                               code_of(self.flash_attention, FA_VERSIONS, "flash_attention"))
         for name in ("sp", "flash_attention"):
             v = getattr(self, name)
             if isinstance(v, bool):

@@ -71,13 +71,11 @@ from jaxmodel.ops.gemm import L0_SPLIT_M, _device_ok, _rates
 from jaxmodel.ops.gemm import _gemm_latency_single as _gemm
 from jaxmodel.ops.systolic import systolic_cycles
 from jaxmodel.ops.vector import _elementwise_single, _softmax_single
+from jaxmodel.types import FA_VERSIONS
 
 __all__ = ["flash_attention_latency", "standard_attention_latency", "flash_attention_tiles",
            "flash_attention_rows", "FA_VERSIONS"]
 
-#: ``par.flash_attention`` codes: 0 standard attention, 1 FlashAttention-1 (the seed's model),
-#: 2 FlashAttention-2.
-FA_VERSIONS = ("standard", "fa1", "fa2")
 
 # Non-matmul FLOP of the online softmax (Dao et al. 2022 Alg. 1 lines 9-12; 2023 §3.1.1),
 # counted per element of a block of scores: scale 1, mask 1, row max 1, subtract 1, exp

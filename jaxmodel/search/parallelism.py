@@ -50,8 +50,8 @@ import pandas as pd
 from jaxmodel import runtime
 from jaxmodel.numerics import REASONS
 from jaxmodel.parallel import plan as _plan
-from jaxmodel.types import (RECOMPUTE, SCHEDULES, Model, Parallelism, System, code_of,
-                            is_concrete)
+from jaxmodel.types import (FA_VERSIONS, RECOMPUTE, SCHEDULES, Model, Parallelism, System,
+                            code_of, is_concrete)
 
 _precision = importlib.import_module("jaxmodel.precision")  # the module, not jm.precision
 
@@ -83,7 +83,7 @@ def _as_int(x, field: str) -> int:
 def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
                     schedules: Sequence = SCHEDULES, recompute: Sequence = RECOMPUTE,
                     zero: Sequence[int] = (0, 1, 2, 3), sp: Sequence[bool] = (False, True),
-                    flash_attention: Sequence[bool] = (False, True),
+                    flash_attention: Sequence = (False, "fa2"),
                     max_tp: int | None = None, max_pp: int | None = None,
                     micro_batches: Sequence[int] | None = None,
                     max_interleave: int | None = None,
@@ -114,7 +114,9 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
         model: concrete model (counts are read as integers).
         n_devices, global_batch: integers.
         schedules, recompute: names or codes to consider.
-        zero, sp, flash_attention: options to consider.
+        zero, sp, flash_attention: options to consider (attention kernels as codes or
+            names of ``FA_VERSIONS``; default standard attention and FlashAttention-2, the
+            kernel of today's training stacks; ``True`` is FlashAttention-1).
         max_tp, max_pp, max_interleave: optional caps; ``micro_batches``: allowed sizes.
         seq_len: tokens per sequence (checks SP's and CP's divisibility; ``None``: not
             checked, and only ``cp = 1`` is enumerated).
@@ -135,7 +137,9 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
             raise ValueError(f"search_parallelism: zero stage {z!r} is not 0, 1, 2 or 3")
     zero = sorted(set(int(z) for z in zero))
     sp_opts = sorted(set(float(bool(s)) for s in sp))
-    fa_opts = sorted(set(float(bool(f)) for f in flash_attention))
+    fa_opts = sorted(set(float(f) if isinstance(f, bool)
+                         else float(code_of(f, FA_VERSIONS, "flash_attention"))
+                         for f in flash_attention))
     cp_opts = sorted({_as_int(c, "cp") for c in cp if seq_len is not None or int(c) == 1})
     if not (sched_codes and rc_codes and zero and sp_opts and fa_opts and cp_opts):
         raise ValueError("search_parallelism: every option list must be non-empty")
