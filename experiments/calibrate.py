@@ -21,11 +21,18 @@ Anchors (``shared/anchors/``, see each folder's README):
   the sustained microbenchmarks); the model-free ratio to the short-run PyTorch 8192³ of
   ``llmcompass_measured/matmul_A100.csv`` is printed beside it (the power-limited clock).
 
-Transfers (no kernel anchors for the device): ``a100_40gb`` takes every ``a100_80gb`` kernel
-constant (same GA100 die, clocks, HBM2e memory system and software); the other devices keep the
-defaults (library constants 1.0 / 0, kernel families at ``mem_bw_efficiency`` without a floor)
-— the microbenchmarks hold FP8 GEMMs only for H100/H200/GB200, which do not determine an fp16
-main-loop efficiency, and their STREAM ratios are already the devices' ``mem_bw_efficiency``.
+Devices without kernel anchors (:func:`fit_microbench`): H100 SXM, H200 and GB200 get their
+``sustained_clock_fraction`` from their sustained cuBLASLt FP8 GEMMs (the A100 procedure
+above, on the three largest shapes; the other shapes are held out and printed) and their
+``mem_bw_efficiency`` from STREAM Triad where it was run (H100, H200); their
+``matmul_efficiency``, ``matmul_wave_latency_s`` and ``matmul_kernel_overhead_s`` are
+transferred from the A100 (sustained runs alone measure only the product of clock and
+main-loop efficiency). FP8 is the only dtype measured on all three, so the clock fraction is
+an FP8 (highest-power) value, conservative for 16-bit GEMMs. Transfers:
+``a100_40gb`` takes every ``a100_80gb`` kernel constant (same GA100 die, clocks, HBM2e memory
+system and software); ``h800`` the H100's, ``b200`` GB200's (:data:`MICROBENCH_TRANSFERS`,
+each with its reason); the other devices keep the defaults (library constants 1.0 / 0, kernel
+families at ``mem_bw_efficiency`` without a floor).
 
 Procedure (one constant per device and kernel family, never per row): per kernel family a grid
 over its bandwidth efficiency with the floor in closed form (weighted median of
@@ -38,7 +45,7 @@ and by token band (1–63, 64–511, 512–4095, ≥ 4096).
 The kernel anchors come from a profiler that runs each kernel back to back for minutes, so they
 are predicted on the sustained-clock device (:func:`jaxmodel.parallel.train.sustained_device`).
 
-Run: ``.venv/bin/python experiments/calibrate.py [--write] [--no-cv]``
+Run: ``.venv/bin/python experiments/calibrate.py [--write] [--no-cv] [--microbench-only]``
 """
 
 from __future__ import annotations
