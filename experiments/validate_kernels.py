@@ -3,9 +3,10 @@ residual add and embedding of Llama-family decoder layers (1–16k tokens, TP 1�
 
 Data: ``shared/anchors/kernels/layer_ops_A100.csv`` (see its README; loaded by
 :func:`calibrate.load_kernel_anchors`). The device is ``hw_db.device("a100_80gb")`` with the
-constants ``experiments/calibrate.py`` wrote; the anchors are predicted on the A100 80GB PCIe
-board at its sustained clock, whose two board constants (clock fraction, GEMM weight-stream
-fraction) are refitted here (:func:`calibrate.fit_board`).
+constants ``experiments/calibrate.py`` wrote. The board is the A100 80GB SXM4, not the PCIe
+part (the adds' HBM bandwidth, printed: :func:`calibrate.board_evidence`); the anchor set's
+two constants (clock fraction, GEMM weight-stream fraction) are refitted here
+(:func:`calibrate.fit_board`).
 
 Prints and writes, per op family and token band (1–63, 64–511, 512–4095, ≥ 4096), the MAPE
 in sample and cross-validated two ways: every constant refitted on four models and tested on
@@ -20,7 +21,6 @@ Run: ``.venv/bin/python experiments/validate_kernels.py [--no-cv]`` → writes
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -28,31 +28,21 @@ import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "experiments")]
 
 import jaxmodel  # noqa: E402,F401  (before hw_db)
 import hw_db  # noqa: E402
+import calibrate as cal  # noqa: E402
 
 OUT = ROOT / "experiments" / "out"
 
 
-def _calibrate():
-    spec = importlib.util.spec_from_file_location("calibrate", ROOT / "experiments" /
-                                                  "calibrate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def run(cv: bool = True, anchor_dir: Path | None = None):
     """Returns ``(rows, summary)``: the per-row predictions and the MAPE table."""
-    cal = _calibrate()
     df = cal.load_kernel_anchors(anchor_dir)
     dev = hw_db.device("a100_80gb")
     board = cal.fit_board(df, dev)
-    print(f"anchor board (A100 80GB PCIe): sustained clock fraction "
-          f"{float(board.sustained_clock_fraction):.2f}, GEMM weight stream "
-          f"{float(board.matmul_bw_efficiency):.2f} of {float(board.mem_bw) / 1e9:.0f} GB/s")
+    cal.print_board(df, board)
     df["predicted_s"] = cal.predict_kernels(df, board)
     tables = {"in_sample": cal.family_table(df, df.predicted_s.values)}
     if cv:
@@ -75,19 +65,10 @@ def _plot(df: pd.DataFrame, path: Path, families):
     colors = {"1-63": "tab:blue", "64-511": "tab:orange", "512-4095": "tab:green",
               ">=4096": "tab:red"}
     for ax, fam in zip(axes.ravel(), families):
-        g = df[df.family == fam]
-        for band, gg in g.groupby("band"):
-            ax.loglog(gg.measured_s * 1e3, gg.predicted_s * 1e3, ".", ms=2, alpha=0.5,
-                      color=colors[band], label=band)
-        lo = min(g.measured_s.min(), g.predicted_s.min()) * 1e3 * 0.8
-        hi = max(g.measured_s.max(), g.predicted_s.max()) * 1e3 * 1.25
-        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-        ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.9")
-        ape = (g.predicted_s / g.measured_s - 1).abs().mean() * 100
-        ax.set_title(f"{fam} (MAPE {ape:.1f} %)")
-        ax.set_xlabel("measured (ms)")
-        ax.set_ylabel("jaxmodel (ms)")
-        ax.legend(fontsize=7, markerscale=4)
+        cal.vl.parity_panel(ax, df[df.family == fam], "band", fam,
+                            lambda b: dict(marker=".", ls="", ms=2, alpha=0.5,
+                                           color=colors[b]), legend_size=7,
+                            markerscale=4)
     fig.suptitle("A100 kernel anchors (Llama-family layers, 1-16k tokens, TP 1-8)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -102,7 +83,6 @@ def main(argv=None):
     df, summary = run(cv=not args.no_cv)
     OUT.mkdir(parents=True, exist_ok=True)
     summary.to_csv(OUT / "validate_kernels.csv", index=False)
-    cal = _calibrate()
     _plot(df, OUT / "validate_kernels.png", cal.FAMILIES)
     for col in [c for c in summary.columns if c not in ("family", "band")]:
         t = summary.pivot(index="family", columns="band", values=col)

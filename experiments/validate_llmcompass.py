@@ -33,10 +33,11 @@ import pandas as pd
 
 import jax.numpy as jnp
 
-import jaxmodel as jm  # before hw_db: hw_db imports jaxmodel
-import hw_db
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import jaxmodel as jm  # noqa: E402  (before hw_db: hw_db imports jaxmodel)
+import hw_db  # noqa: E402
 OUT = ROOT / "experiments" / "out"
 DEVICES = {"A100": "a100_80gb", "MI210": "mi210", "TPUv3": "tpuv3"}
 FAMILIES = ("matmul", "softmax", "layernorm", "gelu")
@@ -158,6 +159,23 @@ def operators(anchor_dir: Path, out_dir: Path) -> dict:
     return summary
 
 
+def parity_panel(ax, g: pd.DataFrame, by: str, title: str, style, legend_size: int = 8,
+                 markerscale: float = 1.0):
+    """Predicted vs measured (ms, log-log) of the rows ``g``, one series per value of column
+    ``by`` (``style(value)``: its plot keywords), the ±10 % band, the MAPE in the title."""
+    for tag, gg in g.groupby(by):
+        ax.loglog(gg.measured_s * 1e3, gg.predicted_s * 1e3, label=tag, **style(tag))
+    lo = min(g.measured_s.min(), g.predicted_s.min()) * 1e3 * 0.8
+    hi = max(g.measured_s.max(), g.predicted_s.max()) * 1e3 * 1.25
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.9")
+    ape = (g.predicted_s / g.measured_s - 1).abs().mean() * 100
+    ax.set_title(f"{title} (MAPE {ape:.1f} %)")
+    ax.set_xlabel("measured (ms)")
+    ax.set_ylabel("jaxmodel (ms)")
+    ax.legend(fontsize=legend_size, markerscale=markerscale)
+
+
 def _plot_ops(df: pd.DataFrame, path: Path):
     import matplotlib
     matplotlib.use("Agg")
@@ -165,19 +183,8 @@ def _plot_ops(df: pd.DataFrame, path: Path):
     fig, axes = plt.subplots(1, len(FAMILIES), figsize=(4.2 * len(FAMILIES), 4.2))
     markers = {"A100": "o", "MI210": "s", "TPUv3": "^"}
     for ax, fam in zip(axes, FAMILIES):
-        g = df[df.family == fam]
-        for tag, gg in g.groupby("device"):
-            ax.loglog(gg.measured_s * 1e3, gg.predicted_s * 1e3, markers[tag], ms=4,
-                      alpha=0.8, label=tag)
-        lo = min(g.measured_s.min(), g.predicted_s.min()) * 1e3 * 0.8
-        hi = max(g.measured_s.max(), g.predicted_s.max()) * 1e3 * 1.25
-        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-        ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.9")
-        ape = (g.predicted_s / g.measured_s - 1).abs().mean() * 100
-        ax.set_title(f"{fam} (MAPE {ape:.1f} %)")
-        ax.set_xlabel("measured (ms)")
-        ax.set_ylabel("jaxmodel (ms)")
-        ax.legend(fontsize=8)
+        parity_panel(ax, df[df.family == fam], "device", fam,
+                     lambda tag: dict(marker=markers[tag], ls="", ms=4, alpha=0.8))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

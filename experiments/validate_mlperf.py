@@ -12,11 +12,13 @@ communication overlapped with the GEMMs (Transformer Engine userbuffers), FP8 GE
 ``dgx_h100`` with ``nodes = GPUs / 8`` (the CoreWeave HGX H100 nodes have the same 8×NDR
 400 Gb/s fabric).
 
-The rows are a validation target: nothing here is fitted to them. Uncalibrated on H100 (see
-the printout): the sustained clock (1.0), the kernel launch overheads (A100 values), the
-collective constants of both network tiers (A100 / assumed) and the FP8 cast-kernel model.
-The measured time includes evaluation and logging inside run_start..run_stop, which the
-model does not see, so a small over-prediction of throughput is expected.
+The rows are a validation target: nothing here is fitted to them. The H100's sustained clock
+fraction and HBM efficiency come from its cuBLASLt FP8 and STREAM microbenchmarks
+(``experiments/calibrate.py``; printed with their provenance), its library-GEMM constants and
+launch overheads are the A100's, the NVLink constants are fitted on H100 all-reduce kernel
+times, the InfiniBand ones are the A100's / assumed. The measured time includes evaluation and
+logging inside run_start..run_stop, which the model does not see, so a small
+over-prediction of throughput is expected.
 
 Writes ``experiments/out/validate_mlperf.csv`` and ``.png``; prints predicted vs measured
 tokens/s and the MAPE for ``precision="fp8"`` (and, for reference, ``"bf16"``).
@@ -32,10 +34,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-import jaxmodel as jm  # noqa: I001  (imported before hw_db: the package wires hw_db up)
-import hw_db
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import jaxmodel as jm  # noqa: E402,I001  (imported before hw_db: the package wires hw_db up)
+import hw_db  # noqa: E402
 ANCHOR = next(p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors")
               if p.exists()) / "training" / "mlperf_v30_gpt3_175b_h100.csv"
 OUT = ROOT / "experiments" / "out"
@@ -87,10 +90,14 @@ def main(out: Path = OUT) -> pd.DataFrame:
           .to_string(index=False, float_format=lambda x: f"{x:,.1f}"))
     print(f"MAPE fp8 {mape['fp8']:.1f} %  (bf16 for reference {mape['bf16']:.1f} %)")
     dev = hw_db.device("h100_sxm")
-    print("uncalibrated on H100: sustained clock fraction 1.0 (training.toml lists A100 only), "
-          f"launch overheads {dev.matmul_overhead_s * 1e6:.1f}/{dev.gelu_overhead_s * 1e6:.1f} us "
-          "(A100 values), NVLink/InfiniBand collective constants (A100 / assumed), FP8 cast "
-          "kernels (Transformer Engine fusion assumed)")
+    print(f"H100: sustained clock fraction {float(dev.sustained_clock_fraction):.3f} "
+          f"({float(dev.freq_hz * dev.sustained_clock_fraction) / 1e9:.2f} GHz), HBM "
+          f"efficiency {float(dev.mem_bw_efficiency):.3f}: cuBLASLt FP8 / STREAM "
+          f"microbenchmarks (experiments/calibrate.py); matmul efficiency "
+          f"{float(dev.matmul_efficiency):.2f} and launch overheads from the A100")
+    d = df.sort_values("gpus")
+    print("signed error by GPU count (fp8): " + ", ".join(
+        f"{g}: {e:+.1f} %" for g, e in zip(d.gpus, d.fp8_err_pct)))
     _plot(df, mape, out / "validate_mlperf.png")
     return df
 

@@ -6,27 +6,19 @@ board's two constants (clock, GEMM weight stream) refitted on the subsample. Tar
 the task: GEMM MAPE <= 8 % overall and <= 12 % per token band, other families <= 15 %.
 """
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import hw_db
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
+
+import calibrate  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def calibrate():
-    spec = importlib.util.spec_from_file_location("calibrate",
-                                                  ROOT / "experiments" / "calibrate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_kernel_anchor_targets(anchors, calibrate):
+def test_kernel_anchor_targets(anchors):
     df = calibrate.load_kernel_anchors(anchors)
     assert len(df) == 6780 * 10
     sub = df.iloc[::37].reset_index(drop=True)          # every band, model, TP and family
