@@ -42,8 +42,9 @@ device (replicated over its TP group), ``E_loc = E/ep`` local experts:
 row                 kernel(s)
 ==================  ==========================================================================
 ``w1``, ``w2``      per active local expert: ``[m × d]×[d × (ffn_matrices−1)·d_ff/t]`` and
-                    ``[m × d_ff/t]×[d_ff/t × d]``; training: ``E_loc`` experts × ``m = ep·C``
-                    slots (``C`` from each of the ``ep`` senders)
+                    ``[m × d_ff/t]×[d_ff/t × d]``, one grouped kernel per projection when
+                    serving; training: ``E_loc`` experts × ``m = ep·C`` slots (``C`` from
+                    each of the ``ep`` senders), one kernel each
 ``act``             GELU / SwiGLU over the expert rows (``ffn_block`` of the dense layer)
 ``moe_router``      gating GEMM ``[T × d]×[d × E]``, softmax over ``[T, E]`` (one streaming
                     elementwise pass: ``E`` is narrow), top-k selection,
