@@ -18,9 +18,12 @@ Sources:
   ``g·⌈m/T_m⌉·⌈n/T_n⌉`` tiles of all experts share the cores (one wave-quantisation over the
   summed tile count), every active expert's weights streamed once. Costed by
   :func:`grouped_gemm`: the K-concatenated weight GEMM ``[m × g·k]×[g·k × n]`` through the
-  GEMM model, whose FLOPs ``2·g·m·n·k``, operand bytes ``(g·m·k + g·k·n)·word``, launch and
-  wave quantisation (split-K ``s = g`` gives exactly the grouped kernel's ``g``-fold work
-  units of depth ``k``) equal the grouped kernel's, and whose gradient GEMMs ``[m × n]×[n ×
+  GEMM model, whose FLOPs ``2·g·m·n·k``, operand bytes ``(g·m·k + g·k·n)·word`` and single
+  launch equal the grouped kernel's; its tiles are scheduled over the cores together (with
+  split-K ``s = g`` they would be exactly the grouped kernel's ``g·⌈m/T_m⌉·⌈n/T_n⌉`` work
+  units of depth ``k``; the library bound picks ``s`` from its own grid and charges a split-K
+  fix-up of ``2·s·m·n`` fp32 words the grouped kernel does not have, small next to the
+  weights when ``m`` is small), and whose gradient GEMMs ``[m × n]×[n ×
   g·k]`` and ``[g·k × m]×[m × n]`` are exactly the grouped ``dX`` and ``dW``; the ``(g−1)·m·n``
   output elements the concatenated form does not write are added as streamed bytes
   (:func:`grouped_extra_output`). Serving (dropless) uses it by default; capacity training keeps
