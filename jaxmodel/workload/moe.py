@@ -12,11 +12,31 @@ Sources:
   ``C = ⌈capacity_factor · k · S / E⌉`` token slots for a group of ``S`` tokens (one device's
   tokens); tokens beyond it are dropped, empty slots are zero padding, so the all-to-all volume
   is fixed, ``E · C · d · bytes`` per device and direction, independent of the load balance.
+- Grouped GEMM (CUTLASS ``GemmGrouped``; Megatron-core ``TEGroupedMLP``; vLLM / SGLang
+  ``fused_moe``; DeepSeek-AI's DeepGEMM grouped kernels): the ``g`` active experts of one
+  projection run as ONE kernel over ``g`` problems ``[m × k]×[k × n]``: one launch, the
+  ``g·⌈m/T_m⌉·⌈n/T_n⌉`` tiles of all experts share the cores (one wave-quantisation over the
+  summed tile count), every active expert's weights streamed once. Costed by
+  :func:`grouped_gemm`: the K-concatenated weight GEMM ``[m × g·k]×[g·k × n]`` through the
+  GEMM model, whose FLOPs ``2·g·m·n·k``, operand bytes ``(g·m·k + g·k·n)·word`` and single
+  launch equal the grouped kernel's; its tiles are scheduled over the cores together (with
+  split-K ``s = g`` they would be exactly the grouped kernel's ``g·⌈m/T_m⌉·⌈n/T_n⌉`` work
+  units of depth ``k``; the library bound picks ``s`` from its own grid and charges a split-K
+  fix-up of ``2·s·m·n`` fp32 words the grouped kernel does not have, small next to the
+  weights when ``m`` is small), and whose gradient GEMMs ``[m × n]×[n ×
+  g·k]`` and ``[g·k × m]×[m × n]`` are exactly the grouped ``dX`` and ``dW``; the ``(g−1)·m·n``
+  output elements the concatenated form does not write are added as streamed bytes
+  (:func:`grouped_extra_output`). Serving (dropless) uses it by default; capacity training keeps
+  the per-expert kernel loop of DeepSpeed-MoE (Rajbhandari et al. 2022) that Guo et al.
+  validate against (``grouped=True`` switches it on, as Megatron-core ``--moe-grouped-gemm``).
 - Dropless inference (Mixtral; Jiang et al. 2024, served by vLLM/TensorRT-LLM): no capacity
   padding; with ``T`` tokens routed uniformly at random, an expert receives at least one token
   with probability ``p = 1 − (1 − k/E)^T``, so ``E·p`` experts are *active* (their weights are
   read) and each processes ``k·T/(E·p)`` tokens on average; the all-to-all carries the ``k·T``
-  routed token copies.
+  routed token copies. (Expert ``e`` misses all ``T`` tokens with probability ``(1 − k/E)^T``:
+  each token picks ``k`` of ``E`` without replacement, missing ``e`` with probability
+  ``C(E−1, k)/C(E, k) = 1 − k/E``, tokens independent; linearity of expectation over the
+  ``E`` indicator variables gives ``E[active] = E·(1 − (1 − k/E)^T)``.)
 
 Per device with ``t = tp``, ``ep`` expert-parallel ranks, ``T`` tokens per micro-batch on the
 device (replicated over its TP group), ``E_loc = E/ep`` local experts:
@@ -25,8 +45,9 @@ device (replicated over its TP group), ``E_loc = E/ep`` local experts:
 row                 kernel(s)
 ==================  ==========================================================================
 ``w1``, ``w2``      per active local expert: ``[m × d]×[d × (ffn_matrices−1)·d_ff/t]`` and
-                    ``[m × d_ff/t]×[d_ff/t × d]``; training: ``E_loc`` experts × ``m = ep·C``
-                    slots (``C`` from each of the ``ep`` senders)
+                    ``[m × d_ff/t]×[d_ff/t × d]``, one grouped kernel per projection when
+                    serving; training: ``E_loc`` experts × ``m = ep·C`` slots (``C`` from
+                    each of the ``ep`` senders), one kernel each
 ``act``             GELU / SwiGLU over the expert rows (``ffn_block`` of the dense layer)
 ``moe_router``      gating GEMM ``[T × d]×[d × E]``, softmax over ``[T, E]`` (one streaming
                     elementwise pass: ``E`` is narrow), top-k selection,
@@ -55,7 +76,7 @@ from jaxmodel.workload import ffn as _ffn
 from jaxmodel.workload.params import expert_params, n_moe_layers
 
 __all__ = ["MOE_OPS", "moe_layer_fraction", "expert_capacity", "moe_dims",
-           "moe_feasibility", "ffn_rows", "alltoall_time", "expert_params_per_device",
+           "moe_feasibility", "grouped_gemm", "grouped_extra_output", "ffn_rows", "alltoall_time", "expert_params_per_device",
            "moe_activation_bytes", "moe_layer_times"]
 
 #: Extra per-layer rows of an MoE model (zero for dense models), after ``LAYER_OPS``.
@@ -147,14 +168,48 @@ def _safe(w, t):
     return nx.weighted(w, t)
 
 
+def grouped_gemm(groups, m, n, k, weight=1.0, grouped=True):
+    """Gemm rows ``[(Gemm, count)]`` of ``groups`` expert problems ``[m × k]×[k × n]`` (counts).
+
+    ``grouped``: one grouped kernel, as the K-concatenated GEMM ``[m × groups·k]×[groups·k ×
+    n]`` counted ``weight`` times (module docstring); else the per-expert loop, ``weight ·
+    groups`` kernels ``[m × k]×[k × n]``. ``groups`` may be fractional (expected active
+    experts). Both forms have the same FLOPs, ``2·groups·m·n·k`` per ``weight``.
+
+    Example:
+        >>> [(tuple(g[:3]), float(c)) for g, c in grouped_gemm(4.0, 2.0, 8.0, 16.0)]
+        [((2.0, 8.0, 64.0), 1.0)]
+    """
+    if grouped:
+        # no active expert (no tokens): no kernel, never an empty GEMM's +inf
+        return [(_ffn.Gemm(m, n, groups * k), jnp.where(groups > 0, weight, 0.0))]
+    return [(_ffn.Gemm(m, n, k), weight * groups)]
+
+
+def grouped_extra_output(dev, groups, m, n, dtype_bytes=2.0):
+    """Streaming time of the ``(groups − 1)·m·n`` elements of the per-expert ``[m × n]`` output
+    (forward; the output gradient read by each gradient GEMM in the backward) a grouped kernel
+    moves beyond its K-concatenated stand-in (:func:`grouped_gemm`), s: bytes over the memory bandwidth a
+    GEMM's operand stream reaches (the ``η_mem`` of :func:`jaxmodel.ops.gemm_latency`'s library
+    bound), no launch (the same kernel). 0 for ``groups ≤ 1``.
+    """
+    eff = jnp.where(dev.matmul_bw_efficiency > 0, dev.matmul_bw_efficiency,
+                    dev.mem_bw_efficiency)
+    extra = jnp.maximum(groups - 1.0, 0.0) * jnp.maximum(m, 0.0) * n * dtype_bytes
+    return nx.safe_div(extra, dev.mem_bw * eff, fill=jnp.inf)
+
+
 def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, backward=False,
-             dropless=False):
+             dropless=False, grouped=None):
     """FFN rows of one average layer: the dense FFN weighted ``1 − f``, the MoE FFN ``f``.
 
     Drop-in replacement of :func:`jaxmodel.workload.ffn.ffn_block` (same return format,
     ``(gemm_rows, vector_rows)``, counts may be arrays) adding the ``moe_router`` row. For a
-    dense model ``f = 0`` and the rows equal ``ffn_block``'s exactly.
+    dense model ``f = 0`` and the rows equal ``ffn_block``'s exactly. ``grouped`` (static;
+    None = ``dropless``): the routed experts of a projection as one grouped GEMM kernel
+    (:func:`grouped_gemm`) instead of one kernel per expert.
     """
+    grouped = dropless if grouped is None else bool(grouped)
     f = moe_layer_fraction(model)
     dense_g, dense_v = _ffn.ffn_block(dev, model, sh, tokens, dtype_bytes, backward)
     dims = moe_dims(model, par, tokens, dtype_bytes, dropless)
@@ -169,10 +224,11 @@ def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, b
     sh_s = sh._replace(d_ff=s_ff, ffn_in=(model.ffn_matrices - 1.0) * s_ff)
     fs = f * has_shared
     gemms = {"w1": [(g, (1.0 - f) * c) for g, c in dense_g["w1"]]
-             + [(G(m, sh_e.ffn_in, sh.d_model), f * n_exp),
-                (G(tokens, sh_s.ffn_in, sh.d_model), fs)],
+             + grouped_gemm(n_exp, m, sh_e.ffn_in, sh.d_model, f, grouped)
+             + [(G(tokens, sh_s.ffn_in, sh.d_model), fs)],
              "w2": [(g, (1.0 - f) * c) for g, c in dense_g["w2"]]
-             + [(G(m, sh.d_model, sh_e.d_ff), f * n_exp), (G(tokens, sh.d_model, s_ff), fs)],
+             + grouped_gemm(n_exp, m, sh.d_model, sh_e.d_ff, f, grouped)
+             + [(G(tokens, sh.d_model, s_ff), fs)],
              "moe_router": [(G(tokens, jnp.maximum(model.n_experts, 1.0), sh.d_model), f)]}
     _, moe_v = _ffn.ffn_block(dev, model, sh_e, n_exp * m, dtype_bytes, backward)
     _, shared_v = _ffn.ffn_block(dev, model, sh_s, tokens, dtype_bytes, backward)
@@ -195,6 +251,12 @@ def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, b
     else:
         bwd = jnp.zeros_like(fwd)
     vectors["moe_router"] = (_safe(f, fwd), _safe(f, bwd))
+    if grouped:
+        # the per-expert [m × n] tensors the concatenated stand-in holds once: the forward
+        # output, and the output gradient dC read by both gradient GEMMs (dX, dW)
+        for row, n_ in (("w1", sh_e.ffn_in), ("w2", sh.d_model)):
+            extra = _safe(f, grouped_extra_output(dev, n_exp, m, n_, dtype_bytes))
+            vectors[row] = (extra, 2.0 * extra if backward else jnp.zeros_like(extra))
     return gemms, vectors
 
 
