@@ -95,7 +95,7 @@ from jaxmodel.types import TOPOLOGIES, System, is_concrete, static_flag, validat
 
 __all__ = ["OPS", "ALGORITHMS", "ALGORITHM_CODES", "AUTO_ALGORITHM", "algorithm_code",
            "collective_latency", "collective_cost", "collective_feasible",
-           "level_algorithm_times", "NetVariant", "ANY_NET", "net_variant_of"]
+           "level_algorithm_times", "nccl_ring_latency", "NetVariant", "ANY_NET", "net_variant_of"]
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "p2p")
 ALGORITHMS = ("ring", "halving_doubling", "direct", "2d", "tree", "in_network")
@@ -628,6 +628,43 @@ def _guo_auto(times, topology, static_topology=None):
 _NET_OVERHEAD = 1.0e-6
 
 
+def _flat_ring_latency(system: System, members, net: NetVariant, f):
+    """NCCL's latency of a ring all-gather / reduce-scatter over the group ``members`` (per
+    tier), per protocol (LL, LL128, Simple), s (:func:`_flat_ring`)."""
+    K = len(system.levels)
+    links = []
+    any_net = jnp.asarray(False)
+    for k, lvl in enumerate(system.levels):
+        link = net.nccl_link(k)
+        links.append(jnp.asarray(lvl.nccl_link if link is None else link, dtype=f))
+        any_net = any_net | ((members[k] > 1.5) & (links[k] > 1.5))
+    # c[k]: ring steps crossing tier k or above
+    c = []
+    for k in range(K):
+        prod = jnp.asarray(1.0, dtype=f)
+        for j in range(k, K):
+            prod = prod * members[j]
+        c.append(jnp.maximum(prod - 1.0, 0.0))
+    c.append(jnp.asarray(0.0, dtype=f))
+    ovhd = _NET_OVERHEAD * jnp.asarray((1.0, 1.0, 3.0), dtype=f)
+    lat = jnp.asarray(nccl.BASE_LAT["ring"], dtype=f) * 1e-6
+    for k in range(K):
+        hw = nccl._by_link(nccl.HW_LAT["ring"], links[k])
+        hw = jnp.where(any_net & (links[k] < 1.5), jnp.maximum(hw, ovhd), hw)
+        lat = lat + (c[k] - c[k + 1]) * hw
+    return lat
+
+
+def nccl_ring_latency(system: System, group_size, stride=1.0):
+    """NCCL's latency of one ring all-gather / reduce-scatter call over ``group_size``
+    ranks ``stride`` devices apart, per protocol (LL, LL128, Simple), s — the cost of a
+    call beyond its bytes (NCCL 2.30.7 ``tuning.cc``; see :func:`_flat_ring`). Single
+    configuration."""
+    f = jnp.result_type(float)
+    members, _, _ = topo.placement(system, group_size, stride)
+    return _flat_ring_latency(system, members, ANY_NET, f)
+
+
 def _flat_ring(system: System, n, members, inner, g, net: NetVariant, f):
     """NCCL's all-gather / reduce-scatter on a group spanning several NCCL tiers: ONE ring
     over all ``g`` ranks (NCCL has no tree or hierarchical algorithm for them; PAT needs one
@@ -643,39 +680,22 @@ def _flat_ring(system: System, n, members, inner, g, net: NetVariant, f):
     Bandwidth: a pipelined ring runs at its slowest hop; every rank forwards
     ``(g−1)/g · n``, and tier ``k``'s hops of one lower-tier unit share the ``inner[k]``
     devices' links (NCCL's channels spread over the node's NICs, one per GPU on rail-optimised
-    nodes), so the time is ``max_k (g−1)/g · n / (inner[k] · B_k)``. Returns
+    nodes), so the time is ``max_k (g−1)/g · n / (inner[k] · B_k)``; Simple's per-chunk
+    overhead (:func:`_pipelined`) is paid on every step at its tier's ``chunk_latency``
+    (``S·c`` → ``Σ_k steps_k · c_k``). Returns
     ``(executed at the tuner's protocol, fastest executed)``.
     """
-    K = len(system.levels)
     gm1 = jnp.maximum(g - 1.0, 0.0)
-    any_net = jnp.asarray(False)
-    for k, lvl in enumerate(system.levels):
-        link = net.nccl_link(k)
-        link = lvl.nccl_link if link is None else link
-        any_net = any_net | ((members[k] > 1.5) & (jnp.asarray(link) > 1.5))
-    # c_k: ring steps crossing tier k or above
-    c = []
-    for k in range(K):
-        prod = jnp.asarray(1.0, dtype=f)
-        for j in range(k, K):
-            prod = prod * members[j]
-        c.append(jnp.maximum(prod - 1.0, 0.0))
-    c.append(jnp.asarray(0.0, dtype=f))
-    ovhd = jnp.stack([jnp.asarray(_NET_OVERHEAD, f), jnp.asarray(_NET_OVERHEAD, f),
-                      jnp.asarray(3.0 * _NET_OVERHEAD, f)])
-    lat = jnp.asarray(nccl.BASE_LAT["ring"], dtype=f) * 1e-6
+    lat = _flat_ring_latency(system, members, net, f)
     bwt = jnp.asarray(0.0, dtype=f)
     bus = jnp.asarray(INF, dtype=f)
     cl = jnp.asarray(0.0, dtype=f)
     llmax = jnp.asarray(0.0, dtype=f)
     channels = jnp.asarray(0.0, dtype=f)
+    c = [jnp.maximum(jnp.prod(jnp.stack(members[k:])) - 1.0, 0.0) for k in range(len(members))]
+    c.append(jnp.asarray(0.0, dtype=f))
     for k, lvl in enumerate(system.levels):
         active = members[k] > 1.5
-        link = net.nccl_link(k)
-        link = lvl.nccl_link if link is None else link
-        hw = nccl._by_link(nccl.HW_LAT["ring"], link)
-        hw = jnp.where(any_net & (jnp.asarray(link) < 1.5), jnp.maximum(hw, ovhd), hw)
-        lat = lat + (c[k] - c[k + 1]) * hw
         per_dev = lvl.bw_per_device
         cap = safe_div(lvl.bw_per_node, jnp.maximum(inner[k], 1.0), fill=jnp.inf)
         per_dev = jnp.where(lvl.bw_per_node > 0, jnp.minimum(per_dev, cap), per_dev)
@@ -684,7 +704,7 @@ def _flat_ring(system: System, n, members, inner, g, net: NetVariant, f):
         t_k = gm1 / jnp.maximum(g, 1.0) * n * overhead_factor(lvl, n / jnp.maximum(g, 1.0)) / b_k
         bwt = jnp.where(active, jnp.maximum(bwt, t_k), bwt)
         bus = jnp.where(active, jnp.minimum(bus, b_k), bus)
-        cl = jnp.where(active, jnp.maximum(cl, lvl.chunk_latency), cl)
+        cl = cl + (c[k] - c[k + 1]) * lvl.chunk_latency     # Σ steps · chunk overhead
         llmax = jnp.where(active, lvl.ll_max_bw, llmax)         # the outermost tier's
         channels = jnp.where(active & (lvl.nccl_channels > 0), lvl.nccl_channels, channels)
     bus = jnp.where(jnp.isfinite(bus), bus, 1.0)
@@ -692,7 +712,7 @@ def _flat_ring(system: System, n, members, inner, g, net: NetVariant, f):
     ll_t = jnp.where(llmax > 0, bwt * bus / jnp.where(llmax > 0, llmax, 1.0), 0.0)
     bwt_p = jnp.maximum(bwt_p, jnp.stack([ll_t, 0.0 * ll_t, 0.0 * ll_t]))
     cl_p = jnp.stack([0.0 * cl, 0.0 * cl, cl])
-    exe = _pipelined(lat, bwt_p * nccl.channel_factor("ring", n, g, channels), gm1, cl_p)
+    exe = _pipelined(lat, bwt_p * nccl.channel_factor("ring", n, g, channels), 1.0, cl_p)
     tune = lat + bwt_p
     return exe[jnp.argmin(tune)], jnp.min(exe)
 
