@@ -47,7 +47,12 @@ All-reduce = reduce-scatter + all-gather for ring, halving_doubling, direct and 
 spanning tiers uses the hierarchical composition: reduce-scatter on every inner tier,
 all-reduce on the outermost tier the group reaches (on ``n / Π inner members``), all-gather back
 down. ``"hierarchical"`` is accepted as a name for ``"auto"`` (the composition is always
-hierarchical). Each collective adds the largest ``base_latency`` among the tiers it uses
+hierarchical). Exception: all-gather and reduce-scatter over two or more NCCL tiers run as
+NCCL runs them, one flat ring over all ranks (NCCL has no tree or hierarchical algorithm for
+them): ``g − 1`` steps at NCCL's per-step latencies, the bandwidth of the slowest hop
+(:func:`_flat_ring`, NCCL 2.30.7 ``src/graph/tuning.cc``); ``"best"`` takes the faster of
+that ring and the composition. Each collective adds the largest ``base_latency`` among the
+tiers it uses
 (software/launch overhead, a calibration constant in hw_db), and a collective measured per
 kernel in a host-bound loop takes at least the largest ``launch_floor`` of its tiers (rank 0's
 kernel waits for the peers' later launches; 0 on systems that describe device-bound runs).

@@ -91,7 +91,8 @@ def call_overhead(system, group, stride=1.0, big_calls=0.0, small_calls=0.0,
 
     The flat ring over ``g`` ranks: :func:`jaxmodel.comm.collectives.nccl_ring_latency`
     (NCCL ``ncclTopoTuneModel``: ``nsteps = nRanks − 1`` for all-gather / reduce-scatter,
-    ``nNodes − 1`` of them across the network). A unit gathered as one flat parameter (FSDP) is ``big_calls = 1``,
+    ``nNodes − 1`` of them across the network). A unit gathered as one flat parameter (FSDP)
+    is ``big_calls = 1``,
     ``small_calls = 0``, ``list_api = 0``, whose latency the collective model has already:
     the caller adds this only for the calls beyond it. Units: s.
     """
