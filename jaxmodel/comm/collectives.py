@@ -47,7 +47,12 @@ All-reduce = reduce-scatter + all-gather for ring, halving_doubling, direct and 
 spanning tiers uses the hierarchical composition: reduce-scatter on every inner tier,
 all-reduce on the outermost tier the group reaches (on ``n / Π inner members``), all-gather back
 down. ``"hierarchical"`` is accepted as a name for ``"auto"`` (the composition is always
-hierarchical). Each collective adds the largest ``base_latency`` among the tiers it uses
+hierarchical). Exception: all-gather and reduce-scatter over two or more NCCL tiers run as
+NCCL runs them, one flat ring over all ranks (NCCL has no tree or hierarchical algorithm for
+them): ``g − 1`` steps at NCCL's per-step latencies, the bandwidth of the slowest hop
+(:func:`_flat_ring`, NCCL 2.30.7 ``src/graph/tuning.cc``); ``"best"`` takes the faster of
+that ring and the composition. Each collective adds the largest ``base_latency`` among the
+tiers it uses
 (software/launch overhead, a calibration constant in hw_db), and a collective measured per
 kernel in a host-bound loop takes at least the largest ``launch_floor`` of its tiers (rank 0's
 kernel waits for the peers' later launches; 0 on systems that describe device-bound runs).
@@ -95,7 +100,7 @@ from jaxmodel.types import TOPOLOGIES, System, is_concrete, static_flag, validat
 
 __all__ = ["OPS", "ALGORITHMS", "ALGORITHM_CODES", "AUTO_ALGORITHM", "algorithm_code",
            "collective_latency", "collective_cost", "collective_feasible",
-           "level_algorithm_times", "NetVariant", "ANY_NET", "net_variant_of"]
+           "level_algorithm_times", "nccl_ring_latency", "NetVariant", "ANY_NET", "net_variant_of"]
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "p2p")
 ALGORITHMS = ("ring", "halving_doubling", "direct", "2d", "tree", "in_network")
@@ -623,6 +628,134 @@ def _guo_auto(times, topology, static_topology=None):
     return jnp.where(jnp.isfinite(auto), auto, jnp.min(times))  # e.g. all-to-all: direct only
 
 
+# NCCL 2.30.7 ``src/graph/tuning.cc`` ``getNetOverhead``: per-step host overhead of a ring
+# that crosses nodes (µs; x86 Intel and other CPUs 1.0, AMD 2.0; Simple ×3).
+_NET_OVERHEAD = 1.0e-6
+
+
+def _flat_ring_latency(system: System, members, net: NetVariant, f):
+    """NCCL's latency of a ring all-gather / reduce-scatter over the group ``members`` (per
+    tier), per protocol (LL, LL128, Simple), s (:func:`_flat_ring`)."""
+    K = len(system.levels)
+    links = []
+    any_net = jnp.asarray(False)
+    for k, lvl in enumerate(system.levels):
+        link = net.nccl_link(k)
+        links.append(jnp.asarray(lvl.nccl_link if link is None else link, dtype=f))
+        any_net = any_net | ((members[k] > 1.5) & (links[k] > 1.5))
+    # c[k]: ring steps crossing tier k or above
+    c = []
+    for k in range(K):
+        prod = jnp.asarray(1.0, dtype=f)
+        for j in range(k, K):
+            prod = prod * members[j]
+        c.append(jnp.maximum(prod - 1.0, 0.0))
+    c.append(jnp.asarray(0.0, dtype=f))
+    ovhd = _NET_OVERHEAD * jnp.asarray((1.0, 1.0, 3.0), dtype=f)
+    lat = jnp.asarray(nccl.BASE_LAT["ring"], dtype=f) * 1e-6
+    for k in range(K):
+        hw = nccl._by_link(nccl.HW_LAT["ring"], links[k])
+        hw = jnp.where(any_net & (links[k] < 1.5), jnp.maximum(hw, ovhd), hw)
+        lat = lat + (c[k] - c[k + 1]) * hw
+    return lat
+
+
+def nccl_ring_latency(system: System, group_size, stride=1.0):
+    """NCCL's latency of one ring all-gather / reduce-scatter call over ``group_size``
+    ranks ``stride`` devices apart, per protocol (LL, LL128, Simple), s — the cost of a
+    call beyond its bytes (NCCL 2.30.7 ``tuning.cc``; see :func:`_flat_ring`). Single
+    configuration."""
+    f = jnp.result_type(float)
+    members, _, _ = topo.placement(system, group_size, stride)
+    return _flat_ring_latency(system, members, ANY_NET, f)
+
+
+def _flat_ring(system: System, n, members, inner, g, net: NetVariant, f):
+    """NCCL's all-gather / reduce-scatter on a group spanning several NCCL tiers: ONE ring
+    over all ``g`` ranks (NCCL has no tree or hierarchical algorithm for them; PAT needs one
+    GPU per node, NVLS/CollNet across nodes need SHARP plugins).
+
+    Source: NVIDIA NCCL 2.30.7 ``src/graph/tuning.cc`` ``ncclTopoTuneModel``: ``nsteps =
+    nRanks − 1``; latency ``baseLat + (nsteps − nInterSteps) · intraLat + nInterSteps ·
+    interLat`` with ``nInterSteps = nNodes − 1``, ``intraLat = max(hwLat[intra][ring][p],
+    netOverhead)`` (``getNetOverhead``, ×3 for Simple) and ``interLat = hwLat[NET][ring][p]``;
+    bus bandwidth ``nChannels · bwInter`` (``nNodes > 2``), LL ½ capped at ``llMaxBw``, LL128
+    0.92. Generalised to ``K`` tiers: the steps whose highest crossed tier is ``k`` number
+    ``c_k − c_{k+1}`` with ``c_k = Π_{j≥k} m_j − 1``, each at tier ``k``'s per-step latency.
+    Bandwidth: a pipelined ring runs at its slowest hop; every rank forwards
+    ``(g−1)/g · n``, and tier ``k``'s hops of one lower-tier unit share the ``inner[k]``
+    devices' links (NCCL's channels spread over the node's NICs, one per GPU on rail-optimised
+    nodes), so the time is ``max_k (g−1)/g · n / (inner[k] · B_k)``; Simple's per-chunk
+    overhead (:func:`_pipelined`) is paid on every step at its tier's ``chunk_latency``
+    (``S·c`` → ``Σ_k steps_k · c_k``). Returns
+    ``(executed at the tuner's protocol, fastest executed)``.
+    """
+    gm1 = jnp.maximum(g - 1.0, 0.0)
+    lat = _flat_ring_latency(system, members, net, f)
+    bwt = jnp.asarray(0.0, dtype=f)
+    bus = jnp.asarray(INF, dtype=f)
+    cl = jnp.asarray(0.0, dtype=f)
+    llmax = jnp.asarray(0.0, dtype=f)
+    channels = jnp.asarray(0.0, dtype=f)
+    c = [jnp.maximum(jnp.prod(jnp.stack(members[k:])) - 1.0, 0.0) for k in range(len(members))]
+    c.append(jnp.asarray(0.0, dtype=f))
+    for k, lvl in enumerate(system.levels):
+        active = members[k] > 1.5
+        per_dev = lvl.bw_per_device
+        cap = safe_div(lvl.bw_per_node, jnp.maximum(inner[k], 1.0), fill=jnp.inf)
+        per_dev = jnp.where(lvl.bw_per_node > 0, jnp.minimum(per_dev, cap), per_dev)
+        raw = per_dev * lvl.efficiency * inner[k]
+        b_k = jnp.where(raw > 0, raw, 1.0)
+        t_k = gm1 / jnp.maximum(g, 1.0) * n * overhead_factor(lvl, n / jnp.maximum(g, 1.0)) / b_k
+        bwt = jnp.where(active, jnp.maximum(bwt, t_k), bwt)
+        bus = jnp.where(active, jnp.minimum(bus, b_k), bus)
+        cl = cl + (c[k] - c[k + 1]) * lvl.chunk_latency     # Σ steps · chunk overhead
+        llmax = jnp.where(active, lvl.ll_max_bw, llmax)         # the outermost tier's
+        channels = jnp.where(active & (lvl.nccl_channels > 0), lvl.nccl_channels, channels)
+    bus = jnp.where(jnp.isfinite(bus), bus, 1.0)
+    bwt_p = bwt / jnp.asarray((0.5, 0.92, 1.0), dtype=f)
+    ll_t = jnp.where(llmax > 0, bwt * bus / jnp.where(llmax > 0, llmax, 1.0), 0.0)
+    bwt_p = jnp.maximum(bwt_p, jnp.stack([ll_t, 0.0 * ll_t, 0.0 * ll_t]))
+    cl_p = jnp.stack([0.0 * cl, 0.0 * cl, cl])
+    exe = _pipelined(lat, bwt_p * nccl.channel_factor("ring", n, g, channels), 1.0, cl_p)
+    tune = lat + bwt_p
+    return exe[jnp.argmin(tune)], jnp.min(exe)
+
+
+def _flat_ring_override(system, n, members, inner, g, algorithm, net, total, f):
+    """Replace the hierarchical all-gather / reduce-scatter time by NCCL's flat ring
+    (:func:`_flat_ring`) when the group spans two or more tiers, all of them NCCL tiers:
+    ``auto`` and ``ring`` run the ring, ``best`` the faster of the ring and the hierarchical
+    composition; other named algorithms keep the composition."""
+    K = len(system.levels)
+    if K < 2:
+        return total
+    n_active = jnp.asarray(0.0, dtype=f)
+    all_nccl = jnp.asarray(True)
+    for k, lvl in enumerate(system.levels):
+        active = members[k] > 1.5
+        n_active = n_active + jnp.where(active, 1.0, 0.0)
+        st = net.is_nccl(k)
+        if st is False:
+            all_nccl = all_nccl & ~active
+        elif st is None:
+            all_nccl = all_nccl & (~active | (lvl.nccl_link > -0.5))
+    multi = (n_active > 1.5) & all_nccl
+    ring_t, best_t = _flat_ring(system, n, members, inner, g, net, f)
+    ring_code = float(ALGORITHM_CODES.index("ring"))
+    if isinstance(algorithm, str):
+        code = float(ALGORITHM_CODES.index(algorithm))
+        if code == 1.0:
+            return jnp.where(multi, jnp.minimum(best_t, total), total)
+        if code in (0.0, ring_code):
+            return jnp.where(multi, ring_t, total)
+        return total
+    code = jnp.round(jnp.asarray(algorithm, dtype=f))
+    flat = jnp.where(code == 1.0, jnp.minimum(best_t, total), ring_t)
+    use = multi & ((code == 0.0) | (code == 1.0) | (code == ring_code))
+    return jnp.where(use, flat, total)
+
+
 def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", stride=1.0,
           net: NetVariant = ANY_NET):
     """Single-configuration collective model: ``(latency_s, feasible, reason)``.
@@ -702,6 +835,9 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
         used_any = used_any | (active & used)
         base = jnp.maximum(base, jnp.where(active, lvl.base_latency, 0.0))
         floor = jnp.maximum(floor, jnp.where(active, lvl.launch_floor, 0.0))
+
+    if op in ("all_gather", "reduce_scatter"):
+        total = _flat_ring_override(system, n, members, inner, g, algorithm, net, total, f)
 
     feasible, reason = first_reason([
         (net_ok, "invalid_network"),

@@ -43,7 +43,8 @@ all-gather and one reduce-scatter *per parameter tensor* through the list form o
 ``torch.distributed`` (one output/input view per rank), and PyTorch's ``ProcessGroupNCCL``
 flattens that list with one copy kernel per rank. Every call then costs, beyond its bytes,
 NCCL's ring latency over the flat ring of all ``g`` ranks — all-gather and reduce-scatter
-have no tree in NCCL: ``baseLat + (g − nodes)·hwLat[NVLink] + (nodes − 1)·hwLat[NET]``
+have no tree in NCCL: ``baseLat + (g − nodes)·max(hwLat[NVLink], netOverhead) + (nodes −
+1)·hwLat[NET]``
 (NCCL's tuning constants, :mod:`jaxmodel.comm.nccl`; LL for small tensors, Simple for the
 weight matrices) — plus ``g`` copy kernels (``Device.add_overhead_s`` each, the floor of a
 small elementwise kernel). Both grow with ``g``: at fixed global batch the compute per device
@@ -64,7 +65,7 @@ import jax.numpy as jnp
 
 from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
-from jaxmodel.comm import nccl as _nccl
+from jaxmodel.comm import collectives as _coll
 from jaxmodel.parallel import overlap as ov
 
 ZERO3_KEYS = ("compute", "exposed_comm", "contention", "gather", "reduce_scatter",
@@ -88,24 +89,17 @@ def call_overhead(system, group, stride=1.0, big_calls=0.0, small_calls=0.0,
     ``small_calls`` vectors (biases, norm weights) at its LL ring latency, and with
     ``list_api`` one copy kernel per rank and call (``Device.add_overhead_s``).
 
-    The flat ring over ``g`` ranks spans ``nodes = g / (devices of the innermost tier /
-    stride)`` nodes: ``g − nodes`` steps on the innermost tier's link class, ``nodes − 1``
-    across the network (NCCL ``ncclTopoTuneModel``: ``nsteps = nRanks − 1`` for all-gather /
-    reduce-scatter). A unit gathered as one flat parameter (FSDP) is ``big_calls = 1``,
+    The flat ring over ``g`` ranks: :func:`jaxmodel.comm.collectives.nccl_ring_latency`
+    (NCCL ``ncclTopoTuneModel``: ``nsteps = nRanks − 1`` for all-gather / reduce-scatter,
+    ``nNodes − 1`` of them across the network). A unit gathered as one flat parameter (FSDP)
+    is ``big_calls = 1``,
     ``small_calls = 0``, ``list_api = 0``, whose latency the collective model has already:
     the caller adds this only for the calls beyond it. Units: s.
     """
     f = jnp.result_type(float)
     g = jnp.maximum(jnp.asarray(group, dtype=f), 1.0)
-    inner = system.levels[0]
-    per_node = jnp.clip(inner.size / jnp.maximum(jnp.asarray(stride, dtype=f), 1.0), 1.0, g)
-    nodes = jnp.where(len(system.levels) > 1, jnp.maximum(g / per_node, 1.0), 1.0)
-    link = jnp.maximum(inner.nccl_link, 0.0)
-    # per protocol (LL, LL128, Simple): baseLat + (g − nodes) steps inside the nodes, then
-    # (nodes − 1) network steps of hwLat[NET] each
-    lat = (_nccl.latency("ring", "all_gather", g - nodes + 1.0, link)
-           + (nodes - 1.0) * (_nccl.latency("ring", "all_gather", 2.0, _nccl.NET)
-                              - _nccl.latency("ring", "all_gather", 1.0, _nccl.NET)))
+    # per protocol (LL, LL128, Simple): NCCL's flat-ring latency over the g ranks
+    lat = _coll.nccl_ring_latency(system, jnp.where(g > 1.5, g, 2.0), stride)
     multi = g > 1.5
     ring = big_calls * lat[2] + small_calls * lat[0]
     copies = list_api * (big_calls + small_calls) * g * system.device.add_overhead_s

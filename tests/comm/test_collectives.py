@@ -295,3 +295,29 @@ def test_static_net_variant_every_algorithm_every_topology():
     _static_vs_traced(systems, ("auto", "best", "ring", "halving_doubling", "tree",
                                 "in_network", "2d"),
                       [0.0, 2.0**11, 2.0**20, 2.0**27], [2.0, 4.0, 8.0, 16.0], [1.0, 2.0])
+
+
+def test_all_gather_across_nccl_tiers_is_one_flat_ring():
+    """NCCL 2.30.7 tuning.cc: all-gather / reduce-scatter over several nodes is one ring of
+    g − 1 steps, nNodes − 1 of them at the network's per-step latency; with no bytes the
+    tuner picks LL: baseLat + (g − nodes)·max(hwLat[NVLink], netOverhead) + (nodes − 1)·
+    hwLat[NET] (µs: 6.6, 0.6 vs 1.0, 2.7)."""
+    s = hw_db.system("dgx_a100", nodes=8)
+    t = {g: float(jm.collective_latency(s, "all_gather", 0.0, g)) for g in (16, 32, 64)}
+    step = lambda g: ((g - g // 8) * 1.0 + (g // 8 - 1) * 2.7) * 1e-6  # noqa: E731
+    assert t[32] - t[16] == pytest.approx(step(32) - step(16), rel=1e-6)
+    assert t[64] - t[32] == pytest.approx(step(64) - step(32), rel=1e-6)
+    rs = float(jm.collective_latency(s, "reduce_scatter", 0.0, 64))
+    assert rs == pytest.approx(t[64], rel=1e-9)
+    # large buffers: bandwidth of the slowest hop, not the sum of the tiers' times
+    big = 2.0**30
+    flat = float(jm.collective_latency(s, "all_gather", big, 64, algorithm="ring"))
+    hier = float(jm.collective_latency(s, "all_gather", big, 64, algorithm="halving_doubling"))
+    best = float(jm.collective_latency(s, "all_gather", big, 64, algorithm="best"))
+    assert best <= min(flat, hier) * (1 + 1e-9)
+    nic = s.levels[1]
+    bw_t = 63 / 64 * big / (8 * float(nic.bw_per_device) * float(nic.efficiency))
+    assert flat >= bw_t
+    # one node only: the single-tier model, unchanged
+    one = float(jm.collective_latency(s, "all_gather", big, 8, algorithm="ring"))
+    assert one < flat

@@ -81,7 +81,7 @@ def test_comm_bound_throughput_falls_as_one_over_devices():
     """Fixed global batch: compute per device ∝ 1/N, communication per device ~ constant
     (3Ψ): once communication dominates, throughput per device ∝ 1/step/N falls ~1/N."""
     psi, n = 175e9, 96.0
-    cf, cb = 0.10, 0.30              # per layer for 384 devices' share of the batch
+    cf, cb = 0.05, 0.15              # per layer for 384 devices' share of the batch
     tput = []
     for k, nodes in enumerate((48, 96, 192, 384)):
         s = hw_db.system("dgx_a100", nodes=nodes)
@@ -90,7 +90,9 @@ def test_comm_bound_throughput_falls_as_one_over_devices():
         assert float(z["total"]) >= floor * (1 - 1e-9)
         tput.append(1.0 / (float(z["total"]) * 8 * nodes))
     ratios = np.array(tput[1:]) / np.array(tput[:-1])
-    assert ratios[-1] == pytest.approx(0.5, abs=0.05)     # deep in the comm-bound regime
+    # deep in the comm-bound regime: ~1/N, a little faster (NCCL's flat ring over all ranks
+    # has N − 1 steps, its latency grows with N)
+    assert 0.4 < ratios[-1] < 0.55
     assert np.all(ratios < 1.0)
 
 
@@ -163,11 +165,12 @@ def test_float32(float32, sys2):
 
 def test_per_tensor_call_overhead_hand_value():
     """384 ranks on 48 DGX A100 nodes: NCCL flat ring, 336 NVLink steps + 47 network steps.
-    Simple: 8.4 + 336·3.4 + 47·14 µs; LL: 6.6 + 336·0.6 + 47·2.7 µs (NCCL's tuning
-    constants); list API: one copy kernel (add_overhead_s) per rank and call."""
+    Simple: 8.4 + 336·max(3.4, 3·1.0) + 47·14 µs; LL: 6.6 + 336·max(0.6, 1.0) + 47·2.7 µs
+    (NCCL's tuning constants and netOverhead of a ring across nodes); list API: one copy
+    kernel (add_overhead_s) per rank and call."""
     s = hw_db.system("dgx_a100", nodes=48)
     simple = (8.4 + 336 * 3.4 + 47 * 14.0) * 1e-6
-    ll = (6.6 + 336 * 0.6 + 47 * 2.7) * 1e-6
+    ll = (6.6 + 336 * 1.0 + 47 * 2.7) * 1e-6
     assert float(zero.call_overhead(s, 384.0, 1.0, 1.0, 0.0, 0.0)) == pytest.approx(simple,
                                                                                     rel=1e-5)
     assert float(zero.call_overhead(s, 384.0, 1.0, 0.0, 1.0, 0.0)) == pytest.approx(ll,
