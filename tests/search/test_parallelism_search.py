@@ -32,8 +32,9 @@ def brute_force(model, n, gb):
                     continue
                 if sched == 2 and (pp == 1 or v < 2 or L % (pp * v) or m % pp):
                     continue
+                # attention kernels: the search's default, standard and FlashAttention-2
                 for sp, ep, rc, z, fa in itertools.product((0, 1), range(1, E + 1), (0, 1, 2),
-                                                           (0, 1, 2, 3), (0, 1)):
+                                                           (0, 1, 2, 3), (0, 2)):
                     # experts are sharded over data-parallel ranks: ep | E and ep | dp
                     if (sp and tp == 1) or E % ep or dp % ep or (z and dp == 1):
                         continue
