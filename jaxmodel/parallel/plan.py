@@ -22,7 +22,8 @@ interleave, recompute and ZeRO fields exist only in training; an inference repli
 
 Rules of the hardware (``invalid_device``, ``buffer_too_small``, ``invalid_network``,
 ``topology_mismatch``) need the :class:`~jaxmodel.types.System` and are evaluated with jnp
-only (:func:`system_checks`). Results that are still not finite after all rules (a device
+only (:func:`system_checks`; at the API edge the network rules run as one jitted call, the
+device rules in numpy when hw_db loads the device). Results that are still not finite after all rules (a device
 so slow that a time overflows, e.g. ``mem_bw = 1e-30``) are attributed by
 :func:`finite_checks` to the device (compute) or the network (collectives). Memory is the
 last rule (``out_of_memory``), added by the callers once they know the footprint.
