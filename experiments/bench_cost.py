@@ -20,11 +20,9 @@ import dataclasses
 import time
 from pathlib import Path
 
-_t0 = time.perf_counter()
-import jaxmodel as jm  # noqa: E402,I001  (first: its import time is measured)
-IMPORT_S = time.perf_counter() - _t0
-CACHE = jm.runtime.cache_state()
-print(f"import jaxmodel {IMPORT_S:.2f} s; persistent compilation cache: {CACHE}", flush=True)
+from _bench import import_jaxmodel
+
+jm, IMPORT_S, CACHE = import_jaxmodel()   # first: its import time is measured
 
 import jax
 import jax.numpy as jnp

@@ -30,10 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-_t0 = time.perf_counter()
-import jaxmodel as jm  # noqa: E402  (first: its import time is measured)
-IMPORT_S = time.perf_counter() - _t0
-CACHE = jm.runtime.cache_state()
+from _bench import import_jaxmodel  # noqa: E402
+
+jm, IMPORT_S, CACHE = import_jaxmodel()   # first: its import time is measured
 
 import numpy as np  # noqa: E402
 import jax  # noqa: E402
@@ -83,7 +82,6 @@ def main(n: int = N_POINTS):
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, "
           f"{os.cpu_count()} CPUs visible, float64={jax.config.jax_enable_x64}, "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"  import jaxmodel: {IMPORT_S:.2f} s; persistent compilation cache: {CACHE}")
 
     t0 = time.perf_counter()
     pre, dec = design_points(system, model, par)

@@ -100,9 +100,16 @@ def _reason_name(code) -> str:
     return REASONS[c] if 0 <= c < len(REASONS) else f"code_{c}"
 
 
+def _is_frame(data) -> bool:
+    """True for a pandas DataFrame, without importing pandas (a command that returns a frame
+    has imported it)."""
+    pd = sys.modules.get("pandas")
+    return pd is not None and isinstance(data, pd.DataFrame)
+
+
 def _emit(data: Any, fmt: str, out: str | None, stream) -> None:
-    import pandas as pd
-    if isinstance(data, pd.DataFrame):
+    if _is_frame(data):
+        import pandas as pd
         if "reason" in data.columns and pd.api.types.is_numeric_dtype(data["reason"]):
             data = data.assign(reason_code=data["reason"].astype(int),
                                reason=[_reason_name(r) for r in data["reason"]])
@@ -762,8 +769,7 @@ def _check_args(a) -> None:
 
 def _status(a, result) -> int:
     """1 (with the reason on stderr) when the requested answer is infeasible, else 0."""
-    import pandas as pd
-    if isinstance(result, pd.DataFrame):
+    if _is_frame(result):
         if "feasible" in result.columns and len(result) and not result["feasible"].any():
             reasons = result["reason"].map(_reason_name).value_counts().to_dict() \
                 if "reason" in result.columns else {}

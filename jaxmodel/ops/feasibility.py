@@ -16,7 +16,9 @@ need more (such a GEMM returns ``+inf`` by itself). Inside a batch an infeasible
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import types
 
 import jax.numpy as jnp
 import numpy as np
@@ -50,13 +52,23 @@ def ops_feasible(dev):
 ops_feasible.single = _ops_feasible_single
 
 
+def _numpy_device(dev):
+    """The numeric fields of a concrete device as numpy arrays (the models' float dtype),
+    with a trailing axis of length 1 for the candidates of :func:`tile_fits`."""
+    dtype = jnp.result_type(float)
+    return types.SimpleNamespace(**{
+        f.name: np.asarray(getattr(dev, f.name), dtype=dtype)[..., None]
+        for f in dataclasses.fields(dev) if not isinstance(getattr(dev, f.name), str)})
+
+
 def validate_device_for_ops(dev, where: str = "Device"):
     """Validate a concrete device for the operator models; raise ``ValueError`` if unusable.
 
     Runs :func:`jaxmodel.validate_device` (field ranges) and then checks that some GEMM tile
     of the search grid fits the buffers (:func:`tile_fits`), naming the binding buffer field
     and its value otherwise: the local buffer when a tile would fit with an unbounded local
-    buffer, else the global buffer.
+    buffer, else the global buffer. Evaluated in numpy (the same rules as the batched
+    :func:`ops_feasible`, over the numpy namespace).
     Returns ``dev``.
 
     Example:
@@ -66,15 +78,14 @@ def validate_device_for_ops(dev, where: str = "Device"):
         ...
         ValueError: Device: field 'local_buffer_bytes' = 1024.0 is too small for any GEMM tile ...
     """
-    import dataclasses
-
     validate_device(dev, where)
-    fits = np.asarray(ops_feasible(dev)[0])
-    if np.all(fits):
-        return dev
-    no_local_limit = dataclasses.replace(
-        dev, local_buffer_bytes=jnp.full(jnp.shape(dev.local_buffer_bytes), jnp.inf))
-    local_binding = np.asarray(batched(tile_fits)(no_local_limit))
+    d = _numpy_device(dev)
+    with np.errstate(invalid="ignore"):      # the rules in numpy: no dispatch, no compile
+        fits = _device_ok(d, np)[..., 0] & tile_fits(d, xp=np)
+        if np.all(fits):
+            return dev
+        local_binding = tile_fits(types.SimpleNamespace(**{**vars(d), "local_buffer_bytes": np.inf}),
+                                  xp=np)
     if np.any(~fits & local_binding):
         field = "local_buffer_bytes"
         need = np.max(np.asarray(min_local_bytes(np.asarray(dev.sa_rows, dtype=float),

@@ -280,15 +280,16 @@ def _rates(dev):
     return freq, dram, l2bw, vec_core, cores
 
 
-def _device_ok(dev):
-    """True where every field the operator models divide by is positive."""
+def _device_ok(dev, xp=jnp):
+    """True where every field the operator models divide by is positive (``xp``: numpy or
+    jax.numpy)."""
     fields = (dev.freq_hz, dev.core_count, dev.lanes_per_core, dev.vector_width,
               dev.vector_flops_per_cycle, dev.sa_rows, dev.sa_cols, dev.sa_mac_per_cycle,
               dev.local_buffer_bytes, dev.global_buffer_bytes, dev.global_buffer_bytes_per_cycle,
               dev.mem_bw, dev.mem_bw_efficiency, dev.exp_flops, dev.vector_dtype_bytes)
-    ok = jnp.asarray(True)
+    ok = xp.asarray(True)
     for x in fields:
-        ok = ok & (x > 0) & jnp.isfinite(x)
+        ok = ok & (x > 0) & xp.isfinite(x)
     return ok
 
 
@@ -310,20 +311,21 @@ def min_global_bytes():
 _UNCLIPPED = float(2.0 * np.max(GRID[:3]))
 
 
-def tile_fits(dev, word=_MIN_WORD):
+def tile_fits(dev, word=_MIN_WORD, xp=jnp):
     """True where some unclipped candidate of the grid fits both buffers (single config).
 
-    The search's own mask (:func:`_candidate_cycles`) on a problem larger than every grid
+    The search's own mask (:func:`_tiles`, read by :func:`_candidate_cycles`) on a problem
+    larger than every grid
     tile, reduced with ``any``: the L1 tile (double buffered) in the local buffer *and* the
     L2 working set in the global buffer, at ``word`` bytes per element (fp16 by default).
     Smaller problems clip their tiles and need less, so where this holds every GEMM of that
-    word size has a mapping. Only the mask is used; the cost terms are dead code under
-    ``jit``. The device-level feasibility of every operator model
-    (:func:`device_feasible`, :func:`jaxmodel.ops.ops_feasible`).
+    word size has a mapping. The device-level feasibility of every operator model
+    (:func:`device_feasible`, :func:`jaxmodel.ops.ops_feasible`). ``xp``: numpy (concrete
+    checks; device fields may carry batch axes before a trailing axis of length 1) or
+    jax.numpy.
     """
-    big = _f(_UNCLIPPED)
-    _, mask = _candidate_cycles(dev, big, big, big, word)
-    return jnp.any(mask)
+    big = xp.asarray(_UNCLIPPED, dtype=jnp.result_type(float))
+    return xp.any(_tiles(xp, dev, big, big, big, word)[-1], axis=-1)
 
 
 def device_feasible(dev):
@@ -341,6 +343,35 @@ def _cdiv(a, b):
 
 
 
+def _tiles(xp, dev, m, n, k, word):
+    """Tiles of every candidate mapping of one ``[m×k]·[k×n]`` GEMM (``m, n, k >= 1``) and
+    whether they fit the buffers; ``xp`` is jax.numpy or numpy (concrete checks).
+
+    Returns ``(H, W, TM, TN, TK, tm, tn, tk, ws2, mask)``: the systolic array (sanitised),
+    the L2 and L1 tiles, the L2 working set (bytes) and the fit mask, shape ``(C,)``.
+    """
+    H = xp.where(dev.sa_rows > 0, dev.sa_rows, 1.0)              # nx.sanitize
+    W = xp.where(dev.sa_cols > 0, dev.sa_cols, 1.0)
+    g = xp.asarray(GRID, dtype=jnp.result_type(float))          # (5, C)
+    # ---- L2 tile (clipped to the problem) ---------------------------------------------
+    TM = xp.minimum(g[0], m)
+    TN = xp.minimum(g[1], n)
+    TK = xp.minimum(g[2], k)
+    ws2 = (TM * TN + TN * TK + TM * TK) * word
+    fit2 = ws2 <= dev.global_buffer_bytes
+
+    # ---- L1 tile: tm = tn a multiple of the systolic array (clipped); tk from the static set
+    # L1_TK (the fifth grid row), each mapping masked where the double-buffered
+    # working set overflows the local buffer: a bigger local buffer only unmasks candidates,
+    # so it is never slower ------------------------------------------------------------------
+    t1 = g[3] * xp.maximum(H, W)
+    tm = xp.minimum(t1, TM)
+    tn = xp.minimum(t1, TN)
+    tk = xp.minimum(g[4], TK)
+    fit1 = 2.0 * (tm * tn + tk * (tm + tn)) * word <= dev.local_buffer_bytes
+    return H, W, TM, TN, TK, tm, tn, tk, ws2, fit1 & fit2
+
+
 def _candidate_cycles(dev, m, n, k, word):
     """Cycles of every candidate mapping of one ``[m×k]·[k×n]`` GEMM (single config).
 
@@ -351,8 +382,6 @@ def _candidate_cycles(dev, m, n, k, word):
     """
     freq, dram, l2bw, vec_core, cores = _rates(dev)
     lanes = nx.sanitize(dev.lanes_per_core, dev.lanes_per_core > 0)
-    H = nx.sanitize(dev.sa_rows, dev.sa_rows > 0)
-    W = nx.sanitize(dev.sa_cols, dev.sa_cols > 0)
     mac = nx.sanitize(dev.sa_mac_per_cycle, dev.sa_mac_per_cycle > 0)
     # reciprocals once per config: the per-candidate arithmetic multiplies instead
     r_l2, r_dram, r_vc = 1.0 / l2bw, 1.0 / dram, 1.0 / vec_core
@@ -360,26 +389,8 @@ def _candidate_cycles(dev, m, n, k, word):
     m = jnp.maximum(m, 1.0)
     n = jnp.maximum(n, 1.0)
     k = jnp.maximum(k, 1.0)
-
-    g = _f(GRID)                                                # (5, C)
-    # ---- L2 tile (clipped to the problem) ---------------------------------------------
-    TM = jnp.minimum(g[0], m)
-    TN = jnp.minimum(g[1], n)
-    TK = jnp.minimum(g[2], k)
-    ws2 = (TM * TN + TN * TK + TM * TK) * word
-    fit2 = ws2 <= dev.global_buffer_bytes
+    H, W, TM, TN, TK, tm, tn, tk, ws2, mask = _tiles(jnp, dev, m, n, k, word)
     db2 = ws2 <= 0.5 * dev.global_buffer_bytes
-
-    # ---- L1 tile: tm = tn a multiple of the systolic array (clipped); tk from the static set
-    # L1_TK (the fifth grid row), each mapping masked where the double-buffered
-    # working set overflows the local buffer: a bigger local buffer only unmasks candidates,
-    # so it is never slower ------------------------------------------------------------------
-    t1 = g[3] * jnp.maximum(H, W)
-    tm = jnp.minimum(t1, TM)
-    tn = jnp.minimum(t1, TN)
-    tk = jnp.minimum(g[4], TK)
-    fit1 = 2.0 * (tm * tn + tk * (tm + tn)) * word <= dev.local_buffer_bytes
-    mask = fit1 & fit2
 
     # ---- L0: lanes split along m (i) and n (lanes / i); chosen on the full L1 tile --------
     best_i, best_j, best_c = 1.0, lanes, jnp.inf

@@ -22,7 +22,8 @@ interleave, recompute and ZeRO fields exist only in training; an inference repli
 
 Rules of the hardware (``invalid_device``, ``buffer_too_small``, ``invalid_network``,
 ``topology_mismatch``) need the :class:`~jaxmodel.types.System` and are evaluated with jnp
-only (:func:`system_checks`). Results that are still not finite after all rules (a device
+only (:func:`system_checks`; at the API edge the network rules run as one jitted call, the
+device rules in numpy when hw_db loads the device). Results that are still not finite after all rules (a device
 so slow that a time overflows, e.g. ``mem_bw = 1e-30``) are attributed by
 :func:`finite_checks` to the device (compute) or the network (collectives). Memory is the
 last rule (``out_of_memory``), added by the callers once they know the footprint.
@@ -468,23 +469,34 @@ def system_checks(scope: str, system, par, p_ok=True, placed=GROUPS) -> list:
       positive number, and so is ``mem_capacity``;
     - ``buffer_too_small``: the smallest GEMM tile of the search grid fits the buffers
       (:func:`jaxmodel.ops.ops_feasible`);
-    - ``invalid_network``: when any group of the plan communicates, every network tier has
-      a finite positive size, bandwidth, efficiency and packet format and finite
-      non-negative latencies (the collective model reads all tiers);
-    - ``topology_mismatch``: every group the plan communicates over tiles the tiers
-      (:func:`jaxmodel.comm.placement`).
+    - ``invalid_network`` and ``topology_mismatch``: :func:`network_checks`.
 
     ``p_ok`` (the structural rules' verdict) sanitises the plan first (double-where).
     ``placed``: the groups whose placement is checked here (a caller that evaluates a
     group's collectives anyway may check that collective's own verdict instead).
     """
-    from jaxmodel import comm as _comm
     from jaxmodel import ops as _ops
     dev = system.device
     ok, why = _ops.ops_feasible.single(dev)
     dev_ok = (ok | (why != nx.reason_code("invalid_device"))) & (
         dev.mem_capacity > 0) & jnp.isfinite(dev.mem_capacity)
     buf_ok = ok | (why != nx.reason_code("buffer_too_small"))
+    return ([(dev_ok, "invalid_device"), (buf_ok, "buffer_too_small")]
+            + network_checks(scope, system, par, p_ok, placed))
+
+
+def network_checks(scope: str, system, par, p_ok=True, placed=GROUPS) -> list:
+    """``[(ok, reason), ...]`` of the network rules (single configuration, jnp).
+
+    - ``invalid_network``: when any group of the plan communicates, every network tier has
+      a finite positive size, bandwidth, efficiency and packet format and finite
+      non-negative latencies (the collective model reads all tiers);
+    - ``topology_mismatch``: every group the plan communicates over tiles the tiers
+      (:func:`jaxmodel.comm.placement`).
+
+    ``p_ok`` and ``placed`` as in :func:`system_checks`.
+    """
+    from jaxmodel import comm as _comm
     par = sanitised(par, p_ok)
     pl_ = placement(system, par)
     talks = jnp.asarray(False)
@@ -502,8 +514,13 @@ def system_checks(scope: str, system, par, p_ok=True, placed=GROUPS) -> list:
         _, _, fits = _comm.placement(system, jnp.where(used, g.size, 1.0),
                                      jnp.where(used, g.stride, 1.0))
         topo_ok = topo_ok & (~used | fits)
-    return [(dev_ok, "invalid_device"), (buf_ok, "buffer_too_small"),
-            (net_ok, "invalid_network"), (topo_ok, "topology_mismatch")]
+    return [(net_ok, "invalid_network"), (topo_ok, "topology_mismatch")]
+
+
+def _network_verdicts(scope: str, system, par):
+    """The verdicts of :func:`network_checks` alone (a module-level function, so that
+    :func:`jaxmodel.batching.call_batched` can key it in the export cache)."""
+    return tuple(ok for ok, _ in network_checks(scope, system, par))
 
 
 def finite_checks(compute, comm) -> list:
@@ -570,8 +587,12 @@ def raise_if_invalid(where: str, scope: str, p: PlanInputs, system=None, par=Non
                 raise ValueError(f"{where}: {r.reason}: {r.explain(vals)}")
     if system is None:
         return
-    for ok, reason in system_checks(scope, system, par):
-        if not bool(ok) and reason in ("invalid_network", "topology_mismatch"):
+    # one jitted (export-cached) call rather than a few hundred eager operations; the
+    # device rules are not raised here (the loaders validate devices, hw_db)
+    from jaxmodel.batching import call_batched
+    verdicts = call_batched(_network_verdicts, scope, system, par)
+    for ok, reason in zip(verdicts, ("invalid_network", "topology_mismatch")):
+        if not bool(ok):
             levels = [float(np.asarray(l.size)) for l in system.levels]
             pl_ = placement(system, par)
             groups = ", ".join(f"{n}={float(g.size):g} at stride {float(g.stride):g}"

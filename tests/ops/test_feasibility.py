@@ -1,9 +1,16 @@
 """Device-level feasibility for the operator models and the concrete validator."""
 
+import dataclasses
+import types
+
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import hw_db
 import jaxmodel as jm
+from jaxmodel.batching import call_batched
+from jaxmodel.ops import gemm
 
 
 @pytest.mark.parametrize("name", hw_db.names("device"))
@@ -22,3 +29,37 @@ def test_validator_names_field_and_value():
     with pytest.raises(ValueError, match="mem_bw"):
         jm.validate_device_for_ops(hw_db.device("a100_80gb").__class__(
             **{**hw_db.device("a100_80gb").__dict__, "mem_bw": 0.0}))
+
+
+def test_numpy_tile_fits_matches_jax_and_the_search_mask():
+    """The concrete check (:func:`tile_fits` over numpy) agrees with the batched one (jnp,
+    jitted) and with the GEMM search's own mask, around the buffer thresholds."""
+    base = hw_db.device("a100_80gb")
+    need_l = float(gemm.min_local_bytes(float(base.sa_rows), float(base.sa_cols)))
+    need_g = gemm.min_global_bytes()
+    local = np.array([0.5, 0.999, 1.0, 1.001, 4.0, np.inf])[:, None] * need_l
+    glob = np.array([0.5, 0.999, 1.0, 1.001, 4.0])[None, :] * need_g
+    local, glob = np.broadcast_arrays(local, glob)
+    dev = dataclasses.replace(base, local_buffer_bytes=local, global_buffer_bytes=glob)
+    fields = {f.name: np.asarray(getattr(dev, f.name), dtype=jnp.result_type(float))[..., None]
+              for f in dataclasses.fields(dev) if f.name != "name"}
+    fits_np = gemm.tile_fits(types.SimpleNamespace(**fields), xp=np)
+    fits_jnp = np.asarray(call_batched(gemm.tile_fits, dev))
+    big = gemm._UNCLIPPED
+
+    def search_any(d):
+        return jnp.any(gemm._candidate_cycles(d, big, big, big, 2.0)[1])
+    fits_search = np.asarray(call_batched(search_any, dev))
+    assert fits_np.shape == local.shape
+    np.testing.assert_array_equal(fits_np, fits_jnp)
+    np.testing.assert_array_equal(fits_np, fits_search)
+    assert fits_np.any() and not fits_np.all()
+
+
+def test_validator_on_a_batch_of_devices():
+    dev = hw_db.device("a100_80gb")
+    ok = dataclasses.replace(dev, local_buffer_bytes=np.array([dev.local_buffer_bytes, 2e6]))
+    assert jm.validate_device_for_ops(ok) is ok
+    with pytest.raises(ValueError, match="local_buffer_bytes"):
+        jm.validate_device_for_ops(dataclasses.replace(
+            dev, local_buffer_bytes=np.array([2e6, 512.0])))
