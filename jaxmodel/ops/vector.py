@@ -479,7 +479,7 @@ def add_latency(dev, n, dtype_bytes=2, overhead=True):
 
     Example:
         >>> add_latency(hw_db.device("a100_80gb"), 4096 * 4096)
-        Array(5.25e-05, dtype=...)
+        Array(5.57e-05, dtype=...)
     """
     return _add_single(dev, n, dtype_bytes, overhead)
 
