@@ -372,7 +372,7 @@ def rmsnorm_latency(dev, rows, cols, dtype_bytes=2, overhead=True):
 
     Example:
         >>> rmsnorm_latency(hw_db.device("a100_80gb"), 4096, 4096)
-        Array(8.98e-05, dtype=...)
+        Array(9.49e-05, dtype=...)
     """
     return _rmsnorm_single(dev, rows, cols, dtype_bytes, overhead)
 
@@ -409,7 +409,7 @@ def rope_latency(dev, tokens, heads, kv_heads, head_dim, dtype_bytes=2, overhead
 
     Example:
         >>> rope_latency(hw_db.device("a100_80gb"), 4096, 32, 8, 128)
-        Array(9.26e-05, dtype=...)
+        Array(9.69e-05, dtype=...)
     """
     return _rope_single(dev, tokens, heads, kv_heads, head_dim, dtype_bytes, overhead)
 
@@ -444,7 +444,7 @@ def silu_mul_latency(dev, n, dtype_bytes=2, overhead=True, rows=None):
 
     Example:
         >>> silu_mul_latency(hw_db.device("a100_80gb"), 4096 * 11008)
-        Array(0.000265, dtype=...)
+        Array(0.000276, dtype=...)
     """
     return _silu_mul_single(dev, n, dtype_bytes, overhead, rows)
 
@@ -506,7 +506,7 @@ def embedding_latency(dev, tokens, hidden, dtype_bytes=2, overhead=True):
 
     Example:
         >>> embedding_latency(hw_db.device("a100_80gb"), 4096, 4096)
-        Array(0.000206, dtype=...)
+        Array(0.00022, dtype=...)
     """
     return _embedding_single(dev, tokens, hidden, dtype_bytes, overhead)
 
