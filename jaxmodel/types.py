@@ -160,6 +160,9 @@ class Device:
             (calibration constants); 0 = ``mem_bw_efficiency``.
         mem_latency_s: one dependent global-memory round trip of a thread, s (the latency
             chain of per-row kernels; calibration constant, 0 = none).
+        global_buffer_reuse_fraction: share of ``global_buffer_bytes`` that still holds the
+            inputs a memory-bound kernel takes from the kernel before it (calibration
+            constant; 0 = every byte from main memory; :mod:`jaxmodel.ops.vector`).
         sustained_clock_fraction: core clock under sustained (training) load over ``freq_hz``
             (power limit), 1.0 = no throttling.
     """
@@ -241,6 +244,7 @@ class Device:
     add_bw_efficiency: Array = 0.0
     embedding_bw_efficiency: Array = 0.0
     mem_latency_s: Array = 0.0
+    global_buffer_reuse_fraction: Array = 0.0
     sustained_clock_fraction: Array = 1.0
 
     @property
@@ -347,6 +351,7 @@ RANGES: dict[str, dict[str, Rule]] = {
         "local_buffer_bytes": BUFFER,
         "global_buffer_bytes": BUFFER,
         "global_buffer_bytes_per_cycle": _real(0, 1e7, "B", lo_open=True),
+        "global_buffer_reuse_fraction": SHARE,
         "mem_bw": BANDWIDTH,
         "mem_capacity": _real(2.0 ** 20, 1e16, "B"),
         "mem_bw_efficiency": FRACTION,

@@ -18,7 +18,7 @@ def _toy(a100):
         rope_bw_efficiency=0.4, silu_mul_bw_efficiency=0.5, add_bw_efficiency=0.9,
         embedding_bw_efficiency=0.0, rmsnorm_overhead_s=5e-6, rope_overhead_s=4e-6,
         silu_mul_overhead_s=4e-6, add_overhead_s=2e-6, embedding_overhead_s=3e-6,
-        mem_latency_s=0.0)
+        mem_latency_s=0.0, global_buffer_reuse_fraction=0.0)
 
 
 def test_rmsnorm_hand_value(a100):
@@ -61,6 +61,42 @@ def test_rope_silu_add_embedding_hand_values(a100):
     # bw efficiency 0 falls back to the device's mem_bw_efficiency
     assert float(jm.embedding_latency(d, t, 4096.0)) == pytest.approx(
         math.hypot((2 * t * 4096 * 2 + 8 * t) / (2e12 * 0.8), 3e-6), rel=1e-6)
+
+
+def test_add_l2_resident_input_hand_values(a100):
+    # 40 MiB L2 at 5,120 B/cycle x 1.41 GHz; half of it holds the previous kernel's output
+    d = dataclasses.replace(_toy(a100), global_buffer_reuse_fraction=0.5)
+    l2_bw, cap = 5120 * 1.41e9, 0.5 * 40 * 2 ** 20
+    hbm = 2e12 * 0.9
+    n = 2.0 ** 21                      # footprint 12 MiB < 20 MiB: the whole input resident
+    want = 4 * n / hbm + 2 * n / l2_bw
+    assert float(jm.add_latency(d, n, overhead=False)) == pytest.approx(want, rel=1e-6)
+    assert float(jm.add_latency(d, n)) == pytest.approx(math.hypot(want, 2e-6), rel=1e-6)
+    n = 2.0 ** 26                      # footprint 384 MiB: a share cap / footprint of it
+    r = 2 * n * cap / (6 * n)
+    want = (6 * n - r) / hbm + r / l2_bw
+    assert float(jm.add_latency(d, n, overhead=False)) == pytest.approx(want, rel=1e-6)
+    # faster than without reuse, by less as the footprint outgrows the L2; still monotone
+    ns = jnp.logspace(3, 10, 29)
+    t0 = np.asarray(jm.add_latency(_toy(a100), ns))
+    t1 = np.asarray(jm.add_latency(d, ns))
+    assert np.all(t1 <= t0) and np.all(np.diff(t1) > 0)
+    gain = 1 - t1 / t0
+    assert gain[-1] < 0.01 and gain.max() > 0.2
+
+
+def test_add_reuse_gradient_matches_finite_difference(a100):
+    d = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), _toy(a100))
+
+    def f(frac):
+        return jm.add_latency.single(
+            dataclasses.replace(d, global_buffer_reuse_fraction=frac), 2.0 ** 25)
+
+    g = float(jax.grad(f)(0.3))
+    h = 1e-6
+    assert g == pytest.approx((float(f(0.3 + h)) - float(f(0.3 - h))) / (2 * h), rel=1e-5)
+    assert g < 0
+    assert np.isfinite(float(jax.grad(f)(0.0)))
 
 
 def test_floor_combine_hand_values_inf_and_gradient():
