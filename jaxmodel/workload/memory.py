@@ -171,6 +171,24 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
     return best
 
 
+def usable_memory(mem_capacity, reserved_bytes, utilization=1.0):
+    """Device memory the model's tensors may occupy, bytes: ``utilization · mem_capacity −
+    reserved_bytes`` (the memory rule of training, inference and serving).
+
+    ``reserved_bytes`` (``Device.runtime_reserved_bytes``) is what every real run holds
+    besides its tensors: memory the driver withholds from the datasheet capacity, the
+    runtime context with its loaded library kernels (PyTorch's CUDA context measured 0.67 GB
+    with eager module loading, 0.29 GB lazy; PyTorch pull request 86509), and the collective
+    library's communicator buffers (NCCL, per channel and peer: ``NCCL_BUFFSIZE`` 4 MiB for
+    the Simple protocol + 4.69 MiB LL128 + 0.5 MiB LL; NCCL ``init.cc`` defaults).
+    ``utilization``: the share of the capacity the framework may use, vLLM's
+    ``gpu_memory_utilization``, which likewise subtracts its profiled non-torch memory from
+    ``utilization · total`` (vLLM ``Worker.determine_num_available_blocks``); 1 for training
+    and for the inference plan's rule.
+    """
+    return utilization * mem_capacity - reserved_bytes
+
+
 def kv_elements_per_token(model: Model, par: Parallelism):
     """Cached elements per token and layer on one device (count).
 
