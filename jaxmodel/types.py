@@ -163,9 +163,9 @@ class Device:
         sustained_clock_fraction: core clock under sustained (training) load over ``freq_hz``
             (power limit), 1.0 = no throttling.
         runtime_reserved_bytes: device memory a real run holds besides the model's tensors,
-            bytes: memory the driver withholds from ``mem_capacity``, the runtime context with
-            its loaded library kernels, and the collective library's communicator buffers
-            (hw_db; :func:`jaxmodel.workload.memory.usable_memory`).
+            bytes: memory the driver withholds from ``mem_capacity`` and the runtime context
+            with its loaded library kernels (hw_db; the plan-dependent communicator buffers
+            are not included; :func:`jaxmodel.workload.memory.usable_memory`).
     """
 
     freq_hz: Array

@@ -245,11 +245,12 @@ def _with_device(system, **fields):
 
 def test_usable_memory_by_hand():
     dev = hw_db.device("a100_80gb")
-    assert float(dev.runtime_reserved_bytes) == 2.5 * GIB        # hw_db value
-    assert float(usable_memory(dev.mem_capacity, dev.runtime_reserved_bytes)) == 77.5 * GIB
-    # vLLM's rule: 0.9 · 80 GiB − 2.5 GiB = 69.5 GiB
+    assert float(dev.runtime_reserved_bytes) == round(1.4 * GIB)        # hw_db value
+    assert float(usable_memory(dev.mem_capacity, dev.runtime_reserved_bytes)) == \
+        80 * GIB - round(1.4 * GIB)
+    # vLLM's rule: 0.9 · 80 GiB − 1.4 GiB = 70.6 GiB
     assert float(usable_memory(dev.mem_capacity, dev.runtime_reserved_bytes, 0.9)) == \
-        pytest.approx(69.5 * GIB, rel=1e-15)
+        pytest.approx(70.6 * GIB, rel=1e-9)
     f32 = usable_memory(jnp.float32(80 * GIB), jnp.float32(2.5 * GIB))
     assert f32.dtype == jnp.float32 and float(f32) == 77.5 * GIB
 
