@@ -24,7 +24,8 @@ leaves: vmappable, differentiable), in three steps:
    prompt is ``ttft_s`` at batch 1; weights, KV bytes per token and the prefill working set
    come from the same call's memory breakdown.
 2. **KV capacity** (:func:`kv_capacity_seqs`): blocks of ``block_tokens`` tokens in
-   ``mem_fraction`` of device memory minus weights and the prefill working set; a request
+   ``mem_fraction`` of device memory minus the runtime's reserve, weights and the prefill
+   working set (:func:`jaxmodel.workload.memory.usable_memory`, as vLLM); a request
    holds ``ceil((isl + osl)/block_tokens)`` blocks at its peak (PagedAttention §4.2: waste only
    in the last block; reserving the peak means no preemption in steady state).
 3. **Steady state** (mean-value analysis): Little's law ``B = λ·W`` for the sequences in
@@ -60,6 +61,7 @@ from jaxmodel.numerics import INF, first_reason, reason_name
 from jaxmodel.parallel.inference import inference_single
 from jaxmodel.types import Model, Parallelism, System
 from jaxmodel.workload.layer import ANY, Variant, variant_of
+from jaxmodel.workload.memory import usable_memory
 
 #: Tokens per decode iteration (per micro-batch) at which the cost table is evaluated:
 #: powers of 4 (the iteration time is flat while memory-bound and linear once compute-bound,
@@ -93,6 +95,8 @@ class ServingCosts:
         kv_bytes_per_token: KV cache per device per token of context, bytes.
         act_bytes: prefill working set of one prompt per device, bytes.
         mem_capacity: device memory, bytes.
+        reserved_bytes: memory the runtime holds besides the tensors
+            (``Device.runtime_reserved_bytes``), bytes.
         feasible, reason: the plan's rules (memory excluded; see :func:`kv_capacity_seqs`).
     """
 
@@ -106,6 +110,7 @@ class ServingCosts:
     mem_capacity: jax.Array
     feasible: jax.Array
     reason: jax.Array
+    reserved_bytes: jax.Array = 0.0
 
 
 @_register
@@ -181,7 +186,8 @@ def serving_costs_single(system: System, model: Model, par: Parallelism, isl, os
         kv_bytes_per_token=br["memory.kv_cache"][0] / ctx,
         act_bytes=br["memory.activations"][0],
         mem_capacity=system.device.mem_capacity + 0.0 * isl,
-        feasible=ok, reason=r.reason[0])
+        feasible=ok, reason=r.reason[0],
+        reserved_bytes=system.device.runtime_reserved_bytes + 0.0 * isl)
 
 
 @batched
@@ -264,7 +270,8 @@ def kv_capacity_seqs(costs: ServingCosts, isl, osl, block_tokens=BLOCK_TOKENS,
     """
     frac = 1.0 if prefill_tokens is None else jnp.minimum(prefill_tokens / jnp.maximum(
         isl, 1.0), 1.0)
-    free = costs.mem_capacity * mem_fraction - costs.weights_bytes - frac * costs.act_bytes
+    free = (usable_memory(costs.mem_capacity, costs.reserved_bytes, mem_fraction)
+            - costs.weights_bytes - frac * costs.act_bytes)
     block_bytes = block_tokens * jnp.maximum(costs.kv_bytes_per_token, 1e-30)
     blocks = jnp.floor(jnp.maximum(free, 0.0) / block_bytes)
     per_seq = jnp.ceil((isl + osl) / block_tokens)

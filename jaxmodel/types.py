@@ -165,6 +165,10 @@ class Device:
             constant; 0 = every byte from main memory; :mod:`jaxmodel.ops.vector`).
         sustained_clock_fraction: core clock under sustained (training) load over ``freq_hz``
             (power limit), 1.0 = no throttling.
+        runtime_reserved_bytes: device memory a real run holds besides the model's tensors,
+            bytes: memory the driver withholds from ``mem_capacity`` and the runtime context
+            with its loaded library kernels (hw_db; the plan-dependent communicator buffers
+            are not included; :func:`jaxmodel.workload.memory.usable_memory`).
     """
 
     freq_hz: Array
@@ -246,6 +250,7 @@ class Device:
     mem_latency_s: Array = 0.0
     global_buffer_reuse_fraction: Array = 0.0
     sustained_clock_fraction: Array = 1.0
+    runtime_reserved_bytes: Array = 0.0
 
     @property
     def peak_matrix_flops(self) -> Array:
@@ -378,6 +383,7 @@ RANGES: dict[str, dict[str, Rule]] = {
         "sa_mantissa_bits": _count(1, 64, special=AREA_SENTINEL),
         "mem_protocol": Rule(0, 3, integer=True, special=AREA_SENTINEL, what="code"),
         "link_protocol": Rule(0, 4, integer=True, special=AREA_SENTINEL, what="code"),
+        "runtime_reserved_bytes": _real(0, 2.0 ** 50, "B"),
     },
     "NetLevel": {
         "size": _count(1, 1e7),

@@ -40,7 +40,9 @@ network, finite times), then memory. Every result is finite with ``feasible=True
 - ``total_s = ttft_s + (gen_len − 1)·tpot_s`` (the first token comes from the prefill);
   ``tokens_per_s = batch·gen_len / total_s``.
 - ``memory_bytes``: weights (split over tp, pp), KV cache of ``prompt_len + gen_len`` tokens and
-  the prefill working set (:func:`jaxmodel.workload.memory.inference_memory`).
+  the prefill working set (:func:`jaxmodel.workload.memory.inference_memory`); the rule
+  ``out_of_memory`` compares it with the device's
+  :func:`~jaxmodel.workload.memory.usable_memory` (capacity less ``runtime_reserved_bytes``).
 
 Units: seconds, bytes, tokens/s.
 """
@@ -64,7 +66,7 @@ from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_ar
                             validate_knobs)
 from jaxmodel.workload.layer import (ANY, LAYER_OPS, Variant, default_gemm, layer_times,
                                      runtime_inputs, variant_of)
-from jaxmodel.workload.memory import inference_memory_single
+from jaxmodel.workload.memory import inference_memory_single, usable_memory
 from jaxmodel.workload.moe import MOE_OPS
 _prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
 
@@ -294,7 +296,9 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
                  [x[k] for x in (pre, dec) for k in _COMM_OPS]
                  + [emb_ar[0], emb_ar[1], jnp.sum(head_g), hop_pre, hop_dec]))
     if memory_rule:
-        rules = rules + [(mem["total"] <= dev.mem_capacity, "out_of_memory")]
+        rules = rules + [(mem["total"] <= usable_memory(dev.mem_capacity,
+                                                        dev.runtime_reserved_bytes),
+                          "out_of_memory")]
     feasible, reason = first_reason(rules)
 
     def gate(x):

@@ -92,7 +92,7 @@ GEMM microbenchmarks), see :func:`sustained_device`.
 memory-bound elementwise kernel moving ``adam_bytes_per_param`` (hw_db/tech/training.toml).
 
 **Memory**: ``training_memory`` with the schedule's in-flight micro-batches; compared
-with ``system.device.mem_capacity``.
+with ``system.device.mem_capacity`` less ``runtime_reserved_bytes`` (``usable_memory``).
 
 **FLOPs, MFU and HFU** (Chowdhery et al. 2022, PaLM, Appendix B; Korthikanti et al. 2023
 §6): the model FLOPs ``F = 72·B·s·l·h²·(1 + s/(6h) + V/(12lh))`` (forward + backward, no
@@ -752,7 +752,8 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
             model_s, dataclasses.replace(par_s, dp=dp * cp), finetune, n_par, prec,
             grad_bytes))
     mem["total"] = mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"]
-    mem_ok = mem["total"] <= dev.mem_capacity
+    mem_ok = mem["total"] <= _memory.usable_memory(dev.mem_capacity,
+                                                   dev.runtime_reserved_bytes)
 
     # ---- the plan's rules, then the hardware's, then memory (first failing one wins) -----
     # DP, DP_exp and the stage hop: their collectives' own verdicts (evaluated here anyway)

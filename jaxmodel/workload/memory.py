@@ -171,6 +171,26 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
     return best
 
 
+def usable_memory(mem_capacity, reserved_bytes, utilization=1.0):
+    """Device memory the model's tensors may occupy, bytes: ``utilization · mem_capacity −
+    reserved_bytes`` (the memory rule of training, inference and serving).
+
+    ``reserved_bytes`` (``Device.runtime_reserved_bytes``) is what every real run holds
+    besides its tensors: memory the driver withholds from the datasheet capacity (an "80 GB"
+    H100 reports 79.22 GiB; vLLM pull request 10511) and the runtime context with its loaded
+    library kernels (PyTorch's CUDA context: 0.67 GB with eager module loading, 0.29 GB lazy;
+    PyTorch pull request 86509). Not included: the collective library's communicator
+    buffers, which grow with the plan's communicators (NCCL, per channel and peer connection:
+    ``NCCL_BUFFSIZE`` 4 MiB for the Simple protocol + 4.69 MiB LL128 + 0.5 MiB LL; NCCL
+    ``init.cc`` defaults), nor allocator fragmentation.
+    ``utilization``: the share of the capacity the framework may use, vLLM's
+    ``gpu_memory_utilization``, which likewise subtracts its profiled non-torch memory from
+    ``utilization · total`` (vLLM ``Worker.determine_num_available_blocks``); 1 for training
+    and for the inference plan's rule.
+    """
+    return utilization * mem_capacity - reserved_bytes
+
+
 def kv_elements_per_token(model: Model, par: Parallelism):
     """Cached elements per token and layer on one device (count).
 

@@ -1,5 +1,6 @@
 """Memory footprint: Korthikanti et al. 2022 formulas by hand and against their Figs. 1 and 7,
-ZeRO sharding, KV cache with GQA, vmap vs loop and jit vs eager."""
+ZeRO sharding, KV cache with GQA, vmap vs loop and jit vs eager; the runtime reserve in the
+training, inference and serving memory rules."""
 
 import csv
 import dataclasses
@@ -11,8 +12,9 @@ import pytest
 
 import jaxmodel as jm  # noqa: F401  (import before hw_db)
 import hw_db
+from jaxmodel.numerics import reason_code
 from jaxmodel.workload.memory import (activation_bytes_per_layer, inference_memory,
-                                      kv_cache_bytes, training_memory)
+                                      kv_cache_bytes, training_memory, usable_memory)
 from jaxmodel.workload.params import params_per_device
 
 GIB = 2.0 ** 30
@@ -233,3 +235,113 @@ def test_uneven_stages_memory_by_hand():
     assert float(even["activations"]) == pytest.approx(4.0 * 2.0 * act)
     kv = float(kv_cache_bytes(m, par, 1.0, 100.0))
     assert kv == pytest.approx(2 * 16 * 64 * 100 * 2.0 * 2)      # ⌈7/4⌉ = 2 layers
+
+
+# ---- the runtime reserve (Device.runtime_reserved_bytes) in the memory rules -------------------
+
+def _with_device(system, **fields):
+    return dataclasses.replace(system, device=dataclasses.replace(system.device, **fields))
+
+
+def test_usable_memory_by_hand():
+    dev = hw_db.device("a100_80gb")
+    assert float(dev.runtime_reserved_bytes) == round(1.4 * GIB)        # hw_db value
+    assert float(usable_memory(dev.mem_capacity, dev.runtime_reserved_bytes)) == \
+        80 * GIB - round(1.4 * GIB)
+    # vLLM's rule: 0.9 · 80 GiB − 1.4 GiB = 70.6 GiB
+    assert float(usable_memory(dev.mem_capacity, dev.runtime_reserved_bytes, 0.9)) == \
+        pytest.approx(70.6 * GIB, rel=1e-9)
+    f32 = usable_memory(jnp.float32(80 * GIB), jnp.float32(2.5 * GIB))
+    assert f32.dtype == jnp.float32 and float(f32) == 77.5 * GIB
+
+
+def test_serving_kv_capacity_subtracts_the_reserve():
+    from jaxmodel import serving as srv
+    f = jnp.result_type(float)
+    grid = np.asarray(srv.TOKEN_GRID)
+    costs = srv.ServingCosts(
+        step_s=jnp.asarray(0.01 + 1e-4 * grid, f), attn_s=jnp.asarray(5e-5 * grid, f),
+        prefill_s=jnp.asarray(0.05, f), prefill_attn_s=jnp.asarray(0.05, f),
+        weights_bytes=jnp.asarray(16e9, f), kv_bytes_per_token=jnp.asarray(1e5, f),
+        act_bytes=jnp.asarray(1e9, f), mem_capacity=jnp.asarray(80e9, f),
+        feasible=jnp.asarray(True), reason=jnp.asarray(0, jnp.int32),
+        reserved_bytes=jnp.asarray(2e9, f))
+    # free = 0.9·80e9 − 2e9 − 16e9 − 1e9 = 53e9 B → 33125 blocks of 16·1e5 B; a request's
+    # peak 1100 tokens = 69 blocks → floor(33125/69) = 480 requests (498 without the reserve)
+    assert float(srv.kv_capacity_seqs(costs, 1000.0, 100.0)) == 480.0
+    none = dataclasses.replace(costs, reserved_bytes=jnp.asarray(0.0, f))
+    assert float(srv.kv_capacity_seqs(none, 1000.0, 100.0)) == 498.0
+
+
+def _small_inference_model():
+    return jm.Model(n_layers=8.0, d_model=2048.0, n_heads=16.0, n_kv_heads=4.0,
+                    head_dim=128.0, d_ff=5632.0, vocab_size=32000.0, activation="swiglu")
+
+
+def _edge_inference(dtype, reserves):
+    """``jm.inference`` of a small model on 4 A100 at capacity = its memory + 1.25 GiB."""
+    from testkit import roofline_gemm
+    system = hw_db.system("hgx_a100_4gpu")
+    model, par = _small_inference_model(), jm.Parallelism(tp=4)
+    need = float(inference_memory(model, par, 8, 512, 64)["total"])
+    cap = jnp.asarray(need + 1.25 * GIB, dtype)
+
+    def run(reserve):
+        return jm.inference(_with_device(system, mem_capacity=cap,
+                                         runtime_reserved_bytes=reserve),
+                            model, par, 8, 512, 64, gemm=roofline_gemm)
+    return run, run(jnp.asarray(reserves, dtype)), need
+
+
+def test_inference_plan_at_the_edge_flips_to_out_of_memory():
+    """Capacity = the plan's memory + half the 2.5 GiB reserve: feasible without the reserve,
+    out of memory with it, feasible with a quarter of it; the reserve holds no tensor."""
+    r = 2.5 * GIB
+    _, res, need = _edge_inference(jnp.float64, [0.0, r, r / 4])
+    assert np.asarray(res.memory_bytes) == pytest.approx(need, rel=1e-12)
+    assert res.feasible.tolist() == [True, False, True]
+    assert int(res.reason[1]) == reason_code("out_of_memory")
+    assert np.isinf(float(res.total_s[1])) and np.isfinite(np.asarray(res.total_s)[[0, 2]]).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_inference_reserve_vmap_loop_and_gradient(dtype):
+    """vmap over the reserve matches a loop, in float32 and float64; the gradient of the
+    latency with respect to the reserve is finite (zero: the reserve only gates)."""
+    r = 2.5 * GIB
+    run, res, _ = _edge_inference(dtype, [0.0, r])
+    for i, x in enumerate((0.0, r)):
+        one = run(jnp.asarray(x, dtype))
+        assert bool(one.feasible) == bool(res.feasible[i])
+        assert float(one.total_s) == pytest.approx(float(res.total_s[i]), rel=1e-6)
+    g = [float(jax.grad(lambda x: run(x).total_s)(jnp.asarray(x, dtype))) for x in (0.0, r)]
+    assert g == [0.0, 0.0]
+
+
+@pytest.mark.slow
+def test_training_plan_at_the_edge_flips_to_out_of_memory():
+    """The training rule subtracts exactly the reserve: at capacity = memory + reserve/2 a
+    plan is feasible without the reserve and out of memory with it (batched, one compile)."""
+    from testkit import roofline_gemm
+    system = hw_db.system("dgx_a100", nodes=1)
+    model = jm.Model(n_layers=8.0, d_model=1024.0, n_heads=16.0, n_kv_heads=16.0,
+                     head_dim=64.0, d_ff=4096.0, vocab_size=32000.0, activation="gelu")
+    par = jm.Parallelism(dp=2.0, tp=2.0, pp=2.0, micro_batch=1.0)
+
+    def gemm(dev, m, n, k, batch=1.0, dtype_bytes=2.0):
+        return roofline_gemm(dev, m, n, k, batch, dtype_bytes)
+
+    r = 2.5 * GIB
+
+    def run(cap, reserve):
+        sysb = _with_device(system, mem_capacity=jnp.asarray(cap),
+                            runtime_reserved_bytes=jnp.asarray(reserve))
+        return jm.train_step(sysb, model, par, 16.0, 512.0, gemm=gemm)
+    first = run([1e15, 1e15, 1e15], [0.0, r, r / 4])
+    need = float(first.memory_bytes[0])
+    assert np.asarray(first.memory_bytes) == pytest.approx(need)   # the reserve is no tensor
+    res = run([need + r / 2] * 3, [0.0, r, r / 4])
+    assert res.feasible.tolist() == [True, False, True]
+    assert int(res.reason[1]) == reason_code("out_of_memory")
+    assert float(res.step_time_s[0]) == float(res.step_time_s[2])
