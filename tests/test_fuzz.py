@@ -568,6 +568,7 @@ def test_jit_of_layer_breakdown():
     assert float(f(_SYS)) == pytest.approx(float(PUBLIC["layer_breakdown"](_SYS)), rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ("inference", "train_step"))
 def test_jit_of_a_closed_over_concrete_plan(name):
     """``jax.jit`` around a call whose configs are all concrete (closed over)."""

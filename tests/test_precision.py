@@ -201,6 +201,7 @@ def test_layer_fp8_halves_weight_gemms_keeps_attention():
     assert float(f8["total"]) < float(bf["total"])
 
 
+@pytest.mark.slow
 def test_unsupported_precision_is_infeasible_with_its_reason():
     a100 = one_device("a100_80gb")
     par = jm.Parallelism()

@@ -275,6 +275,7 @@ def _static_vs_traced(systems, choices, sizes, groups, strides):
                                            err_msg=str(key))
 
 
+@pytest.mark.slow
 def test_static_net_variant_prunes_the_graph_without_changing_results():
     """``net_variant_of`` (static topologies) gives the same numbers as the traced-topology
     graph for every op, ``auto`` and ``best``, with every topology as some tier."""

@@ -82,6 +82,7 @@ def test_group_must_fit(sys2):
     assert not bool(r["feasible"]) and np.isinf(float(r["fwd"]))
 
 
+@pytest.mark.slow
 def test_layer_time_falls_with_cp_and_balancing_helps(sys2, model):
     par = _par()
     one = cx.cp_layer_times(sys2, model, par, 1.0, 16384.0, 1.0)
@@ -102,6 +103,7 @@ def test_activation_memory_divided_by_cp(model):
     assert a4g == pytest.approx(a1 / 4 + 4 * kv, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_vmap_jit_grad_float64(sys2):
     def f(attn, kv):
         return cx.cp_attention_time(sys2, attn, 2 * attn, kv, 4.0, tp=4.0)["fwd"]

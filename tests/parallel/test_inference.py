@@ -152,6 +152,7 @@ def test_pytorch_runtime_is_the_default(result):
 PP2 = jm.Parallelism(tp=2, pp=2)
 
 
+@pytest.mark.slow
 def test_micro_batched_pipeline_matches_hand_derivation():
     """``micro_batches = m``: every time at ``b/m`` sequences; ttft = F + (m − 1)·S and
     tpot = max(F, m·S) with F one micro-batch's pass through both stages and S its slot on the

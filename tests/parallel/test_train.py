@@ -262,6 +262,7 @@ def test_dp_overlap_contention_by_hand(batch):
     assert float(serial.breakdown["dp_comm"]) == pytest.approx(tm, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_tp_overlap(batch):
     """tp_overlap = 1 pipelines each layer's TP collectives with the compute of the same pass
     in 4 chunks (Wang et al. 2023; Transformer Engine userbuffers) while 16 SMs run the

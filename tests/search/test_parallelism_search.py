@@ -122,6 +122,7 @@ def _feasible_or_oom(name, n, gb, seq):
     return len(plans["dp"]), int(np.sum(np.asarray(r.feasible)))
 
 
+@pytest.mark.slow
 def test_every_enumerated_mixtral_plan_on_8_devices_is_feasible_or_out_of_memory():
     """The enumeration and train_step read the same rules: nothing the search calls
     consistent comes back infeasible for any reason but memory (Mixtral-8x7B does not fit

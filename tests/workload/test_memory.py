@@ -293,6 +293,7 @@ def _edge_inference(dtype, reserves):
     return run, run(jnp.asarray(reserves, dtype)), need
 
 
+@pytest.mark.slow
 def test_inference_plan_at_the_edge_flips_to_out_of_memory():
     """Capacity = the plan's memory + half the 2.5 GiB reserve: feasible without the reserve,
     out of memory with it, feasible with a quarter of it; the reserve holds no tensor."""
