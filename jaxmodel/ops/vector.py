@@ -46,8 +46,6 @@ def _softmax_single(dev, rows, cols, overhead=True):
     rem = M - (n2 - 1.0) * r2
 
     g = _f(_SM_GRID)
-    n1 = jnp.maximum(N / g[0], 1.0)                              # L1 tile columns
-    fits = (g[1] * n1 * word * (1.0 + g[2]) <= dev.local_buffer_bytes) & (g[0] <= N)
     # Rows too wide for 32 chunks in the local buffer: one more candidate, one row split in
     # the smallest power of two of chunks that fits (single buffered), as the layernorm
     # model splits; it is used only where no candidate of the grid fits.
@@ -57,9 +55,10 @@ def _softmax_single(dev, rows, cols, overhead=True):
     split = jnp.concatenate([g[0], wide[None]])
     l1_rows = jnp.concatenate([g[1], jnp.ones((1,), g.dtype)])
     dbuf = jnp.concatenate([g[2], jnp.zeros((1,), g.dtype)])
-    n1 = jnp.maximum(N / split, 1.0)
-    fit_wide = (n1[-1] * word <= dev.local_buffer_bytes) & ~jnp.any(fits)
-    fits = jnp.concatenate([fits, fit_wide[None]])
+    n1 = jnp.maximum(N / split, 1.0)                             # L1 tile columns
+    fits = ((l1_rows * n1 * word * (1.0 + dbuf) <= dev.local_buffer_bytes)
+            & jnp.append(g[0] <= N, True))
+    fits = fits.at[-1].set(fits[-1] & ~jnp.any(fits[:-1]))
 
     def l2_tile(r):                                              # r rows, (C,) cycles
         m1 = jnp.minimum(l1_rows, r)
