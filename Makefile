@@ -22,7 +22,7 @@ test-all: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m ""
 
 experiments: $(STAMP)
-	for f in experiments/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+	for f in experiments/[!_]*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 clean:
 	rm -rf $(VENV) demo_out experiments/out .pytest_cache

@@ -663,6 +663,9 @@ def main(argv=None):
     ap.add_argument("--microbench-only", action="store_true",
                     help="only the devices calibrated from microbenchmarks (A100 from hw_db)")
     args = ap.parse_args(argv)
+    if args.write and args.no_cv:
+        # the provenance written beside each constant quotes its cross-validated error
+        ap.error("--write needs the cross-validation: drop --no-cv")
     anchors = find_anchors()
     pd.set_option("display.width", 160)
     if args.microbench_only:
