@@ -161,6 +161,9 @@ def test_float32(float32, sys2):
     z = zero.zero3_step(sys2, PSI, N, jnp.float32(CF), jnp.float32(CB), 16.0, 1.0)
     assert z["total"].dtype == jnp.float32
     assert np.isfinite(float(z["total"]))
+    t, _ = zero.per_tensor_collectives(sys2, "all_gather", (jnp.float32(3e8), 1e8), 16.0,
+                                       ring_efficiency=jnp.float32(0.35))
+    assert t.dtype == jnp.float32 and np.isfinite(float(t)) and float(t) > 0
 
 
 def test_per_tensor_collectives_hand_value():
