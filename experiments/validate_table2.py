@@ -1,34 +1,38 @@
 """Validate ZeRO-3 and PTD-P against Megatron-LM's Table 2 (GPT-3 175B and 530B on A100).
 
-Narayanan et al., SC'21, Table 2: achieved TFLOP/s per GPU (the paper's eq. 3 FLOPs, full
-recomputation) of PTD-P (TP 8 × PP 12 for 175B, TP 8 × PP 35 for 530B) and of ZeRO-3 without
-model parallelism, on 384–2,240 A100-80GB of Selene (``hw_db.system("dgx_a100", nodes=N)``)
-at fixed global batch (micro-batch 4/2/1 for ZeRO-3: one micro-batch per step).
+Narayanan et al., SC'21, Table 2 and §5.2: achieved TFLOP/s per GPU (the paper's eq. 3 FLOPs,
+full recomputation) of PTD-P (TP 8 × PP 12 for 175B, TP 8 × PP 35 for 530B) and of DeepSpeed
+ZeRO-3 without model parallelism, on 384–2,240 A100-80GB of Selene
+(``hw_db.system("dgx_a100", nodes=N)``) at fixed global batch (micro-batch 4/2/1 for ZeRO-3:
+one micro-batch per step).
 
 - **ZeRO-3 rows**, as DeepSpeed ran them in 2021 (:func:`deepspeed_row`): the compute of
   :func:`jaxmodel.train_step` with ``Parallelism(dp=N, tp=1, pp=1, zero=3,
-  recompute="full")`` and the ZeRO-3 part timed by :func:`jaxmodel.parallel.zero.zero3_step`
-  with one FSDP unit per layer whose gathers and reduce-scatters are issued per parameter
-  tensor (12 per layer) through the list API, each call paying NCCL's flat-ring latency over
-  all N ranks and N copy kernels (:func:`jaxmodel.parallel.zero.call_overhead`), fp16
-  gradient reduction (DeepSpeed's default for fp16 training), no prefetch beyond DeepSpeed's
-  5·10⁷-parameter bucket (``prefetch=0``; ``1`` printed as a sensitivity case). Beside it:
-  the training step's own ZeRO-3 (FSDP flat-parameter units, prefetch one unit, SM
-  contention, :mod:`jaxmodel.parallel.overlap`) — what a flat-parameter implementation
-  would reach — and the per-NIC / serial sensitivity cases.
-- **PTD-P rows**: :func:`jaxmodel.train_step` as it is (full recompute, no SP, Megatron-LM 2021
-  serial data-parallel all-reduce ``dp_overlap=0``, micro-batch 1, the best interleaving of
-  {1, 2, 4, 8} / {1, 3} as in ``validate_megatron.py``).
+  recompute="full")``; the ZeRO-3 part timed by :func:`jaxmodel.parallel.zero.zero3_step`
+  with one unit per layer, serial (``prefetch=0``: DeepSpeed synchronises the device before
+  every parameter gather), three gathers per layer (forward, re-forward of the checkpointed
+  layer, backward: ``recompute_gathers=1``), fp16 gathers and gradient reduce-scatters
+  issued per parameter tensor through the list API
+  (:func:`jaxmodel.parallel.zero.per_tensor_collectives`): the 4 weight matrices gathered
+  (biases and LayerNorms stay gathered: DeepSpeed's ``stage3_param_persistence_threshold``
+  10⁵), all 12 tensors reduce-scattered.
+- The NCCL model reaches these rows' communication only at a fraction of its speed: that
+  fraction, ``flat_ring_efficiency`` of the InfiniBand tier (``hw_db/tech/network.toml``),
+  is the one calibrated constant, fitted here (``--calibrate``) on the six ZeRO-3 rows with
+  leave-one-row-out and leave-one-model-out cross-validation printed beside it.
+- **PTD-P rows**: :func:`jaxmodel.train_step` as it is (full recompute, no SP, Megatron-LM
+  2021 serial data-parallel all-reduce ``dp_overlap=0``, micro-batch 1, the best
+  interleaving of {1, 2, 4, 8} / {1, 3} as in ``validate_megatron.py``); nothing calibrated.
 
-Nothing is calibrated to these rows. Prints predicted vs measured TFLOP/s per GPU, the error
-of every row and the MAPE per scheme; writes ``experiments/out/validate_table2.csv``.
+Prints predicted vs measured TFLOP/s per GPU, the per-row ZeRO-3 breakdown (compute, NCCL
+gathers and reduce-scatters, list-API costs, what the measurement implies), the MAPE per
+scheme and the cross-validation; writes ``experiments/out/validate_table2.csv``.
 
-Run: ``.venv/bin/python experiments/validate_table2.py``
+Run: ``.venv/bin/python experiments/validate_table2.py [--calibrate]``
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -62,61 +66,104 @@ def eq3_flops(model, batch, seq=SEQ):
     return 96.0 * batch * seq * l * h * h * (1.0 + seq / (6.0 * h) + v / (16.0 * l * h))
 
 
-def per_nic(system, gpus):
-    """The sensitivity case "no rail aggregation": every GPU reaches all others only through
-    its own InfiniBand port (one switch tier of ``gpus`` devices, the node's NVLink unused) —
-    the bound of a collective whose inter-node traffic is not spread over a node's 8 rails."""
-    ib = system.levels[-1]
-    return dataclasses.replace(system, levels=[dataclasses.replace(ib, size=float(gpus))])
+def ring_efficiency():
+    """The calibrated ``flat_ring_efficiency`` of the InfiniBand tier (hw_db/tech/network.toml)."""
+    return float(hw_db.load_toml(hw_db.ROOT / "tech" / "network.toml")
+                 ["infiniband"]["flat_ring_efficiency"]["value"])
 
 
-def zero3_row(params_b, gpus, batch, mb, prefetch=1.0, rails=True):
-    """Predicted TFLOP/s per GPU, the step and its breakdown for one ZeRO-3 row through
-    :func:`jaxmodel.train_step` (default: NCCL-level hierarchical collectives, prefetch one
-    unit; ``prefetch=0`` serialises, ``rails=False`` is the :func:`per_nic` sensitivity
-    case)."""
+def zero3_row(params_b, gpus, batch, mb):
+    """TFLOP/s per GPU, the step and its breakdown of one ZeRO-3 row through
+    :func:`jaxmodel.train_step` (FSDP-style flat-parameter units, prefetch one unit)."""
     model = MODELS[params_b]
     system = hw_db.system("dgx_a100", nodes=int(gpus) // 8)
-    if not rails:
-        system = per_nic(system, gpus)
     par = jm.Parallelism(dp=float(gpus), tp=1.0, pp=1.0, sp=False, micro_batch=float(mb),
                          recompute="full", zero=3)
-    r = jm.train_step(system, model, par, float(batch), SEQ, dp_overlap=prefetch,
-                      grad_bytes=2.0)
+    r = jm.train_step(system, model, par, float(batch), SEQ, grad_bytes=2.0)
     step = float(r.step_time_s)
-    tflops = eq3_flops(model, batch) / (step * gpus) / 1e12
     parts = {k: float(v) for k, v in r.breakdown.items()}
     parts["memory_GB"] = float(r.memory_bytes) / 1e9
-    return tflops, step, parts
+    return eq3_flops(model, batch) / (step * gpus) / 1e12, step, parts
 
 
-def deepspeed_row(params_b, gpus, batch, mb, prefetch=0.0):
-    """Predicted TFLOP/s per GPU and the step of one ZeRO-3 row as DeepSpeed ran it in 2021:
-    the training step's compute (:func:`zero3_row`) with the ZeRO-3 part re-timed by
-    :func:`jaxmodel.parallel.zero.zero3_step` from per-tensor collectives — every layer's
-    4 weight matrices and 8 vectors (QKV, output, FC1, FC2 weights; their biases; two
-    LayerNorms' scale and shift) gathered and reduce-scattered one call each through the
-    list API (:func:`jaxmodel.parallel.zero.call_overhead`). ``prefetch = 0``: DeepSpeed's
-    default ``stage3_prefetch_bucket_size`` (5·10⁷ parameters) is a small fraction of one
-    layer (1.8·10⁹ / 5.0·10⁹ parameters for 175B / 530B), so a layer's gathers are waited
-    for when it runs; ``prefetch = 1`` is the sensitivity case of a layer gathered ahead."""
+def layer_tensors(model):
+    """Bytes (fp16) of one layer's tensors: the 4 weight matrices (QKV, output, FC1, FC2) and
+    the 8 vectors (their biases, two LayerNorms' scale and shift)."""
+    h = float(model.d_model)
+    mats = tuple(2.0 * x for x in (3 * h * h, h * h, 4 * h * h, 4 * h * h))
+    vecs = tuple(2.0 * x for x in (3 * h, h, 4 * h, h, h, h, h, h))
+    return mats, vecs
+
+
+def deepspeed_parts(params_b, gpus, batch, mb):
+    """The pieces of one DeepSpeed ZeRO-3 row (module docstring) at ring efficiency 1:
+    the step without ZeRO communication, and per layer the NCCL and list-API seconds of the
+    gathers (4 matrices) and reduce-scatters (12 tensors)."""
     model = MODELS[params_b]
     system = hw_db.system("dgx_a100", nodes=int(gpus) // 8)
-    _, step, parts = zero3_row(params_b, gpus, batch, mb)
-    n = float(model.n_layers)
-    m = batch / (gpus * mb)
-    # FSDP unit = one layer; forward = 1/3 of the layer compute, backward 2/3 + recompute
-    t_f = parts["compute"] / 3.0 / (n * m)
-    t_b = (2.0 * parts["compute"] / 3.0 + parts["recompute"]) / (n * m)
-    p_unit = 12.0 * float(model.d_model) ** 2 + 13.0 * float(model.d_model)
-    g = float(jm.collective_latency(system, "all_gather", 2.0 * p_unit, float(gpus)))
-    r = float(jm.collective_latency(system, "reduce_scatter", 2.0 * p_unit, float(gpus)))
-    oh = float(zero.call_overhead(system, float(gpus), 1.0, big_calls=4.0, small_calls=8.0,
-                                  list_api=1.0))
-    z = zero.zero3_step(system, n * p_unit, n, t_f, t_b, float(gpus), m, prefetch=prefetch,
-                        grad_comm_bytes=2.0, collective_times=(g + oh, r + oh, 0.0))
-    step = step - parts["dp_comm"] + float(z["total"] - z["compute"])
-    return eq3_flops(model, batch) / (step * gpus) / 1e12, step, oh
+    fsdp, step, parts = zero3_row(params_b, gpus, batch, mb)
+    mats, vecs = layer_tensors(model)
+    out = {"busy": step - parts["dp_comm"], "n": float(model.n_layers),
+           "m": batch / (gpus * mb), "compute": parts["compute"],
+           "recompute": parts["recompute"], "fsdp_train_step_tflops": fsdp,
+           "memory_GB": parts["memory_GB"]}
+    for key, op, tensors in (("ag", "all_gather", mats), ("rs", "reduce_scatter", mats + vecs)):
+        nccl, _ = zero.per_tensor_collectives(system, op, tensors, float(gpus), list_api=0.0)
+        full, _ = zero.per_tensor_collectives(system, op, tensors, float(gpus))
+        out[f"{key}_nccl"], out[f"{key}_list_api"] = float(nccl), float(full - nccl)
+    return out
+
+
+def deepspeed_row(params_b, gpus, batch, mb, eff=None, pieces=None):
+    """Predicted TFLOP/s per GPU and the step of one ZeRO-3 row as DeepSpeed ran it in 2021
+    (module docstring): :func:`jaxmodel.parallel.zero.zero3_step` with the per-tensor call
+    times of :func:`deepspeed_parts` at ring efficiency ``eff`` (default: hw_db's)."""
+    eff = ring_efficiency() if eff is None else eff
+    d = deepspeed_parts(params_b, gpus, batch, mb) if pieces is None else pieces
+    g = d["ag_nccl"] / eff + d["ag_list_api"]
+    r = d["rs_nccl"] / eff + d["rs_list_api"]
+    system = hw_db.system("dgx_a100", nodes=int(gpus) // 8)
+    n, m = d["n"], d["m"]
+    t_f = d["compute"] / 3.0 / (n * m)
+    t_b = (2.0 * d["compute"] / 3.0 + d["recompute"]) / (n * m)
+    z = zero.zero3_step(system, 1.0, n, t_f, t_b, float(gpus), m, prefetch=0.0,
+                        recompute_gathers=1.0, collective_times=(g, r, 0.0))
+    step = d["busy"] + float(z["total"] - z["compute"])
+    return eq3_flops(MODELS[params_b], batch) / (step * gpus) / 1e12, step
+
+
+def closed_form_tflops(d, eff, params_b, gpus, batch):
+    """:func:`deepspeed_row` in closed form for the calibration grid (serial, one
+    micro-batch per step: every layer gathers three times and reduce-scatters once)."""
+    comm = d["n"] * d["m"] * (3.0 * (d["ag_nccl"] / eff + d["ag_list_api"])
+                              + d["rs_nccl"] / eff + d["rs_list_api"])
+    return eq3_flops(MODELS[params_b], batch) / ((d["busy"] + comm) * gpus) / 1e12
+
+
+GRID = np.round(np.arange(0.05, 1.0001, 0.005), 3)
+
+
+def fit_efficiency(rows):
+    """The grid value of the ring efficiency minimising the MAPE over ``rows`` (tuples of
+    the pieces, the row's keys and the measured TFLOP/s)."""
+    mape = [np.mean([abs(closed_form_tflops(d, e, *k) / meas - 1) for d, k, meas in rows])
+            for e in GRID]
+    return float(GRID[int(np.argmin(mape))])
+
+
+def cross_validate(rows):
+    """In-sample fit, leave-one-row-out and leave-one-model-out errors (%)."""
+    e_all = fit_efficiency(rows)
+    ins = [100 * (closed_form_tflops(d, e_all, *k) / meas - 1) for d, k, meas in rows]
+    loo = []
+    for i, (d, k, meas) in enumerate(rows):
+        e = fit_efficiency([r for j, r in enumerate(rows) if j != i])
+        loo.append(100 * (closed_form_tflops(d, e, *k) / meas - 1))
+    lomo = []
+    for i, (d, k, meas) in enumerate(rows):
+        e = fit_efficiency([r for r in rows if r[1][0] != k[0]])
+        lomo.append(100 * (closed_form_tflops(d, e, *k) / meas - 1))
+    return e_all, ins, loo, lomo
 
 
 def ptdp_row(params_b, gpus, batch, mb):
@@ -139,18 +186,28 @@ def ptdp_row(params_b, gpus, batch, mb):
     return eq3_flops(model, batch) / (step * gpus) / 1e12, step, best[0]
 
 
-def main():
+def main(calibrate=False):
     df = pd.read_csv(ANCHORS / "megatron_table2_ptdp_vs_zero3.csv")
-    rows = []
+    eff = ring_efficiency()
+    rows, fit_rows = [], []
     for _, r in df.iterrows():
         p, g, b, mb = r.params_billion, r.num_gpus, r.global_batch_size, r.microbatch_size
         if r.scheme == "ZeRO-3":
-            pred, step, oh = deepspeed_row(p, g, b, mb)
-            fsdp, _, parts = zero3_row(p, g, b, mb)
-            extra = {"per_tensor_call_overhead_ms": round(1e3 * oh, 1),
-                     "deepspeed_prefetch1_tflops": round(deepspeed_row(p, g, b, mb, 1.0)[0], 1),
-                     "fsdp_train_step_tflops": round(fsdp, 1),
-                     **{f"zero3_{k}": v for k, v in parts.items()}}
+            d = deepspeed_parts(p, g, b, mb)
+            pred, step = deepspeed_row(p, g, b, mb, eff, d)
+            assert abs(pred / closed_form_tflops(d, eff, p, g, b) - 1) < 1e-6
+            fit_rows.append((d, (p, g, b), r.achieved_tflops_per_gpu))
+            t_meas = eq3_flops(MODELS[p], b) / (r.achieved_tflops_per_gpu * 1e12 * g)
+            n = d["n"] * d["m"]
+            extra = {"busy_s": d["busy"],
+                     "gathers_nccl_s": 3 * n * d["ag_nccl"] / eff,
+                     "gathers_list_api_s": 3 * n * d["ag_list_api"],
+                     "rs_nccl_s": n * d["rs_nccl"] / eff,
+                     "rs_list_api_s": n * d["rs_list_api"],
+                     "implied_comm_s": t_meas - d["busy"],
+                     "eff1_tflops": closed_form_tflops(d, 1.0, p, g, b),
+                     "fsdp_train_step_tflops": d["fsdp_train_step_tflops"],
+                     "memory_GB": d["memory_GB"]}
         else:
             pred, step, v = ptdp_row(p, g, b, mb)
             extra = {"interleave": v}
@@ -159,11 +216,12 @@ def main():
                      "global_batch": b, "micro_batch": mb,
                      "measured_tflops": r.achieved_tflops_per_gpu,
                      "predicted_tflops": round(pred, 1), "step_time_s": round(step, 2),
-                     "error_pct": round(100 * err, 1), **extra})
+                     "error_pct": round(100 * err, 1),
+                     **{k: round(v, 2) for k, v in extra.items()}})
     out = pd.DataFrame(rows)
     OUT.mkdir(parents=True, exist_ok=True)
     out.to_csv(OUT / "validate_table2.csv", index=False)
-    pd.set_option("display.width", 200)
+    pd.set_option("display.width", 220)
     print(out[["scheme", "params_billion", "num_gpus", "micro_batch", "measured_tflops",
                "predicted_tflops", "step_time_s", "error_pct"]].to_string(index=False))
     for scheme, grp in out.groupby("scheme"):
@@ -171,63 +229,31 @@ def main():
         print(f"{scheme}: MAPE {mape:.1f} % over {len(grp)} rows "
               f"(175B only: {np.mean(np.abs(grp[grp.params_billion < 200].error_pct)):.1f} %)")
     z = out[out.scheme == "ZeRO-3"]
+    print(f"\nZeRO-3 breakdown per step, s (ring efficiency {eff:g} of the InfiniBand tier; "
+          "implied = measured step − busy):")
+    cols = ["params_billion", "num_gpus", "busy_s", "gathers_nccl_s", "gathers_list_api_s",
+            "rs_nccl_s", "rs_list_api_s", "implied_comm_s", "step_time_s", "eff1_tflops",
+            "fsdp_train_step_tflops", "memory_GB"]
+    print(z[cols].to_string(index=False))
+    for c in ("eff1_tflops", "fsdp_train_step_tflops"):
+        print(f"  {c}: MAPE {100 * np.mean(np.abs(z[c] / z.measured_tflops - 1)):.1f} %")
     for p, grp in z.groupby("params_billion"):
         g = grp.sort_values("num_gpus")
         print(f"ZeRO-3 {p:g}B throughput ratio last/first: predicted "
               f"{g.predicted_tflops.iloc[-1] / g.predicted_tflops.iloc[0]:.2f}, measured "
               f"{g.measured_tflops.iloc[-1] / g.measured_tflops.iloc[0]:.2f} "
               f"(GPUs ×{g.num_gpus.iloc[-1] / g.num_gpus.iloc[0]:g})")
-        cols = ["per_tensor_call_overhead_ms", "deepspeed_prefetch1_tflops",
-                "fsdp_train_step_tflops"] + [c for c in g.columns if c.startswith("zero3_")]
-        print(g[["num_gpus"] + cols].round(2).to_string(index=False))
-        for c in ("deepspeed_prefetch1_tflops", "fsdp_train_step_tflops"):
-            print(f"  {c}: MAPE {100 * np.mean(np.abs(g[c] / g.measured_tflops - 1)):.1f} %, "
-                  f"ratio last/first {g[c].iloc[-1] / g[c].iloc[0]:.2f}")
-    # sensitivity (not the model's prediction): serial collectives and/or no rail aggregation
-    print("\nZeRO-3 sensitivity, predicted TFLOP/s per GPU (measured in the last column):")
-    sens = []
-    for _, r in df[df.scheme == "ZeRO-3"].iterrows():
-        row = {"params_billion": r.params_billion, "num_gpus": r.num_gpus}
-        for name, pre, rails in (("overlap_rails", 1.0, True), ("serial_rails", 0.0, True),
-                                 ("overlap_per_nic", 1.0, False),
-                                 ("serial_per_nic", 0.0, False)):
-            row[name] = round(zero3_row(r.params_billion, r.num_gpus, r.global_batch_size,
-                                        r.microbatch_size, pre, rails)[0], 1)
-        row["measured"] = r.achieved_tflops_per_gpu
-        sens.append(row)
-    sens = pd.DataFrame(sens)
-    print(sens.to_string(index=False))
-    for c in ("overlap_rails", "serial_rails", "overlap_per_nic", "serial_per_nic"):
-        print(f"  {c}: MAPE {100 * np.mean(np.abs(sens[c] / sens.measured - 1)):.1f} %")
-    sens.to_csv(OUT / "validate_table2_zero3_sensitivity.csv", index=False)
-    print("\nZeRO-3 communication the measurements imply (serial reading: measured step − the "
-          "model's compute, recomputation, embedding and optimizer), for the 3·Ψ·2 bytes each "
-          "GPU moves per step (fp16 gathers forward and backward + fp16 reduce-scatter, "
-          "·(N−1)/N):")
-    print(implied_bandwidth(out).to_string(index=False))
-
-
-def implied_bandwidth(out):
-    """Per-GPU ZeRO-3 bandwidth implied by each measured row next to the model's serial one
-    (a diagnostic: what the anchor says about the collectives, not a fit)."""
-    rows = []
-    z = out[out.scheme == "ZeRO-3"]
-    for _, r in z.iterrows():
-        model = MODELS[r.params_billion]
-        flops = eq3_flops(model, r.global_batch)
-        t_meas = flops / (r.measured_tflops * 1e12 * r.num_gpus)
-        busy = sum(r[f"zero3_{k}"] for k in ("compute", "recompute", "embedding", "optimizer"))
-        _, t_serial, _ = zero3_row(r.params_billion, r.num_gpus, r.global_batch,
-                                   r.micro_batch, prefetch=0.0)
-        nbytes = 3.0 * 2.0 * r.params_billion * 1e9 * (r.num_gpus - 1.0) / r.num_gpus
-        rows.append({"params_billion": r.params_billion, "num_gpus": r.num_gpus,
-                     "measured_step_s": round(t_meas, 1), "model_busy_s": round(busy, 1),
-                     "implied_comm_s": round(t_meas - busy, 1),
-                     "implied_GBps_per_gpu": round(nbytes / (t_meas - busy) / 1e9, 1),
-                     "model_serial_comm_s": round(t_serial - busy, 1),
-                     "model_GBps_per_gpu": round(nbytes / (t_serial - busy) / 1e9, 1)})
-    return pd.DataFrame(rows)
+    e_all, ins, loo, lomo = cross_validate(fit_rows)
+    print(f"\nring efficiency fit (grid {GRID[0]:g}-{GRID[-1]:g}): {e_all:g} (hw_db: {eff:g}); "
+          f"MAPE in sample {np.mean(np.abs(ins)):.1f} %, leave-one-row-out "
+          f"{np.mean(np.abs(loo)):.1f} %, leave-one-model-out {np.mean(np.abs(lomo)):.1f} %")
+    print("  per row, in / LOO / LOMO %:",
+          [f"{a:+.0f}/{b:+.0f}/{c:+.0f}" for a, b, c in zip(ins, loo, lomo)])
+    if calibrate:
+        print(f"--calibrate: set hw_db/tech/network.toml infiniband.flat_ring_efficiency = "
+              f"{e_all:g}")
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+    main(calibrate="--calibrate" in sys.argv[1:])

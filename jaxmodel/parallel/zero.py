@@ -22,7 +22,8 @@ overlap`, with SM and memory-bandwidth contention).
 - Backward (parameters were freed after the forward — ``reshard_after_forward``): unit ``k``
   computes its backward while unit ``k−1`` is gathered and unit ``k+1``'s gradients are
   reduce-scattered: ``T_b = g + (n−1)·ov(c_b, g + r) + c_b + r`` (the last reduce-scatter is
-  exposed). Without prefetch: ``n·(g + c_b + r)``.
+  exposed). Without prefetch: ``n·(g + c_b + r)``. With ``recompute_gathers`` every ``g`` of
+  the backward counts twice (see "Re-gather for recomputation").
 - ``ov(c, m)`` = :func:`jaxmodel.parallel.overlap.overlapped_time` (``max(c, m)`` without
   contention). Deeper prefetch changes nothing for uniform units (the steady state is set by
   the slower of compute and communication) but holds more gathered units in memory.
@@ -36,19 +37,29 @@ overlap`, with SM and memory-bandwidth contention).
   over the replicas (``a``), in the backward's communication stream:
   ``T_b = g + (n−1)·ov(c_b, g + r + a) + c_b + r + a``.
 
-**Per-tensor collectives** (:func:`call_overhead`): FSDP gathers a unit as one flat
-parameter (one collective per unit). DeepSpeed's ZeRO-3 of 2021 (``partition_parameters.py``
-``_allgather_param`` / ``_reduce_scatter_gradient``, before ``_all_gather_base``) issues one
-all-gather and one reduce-scatter *per parameter tensor* through the list form of
-``torch.distributed`` (one output/input view per rank), and PyTorch's ``ProcessGroupNCCL``
-flattens that list with one copy kernel per rank. Every call then costs, beyond its bytes,
-NCCL's ring latency over the flat ring of all ``g`` ranks — all-gather and reduce-scatter
-have no tree in NCCL: ``baseLat + (g − nodes)·max(hwLat[NVLink], netOverhead) + (nodes −
-1)·hwLat[NET]``
-(NCCL's tuning constants, :mod:`jaxmodel.comm.nccl`; LL for small tensors, Simple for the
-weight matrices) — plus ``g`` copy kernels (``Device.add_overhead_s`` each, the floor of a
-small elementwise kernel). Both grow with ``g``: at fixed global batch the compute per device
-falls as 1/devices while this cost rises with them.
+**Re-gather for recomputation** (``recompute_gathers = 1``): DeepSpeed's stage-3 hooks
+release a module's gathered parameters after *every* forward (``_post_forward_module_hook``
+→ ``release_sub_module``), including the re-forward of an activation-checkpointed layer in
+the backward; the backward pre-hook then gathers them again. With full recomputation every
+unit is thus gathered three times per micro-batch (forward, re-forward, backward), not twice.
+
+**Per-tensor collectives** (:func:`per_tensor_collectives`): FSDP gathers a unit as one
+flat parameter (one collective per unit). DeepSpeed's ZeRO-3 of 2021
+(``partition_parameters.py`` ``_allgather_param`` / ``_reduce_scatter_gradient``, before
+``_all_gather_base``) issues one all-gather and one reduce-scatter *per parameter tensor*
+through the list form of ``torch.distributed`` (one output/input view per rank), each
+gather after a ``torch.cuda.synchronize()`` (nothing overlaps it: ``prefetch = 0``).
+Parameters below ``stage3_param_persistence_threshold`` (10⁵ elements, biases and
+LayerNorms) stay gathered; their gradients are still reduce-scattered. Every call costs
+the NCCL collective of its tensor (NCCL's flat ring over all ``g`` ranks — all-gather and
+reduce-scatter have no tree in NCCL, :mod:`jaxmodel.comm`), ``g`` copy kernels of the list
+API (PyTorch ``ProcessGroupNCCL`` flattens the list, one ``copy_`` per rank,
+``Device.add_overhead_s`` each) and the main-memory traffic of the call path
+(:data:`LIST_API_HBM`): for a gather the zero-filled full-size buffer (``torch.zeros``, 1×)
+and the copy out of the flattened output (read + write, 2×); for a reduce-scatter the
+gradient's pre-division (``tensor.div_(world_size)`` in stage 3's ``average_tensor``, 2×)
+and the copy into the flattened input (2×). Both the latency and the copies grow with ``g``:
+at fixed global batch the compute per device falls as 1/devices while this cost rises.
 
 Step (per device): ``Σ_micro-batches (T_f + T_b)``; the optimizer step, embedding and
 pipeline terms are the caller's. With ``g, r ≫ c`` the step is communication-bound: the
@@ -65,7 +76,6 @@ import jax.numpy as jnp
 
 from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
-from jaxmodel.comm import collectives as _coll
 from jaxmodel.parallel import overlap as ov
 
 ZERO3_KEYS = ("compute", "exposed_comm", "contention", "gather", "reduce_scatter",
@@ -81,29 +91,46 @@ def _collective(system, op, nbytes, group, stride, net):
     return jnp.where(multi, jnp.where(ok, t, 0.0), 0.0), ~multi | ok
 
 
-def call_overhead(system, group, stride=1.0, big_calls=0.0, small_calls=0.0,
-                  list_api=1.0):
-    """Seconds that per-tensor collective calls add to one unit's gather or reduce-scatter
-    over ``group`` ranks ``stride`` devices apart (module docstring, "Per-tensor
-    collectives"): ``big_calls`` weight matrices at NCCL's Simple-protocol ring latency,
-    ``small_calls`` vectors (biases, norm weights) at its LL ring latency, and with
-    ``list_api`` one copy kernel per rank and call (``Device.add_overhead_s``).
+#: Main-memory bytes per byte of the tensor that DeepSpeed's per-tensor call path moves
+#: beside NCCL (module docstring, "Per-tensor collectives"): all-gather = zero-fill (1) + copy
+#: out of the flattened output (2); reduce-scatter = pre-division (2) + copy into the
+#: flattened input (2).
+LIST_API_HBM = {"all_gather": 3.0, "reduce_scatter": 4.0}
 
-    The flat ring over ``g`` ranks: :func:`jaxmodel.comm.collectives.nccl_ring_latency`
-    (NCCL ``ncclTopoTuneModel``: ``nsteps = nRanks − 1`` for all-gather / reduce-scatter,
-    ``nNodes − 1`` of them across the network). A unit gathered as one flat parameter (FSDP)
-    is ``big_calls = 1``,
-    ``small_calls = 0``, ``list_api = 0``, whose latency the collective model has already:
-    the caller adds this only for the calls beyond it. Units: s.
+
+def per_tensor_collectives(system, op, tensor_bytes, group, stride=1.0, list_api=1.0,
+                           ring_efficiency=1.0, net: _comm.NetVariant = _comm.ANY_NET):
+    """Seconds of one collective ``op`` (``"all_gather"`` or ``"reduce_scatter"``) per
+    tensor, issued one after another over ``group`` ranks ``stride`` devices apart (module
+    docstring, "Per-tensor collectives"):
+    ``Σ_i [T_nccl(b_i) / ring_efficiency + list_api · (g · add_overhead_s + h · b_i /
+    (mem_bw · add_bw_efficiency))]`` with ``h`` = :data:`LIST_API_HBM` ``[op]``.
+
+    Args:
+        tensor_bytes: sizes of the tensors in bytes (a static sequence; each may be traced).
+        list_api: 1 = the list form of ``torch.distributed`` (``g`` copy kernels and the
+            buffer traffic per call), 0 = one flat buffer (``_all_gather_base``).
+        ring_efficiency: achieved fraction of the modelled NCCL collective speed (1 = the
+            model of :mod:`jaxmodel.comm` as is); the caller supplies the calibrated value of
+            the network level the ring crosses.
+
+    Returns:
+        ``(seconds, feasible)``; 0 s for a group of one.
     """
     f = jnp.result_type(float)
+    dev = system.device
     g = jnp.maximum(jnp.asarray(group, dtype=f), 1.0)
-    # per protocol (LL, LL128, Simple): NCCL's flat-ring latency over the g ranks
-    lat = _coll.nccl_ring_latency(system, jnp.where(g > 1.5, g, 2.0), stride)
-    multi = g > 1.5
-    ring = big_calls * lat[2] + small_calls * lat[0]
-    copies = list_api * (big_calls + small_calls) * g * system.device.add_overhead_s
-    return jnp.where(multi, ring + copies, 0.0)
+    eff = jnp.clip(jnp.asarray(ring_efficiency, dtype=f), 1e-3, 1.0)
+    mem = jnp.maximum(dev.mem_bw * dev.add_bw_efficiency, 1.0)
+    total = jnp.asarray(0.0, dtype=f)
+    ok = jnp.asarray(True)
+    for b in tensor_bytes:
+        b = jnp.asarray(b, dtype=f)
+        t, ok_i = _collective(system, op, b, g, stride, net)
+        total = total + t / eff + list_api * (g * dev.add_overhead_s
+                                              + LIST_API_HBM[op] * b / mem)
+        ok = ok & ok_i
+    return jnp.where(g > 1.5, total, 0.0), ok
 
 
 def unit_pass_time(t_compute, t_comm, n_units, prefetch=1.0, t_tail=0.0, compute_bytes=0.0,
@@ -130,7 +157,7 @@ def unit_pass_time(t_compute, t_comm, n_units, prefetch=1.0, t_tail=0.0, compute
 
 def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batches=1.0, *,
                dtype_bytes=2.0, grad_comm_bytes=2.0, prefetch=1.0, shard_group=None,
-               reduce_every_microbatch=1.0, stride=1.0, channels=None,
+               reduce_every_microbatch=1.0, recompute_gathers=0.0, stride=1.0, channels=None,
                compute_bytes_fwd=0.0, compute_bytes_bwd=0.0,
                net: _comm.NetVariant = _comm.ANY_NET, collective_times=None):
     """Time of the ZeRO-3 / FSDP part of a training step on one device (module docstring).
@@ -154,6 +181,9 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
             ``dp``; the replica all-reduce runs over ``dp / shard_group``.
         reduce_every_microbatch: 1 = reduce-scatter in every micro-batch (DeepSpeed); 0 =
             only in the last one (FSDP ``no_sync``).
+        recompute_gathers: 1 = every backward pass gathers each unit twice (re-forward of
+            a checkpointed unit whose parameters the forward released, then its backward:
+            DeepSpeed stage 3 with activation checkpointing); 0 = once (FSDP).
         stride: devices between consecutive data-parallel ranks (``tp·pp`` under PTD-P
             placement, 1 for pure ZeRO-3).
         channels: NCCL channels (= SMs) of the collectives (default
@@ -197,12 +227,14 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
     h_r = ov.comm_hbm_bytes("reduce_scatter", rs_bytes, shard)
     h_a = ov.comm_hbm_bytes("all_reduce", ar_bytes, replicas)
 
+    regather = 1.0 + jnp.clip(jnp.asarray(recompute_gathers, dtype=f), 0.0, 1.0)
+
     def bwd(with_rs, with_ar):
-        comm = g + with_rs * r + with_ar * a
+        comm = regather * g + with_rs * r + with_ar * a
         tail = with_rs * r + with_ar * a
-        hb = h_g + with_rs * h_r + with_ar * h_a
+        hb = regather * h_g + with_rs * h_r + with_ar * h_a
         return unit_pass_time(t_bwd_unit, comm, n, prefetch, tail, compute_bytes_bwd, hb,
-                              share, dev, t_head=g)
+                              share, dev, t_head=regather * g)
 
     t_f, s_f = unit_pass_time(t_fwd_unit, g, n, prefetch, 0.0, compute_bytes_fwd, h_g, share,
                               dev)
@@ -215,7 +247,7 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
     n_rs = (m - 1.0) * every + 1.0
     return {"total": total, "compute": compute, "contention": contention,
             "exposed_comm": total - compute - contention,
-            "gather": 2.0 * m * n * g, "reduce_scatter": n_rs * n * r,
+            "gather": (1.0 + regather) * m * n * g, "reduce_scatter": n_rs * n * r,
             "replica_allreduce": n * a, "feasible": ok_g & ok_r & ok_a}
 
 
@@ -250,4 +282,5 @@ def zero3_memory(n_params, n_units, dp, *, shard_group=None, prefetch=1.0, dtype
             "total": weights + grads + opt}
 
 
-__all__ = ["zero3_step", "zero3_memory", "unit_pass_time", "call_overhead", "ZERO3_KEYS"]
+__all__ = ["zero3_step", "zero3_memory", "unit_pass_time", "per_tensor_collectives",
+           "LIST_API_HBM", "ZERO3_KEYS"]

@@ -161,35 +161,74 @@ def test_float32(float32, sys2):
     z = zero.zero3_step(sys2, PSI, N, jnp.float32(CF), jnp.float32(CB), 16.0, 1.0)
     assert z["total"].dtype == jnp.float32
     assert np.isfinite(float(z["total"]))
+    t, _ = zero.per_tensor_collectives(sys2, "all_gather", (jnp.float32(3e8), 1e8), 16.0,
+                                       ring_efficiency=jnp.float32(0.35))
+    assert t.dtype == jnp.float32 and np.isfinite(float(t)) and float(t) > 0
 
 
-def test_per_tensor_call_overhead_hand_value():
-    """384 ranks on 48 DGX A100 nodes: NCCL flat ring, 336 NVLink steps + 47 network steps.
-    Simple: 8.4 + 336·max(3.4, 3·1.0) + 47·14 µs; LL: 6.6 + 336·max(0.6, 1.0) + 47·2.7 µs
-    (NCCL's tuning constants and netOverhead of a ring across nodes); list API: one copy
-    kernel (add_overhead_s) per rank and call."""
+def test_per_tensor_collectives_hand_value():
+    """One NCCL collective per tensor (the comm model's time over the ring efficiency), g copy
+    kernels of the list API per call and the call path's memory traffic: 3 bytes moved per
+    gathered byte (zero-fill, copy out), 4 per reduce-scattered byte (pre-division, copy in)."""
     s = hw_db.system("dgx_a100", nodes=48)
-    simple = (8.4 + 336 * 3.4 + 47 * 14.0) * 1e-6
-    ll = (6.6 + 336 * 1.0 + 47 * 2.7) * 1e-6
-    assert float(zero.call_overhead(s, 384.0, 1.0, 1.0, 0.0, 0.0)) == pytest.approx(simple,
-                                                                                    rel=1e-5)
-    assert float(zero.call_overhead(s, 384.0, 1.0, 0.0, 1.0, 0.0)) == pytest.approx(ll,
-                                                                                    rel=1e-5)
-    copies = 12 * 384 * float(s.device.add_overhead_s)
-    assert float(zero.call_overhead(s, 384.0, 1.0, 4.0, 8.0, 1.0)) == pytest.approx(
-        4 * simple + 8 * ll + copies, rel=1e-5)
-    # grows with the ranks; a group of one costs nothing
+    dev = s.device
+    sizes = (2 * 3 * 12288.0 ** 2, 2 * 12288.0 ** 2, 2 * 4 * 12288.0)
+    mem = float(dev.mem_bw * dev.add_bw_efficiency)
+    copy = 384 * float(dev.add_overhead_s)
+    for op, hbm in (("all_gather", 3.0), ("reduce_scatter", 4.0)):
+        nccl = [_coll(s, op, b, 384.0) for b in sizes]
+        t, ok = zero.per_tensor_collectives(s, op, sizes, 384.0)
+        assert bool(ok)
+        assert float(t) == pytest.approx(sum(nccl) + 3 * copy + hbm * sum(sizes) / mem,
+                                         rel=1e-6)
+        flat, _ = zero.per_tensor_collectives(s, op, sizes, 384.0, list_api=0.0)
+        assert float(flat) == pytest.approx(sum(nccl), rel=1e-6)
+        slow, _ = zero.per_tensor_collectives(s, op, sizes, 384.0, list_api=0.0,
+                                              ring_efficiency=0.25)
+        assert float(slow) == pytest.approx(4 * sum(nccl), rel=1e-6)
+    # a group of one costs nothing; the cost grows with the ranks at fixed bytes
+    assert float(zero.per_tensor_collectives(s, "all_gather", sizes, 1.0)[0]) == 0.0
     big = hw_db.system("dgx_a100", nodes=192)
-    assert float(zero.call_overhead(big, 1536.0, 1.0, 4.0, 8.0)) > 3.5 * float(
-        zero.call_overhead(s, 384.0, 1.0, 4.0, 8.0))
-    assert float(zero.call_overhead(s, 1.0, 1.0, 4.0, 8.0)) == 0.0
-    # inside one node only NVLink steps: 8 ranks, Simple = 8.4 + 7·3.4 µs
-    assert float(zero.call_overhead(s, 8.0, 1.0, 1.0, 0.0, 0.0)) == pytest.approx(
-        (8.4 + 7 * 3.4) * 1e-6, rel=1e-5)
-    # vmapped over the group size = the loop; finite gradient
+    assert float(zero.per_tensor_collectives(big, "all_gather", sizes, 1536.0)[0]) > float(
+        zero.per_tensor_collectives(s, "all_gather", sizes, 384.0)[0])
+
+
+def test_per_tensor_collectives_jit_vmap_grad():
+    s = hw_db.system("dgx_a100", nodes=48)
+
+    def f(g, eff):
+        return zero.per_tensor_collectives(s, "reduce_scatter", (1e8, 3e8), g,
+                                           ring_efficiency=eff)[0]
     gs = jnp.asarray([16.0, 64.0, 384.0])
-    v = jax.vmap(lambda g: zero.call_overhead(s, g, 1.0, 4.0, 8.0))(gs)
-    np.testing.assert_allclose(np.asarray(v), [float(zero.call_overhead(s, g, 1.0, 4.0, 8.0))
-                                               for g in gs], rtol=1e-6)
-    d = jax.grad(lambda g: zero.call_overhead(s, g, 1.0, 4.0, 8.0))(384.0)
-    assert np.isfinite(float(d)) and float(d) > 0
+    effs = jnp.asarray([1.0, 0.5, 0.35])
+    loop = [float(f(g, e)) for g, e in zip(gs, effs)]                  # eager
+    np.testing.assert_allclose(np.asarray(jax.vmap(jax.jit(f))(gs, effs)), loop, rtol=1e-6)
+    d = jax.grad(f, argnums=1)(384.0, 0.5)
+    assert np.isfinite(float(d)) and float(d) < 0          # a faster ring → less time
+    nccl = sum(_coll(s, "reduce_scatter", b, 384.0) for b in (1e8, 3e8))
+    assert float(d) == pytest.approx(-nccl / 0.25, rel=1e-5)             # d/de (T/e)
+
+
+def test_recompute_regathers_every_unit(sys2):
+    """DeepSpeed with activation checkpointing: forward, re-forward and backward each gather
+    a unit. Serial (no prefetch): N·(g + c_f) + N·(2g + c_b + r); pipelined: the backward's
+    communication per unit is 2g + r."""
+    g = _coll(sys2, "all_gather", PSI / N * 2, 16)
+    r = _coll(sys2, "reduce_scatter", PSI / N * 2, 16)
+    z = zero.zero3_step(sys2, PSI, N, CF, CB, 16.0, 1.0, prefetch=0.0, recompute_gathers=1.0)
+    assert float(z["total"]) == pytest.approx(N * (g + CF) + N * (2 * g + CB + r), rel=1e-6)
+    assert float(z["gather"]) == pytest.approx(3 * N * g, rel=1e-6)
+    p = zero.zero3_step(sys2, PSI, N, CF, CB, 16.0, 1.0, channels=0.0, recompute_gathers=1.0)
+    fwd = g + (N - 1) * max(CF, g) + CF
+    bwd = 2 * g + (N - 1) * max(CB, 2 * g + r) + CB + r
+    assert float(p["total"]) == pytest.approx(fwd + bwd, rel=1e-6)
+    # given collective times, two micro-batches: every micro-batch gathers three times
+    m2 = zero.zero3_step(sys2, PSI, N, CF, CB, 16.0, 2.0, prefetch=0.0, recompute_gathers=1.0,
+                         collective_times=(0.01, 0.02, 0.0))
+    assert float(m2["total"]) == pytest.approx(2 * N * (3 * 0.01 + 0.02 + CF + CB), rel=1e-9)
+    jit = jax.jit(lambda c: zero.zero3_step(sys2, PSI, N, c, CB, 16.0, 1.0, prefetch=0.0,
+                                            recompute_gathers=1.0)["total"])
+    assert float(jit(CF)) == pytest.approx(float(z["total"]), rel=1e-9)
+    assert float(jax.grad(lambda c: zero.zero3_step(
+        sys2, PSI, N, c, CB, 16.0, 1.0, prefetch=0.0, recompute_gathers=1.0)["total"])(CF)
+    ) == pytest.approx(N, rel=1e-9)
