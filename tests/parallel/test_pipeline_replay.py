@@ -159,3 +159,14 @@ def test_closed_form_matches_replay_with_embedding_and_head(p, v, m):
     got = closed_form(p, v, m, f, b, x, g, first, last)
     ref = replay(p, v, m, f, b, x, g, first, last)
     assert got == pytest.approx(ref, rel=0.01)
+
+
+@pytest.mark.parametrize("p,v,m", [(16, 2, 144), (35, 3, 280), (64, 1, 512)])
+def test_closed_form_matches_replay_table1_shapes(p, v, m):
+    # the pipelines of Narayanan et al. SC'21 Table 1's 310B, 530B and 1T runs
+    # (examples/sc21/run_table_1.sh): stages, chunks, micro-batches per replica
+    f, b, x, g = 1.0 / v, 3.0 / v, 0.01, 0.005
+    first, last = (0.01, 0.01), (0.05, 0.14)
+    got = closed_form(p, v, m, f, b, x, g, first, last)
+    ref = replay(p, v, m, f, b, x, g, first, last)
+    assert got == pytest.approx(ref, rel=0.005)
