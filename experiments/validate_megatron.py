@@ -213,8 +213,9 @@ def main():
     mape = out.error_pct.abs().mean()
     worst = out.error_pct.abs().max()
     print(f"Table 1: MAPE {mape:.2f} % (target <= 5 %), worst {worst:.2f} % (target <= 10 %)")
-    for name, rows in (("pp = 1", out.pp == 1), ("pp > 1, 1F1B", (out.pp > 1) & (out.interleave == 1)),
-                       ("pp > 1, interleaved", out.interleave > 1)):
+    groups = (("pp = 1", out.pp == 1), ("pp > 1, 1F1B", (out.pp > 1) & (out.interleave == 1)),
+              ("pp > 1, interleaved", out.interleave > 1))
+    for name, rows in groups:
         print(f"  {name}: mean error {out.error_pct[rows].mean():+.2f} % over {rows.sum()} rows")
     if "--dp-as-before" in sys.argv:
         before = run_table1(as_before=True)
