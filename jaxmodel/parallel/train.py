@@ -26,7 +26,8 @@ plus the embedding on the first stage and the LM head + loss on the last (both o
 stage when p = 1).
 
 **Pipeline** (:mod:`jaxmodel.parallel.pipeline`): m·t_max + (p−1)/v·t_mean + exposed
-stage-boundary transfers (2 per micro-batch and chunk, plus fill/drain), each b·s·h·2/t bytes
+stage-boundary transfers (2 per micro-batch and chunk, plus fill/drain; m + 1 for two
+stages), each b·s·h·2/t bytes
 (scatter/gather optimisation, PTD-P §4.1; the re-assembling all-gather over TP when SP is off).
 With p > 1 and tied embeddings the first and last stage all-reduce the embedding gradient.
 
