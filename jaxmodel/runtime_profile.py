@@ -139,7 +139,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # layer (TTFT MAPE 17.5 % -> 5.5 %; leave-one-model-out 6.4 %, fits 145-165 µs;
     # FasterTransformer 13B prefill, in no fit, 14.9 % -> 4.2 %). Without it the model
     # under-predicts every 128-token row, by 3-13 ms, 105-180 µs per layer for all four
-    # models, where the GPU work is shortest.
+    # models, where the GPU work is shortest; one flat time per request instead fits worse
+    # (5.7 ms: 8.9 % in sample, 11.4 % leave-one-model-out).
     "trtllm": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
                    fuse_rope=1.0, attention=1.0, sustained_clock=1.0, step_overhead_s=STEP,
                    context_layer_overhead_s=CONTEXT_LAYER),
