@@ -260,3 +260,23 @@ def test_te_tp_exposed_vmap_jit_grad(dev):
     assert float(g) == pytest.approx(float(fd) / (2 * eps), rel=1e-3)
     z = jax.grad(lambda c: sum(ov.te_tp_exposed(0.0, 0.0, c, c, 0.55, 0.35, 8.0, dev)))(0.0)
     assert np.isfinite(float(z))
+
+
+@pytest.mark.slow
+def test_train_step_tp_overlap_only_where_megatron_core_runs_it():
+    """train_step: the tp_overlap knob changes nothing without sequence parallelism or with
+    a TP group spanning two DGX A100 nodes, and lowers the step of an eligible plan."""
+    import jaxmodel as jm
+    system = hw_db.system("dgx_a100", nodes=2)
+    model = jm.Model(n_layers=4.0, d_model=2048.0, n_heads=16.0, n_kv_heads=16.0,
+                     head_dim=128.0, d_ff=8192.0, vocab_size=32000.0, activation="gelu")
+    par = jm.Parallelism(dp=jnp.asarray([1.0, 2.0, 2.0]), tp=jnp.asarray([16.0, 8.0, 8.0]),
+                         pp=1, sp=jnp.asarray([1.0, 0.0, 1.0]), micro_batch=1,
+                         recompute="selective")
+    serial, over = (jm.train_step(system, model, par, 8, 2048, tp_overlap=x)
+                    for x in (0.0, 1.0))
+    s, o = np.asarray(serial.step_time_s), np.asarray(over.step_time_s)
+    np.testing.assert_allclose(o[:2], s[:2], rtol=1e-9)
+    assert o[2] < s[2]
+    assert float(np.asarray(over.breakdown["tp_comm"])[2]) < float(
+        np.asarray(serial.breakdown["tp_comm"])[2])
