@@ -29,8 +29,8 @@ For the best plan it also splits the compute part into GEMM families (QKV, outpu
 projection, FC1, FC2), the attention core, the vector kernels (layernorms, activation,
 softmax) and the bias/dropout/residual kernels, from the same per-layer op list
 :func:`jaxmodel.train_step` uses, and walks a ladder from Megatron-LM's 2021 execution of
-the same degrees to the best plan (one change at a time), beside the measured gains of the
-techniques. Cross-check of the overlap's net value: Lee et al., "Characterizing
+the same degrees to the best plan (one change at a time; the gradient precision early, as
+fp32 gradient buffers do not fit these degrees with larger micro-batches). Cross-check of the overlap's net value: Lee et al., "Characterizing
 Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning: Performance and
 Power Implications" (arXiv 2507.03114, 2025) measure on 4×A100/H100 that running compute
 and communication one after the other is on average 10.2 % (at most 26.6 %) slower than
@@ -159,11 +159,11 @@ def ladder(best):
     for label, dp_, do_ in (
             ("+ sequence parallelism, selective recompute (Korthikanti et al. 2023)",
              dict(sp=float(best.sp), recompute="selective"), {}),
+            ("+ best gradient precision (bf16: Megatron-LM's --grad-reduce-in-bf16)", {},
+             dict(grad_bytes=float(best.grad_bytes))),
             ("+ best micro-batch", dict(micro_batch=float(best.micro_batch)), {}),
             ("+ FlashAttention-2, best recompute", dict(
                 flash_attention=float(best.flash_attention), recompute=best.recompute), {}),
-            ("+ best gradient-reduction precision", {},
-             dict(grad_bytes=float(best.grad_bytes))),
             ("+ overlapped DP (Megatron-core overlap_grad_reduce/param_gather)", {},
              dict(dp_overlap=float(best.dp_overlap))),
             ("+ TP overlap (Transformer Engine userbuffers)", {},
