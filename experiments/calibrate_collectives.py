@@ -86,14 +86,6 @@ def with_level(system, k, **fields):
     return dataclasses.replace(system, levels=tuple(levels))
 
 
-def subset(ds, mask):
-    out = dict(ds)
-    for k, v in ds.items():
-        if isinstance(v, np.ndarray) and v.shape == ds["nbytes"].shape:
-            out[k] = v[mask]
-    return out
-
-
 def predict(system, ds):
     """Model all-reduce latency (auto) for every row of an anchor data set, s."""
     return np.asarray(jm.collective_latency(system, "all_reduce", ds["nbytes"], ds["group"]))
@@ -134,7 +126,7 @@ BIG_BYTES = 2.0**20   # the MAPE over rows >= 1 MiB is reported beside (module d
 
 
 def big(ds):
-    return subset(ds, ds["nbytes"] >= BIG_BYTES)
+    return anchors.subset(ds, ds["nbytes"] >= BIG_BYTES)
 
 
 def is_kernel(ds):
@@ -143,7 +135,7 @@ def is_kernel(ds):
 
 def clean(ds):
     """A kernel-time set without its mixed-mode rows (module docstring); others unchanged."""
-    return subset(ds, ~anchors.mixed_modes(ds)) if is_kernel(ds) else ds
+    return anchors.subset(ds, ~anchors.mixed_modes(ds)) if is_kernel(ds) else ds
 
 
 def main():
@@ -163,7 +155,7 @@ def main():
                     f"{mape(predict(best, ds), ds['seconds']):.2f} %; rows >= 1 MiB: "
                     f"{mape(predict(best, big(ds)), big(ds)['seconds']):.2f} %")
             for g in (2.0, 4.0, 8.0):
-                dg = subset(ds, ds["group"] == g)
+                dg = anchors.subset(ds, ds["group"] == g)
                 cg = clean(dg)
                 note += (f"; g={g:.0f}: {mape(predict(best, cg), cg['seconds']):.2f} % "
                          f"({mape(predict(best, dg), dg['seconds']):.2f} % all)")
@@ -196,7 +188,8 @@ def main():
         ds = clean(ds)
         errs, errs_big = [], []
         for g in (2.0, 4.0, 8.0):
-            train, test = subset(ds, ds["group"] != g), subset(ds, ds["group"] == g)
+            train = anchors.subset(ds, ds["group"] != g)
+            test = anchors.subset(ds, ds["group"] == g)
             names, x0s = FIT[sys_name]
             vals, _, best = fit(hw_db.system(sys_name), 0, train, names, x0s)
             e = mape(predict(best, test), test["seconds"])

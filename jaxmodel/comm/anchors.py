@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-__all__ = ["load_all", "a100x4", "tpuv3", "nccl_8xa100", "vidur", "vidur_h100", "mixed_modes"]
+__all__ = ["load_all", "a100x4", "tpuv3", "nccl_8xa100", "vidur", "vidur_h100", "mixed_modes",
+           "subset"]
 
 
 def _pack(name, system, nodes, group, nbytes, seconds):
@@ -94,6 +95,12 @@ def vidur_h100(root: Path, min_bytes: float = 0.0):
     out["seconds_min"] = d.time_min_ms.to_numpy(dtype=float) * 1e-3
     out["seconds_max"] = d.time_max_ms.to_numpy(dtype=float) * 1e-3
     return out
+
+
+def subset(ds, keep):
+    """The rows of a data set where the bool array ``keep`` is true (per-row arrays only)."""
+    return {k: (v[keep] if isinstance(v, np.ndarray) and v.shape == keep.shape else v)
+            for k, v in ds.items()}
 
 
 def mixed_modes(ds, ratio: float = 2.0, window: float = 1.25):
