@@ -162,14 +162,20 @@ def plot(data, summary, path):
         d = data[data.dataset == name]
         for (g, pn), dd in d.groupby(["group", "per_node"]):
             label = f"g={g:.0f}" + (f" ({pn:.0f}/node)" if pn != g else "")
-            line, = ax.loglog(dd.nbytes, dd.measured_s * 1e6, "o", ms=4, label=f"{label} meas.")
+            ok = ~dd.mixed_mode.to_numpy()
+            line, = ax.loglog(dd.nbytes[ok], dd.measured_s[ok] * 1e6, "o", ms=4,
+                              label=f"{label} meas.")
+            if not ok.all():
+                ax.loglog(dd.nbytes[~ok], dd.measured_s[~ok] * 1e6, "x", ms=5,
+                          color=line.get_color(), label=f"{label} mixed-mode rows")
             ax.loglog(dd.nbytes, dd.predicted_s * 1e6, "-", color=line.get_color(),
                       label=f"{label} model")
             if np.all(np.isfinite(dd.llmcompass_s)):
                 ax.loglog(dd.nbytes, dd.llmcompass_s * 1e6, ":", color="gray",
                           label="LLMCompass model")
         s = next(x for x in summary if x[0] == name)
-        ax.set_title(f"{name}: MAPE {s[2]:.1f} %", fontsize=10)
+        extra = "" if math.isnan(s[7]) else f" ({s[7]:.1f} % without mixed-mode rows)"
+        ax.set_title(f"{name}: MAPE {s[2]:.1f} %{extra}", fontsize=9)
         ax.set_xlabel("all-reduce size (bytes)")
         ax.set_ylabel("latency (us)")
         ax.legend(fontsize=6)
