@@ -27,11 +27,19 @@ Two batched stages, as :func:`jaxmodel.search_parallelism` de-duplicates its sta
    every configuration, gathering its table rows by index, in one jitted
    :func:`jaxmodel.batching.map_points` call — 10⁵ rows.
 
+A search compiles three executables: the cost tables and the steady state of the aggregated
+and of the disaggregated rows. Stage 2 needs only the shapes of the tables, so it is traced
+and compiled on a second thread while stage 1 runs (XLA releases the GIL while compiling);
+on the CPU backend both stages compile with :data:`CPU_COMPILE_OPTIONS`. Most of a cold
+search is the XLA compilation of stage 1's graph (the inference model with its GEMM tile
+searches), whose size does not depend on how many configurations are searched.
+
 Both stages print their progress through :func:`jaxmodel.runtime.stage`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import sys
@@ -72,9 +80,10 @@ def _plans(n: int, tps: Sequence[int], pps: Sequence[int]) -> list[tuple[int, in
             if t >= 1 and p >= 1 and n % (t * p) == 0]
 
 
-#: XLA:CPU compile options of the two stage executables: the elemental (pre-MLIR) fusion
+#: XLA:CPU compile options of the stage executables: the elemental (pre-MLIR) fusion
 #: emitters compile the cost tables' graph in about half the CPU time of the default
-#: emitters, with bit-identical results (same HLO passes and LLVM optimisation level).
+#: emitters (same HLO passes and LLVM optimisation level; the tables agree to float
+#: rounding, a few ulp in float32).
 CPU_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
@@ -335,8 +344,10 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
     say(f"{len(keys)} cost tables ({len(plans)} tp×pp plans × {len(precs)} precisions × "
         f"{len(rts)} runtimes) for {model.name} on {n} devices")
     with _runtime.stage("search_serving: cost tables", show_after=shown) as st:
-        table = _tables_jit(system, model, par, isl_f, osl_f, prec_b, rt_b,
-                            variant_of(model, par, system))
+        # the name is a static pytree field: without it, models of one family share the
+        # executable within a process
+        table = _tables_jit(system, dataclasses.replace(model, name=""), par, isl_f, osl_f,
+                            prec_b, rt_b, variant_of(model, par, system))
         table = jax.block_until_ready(table)
         st["note"] = f"{len(keys)} tables × {len(_srv.TOKEN_GRID)} batch sizes"
     timings = {"cost_tables_s": st["wall_s"]}
