@@ -88,13 +88,14 @@ CPU_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
 class _Jit:
-    """``fn`` jitted as :func:`jaxmodel.batching.call_batched` jits a function — static
-    leaves (names, flags, functions) baked in, numeric leaves as arguments (float ones
-    with ``cast``) — and
-    compiled with :data:`CPU_COMPILE_OPTIONS` on the CPU backend (plainly elsewhere, or where
-    this XLA does not know an option: found on the first compile). ``compile(*args)`` lowers
-    and compiles without running (numeric leaves may be :class:`jax.ShapeDtypeStruct`),
-    filling the cache that the next call with the same shapes uses."""
+    """``fn`` jitted as :func:`jaxmodel.batching.call_batched` jits a function (static
+    leaves — names, flags, functions — baked in; numeric leaves as arguments, converted to
+    the float dtype with ``cast``) and compiled with ``options`` (default
+    :data:`CPU_COMPILE_OPTIONS`) on the CPU backend; plainly elsewhere, or where this XLA
+    does not know an option (found on the first compile). ``compile(*args)`` lowers and
+    compiles without running (numeric leaves may be :class:`jax.ShapeDtypeStruct`),
+    filling the cache that the next call with the same shapes uses. The compile seconds
+    of a second thread show in the stage that is running (:func:`jaxmodel.runtime.stage`)."""
 
     def __init__(self, fn, cast: bool = True, options=None):
         self.cast = cast
