@@ -57,7 +57,8 @@ import numpy as np
 
 from jaxmodel import numerics as nx
 from jaxmodel.batching import batched
-from jaxmodel.ops.systolic import pipelined_fold_cycles, systolic_cycles  # noqa: F401  (inlined below; the reference)
+from jaxmodel.ops.systolic import pipelined_fold_cycles
+from jaxmodel.ops.systolic import systolic_cycles  # noqa: F401  (inlined below; the reference)
 from jaxmodel.types import validate_args
 
 # ------------------------------------------------------------------------------------------
