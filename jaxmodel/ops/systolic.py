@@ -5,9 +5,9 @@ Sources:
 - LLMCompass (Zhang et al., ISCA'24), §III-B1 "From local buffer to lanes" and its
   ``simulate_systolic_array_cycle_count``: one output-stationary fold of an ``H×W`` array
   takes ``K + H + W − 2`` cycles (``K`` MACs per PE plus the skewed fill and drain of the
-  operand wavefronts; SCALE-Sim v2, Samajdar et al., ISPASS'20, eq. for the OS dataflow), and
-  a tile has ``ceil(M/H)·ceil(N/W)`` folds. SCALE-Sim runs the folds back to back, each one
-  paying its own fill and drain (``folds·(K + H + W − 2) − 1``, which every one of
+  operand wavefronts, as SCALE-Sim v2 of Samajdar et al., ISPASS'20, simulates it for
+  LLMCompass), and a tile has ``ceil(M/H)·ceil(N/W)`` folds. SCALE-Sim runs the folds back
+  to back, each one paying its own fill and drain (``folds·(K + H + W − 2) − 1``, which every one of
   LLMCompass's 58,000 cached rows matches); for large tiles
   (``M·N·K / (H·W·max(H, W)) ≥ 64``) LLMCompass instead takes ``folds·K / u`` with a
   utilisation ``u = 0.98`` (ratio ≥ 64) or ``0.99`` (ratio ≥ 128), i.e. the folds pipelined.
@@ -17,8 +17,8 @@ Sources:
   instructions of independent accumulators, from one warp and across the resident warps,
   issue back to back and hide each other's latency: NVIDIA, CUDA C++ Programming Guide,
   §"Warp Matrix Functions" / §5.2.3 "Multiprocessor level"). The pipeline then pays the fill
-  and drain once per tile pass: ``folds·K + (H + W − 2) − 1`` cycles (a pipeline of ``folds``
-  stages at one fold per ``K`` cycles plus the latency of the last one).
+  and drain once per tile pass: ``folds·K + (H + W − 2) − 1`` cycles (one fold issued every
+  ``K`` cycles, plus the fill and drain latency of the last one).
 
 This one form is used for every tile. It is continuous and non-decreasing in ``M, N, K``, and
 its utilisation ``folds·K / (folds·K + H + W − 3)`` reproduces LLMCompass's large-tile
