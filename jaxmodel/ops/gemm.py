@@ -57,6 +57,7 @@ import numpy as np
 
 from jaxmodel import numerics as nx
 from jaxmodel.batching import batched
+from jaxmodel.ops.systolic import pipelined_fold_cycles
 from jaxmodel.ops.systolic import systolic_cycles  # noqa: F401  (inlined below; the reference)
 from jaxmodel.types import validate_args
 
@@ -403,7 +404,7 @@ def _candidate_cycles(dev, m, n, k, word):
         best_i = jnp.where(better, i, best_i)
         best_j = jnp.where(better, j, best_j)
         best_c = jnp.where(better, cyc, best_c)
-    r_ratio = 1.0 / (best_i * best_j * H * W * jnp.maximum(H, W))
+    r_lane = 1.0 / (best_i * best_j * H * W)       # one lane's MACs per cycle, reciprocal
 
     # ---- per dimension: tile count, then (size, count, L1 tiles, L1 extent, folds) of the
     # full and the remainder tile ------------------------------------------------------------
@@ -435,11 +436,9 @@ def _candidate_cycles(dev, m, n, k, word):
         write = (word * r_dram) * mn_d
         for ck, (dK, cK, aK, ek, _) in enumerate(cls_k):
             # ---- L1 level inside one L2 tile of this class --------------------------------
-            ratio = mn_e * ek * r_ratio
-            sa = jnp.where(ratio >= 64.0, fm * fn * ek * jnp.where(ratio >= 128.0, 1 / 0.99,
-                                                                   1 / 0.98),
-                           jnp.maximum(fm * fn * (ek + H + W - 2.0) - 1.0,
-                                       mn_e * ek / (H * W))) * r_mac   # systolic_cycles
+            # systolic_cycles of one lane's share (folds pipelined, fill and drain once)
+            sa = jnp.maximum(pipelined_fold_cycles(fm * fn, ek, H, W),
+                             mn_e * ek * r_lane) * r_mac
             wave_compute = sa + jnp.where(aK > 1.0, mn_e * r_vc, 0.0)
             tiles = aMN * aK
             waves = _cdiv(tiles, cores)
