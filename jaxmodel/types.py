@@ -443,7 +443,9 @@ RANGES: dict[str, dict[str, Rule]] = {
         "dp_overlap": SHARE, "tp_overlap": SHARE, "grad_bytes": _real(0, 16, "B", lo_open=True),
         "dtype_bytes": _real(0, 16, "B", lo_open=True),
         "adam_bytes_per_param": _real(0, 1e3, "B", lo_open=True),
-        "clock_fraction": FRACTION, "dropout": FLAG,
+        "clock_fraction": FRACTION,
+        # 0 none, 1 Megatron GPT, 2 Megatron GPT on the Megatron-LM 2021 stack (train_step)
+        "dropout": Rule(lo=0, hi=2, integer=True, what="code"),
     },
 }
 

@@ -222,3 +222,13 @@ def test_public_functions_reject_hand_built_configs_before_computing():
         jm.inference(sys_, m, jm.Parallelism(tp=4), batch=0, prompt_len=128, gen_len=8)
     with pytest.raises(ValueError, match="flash_attention"):
         jm.inference(sys_, m, jm.Parallelism(tp=4, flash_attention=7), 8, 128, 8)
+
+
+def test_dropout_knob_is_a_code():
+    """train_step's ``dropout``: 0 none, 1 Megatron GPT, 2 the Megatron-LM 2021 stack."""
+    from jaxmodel.types import validate_knobs
+    for ok in (0, 1, 2, 2.0):
+        validate_knobs("f", dropout=ok)
+    for bad in (3, 1.5, -1):
+        with pytest.raises(ValueError, match="dropout"):
+            validate_knobs("f", dropout=bad)

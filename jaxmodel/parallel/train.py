@@ -279,7 +279,10 @@ def residual_dropout_times(dev, model: Model, par: Parallelism, micro_batch, seq
       write); part of the attention core that selective recomputation repeats.
 
     Each kernel is one :func:`jaxmodel.ops.elementwise_latency` call (roofline + launch
-    overhead). ``dropout`` is 1 (Megatron GPT) or 0 (no dropout, e.g. Llama recipes).
+    overhead). ``dropout`` is 1 (Megatron GPT) or 0 (no dropout, e.g. Llama recipes); 2 is
+    1 on the Megatron-LM 2021 stack of Narayanan et al., SC'21, which adds the eager kernels of
+    :func:`jaxmodel.workload.layer.megatron2021_kernels` (forward ones repeated by a full
+    recomputation through ``fwd_s``).
     ``seq_len`` is the device's tokens (``s/cp`` under context parallelism), ``kv_len`` the
     keys each attends to (default ``seq_len``).
     """
@@ -298,7 +301,12 @@ def residual_dropout_times(dev, model: Model, par: Parallelism, micro_batch, seq
     bda_b = k(e, jnp.where(on, 5.0, 0.0), 1.0) + k(e, 6.0, 1.0) + k(e, 2.0, 1.0)
     bda_b = jnp.where(on, bda_b, k(e, 8.0, 1.0))
     attn = jnp.where(on & (par.flash_attention < 0.5), k(probs, 5.0, 1.0), 0.0)
-    return 2.0 * bda_f + attn, 2.0 * bda_b + attn, attn
+    # dropout = 2: the Megatron-LM 2021 eager kernels on top (not part of the attention core)
+    old_f, old_b = _layer.megatron2021_kernels(dev, model, par, micro_batch, seq_len,
+                                               dtype_bytes)
+    legacy = dropout > 1.5
+    return (2.0 * bda_f + attn + jnp.where(legacy, old_f, 0.0),
+            2.0 * bda_b + attn + jnp.where(legacy, old_b, 0.0), attn)
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,7 +357,7 @@ def _stage_plan(par_s: Parallelism) -> Parallelism:
 STAGE_KEYS = ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "ep_comm_fwd",
               "ep_comm_bwd", "embed_fwd", "embed_bwd", "lm_head_fwd", "lm_head_bwd",
               "loss_fwd", "loss_bwd", "emb_comm_fwd", "emb_comm_bwd", "rd_fwd", "rd_bwd",
-              "rd_selective")
+              "rd_selective", "grad_accum")
 
 
 def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
@@ -376,6 +384,15 @@ def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
                                 kv_len=seq_len)
     out = {k: lt[k] for k in STAGE_KEYS[:7]}
     out.update({k: et[k] for k in STAGE_KEYS[7:13]})
+    # dropout = 2 (Megatron-LM 2021): the cross entropy runs on fp32 logits
+    ce_f, ce_b = _layer.fp32_cross_entropy(system.device, b * local,
+                                           model.vocab_size / jnp.maximum(par.tp, 1.0),
+                                           prec.act_bytes)
+    legacy = dropout > 1.5
+    out.update(loss_fwd=jnp.where(legacy, ce_f, out["loss_fwd"]),
+               loss_bwd=jnp.where(legacy, ce_b, out["loss_bwd"]),
+               grad_accum=jnp.where(legacy, _layer.grad_accumulation(
+                   system.device, model, par, prec.weight_bytes), 0.0))
     out.update(emb_comm_fwd=et["comm_fwd"], emb_comm_bwd=et["comm_bwd"], rd_fwd=rd[0],
                rd_bwd=rd[1], rd_selective=rd[2])
     if finetune is not None:
@@ -432,7 +449,10 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
         clock_fraction: sustained core-clock fraction (default: the device's
             ``sustained_clock_fraction``, see :func:`sustained_device`); the GEMM hook receives the scaled device.
         dropout: 1 = Megatron GPT's hidden and attention dropout, 0 = none (changes the
-            memory-bound kernels of :func:`residual_dropout_times`).
+            memory-bound kernels of :func:`residual_dropout_times`); 2 = 1 on the Megatron-LM
+            2021 stack (Narayanan et al., SC'21): its eager bias / copy / gradient-
+            accumulation kernels (:func:`jaxmodel.workload.layer.megatron2021_kernels`) and
+            the fp32 cross entropy (:func:`jaxmodel.workload.layer.fp32_cross_entropy`).
         variant: static branch switches of the workload's op graph
             (:class:`jaxmodel.workload.layer.Variant`; ``ANY`` keeps every branch).
         finetune: ``None`` (full training) or a :class:`jaxmodel.workload.lora.LoRA`
@@ -659,6 +679,8 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     where = _plan.placement(system, par_s)
 
     t = {k: _finite(times[k]) for k in STAGE_KEYS}
+    # per-layer param.grad accumulation (dropout = 2): every micro-batch but the first
+    t["rd_bwd"] = t["rd_bwd"] + (1.0 - 1.0 / jnp.maximum(m, 1.0)) * t["grad_accum"]
     rcode = par_s.recompute
     lt = _layer_times(t, rcode, tp_overlap * _ov.tp_eligible(par_s, system), dev,
                       _tp_hbm_bytes(par_s, b, seq / cp, model_s.d_model, dtype_bytes),
@@ -876,7 +898,8 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
             ``precision_unsupported``.
         clock_fraction: sustained core-clock fraction under training load (default from
             the device's ``sustained_clock_fraction`` field).
-        dropout: 1 (default) = Megatron GPT's dropout kernels, 0 = no dropout.
+        dropout: 1 (default) = Megatron GPT's dropout kernels, 0 = no dropout, 2 = Megatron
+            GPT's dropout on the Megatron-LM 2021 stack (:func:`train_step_single`).
         dedup: evaluate the per-layer times once per distinct stage input (:func:`
             stage_times`) and compose every plan from them — exact, and much faster for
             parallelism sweeps. ``None`` (default): on for concrete batches of at least

@@ -432,3 +432,44 @@ def test_gemm_table_matches_tile_search():
     looked = jm.train_step(ONE_TIER, MODEL, par, B, S, gemm=table.lookup)
     np.testing.assert_allclose(np.asarray(looked.step_time_s),
                                np.asarray(direct.step_time_s), rtol=1e-9)
+
+
+def test_megatron2021_stack():
+    """``dropout=2``: the eager kernels join the layer's forward (repeated by a full
+    recompute) and backward, the cross entropy runs on fp32 logits, and the ``param.grad``
+    accumulation is charged on ``m − 1`` of ``m`` micro-batches (none when m = 1)."""
+    from jaxmodel.workload import layer as wl
+    dev = ONE_TIER.device
+    p = plan("base")
+    f1, b1, s1 = (float(x) for x in tr.residual_dropout_times(dev, MODEL, p, 1.0, S))
+    f2, b2, s2 = (float(x) for x in tr.residual_dropout_times(dev, MODEL, p, 1.0, S,
+                                                              dropout=2.0))
+    kf, kb = (float(x) for x in wl.megatron2021_kernels(dev, MODEL, p, 1.0, S))
+    assert f2 == pytest.approx(f1 + kf) and b2 == pytest.approx(b1 + kb) and s2 == s1
+    t1 = tr.stage_times_single(ONE_TIER, MODEL, p, S, roofline, dropout=1.0)
+    t2 = tr.stage_times_single(ONE_TIER, MODEL, p, S, roofline, dropout=2.0)
+    ce = wl.fp32_cross_entropy(dev, S, MODEL.vocab_size / 2.0)
+    assert float(t2["loss_fwd"]) == pytest.approx(float(ce[0]))
+    assert float(t2["loss_bwd"]) == pytest.approx(float(ce[1]))
+    assert float(t1["grad_accum"]) == 0.0
+    assert float(t2["grad_accum"]) == pytest.approx(float(wl.grad_accumulation(dev, MODEL, p)))
+
+    def step(dropout, gb):
+        par = plan("dp16", recompute=2.0)
+        return jm.train_step(ONE_TIER, MODEL, par, gb, S, gemm=roofline, dropout=dropout,
+                             dp_overlap=0.0)
+
+    # dp16, micro-batch 1: m = 1 (no accumulation) and m = 4; a pure data-parallel step
+    # grows by exactly its layers' extra kernels (+ the accumulation on 3 of 4) and the loss,
+    # timed at the sustained clock train_step runs at
+    sus = dataclasses.replace(ONE_TIER, device=tr.sustained_device(ONE_TIER.device))
+    q = plan("dp16")
+    t1 = tr.stage_times_single(sus, MODEL, q, S, roofline, dropout=1.0)
+    t2 = tr.stage_times_single(sus, MODEL, q, S, roofline, dropout=2.0)
+    kf, kb = (float(x) for x in wl.megatron2021_kernels(sus.device, MODEL, q, 1.0, S))
+    d_loss = float(t2["loss_fwd"] + t2["loss_bwd"] - t1["loss_fwd"] - t1["loss_bwd"])
+    for gb, share in ((16.0, 0.0), (64.0, 0.75)):
+        r1, r2 = step(1.0, gb), step(2.0, gb)
+        m = gb / 16.0
+        expect = m * (8.0 * (2.0 * kf + kb + share * float(t2["grad_accum"])) + d_loss)
+        assert float(r2.step_time_s - r1.step_time_s) == pytest.approx(expect, rel=1e-6)

@@ -267,3 +267,73 @@ def test_parallel_block_pays_one_tp_sync_per_pass():
     assert float(b["allreduce_ffn"]) == 0.0
     assert float(b["allreduce_mha"]) == pytest.approx(float(a["allreduce_mha"]))
     assert float(a["total"]) - float(b["total"]) == pytest.approx(float(a["allreduce_ffn"]))
+
+
+# --------------------------------------------------------------------------------------------
+# Megatron-LM 2021 eager kernels
+# --------------------------------------------------------------------------------------------
+def test_megatron2021_kernels_by_hand():
+    """QKV-bias add, context copy, QKV-split concat and bias-gradient reductions, the
+    ``param.grad`` accumulation and the fp32 cross entropy: the documented bytes per element,
+    each one elementwise kernel (hand-derived sums of ``elementwise_latency``)."""
+    from jaxmodel import ops
+    from jaxmodel.workload.layer import (fp32_cross_entropy, grad_accumulation,
+                                         megatron2021_kernels)
+    dev = SYSTEM.device
+    m = small_model()                        # d 1024, 16 heads of 64, d_ff 4096
+    par = jm.Parallelism(tp=2.0)
+    b, s = 2.0, 256.0
+    k = lambda n, nb, fl: float(ops.elementwise_latency(dev, n, nb, fl))  # noqa: E731
+    tok = b * s
+    qkv, ctx, ffn = tok * 3 * 1024 / 2, tok * 1024 / 2, tok * 4096 / 2
+    f, bw = (float(x) for x in megatron2021_kernels(dev, m, par, b, s))
+    assert f == pytest.approx(k(qkv, 4.0, 1.0) + k(ctx, 4.0, 0.0))
+    assert bw == pytest.approx(k(qkv, 4.0, 0.0) + k(qkv, 2.0, 1.0) + k(ffn, 2.0, 1.0))
+    d = 1024.0
+    tensors = (d * 1536, 512 * d, d * 2048, 2048 * d, 1536, d, 2048, d, d, d, d, d)
+    assert float(grad_accumulation(dev, m, par)) == pytest.approx(
+        sum(k(n, 6.0, 1.0) for n in tensors))
+    # 4-byte gradients move twice the bytes
+    assert float(grad_accumulation(dev, m, par, 4.0)) > float(grad_accumulation(dev, m, par))
+    n = tok * 16000.0
+    cf, cb = (float(x) for x in fp32_cross_entropy(dev, tok, 16000.0))
+    assert cf == pytest.approx(k(n, 6.0, 0.0) + k(n, 4.0, 1.0) + k(n, 8.0, 1.0)
+                               + k(n, 8.0, float(dev.exp_flops)) + k(n, 4.0, 1.0)
+                               + k(n, 8.0, 1.0))
+    assert cb == pytest.approx(k(n, 8.0, 1.0) + k(n, 6.0, 0.0))
+
+
+def test_megatron2021_kernels_vmap_jit_and_gradient():
+    """vmap over the micro-batch equals a loop, jit equals eager, and d/d(mem_bw) in float64
+    equals central differences."""
+    from jaxmodel.workload.layer import megatron2021_kernels
+    dev = SYSTEM.device
+    m = small_model()
+    par = jm.Parallelism(tp=2.0)
+    bs = jnp.asarray([1.0, 2.0, 8.0])
+    vm = jax.vmap(lambda b: sum(megatron2021_kernels(dev, m, par, b, 512.0)))(bs)
+    loop = [float(sum(megatron2021_kernels(dev, m, par, float(b), 512.0))) for b in bs]
+    assert np.allclose(np.asarray(vm), loop, rtol=1e-6)
+    jt = jax.jit(lambda b: sum(megatron2021_kernels(dev, m, par, b, 512.0)))(2.0)
+    assert float(jt) == pytest.approx(loop[1], rel=1e-6)
+
+    def f(bw):                                    # float64 (conftest)
+        d = dataclasses.replace(dev, mem_bw=bw)
+        return sum(megatron2021_kernels(d, m, par, 8.0, 2048.0))
+    x0 = float(dev.mem_bw)
+    g = float(jax.grad(f)(jnp.float64(x0)))
+    h = 1e-6 * x0
+    fd = (float(f(jnp.float64(x0 + h))) - float(f(jnp.float64(x0 - h)))) / (2 * h)
+    assert g < 0 and g == pytest.approx(fd, rel=1e-4)
+
+
+def test_megatron2021_kernels_float32(float32):
+    """float32 (the library default) agrees with float64 to single precision."""
+    from jaxmodel.workload.layer import fp32_cross_entropy, megatron2021_kernels
+    dev = SYSTEM.device
+    t = megatron2021_kernels(dev, small_model(), jm.Parallelism(tp=2.0), 8.0, 2048.0)
+    ce = fp32_cross_entropy(dev, 8.0 * 2048.0, 16000.0)
+    assert all(x.dtype == jnp.float32 and np.isfinite(float(x)) for x in (*t, *ce))
+    with jax.enable_x64(True):
+        t64 = megatron2021_kernels(dev, small_model(), jm.Parallelism(tp=2.0), 8.0, 2048.0)
+    assert np.allclose([float(x) for x in t], [float(x) for x in t64], rtol=1e-5)
