@@ -16,8 +16,8 @@
    ``--accumulate-allreduce-grads-in-fp32``: the gradients are reduced in fp16
    (``GRAD_BYTES = 2``) and the fp16 optimizer first copies them to fp32 main gradients and
    unscales them (``ADAM_BYTES``). The memory-bound kernels are those of that stack
-   (``train_step(dropout=2)``, :data:`STACK_2021`). ``--dp-as-before`` prints the former assumptions beside
-   (fp32 gradients, every all-reduce serial) as a sensitivity case.
+   (``train_step(dropout="megatron2021")``, :data:`STACK_2021`). ``--dp-as-before`` prints the
+   former assumptions beside (fp32 gradients, every all-reduce serial) as a sensitivity case.
    TARGET: MAPE ≤ 5 %, no row beyond 10 % (Calculon: +2.7 … +17 %).
 2. **Memory** — Korthikanti et al., MLSys 2023, Fig. 1: per-GPU weights+gradients+optimizer
    and activation memory of 22B/175B/530B/1T models (their Table 3: t = 8; p = 1/8/35/64;
@@ -69,13 +69,13 @@ GRAD_BYTES = 2.0
 # unscale them with the inf/NaN check (``torch._amp_foreach_non_finite_check_and_unscale_``:
 # read 4 + write 4 B), bytes moved per local parameter.
 ADAM_BYTES = 38.0 + 6.0 + 8.0
-# ``train_step(dropout=2)``: Megatron GPT's dropout (0.1, the defaults of the SC'21 runs) on
+# ``train_step(dropout="megatron2021")``: Megatron GPT's dropout (0.1, the defaults of the SC'21 runs) on
 # the Megatron-LM 2021 stack (PyTorch 1.8, NGC 20.12, as examples/sc21/SRUN.sh): the eager
 # QKV-bias add, context copy, QKV-split and bias gradients
 # (``jaxmodel.workload.layer.megatron2021_kernels``), the ``param.grad`` accumulation of
 # every micro-batch but the first (``grad_accumulation``) and the cross entropy on fp32
 # logits (``fp32_cross_entropy``).
-STACK_2021 = 2.0
+STACK_2021 = "megatron2021"
 
 
 def gpt(layers, hidden, heads, vocab=51200.0, ffn=None):

@@ -55,6 +55,12 @@ ALIASES = {"fc": "fully_connected", "full_connected": "fully_connected", "mesh":
 #: means 1.
 FA_VERSIONS = ("standard", "fa1", "fa2")
 
+#: ``train_step(dropout=...)`` codes: 0 no dropout (e.g. Llama recipes), 1 Megatron GPT's
+#: hidden and attention dropout (default), 2 the same on the Megatron-LM 2021 software stack
+#: of Narayanan et al., SC'21 (its eager bias/copy/gradient-accumulation kernels and fp32
+#: cross entropy, :func:`jaxmodel.workload.layer.megatron2021_kernels`).
+DROPOUT_MODES = ("none", "megatron", "megatron2021")
+
 
 def code_of(value: Any, names: Sequence[str], field: str) -> Any:
     """Map a name to its numeric code; pass numbers and arrays through untouched.

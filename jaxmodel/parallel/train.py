@@ -139,8 +139,9 @@ from jaxmodel.parallel import overlap as _ov
 from jaxmodel.parallel import pipeline as pl
 from jaxmodel.parallel import plan as _plan
 from jaxmodel.parallel import zero as _zero
-from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_knobs,
-                            validate_model, validate_parallelism, validate_system)
+from jaxmodel.types import (DROPOUT_MODES, Model, Parallelism, System, code_of, is_concrete,
+                            validate_knobs, validate_model, validate_parallelism,
+                            validate_system)
 from jaxmodel.workload import layer as _layer
 _lora = importlib.import_module("jaxmodel.workload.lora")  # the module; jm.lora is a function
 from jaxmodel.workload import memory as _memory
@@ -898,8 +899,10 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
             ``precision_unsupported``.
         clock_fraction: sustained core-clock fraction under training load (default from
             the device's ``sustained_clock_fraction`` field).
-        dropout: 1 (default) = Megatron GPT's dropout kernels, 0 = no dropout, 2 = Megatron
-            GPT's dropout on the Megatron-LM 2021 stack (:func:`train_step_single`).
+        dropout: a name or code of :data:`jaxmodel.types.DROPOUT_MODES`: ``"megatron"`` (1,
+            default) = Megatron GPT's dropout kernels, ``"none"`` (0) = no dropout,
+            ``"megatron2021"`` (2) = Megatron GPT's dropout on the Megatron-LM 2021 stack
+            (:func:`train_step_single`).
         dedup: evaluate the per-layer times once per distinct stage input (:func:`
             stage_times`) and compose every plan from them — exact, and much faster for
             parallelism sweeps. ``None`` (default): on for concrete batches of at least
@@ -932,6 +935,7 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         (29.6, 0.358)
     """
     prec = _prec.resolve(precision, dtype_bytes)
+    dropout = code_of(dropout, DROPOUT_MODES, "dropout")
     concrete = is_concrete(system, model, par, global_batch, seq_len, clock_fraction, prec,
                            finetune)
     shape = batch_shape(system, model, par, global_batch, seq_len, prec, finetune)

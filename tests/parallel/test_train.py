@@ -473,3 +473,14 @@ def test_megatron2021_stack():
         m = gb / 16.0
         expect = m * (8.0 * (2.0 * kf + kb + share * float(t2["grad_accum"])) + d_loss)
         assert float(r2.step_time_s - r1.step_time_s) == pytest.approx(expect, rel=1e-6)
+
+
+def test_dropout_by_name():
+    """``dropout`` takes the names of ``types.DROPOUT_MODES``; a wrong name says which."""
+    par = plan("dp16")
+    by_code = jm.train_step(ONE_TIER, MODEL, par, 16.0, S, gemm=roofline, dropout=2.0)
+    by_name = jm.train_step(ONE_TIER, MODEL, par, 16.0, S, gemm=roofline,
+                            dropout="megatron2021")
+    assert float(by_name.step_time_s) == float(by_code.step_time_s)
+    with pytest.raises(ValueError, match="dropout"):
+        jm.train_step(ONE_TIER, MODEL, par, 16.0, S, gemm=roofline, dropout="megatron2020")
