@@ -138,6 +138,7 @@ def test_grad_and_jit_vs_eager():
     assert e == pytest.approx(float(step(p).step_time_s), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_float32(float32):
     r = step(par("deepspeed"))
     assert r.step_time_s.dtype == jnp.float32 and np.isfinite(float(r.step_time_s))
@@ -154,5 +155,6 @@ def test_search_keeps_the_default_and_cli_has_the_flag():
     from jaxmodel.search import parallelism as sp
     plans = sp.enumerate_plans(MODEL, 16, 64)
     assert len(plans["zero3_impl"]) > 0 and not np.any(plans["zero3_impl"])
-    a = cli.parser().parse_args(["predict", "--zero", "3", "--zero3-impl", "deepspeed"])
+    a = cli.parser().parse_args(["predict", "train", "--zero", "3", "--zero3-impl",
+                                 "deepspeed"])
     assert cli._spec_from_args(a)["parallelism"]["zero3_impl"] == "deepspeed"
