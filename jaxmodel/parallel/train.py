@@ -202,7 +202,10 @@ class TrainResult:
         feasible: bool.
         reason: int32 code into :data:`jaxmodel.numerics.REASONS` (0 = ok).
         breakdown: dict seconds per step: ``compute`` (layer forward+backward),
-            ``recompute``, ``tp_comm``, ``pp_comm``, ``dp_comm`` (exposed parts only),
+            ``recompute``, ``tp_comm``, ``pp_comm``, ``dp_comm`` (exposed parts only; under
+            ZeRO-3 the exposed per-unit parameter all-gathers and gradient reduce-scatters,
+            :func:`jaxmodel.parallel.zero.zero3_step` — with ``zero3_impl="deepspeed"``,
+            serial, exactly ``M·n·(3·g + r)`` under full recomputation),
             ``bubble`` (pipeline fill/drain), ``embedding`` (embedding, LM head, loss and their
             TP collectives), ``optimizer``, ``ep_comm`` (MoE dispatch/combine all-to-all,
             :func:`jaxmodel.workload.moe.alltoall_time`). They sum to ``step_time_s``.
