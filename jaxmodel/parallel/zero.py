@@ -203,7 +203,8 @@ def per_tensor_time(dev, op, nccl_times, tensor_bytes, group, counts=None, list_
         tensor_bytes: bytes of each tensor, in the same order.
         list_api: 1 = the list form of ``torch.distributed`` (``g`` copy kernels and the
             buffer traffic per call), 0 = one flat buffer (``_all_gather_base``).
-        ring_efficiency: achieved fraction of the modelled NCCL speed (:func:`ring_efficiency_of`).
+        ring_efficiency: achieved fraction of the modelled NCCL speed
+            (:func:`ring_efficiency_of`).
     """
     f = jnp.result_type(float)
     g = jnp.maximum(jnp.asarray(group, dtype=f), 1.0)
