@@ -7,7 +7,8 @@ evaluates their steady state (``jaxmodel.serving``) and keeps the Pareto front o
 tokens/s per GPU against tokens/s per user under a TTFT and a TPOT limit.
 
 Prints, per model: configurations, wall time (one fresh process, compile included; the two
-stages — cost tables, steady state — separately), configurations/s, the machine load, the
+stages — cost tables, steady state — separately), the process CPU time (all threads), the
+XLA compilations (count, those over 1 s, seconds), configurations/s, the machine load, the
 persistent compilation cache state, and the front with the best aggregated and the best
 disaggregated deployment. Writes ``experiments/out/bench_serving_<model>.csv`` (the front)
 and ``.png`` (every deployment meeting the limits, aggregated vs disaggregated).
@@ -31,6 +32,17 @@ import jaxmodel as jm  # noqa: E402,I001  (first: its import time is measured)
 IMPORT_S = time.perf_counter() - _t0
 
 import hw_db  # noqa: E402
+import jax  # noqa: E402
+
+_COMPILES: list[float] = []     # seconds of every XLA compilation of this process
+
+
+def _on_event(name, secs, **_):
+    if name == "/jax/core/compile/backend_compile_duration":
+        _COMPILES.append(secs)
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_event)
 
 OUT = Path(__file__).resolve().parent / "out"
 ISL, OSL = 1024, 256
@@ -45,10 +57,12 @@ def run(model_name: str) -> dict:
     system = hw_db.system("dgx_h100")
     model = hw_db.model(model_name)
     load = os.getloadavg()[0]
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0, cpu0, n0 = time.perf_counter(), time.process_time(), len(_COMPILES)
     df = jm.search_serving(system, model, 8, ISL, OSL, ttft_slo_s=TTFT_SLO_S,
                            tpot_slo_s=TPOT_SLO_S, full=True)
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    compiles = _COMPILES[n0:]
     from jaxmodel.plots import serving_plot
     serving_plot(df, path=OUT / f"bench_serving_{model_name}.png",
                  title=f"{model_name}, 8 × H100, TTFT <= {TTFT_SLO_S} s, TPOT <= {TPOT_SLO_S} s")
@@ -64,7 +78,11 @@ def run(model_name: str) -> dict:
         "timings_s": {k: round(v, 2) for k, v in df.attrs["timings"].items()},
         "load_avg_1min": round(load, 2), "import_s": round(IMPORT_S, 2),
         "compilation_cache": jm.runtime.cache_state(),
-        "cpu_s": round(time.process_time() - cpu0, 1), "n_feasible": df.attrs["n_feasible"],
+        "cpu_s": round(cpu, 1),
+        "xla_compilations": {"count": len(compiles),
+                             "over_1s": sum(1 for c in compiles if c > 1.0),
+                             "seconds": round(sum(compiles), 1)},
+        "n_feasible": df.attrs["n_feasible"],
         "n_meeting_slo": df.attrs["n_meeting_slo"], "front_size": int(len(front)),
         "best": {m: None if b is None else {k: b[k] for k in COLS} for m, b in best.items()},
     }

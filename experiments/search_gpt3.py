@@ -21,6 +21,28 @@ it, and with Megatron-LM's TP 8 × PP 12 degrees) the script prints:
   GPT-3 175B with sequence parallelism and selective recomputation, 51.4 % MFU;
   530B 56.0 %; 1T 56.3 %).
 
+Before the plans it prints the search's throughput: configurations, wall seconds and CPU
+seconds of the search call (``time.process_time``, all threads; the machine may be shared,
+so the CPU time is the figure to compare) and the load average.
+
+For the best plan it also splits the compute part into GEMM families (QKV, output
+projection, FC1, FC2), the attention core, the vector kernels (layernorms, activation,
+softmax) and the bias/dropout/residual kernels, from the same per-layer op list
+:func:`jaxmodel.train_step` uses, and walks a ladder from Megatron-LM's 2021 execution of
+the same degrees to the best plan (one change at a time; the gradient precision early, as
+fp32 gradient buffers do not fit these degrees with larger micro-batches). Cross-check of the overlap's net value: Lee et al., "Characterizing
+Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning: Performance and
+Power Implications" (arXiv 2507.03114, 2025) measure on 4×A100/H100 that running compute
+and communication one after the other is on average 10.2 % (at most 26.6 %) slower than
+overlapping them, and that overlapped compute runs on average 18.9 % (at most 40 %) slower
+than alone.
+
+Cross-check of the compute part on one node: the best MFU the model gives GPT-3 1.3B and
+2.7B (Brown et al. 2020 shapes) trained with FlashAttention-2 on 8 A100 (data parallel,
+sequence 2k and 8k), beside Dao, "FlashAttention-2: Faster Attention with Better Parallelism
+and Work Partitioning" (2023, §4.3): end to end "up to 225 TFLOPs/s per A100 (72 % model
+FLOPs utilization)".
+
 Writes ``experiments/out/search_gpt3.csv`` (the top 50 plans).
 
 Run: ``.venv/bin/python experiments/search_gpt3.py [--small]`` (``--small``: 128 GPUs).
@@ -33,15 +55,25 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import pandas as pd
 
 import jaxmodel as jm  # noqa: I001  (imported before hw_db: the package wires hw_db up)
 import hw_db
+from jaxmodel.parallel import train as _train
+from jaxmodel.workload import layer as _layer
 
 OUT = Path(__file__).resolve().parent / "out"
 PLAN = ("dp", "tp", "pp", "sp", "micro_batch", "interleave", "schedule", "recompute", "zero",
         "flash_attention")
 OPTS = ("dp_overlap", "grad_bytes", "tp_overlap")
+#: rows of the layer's op list by family (jaxmodel.workload.layer.layer_graph)
+FAMILIES = {"QKV GEMM": ("qkv",), "attention core": ("qk", "softmax", "av"),
+            "out-proj GEMM": ("wo",), "FC1 GEMM": ("w1",), "FC2 GEMM": ("w2",),
+            "layernorm+activation": ("layernorm_mha", "layernorm_ffn", "act")}
+OVERLAP_MEASURED = {"serial/overlapped, mean": 1.102, "serial/overlapped, max": 1.266,
+                    "compute slowdown under overlap, mean": 0.189}
+FA2_MEASURED_MAX_TFLOPS = 225.0     # Dao 2023, §4.3, GPT-style models on 8 A100
 PUBLISHED_MFU = {"Korthikanti et al. 2023, GPT-3 175B": 0.514,
                  "Korthikanti et al. 2023, 530B": 0.560,
                  "Korthikanti et al. 2023, 1T": 0.563}
@@ -75,6 +107,7 @@ def explain(system, model, row, gb, seq, title):
     print(f"   model FLOPs per device {flops_dev:.3e} = {flops_dev / peak:.3f} s at peak; the "
           f"compute part runs at {flops_dev / parts['compute'] / peak:.3f} of peak (GEMM "
           f"shapes, vector kernels, launches, the slowdown under overlapped collectives)")
+    families(system, model, row, seq, parts["compute"], t)
     # what each overlap hides and costs: the same plan with the option off
     for opt, key in (("tp_overlap", "tp_comm"), ("dp_overlap", "dp_comm")):
         if float(row[opt]) > 0:
@@ -83,7 +116,106 @@ def explain(system, model, row, gb, seq, title):
             print(f"   {key}: standalone {serial:.3f} s, exposed {parts[key]:.3f} s with "
                   f"{opt}=1 (step {float(off.step_time_s):.3f} s with {opt}=0: overlap "
                   f"saves {float(off.step_time_s) - t:.3f} s)")
+    if float(row["tp_overlap"]) > 0 or float(row["dp_overlap"]) > 0:
+        ser = step(system, model, row, gb, seq, tp_overlap=0.0, dp_overlap=0.0)
+        ratio = float(ser.step_time_s) / t
+        print(f"   all overlap off: step {float(ser.step_time_s):.3f} s, MFU "
+              f"{float(ser.mfu):.3f}; serial/overlapped = {ratio:.3f} (measured on 4 GPUs, "
+              f"Lee et al. 2025: mean {OVERLAP_MEASURED['serial/overlapped, mean']}, max "
+              f"{OVERLAP_MEASURED['serial/overlapped, max']})")
     return r
+
+
+def families(system, model, row, seq, compute_s, step_s):
+    """Split the step's ``compute`` part (s) into the layer's op families in proportion to
+    their per-layer times (the op list and device of :func:`jaxmodel.train_step`)."""
+    dev = _train.sustained_device(system.device)
+    par = jm.Parallelism(**{k: row[k] for k in PLAN})
+    b = float(row.micro_batch)
+
+    @jax.jit
+    def rows(dev, model, par):
+        g, v = _layer.layer_graph(dev, model, par, b, seq, seq, training=True)
+        return _layer.evaluate(_layer.default_gemm, dev, g, v, backward=True)
+
+    r = {k: float(f) + float(bw) for k, (f, bw) in rows(dev, model, par).items()}
+    rd = _train.residual_dropout_times(dev, model, par, b, seq)
+    rc = float(rd[0]) + float(rd[1])
+    total = sum(r.values()) + rc
+    print("   compute by op family (share of the compute part; per layer and micro-batch):")
+    for name, keys in FAMILIES.items():
+        x = sum(r.get(k, 0.0) for k in keys)
+        print(f"   {name:>22s} {compute_s * x / total:7.3f} s  {100 * x / total:5.1f} % of "
+              f"compute, {100 * compute_s * x / total / step_s:5.1f} % of step "
+              f"({x * 1e3:.2f} ms)")
+    print(f"   {'bias/dropout/residual':>22s} {compute_s * rc / total:7.3f} s  "
+          f"{100 * rc / total:5.1f} % of compute ({rc * 1e3:.2f} ms)")
+
+
+#: Megatron-LM 2021 → the best plan, one change at a time: (label, plan fields, options)
+def ladder(best):
+    """Rungs from Megatron-LM's 2021 execution (micro-batch 1, full recompute, no SP, no
+    FlashAttention, serial fp32 gradient all-reduce, serial TP) of the best plan's degrees to
+    the best plan; the distributed optimizer's sharded states come first so that the
+    degrees fit in memory."""
+    cur_p = dict(sp=0.0, micro_batch=1.0, recompute="full", flash_attention=0.0,
+                 zero=float(best.zero))
+    cur_o = dict(dp_overlap=0.0, grad_bytes=4.0, tp_overlap=0.0)
+    steps = [("Megatron-LM 2021 execution (+ distributed optimizer, serial)", dict(cur_p),
+              dict(cur_o))]
+    for label, dp_, do_ in (
+            ("+ sequence parallelism, selective recompute (Korthikanti et al. 2023)",
+             dict(sp=float(best.sp), recompute="selective"), {}),
+            ("+ best gradient precision (bf16: Megatron-LM's --grad-reduce-in-bf16)", {},
+             dict(grad_bytes=float(best.grad_bytes))),
+            ("+ best micro-batch", dict(micro_batch=float(best.micro_batch)), {}),
+            ("+ FlashAttention-2, best recompute", dict(
+                flash_attention=float(best.flash_attention), recompute=best.recompute), {}),
+            ("+ overlapped DP (Megatron-core overlap_grad_reduce/param_gather)", {},
+             dict(dp_overlap=float(best.dp_overlap))),
+            ("+ TP overlap (Transformer Engine userbuffers)", {},
+             dict(tp_overlap=float(best.tp_overlap)))):
+        cur_p, cur_o = {**cur_p, **dp_}, {**cur_o, **do_}
+        steps.append((label, dict(cur_p), dict(cur_o)))
+    return steps
+
+
+def walk(system, model, best, gb, seq):
+    """Print the ladder (:func:`ladder`) for the best plan's degrees."""
+    print("\n== from Megatron-LM 2021 to the best plan (same dp, tp, pp, interleave)")
+    prev = None
+    for label, p, o in ladder(best):
+        row = best.copy()
+        for k, v in {**p, **o}.items():
+            row[k] = v
+        r = step(system, model, row, gb, seq)
+        ok = bool(r.feasible)
+        t = float(r.step_time_s)
+        gain = "" if prev is None or not ok else f"  x{prev / t:.3f}"
+        why = "" if ok else f" (infeasible: {jm.numerics.REASONS[int(r.reason)]})"
+        print(f"   {label:<72s} MFU {float(r.mfu):.3f}{why}{gain}")
+        prev = t if ok else prev
+
+
+def fa2_check():
+    """Best model MFU of GPT-3 1.3B / 2.7B with FlashAttention-2 on one DGX A100 (module
+    docstring), over micro-batches 1-8, printed beside Dao 2023's measured maximum."""
+    system = hw_db.system("dgx_a100", nodes=1)
+    print("\n== compute cross-check: GPT-3 1.3B / 2.7B, FlashAttention-2, 8 A100 (data "
+          f"parallel); measured: up to {FA2_MEASURED_MAX_TFLOPS:g} TFLOP/s per GPU "
+          "(Dao 2023)")
+    peak = float(system.device.peak_matrix_flops)
+    for name, layers, h, heads in (("GPT-3 1.3B", 24, 2048, 16), ("GPT-3 2.7B", 32, 2560, 32)):
+        model = jm.Model(n_layers=layers, d_model=h, n_heads=heads, n_kv_heads=heads,
+                         head_dim=h / heads, d_ff=4 * h, vocab_size=50257.0,
+                         activation="gelu", tied_embeddings=1.0, name=name)
+        for seq, gb in ((2048.0, 256), (8192.0, 64)):
+            par = jm.Parallelism(dp=8, tp=1, pp=1, micro_batch=jax.numpy.asarray(
+                [1.0, 2.0, 4.0, 8.0]), recompute="none", zero=0, flash_attention="fa2")
+            r = jm.train_step(system, model, par, gb, seq)
+            mfu = max(float(x) for x, ok in zip(r.mfu, r.feasible) if ok)
+            print(f"   {name} at {seq:5.0f} tokens: model MFU {mfu:.3f} = "
+                  f"{mfu * peak / 1e12:.0f} TFLOP/s per GPU")
 
 
 def main(small=False):
@@ -91,21 +223,22 @@ def main(small=False):
     seq = 2048.0
     system = hw_db.system("dgx_a100", nodes=nodes)
     model = hw_db.model("gpt3-175b")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     df = jm.search_parallelism(system, model, n, gb, seq, progress=False,
                                step_options={"dp_overlap": [0.0, 1.0],
                                              "grad_bytes": [2.0, 4.0],
                                              "tp_overlap": [0.0, 1.0]})
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(f"GPT-3 175B on {n} A100, batch {gb}, seq {seq:g}: {df.attrs['n_evaluated']:,} "
-          f"plans, {df.attrs['n_feasible']:,} feasible, {wall:.0f} s (load "
-          f"{os.getloadavg()[0]:.1f})")
+          f"plans, {df.attrs['n_feasible']:,} feasible; search {wall:.0f} s wall, {cpu:.0f} s "
+          f"CPU (all threads), load {os.getloadavg()[0]:.1f}")
     OUT.mkdir(parents=True, exist_ok=True)
     df.head(50).to_csv(OUT / "search_gpt3.csv", index=False)
     cols = [c for c in PLAN + OPTS + ("step_time_s", "mfu", "memory_bytes") if c in df]
     pd.set_option("display.width", 250)
     print(df[cols].head(10).to_string(index=False))
     explain(system, model, df.iloc[0], gb, seq, "best plan")
+    walk(system, model, df.iloc[0], gb, seq)
     no_tp = df[df.tp_overlap == 0]
     if len(no_tp):
         explain(system, model, no_tp.iloc[0], gb, seq, "best plan without TP overlap")
@@ -115,6 +248,7 @@ def main(small=False):
     meg = df[(df.tp == 8) & (df.pp == 12)]
     if len(meg):
         explain(system, model, meg.iloc[0], gb, seq, "best plan with Megatron-LM's TP 8 x PP 12")
+    fa2_check()
     print("\npublished A100 MFU for comparison: "
           + "; ".join(f"{k} {v:.3f}" for k, v in PUBLISHED_MFU.items()))
     return df

@@ -18,13 +18,25 @@ layer and enqueue from C++; TensorRT-LLM grew out of FasterTransformer's kernels
 model is multi-head, so the attention variant does not matter there). The
 ``"pytorch"`` profile (eager, LLMCompass's calibration) is printed beside as the baseline.
 
-Calibration: one constant per runtime and device, ``Runtime.step_overhead_s`` of
-``"trtllm"`` / ``"trtllm_v06"`` on A100: the value on a 0-2000 µs grid (10 µs steps)
-minimising the TensorRT-LLM throughput MAPE (the multi-step rows identify a per-step
-constant; a batch-1 TTFT is one step, predicted, not fitted). It enters each step
-additively (``ttft += s``, ``tpot += s``), so every grid value is evaluated in closed form from
-one model run at ``s = 0`` (checked against a run at the preset value). Leave-one-model-out:
-for each model, the value fitted on the other models' rows predicts the held-out model's rows.
+Calibration: two constants per runtime and device, both host time the GPU does not hide,
+of ``"trtllm"`` / ``"trtllm_v06"`` on A100, on a grid, in closed form from one model run with
+both at 0 (checked against a run at the preset values):
+
+- ``Runtime.step_overhead_s`` (per forward step, ``ttft += s``, ``tpot += s``): the value on
+  a 0-2000 µs grid (10 µs steps) minimising the TensorRT-LLM throughput MAPE (the multi-step
+  rows identify a per-step constant);
+- ``Runtime.context_layer_overhead_s`` (per decoder layer, once per request: ``ttft += L·c``)
+  on a 0-500 µs grid (1 µs steps) minimising the batch-1 TTFT MAPE (the rows generating one
+  token: the only ones where a per-request cost is not amortised over many steps).
+
+The two are fitted by coordinate descent (each given the other; two rounds).
+Leave-one-model-out: for each model, the values fitted on the other models' rows predict
+the held-out model's rows. The FasterTransformer rows take part in no fit.
+
+Diagnosis printed first: each latency row's predicted time to first token split into the
+GEMMs of the layers, attention (QKᵀ, softmax, AV or the fused kernel), norms and
+activations, TP all-reduces, embedding and LM head, and host set-up, against the measured
+time.
 
 Outputs ``experiments/out/validate_serving.csv`` and ``.png``.
 
@@ -49,6 +61,7 @@ import jaxmodel as jm  # noqa: E402
 ANCHORS = "/work/shared/anchors/inference"
 OUT = os.path.join(os.path.dirname(__file__), "out")
 STEP_GRID = np.arange(0.0, 2000.1e-6, 10e-6)
+LAYER_GRID = np.arange(0.0, 500.1e-6, 1e-6)
 PROFILE = "trtllm_v06"
 
 # Models not in hw_db, from their published configurations.
@@ -70,6 +83,17 @@ MODELS = {
                     head_dim=128.0, d_ff=20480.0, vocab_size=50257.0, activation=0.0,
                     name="gpt-13b"),
 }
+
+
+#: Groups of prefill layer rows in the diagnosis.
+PARTS = {"gemm": ("qkv", "wo", "w1", "w2"), "attention": ("qk", "av", "softmax"),
+         "norm_act": ("layernorm_mha", "layernorm_ffn", "act"),
+         "allreduce": ("allreduce_mha", "allreduce_ffn")}
+
+
+def n_layers(rows: pd.DataFrame) -> pd.Series:
+    """Decoder layers of each row's model (every rank holds all of them: no row uses pp)."""
+    return rows["model"].map(lambda m: float(MODELS[m].n_layers))
 
 
 def system_of(name: str, tp: int):
@@ -109,16 +133,24 @@ def predict(rows: pd.DataFrame, runtime) -> pd.DataFrame:
                      jm.Parallelism(tp=rows["tp"].to_numpy(float)),
                      rows["batch_size"].to_numpy(float), rows["input_len"].to_numpy(float),
                      rows["output_len"].to_numpy(float), runtime=runtime)
+    b = {k: np.asarray(v) for k, v in r.breakdown.items()}
+    layers = rows["model"].map(lambda m: float(MODELS[m].n_layers)).to_numpy()
+    parts = {f"ttft_{g}_ms": 1e3 * layers * sum(b[f"prefill.{k}"] for k in ks)
+             for g, ks in PARTS.items()}
+    parts["ttft_head_emb_ms"] = 1e3 * (b["head_prefill"] + b["embedding_prefill"])
+    parts["ttft_setup_ms"] = 1e3 * (b["request_setup"] + b["step_overhead"])
     return pd.DataFrame({
         "ttft": np.asarray(r.ttft_s), "tpot": np.asarray(r.tpot_s),
         "feasible": np.asarray(r.feasible),
         "reason": [jm.reason_name(x) for x in np.asarray(r.reason).ravel()],
-        "mem_gb": np.asarray(r.memory_bytes) / 1e9}, index=rows.index)
+        "mem_gb": np.asarray(r.memory_bytes) / 1e9, **parts}, index=rows.index)
 
 
-def with_step(rows, pred, step):
-    """Predicted metrics with ``step`` s of host time added to every forward step."""
-    ttft = pred["ttft"] + step
+def with_step(rows, pred, step, layer=0.0, request=0.0):
+    """Predicted metrics with ``step`` s of host time added to every forward step and
+    ``layer`` s per decoder layer (or ``request`` s flat, the alternative form) to the first
+    (the request's context step)."""
+    ttft = pred["ttft"] + step + layer * n_layers(rows) + request
     tpot = pred["tpot"] + step
     gen = rows["output_len"]
     total = ttft + (gen - 1.0) * tpot
@@ -145,14 +177,62 @@ def mape(e: pd.Series) -> float:
     return float(100.0 * np.mean(np.abs(e))) if len(e) else float("nan")
 
 
-def objective(rows, pred, step, mask):
-    e = errors(rows, with_step(rows, pred, step))[mask]
-    return mape(e["throughput"])
-
-
-def fit_step(rows, pred, mask):
-    scores = [objective(rows, pred, s, mask) for s in STEP_GRID]
+def fit_step(rows, pred, mask, layer=0.0):
+    """``step_overhead_s`` on :data:`STEP_GRID` minimising the throughput MAPE of ``mask``."""
+    scores = [mape(errors(rows, with_step(rows, pred, s, layer))[mask]["throughput"])
+              for s in STEP_GRID]
     return float(STEP_GRID[int(np.argmin(scores))])
+
+
+def fit_layer(rows, pred, mask, step=0.0):
+    """``context_layer_overhead_s`` on :data:`LAYER_GRID` minimising the TTFT MAPE of
+    ``mask``."""
+    scores = [mape(errors(rows, with_step(rows, pred, step, c))[mask]["ttft"])
+              for c in LAYER_GRID]
+    return float(LAYER_GRID[int(np.argmin(scores))])
+
+
+def flat_alternative(rows, pred, mask):
+    """The rejected form of the set-up, one flat time per request on a 0-30 ms grid: TTFT
+    MAPE in sample and leave-one-model-out (step overhead 0, as fitted)."""
+    grid = np.arange(0.0, 30.01e-3, 10e-6)
+
+    def fit(m):
+        sc = [mape(errors(rows, with_step(rows, pred, 0.0, request=c))[m]["ttft"])
+              for c in grid]
+        return float(grid[int(np.argmin(sc))])
+    c_in = fit(mask)
+    e_in = errors(rows, with_step(rows, pred, 0.0, request=c_in))[mask]["ttft"]
+    cv = []
+    for name in rows.loc[mask, "model"].unique():
+        held = rows["model"] == name
+        c = fit(mask & ~held)
+        cv.append(errors(rows, with_step(rows, pred, 0.0, request=c))[mask & held]["ttft"])
+    return c_in, mape(e_in), mape(pd.concat(cv))
+
+
+def fit_both(rows, pred, mask, rounds=2):
+    """``(step, layer)`` by coordinate descent, each fit given the other."""
+    step, layer = 0.0, 0.0
+    for _ in range(rounds):
+        step = fit_step(rows, pred, mask, layer)
+        layer = fit_layer(rows, pred, mask, step)
+    return step, layer
+
+
+def diagnosis(rows, pred):
+    """Each latency row's predicted TTFT by part (ms) against the measured one."""
+    sel = rows["kind"] != "throughput"
+    meas = rows["ttft_ms"].fillna(rows["prefill_latency_ms"])[sel]
+    t = rows.loc[sel, ["model", "tp", "input_len"]].copy()
+    t["measured_ms"] = meas
+    t["model_ms"] = 1e3 * pred.loc[sel, "ttft"]
+    for c in [c for c in pred.columns if c.startswith("ttft_")]:
+        t[c[5:]] = pred.loc[sel, c]
+    t["err_%"] = 100.0 * (t["model_ms"] / meas - 1.0)
+    t["gap_ms"] = meas - t["model_ms"]
+    t["gap_per_layer_us"] = 1e3 * t["gap_ms"] / n_layers(rows[sel])
+    return t
 
 
 def summary(rows, e, label):
@@ -169,39 +249,50 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     rows = load_rows()
     trt = rows["set"] == "trtllm"
-    base = jm.runtime_of(PROFILE, step_overhead_s=0.0)
+    base = jm.runtime_of(PROFILE, step_overhead_s=0.0, context_layer_overhead_s=0.0)
     pred = predict(rows, base)
     pred_pt = predict(rows, "pytorch")
+    pd.set_option("display.width", 200)
+    print("TTFT by part without host overheads (ms; gap = measured - model):")
+    print(diagnosis(rows, pred).round(2).to_string())
 
-    # calibration of step_overhead_s (TensorRT-LLM rows), in sample and leave-one-model-out
-    step_in = fit_step(rows, pred, trt)
+    # calibration of the two host overheads (TensorRT-LLM rows), in sample and
+    # leave-one-model-out
+    step_in, layer_in = fit_both(rows, pred, trt)
     preset = float(jm.RUNTIMES[PROFILE]["step_overhead_s"])
-    m_in = with_step(rows, pred, step_in)
-    e_in = errors(rows, m_in)
+    preset_layer = float(jm.RUNTIMES[PROFILE]["context_layer_overhead_s"])
+    m_in = with_step(rows, pred, step_in, layer_in)
     cv_m = []
-    steps_cv = {}
+    fits_cv = {}
     for name in rows.loc[trt, "model"].unique():
         held = rows["model"] == name
-        s = fit_step(rows, pred, trt & ~held)
-        steps_cv[name] = s
-        cv_m.append(with_step(rows, pred, s)[held])
+        fits_cv[name] = fit_both(rows, pred, trt & ~held)
+        cv_m.append(with_step(rows, pred, *fits_cv[name])[held])
     ft = rows["set"] == "fastertransformer"
     cv_m.append(m_in[ft])           # the FT rows take no part in the fit: out of sample
     e_cv = errors(rows, pd.concat(cv_m).loc[rows.index])
 
-    # check: the closed-form step equals the model's own step overhead at the preset value
+    # check: the closed form equals the model's own overheads at the preset values
     chk = predict(rows.loc[trt].head(3), PROFILE)
-    want = with_step(rows.loc[trt].head(3), pred.loc[chk.index], preset)
-    assert np.allclose(1e3 * chk["ttft"], want["ttft_ms"], rtol=1e-5), "step closed form"
+    want = with_step(rows.loc[trt].head(3), pred.loc[chk.index], preset, preset_layer)
+    assert np.allclose(1e3 * chk["ttft"], want["ttft_ms"], rtol=1e-5), "closed form"
 
-    e_pre = errors(rows, with_step(rows, pred, preset))
+    m_pre = with_step(rows, pred, preset, preset_layer)
+    e_pre = errors(rows, m_pre)
     e_pt = errors(rows, with_step(rows, pred_pt, 0.0))
-    e_tot = errors(rows, with_step(rows, pred, preset), per_gpu=False)
-    print(f"step_overhead_s fitted in sample: {step_in * 1e6:.0f} us (preset "
-          f"{preset * 1e6:.0f} us); leave-one-model-out fits: "
-          + ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in steps_cv.items()))
+    e_tot = errors(rows, m_pre, per_gpu=False)
+    e_none = errors(rows, with_step(rows, pred, preset))
+    print(f"fitted in sample: step_overhead_s {step_in * 1e6:.0f} us (preset "
+          f"{preset * 1e6:.0f} us), context_layer_overhead_s {layer_in * 1e6:.0f} us (preset "
+          f"{preset_layer * 1e6:.0f} us); leave-one-model-out fits (step, per layer): "
+          + ", ".join(f"{k} {s_ * 1e6:.0f}/{c * 1e6:.0f} us"
+                      for k, (s_, c) in fits_cv.items()))
+    c_flat, flat_in, flat_cv = flat_alternative(rows, pred, trt)
+    print(f"alternative form, one flat set-up time per request: {c_flat * 1e3:.2f} ms, TTFT "
+          f"MAPE {flat_in:.1f} % in sample, {flat_cv:.1f} % leave-one-model-out")
     print("MAPE per set and metric:")
     for line in (summary(rows, e_pt, "pytorch (eager)")
+                 + summary(rows, e_none, "trtllm, no request set-up")
                  + summary(rows, e_pre, "trtllm preset, in sample")
                  + summary(rows, e_cv, "trtllm leave-one-model-out")
                  + summary(rows, e_tot, "trtllm, TP>1 tput as total")):
@@ -211,7 +302,6 @@ def main():
           + "".join(f"\n  {rows.loc[i, 'model']} b={rows.loc[i, 'batch_size']} "
                     f"tp={rows.loc[i, 'tp']}: {pred.loc[i, 'reason']}" for i in oom))
 
-    m_pre = with_step(rows, pred, preset)
     m_pt = with_step(rows, pred_pt, 0.0)
     table = rows[["set", "model", "tp", "batch_size", "input_len", "output_len", "throughput",
                   "ttft_ms", "prefill_latency_ms", "decode_latency_per_token_ms"]].copy()
@@ -228,7 +318,6 @@ def main():
     path = os.path.join(OUT, "validate_serving.csv")
     table.to_csv(path, index=False)
     print(f"wrote {path}")
-    pd.set_option("display.width", 200)
     print(table[["model", "tp", "batch_size", "input_len", "output_len", "throughput",
                  "trtllm_tput", "pytorch_tput", "ttft_ms", "trtllm_ttft_ms",
                  "pytorch_ttft_ms"]].round(2).to_string())

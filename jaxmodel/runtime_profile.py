@@ -49,6 +49,19 @@ Fields and what they change (:func:`device_for`, :func:`jaxmodel.workload.layer.
   the same field (:func:`jaxmodel.parallel.train.sustained_device`).
 - ``step_overhead_s``: host time per forward step (prefill and each decode step) not hidden
   behind the GPU: sampling, scheduling, graph launch, s.
+- ``context_layer_overhead_s``: host time per decoder layer, once per request, before the
+  GPU starts the request's context (prefill) step, s. A static-batch session runtime
+  (TensorRT-LLM ``GptSession::generate``, v0.5-0.6) switches the TensorRT execution context
+  to the context-phase optimisation profile and binds every layer's KV-cache input and
+  output tensors (``past_key_value_<i>``, ``present_key_value_<i>``) before enqueueing the
+  engine, and TensorRT resolves the shapes of the whole network on the host when input
+  shapes change (NVIDIA, "TensorRT Developer Guide", §"Working with Dynamic Shapes":
+  ``setInputShape`` then ``enqueueV3``): host work proportional to the layers, serial with
+  the GPU for the first step only (decode steps keep the generation profile and their
+  shapes move by one token). The time to first token of ``gptSessionBenchmark`` is the host
+  wall clock around ``generate()`` and a stream synchronisation (TensorRT-LLM
+  ``benchmarks/cpp/gptSessionBenchmark.cpp``), so it includes this time. With ``pp``
+  stages every rank binds its ``n_layers/pp`` layers at once.
 
 Units: seconds; flags are 0/1.
 """
@@ -83,6 +96,8 @@ class Runtime:
             decode kernel.
         sustained_clock: 1 = the device at its sustained (power-limited) clock.
         step_overhead_s: host time per forward step not overlapped with the GPU, s.
+        context_layer_overhead_s: host time per decoder layer before a request's context
+            step (once per request), s.
         name: preset name (static metadata).
     """
 
@@ -94,6 +109,7 @@ class Runtime:
     attention: Array = 0.0
     sustained_clock: Array = 0.0
     step_overhead_s: Array = 0.0
+    context_layer_overhead_s: Array = 0.0
     name: str = "custom"
 
 
@@ -101,6 +117,8 @@ _register(Runtime, meta=("name",))
 
 #: ``step_overhead_s`` of the TensorRT-LLM presets (see PRESETS).
 STEP = 0.0
+#: ``context_layer_overhead_s`` of the TensorRT-LLM presets, s per layer (see PRESETS).
+CONTEXT_LAYER = 146e-6
 
 #: Presets. Flags follow the runtimes' documented kernels; ``step_overhead_s`` is calibrated
 #: per runtime on measured end-to-end data where there is any (see each entry), else 0.
@@ -114,18 +132,28 @@ PRESETS: dict[str, dict[str, Any]] = {
     # shared/anchors/inference/trtllm_a100_fp16.csv (A100, v0.5/0.6 rows under
     # "trtllm_v06"): the value on a 0-2000 µs grid minimising the throughput MAPE of its 13
     # multi-step rows is 0 (leave-one-model-out: 0 for each of the four models): no host time
-    # per step beyond the kernels is visible in the data.
+    # per step beyond the kernels is visible in the data. context_layer_overhead_s:
+    # calibrated (experiments/validate_serving.py) on the 8 batch-1 time-to-first-token rows
+    # of the same file (v0.5, "trtllm_v06"; 128 and 2048 prompt tokens, 28-80 layers, TP
+    # 1-8): the value on a 0-500 µs grid (1 µs steps) minimising their MAPE is 146 µs per
+    # layer (TTFT MAPE 17.5 % -> 5.5 %; leave-one-model-out 6.4 %, fits 145-165 µs;
+    # FasterTransformer 13B prefill, in no fit, 14.9 % -> 4.2 %). Without it the model
+    # under-predicts every 128-token row, by 3-13 ms, 105-180 µs per layer for all four
+    # models, where the GPU work is shortest; one flat time per request instead fits worse
+    # (5.7 ms: 8.9 % in sample, 11.4 % leave-one-model-out).
     "trtllm": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
-                   fuse_rope=1.0, attention=1.0, sustained_clock=1.0, step_overhead_s=STEP),
+                   fuse_rope=1.0, attention=1.0, sustained_clock=1.0, step_overhead_s=STEP,
+                   context_layer_overhead_s=CONTEXT_LAYER),
     # TensorRT-LLM v0.5-0.6 (the versions of the published A100 tables) and
     # FasterTransformer: as "trtllm" but generation attention by the masked MHA kernel, one
     # thread block per (query head, sequence) (TensorRT-LLM mmha_launch_kernel_ex: grid
     # num_heads × batch_size), each reading its KV head's cache, so a GQA group's K/V is read
     # once per query head (the XQA kernel sharing K/V loads across a GQA group came with
-    # v0.7, TensorRT-LLM release notes). Same step_overhead_s calibration.
+    # v0.7, TensorRT-LLM release notes). Same step_overhead_s and context_layer_overhead_s
+    # calibrations.
     "trtllm_v06": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
                        fuse_rope=1.0, attention=2.0, sustained_clock=1.0,
-                       step_overhead_s=STEP),
+                       step_overhead_s=STEP, context_layer_overhead_s=CONTEXT_LAYER),
     # vLLM (v0.4-0.6): eager PyTorch prefill with custom kernels, CUDA-graph decode,
     # fused_add_rms_norm, separate silu_and_mul and rotary_embedding kernels, FlashAttention
     # prefill / PagedAttention decode. No end-to-end anchor: step_overhead_s not calibrated.
@@ -206,7 +234,7 @@ def device_for(dev, rt: Runtime, decode):
 
 
 def validate_runtime(rt: Runtime, where: str = "Runtime") -> Runtime:
-    """Check a concrete runtime: flags in {0, 1}, ``step_overhead_s >= 0`` (ValueError)."""
+    """Check a concrete runtime: flags in {0, 1}, overheads finite and ``>= 0`` (ValueError)."""
     for f in FLAGS:
         v = np.asarray(getattr(rt, f))
         if not np.all((v == 0.0) | (v == 1.0)):
@@ -214,7 +242,8 @@ def validate_runtime(rt: Runtime, where: str = "Runtime") -> Runtime:
     v = np.asarray(rt.attention)
     if not np.all((v == 0.0) | (v == 1.0) | (v == 2.0)):
         raise ValueError(f"{where}: attention={v} must be 0, 1 or 2")
-    v = np.asarray(rt.step_overhead_s)
-    if not np.all(np.isfinite(v) & (v >= 0)):
-        raise ValueError(f"{where}: step_overhead_s={v} must be finite and >= 0")
+    for f in ("step_overhead_s", "context_layer_overhead_s"):
+        v = np.asarray(getattr(rt, f))
+        if not np.all(np.isfinite(v) & (v >= 0)):
+            raise ValueError(f"{where}: {f}={v} must be finite and >= 0")
     return rt

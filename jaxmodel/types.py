@@ -409,6 +409,7 @@ RANGES: dict[str, dict[str, Rule]] = {
         "in_network_reduction": FLAG,
         "chunk_latency": LATENCY,
         "bw_per_node": _real(1e6, 1e15, "B/s", special=(0.0,)),   # 0 = no shared limit
+        "ll128_efficiency": FRACTION,
     },
     "Model": {
         "n_layers": _count(1, 1e5),
@@ -590,6 +591,9 @@ class NetLevel:
         launch_floor: smallest duration of one collective kernel, s, when a host-bound loop
             issues them (rank 0 waits in its kernel for the peers' later launches); 0 = none
             (device-bound streams). Calibration constant of a measurement set-up.
+        ll128_efficiency: executed bandwidth of NCCL's LL128 protocol as a fraction of the
+            Simple protocol's (calibration constant; the default 0.92 is NCCL's tuner factor,
+            ``tuning.cc``, which NCCL's own choice keeps using).
     """
 
     size: Array
@@ -610,6 +614,7 @@ class NetLevel:
     nvls_efficiency: Array = 1.0
     nccl_channels: Array = 0.0
     launch_floor: Array = 0.0
+    ll128_efficiency: Array = 0.92
 
     def __post_init__(self):
         object.__setattr__(self, "topology", code_of(self.topology, TOPOLOGIES, "topology"))

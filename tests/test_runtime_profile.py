@@ -1,5 +1,6 @@
 """Serving runtime profiles: presets, eager default unchanged, kernel floors, fusions, CUDA-graph
-decode, GQA decode attention, step overhead; vmap / jit / grad, float32.
+decode, GQA decode attention, step overhead, per-layer request set-up; vmap / jit / grad,
+float32.
 
 GEMMs are timed by the roofline + per-kernel overhead hook (fast compiles); the per-kernel
 overhead it adds is the device field the runtime swaps.
@@ -48,8 +49,12 @@ def test_presets_and_names():
         jm.runtime_of("trtllm", graphs=1.0)
     with pytest.raises(ValueError, match="kernel_floor"):
         rtp.validate_runtime(jm.Runtime(kernel_floor=0.5))
+    with pytest.raises(ValueError, match="context_layer_overhead_s"):
+        rtp.validate_runtime(jm.Runtime(context_layer_overhead_s=-1e-6))
+    assert float(trt.context_layer_overhead_s) == rtp.CONTEXT_LAYER > 0.0
+    assert float(jm.runtime_of("vllm").context_layer_overhead_s) == 0.0
     leaves = jax.tree_util.tree_leaves(trt)
-    assert len(leaves) == 8        # name is static metadata
+    assert len(leaves) == 9        # name is static metadata
 
 
 @pytest.mark.parametrize("m", [GPT, LLAMA], ids=["gpt", "llama"])
@@ -171,6 +176,29 @@ def test_inference_runtime_step_overhead_vmap_jit_grad():
                                    runtime=rt).total_s
     gr = jax.jit(jax.grad(total))(jnp.asarray(40e-6))
     assert float(gr) == pytest.approx(32.0, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_context_layer_overhead_adds_layers_per_stage_to_ttft_only():
+    """``ttft += (n_layers / pp)·c`` (every rank sets up its own layers, in parallel), the
+    decode step unchanged; vmapped over a batch of runtimes and differentiated in c."""
+    par = jm.Parallelism(tp=2, pp=2)
+    c = 100e-6
+    rts = rtp.stack([jm.runtime_of("trtllm", context_layer_overhead_s=0.0),
+                     jm.runtime_of("trtllm", context_layer_overhead_s=c)])
+    r = jm.inference(SYSTEM, LLAMA, par, 4, 128, 8, gemm=roofline_gemm, runtime=rts)
+    want = float(LLAMA.n_layers) / 2.0 * c                       # 4 layers / pp 2 = 2 layers
+    assert float(r.ttft_s[1] - r.ttft_s[0]) == pytest.approx(want, rel=1e-6)
+    assert float(r.tpot_s[1]) == float(r.tpot_s[0])
+    assert float(r.breakdown["request_setup"][1]) == pytest.approx(want, rel=1e-9)
+    assert float(r.breakdown["request_setup"][0]) == 0.0
+    assert float(r.total_s[1] - r.total_s[0]) == pytest.approx(want, rel=1e-6)
+
+    def ttft(x):
+        rt = jm.runtime_of("trtllm", context_layer_overhead_s=x)
+        return jm.inference.single(SYSTEM, LLAMA, par, 4.0, 128.0, 8.0, roofline_gemm,
+                                   runtime=rt).ttft_s
+    assert float(jax.grad(ttft)(jnp.asarray(c))) == pytest.approx(2.0, rel=1e-9)
 
 
 @pytest.mark.slow

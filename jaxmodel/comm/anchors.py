@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-__all__ = ["load_all", "a100x4", "tpuv3", "nccl_8xa100", "vidur", "vidur_h100"]
+__all__ = ["load_all", "a100x4", "tpuv3", "nccl_8xa100", "vidur", "vidur_h100", "mixed_modes",
+           "subset"]
 
 
 def _pack(name, system, nodes, group, nbytes, seconds):
@@ -79,6 +80,8 @@ def vidur(root: Path, which: str = "single_node"):
     out = _pack(f"vidur_{which}", "a100_dgx_vidur", nodes, d.num_workers, d.size_bytes,
                 d.time_median_ms * 1e-3)
     out["per_node"] = d.devices_per_node.to_numpy(dtype=float)
+    out["seconds_min"] = d.time_min_ms.to_numpy(dtype=float) * 1e-3
+    out["seconds_max"] = d.time_max_ms.to_numpy(dtype=float) * 1e-3
     return out
 
 
@@ -90,7 +93,39 @@ def vidur_h100(root: Path, min_bytes: float = 0.0):
                 d.time_median_ms * 1e-3)
     out["per_node"] = d.devices_per_node.to_numpy(dtype=float)
     out["seconds_min"] = d.time_min_ms.to_numpy(dtype=float) * 1e-3
+    out["seconds_max"] = d.time_max_ms.to_numpy(dtype=float) * 1e-3
     return out
+
+
+def subset(ds, keep):
+    """The rows of a data set where the bool array ``keep`` is true (per-row arrays only)."""
+    return {k: (v[keep] if isinstance(v, np.ndarray) and v.shape == keep.shape else v)
+            for k, v in ds.items()}
+
+
+def mixed_modes(ds, ratio: float = 2.0, window: float = 1.25):
+    """Rows of a kernel-time set whose median mixes the two launch modes of the profiling
+    loop (bool array; model-free).
+
+    vidur times rank 0's NCCL kernels in an eager loop of 11 all-reduce launches per
+    repetition (3 repetitions, each after a barrier; median over the 11 kernels, then
+    min/median/max over the repetitions). When rank 0's host runs ahead, its queued kernels
+    wait for the slowest peer's launch and last one host launch period; when rank 0 is the
+    slowest launcher, they last the collective itself. A row is flagged when its repetitions
+    disagree by more than ``ratio`` (both modes seen in one configuration) or its median is
+    more than ``ratio`` away from the median of the same group's rows within a factor
+    ``window`` in size (at least 3 of them; no device time jumps by 2x over 25 % more bytes).
+    """
+    t = ds["seconds"]
+    flag = ds["seconds_max"] > ratio * ds["seconds_min"]
+    s, g = ds["nbytes"], ds["group"]
+    for i in range(len(t)):
+        near = (g == g[i]) & (np.abs(np.log(s / s[i])) < np.log(window))
+        near[i] = False
+        if near.sum() >= 3:
+            med = np.median(t[near])
+            flag[i] |= (t[i] > ratio * med) | (t[i] < med / ratio)
+    return flag
 
 
 def load_all(root: Path):

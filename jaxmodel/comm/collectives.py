@@ -62,7 +62,8 @@ protocol dimension (:mod:`jaxmodel.comm.nccl`, NCCL 2.30.7 ``src/graph/tuning.cc
 tree and in-network (NVLS inside a node, CollNet/SHARP on a network tier) and each protocol
 LL / LL128 / Simple, the executed time is NCCL's latency ``lat(a, p)`` (base + per-step
 hardware latency of the link class) plus the algorithm's bandwidth time divided by NCCL's
-protocol factor (LL ½ capped at ``ll_max_bw``, LL128 0.92, tree ×0.92, NVLS all-reduce at
+protocol factor (LL ½ capped at ``ll_max_bw``, LL128 0.92 in the tuner and the level's
+measured ``ll128_efficiency`` when it runs, tree ×0.92, NVLS all-reduce at
 the link's bandwidth, :func:`jaxmodel.comm.nccl.nvls_allreduce_factor`), Simple with the
 chunked pipeline of :func:`_pipelined`; a ring or tree running a small message on fewer of
 NCCL's ``nccl_channels`` is slower by :func:`jaxmodel.comm.nccl.channel_factor` (``enqueue.cc``;
@@ -490,14 +491,18 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
             exe = _pipelined(lat_p[2], bwt_s, steps, cl)
             return exe, exe, lat_p[2] + bwt_s, _SIMPLE + 0.0 * exe
         bwt_p = bwt / f_p
+        # executed LL128 at the level's measured fraction of Simple (tuner: NCCL's 0.92)
+        ll128_x = jnp.stack([jnp.ones_like(cl),
+                             level.ll128_efficiency / nccl.LL128_FACTOR + 0.0 * cl,
+                             jnp.ones_like(cl)])
         # LL bus bandwidth capped at llMaxBw
         ll_t = jnp.where(level.ll_max_bw > 0,
                          bwt * B / jnp.where(level.ll_max_bw > 0, level.ll_max_bw, 1.0), 0.0)
         bwt_p = jnp.maximum(bwt_p, jnp.stack([ll_t, 0.0 * ll_t, 0.0 * ll_t]))
         cl_p = jnp.stack([0.0 * cl, 0.0 * cl, cl + 0.0 * one])
         # small messages run on fewer channels (executed time only; NCCL's tuner ignores it)
-        exe = _pipelined(lat_p, bwt_p * nccl.channel_factor(name, n, m, level.nccl_channels),
-                         steps, cl_p)
+        exe = _pipelined(lat_p, bwt_p / ll128_x
+                         * nccl.channel_factor(name, n, m, level.nccl_channels), steps, cl_p)
         if op == "all_reduce" and name == "tree":     # tuner-only corrections (NCCL)
             tune = lat_p + bwt_p / nccl.tree_correction(n)
         elif op == "all_reduce":

@@ -49,7 +49,8 @@ import jax.numpy as jnp
 
 from jaxmodel.numerics import smooth_ceil_div
 
-__all__ = ["PROTOCOLS", "NVLINK", "PCI", "NET", "BASE_LAT", "HW_LAT", "latency", "bw_factor",
+__all__ = ["PROTOCOLS", "LL128_FACTOR", "NVLINK", "PCI", "NET", "BASE_LAT", "HW_LAT", "latency",
+           "bw_factor",
            "NVLINK_BW_PER_LINK", "TREE_CORRECTION", "tree_correction", "ring_plateau",
            "channel_factor", "nvls_allreduce_factor"]
 
@@ -68,6 +69,9 @@ HW_LAT = {
     "collnet": ((0.0, 0.0, 3.7), (0.0, 0.0, 3.7), (0.0, 0.0, 31.0)),
     "nvls": ((0.0, 0.0, 25.0), (0.0, 0.0, 0.0), (0.0, 0.0, 18.0)),
 }
+# tuning.cc ncclTopoTuneModel: LL128 bus bandwidth = 0.92 (~120/128) of Simple's (ring; tree
+# inside a node 0.92 · 7/9). A NetLevel's ``ll128_efficiency`` replaces it in executed times.
+LL128_FACTOR = 0.92
 # device.h: threads per channel (NCCL_LL_MAX_NTHREADS, NCCL_LL128_MAX_NTHREADS,
 # NCCL_SIMPLE_MAX_NTHREADS) and bytes per thread before another channel is used
 # (NCCL_LL_THREAD_THRESHOLD, NCCL_LL128_THREAD_THRESHOLD, NCCL_SIMPLE_THREAD_THRESHOLD), per
@@ -198,7 +202,7 @@ def bw_factor(alg: str, op: str, link, nvls_efficiency=1.0):
     """
     f = jnp.result_type(float)
     if alg == "ring":
-        return jnp.asarray((0.5, 0.92, 1.0), dtype=f)
+        return jnp.asarray((0.5, LL128_FACTOR, 1.0), dtype=f)
     if alg == "tree":
         ll128 = jnp.asarray(_where(link > 1.5, 120.0 / 128.0, 7.0 / 9.0), dtype=f)
         return 0.92 * jnp.stack([jnp.asarray(1.0 / 3.8, dtype=f), ll128,

@@ -24,7 +24,9 @@ network, finite times), then memory. Every result is finite with ``feasible=True
 - ``runtime`` (:mod:`jaxmodel.runtime_profile`): the serving runtime's kernel overheads,
   fusions, CUDA-graph decode and fused attention apply to every layer, the embedding and the
   head (decode steps under ``cuda_graph`` at the kernel floors); its ``step_overhead_s`` is
-  added once to ``ttft_s`` (the prefill step) and once to ``tpot_s`` (each decode step).
+  added once to ``ttft_s`` (the prefill step) and once to ``tpot_s`` (each decode step), its
+  ``context_layer_overhead_s`` once to ``ttft_s`` for each of the ``n_layers/pp`` layers a
+  rank holds (host set-up of the request's context step; the ranks set up in parallel).
 - ``micro_batches`` ``m`` (pipelined inference, LLMCompass §II-B: pipeline parallelism
   raises throughput at the cost of latency; the micro-batch schedule of GPipe, Huang et al.
   2019, applied to generation as in DeepSpeed-Inference, Aminabadi et al. SC'22 §IV-B): the
@@ -265,11 +267,13 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
         head_c, head_g = _lm_head_parts(system, model, par, mb, gemm, dtype_s, variant)
         head_pre = head_dec = head_c + head_g
         step = 0.0
+        setup = 0.0
     else:
         head_c, head_g = jax.vmap(lambda d: _lm_head_parts(at(d), model, par, mb, gemm,
                                                            dtype_s, variant))(is_decode)
         head_pre, head_dec = head_c[0] + head_g[0], head_c[1] + head_g[1]
         step = rt.step_overhead_s
+        setup = rt.context_layer_overhead_s * n_layers / pp
 
     # one micro-batch through the whole pipeline, and the busiest stage's slot per micro-batch
     first_pre = n_layers * pre["total"] + hop_pre + emb_pre + head_pre
@@ -278,7 +282,7 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
                                            head_pre, pp), 0.0)       # double-where: 0·inf
     slot_dec = jnp.where(many, _stage_slot(n_layers * dec["total"] / pp, hop1[1], emb_dec,
                                            head_dec, pp), 0.0)
-    ttft = jnp.where(many, first_pre + (n_mb - 1.0) * slot_pre, first_pre) + step
+    ttft = jnp.where(many, first_pre + (n_mb - 1.0) * slot_pre, first_pre) + step + setup
     tpot = jnp.where(many, jnp.maximum(first_dec, n_mb * slot_dec), first_dec) + step
     total = ttft + (gen - 1.0) * tpot
 
@@ -312,7 +316,7 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
         "pp_comm_prefill": hop_pre, "pp_comm_decode": hop_dec,
         "embedding_prefill": emb_pre, "embedding_decode": emb_dec,
         "head_prefill": head_pre, "head_decode": head_dec,
-        "step_overhead": step + 0.0 * ttft})
+        "step_overhead": step + 0.0 * ttft, "request_setup": setup + 0.0 * ttft})
     breakdown = {k: gate(v) for k, v in breakdown.items()}
     breakdown.update({f"memory.{k}": v for k, v in mem.items()})
     safe_total = jnp.where(feasible & (total > 0), total, 1.0)

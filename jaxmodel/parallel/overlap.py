@@ -55,6 +55,21 @@ overlapped_time((1−1/n)·t_c, (1−1/n)·t_m)``; without contention its expose
 ``t_m/n + (1 − 1/n)·max(0, t_m − t_c)`` — the makespan of a two-stage pipeline. ``n = 1`` is
 serial.
 
+**Tensor-parallel overlap as Transformer Engine runs it** (:func:`te_tp_exposed`): each TP
+collective only beside the GEMM that feeds or drains it (:func:`tp_host_fractions`), at the
+default userbuffers configuration (ring-exchange all-gathers on the copy engines, pipelined
+forward reduce-scatters with the SM margin on the whole host GEMM, bulk backward
+reduce-scatters beside the weight-gradient GEMMs), and only where Megatron-core can run it
+(:func:`tp_eligible`: sequence parallelism, the TP group inside one NVLink domain).
+
+Cross-check of the aggregate: Lee et al., "Characterizing Compute-Communication Overlap in
+GPU-Accelerated Distributed Deep Learning: Performance and Power Implications" (arXiv
+2507.03114, 2025) measure on 4×A100/H100 (and MI250/MI210) GPT and LLaMA layers that compute
+runs on average 18.9 % (at most 40 %) slower beside communication than alone, and that
+serial execution is on average 10.2 % (at most 26.6 %) slower than overlapped; the SM
+shares here (16/108 = 14.8 % on an A100) and the steps they give stay inside those ranges
+(``experiments/search_gpt3.py`` prints the ratio for its plans).
+
 Units: seconds, bytes, bytes/s. Every function is a single-configuration pure JAX function;
 batch with ``jax.vmap``.
 """
@@ -74,13 +89,16 @@ HBM_BYTES_PER_WIRE_BYTE = {"all_gather": 2.0, "reduce_scatter": 3.0, "all_reduce
 # them at run time from the topology search (NCCL_MIN/MAX_NCHANNELS bound them, 32 CTAs at
 # most by default since 2.17). Assumed values for DGX-class nodes with one NIC per GPU:
 # two channels per NIC-rail ring for data-parallel / ZeRO / expert collectives across nodes
-# (8 rails → 16); Transformer Engine's userbuffers TP overlap reserves ``num_sm = 16`` SMs
-# for its pipelined reduce-scatter (Transformer Engine ``initialize_ub`` defaults).
-DEFAULT_CHANNELS = {"tp": 16.0, "dp": 16.0, "zero": 16.0, "ep": 16.0, "cp": 16.0}
+# (8 rails → 16). The TP overlap's SMs are Transformer Engine's (:data:`TE_COMM_SMS`).
+DEFAULT_CHANNELS = {"dp": 16.0, "zero": 16.0, "ep": 16.0, "cp": 16.0}
 
-# Transformer Engine userbuffers split count of a pipelined TP GEMM+collective
-# (``num_splits = 4``, Transformer Engine ``initialize_ub`` defaults).
+# Transformer Engine userbuffers defaults (``initialize_ub``, ``get_default_config``): the
+# ``pipeline`` reduce-scatter splits its GEMM in ``num_splits = 4`` chunks; ``pipeline`` and
+# ``bulk`` overlaps run their collective on ``num_sm = 16`` SMs; ``ring_exchange``
+# all-gathers copy with the copy engines (``use_ce``) and hold ``num_sm = 1``.
 TP_OVERLAP_CHUNKS = 4.0
+TE_COMM_SMS = 16.0
+TE_RING_SMS = 1.0
 
 # Megatron-core gradient bucket: ``bucket_size = max(40_000_000, 1_000_000 · dp)`` parameters
 # when unset (megatron/core/distributed/distributed_data_parallel_config.py).
@@ -280,17 +298,125 @@ def chunked_dp_exposed(t_chunk, t_comm, pp, v, n_buckets, comm_bytes=0.0, share=
     return jnp.maximum(end, 0.0) + jnp.where(multi, slow, 0.0)
 
 
-def tp_overlap_exposed(t_compute, t_tp, n_chunks=TP_OVERLAP_CHUNKS, compute_bytes=0.0,
-                       comm_bytes=0.0, share=0.0, dev=None):
-    """Exposed TP communication of a pass with Megatron-core ``--tp-comm-overlap``
-    (Transformer Engine userbuffers; Wang et al. ASPLOS 2023): the GEMM and its collective
-    split into ``n_chunks`` (:data:`TP_OVERLAP_CHUNKS`); the first/last chunk's
-    communication is exposed, the rest overlaps with contention (:func:`pipelined_time`).
-    Returns ``total − t_compute``, s."""
-    return pipelined_time(t_compute, t_tp, n_chunks, compute_bytes, comm_bytes, share, dev)[1]
+def tp_eligible(par, system):
+    """1 where Megatron-core's ``--tp-comm-overlap`` can run for the plan, else 0.
+
+    Sources: Megatron-LM asserts ``sequence_parallel`` with ``tp_comm_overlap`` (only the
+    all-gather / reduce-scatter of sequence parallelism are decomposed, not the all-reduce;
+    Transformer Engine issue #746, maintainers' answer); Transformer Engine's comm+GEMM
+    overlap (userbuffers) runs only inside one NVLink domain (device memory mapped across
+    the tensor-parallel peers; Transformer Engine issue #1071, maintainers' answer), i.e.
+    when the ``tp`` consecutive devices lie within the system's innermost network tier.
+    A plan that breaks either runs its TP collectives serially."""
+    f = jnp.result_type(float)
+    tp = jnp.maximum(jnp.asarray(par.tp, dtype=f), 1.0)
+    inner = (jnp.asarray(system.levels[0].size, dtype=f) if system.levels
+             else jnp.asarray(1.0, dtype=f))
+    ok = (jnp.asarray(par.sp, dtype=f) > 0.5) & (tp <= inner + 0.5)
+    return jnp.where(ok, 1.0, 0.0)
 
 
-__all__ = ["overlapped_time", "pipelined_time", "bucketed_exposed", "tp_overlap_exposed",
-           "chunked_dp_exposed",
+def tp_host_fractions(model, seq_len, flash_attention=0.0):
+    """Shares of a layer's forward compute (FLOP shares) of the GEMMs that host the four
+    tensor-parallel collectives under Transformer Engine's overlap, ``(ag_hosts, rs_hosts)``.
+
+    Under sequence parallelism the all-gathers precede the QKV and FC1 GEMMs (their
+    consumers) and the reduce-scatters follow the output-projection and FC2 GEMMs (their
+    producers) (Korthikanti et al., MLSys 2023, §4.2.2, Fig. 5); Transformer Engine
+    overlaps each collective only with the GEMM it feeds or drains (``qkv_fprop``,
+    ``fc1_fprop``, ``proj_fprop``, ``fc2_fprop`` and their ``dgrad``/``wgrad``
+    counterparts in ``initialize_ub``). FLOPs per token (forward): QKV ``2h(h_q + 2h_kv)``,
+    output projection ``2h_q h``, FC1 ``2h·d_ff`` (×2 when gated), FC2 ``2d_ff h``,
+    attention core ``4 s h_q`` (half under FlashAttention, which skips the masked causal
+    half), with ``h_q = heads·d_head``; the memory-bound kernels are not counted, so
+    the hosts' time is slightly overestimated (by their few per cent). The backward of
+    every GEMM is twice its forward (input and weight gradient), so the same shares hold
+    for the backward compute, half of each in its input-gradient (dgrad) GEMM and half
+    in its weight-gradient (wgrad) GEMM. Dimensionless."""
+    f = jnp.result_type(float)
+    h = jnp.asarray(model.d_model, dtype=f)
+    hq = model.n_heads * model.head_dim
+    hkv = model.n_kv_heads * model.head_dim
+    ff = model.d_ff * jnp.where(model.is_gated > 0.5, 2.0, 1.0)
+    qkv, wo = 2.0 * h * (hq + 2.0 * hkv), 2.0 * hq * h
+    w1, w2 = 2.0 * h * ff, 2.0 * model.d_ff * h
+    attn = 4.0 * seq_len * hq * jnp.where(flash_attention > 0.5, 0.5, 1.0)
+    tot = jnp.maximum(qkv + wo + w1 + w2 + attn, 1.0)
+    return (qkv + w1) / tot, (wo + w2) / tot
+
+
+def te_tp_exposed(t_fwd, t_bwd, t_comm_fwd, t_comm_bwd, ag_hosts, rs_hosts, tp, dev,
+                  comm_bytes=0.0):
+    """Exposed TP communication of one layer's forward and backward under Megatron-core
+    ``--tp-comm-overlap`` with Transformer Engine's default userbuffers configuration,
+    ``(exposed_fwd_s, exposed_bwd_s)``, each including the compute slowdown it causes.
+
+    Source: Transformer Engine ``initialize_ub`` defaults (``get_default_config``):
+
+    - all-gathers (``qkv_fprop``, ``fc1_fprop``; backward ``proj_dgrad``, ``fc2_dgrad``):
+      ``ring_exchange`` — ``tp`` GEMM chunks, each on the shard received in the step
+      before, peer copies on the copy engines (``use_ce``, one SM): the first chunk's
+      copy is exposed, the rest overlaps (:func:`pipelined_time` with ``n = tp``,
+      :data:`TE_RING_SMS`);
+    - forward reduce-scatters (``proj_fprop``, ``fc2_fprop``): ``pipeline`` —
+      :data:`TP_OVERLAP_CHUNKS` chunks, the collective on :data:`TE_COMM_SMS` SMs with
+      ``set_sm_margin``: the host GEMM is launched on ``core_count − TE_COMM_SMS`` SMs for
+      its whole duration, i.e. runs ``1/(1 − σ)`` as long (``σ`` = :func:`sm_share`),
+      whether or not the collective is running (the cost of reserving SMs; Rashidi et al.,
+      ISCA 2021, §3: SMs held by collectives are lost to compute);
+    - backward reduce-scatters (``qkv_dgrad``/``fc1_dgrad`` outputs): ``bulk`` — the whole
+      collective beside the weight-gradient GEMM (``qkv_wgrad``, ``fc1_wgrad``) on
+      :data:`TE_COMM_SMS` SMs without margin (:func:`overlapped_time`).
+
+    Under sequence parallelism half of a pass's TP time is all-gathers and half
+    reduce-scatters (equal bytes). Megatron-core switches each kind on or off on its own
+    (``tp_comm_overlap_ag``, ``tp_comm_overlap_rs``, ``tp_comm_bulk_wgrad``), so each
+    kind's exposure is at most its serial time (a tuned configuration turns off an
+    overlap that loses).
+
+    Args:
+        t_fwd, t_bwd: the layer's forward / backward compute, s.
+        t_comm_fwd, t_comm_bwd: its serial TP collectives of the forward / backward, s.
+        ag_hosts, rs_hosts: shares of the compute in the GEMMs hosting the all-gathers /
+            reduce-scatters (:func:`tp_host_fractions`).
+        tp: tensor-parallel degree (ring-exchange chunks).
+        dev: the :class:`~jaxmodel.types.Device` (SM count, memory bandwidth).
+        comm_bytes: main-memory bytes of one pass's TP collectives
+            (:func:`comm_hbm_bytes`), the memory-contention input.
+    """
+    f = jnp.result_type(float)
+    n_ring = jnp.maximum(jnp.asarray(tp, dtype=f), 1.0)
+    sigma = sm_share(dev, TE_COMM_SMS)
+    ring_share = sm_share(dev, TE_RING_SMS)
+    half_b = 0.5 * jnp.asarray(comm_bytes, dtype=f)
+
+    def ring(host, comm):
+        ovl = pipelined_time(host, comm, n_ring, 0.0, half_b, ring_share, dev)[1]
+        return jnp.minimum(ovl, comm)
+
+    def rs_pipeline(host, comm):
+        stretched = host / (1.0 - sigma)          # set_sm_margin: fewer SMs all along
+        ovl = pipelined_time(stretched, comm, TP_OVERLAP_CHUNKS, 0.0, half_b, 0.0,
+                             dev)[0] - host
+        return jnp.minimum(ovl, comm)
+
+    def rs_bulk(host, comm):
+        return jnp.minimum(overlapped_time(host, comm, 0.0, half_b, sigma, dev)[1], comm)
+
+    t_fwd = jnp.maximum(jnp.asarray(t_fwd, dtype=f), 0.0)
+    t_bwd = jnp.maximum(jnp.asarray(t_bwd, dtype=f), 0.0)
+    cf = 0.5 * jnp.maximum(jnp.asarray(t_comm_fwd, dtype=f), 0.0)
+    cb = 0.5 * jnp.maximum(jnp.asarray(t_comm_bwd, dtype=f), 0.0)
+    fwd = ring(ag_hosts * t_fwd, cf) + rs_pipeline(rs_hosts * t_fwd, cf)
+    # backward: the all-gathers of the output gradients before the projection / FC2 input-
+    # gradient GEMMs (half of those GEMMs' backward), the reduce-scatters of the QKV / FC1
+    # input gradients beside their weight-gradient GEMMs (the other half of theirs)
+    bwd = ring(0.5 * rs_hosts * t_bwd, cb) + rs_bulk(0.5 * ag_hosts * t_bwd, cb)
+    return fwd, bwd
+
+
+__all__ = ["overlapped_time", "pipelined_time", "bucketed_exposed", "te_tp_exposed",
+           "tp_eligible", "tp_host_fractions", "chunked_dp_exposed",
            "compute_rate", "sm_share", "wire_bytes", "comm_hbm_bytes", "mcore_buckets",
-           "HBM_BYTES_PER_WIRE_BYTE", "DEFAULT_CHANNELS", "TP_OVERLAP_CHUNKS"]
+           "HBM_BYTES_PER_WIRE_BYTE", "DEFAULT_CHANNELS", "TP_OVERLAP_CHUNKS", "TE_COMM_SMS",
+           "TE_RING_SMS"]

@@ -108,17 +108,26 @@ def p2p_bytes(micro_batch, seq_len, d_model, tp, dtype_bytes=2.0):
 def p2p_transfers_on_critical_path(schedule, pp, m, interleave):
     """Stage-boundary transfers (each one activation or one gradient) on the critical path.
 
-    Steady state: every device sends one activation and one gradient per micro-batch and
-    chunk (2·m·v; sends and receives overlap on full-duplex links). Fill and drain add the
-    2·(p−1) hops the first forward and the last backward travel before every device is busy.
-    Megatron-LM (2021) issues these transfers synchronously between compute steps, so they
-    are not overlapped (PTD-P §4.1). Zero for p = 1.
+    Megatron-LM as PTD-P ran it (2021, ``megatron/p2p_communication.py``) issues every
+    exchange as ``batch_isend_irecv`` followed by ``wait`` and ``torch.cuda.synchronize()``,
+    between compute steps: nothing overlaps them (PTD-P §4.1). Steady state: every device
+    sends one activation and one gradient per micro-batch and chunk (2·m·v; under the
+    interleaved schedule both go out in one exchange with the two neighbours, two tensors
+    through the device's link); fill and drain add the 2·(p−1) hops the first forward and
+    the last backward travel before every device is busy. With two stages and one chunk
+    each, the first stage never sends a gradient and the last never sends an activation:
+    one exchange per micro-batch (the first stage's ``send_forward_recv_backward`` meets the
+    last stage's ``send_backward_recv_forward``) plus the first forward's hop, m + 1.
+    Zero for p = 1. A replay of Megatron-LM's ``schedules.py`` with these blocking exchanges
+    agrees within a few transfers (``tests/parallel/test_pipeline_replay.py``).
 
     Returns:
         Number of transfers (float).
     """
     v = effective_interleave(schedule, interleave)
-    return jnp.where(pp > 1.0, 2.0 * (m * v + pp - 1.0), 0.0)
+    two = (pp > 1.5) & (pp < 2.5) & (v < 1.5)
+    n = jnp.where(two, m + 1.0, 2.0 * (m * v + pp - 1.0))
+    return jnp.where(pp > 1.0, n, 0.0)
 
 
 def bubble_time(schedule, pp, interleave, t_mean):

@@ -26,7 +26,8 @@ plus the embedding on the first stage and the LM head + loss on the last (both o
 stage when p = 1).
 
 **Pipeline** (:mod:`jaxmodel.parallel.pipeline`): m·t_max + (p−1)/v·t_mean + exposed
-stage-boundary transfers (2 per micro-batch and chunk, plus fill/drain), each b·s·h·2/t bytes
+stage-boundary transfers (2 per micro-batch and chunk, plus fill/drain; m + 1 for two
+stages), each b·s·h·2/t bytes
 (scatter/gather optimisation, PTD-P §4.1; the re-assembling all-gather over TP when SP is off).
 With p > 1 and tied embeddings the first and last stage all-reduce the embedding gradient.
 
@@ -77,14 +78,16 @@ everything, as Megatron-LM 2021 did (its "local" DDP all-reduced after the last 
 fractions interpolate linearly between the two.
 
 **TP communication overlap** (``tp_overlap``, default 0 = Megatron-LM 2021, which runs the TP
-collectives serially): the layer's TP collectives are decomposed and pipelined with the
-GEMMs that produce or consume them (Wang et al., ASPLOS 2023, "Overlap Communication with
-Dependent Computation via Decomposition"; Megatron-core ``--tp-comm-overlap`` with Transformer
-Engine userbuffers, ``num_splits = 4`` chunks holding ``num_sm = 16`` SMs): per layer and pass
-(forward, recomputed forward, backward, each against its own compute),
-:func:`~jaxmodel.parallel.overlap.tp_overlap_exposed` — the first chunk's GEMM and the last
-chunk's collective are exposed, the rest overlaps at the compute rate the collective's SMs
-and memory traffic leave. ``tp_overlap = 1`` is that, 0 serial, fractions interpolate.
+collectives serially): Megatron-core ``--tp-comm-overlap`` with Transformer Engine's
+userbuffers at the granularity they have (:func:`~jaxmodel.parallel.overlap.te_tp_exposed`):
+each collective only beside the GEMM that feeds or drains it (shares of the layer's compute
+from :func:`~jaxmodel.parallel.overlap.tp_host_fractions`) — all-gathers as ``tp``-step ring
+exchanges on the copy engines, forward reduce-scatters pipelined in 4 chunks on 16 SMs
+reserved for the whole host GEMM (``set_sm_margin``), backward reduce-scatters beside the
+weight-gradient GEMMs on 16 SMs; each kind at most its serial time. Only plans with sequence
+parallelism whose TP group lies within the innermost network tier (one NVLink domain) can
+overlap (:func:`~jaxmodel.parallel.overlap.tp_eligible`); the others run serially whatever
+the knob. ``tp_overlap = 1`` is that, 0 serial, fractions interpolate.
 
 **Sustained clocks**: the device runs at ``freq_hz ×`` its sustained clock fraction under
 training load (power limit; the device field ``sustained_clock_fraction``, derived from
@@ -488,7 +491,7 @@ class _Layer(NamedTuple):
 
 def _tp_hbm_bytes(par_s, micro_batch, seq_len, d_model, dtype_bytes):
     """Main-memory bytes one device moves for the TP collectives of one layer and pass (the
-    contention input of :func:`jaxmodel.parallel.overlap.tp_overlap_exposed`): two
+    contention input of :func:`jaxmodel.parallel.overlap.te_tp_exposed`): two
     reduce-scatters + two all-gathers of the ``b·s·h`` activations with sequence parallelism,
     two all-reduces without (Korthikanti et al. 2023 §4.2.2; ring traffic,
     :func:`jaxmodel.parallel.overlap.comm_hbm_bytes`), bytes."""
@@ -506,33 +509,31 @@ def _blend(serial, overlapped, knob):
     return serial + jnp.asarray(knob, dtype=jnp.result_type(float)) * (overlapped - serial)
 
 
-def _layer_times(t: dict, rcode, tp_overlap, dev, tp_hbm) -> _Layer:
+def _layer_times(t: dict, rcode, tp_overlap, dev, tp_hbm, hosts, tp) -> _Layer:
     """The stage times with the bias/dropout/residual kernels added and the TP collectives
-    overlapped with the GEMMs of the same pass under SM/memory contention (module docstring;
-    Wang et al. 2023; :func:`jaxmodel.parallel.overlap.tp_overlap_exposed`). ``tp_hbm``:
-    main-memory bytes of one pass's TP collectives (:func:`_tp_hbm_bytes`)."""
+    overlapped with the GEMMs that feed or drain them, as Transformer Engine's userbuffers
+    do, under SM/memory contention (module docstring;
+    :func:`jaxmodel.parallel.overlap.te_tp_exposed`). ``tp_overlap``: the knob times
+    :func:`jaxmodel.parallel.overlap.tp_eligible`; ``tp_hbm``: main-memory bytes of one
+    pass's TP collectives (:func:`_tp_hbm_bytes`); ``hosts``: the hosting GEMMs' shares
+    (:func:`jaxmodel.parallel.overlap.tp_host_fractions`)."""
     fwd, bwd, rc = t["fwd"], t["bwd"], t["recompute"]
     tpf, tpb, epf, epb = t["tp_comm_fwd"], t["tp_comm_bwd"], t["ep_comm_fwd"], t["ep_comm_bwd"]
+    # forward, the recomputed forward (full recompute repeats the forward's TP and EP
+    # communication, inside ``rc``) and backward, each collective beside its own GEMM
+    full_rc = rcode >= 1.5
+    rc_tp = jnp.where(full_rc, tpf, 0.0)
+    rc_compute = rc - rc_tp - jnp.where(full_rc, epf, 0.0)
+    ovl_f, ovl_b = _ov.te_tp_exposed(fwd, bwd, tpf, tpb, hosts[0], hosts[1], tp, dev, tp_hbm)
+    ovl_rc = _ov.te_tp_exposed(rc_compute, 0.0, rc_tp, 0.0, hosts[0], hosts[1], tp, dev,
+                               tp_hbm)[0]
+    rc = rc - rc_tp + _blend(rc_tp, ovl_rc, tp_overlap)
+    tpf = _blend(tpf, ovl_f, tp_overlap)
+    tpb = _blend(tpb, ovl_b, tp_overlap)
     # the bias/dropout/residual kernels the workload's layer omits (see residual_dropout_times)
     rc = rc + jnp.select([rcode < 0.5, rcode < 1.5], [0.0, t["rd_selective"]], t["rd_fwd"])
     fwd = fwd + t["rd_fwd"]
     bwd = bwd + t["rd_bwd"]
-    # forward, the recomputed forward (full recompute repeats the forward's TP and EP
-    # communication, inside ``rc``) and backward, each against its own compute; the
-    # userbuffers overlap holds ``DEFAULT_CHANNELS["tp"]`` SMs while it runs.
-    share = _ov.sm_share(dev, _ov.DEFAULT_CHANNELS["tp"])
-
-    def exposed(compute, comm):
-        ovl = _ov.tp_overlap_exposed(compute, comm, _ov.TP_OVERLAP_CHUNKS, 0.0, tp_hbm,
-                                     share, dev)
-        return _blend(comm, ovl, tp_overlap)
-
-    full_rc = rcode >= 1.5
-    rc_tp = jnp.where(full_rc, tpf, 0.0)
-    rc_compute = rc - rc_tp - jnp.where(full_rc, epf, 0.0)
-    rc = rc - rc_tp + exposed(rc_compute, rc_tp)
-    tpf = exposed(fwd, tpf)
-    tpb = exposed(bwd, tpb)
     emb_comm = t["emb_comm_fwd"] + t["emb_comm_bwd"]
     # embedding lookup on the first stage, LM head + loss on the last; their TP collectives
     # split evenly between the two (the embedding output all-reduce vs the head's input-grad
@@ -691,8 +692,9 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
 
     t = {k: _finite(times[k]) for k in STAGE_KEYS}
     rcode = par_s.recompute
-    lt = _layer_times(t, rcode, tp_overlap, dev,
-                      _tp_hbm_bytes(par_s, b, seq / cp, model_s.d_model, dtype_bytes))
+    lt = _layer_times(t, rcode, tp_overlap * _ov.tp_eligible(par_s, system), dev,
+                      _tp_hbm_bytes(par_s, b, seq / cp, model_s.d_model, dtype_bytes),
+                      _ov.tp_host_fractions(model_s, seq, par_s.flash_attention), tp)
     multi_stage = pp > 1.5
     extra_mean = (lt.first + lt.last) / pp
     # the slowest stage (uneven stages: :func:`jaxmodel.parallel.pipeline.stage_layers`):

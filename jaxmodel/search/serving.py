@@ -27,15 +27,23 @@ Two batched stages, as :func:`jaxmodel.search_parallelism` de-duplicates its sta
    every configuration, gathering its table rows by index, in one jitted
    :func:`jaxmodel.batching.map_points` call — 10⁵ rows.
 
+A search compiles three executables: the cost tables and the steady state of the aggregated
+and of the disaggregated rows. Stage 2 needs only the shapes of the tables, so it is traced
+and compiled on a second thread while stage 1 runs (XLA releases the GIL while compiling);
+on the CPU backend both stages compile with :data:`CPU_COMPILE_OPTIONS`. Most of a cold
+search is the XLA compilation of stage 1's graph (the inference model with its GEMM tile
+searches), whose size does not depend on how many configurations are searched.
+
 Both stages print their progress through :func:`jaxmodel.runtime.stage`.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import importlib
 import math
 import sys
+import threading
 import time
 from typing import Sequence
 
@@ -47,7 +55,7 @@ import pandas as pd
 from jaxmodel import runtime as _runtime
 from jaxmodel import runtime_profile as _rtp
 from jaxmodel import serving as _srv
-from jaxmodel.batching import map_points
+from jaxmodel.batching import _is_static, map_points
 from jaxmodel.numerics import REASONS, pareto_mask
 from jaxmodel.types import Model, Parallelism, System
 from jaxmodel.workload.layer import variant_of
@@ -72,9 +80,70 @@ def _plans(n: int, tps: Sequence[int], pps: Sequence[int]) -> list[tuple[int, in
             if t >= 1 and p >= 1 and n % (t * p) == 0]
 
 
-@functools.partial(jax.jit, static_argnames=("disagg",))
+#: XLA:CPU compile options of the stage executables: the elemental (pre-MLIR) fusion
+#: emitters compile the cost tables' graph in about half the CPU time of the default
+#: emitters (same HLO passes and LLVM optimisation level; the tables agree to float
+#: rounding, a few ulp in float32).
+CPU_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+
+class _Jit:
+    """``fn`` jitted as :func:`jaxmodel.batching.call_batched` jits a function (static
+    leaves — names, flags, functions — baked in; numeric leaves as arguments, converted to
+    the float dtype with ``cast``) and compiled with ``options`` (default
+    :data:`CPU_COMPILE_OPTIONS`) on the CPU backend; plainly elsewhere, or where this XLA
+    does not know an option (found on the first compile). ``compile(*args)`` lowers and
+    compiles without running (numeric leaves may be :class:`jax.ShapeDtypeStruct`),
+    filling the cache that the next call with the same shapes uses. The compile seconds
+    of a second thread show in the stage that is running (:func:`jaxmodel.runtime.stage`)."""
+
+    def __init__(self, fn, cast: bool = True, options=None):
+        self.cast = cast
+
+        def flat(dynamic, treedef, static):
+            leaves = list(static)
+            for i, x in zip([i for i, s in enumerate(static) if s is None], dynamic):
+                leaves[i] = x
+            args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+            return fn(*args, **kwargs)
+        names = ("treedef", "static")
+        self.plain = jax.jit(flat, static_argnames=names)
+        self.tuned = jax.jit(flat, static_argnames=names,
+                             compiler_options=CPU_COMPILE_OPTIONS if options is None else options)
+        self.use_tuned = None
+
+    def _split(self, args, kwargs):
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        f = jnp.result_type(float)
+        static = tuple(x if _is_static(x) else None for x in leaves)
+        dynamic = [x if not self.cast or isinstance(x, jax.ShapeDtypeStruct) or (
+            isinstance(x, jax.Array) and x.dtype == f) else jnp.asarray(x, f)
+            for x in leaves if not _is_static(x)]
+        return dict(dynamic=dynamic, treedef=treedef, static=static)
+
+    def _with(self, go):
+        if self.use_tuned is None:
+            self.use_tuned = jax.default_backend() == "cpu"
+        if self.use_tuned:
+            try:
+                return go(self.tuned)
+            except jax.errors.JaxRuntimeError as e:
+                if "compile option" not in str(e):
+                    raise
+                self.use_tuned = False
+        return go(self.plain)
+
+    def __call__(self, *args, **kwargs):
+        kw = self._split(args, kwargs)
+        return self._with(lambda f: f(**kw))
+
+    def compile(self, *args, **kwargs):
+        kw = self._split(args, kwargs)
+        return self._with(lambda f: f.lower(**kw).compile())
+
+
 def _evaluate(table, rows, system, isl, osl, ttft_slo, tpot_slo, disagg: bool):
-    """Stage 2: the steady state of every row (one jitted :func:`map_points` call)."""
+    """Stage 2: the steady state of every row (one :func:`map_points` call)."""
     def take(k):
         return jax.tree_util.tree_map(lambda x: x[k.astype(jnp.int32)], table)
 
@@ -99,6 +168,44 @@ def _evaluate(table, rows, system, isl, osl, ttft_slo, tpot_slo, disagg: bool):
             tpot_slo_s=tpot_slo)
 
     return map_points(dis if disagg else agg, rows, chunk=ROW_CHUNK)
+
+
+#: Stage 1: :func:`jaxmodel.serving.serving_costs` of every (plan, precision, runtime) row.
+_tables_jit = _Jit(_srv._serving_costs)
+_evaluate_jit = _Jit(_evaluate, cast=False)
+
+
+def _table_struct(n_rows: int) -> _srv.ServingCosts:
+    """Shapes and dtypes of the stage-1 tables of ``n_rows`` rows (to compile stage 2 before
+    they exist)."""
+    f = jnp.result_type(float)
+    grid = {"step_s", "attn_s"}
+    dtype = {"feasible": jnp.bool_, "reason": jnp.int32}
+    return _srv.ServingCosts(**{name: jax.ShapeDtypeStruct(
+        (n_rows, len(_srv.TOKEN_GRID)) if name in grid else (n_rows,), dtype.get(name, f))
+        for name in _srv.ServingCosts.__dataclass_fields__})
+
+
+class _Prefetch:
+    """``fn()`` on a background thread (started at once); ``join()`` waits for it and
+    re-raises its exception."""
+
+    def __init__(self, fn):
+        self.error = None
+
+        def run():
+            try:
+                fn()
+            except BaseException as e:      # re-raised in the caller's thread
+                self.error = e
+        self.thread = threading.Thread(target=run, name="search_serving-compile",
+                                       daemon=True)
+        self.thread.start()
+
+    def join(self):
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def search_serving(system: System, model: Model, n_devices: int | None = None, isl=1024,
@@ -188,15 +295,6 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
                                                           f), _precision.stack(precs))
     rt_b = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[kt[:, 3].astype(int)], f),
                                   _rtp.stack(rts))
-    say(f"{len(keys)} cost tables ({len(plans)} tp×pp plans × {len(precs)} precisions × "
-        f"{len(rts)} runtimes) for {model.name} on {n} devices")
-    with _runtime.stage("search_serving: cost tables", show_after=shown) as st:
-        table = _srv._serving_costs(system, model, par, isl_f, osl_f, prec_b, rt_b,
-                                    variant_of(model, par, system))
-        table = jax.block_until_ready(table)
-        st["note"] = f"{len(keys)} tables × {len(_srv.TOKEN_GRID)} batch sizes"
-    timings = {"cost_tables_s": st["wall_s"]}
-
     # ---- configurations ------------------------------------------------------------------
     index = {key: k for k, key in enumerate(keys)}
     mb = np.asarray(max_batch, dtype=float)
@@ -237,14 +335,30 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
     n_eval = len(agg) + len(dis)
     say(f"{n_eval:,} configurations ({len(agg):,} aggregated, {len(dis):,} disaggregated)")
 
+    # stage 2 needs only the shapes of the tables: its compilation (XLA releases the GIL)
+    # runs on a second thread while stage 1 traces, compiles and runs
+    jobs = [({k: jnp.asarray(v, f) for k, v in rows.items()}, flag)
+            for rows, flag in ((rows_a, False), (rows_d, True)) if len(rows["k"])]
+    prefetch = _Prefetch(lambda: [_evaluate_jit.compile(
+        _table_struct(len(keys)), rows, system, isl_f, osl_f, float(ttft_slo_s),
+        float(tpot_slo_s), disagg=flag) for rows, flag in jobs])
+    say(f"{len(keys)} cost tables ({len(plans)} tp×pp plans × {len(precs)} precisions × "
+        f"{len(rts)} runtimes) for {model.name} on {n} devices")
+    with _runtime.stage("search_serving: cost tables", show_after=shown) as st:
+        # the name is a static pytree field: without it, models of one family share the
+        # executable within a process
+        table = _tables_jit(system, dataclasses.replace(model, name=""), par, isl_f, osl_f,
+                            prec_b, rt_b, variant_of(model, par, system))
+        table = jax.block_until_ready(table)
+        st["note"] = f"{len(keys)} tables × {len(_srv.TOKEN_GRID)} batch sizes"
+    timings = {"cost_tables_s": st["wall_s"]}
+
     # ---- stage 2: the steady state of every configuration -------------------------------
     with _runtime.stage("search_serving: steady state", show_after=shown) as st:
-        res = [_evaluate(table, {k: jnp.asarray(v, f) for k, v in rows_a.items()}, system,
-                         isl_f, osl_f, float(ttft_slo_s), float(tpot_slo_s), disagg=False)]
-        if len(dis):
-            res.append(_evaluate(table, {k: jnp.asarray(v, f) for k, v in rows_d.items()},
-                                 system, isl_f, osl_f, float(ttft_slo_s), float(tpot_slo_s),
-                                 disagg=True))
+        prefetch.join()
+        res = [_evaluate_jit(table, rows, system, isl_f, osl_f, float(ttft_slo_s),
+                             float(tpot_slo_s), disagg=flag)
+               for rows, flag in jobs]
         res = [jax.tree_util.tree_map(np.asarray, r) for r in res]
         st["note"] = f"{n_eval:,} configurations"
     timings["steady_state_s"] = st["wall_s"]

@@ -291,3 +291,24 @@ def test_collnet_on_a_sharp_fabric():
     np.testing.assert_allclose(np.asarray(lat), [0.0, 0.0, 31e-6])
     tree = nccl.latency("tree", "all_reduce", 16.0, 2.0)
     np.testing.assert_allclose(np.asarray(tree)[0], 46.8e-6)
+
+
+def test_ll128_executed_efficiency():
+    """Ring LL128 on 8 ranks, 8 MiB on 24 channels (all run): the tuner still picks LL128 with
+    NCCL's 0.92 whatever ``ll128_efficiency``; the executed bandwidth time is
+    ``7/4 · n / (B · ll128_efficiency)``. The default (0.92) is NCCL's factor."""
+    n = 2.0**23
+    lvl = nvswitch(8, nccl_channels=24.0)
+    assert choice(lvl, 8, n) == ("ring", "ll128")
+    slow = dataclasses.replace(lvl, ll128_efficiency=0.5)
+    assert choice(slow, 8, n) == ("ring", "ll128")
+    lat = (14.0 + 14 * 1.9) * US
+    for eff, l_ in ((0.92, lvl), (0.5, slow)):
+        t = float(coll.collective_latency.single(system(l_), "all_reduce", n, 8.0))
+        assert t == pytest.approx(lat + 7 / 4 * n / (B * eff), rel=1e-9)
+    # float32 and grad with respect to the efficiency (finite, negative: faster when higher)
+    g = jax.grad(lambda e: coll.collective_latency.single(
+        system(dataclasses.replace(lvl, ll128_efficiency=e)), "all_reduce", n, 8.0))(0.6)
+    assert np.isfinite(float(g)) and float(g) < 0
+    t32 = coll.collective_latency.single(system(slow), "all_reduce", jnp.float32(n), 8.0)
+    assert float(t32) == pytest.approx(lat + 7 / 4 * n / (B * 0.5), rel=1e-5)

@@ -173,3 +173,110 @@ def test_chunked_dp_exposed_limits_and_hand_values():
     g = jax.grad(lambda t: ov.chunked_dp_exposed(0.05, t, 8.0, 4.0, 4.0, 1e9, 0.1,
                                                  hw_db.device("a100_80gb")))(0.8)
     assert np.isfinite(float(g))
+
+
+def _pipe(tc, tm, n, share):
+    """Two-stage pipeline of n chunks with SM-only contention, by hand (total time)."""
+    k = 1.0 - 1.0 / n
+    return tc / n + tm / n + max(k * tm, k * tc + share * k * tm)
+
+
+@pytest.mark.parametrize("t_fwd,t_bwd,cf,cb,tp", [
+    (1.0, 2.0, 0.2, 0.2, 4.0),        # GEMMs longer than their collectives
+    (0.1, 0.2, 0.3, 0.3, 8.0),        # collectives longer: each kind capped at serial
+    (1.0, 2.0, 0.0, 0.0, 2.0),        # nothing to hide
+])
+def test_te_tp_exposed_hand_values(dev, t_fwd, t_bwd, cf, cb, tp):
+    """Transformer Engine defaults by hand: all-gathers as tp-step ring exchanges (1 SM),
+    forward reduce-scatters in 4 chunks with the host GEMM on 108 − 16 SMs throughout,
+    backward reduce-scatters beside the weight-gradient GEMMs on 16 SMs; each ≤ serial."""
+    f_ag, f_rs = 0.55, 0.35
+    s1, s16 = 1.0 / 108.0, 16.0 / 108.0
+
+    def ring(host, c):
+        return min(_pipe(host, c, tp, s1) - host, c)
+
+    def rs_pipe(host, c):
+        return min(_pipe(host / (1.0 - s16), c, 4.0, 0.0) - host, c)
+
+    def bulk(host, c):
+        return min(max(c, host + s16 * c) - host, c)
+
+    want_f = ring(f_ag * t_fwd, cf / 2) + rs_pipe(f_rs * t_fwd, cf / 2)
+    want_b = ring(0.5 * f_rs * t_bwd, cb / 2) + bulk(0.5 * f_ag * t_bwd, cb / 2)
+    got_f, got_b = ov.te_tp_exposed(t_fwd, t_bwd, cf, cb, f_ag, f_rs, tp, dev)
+    assert float(got_f) == pytest.approx(want_f, rel=1e-6, abs=1e-12)
+    assert float(got_b) == pytest.approx(want_b, rel=1e-6, abs=1e-12)
+    assert 0.0 <= float(got_f) <= cf * (1 + 1e-9) and 0.0 <= float(got_b) <= cb * (1 + 1e-9)
+
+
+def test_te_tp_sm_margin_costs_the_whole_host_gemm(dev):
+    """A long host GEMM with a short reduce-scatter: reserving 16 SMs for the whole GEMM
+    costs more than the collective hides, so the forward reduce-scatter stays serial."""
+    # no GEMM hosts the all-gather half (0.1 exposed); the reduce-scatter half stays serial
+    got_f, _ = ov.te_tp_exposed(1.0, 0.0, 0.2, 0.0, 0.0, 0.9, 8.0, dev)
+    assert float(got_f) == pytest.approx(0.2)
+    # a short host: the pipeline wins
+    got_f, _ = ov.te_tp_exposed(1.0, 0.0, 0.2, 0.0, 0.0, 0.2, 8.0, dev)
+    assert float(got_f) < 0.2
+
+
+def test_tp_host_fractions_hand_values():
+    m = dataclasses.replace(hw_db.model("gpt3-175b"))
+    h, s = 12288.0, 2048.0
+    qkv, wo, w1, w2 = 2 * h * 3 * h, 2 * h * h, 2 * h * 4 * h, 2 * 4 * h * h
+    for fa, attn in ((0.0, 4 * s * h), (2.0, 2 * s * h)):
+        f_ag, f_rs = ov.tp_host_fractions(m, s, fa)
+        tot = qkv + wo + w1 + w2 + attn
+        assert float(f_ag) == pytest.approx((qkv + w1) / tot, rel=1e-6)
+        assert float(f_rs) == pytest.approx((wo + w2) / tot, rel=1e-6)
+
+
+def test_tp_eligible_needs_sp_and_one_nvlink_domain():
+    """Megatron-core overlaps TP communication only with sequence parallelism, Transformer
+    Engine only inside one NVLink domain (the innermost tier: 8 GPUs of a DGX A100)."""
+    import jaxmodel as jm
+    system = hw_db.system("dgx_a100", nodes=4)
+    par = jm.Parallelism(dp=1, tp=jnp.asarray([8.0, 8.0, 16.0, 4.0]), pp=1,
+                         sp=jnp.asarray([1.0, 0.0, 1.0, 1.0]))
+    np.testing.assert_array_equal(np.asarray(ov.tp_eligible(par, system)), [1, 0, 0, 1])
+
+
+def test_te_tp_exposed_vmap_jit_grad(dev):
+    args = (jnp.asarray([1.0, 0.1]), jnp.asarray([2.0, 0.2]), jnp.asarray([0.2, 0.3]),
+            jnp.asarray([0.2, 0.3]), 0.55, 0.35, 8.0)
+    batched = jax.vmap(lambda a, b, c, d: ov.te_tp_exposed(a, b, c, d, *args[4:], dev))(
+        *args[:4])
+    for i in range(2):
+        one = jax.jit(lambda a, b, c, d: ov.te_tp_exposed(a, b, c, d, *args[4:], dev))(
+            *(x[i] for x in args[:4]))
+        for j in range(2):
+            assert float(batched[j][i]) == pytest.approx(float(one[j]), rel=1e-6)
+    g = jax.grad(lambda c: sum(ov.te_tp_exposed(1.0, 2.0, c, c, 0.55, 0.35, 8.0, dev)))(0.2)
+    eps = 1e-4
+    fd = (sum(ov.te_tp_exposed(1.0, 2.0, 0.2 + eps, 0.2 + eps, 0.55, 0.35, 8.0, dev))
+          - sum(ov.te_tp_exposed(1.0, 2.0, 0.2 - eps, 0.2 - eps, 0.55, 0.35, 8.0, dev)))
+    assert np.isfinite(float(g))
+    assert float(g) == pytest.approx(float(fd) / (2 * eps), rel=1e-3)
+    z = jax.grad(lambda c: sum(ov.te_tp_exposed(0.0, 0.0, c, c, 0.55, 0.35, 8.0, dev)))(0.0)
+    assert np.isfinite(float(z))
+
+
+@pytest.mark.slow
+def test_train_step_tp_overlap_only_where_megatron_core_runs_it():
+    """train_step: the tp_overlap knob changes nothing without sequence parallelism or with
+    a TP group spanning two DGX A100 nodes, and lowers the step of an eligible plan."""
+    import jaxmodel as jm
+    system = hw_db.system("dgx_a100", nodes=2)
+    model = jm.Model(n_layers=4.0, d_model=2048.0, n_heads=16.0, n_kv_heads=16.0,
+                     head_dim=128.0, d_ff=8192.0, vocab_size=32000.0, activation="gelu")
+    par = jm.Parallelism(dp=jnp.asarray([1.0, 2.0, 2.0]), tp=jnp.asarray([16.0, 8.0, 8.0]),
+                         pp=1, sp=jnp.asarray([1.0, 0.0, 1.0]), micro_batch=1,
+                         recompute="selective")
+    serial, over = (jm.train_step(system, model, par, 8, 2048, tp_overlap=x)
+                    for x in (0.0, 1.0))
+    s, o = np.asarray(serial.step_time_s), np.asarray(over.step_time_s)
+    np.testing.assert_allclose(o[:2], s[:2], rtol=1e-9)
+    assert o[2] < s[2]
+    assert float(np.asarray(over.breakdown["tp_comm"])[2]) < float(
+        np.asarray(serial.breakdown["tp_comm"])[2])

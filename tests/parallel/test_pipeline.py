@@ -1,5 +1,6 @@
 """Pipeline schedule formulas against hand-derived values (PTD-P §2.2, Korthikanti §4.2.3)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -52,6 +53,21 @@ def test_pipeline_transfers():
     assert float(pl.p2p_transfers_on_critical_path(F1B1, 4.0, 16.0, 1.0)) == 2 * (16 + 3)
     assert float(pl.p2p_transfers_on_critical_path(INTER, 4.0, 16.0, 2.0)) == 2 * (32 + 3)
     assert float(pl.p2p_transfers_on_critical_path(F1B1, 1.0, 16.0, 1.0)) == 0.0
+    # two stages, one chunk each: one exchange per micro-batch plus the first hop, m + 1
+    assert float(pl.p2p_transfers_on_critical_path(F1B1, 2.0, 16.0, 1.0)) == 17.0
+    # ... but the interleaved schedule's chunks wrap around: both directions again
+    assert float(pl.p2p_transfers_on_critical_path(INTER, 2.0, 16.0, 2.0)) == 2 * (32 + 1)
+
+
+def test_pipeline_transfers_jit_grad():
+    f = lambda m, p: pl.p2p_transfers_on_critical_path(F1B1, p, m, 1.0)  # noqa: E731
+    for p in (1.0, 2.0, 3.0):
+        assert float(jax.jit(f)(16.0, p)) == float(f(16.0, p))
+        g = jax.grad(f)(16.0, p)
+        assert np.isfinite(float(g))
+        assert float(g) == {1.0: 0.0, 2.0: 1.0, 3.0: 2.0}[p]   # d transfers / d m
+    batch = f(jnp.array([8.0, 8.0, 8.0]), jnp.array([1.0, 2.0, 4.0]))
+    np.testing.assert_array_equal(np.asarray(batch), [0.0, 9.0, 22.0])
 
 
 def test_vectorised_codes():

@@ -264,28 +264,46 @@ def test_dp_overlap_contention_by_hand(batch):
 
 @pytest.mark.slow
 def test_tp_overlap(batch):
-    """tp_overlap = 1 pipelines each layer's TP collectives with the compute of the same pass
-    in 4 chunks (Wang et al. 2023; Transformer Engine userbuffers) while 16 SMs run the
-    collective: by hand, with k = 3/4 and ρ = 1 − 16/108 (the layer's own memory traffic is
-    not counted, so the SM share binds), ``exposed = t_c/4 + t_m/4 + max(k·t_m, k·t_c +
-    (1−ρ)·k·t_m) − t_c`` per layer and pass — never below the no-contention two-stage
-    pipeline, never above serial; nothing else changes. With full recompute the recomputed
-    forward's TP collectives are hidden behind the recompute and the breakdown still sums to
-    the step."""
+    """tp_overlap = 1 overlaps each TP collective with the GEMM that feeds or drains it, as
+    Transformer Engine's userbuffers do (jaxmodel.parallel.overlap.te_tp_exposed), by hand:
+    hosts' shares from FLOPs (QKV+FC1 host the all-gathers, projection+FC2 the
+    reduce-scatters); all-gathers as 8-step ring exchanges holding 1 SM, forward
+    reduce-scatters in 4 chunks with the host GEMM on 108 − 16 SMs throughout, backward
+    reduce-scatters beside the weight-gradient GEMMs on 16 SMs; each kind at most serial;
+    the layer's own memory traffic is not counted, so the SM shares bind. Never below the
+    no-contention pipeline, never above serial; nothing else changes. With full recompute
+    the recomputed forward's TP collectives are hidden behind the recompute and the
+    breakdown still sums to the step."""
     serial, over = batch["tp8pp2"], batch["tp8pp2_ov"]
     t = {k: float(np.asarray(v)[0]) for k, v in tr.stage_times(
         ONE_TIER, MODEL, jax.tree_util.tree_map(lambda x: jnp.asarray([x]), plan("tp8pp2")),
         B, S, gemm=roofline).items()}
-    fwd = t["fwd"] + t["rd_fwd"]
-    bwd = t["bwd"] + t["rd_bwd"]             # the recompute's own window is separate
-    m, layers = B / 4.0, 8.0 / 2.0
-    rho, k = 1.0 - 16.0 / ONE_TIER.device.core_count, 0.75
+    m, layers, sms = B / 4.0, 8.0 / 2.0, ONE_TIER.device.core_count
+    h, ff = 1024.0, 4096.0
+    qkv, wo, w1, w2, attn = 2 * h * 3 * h, 2 * h * h, 2 * h * ff, 2 * ff * h, 4 * S * h
+    tot = qkv + wo + w1 + w2 + attn
+    f_ag, f_rs = (qkv + w1) / tot, (wo + w2) / tot
 
-    def hand(tc, tm, rho):
-        return tc / 4 + tm / 4 + max(k * tm, k * tc + (1 - rho) * k * tm) - tc
+    def pipe(tc, tm, n, share):
+        k = 1.0 - 1.0 / n
+        return tc / n + tm / n + max(k * tm, k * tc + share * k * tm)
 
-    exposed = m * layers * (hand(fwd, t["tp_comm_fwd"], rho) + hand(bwd, t["tp_comm_bwd"], rho))
-    ideal = m * layers * (hand(fwd, t["tp_comm_fwd"], 1.0) + hand(bwd, t["tp_comm_bwd"], 1.0))
+    def passes(share_ring, share_sm):
+        def ring(host, c):
+            return min(pipe(host, c, 8.0, share_ring) - host, c)
+
+        def rs_pipe(host, c):
+            return min(pipe(host / (1 - share_sm), c, 4.0, 0.0) - host, c)
+
+        def bulk(host, c):
+            return min(max(c, host + share_sm * c) - host, c)
+
+        cf, cb = t["tp_comm_fwd"] / 2, t["tp_comm_bwd"] / 2
+        return (ring(f_ag * t["fwd"], cf) + rs_pipe(f_rs * t["fwd"], cf)
+                + ring(0.5 * f_rs * t["bwd"], cb) + bulk(0.5 * f_ag * t["bwd"], cb))
+
+    exposed = m * layers * passes(1.0 / sms, 16.0 / sms)
+    ideal = m * layers * passes(0.0, 0.0)
     assert float(serial.breakdown["tp_comm"]) == pytest.approx(
         m * layers * (t["tp_comm_fwd"] + t["tp_comm_bwd"]), rel=1e-6)
     assert float(over.breakdown["tp_comm"]) == pytest.approx(exposed, rel=1e-6, abs=1e-12)

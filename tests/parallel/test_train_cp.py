@@ -86,7 +86,8 @@ def test_cp_memory_divided_by_cp(batch):
 
 
 def test_cp_stage_boundary_transfer_by_hand(batch):
-    """pp_comm = 2(m + p − 1) p2p of b·(s/cp)·h·2/t bytes (SP: no re-gather) across the hop
+    """pp_comm = m + 1 p2p (two 1F1B stages: one exchange per micro-batch plus the first
+    hop) of b·(s/cp)·h·2/t bytes (SP: no re-gather) across the hop
     of the tp·cp·pp = 16-device pipeline (stride tp·cp = 8) + the tied-embedding gradient
     all-reduce between the first and the last stage."""
     r = batch["cp4"]
@@ -95,7 +96,7 @@ def test_cp_stage_boundary_transfer_by_hand(batch):
     send = coll("p2p", act, 2, stride=8)
     emb = coll("all_reduce", tr.CONSTANTS["main_grad_bytes"] * 32000.0 * 1024.0 / 2, 2, 8)
     n = float(pl.p2p_transfers_on_critical_path(1.0, 2.0, m, 1.0))
-    assert n == 2.0 * (m + 1.0)
+    assert n == m + 1.0
     assert float(r.breakdown["pp_comm"]) == pytest.approx(n * send + emb, rel=1e-6)
 
 
