@@ -58,7 +58,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 _PAR_FIELDS = ("dp", "tp", "pp", "sp", "ep", "micro_batch", "interleave", "schedule",
-               "recompute", "zero", "flash_attention", "cp")
+               "recompute", "zero", "flash_attention", "cp", "zero3_impl")
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,6 +385,9 @@ def _par_args(p: argparse.ArgumentParser):
                    help="attention kernel (alone: fa1, FlashAttention-1)")
     g.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"])
     g.add_argument("--recompute", choices=["none", "selective", "full"])
+    g.add_argument("--zero3-impl", choices=["fsdp", "deepspeed"], dest="zero3_impl",
+                   help="how ZeRO-3 runs: fsdp (prefetched units, default) or deepspeed "
+                        "(DeepSpeed 2021: serial per-tensor collectives)")
 
 
 def _spec_from_args(a) -> dict:

@@ -61,6 +61,16 @@ FA_VERSIONS = ("standard", "fa1", "fa2")
 #: cross entropy, :func:`jaxmodel.workload.layer.megatron2021_kernels`).
 DROPOUT_MODES = ("none", "megatron", "megatron2021")
 
+#: ``Parallelism.zero3_impl`` codes, how ZeRO stage 3 executes
+#: (:mod:`jaxmodel.parallel.zero`): 0 ``fsdp`` — one flat parameter per unit, gathered one
+#: unit ahead while the unit before computes (Zhao et al., "PyTorch FSDP: Experiences on
+#: Scaling Fully Sharded Data Parallel", VLDB 2023, §3.2-3.3); 1 ``deepspeed`` — DeepSpeed's
+#: stage 3 as released in 2021 (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
+#: Training Trillion Parameter Models", SC'20, §5.3; DeepSpeed ``partition_parameters.py``):
+#: per-tensor collectives through the list API after a device synchronisation (serial),
+#: parameters re-gathered for the recomputation, small parameters persistent.
+ZERO3_IMPLS = ("fsdp", "deepspeed")
+
 
 def code_of(value: Any, names: Sequence[str], field: str) -> Any:
     """Map a name to its numeric code; pass numbers and arrays through untouched.
@@ -441,6 +451,7 @@ RANGES: dict[str, dict[str, Rule]] = {
         "micro_batch": _count(), "interleave": _count(1, 1e4),
         "sp": FLAG, "flash_attention": Rule(0, 2, integer=True, what="code"),  # FA_VERSIONS
         "schedule": _code(SCHEDULES), "recompute": _code(RECOMPUTE), "zero": _code(4),
+        "zero3_impl": _code(ZERO3_IMPLS),
     },
     # keyword knobs of train_step / inference / layer_breakdown (scalars)
     "knobs": {
@@ -830,6 +841,9 @@ class Parallelism:
             accepted; ``True`` is FlashAttention-1).
         cp: context-parallel degree (the sequence of every layer split over ``cp`` devices,
             ring attention; :mod:`jaxmodel.parallel.context`).
+        zero3_impl: how ZeRO stage 3 executes, a code into ``ZERO3_IMPLS``: 0 ``"fsdp"``
+            (prefetched flat-parameter units, PyTorch FSDP), 1 ``"deepspeed"`` (DeepSpeed
+            stage 3 of 2021: serial per-tensor collectives); no effect unless ``zero = 3``.
     """
 
     dp: Array = 1.0
@@ -844,10 +858,13 @@ class Parallelism:
     zero: Array = 0.0
     flash_attention: Array = 0.0
     cp: Array = 1.0
+    zero3_impl: Array = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "schedule", code_of(self.schedule, SCHEDULES, "schedule"))
         object.__setattr__(self, "recompute", code_of(self.recompute, RECOMPUTE, "recompute"))
+        object.__setattr__(self, "zero3_impl",
+                           code_of(self.zero3_impl, ZERO3_IMPLS, "zero3_impl"))
         if isinstance(self.flash_attention, str):
             object.__setattr__(self, "flash_attention",
                                code_of(self.flash_attention, FA_VERSIONS, "flash_attention"))

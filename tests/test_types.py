@@ -129,6 +129,7 @@ def test_default_rule_covers_unlisted_fields():
     (dict(sp=0.5), "sp"), (dict(flash_attention=7), "flash_attention"),
     (dict(tp=0), "tp"), (dict(pp=2.5), "pp"), (dict(zero=4), "zero"),
     (dict(schedule=3.0), "schedule"), (dict(sp="yes"), "sp"), (dict(micro_batch=-1), "micro_batch"),
+    (dict(zero3_impl=2.0), "zero3_impl"), (dict(zero3_impl=0.5), "zero3_impl"),
 ])
 def test_parallelism_ranges(kw, field):
     with pytest.raises(ValueError, match=field):
@@ -143,6 +144,18 @@ def test_bools_are_flags_not_codes():
         jm.Parallelism(recompute=True)
     with pytest.raises(ValueError, match="schedule"):
         jm.Parallelism(schedule=False)
+    with pytest.raises(ValueError, match="zero3_impl"):
+        jm.Parallelism(zero3_impl=True)
+
+
+def test_zero3_impl_codes():
+    from jaxmodel.types import ZERO3_IMPLS
+    assert ZERO3_IMPLS == ("fsdp", "deepspeed")
+    assert jm.Parallelism().zero3_impl == 0.0
+    assert jm.Parallelism(zero3_impl="deepspeed").zero3_impl == 1.0
+    with pytest.raises(ValueError, match="zero3_impl"):
+        jm.Parallelism(zero3_impl="megatron")
+    jm.validate_parallelism(jm.Parallelism(zero=3, zero3_impl="deepspeed"))
 
 
 def test_activation_aliases_are_true_synonyms_only():

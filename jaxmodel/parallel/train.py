@@ -45,7 +45,10 @@ over ``dp·cp``. ``cp = 1`` is the plain layer.
 the precision's ``weight_bytes`` (2), over the DP (·CP) group of the most loaded stage.
 ZeRO-3 runs as FSDP does (:func:`jaxmodel.parallel.zero.zero3_step`, Zhao et al., VLDB 2023
 §3.3): one unit per layer, gathered one unit ahead, its memory the shard plus the units
-alive unsharded (:func:`jaxmodel.parallel.zero.zero3_memory`):
+alive unsharded (:func:`jaxmodel.parallel.zero.zero3_memory`); with ``par.zero3_impl =
+"deepspeed"`` as DeepSpeed's stage 3 of 2021 did (Rajbhandari et al., SC'20): serial
+per-tensor collectives, three gathers per layer under full recomputation
+(:func:`jaxmodel.parallel.zero.impl_args`):
 
 ===========  =====================================================  =======================
 ZeRO stage   collectives                                           overlap window
@@ -203,7 +206,10 @@ class TrainResult:
         feasible: bool.
         reason: int32 code into :data:`jaxmodel.numerics.REASONS` (0 = ok).
         breakdown: dict seconds per step: ``compute`` (layer forward+backward),
-            ``recompute``, ``tp_comm``, ``pp_comm``, ``dp_comm`` (exposed parts only),
+            ``recompute``, ``tp_comm``, ``pp_comm``, ``dp_comm`` (exposed parts only; under
+            ZeRO-3 the exposed per-unit parameter all-gathers and gradient reduce-scatters,
+            :func:`jaxmodel.parallel.zero.zero3_step` — with ``zero3_impl="deepspeed"``,
+            serial, exactly ``M·n·(3·g + r)`` under full recomputation),
             ``bubble`` (pipeline fill/drain), ``embedding`` (embedding, LM head, loss and their
             TP collectives), ``optimizer``, ``ep_comm`` (MoE dispatch/combine all-to-all,
             :func:`jaxmodel.workload.moe.alltoall_time`). They sum to ``step_time_s``.
@@ -598,19 +604,30 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
         system, "all_reduce", [(grads_b, dp_group, dp_stride), (emb_grad_b, 2.0, pair_stride),
                                (grad_bytes * n_exp, dpe_group, dpe_stride)], net)
     # ZeRO-3 gathers and reduce-scatters one unit (a layer, FSDP's transformer wrap policy)
-    # at a time: their per-unit collectives join the batch
+    # at a time: their per-unit collectives join the batch. DeepSpeed 2021 (zero3_impl = 1)
+    # issues one call per tensor (:func:`jaxmodel.parallel.zero.layer_tensors`; the routed
+    # experts' FC1 and FC2 of every local expert of the MoE layers, averaged per unit)
     units = jnp.maximum(layers, 1.0)
-    (t_rs, t_rs_e, u_rs, u_rs_e), _, _ = _collectives(
+    el, cnt = _zero.layer_tensors(model_s, tp)
+    cnt_e = (2.0 * model_s.n_experts / par_s.ep * _params.n_moe_layers(model_s)
+             / jnp.maximum(model_s.n_layers, 1.0))
+    el_e = nx.safe_div(n_exp / units, cnt_e, fill=0.0)
+    k = len(el)
+    (t_rs, t_rs_e, u_rs, u_rs_e, *ds_rs), _, _ = _collectives(
         system, "reduce_scatter", [(grads_b, dp_group, dp_stride),
                                    (grad_bytes * n_exp, dpe_group, dpe_stride),
                                    (grads_b / units, dp_group, dp_stride),
-                                   (grad_bytes * n_exp / units, dpe_group, dpe_stride)], net)
-    (t_ag, t_regather, t_ag_e, u_ag, u_ag_e), _, _ = _collectives(
+                                   (grad_bytes * n_exp / units, dpe_group, dpe_stride)]
+        + [(grad_bytes * x, dp_group, dp_stride) for x in el]
+        + [(grad_bytes * el_e, dpe_group, dpe_stride)], net)
+    (t_ag, t_regather, t_ag_e, u_ag, u_ag_e, *ds_ag), _, _ = _collectives(
         system, "all_gather", [(params_b, dp_group, dp_stride),
                                (act_bytes * tp, jnp.where(tp_multi, tp, 2.0), 1.0),
                                (weight_bytes * n_exp, dpe_group, dpe_stride),
                                (params_b / units, dp_group, dp_stride),
-                               (weight_bytes * n_exp / units, dpe_group, dpe_stride)], net)
+                               (weight_bytes * n_exp / units, dpe_group, dpe_stride)]
+        + [(weight_bytes * x, dp_group, dp_stride) for x in el]
+        + [(weight_bytes * el_e, dpe_group, dpe_stride)], net)
     (t_send,), ok_p2p, why_p2p = _collectives(system, "p2p", [(act_bytes, 2.0, pair_stride)],
                                                 net)
     t_ar, t_rs, t_ag = (jnp.where(dp_multi, _finite(x), 0.0)
@@ -648,16 +665,31 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
     # zero.zero3_step`); the dense and the expert parameters' collectives each against the
     # whole compute (their overlaps are not stacked: an optimistic bound when both are large)
 
-    def z3(n, g_unit, r_unit, on, group, stride):
+    # DeepSpeed 2021 (:func:`jaxmodel.parallel.zero.impl_args`): serial, re-gathered for the
+    # recomputation, per-tensor calls (persistent below PERSISTENCE_THRESHOLD elements)
+    prefetch, regather, per_tensor = _zero.impl_args(par_s.zero3_impl, par_s.recompute)
+
+    def per_unit(times, sizes, counts, group, stride):
+        return [_zero.per_tensor_collectives(system, op, sizes, group, stride, w, counts,
+                                             nccl_times=[_finite(t) for t in ts])[0]
+                for op, ts, w in (("all_gather", times[0], wb),
+                                  ("reduce_scatter", times[1], g))]
+
+    ds_d = per_unit((ds_ag[:k], ds_rs[:k]), el, cnt, dp_group, dp_stride)
+    ds_e = per_unit((ds_ag[k:], ds_rs[k:]), (el_e,), (cnt_e,), dpe_group, dpe_stride)
+
+    def z3(n, g_unit, r_unit, ds, on, group, stride):
+        g_unit, r_unit = (jnp.where(on, jnp.where(per_tensor, d, _finite(x)), 0.0)
+                          for x, d in zip((g_unit, r_unit), ds, strict=True))
         z = _zero.zero3_step(system, n, units, window_f / units, window_b / units, group, m,
                              dtype_bytes=wb, grad_comm_bytes=g, stride=stride, net=net,
-                             collective_times=(jnp.where(on, _finite(g_unit), 0.0),
-                                               jnp.where(on, _finite(r_unit), 0.0), 0.0))
+                             prefetch=prefetch, recompute_gathers=regather,
+                             collective_times=(g_unit, r_unit, 0.0))
         serial = z["gather"] + z["reduce_scatter"]
         return serial, jnp.minimum(z["exposed_comm"] + z["contention"], serial)
 
-    ser_d, ovl_d = z3(n_par - n_exp, u_ag, u_rs, dp_multi, dp_group, dp_stride)
-    ser_e, ovl_e = z3(n_exp, u_ag_e, u_rs_e, dpe_multi, dpe_group, dpe_stride)
+    ser_d, ovl_d = z3(n_par - n_exp, u_ag, u_rs, ds_d, dp_multi, dp_group, dp_stride)
+    ser_e, ovl_e = z3(n_exp, u_ag_e, u_rs_e, ds_e, dpe_multi, dpe_group, dpe_stride)
     z3_mb = _blend(ser_d + ser_e, ovl_d + ovl_e, dp_overlap) / m
     dp_mb = jnp.select([zero < 1.5, zero < 2.5], [0.0, z2_mb], z3_mb)
     return _DataParallel(dp_step, dp_mb, dp_net_ok, why_ar[0], t_emb_ar, t_regather,
@@ -762,11 +794,12 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
         act_per_layer=_cx.cp_activation_bytes(model_s, par_s, b, seq, cp,
                                               dtype_bytes=dtype_bytes))
     # ZeRO-3 / FSDP: the sharded states plus the units alive unsharded at once (the computing
-    # one, the one prefetched, one unsharded gradient unit; :func:`jaxmodel.parallel.zero.
-    # zero3_memory`)
+    # one, the one prefetched — none under DeepSpeed 2021 —, one unsharded gradient unit;
+    # :func:`jaxmodel.parallel.zero.zero3_memory`)
     units = jnp.maximum(layers, 1.0)
+    prefetch = _zero.impl_args(par_s.zero3_impl, par_s.recompute)[0]
     z3m = [_zero.zero3_memory(n, units, group, dtype_bytes=_prec.training_weight_bytes(prec),
-                              grad_bytes=grad_bytes,
+                              grad_bytes=grad_bytes, prefetch=prefetch,
                               optimizer_bytes=prec.master_bytes + prec.optim_bytes)
            for n, group in ((n_par - n_exp, dp * cp), (n_exp, where.dp_exp_cp.size))]
     z3_on = par_s.zero > 2.5

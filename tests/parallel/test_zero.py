@@ -164,40 +164,52 @@ def test_float32(float32, sys2):
     t, _ = zero.per_tensor_collectives(sys2, "all_gather", (jnp.float32(3e8), 1e8), 16.0,
                                        ring_efficiency=jnp.float32(0.35))
     assert t.dtype == jnp.float32 and np.isfinite(float(t)) and float(t) > 0
+    t, _ = zero.per_tensor_collectives(sys2, "reduce_scatter", (jnp.float32(3e8), 1e3), 16.0)
+    assert t.dtype == jnp.float32 and np.isfinite(float(t)) and float(t) > 0
 
 
 def test_per_tensor_collectives_hand_value():
     """One NCCL collective per tensor (the comm model's time over the ring efficiency), g copy
     kernels of the list API per call and the call path's memory traffic: 3 bytes moved per
-    gathered byte (zero-fill, copy out), 4 per reduce-scattered byte (pre-division, copy in)."""
+    gathered byte (zero-fill, copy out), 4 per reduce-scattered byte (pre-division, copy in);
+    tensors below the persistence threshold are reduce-scattered but never gathered."""
     s = hw_db.system("dgx_a100", nodes=48)
     dev = s.device
-    sizes = (2 * 3 * 12288.0 ** 2, 2 * 12288.0 ** 2, 2 * 4 * 12288.0)
+    h = 12288.0
+    el = (3 * h * h, h * h, 4 * h)                   # 4h = 49,152 < 10^5: persistent
     mem = float(dev.mem_bw * dev.add_bw_efficiency)
     copy = 384 * float(dev.add_overhead_s)
-    for op, hbm in (("all_gather", 3.0), ("reduce_scatter", 4.0)):
-        nccl = [_coll(s, op, b, 384.0) for b in sizes]
-        t, ok = zero.per_tensor_collectives(s, op, sizes, 384.0)
+    for op, hbm, kept in (("all_gather", 3.0, 2), ("reduce_scatter", 4.0, 3)):
+        nbytes = [2 * x for x in el[:kept]]
+        nccl = [_coll(s, op, b, 384.0) for b in nbytes]
+        t, ok = zero.per_tensor_collectives(s, op, el, 384.0, ring_efficiency=1.0)
         assert bool(ok)
-        assert float(t) == pytest.approx(sum(nccl) + 3 * copy + hbm * sum(sizes) / mem,
+        assert float(t) == pytest.approx(sum(nccl) + kept * copy + hbm * sum(nbytes) / mem,
                                          rel=1e-6)
-        flat, _ = zero.per_tensor_collectives(s, op, sizes, 384.0, list_api=0.0)
+        flat, _ = zero.per_tensor_collectives(s, op, el, 384.0, list_api=0.0,
+                                              ring_efficiency=1.0)
         assert float(flat) == pytest.approx(sum(nccl), rel=1e-6)
-        slow, _ = zero.per_tensor_collectives(s, op, sizes, 384.0, list_api=0.0,
+        slow, _ = zero.per_tensor_collectives(s, op, el, 384.0, list_api=0.0,
                                               ring_efficiency=0.25)
         assert float(slow) == pytest.approx(4 * sum(nccl), rel=1e-6)
+        # default: the calibrated efficiency (this ring crosses InfiniBand); counts multiply
+        cal, _ = zero.per_tensor_collectives(s, op, el, 384.0, list_api=0.0)
+        assert float(cal) == pytest.approx(sum(nccl) / zero.FLAT_RING_EFFICIENCY, rel=1e-6)
+        two, _ = zero.per_tensor_collectives(s, op, el, 384.0, counts=(2.0, 2.0, 2.0))
+        assert float(two) == pytest.approx(2 * float(zero.per_tensor_collectives(
+            s, op, el, 384.0)[0]), rel=1e-6)
     # a group of one costs nothing; the cost grows with the ranks at fixed bytes
-    assert float(zero.per_tensor_collectives(s, "all_gather", sizes, 1.0)[0]) == 0.0
+    assert float(zero.per_tensor_collectives(s, "all_gather", el, 1.0)[0]) == 0.0
     big = hw_db.system("dgx_a100", nodes=192)
-    assert float(zero.per_tensor_collectives(big, "all_gather", sizes, 1536.0)[0]) > float(
-        zero.per_tensor_collectives(s, "all_gather", sizes, 384.0)[0])
+    assert float(zero.per_tensor_collectives(big, "all_gather", el, 1536.0)[0]) > float(
+        zero.per_tensor_collectives(s, "all_gather", el, 384.0)[0])
 
 
 def test_per_tensor_collectives_jit_vmap_grad():
     s = hw_db.system("dgx_a100", nodes=48)
 
     def f(g, eff):
-        return zero.per_tensor_collectives(s, "reduce_scatter", (1e8, 3e8), g,
+        return zero.per_tensor_collectives(s, "reduce_scatter", (0.5e8, 1.5e8), g,
                                            ring_efficiency=eff)[0]
     gs = jnp.asarray([16.0, 64.0, 384.0])
     effs = jnp.asarray([1.0, 0.5, 0.35])
@@ -207,6 +219,51 @@ def test_per_tensor_collectives_jit_vmap_grad():
     assert np.isfinite(float(d)) and float(d) < 0          # a faster ring → less time
     nccl = sum(_coll(s, "reduce_scatter", b, 384.0) for b in (1e8, 3e8))
     assert float(d) == pytest.approx(-nccl / 0.25, rel=1e-5)             # d/de (T/e)
+
+
+def test_ring_efficiency_applies_where_the_ring_crosses_infiniband():
+    s = hw_db.system("dgx_a100", nodes=4)
+    net = hw_db.load_toml(hw_db.ROOT / "tech" / "network.toml")["infiniband"]
+    assert zero.FLAT_RING_EFFICIENCY == net["flat_ring_efficiency"]["value"]
+    assert float(zero.ring_efficiency_of(s, 8.0)) == 1.0          # NVSwitch only
+    assert float(zero.ring_efficiency_of(s, 2.0, stride=4.0)) == 1.0
+    for g, stride in ((16.0, 1.0), (4.0, 8.0), (32.0, 1.0)):
+        assert float(zero.ring_efficiency_of(s, g, stride)) == pytest.approx(
+            zero.FLAT_RING_EFFICIENCY)
+    assert float(zero.ring_efficiency_of(s, 16.0, efficiency=0.5)) == 0.5
+    assert float(zero.ring_efficiency_of(s, 1.0)) == 1.0
+
+
+def test_layer_tensors_of_a_megatron_gpt_layer():
+    """QKV, output, FC1, FC2 matrices; QKV and FC1 biases; six d_model vectors (output and
+    FC2 biases, two LayerNorms' scale and shift); column/row-parallel ones split over TP."""
+    h = 12288.0
+    gpt = jm.Model(n_layers=96.0, d_model=h, n_heads=96.0, n_kv_heads=96.0, head_dim=128.0,
+                   d_ff=4 * h, vocab_size=51200.0)
+    el, cnt = zero.layer_tensors(gpt)
+    assert [float(x) for x in el] == [3 * h * h, h * h, 4 * h * h, 4 * h * h, 3 * h, 4 * h, h]
+    assert [float(c) for c in cnt] == [1, 1, 1, 1, 1, 1, 6]
+    el8, _ = zero.layer_tensors(gpt, tp=8.0)
+    assert [float(x) for x in el8] == [3 * h * h / 8, h * h / 8, h * h / 2, h * h / 2,
+                                       3 * h / 8, h / 2, h]
+    # the matrices hold the layer's parameters (params.layer_params without the vectors)
+    from jaxmodel.workload import params
+    assert sum(float(x) for x in el[:4]) == pytest.approx(
+        float(params.layer_params(gpt)) - 4 * h, rel=1e-12)
+    llama = hw_db.model("llama2-7b")                 # GQA-free 7B, gated SwiGLU
+    el, _ = zero.layer_tensors(llama)
+    d, f = float(llama.d_model), float(llama.d_ff)
+    assert [float(x) for x in el[:4]] == [3 * d * d, d * d, 2 * d * f, d * f]
+    moe = hw_db.model("mixtral-8x7b")                # routed experts only: no dense FFN
+    el, cnt = zero.layer_tensors(moe)
+    assert float(el[2]) == 0.0 and float(cnt[2]) == 0.0 and float(cnt[5]) == 0.0
+
+
+def test_impl_args():
+    for impl, rc, want in ((0, 2, (1.0, 0.0, False)), (1, 2, (0.0, 1.0, True)),
+                           (1, 1, (0.0, 0.0, True)), (1, 0, (0.0, 0.0, True))):
+        got = zero.impl_args(float(impl), float(rc))
+        assert (float(got[0]), float(got[1]), bool(got[2])) == want
 
 
 def test_recompute_regathers_every_unit(sys2):
