@@ -470,18 +470,18 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
     times = stage_times_single(prep.system, prep.model, _stage_plan(prep.par), prep.seq_len,
                                gemm, prec, dropout, variant, finetune)
     return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
-                    variant.net, tp_overlap, finetune)
+                    variant.net, tp_overlap, finetune, variant.zero3_calls)
 
 
 def _from_stage_times(system, model, par, global_batch, seq_len, times, dp_overlap=1.0,
                       grad_bytes=None, adam_bytes_per_param=None, precision=None,
                       clock_fraction=None, net: _comm.NetVariant = _comm.ANY_NET,
-                      tp_overlap=0.0, finetune=None):
+                      tp_overlap=0.0, finetune=None, zero3_calls=None):
     """:func:`train_step_single` with the stage times given (the de-duplicated path)."""
     prec = _prec.precision(precision)
     prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction, prec)
     return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
-                    net, tp_overlap, finetune)
+                    net, tp_overlap, finetune, zero3_calls)
 
 
 def _stage_inputs(system, model, par, global_batch, seq_len, clock_fraction=None,
@@ -581,9 +581,11 @@ class _DataParallel(NamedTuple):
 
 def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp, window_f,
                    window_b, grad_bytes, weight_bytes, dp_overlap, act_bytes,
-                   net, m, layers) -> _DataParallel:
+                   net, m, layers, zero3_calls=None) -> _DataParallel:
     """DP/ZeRO collectives (Rajbhandari et al. SC'20; table in the module docstring), and the
-    pipeline's stage-boundary collectives, all evaluated in one vmap per op."""
+    pipeline's stage-boundary collectives, all evaluated in one vmap per op. ``zero3_calls``
+    (static): ``False`` when no plan runs DeepSpeed's per-tensor ZeRO-3 calls, which then
+    stay out of the graph; ``None`` keeps them."""
     tp = par_s.tp
     # gradients are reduced and ZeRO-sharded over dp·cp (Megatron-core folds the CP group
     # into the data-parallel one). MoE: expert weights (n_exp of the n_par) over DP_exp·cp =
@@ -608,10 +610,11 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
     # issues one call per tensor (:func:`jaxmodel.parallel.zero.layer_tensors`; the routed
     # experts' FC1 and FC2 of every local expert of the MoE layers, averaged per unit)
     units = jnp.maximum(layers, 1.0)
-    el, cnt = _zero.layer_tensors(model_s, tp)
+    calls = zero3_calls is not False
+    el, cnt = _zero.layer_tensors(model_s, tp) if calls else ((), ())
     cnt_e = (2.0 * model_s.n_experts / par_s.ep * _params.n_moe_layers(model_s)
              / jnp.maximum(model_s.n_layers, 1.0))
-    el_e = nx.safe_div(n_exp / units, cnt_e, fill=0.0)
+    el_e = [nx.safe_div(n_exp / units, cnt_e, fill=0.0)] if calls else []
     k = len(el)
     (t_rs, t_rs_e, u_rs, u_rs_e, *ds_rs), _, _ = _collectives(
         system, "reduce_scatter", [(grads_b, dp_group, dp_stride),
@@ -619,7 +622,7 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
                                    (grads_b / units, dp_group, dp_stride),
                                    (grad_bytes * n_exp / units, dpe_group, dpe_stride)]
         + [(grad_bytes * x, dp_group, dp_stride) for x in el]
-        + [(grad_bytes * el_e, dpe_group, dpe_stride)], net)
+        + [(grad_bytes * x, dpe_group, dpe_stride) for x in el_e], net)
     (t_ag, t_regather, t_ag_e, u_ag, u_ag_e, *ds_ag), _, _ = _collectives(
         system, "all_gather", [(params_b, dp_group, dp_stride),
                                (act_bytes * tp, jnp.where(tp_multi, tp, 2.0), 1.0),
@@ -627,7 +630,7 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
                                (params_b / units, dp_group, dp_stride),
                                (weight_bytes * n_exp / units, dpe_group, dpe_stride)]
         + [(weight_bytes * x, dp_group, dp_stride) for x in el]
-        + [(weight_bytes * el_e, dpe_group, dpe_stride)], net)
+        + [(weight_bytes * x, dpe_group, dpe_stride) for x in el_e], net)
     (t_send,), ok_p2p, why_p2p = _collectives(system, "p2p", [(act_bytes, 2.0, pair_stride)],
                                                 net)
     t_ar, t_rs, t_ag = (jnp.where(dp_multi, _finite(x), 0.0)
@@ -675,8 +678,11 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
                 for op, ts, w in (("all_gather", times[0], wb),
                                   ("reduce_scatter", times[1], g))]
 
-    ds_d = per_unit((ds_ag[:k], ds_rs[:k]), el, cnt, dp_group, dp_stride)
-    ds_e = per_unit((ds_ag[k:], ds_rs[k:]), (el_e,), (cnt_e,), dpe_group, dpe_stride)
+    if calls:
+        ds_d = per_unit((ds_ag[:k], ds_rs[:k]), el, cnt, dp_group, dp_stride)
+        ds_e = per_unit((ds_ag[k:], ds_rs[k:]), el_e, (cnt_e,), dpe_group, dpe_stride)
+    else:                                           # per_tensor is 0 in every plan
+        ds_d, ds_e = (_finite(u_ag), _finite(u_rs)), (_finite(u_ag_e), _finite(u_rs_e))
 
     def z3(n, g_unit, r_unit, ds, on, group, stride):
         g_unit, r_unit = (jnp.where(on, jnp.where(per_tensor, d, _finite(x)), 0.0)
@@ -697,7 +703,8 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
 
 
 def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
-             net: _comm.NetVariant = _comm.ANY_NET, tp_overlap=0.0, finetune=None):
+             net: _comm.NetVariant = _comm.ANY_NET, tp_overlap=0.0, finetune=None,
+             zero3_calls=None):
     """The step from the stage times: layers, DP/ZeRO, pipeline, optimizer, memory and the
     plan's rules (feasibility)."""
     system, peak, checks, structure_ok, model_s, par_s, gb, seq = prep
@@ -748,7 +755,7 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
                                                      finetune.base_bytes, prec.weight_bytes),
                          prec.weight_bytes * frac)
     dpc = _data_parallel(system, model_s, par_s, where, n_par, n_exp, layer_f, layer_b,
-                         g_dp, w_dp, dp_overlap, act_bytes, net, m, layers)
+                         g_dp, w_dp, dp_overlap, act_bytes, net, m, layers, zero3_calls)
 
     # ---- pipeline ---------------------------------------------------------------------------
     t_mean = layer_f + layer_b + extra_mean + dpc.per_micro
@@ -1000,7 +1007,8 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
             system, model, par, global_batch, seq_len, times, dp_overlap=dp_overlap,
             grad_bytes=grad_bytes, adam_bytes_per_param=adam_bytes_per_param,
             precision=prec, clock_fraction=clock_fraction,
-            net=_comm.net_variant_of(system), tp_overlap=tp_overlap, finetune=finetune)
+            net=_comm.net_variant_of(system), tp_overlap=tp_overlap, finetune=finetune,
+            zero3_calls=_layer.zero3_calls_flag(par))
     # static op-graph switches from concrete inputs (smaller graphs, faster compiles)
     variant = (_layer.variant_of(model, par, system) if is_concrete(model, par)
                else _layer.ANY._replace(net=_comm.net_variant_of(system)))

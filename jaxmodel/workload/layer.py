@@ -64,6 +64,7 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
@@ -74,7 +75,8 @@ from jaxmodel.workload import moe as _moe
 from jaxmodel.workload.ffn import Gemm, _elementwise, ffn_block  # noqa: F401
 from jaxmodel.workload import params as _params
 from jaxmodel.numerics import INF, first_reason, weighted
-from jaxmodel.types import Model, Parallelism, System, static_flag, validate_args
+from jaxmodel.types import (Model, Parallelism, System, is_concrete, static_flag,
+                            validate_args)
 _prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
 
 #: The 12 per-op rows of LLMCompass's layer breakdown, in the order of its CSVs.
@@ -139,6 +141,7 @@ class Variant(NamedTuple):
     net: _comm.NetVariant = _comm.ANY_NET  # static topologies of the system's tiers
     mla: bool | None = None    # multi-head latent attention: the MLA projections / core
     window: bool | None = None  # sliding-window layers: a second, windowed attention core
+    zero3_calls: bool | None = None  # DeepSpeed's per-tensor ZeRO-3 calls (zero 3, impl 1)
 
 
 ANY = Variant()
@@ -153,7 +156,17 @@ def variant_of(model: Model, par: Parallelism, system: System | None = None) -> 
                    flash=static_flag(par.flash_attention, lambda a: a > 0.5),
                    net=_comm.net_variant_of(system),
                    mla=static_flag(model.attention, lambda a: a > 0.5),
-                   window=static_flag(model.sliding_window, lambda a: a > 0.5))
+                   window=static_flag(model.sliding_window, lambda a: a > 0.5),
+                   zero3_calls=zero3_calls_flag(par))
+
+
+def zero3_calls_flag(par: Parallelism) -> bool | None:
+    """Whether concrete plans run ZeRO-3 as DeepSpeed 2021 did (``zero = 3`` and
+    ``zero3_impl = "deepspeed"``): True (all), False (none) or None (mixed or traced)."""
+    if not (is_concrete(par.zero) and is_concrete(par.zero3_impl)):
+        return None
+    z, impl = np.broadcast_arrays(np.asarray(par.zero, float), np.asarray(par.zero3_impl, float))
+    return static_flag((z > 2.5) & (impl > 0.5), lambda a: a > 0.5)
 
 
 def layer_checks(model: Model, par: Parallelism):
