@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -191,19 +192,31 @@ def _static_key(leaf: Any):
 
 
 def _exported_call(dynamic, *, fn, treedef, static, positions, chunk):
-    """:func:`_run` through the export cache (:func:`jaxmodel.runtime.export_cache_dir`):
-    deserialize the traced-and-lowered batch function when a previous process stored it,
-    else trace, export and store it. None when the call cannot be keyed (traced inputs, a
-    stateful static argument) or the cache cannot be used; the caller then runs :func:`_run`.
-    Results are those of the same StableHLO module, compiled by the same XLA."""
+    """:func:`_run` through the export cache (:func:`jaxmodel.runtime.export_cache_dir`).
+
+    Each keyed call is stored twice: as the traced-and-lowered module (``jax.export``,
+    ``<key>.jaxexport``) and as the executable XLA compiled from it (``<key>.xla``,
+    ``jax.experimental.serialize_executable``). A later process with the same key loads the
+    executable and runs it: no tracing, no lowering, no compilation and no lookup in JAX's
+    persistent cache (whose key needs the lowered module). When only the module is there
+    (an executable that could not be stored or loaded), it is compiled again. In one process
+    the loaded executable is kept (:data:`_EXECUTABLES`). None when the call cannot be keyed
+    (traced inputs, a stateful static argument) or the cache cannot be used; the caller then
+    runs :func:`_run`. Results are those of the same StableHLO module, compiled by the same
+    XLA (bit-identical to :func:`_run`)."""
     if any(isinstance(x, jax.core.Tracer) for x in dynamic):
         return None
     keys = [_static_key(x) for x in (fn,) + tuple(x for x in static if x is not None)]
     if any(k is None for k in keys):
         return None
     key = hashlib.sha1(repr((code_fingerprint(), keys, str(treedef), positions, chunk,
-                             [(tuple(x.shape), x.dtype.name) for x in dynamic])).encode())
-    path = export_cache_dir() / f"{key.hexdigest()}.jaxexport"
+                             [(tuple(x.shape), x.dtype.name) for x in dynamic],
+                             os.environ.get("XLA_FLAGS", ""))).encode()).hexdigest()
+    path = export_cache_dir() / f"{key}.jaxexport"
+    loaded = _EXECUTABLES.get(path) or _load_executable(path.with_suffix(".xla"))
+    if loaded is not None:
+        _EXECUTABLES[path] = loaded
+        return jax.tree_util.tree_unflatten(loaded[1], loaded[0](*dynamic))
     exp = None
     if path.is_file():
         try:
@@ -223,16 +236,66 @@ def _exported_call(dynamic, *, fn, treedef, static, positions, chunk):
         except Exception:          # not exportable (e.g. host callbacks): run it plainly
             return None
         out_tree = box["tree"]
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            # pickled, without the VJP builder (a closure; the command line never
-            # differentiates); jax.export.serialize would need the flatbuffers package
-            tmp.write_bytes(pickle.dumps((dataclasses.replace(exp, _get_vjp=None), out_tree)))
-            os.replace(tmp, path)
-        except OSError:
-            pass
-    return jax.tree_util.tree_unflatten(out_tree, exp.call(*dynamic))
+        # pickled, without the VJP builder (a closure; the command line never
+        # differentiates); jax.export.serialize would need the flatbuffers package
+        _write(path, pickle.dumps((dataclasses.replace(exp, _get_vjp=None), out_tree)))
+    with _outside_persistent_cache():
+        compiled = jax.jit(exp.call).lower(*dynamic).compile()
+    _EXECUTABLES[path] = (compiled, out_tree)
+    try:
+        from jax.experimental import serialize_executable
+        blob = pickle.dumps((serialize_executable.serialize(compiled), out_tree))
+    except Exception:              # a backend without executable serialization
+        blob = None
+    if blob is not None:
+        _write(path.with_suffix(".xla"), blob)
+    return jax.tree_util.tree_unflatten(out_tree, compiled(*dynamic))
+
+
+_EXECUTABLES: dict = {}   # cache path -> (compiled executable, output treedef), this process
+
+
+def _write(path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a temporary file renamed); errors ignored (a
+    read-only cache only costs the next process a compilation)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _load_executable(path):
+    """``(executable, output treedef)`` stored by :func:`_exported_call`, or None (absent,
+    damaged, or built for another backend)."""
+    if not path.is_file():
+        return None
+    try:
+        from jax.experimental import serialize_executable
+        (blob, in_tree, exe_out_tree), out_tree = pickle.loads(path.read_bytes())
+        return serialize_executable.deserialize_and_load(blob, in_tree, exe_out_tree), out_tree
+    except Exception:
+        return None
+
+
+@contextlib.contextmanager
+def _outside_persistent_cache():
+    """Compile without JAX's persistent compilation cache: jaxlib 0.10's XLA:CPU cannot run
+    a serialized executable that was itself loaded from that cache ("NOT_FOUND: Function
+    ... not found"), and an executable stored here need not be stored twice."""
+    from jax.experimental.compilation_cache import compilation_cache as cc
+    if not (jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir):
+        yield
+        return
+    jax.config.update("jax_enable_compilation_cache", False)
+    cc.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        cc.reset_cache()
 
 
 def batched(fn: Callable | None = None, *, chunk: int = DEFAULT_CHUNK):
