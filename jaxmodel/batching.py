@@ -164,10 +164,10 @@ def call_batched(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, **kwargs):
             positions.append(i)
             if isinstance(leaf, jax.core.Tracer):
                 dynamic.append(leaf.astype(dtype) if leaf.dtype != dtype else leaf)
-            else:
-                dynamic.append(jnp.asarray(np.asarray(leaf, dtype=dtype)
-                                           if not isinstance(leaf, jax.Array) else
-                                           leaf.astype(dtype)))
+            elif isinstance(leaf, jax.Array):
+                dynamic.append(leaf.astype(dtype))
+            else:   # host values stay numpy: the compiled call transfers them in one go
+                dynamic.append(np.asarray(leaf, dtype=dtype))
     static, positions, chunk = tuple(static), tuple(positions), int(chunk)
     if export_cache_dir() is not None:
         out = _exported_call(dynamic, fn=fn, treedef=treedef, static=static,
@@ -407,7 +407,7 @@ def dedup_map(fn: Callable, inputs: tuple, *, shape: tuple | None = None,
         first, inverse = np.zeros(1, dtype=int), np.zeros(n, dtype=int)
     new = list(leaves)
     for i in dyn:
-        new[i] = jnp.asarray(cols[i][first]) if i in varying else jnp.asarray(cols[i][0])
+        new[i] = cols[i][first] if i in varying else cols[i][0]   # call_batched transfers
     sub = jax.tree_util.tree_unflatten(tree, new)
     out_u = call_batched(fn, *sub, **kw, **kwargs)
     inverse = np.asarray(inverse).reshape(n)

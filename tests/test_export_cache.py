@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,7 +19,13 @@ from jaxmodel import batching, runtime
 @pytest.fixture
 def export_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "_export_dir", tmp_path / "export")
+    monkeypatch.setattr(batching, "_EXECUTABLES", {})
     return tmp_path / "export"
+
+
+def _new_process(monkeypatch):
+    """Forget the executables this process loaded (what a fresh process starts from)."""
+    monkeypatch.setattr(batching, "_EXECUTABLES", {})
 
 
 def test_exported_call_identical_and_skips_tracing(export_dir, monkeypatch):
@@ -43,15 +50,62 @@ def test_exported_call_identical_and_skips_tracing(export_dir, monkeypatch):
     np.testing.assert_array_equal(got2, ref2)
 
 
-def test_exported_call_rebuilds_damaged_entry(export_dir):
+def test_stored_executable_runs_without_tracing_lowering_or_compiling(export_dir,
+                                                                       monkeypatch):
+    """A fresh process loads the stored executable: no tracing, no lowering, no XLA
+    compilation (not even a persistent-cache lookup), and the plain path's numbers."""
+    dev = hw_db.device("a100_80gb")
+    m1, m2 = jnp.array([512.0, 2048.0]), jnp.array([64.0, 8192.0])
+    with monkeypatch.context() as mp:
+        mp.setattr(runtime, "_export_dir", None)
+        ref2 = np.asarray(jm.gemm_latency(dev, m2, 4096.0, 12288.0))
+    jm.gemm_latency(dev, m1, 4096.0, 12288.0)                          # compiles and stores
+    assert sorted(p.stem for p in export_dir.glob("*.xla")) == \
+        sorted(p.stem for p in export_dir.glob("*.jaxexport"))
+    _new_process(monkeypatch)
+    events = []
+
+    def listen(event, duration, **_):
+        events.append(event)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        got2 = np.asarray(jm.gemm_latency(dev, m2, 4096.0, 12288.0))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    compile_events = [e for e in events if e.startswith(("/jax/core/compile",
+                                                         "/jax/compilation_cache"))]
+    assert compile_events == []
+    np.testing.assert_array_equal(got2, ref2)
+
+
+def test_exported_call_rebuilds_damaged_entry(export_dir, monkeypatch):
     dev = hw_db.device("a100_80gb")
     ref = np.asarray(jm.gemm_latency(dev, jnp.array([256.0, 1024.0]), 1024.0, 1024.0))
-    paths = sorted(export_dir.glob("*.jaxexport"))
+    paths = sorted(export_dir.glob("*.jaxexport")) + sorted(export_dir.glob("*.xla"))
+    assert len(paths) >= 2
     for p in paths:
         p.write_bytes(b"not a pickle")
+    _new_process(monkeypatch)
     got = np.asarray(jm.gemm_latency(dev, jnp.array([256.0, 1024.0]), 1024.0, 1024.0))
     np.testing.assert_array_equal(got, ref)
-    assert any(p.read_bytes() != b"not a pickle" for p in paths)   # the repeated call
+    assert all(p.read_bytes() != b"not a pickle" for p in paths)   # both rebuilt
+
+
+def test_changed_code_or_flags_recompile(export_dir, monkeypatch):
+    """The key covers the package source (code_fingerprint) and XLA_FLAGS: a changed model
+    or compiler setting stores new entries instead of reusing the old executable."""
+    dev = hw_db.device("a100_80gb")
+    jm.gemm_latency(dev, jnp.array([256.0, 1024.0]), 1024.0, 1024.0)
+    first = set(export_dir.glob("*.xla"))
+    _new_process(monkeypatch)
+    monkeypatch.setattr(batching, "code_fingerprint", lambda: "a-changed-model")
+    jm.gemm_latency(dev, jnp.array([256.0, 1024.0]), 1024.0, 1024.0)
+    second = set(export_dir.glob("*.xla"))
+    assert len(second) == 2 * len(first) and first < second
+    _new_process(monkeypatch)
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "") + " ")
+    jm.gemm_latency(dev, jnp.array([256.0, 1024.0]), 1024.0, 1024.0)
+    assert len(set(export_dir.glob("*.xla"))) == 3 * len(first)
 
 
 def test_exported_call_skips_stateful_static_arguments(export_dir):
