@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import functools
@@ -39,6 +40,7 @@ import hashlib
 import math
 import os
 import pickle
+import threading
 import types
 from typing import Any, Callable, Sequence
 
@@ -213,9 +215,14 @@ def _exported_call(dynamic, *, fn, treedef, static, positions, chunk):
                              [(tuple(x.shape), x.dtype.name) for x in dynamic],
                              os.environ.get("XLA_FLAGS", ""))).encode()).hexdigest()
     path = export_cache_dir() / f"{key}.jaxexport"
-    loaded = _EXECUTABLES.get(path) or _load_executable(path.with_suffix(".xla"))
+    xla = path.with_suffix(".xla")
+    _USED.append(xla)
+    loaded = _EXECUTABLES.get(xla)
+    if loaded is None:
+        pending = _PREFETCHING.pop(xla, None)
+        loaded = pending.get() if pending is not None else _load_executable(xla)
     if loaded is not None:
-        _EXECUTABLES[path] = loaded
+        _EXECUTABLES[xla] = loaded
         return jax.tree_util.tree_unflatten(loaded[1], loaded[0](*dynamic))
     exp = None
     if path.is_file():
@@ -238,24 +245,77 @@ def _exported_call(dynamic, *, fn, treedef, static, positions, chunk):
         out_tree = box["tree"]
         # pickled, without the VJP builder (a closure; the command line never
         # differentiates); jax.export.serialize would need the flatbuffers package
-        _write(path, pickle.dumps((dataclasses.replace(exp, _get_vjp=None), out_tree)))
+        atomic_write(path, pickle.dumps((dataclasses.replace(exp, _get_vjp=None), out_tree)))
     with _outside_persistent_cache():
         compiled = jax.jit(exp.call).lower(*dynamic).compile()
-    _EXECUTABLES[path] = (compiled, out_tree)
+    _EXECUTABLES[xla] = (compiled, out_tree)
     try:
         from jax.experimental import serialize_executable
         blob = pickle.dumps((serialize_executable.serialize(compiled), out_tree))
     except Exception:              # a backend without executable serialization
         blob = None
     if blob is not None:
-        _write(path.with_suffix(".xla"), blob)
+        atomic_write(xla, blob)
     return jax.tree_util.tree_unflatten(out_tree, compiled(*dynamic))
 
 
-_EXECUTABLES: dict = {}   # cache path -> (compiled executable, output treedef), this process
+# this process: .xla path -> (compiled executable, output treedef); loads under way; the
+# .xla paths of the keyed calls made, in order
+_EXECUTABLES: dict = {}
+_PREFETCHING: dict = {}
+_USED: list = []
 
 
-def _write(path, data: bytes) -> None:
+class _Prefetch(threading.Thread):
+    """Load one stored executable in the background (jaxlib releases the GIL while it
+    deserializes, so the loads overlap the caller's Python work and each other)."""
+
+    def __init__(self, path):
+        super().__init__(daemon=True)
+        self.path, self.result = path, None
+        self.start()
+
+    def run(self):
+        self.result = _load_executable(self.path)
+
+    def get(self):
+        self.join()
+        return self.result
+
+
+def prefetch_executables(paths) -> None:
+    """Start loading the stored executables ``paths`` (from :func:`recording_executables`
+    in an earlier process asking the same question) in background threads; :func:`_exported_call`
+    then waits for the one it needs instead of loading it. Only a hint: an executable runs
+    only for its own key (its path), and a path that is not there is skipped."""
+    from pathlib import Path
+    for p in paths:
+        p = Path(p)
+        if p not in _EXECUTABLES and p not in _PREFETCHING and p.is_file():
+            _PREFETCHING[p] = _Prefetch(p)
+
+
+atexit.register(lambda: _finish_prefetch())
+
+
+def _finish_prefetch() -> None:
+    """Wait for loads nobody asked for (a thread inside jaxlib at interpreter exit)."""
+    for pending in list(_PREFETCHING.values()):
+        pending.join()
+
+
+@contextlib.contextmanager
+def recording_executables():
+    """``with recording_executables() as paths:`` — afterwards ``paths`` lists the stored
+    executables (``.xla`` paths) the keyed calls inside used, in order, each once."""
+    start, paths = len(_USED), []
+    try:
+        yield paths
+    finally:
+        paths.extend(dict.fromkeys(_USED[start:]))
+
+
+def atomic_write(path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (a temporary file renamed); errors ignored (a
     read-only cache only costs the next process a compilation)."""
     try:
@@ -415,5 +475,6 @@ def dedup_map(fn: Callable, inputs: tuple, *, shape: tuple | None = None,
     def gather(v):
         v = np.asarray(v)
         v = v.reshape((1,) + v.shape) if not varying else v
-        return jnp.asarray(v[inverse].reshape(shape + v.shape[1:]))
+        # device_put, not jnp.asarray: no eager op to compile in a fresh process
+        return jax.device_put(v[inverse].reshape(shape + v.shape[1:]))
     return jax.tree_util.tree_map(gather, out_u)

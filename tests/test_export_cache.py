@@ -171,3 +171,26 @@ def test_configure_cli_after_library_import(tmp_path):
     path, exe, min_s = r.stdout.split()
     assert Path(path).parent == tmp_path / "c" and float(min_s) == 0.0
     assert Path(exe) == tmp_path / "c" / "exports" / Path(path).name
+
+
+def test_prefetched_executable_is_used_and_identical(export_dir, monkeypatch):
+    """prefetch_executables loads stored executables in the background; the call then takes
+    the prefetched one (no load of its own) and gives the same numbers; paths that are not
+    there are skipped."""
+    dev = hw_db.device("a100_80gb")
+    m = jnp.array([512.0, 2048.0])
+    with batching.recording_executables() as used:
+        ref = np.asarray(jm.gemm_latency(dev, m, 4096.0, 12288.0))
+    assert used and all(p.suffix == ".xla" and p.is_file() for p in used)
+    _new_process(monkeypatch)
+    monkeypatch.setattr(batching, "_PREFETCHING", {})
+    batching.prefetch_executables([str(p) for p in used] + [str(export_dir / "absent.xla"),
+                                                            ""])
+    assert set(batching._PREFETCHING) == set(used)
+    loads = []
+    real = batching._load_executable
+    monkeypatch.setattr(batching, "_load_executable", lambda p: loads.append(p) or real(p))
+    got = np.asarray(jm.gemm_latency(dev, m, 4096.0, 12288.0))
+    np.testing.assert_array_equal(got, ref)
+    assert batching._PREFETCHING == {}
+    assert loads == []            # the main thread loaded nothing (the prefetch did)
