@@ -285,9 +285,9 @@ class _Prefetch(threading.Thread):
 
 def prefetch_executables(paths) -> None:
     """Start loading the stored executables ``paths`` (from :func:`recording_executables`
-    in an earlier process asking the same question) in background threads; :func:`_exported_call`
-    then waits for the one it needs instead of loading it. Only a hint: an executable runs
-    only for its own key (its path), and a path that is not there is skipped."""
+    in an earlier process asking the same question) in background threads;
+    :func:`_exported_call` then waits for the one it needs instead of loading it. Only a
+    hint: an executable runs only for its own key (its path); absent paths are skipped."""
     from pathlib import Path
     for p in paths:
         p = Path(p)
@@ -295,13 +295,13 @@ def prefetch_executables(paths) -> None:
             _PREFETCHING[p] = _Prefetch(p)
 
 
-atexit.register(lambda: _finish_prefetch())
-
-
 def _finish_prefetch() -> None:
-    """Wait for loads nobody asked for (a thread inside jaxlib at interpreter exit)."""
+    """Wait for loads nobody asked for (no thread inside jaxlib at interpreter exit)."""
     for pending in list(_PREFETCHING.values()):
         pending.join()
+
+
+atexit.register(_finish_prefetch)
 
 
 @contextlib.contextmanager
