@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import math
@@ -172,8 +171,8 @@ def call_batched(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, **kwargs):
                 dynamic.append(np.asarray(leaf, dtype=dtype))
     static, positions, chunk = tuple(static), tuple(positions), int(chunk)
     if export_cache_dir() is not None:
-        out = _exported_call(dynamic, fn=fn, treedef=treedef, static=static,
-                             positions=positions, chunk=chunk)
+        out = _cached_call(dynamic, fn=fn, treedef=treedef, static=static,
+                           positions=positions, chunk=chunk)
         if out is not None:
             return out
     return _run(dynamic, fn=fn, treedef=treedef, static=static, positions=positions,
@@ -193,19 +192,17 @@ def _static_key(leaf: Any):
     return None
 
 
-def _exported_call(dynamic, *, fn, treedef, static, positions, chunk):
+def _cached_call(dynamic, *, fn, treedef, static, positions, chunk):
     """:func:`_run` through the export cache (:func:`jaxmodel.runtime.export_cache_dir`).
 
-    Each keyed call is stored twice: as the traced-and-lowered module (``jax.export``,
-    ``<key>.jaxexport``) and as the executable XLA compiled from it (``<key>.xla``,
+    Each keyed call is stored as the executable XLA compiled for it (``<key>.xla``,
     ``jax.experimental.serialize_executable``). A later process with the same key loads the
     executable and runs it: no tracing, no lowering, no compilation and no lookup in JAX's
-    persistent cache (whose key needs the lowered module). When only the module is there
-    (an executable that could not be stored or loaded), it is compiled again. In one process
-    the loaded executable is kept (:data:`_EXECUTABLES`). None when the call cannot be keyed
-    (traced inputs, a stateful static argument) or the cache cannot be used; the caller then
-    runs :func:`_run`. Results are those of the same StableHLO module, compiled by the same
-    XLA (bit-identical to :func:`_run`)."""
+    persistent cache (whose key needs the lowered module). In one process the loaded
+    executable is kept (:data:`_EXECUTABLES`). None when the call cannot be keyed (traced
+    inputs, a stateful static argument); the caller then runs :func:`_run`. The executable
+    is that of :func:`_run`'s module (debug locations dropped), on the same devices: its
+    results are :func:`_run`'s, bit for bit."""
     if any(isinstance(x, jax.core.Tracer) for x in dynamic):
         return None
     keys = [_static_key(x) for x in (fn,) + tuple(x for x in static if x is not None)]
@@ -214,8 +211,7 @@ def _exported_call(dynamic, *, fn, treedef, static, positions, chunk):
     key = hashlib.sha1(repr((code_fingerprint(), keys, str(treedef), positions, chunk,
                              [(tuple(x.shape), x.dtype.name) for x in dynamic],
                              os.environ.get("XLA_FLAGS", ""))).encode()).hexdigest()
-    path = export_cache_dir() / f"{key}.jaxexport"
-    xla = path.with_suffix(".xla")
+    xla = export_cache_dir() / f"{key}.xla"
     _USED.append(xla)
     loaded = _EXECUTABLES.get(xla)
     if loaded is None:
@@ -224,29 +220,15 @@ def _exported_call(dynamic, *, fn, treedef, static, positions, chunk):
     if loaded is not None:
         _EXECUTABLES[xla] = loaded
         return jax.tree_util.tree_unflatten(loaded[1], loaded[0](*dynamic))
-    exp = None
-    if path.is_file():
-        try:
-            exp, out_tree = pickle.loads(path.read_bytes())
-        except Exception:          # a truncated or foreign file: rebuild it below
-            exp = None
-    if exp is None:
-        box = {}
+    box = {}
 
-        def flat(*dyn):
-            out = _run(list(dyn), fn=fn, treedef=treedef, static=static, positions=positions,
-                       chunk=chunk)
-            leaves, box["tree"] = jax.tree_util.tree_flatten(out)
-            return leaves
-        try:
-            exp = jax.export.export(jax.jit(flat))(*dynamic)
-        except Exception:          # not exportable (e.g. host callbacks): run it plainly
-            return None
-        out_tree = box["tree"]
-        # pickled, without the VJP builder (a closure; the command line never
-        # differentiates); jax.export.serialize would need the flatbuffers package
-        atomic_write(path, pickle.dumps((dataclasses.replace(exp, _get_vjp=None), out_tree)))
-    lowered = jax.jit(exp.call).lower(*dynamic)
+    def flat(*dyn):
+        out = _run(list(dyn), fn=fn, treedef=treedef, static=static, positions=positions,
+                   chunk=chunk)
+        leaves, box["tree"] = jax.tree_util.tree_flatten(out)
+        return leaves
+    lowered = jax.jit(flat).lower(*dynamic)
+    out_tree = box["tree"]
     _strip_debug_info(lowered.compiler_ir("stablehlo"))
     with _outside_persistent_cache():
         compiled = lowered.compile()
@@ -254,7 +236,7 @@ def _exported_call(dynamic, *, fn, treedef, static, positions, chunk):
     try:
         from jax.experimental import serialize_executable
         blob = pickle.dumps((serialize_executable.serialize(compiled), out_tree))
-    except Exception:              # a backend without executable serialization
+    except Exception:              # not serializable (a backend, host callbacks): not kept
         blob = None
     if blob is not None:
         atomic_write(xla, blob)
@@ -288,7 +270,7 @@ class _Prefetch(threading.Thread):
 def prefetch_executables(paths) -> None:
     """Start loading the stored executables ``paths`` (from :func:`recording_executables`
     in an earlier process asking the same question) in background threads;
-    :func:`_exported_call` then waits for the one it needs instead of loading it. Only a
+    :func:`_cached_call` then waits for the one it needs instead of loading it. Only a
     hint: an executable runs only for its own key (its path); absent paths are skipped."""
     from pathlib import Path
     for p in paths:
@@ -330,7 +312,7 @@ def atomic_write(path, data: bytes) -> None:
 
 
 def _load_executable(path):
-    """``(executable, output treedef)`` stored by :func:`_exported_call`, or None (absent,
+    """``(executable, output treedef)`` stored by :func:`_cached_call`, or None (absent,
     damaged, or built for another backend)."""
     if not path.is_file():
         return None

@@ -26,8 +26,8 @@ Compilation cache
     the compiled batch functions on disk by a key that needs no tracing, so a repeated
     question with the same shapes (other numbers included) skips tracing, lowering and
     compiling: ``jaxmodel predict train`` went from ≈ 7 s to ≈ 2.2–3.2 s CPU time per warm
-    process with the lowered modules stored (2 cores, load 13–15), and to ≈ 1.3–1.4 s with the
-    executables stored (load 10–14), most of it the loading of two executables.
+    process with the lowered modules stored (2 cores, load 13–15), and to ≈ 1.25–1.3 s with
+    the executables stored (load 9–10), most of it the loading of two executables.
 
 Progress
     :func:`progress_bar` (a tqdm bar for a loop of blocks) and :func:`stage` (one status line
@@ -162,9 +162,8 @@ def export_cache_dir() -> Path | None:
     """Directory of the export cache, or None (off; :func:`configure_compilation_cache`
     turns it on for the command line).
 
-    :func:`jaxmodel.batching.call_batched` stores each batch function it traces there as an
-    exported (traced and lowered) module (``jax.export``) and as the executable compiled from
-    it (``jax.experimental.serialize_executable``), keyed by the function, its static
+    :func:`jaxmodel.batching.call_batched` stores each batch function it traces there as the
+    executable XLA compiled for it (``jax.experimental.serialize_executable``), keyed by the function, its static
     arguments, the input shapes and dtypes, ``XLA_FLAGS`` and :func:`code_fingerprint`; a
     later process with the same key loads the executable instead of tracing, lowering and
     compiling the model again (seconds per call). Only the command line turns it on: in

@@ -1,4 +1,4 @@
-"""The export cache of batched calls (jaxmodel.batching._exported_call) and the command line's
+"""The export cache of batched calls (jaxmodel.batching._cached_call) and the command line's
 cache defaults (jaxmodel.runtime.configure_compilation_cache with ``cli``)."""
 
 import os
@@ -28,7 +28,7 @@ def _new_process(monkeypatch):
     monkeypatch.setattr(batching, "_EXECUTABLES", {})
 
 
-def test_exported_call_identical_and_skips_tracing(export_dir, monkeypatch):
+def test_cached_call_identical_and_skips_tracing(export_dir, monkeypatch):
     """A stored call is reused for other values of the same shapes without tracing the model,
     and gives the numbers of the plain path bit for bit."""
     dev = hw_db.device("a100_80gb")
@@ -38,14 +38,14 @@ def test_exported_call_identical_and_skips_tracing(export_dir, monkeypatch):
         ref1 = np.asarray(jm.gemm_latency(dev, m1, 4096.0, 12288.0))
         ref2 = np.asarray(jm.gemm_latency(dev, m2, 4096.0, 12288.0))
     got1 = np.asarray(jm.gemm_latency(dev, m1, 4096.0, 12288.0))       # traces and stores
-    stored = sorted(export_dir.glob("*.jaxexport"))
+    stored = sorted(export_dir.glob("*.xla"))
     assert stored
 
     def no_trace(*a, **k):
         raise AssertionError("traced although the export cache holds this call")
     monkeypatch.setattr(batching, "_run", no_trace)
     got2 = np.asarray(jm.gemm_latency(dev, m2, 4096.0, 12288.0))       # loads from disk
-    assert sorted(export_dir.glob("*.jaxexport")) == stored
+    assert sorted(export_dir.glob("*.xla")) == stored
     np.testing.assert_array_equal(got1, ref1)
     np.testing.assert_array_equal(got2, ref2)
 
@@ -60,8 +60,7 @@ def test_stored_executable_runs_without_tracing_lowering_or_compiling(export_dir
         mp.setattr(runtime, "_export_dir", None)
         ref2 = np.asarray(jm.gemm_latency(dev, m2, 4096.0, 12288.0))
     jm.gemm_latency(dev, m1, 4096.0, 12288.0)                          # compiles and stores
-    assert sorted(p.stem for p in export_dir.glob("*.xla")) == \
-        sorted(p.stem for p in export_dir.glob("*.jaxexport"))
+    assert list(export_dir.glob("*.xla"))
     _new_process(monkeypatch)
     events = []
 
@@ -78,17 +77,17 @@ def test_stored_executable_runs_without_tracing_lowering_or_compiling(export_dir
     np.testing.assert_array_equal(got2, ref2)
 
 
-def test_exported_call_rebuilds_damaged_entry(export_dir, monkeypatch):
+def test_cached_call_rebuilds_damaged_entry(export_dir, monkeypatch):
     dev = hw_db.device("a100_80gb")
     ref = np.asarray(jm.gemm_latency(dev, jnp.array([256.0, 1024.0]), 1024.0, 1024.0))
-    paths = sorted(export_dir.glob("*.jaxexport")) + sorted(export_dir.glob("*.xla"))
-    assert len(paths) >= 2
+    paths = sorted(export_dir.glob("*.xla"))
+    assert paths
     for p in paths:
         p.write_bytes(b"not a pickle")
     _new_process(monkeypatch)
     got = np.asarray(jm.gemm_latency(dev, jnp.array([256.0, 1024.0]), 1024.0, 1024.0))
     np.testing.assert_array_equal(got, ref)
-    assert all(p.read_bytes() != b"not a pickle" for p in paths)   # both rebuilt
+    assert all(p.read_bytes() != b"not a pickle" for p in paths)   # rebuilt
 
 
 def test_changed_code_or_flags_recompile(export_dir, monkeypatch):
@@ -108,7 +107,7 @@ def test_changed_code_or_flags_recompile(export_dir, monkeypatch):
     assert len(set(export_dir.glob("*.xla"))) == 3 * len(first)
 
 
-def test_exported_call_skips_stateful_static_arguments(export_dir):
+def test_cached_call_skips_stateful_static_arguments(export_dir):
     """A closure (state the key cannot see) runs plainly and stores nothing."""
     scale = 3.0
 
@@ -116,7 +115,7 @@ def test_exported_call_skips_stateful_static_arguments(export_dir):
         return g(x)
     out = batching.call_batched(f, jnp.arange(3.0), lambda x: x * scale)
     np.testing.assert_array_equal(np.asarray(out), np.arange(3.0) * 3.0)
-    assert not export_dir.exists() or not list(export_dir.glob("*.jaxexport"))
+    assert not export_dir.exists() or not list(export_dir.glob("*.xla"))
     assert batching._static_key(lambda x: x) is None
     assert batching._static_key(jm.gemm_latency.single) is not None
 
@@ -194,3 +193,25 @@ def test_prefetched_executable_is_used_and_identical(export_dir, monkeypatch):
     np.testing.assert_array_equal(got, ref)
     assert batching._PREFETCHING == {}
     assert loads == []            # the main thread loaded nothing (the prefetch did)
+
+
+def test_sharded_call_stored_and_loaded_on_several_devices(tmp_path):
+    """A batch sharded over several devices (shard_map) is stored and, in a second process,
+    loaded for the same devices; both give the plain path's numbers."""
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, numpy as np, jax, jax.numpy as jnp, hw_db, jaxmodel as jm; "
+            "from jaxmodel import runtime, batching; "
+            "runtime.set_export_cache_dir(sys.argv[1]); dev = hw_db.device('a100_80gb'); "
+            "m = jnp.linspace(64., 8192., 300); "
+            "f = lambda: np.asarray(batching.call_batched(jm.gemm_latency.single, dev, m, "
+            "4096.0, 1024.0, chunk=64)); got = f(); runtime.set_export_cache_dir(None); "
+            "print(jax.device_count(), np.array_equal(got, f()))")
+    e = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXMODEL_NO_CACHE")}
+    e.update(PYTHONPATH=str(root), XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             TF_CPP_MIN_LOG_LEVEL="3")
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "x")], cwd=root, env=e,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.split() == ["2", "True"]
+        assert len(list((tmp_path / "x").glob("*.xla"))) == 1
