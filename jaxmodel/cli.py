@@ -397,17 +397,29 @@ def _spec_from_args(a) -> dict:
     return spec
 
 
+# workload sizes: scalar inputs of the compiled functions, never a static switch, so a
+# question differing only in them uses the same executables
+_WORKLOAD_OPTIONS = ("--global-batch", "--seq-len", "--batch", "--prompt-len", "--gen-len")
+
+
 def _question_file(a) -> Path | None:
-    """Where the export cache notes which stored executables this exact command line used
-    (None without an export cache): a later process asking the same question starts loading
-    them at once, in the background (:func:`jaxmodel.batching.prefetch_executables`)."""
+    """Where the export cache notes which stored executables this command line used (None
+    without an export cache); the workload sizes are left out of the name, so a later
+    process asking the same question, or the same one with other sizes, starts loading them
+    at once, in the background (:func:`jaxmodel.batching.prefetch_executables`)."""
     from jaxmodel.runtime import export_cache_dir
     d = export_cache_dir()
     argv = getattr(a, "argv", None)
     if d is None or argv is None:
         return None
+    shape, skip = [], False
+    for tok in argv:
+        name = tok.split("=")[0]
+        shape.append("#" if skip else name + "=#" if "=" in tok and name in _WORKLOAD_OPTIONS
+                     else tok)
+        skip = tok in _WORKLOAD_OPTIONS
     import hashlib
-    return d / "questions" / f"{hashlib.sha1(repr(argv).encode()).hexdigest()}.txt"
+    return d / "questions" / f"{hashlib.sha1(repr(shape).encode()).hexdigest()}.txt"
 
 
 # XLA:CPU options for one-configuration questions (thousands of scalar operations, run

@@ -276,8 +276,8 @@ def test_search_csv():
 
 def test_predict_notes_its_executables_and_prefetches_them(tmp_path, monkeypatch):
     """With the export cache on (the console script's default), predict notes which stored
-    executables the command line used; the same command later starts loading them at once
-    (and answers the same)."""
+    executables the command line used; the same command, or the same with other workload
+    sizes, later starts loading them at once (and answers as before); another plan does not."""
     from jaxmodel import batching, runtime
     monkeypatch.setattr(runtime, "_export_dir", tmp_path / "exports")
     monkeypatch.setattr(batching, "_EXECUTABLES", {})
@@ -297,5 +297,10 @@ def test_predict_notes_its_executables_and_prefetches_them(tmp_path, monkeypatch
                         lambda ps: asked.extend(ps) or real(ps))
     code, second = run(*argv)
     assert code == 0 and second == first and asked == paths
-    run(*argv[:-1], "16")                                   # another question: its own note
+    asked.clear()
+    monkeypatch.setattr(batching, "_EXECUTABLES", {})
+    code, other = run(*argv[:-1], "16")                     # other sizes: the same note
+    assert code == 0 and other != first and asked == paths
+    assert len(list((tmp_path / "exports" / "questions").glob("*.txt"))) == 1
+    run(*argv[:7], "2", *argv[8:])                          # another plan (tp): its own note
     assert len(list((tmp_path / "exports" / "questions").glob("*.txt"))) == 2
