@@ -23,10 +23,11 @@ Compilation cache
     30 small jits of 0.1–1 s each, worth seconds together; reading an entry back costs
     milliseconds. Tracing and lowering to MLIR are not cached by JAX (it redoes them in every
     process); the command line adds the export cache (:func:`export_cache_dir`), which keeps
-    the traced-and-lowered batch functions on disk by a key that needs no tracing, so a
-    repeated question with the same shapes (other numbers included) skips tracing:
-    ``jaxmodel predict train`` went from ≈ 7 s to ≈ 2.2–3.2 s CPU time per warm process (2
-    cores, load 13–15).
+    the compiled batch functions on disk by a key that needs no tracing, so a repeated
+    question with the same shapes (other numbers included) skips tracing, lowering and
+    compiling: ``jaxmodel predict train`` went from ≈ 7 s to ≈ 2.2–3.2 s CPU time per warm
+    process with the lowered modules stored (2 cores, load 13–15), and to ≈ 1.25–1.3 s with
+    the executables stored (load 9–10), most of it the loading of two executables.
 
 Progress
     :func:`progress_bar` (a tqdm bar for a loop of blocks) and :func:`stage` (one status line
@@ -161,16 +162,13 @@ def export_cache_dir() -> Path | None:
     """Directory of the export cache, or None (off; :func:`configure_compilation_cache`
     turns it on for the command line).
 
-    :func:`jaxmodel.batching.call_batched` stores each batch function it traces there as an
-    exported (traced and lowered) module (``jax.export``), keyed by the function, its static
-    arguments, the input shapes and dtypes and :func:`code_fingerprint`; a later process with
-    the same key loads it instead of tracing the model again (seconds per call), and its
-    compilation is a hit in JAX's persistent cache. (Serialized executables,
-    ``jax.experimental.serialize_executable``, would also skip the lowering, but jaxlib
-    0.10's XLA:CPU fails to run one built from a persistent-cache hit: "NOT_FOUND: Function
-    ... not found".) Only the command line
-    turns it on: in library use a module attribute patched at run time (which the key cannot
-    see) would give stale graphs."""
+    :func:`jaxmodel.batching.call_batched` stores each batch function it traces there as the
+    executable XLA compiled for it (``jax.experimental.serialize_executable``), keyed by the function, its static
+    arguments, the input shapes and dtypes, ``XLA_FLAGS`` and :func:`code_fingerprint`; a
+    later process with the same key loads the executable instead of tracing, lowering and
+    compiling the model again (seconds per call). Only the command line turns it on: in
+    library use a module attribute patched at run time (which the key cannot see) would give
+    stale graphs."""
     return _export_dir
 
 

@@ -272,3 +272,35 @@ def test_search_csv():
                                                                    "grad_bytes": [2.0]}
     with pytest.raises(ValueError, match="tp_overlap=x"):
         _step_options(["tp_overlap=x"])
+
+
+def test_predict_notes_its_executables_and_prefetches_them(tmp_path, monkeypatch):
+    """With the export cache on (the console script's default), predict notes which stored
+    executables the command line used; the same command, or the same with other workload
+    sizes, later starts loading them at once (and answers as before); another plan does not."""
+    from jaxmodel import batching, runtime
+    monkeypatch.setattr(runtime, "_export_dir", tmp_path / "exports")
+    monkeypatch.setattr(batching, "_EXECUTABLES", {})
+    argv = ("predict", "prefill", "--system", "hgx_a100_4gpu", "--model", "gpt2-small",
+            "--tp", "4", "--batch", "4", "--prompt-len", "128", "--gen-len", "8")
+    code, first = run(*argv)
+    assert code == 0
+    notes = list((tmp_path / "exports" / "questions").glob("*.txt"))
+    assert len(notes) == 1
+    paths = notes[0].read_text().split("\n")
+    assert paths and all(p.endswith(".xla") and (tmp_path / "exports" / p).is_file()
+                         for p in paths)
+    monkeypatch.setattr(batching, "_EXECUTABLES", {})      # as in a fresh process
+    asked = []
+    real = batching.prefetch_executables
+    monkeypatch.setattr(batching, "prefetch_executables",
+                        lambda ps: asked.extend(ps) or real(ps))
+    code, second = run(*argv)
+    assert code == 0 and second == first and asked == paths
+    asked.clear()
+    monkeypatch.setattr(batching, "_EXECUTABLES", {})
+    code, other = run(*argv[:-1], "16")                     # other sizes: the same note
+    assert code == 0 and other != first and asked == paths
+    assert len(list((tmp_path / "exports" / "questions").glob("*.txt"))) == 1
+    run(*argv[:7], "2", *argv[8:])                          # another plan (tp): its own note
+    assert len(list((tmp_path / "exports" / "questions").glob("*.txt"))) == 2
