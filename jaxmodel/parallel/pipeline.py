@@ -116,17 +116,21 @@ def p2p_transfers_on_critical_path(schedule, pp, m, interleave):
     through the device's link); fill and drain add the 2·(p−1) hops the first forward and
     the last backward travel before every device is busy. With two stages and one chunk
     each, the first stage never sends a gradient and the last never sends an activation:
-    one exchange per micro-batch (the first stage's ``send_forward_recv_backward`` meets the
-    last stage's ``send_backward_recv_forward``) plus the first forward's hop, m + 1.
-    Zero for p = 1. A replay of Megatron-LM's ``schedules.py`` with these blocking exchanges
-    agrees within a few transfers (``tests/parallel/test_pipeline_replay.py``).
+    under 1F1B one exchange per micro-batch (the first stage's ``send_forward_recv_backward``
+    meets the last stage's ``send_backward_recv_forward``) plus the first forward's hop,
+    m + 1. GPipe pairs nothing: the first stage sends m activations, then the last sends m
+    gradients, each blocking between the sender's computes (forward ``f + m·(f + x)``,
+    backward ``m·(b + x) + b``), 2m. Zero for p = 1. A replay of Megatron-LM's
+    ``schedules.py`` with these blocking exchanges agrees within a few transfers
+    (``tests/parallel/test_pipeline_replay.py``).
 
     Returns:
         Number of transfers (float).
     """
     v = effective_interleave(schedule, interleave)
     two = (pp > 1.5) & (pp < 2.5) & (v < 1.5)
-    n = jnp.where(two, m + 1.0, 2.0 * (m * v + pp - 1.0))
+    n = jnp.select([two & (schedule == ONE_F_ONE_B), two & (schedule == GPIPE)],
+                   [m + 1.0, 2.0 * m], 2.0 * (m * v + pp - 1.0))
     return jnp.where(pp > 1.0, n, 0.0)
 
 

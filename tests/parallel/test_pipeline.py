@@ -55,6 +55,11 @@ def test_pipeline_transfers():
     assert float(pl.p2p_transfers_on_critical_path(F1B1, 1.0, 16.0, 1.0)) == 0.0
     # two stages, one chunk each: one exchange per micro-batch plus the first hop, m + 1
     assert float(pl.p2p_transfers_on_critical_path(F1B1, 2.0, 16.0, 1.0)) == 17.0
+    # GPipe pairs nothing: m blocking activation sends, then m gradient sends; by hand with
+    # forward f, backward b, transfer x: stage 1 ends its forwards at f + m(f + x), stage 0
+    # its backwards m(b + x) + b later, (m + 1)(f + b) + 2m·x = m·t + bubble + 2m·x
+    assert float(pl.p2p_transfers_on_critical_path(GPIPE, 2.0, 16.0, 1.0)) == 32.0
+    assert float(pl.p2p_transfers_on_critical_path(GPIPE, 4.0, 16.0, 1.0)) == 2 * (16 + 3)
     # ... but the interleaved schedule's chunks wrap around: both directions again
     assert float(pl.p2p_transfers_on_critical_path(INTER, 2.0, 16.0, 2.0)) == 2 * (32 + 1)
 
