@@ -101,7 +101,7 @@ from jaxmodel.types import TOPOLOGIES, System, is_concrete, static_flag, validat
 
 __all__ = ["OPS", "ALGORITHMS", "ALGORITHM_CODES", "AUTO_ALGORITHM", "algorithm_code",
            "collective_latency", "collective_cost", "collective_feasible",
-           "level_algorithm_times", "nccl_ring_latency", "NetVariant", "ANY_NET", "net_variant_of"]
+           "level_algorithm_times", "NetVariant", "ANY_NET", "net_variant_of"]
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "p2p")
 ALGORITHMS = ("ring", "halving_doubling", "direct", "2d", "tree", "in_network")
@@ -493,7 +493,7 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         bwt_p = bwt / f_p
         # executed LL128 at the level's measured fraction of Simple (tuner: NCCL's 0.92)
         ll128_x = jnp.stack([jnp.ones_like(cl),
-                             level.ll128_efficiency / nccl.LL128_FACTOR + 0.0 * cl,
+                             nccl.ll128_executed(level.ll128_efficiency) + 0.0 * cl,
                              jnp.ones_like(cl)])
         # LL bus bandwidth capped at llMaxBw
         ll_t = jnp.where(level.ll_max_bw > 0,
@@ -665,16 +665,6 @@ def _flat_ring_latency(system: System, members, net: NetVariant, f):
     return lat
 
 
-def nccl_ring_latency(system: System, group_size, stride=1.0):
-    """NCCL's latency of one ring all-gather / reduce-scatter call over ``group_size``
-    ranks ``stride`` devices apart, per protocol (LL, LL128, Simple), s — the cost of a
-    call beyond its bytes (NCCL 2.30.7 ``tuning.cc``; see :func:`_flat_ring`). Single
-    configuration."""
-    f = jnp.result_type(float)
-    members, _, _ = topo.placement(system, group_size, stride)
-    return _flat_ring_latency(system, members, ANY_NET, f)
-
-
 def _flat_ring(system: System, n, members, inner, g, net: NetVariant, f):
     """NCCL's all-gather / reduce-scatter on a group spanning several NCCL tiers: ONE ring
     over all ``g`` ranks (NCCL has no tree or hierarchical algorithm for them; PAT needs one
@@ -685,7 +675,7 @@ def _flat_ring(system: System, n, members, inner, g, net: NetVariant, f):
     interLat`` with ``nInterSteps = nNodes − 1``, ``intraLat = max(hwLat[intra][ring][p],
     netOverhead)`` (``getNetOverhead``, ×3 for Simple) and ``interLat = hwLat[NET][ring][p]``;
     bus bandwidth ``nChannels · bwInter`` (``nNodes > 2``), LL ½ capped at ``llMaxBw``, LL128
-    0.92. Generalised to ``K`` tiers: the steps whose highest crossed tier is ``k`` number
+    0.92 (executed: the outermost active tier's ``ll128_efficiency``). Generalised to ``K`` tiers: the steps whose highest crossed tier is ``k`` number
     ``c_k − c_{k+1}`` with ``c_k = Π_{j≥k} m_j − 1``, each at tier ``k``'s per-step latency.
     Bandwidth: a pipelined ring runs at its slowest hop; every rank forwards
     ``(g−1)/g · n``, and tier ``k``'s hops of one lower-tier unit share the ``inner[k]``
@@ -701,6 +691,7 @@ def _flat_ring(system: System, n, members, inner, g, net: NetVariant, f):
     bus = jnp.asarray(INF, dtype=f)
     cl = jnp.asarray(0.0, dtype=f)
     llmax = jnp.asarray(0.0, dtype=f)
+    ll128 = jnp.asarray(nccl.LL128_FACTOR, dtype=f)
     channels = jnp.asarray(0.0, dtype=f)
     c = [jnp.maximum(jnp.prod(jnp.stack(members[k:])) - 1.0, 0.0) for k in range(len(members))]
     c.append(jnp.asarray(0.0, dtype=f))
@@ -716,13 +707,19 @@ def _flat_ring(system: System, n, members, inner, g, net: NetVariant, f):
         bus = jnp.where(active, jnp.minimum(bus, b_k), bus)
         cl = cl + (c[k] - c[k + 1]) * lvl.chunk_latency     # Σ steps · chunk overhead
         llmax = jnp.where(active, lvl.ll_max_bw, llmax)         # the outermost tier's
+        ll128 = jnp.where(active, lvl.ll128_efficiency, ll128)  # the outermost tier's
         channels = jnp.where(active & (lvl.nccl_channels > 0), lvl.nccl_channels, channels)
     bus = jnp.where(jnp.isfinite(bus), bus, 1.0)
-    bwt_p = bwt / jnp.asarray((0.5, 0.92, 1.0), dtype=f)
+    bwt_p = bwt / nccl.bw_factor("ring", "all_gather", 0.0)
     ll_t = jnp.where(llmax > 0, bwt * bus / jnp.where(llmax > 0, llmax, 1.0), 0.0)
     bwt_p = jnp.maximum(bwt_p, jnp.stack([ll_t, 0.0 * ll_t, 0.0 * ll_t]))
     cl_p = jnp.stack([0.0 * cl, 0.0 * cl, cl])
-    exe = _pipelined(lat, bwt_p * nccl.channel_factor("ring", n, g, channels), 1.0, cl_p)
+    # executed LL128 at the outermost active tier's measured fraction (tuner: NCCL's 0.92),
+    # as level_algorithm_times does per tier
+    ll128_x = jnp.stack([jnp.ones_like(cl), nccl.ll128_executed(ll128) + 0.0 * cl,
+                         jnp.ones_like(cl)])
+    exe = _pipelined(lat, bwt_p / ll128_x * nccl.channel_factor("ring", n, g, channels),
+                     1.0, cl_p)
     tune = lat + bwt_p
     return exe[jnp.argmin(tune)], jnp.min(exe)
 

@@ -72,6 +72,18 @@ HW_LAT = {
 # tuning.cc ncclTopoTuneModel: LL128 bus bandwidth = 0.92 (~120/128) of Simple's (ring; tree
 # inside a node 0.92 · 7/9). A NetLevel's ``ll128_efficiency`` replaces it in executed times.
 LL128_FACTOR = 0.92
+# tuning.cc ncclTopoTuneModel: tree bus bandwidth ×0.92 (a separate refinement that happens
+# to share LL128's value).
+TREE_FACTOR = 0.92
+# Floor on a level's ``ll128_efficiency`` where it divides a time (a 0 in a batch would give
+# inf and NaN gradients).
+MIN_LL128_EFFICIENCY = 1e-3
+
+
+def ll128_executed(ll128_efficiency):
+    """Executed LL128 bandwidth relative to NCCL's tuner value: ``ll128_efficiency / 0.92``,
+    the efficiency floored at :data:`MIN_LL128_EFFICIENCY` (dimensionless)."""
+    return jnp.maximum(ll128_efficiency, MIN_LL128_EFFICIENCY) / LL128_FACTOR
 # device.h: threads per channel (NCCL_LL_MAX_NTHREADS, NCCL_LL128_MAX_NTHREADS,
 # NCCL_SIMPLE_MAX_NTHREADS) and bytes per thread before another channel is used
 # (NCCL_LL_THREAD_THRESHOLD, NCCL_LL128_THREAD_THRESHOLD, NCCL_SIMPLE_THREAD_THRESHOLD), per
@@ -205,7 +217,7 @@ def bw_factor(alg: str, op: str, link, nvls_efficiency=1.0):
         return jnp.asarray((0.5, LL128_FACTOR, 1.0), dtype=f)
     if alg == "tree":
         ll128 = jnp.asarray(_where(link > 1.5, 120.0 / 128.0, 7.0 / 9.0), dtype=f)
-        return 0.92 * jnp.stack([jnp.asarray(1.0 / 3.8, dtype=f), ll128,
+        return TREE_FACTOR * jnp.stack([jnp.asarray(1.0 / 3.8, dtype=f), ll128,
                                  jnp.asarray(1.0, dtype=f)])
     if alg == "in_network":
         eff = _where(link > 1.5, 1.0, nvls_efficiency)

@@ -312,3 +312,39 @@ def test_ll128_executed_efficiency():
     assert np.isfinite(float(g)) and float(g) < 0
     t32 = coll.collective_latency.single(system(slow), "all_reduce", jnp.float32(n), 8.0)
     assert float(t32) == pytest.approx(lat + 7 / 4 * n / (B * 0.5), rel=1e-5)
+
+
+def test_ll128_efficiency_zero_gives_finite_times_and_grads():
+    """A 0 in a batch is floored (nccl.MIN_LL128_EFFICIENCY): finite time, finite gradient,
+    on one tier and on the flat ring across tiers."""
+    n = 2.0**23
+    lvl = nvswitch(8, nccl_channels=24.0)
+    one = lambda e: coll.collective_latency.single(                         # noqa: E731
+        system(dataclasses.replace(lvl, ll128_efficiency=e)), "all_reduce", n, 8.0)
+    s = hw_db.system("dgx_a100", nodes=2)
+    flat = lambda e: coll.collective_latency.single(                        # noqa: E731
+        dataclasses.replace(s, levels=(s.levels[0], dataclasses.replace(
+            s.levels[1], ll128_efficiency=e))), "all_gather", 2.0**20, 16.0)
+    for f in (one, flat):
+        t, g = jax.value_and_grad(f)(0.0)
+        assert np.isfinite(float(t)) and np.isfinite(float(g))
+        batch = jax.vmap(f)(jnp.array([0.0, 0.5, 0.92]))
+        assert np.all(np.isfinite(np.asarray(batch)))
+    assert float(nccl.ll128_executed(0.0)) == pytest.approx(nccl.MIN_LL128_EFFICIENCY / 0.92)
+
+
+def test_flat_ring_runs_ll128_at_the_outermost_tier_efficiency():
+    """All-gather of 1 MiB over 2 DGX A100 nodes: one flat ring, LL128 by NCCL's tuner
+    (0.92 whatever the tiers' efficiencies); executed bandwidth time ∝ 1/ll128_efficiency of
+    the outermost active tier (t(e) = L + K/e, so t(¼) − t(½) = 2·(t(½) − t(1))); the inner
+    tier's efficiency does not enter."""
+    s = hw_db.system("dgx_a100", nodes=2)
+
+    def t(e_out, e_in=0.56):
+        lv = (dataclasses.replace(s.levels[0], ll128_efficiency=e_in),
+              dataclasses.replace(s.levels[1], ll128_efficiency=e_out))
+        return float(jm.collective_latency(dataclasses.replace(s, levels=lv), "all_gather",
+                                           2.0**20, 16.0))
+    d1, d2 = t(0.25) - t(0.5), t(0.5) - t(1.0)
+    assert d2 > 0 and d1 == pytest.approx(2 * d2, rel=1e-9)
+    assert t(0.5, e_in=0.1) == t(0.5, e_in=0.9)
