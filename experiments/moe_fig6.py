@@ -20,9 +20,11 @@ Three panels (Guo et al. §V-A/§V-B):
    tokens/s relative to Megatron-145B without FA. Both use full activation recomputation
    (Megatron-LM Table 1 runs), the distributed optimizer (ZeRO-1: the 145B model does not fit
    80 GB per GPU at PP 4 otherwise), sequence length 2048, Megatron-LM 2021's non-overlapped
-   DP all-reduce (``dp_overlap=0``, as ``experiments/validate_megatron.py``). Megatron's
-   schedule is the best of 1F1B and interleaved 1F1B with 2, 4 or 5 model chunks per device
-   (Table 1 does not state it; ``validate_megatron.py`` tunes it the same way); the MoE
+   DP all-reduce (``dp_overlap=0``, as the pipelined rows of
+   ``experiments/validate_megatron.py``: ``--DDP-impl local``). Megatron's schedule is the
+   one with the shortest modelled step among 1F1B and interleaved 1F1B with 2, 4 or 5 model
+   chunks per device (the launch settings of this case are not published;
+   ``validate_megatron.py`` runs Table 1 at the authors' own launch settings); the MoE
    micro-batch is the best of {1, 2, 4}; MoE capacity factor 1.0 (DeepSpeed-MoE's top-1
    default). The network sweep (panel 2) uses micro-batch 4, with FA-2 for the FA rows.
 

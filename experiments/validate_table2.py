@@ -24,9 +24,12 @@ one micro-batch per step).
   closed form from its parts (the step without ZeRO communication, and per layer the NCCL
   and list-API seconds of :func:`~jaxmodel.parallel.zero.per_tensor_collectives` at
   efficiency 1), checked against :func:`jaxmodel.train_step` at hw_db's value.
-- **PTD-P rows**: :func:`jaxmodel.train_step` as it is (full recompute, no SP, Megatron-LM
-  2021 serial data-parallel all-reduce ``dp_overlap=0``, micro-batch 1, the best
-  interleaving of {1, 2, 4, 8} / {1, 3} as in ``validate_megatron.py``); nothing calibrated.
+- **PTD-P rows**: :func:`jaxmodel.train_step` with its defaults otherwise (full recompute,
+  no SP, Megatron-LM 2021's serial data-parallel all-reduce ``dp_overlap=0``, the row's
+  micro-batch of 1) and the interleaving that gives the shortest modelled step among
+  {1, 2, 4, 8} (175B) / {1, 3} (530B) virtual stages per device: the launch settings of
+  these rows are not in the anchor, unlike Table 1's, which ``validate_megatron.py`` runs
+  at the authors' own settings; nothing calibrated.
 
 Prints predicted vs measured TFLOP/s per GPU, the per-row ZeRO-3 breakdown (compute, NCCL
 gathers and reduce-scatters, list-API costs, what the measurement implies), the MAPE per
@@ -142,7 +145,8 @@ def cross_validate(rows):
 
 
 def ptdp_row(params_b, gpus, batch, mb):
-    """Predicted TFLOP/s per GPU of the published PTD-P plan (best interleaving)."""
+    """Predicted TFLOP/s per GPU of the published PTD-P plan at the interleaving with the
+    shortest modelled step."""
     model = MODELS[params_b]
     pp = PTDP_PP[params_b]
     dp = gpus / (8.0 * pp)
