@@ -301,13 +301,16 @@ def chunked_dp_exposed(t_chunk, t_comm, pp, v, n_buckets, comm_bytes=0.0, share=
 def tp_eligible(par, system):
     """1 where Megatron-core's ``--tp-comm-overlap`` can run for the plan, else 0.
 
-    Sources: Megatron-LM asserts ``sequence_parallel`` with ``tp_comm_overlap`` (only the
-    all-gather / reduce-scatter of sequence parallelism are decomposed, not the all-reduce;
-    Transformer Engine issue #746, maintainers' answer); Transformer Engine's comm+GEMM
-    overlap (userbuffers) runs only inside one NVLink domain (device memory mapped across
-    the tensor-parallel peers; Transformer Engine issue #1071, maintainers' answer), i.e.
-    when the ``tp`` consecutive devices lie within the system's innermost network tier.
-    A plan that breaks either runs its TP collectives serially."""
+    Sources: Megatron-LM ``megatron/training/arguments.py: validate_args`` asserts
+    ``args.sequence_parallel`` when ``args.tp_comm_overlap`` is set ("Tensor parallel
+    communication/GEMM overlap can happen only when sequence parallelism is enabled": the
+    userbuffers of Transformer Engine's ``initialize_ub`` decompose only the all-gathers and
+    reduce-scatters of sequence parallelism, not the all-reduce); Transformer Engine's
+    comm+GEMM overlap example (``examples/pytorch/comm_gemm_overlap/README.md``,
+    "Requirements") requires the tensor-parallel GPUs on a single node, connected over
+    NVLink/NVSwitch (userbuffers map the peers' device memory through CUDA IPC or
+    multicast handles), i.e. the ``tp`` consecutive devices within the system's innermost
+    network tier. A plan that breaks either runs its TP collectives serially."""
     f = jnp.result_type(float)
     tp = jnp.maximum(jnp.asarray(par.tp, dtype=f), 1.0)
     inner = (jnp.asarray(system.levels[0].size, dtype=f) if system.levels

@@ -444,8 +444,12 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
             uses the ops tile search.
         dp_overlap: 1 = DP/ZeRO collectives overlapped with the backward/forward under
             contention, 0 = serial, fractions interpolate (module docstring).
-        tp_overlap: 1 = TP collectives pipelined with their GEMMs under contention
-            (Megatron-core ``--tp-comm-overlap``), 0 = serial (Megatron-LM 2021).
+        tp_overlap: 1 = Megatron-core ``--tp-comm-overlap``: each TP collective beside the
+            GEMM that feeds or drains it at Transformer Engine's granularity
+            (:func:`~jaxmodel.parallel.overlap.te_tp_exposed`), only for plans that
+            :func:`~jaxmodel.parallel.overlap.tp_eligible` admits (sequence parallelism, the
+            TP group inside the innermost network tier; the others stay serial); 0 = serial
+            (Megatron-LM 2021); fractions interpolate (module docstring).
         grad_bytes: bytes per gradient element for memory and reduction traffic (default
             the precision's ``grad_bytes``).
         adam_bytes_per_param: main-memory bytes the optimizer step moves per parameter
@@ -927,7 +931,11 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
             under SM/memory contention (Megatron-core bucketing), 0 = Megatron-LM 2021's
             serial all-reduce; fractions interpolate.
         tp_overlap: 0 (default, Megatron-LM 2021) = serial TP collectives; 1 = Megatron-core
-            ``--tp-comm-overlap`` (Wang et al. ASPLOS 2023) under contention.
+            ``--tp-comm-overlap`` at Transformer Engine's granularity (each collective beside
+            the GEMM that feeds or drains it, :func:`~jaxmodel.parallel.overlap.te_tp_exposed`)
+            for plans that :func:`~jaxmodel.parallel.overlap.tp_eligible` admits (sequence
+            parallelism, the TP group inside the innermost network tier), serial otherwise;
+            fractions interpolate (module docstring).
         grad_bytes: gradient bytes per element (default ``precision.grad_bytes``: 4, fp32
             main gradients).
         adam_bytes_per_param: optimizer-step traffic per parameter (default from hw_db).

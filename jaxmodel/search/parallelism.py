@@ -255,7 +255,9 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
         step_options: execution options of :func:`jaxmodel.train_step` to search as well,
             ``{name: values}`` (e.g. ``{"dp_overlap": [0, 1], "grad_bytes": [2, 4],
             "tp_overlap": [0, 1]}``: overlapped gradient reduction on/off, bf16 vs fp32
-            gradient reduction, TP collectives overlapped with the GEMMs on/off);
+            gradient reduction, Megatron-core ``--tp-comm-overlap`` on/off: TP collectives
+            beside their GEMMs at Transformer Engine's granularity where
+            :func:`jaxmodel.parallel.overlap.tp_eligible` admits the plan);
             ``"precision"`` takes a list of preset names / :class:`jaxmodel.Precision`
             (e.g. ``["bf16", "fp8"]``), searched like any other option.
         precision: one precision for every plan (name or :class:`jaxmodel.Precision`), or
