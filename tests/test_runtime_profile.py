@@ -61,6 +61,20 @@ def test_presets_and_names():
     assert len(leaves) == 9        # name is static metadata
 
 
+def test_calibration_file_needs_a_source_and_a_finite_value(tmp_path, monkeypatch):
+    for body in ('[t]\nx = { value = 1e-6 }\n', '[t]\nx = { value = "a", source = "s" }\n',
+                 '[t]\nx = { value = nan, source = "s" }\n'):
+        bad = tmp_path / "runtime.toml"
+        bad.write_text(body)
+        monkeypatch.setattr(rtp, "CALIBRATION_FILE", bad)
+        rtp.calibration.cache_clear()
+        with pytest.raises(ValueError, match="t.x"):
+            rtp.calibration()
+    monkeypatch.undo()
+    rtp.calibration.cache_clear()
+    assert rtp.calibration()["tensorrt_llm"]["context_layer_overhead_s"] > 0.0
+
+
 @pytest.mark.parametrize("m", [GPT, LLAMA], ids=["gpt", "llama"])
 @pytest.mark.parametrize("phase,s,kv", [("prefill", 256.0, 0.0), ("decode", 1.0, 700.0)])
 def test_eager_runtime_branch_is_bit_identical_to_no_runtime(m, phase, s, kv):
