@@ -7,8 +7,8 @@ executables, ``jaxmodel.batching``, loaded in background threads from the start 
 repeated command line), plus the same question with other numbers (same shapes: the stored
 executables are reused) and, for reference, with the caches off (``JAXMODEL_NO_CACHE=1``) and
 with the caches off and XLA's default CPU emitters (the library's compiler settings, instead
-of the command line's ``PREDICT_XLA_FLAGS``). Whole-process wall time and CPU time (user +
-system of the child), and the load average, since the machine may be shared. Checks that
+of the command line's ``batching.CPU_COMPILE_OPTIONS`` in ``XLA_FLAGS``). Whole-process wall
+time and CPU time (user + system of the child), and the load average, since the machine may be shared. Checks that
 every answer is identical to the library-settings one and that warm runs write nothing to
 stderr. Targets (2 quiet cores): warm ≤ 1.5 s, empty cache ≤ 6 s, import ≤ 1 s.
 

@@ -54,9 +54,108 @@ DEFAULT_CHUNK = 4096
 AXIS = "d"   # name of the device axis of the sharding mesh
 
 
-def _is_static(leaf: Any) -> bool:
+def is_static(leaf: Any) -> bool:
+    """True for a leaf that selects code rather than carrying a number (a string, boolean,
+    None, type or function): part of a compilation's cache key, never traced."""
     return isinstance(leaf, (str, bool, type(None), type)) or callable(leaf) and not hasattr(
         leaf, "shape")
+
+
+def _as_float(leaf: Any, dtype):
+    """A numeric leaf in the float dtype ``dtype``: traced and device arrays converted on the
+    device, host values as numpy (a compiled call transfers them in one go), shapes
+    (:class:`jax.ShapeDtypeStruct`, for ahead-of-time compilation) re-typed."""
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return leaf if leaf.dtype == dtype else jax.ShapeDtypeStruct(leaf.shape, dtype)
+    if isinstance(leaf, (jax.core.Tracer, jax.Array)):
+        return leaf.astype(dtype) if leaf.dtype != dtype else leaf
+    return np.asarray(leaf, dtype=dtype)
+
+
+def split_leaves(args: tuple, kwargs: dict | None = None, *, cast: bool = True):
+    """Split the arguments of a call into ``(dynamic, treedef, static)``: ``dynamic`` lists
+    the numeric leaves (in the float dtype when ``cast``), ``static`` is a hashable tuple of
+    every leaf with the static ones (:func:`is_static`) kept and None where a numeric leaf
+    goes, so ``(treedef, static)`` keys a compilation. :func:`join_leaves` inverts it."""
+    leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs or {})))
+    dtype = _float_dtype()
+    static = tuple(x if is_static(x) else None for x in leaves)
+    dynamic = [_as_float(x, dtype) if cast else x for x in leaves if not is_static(x)]
+    return dynamic, treedef, static
+
+
+def join_leaves(dynamic: Sequence, treedef, static: tuple):
+    """``(args, kwargs)`` from :func:`split_leaves`' parts (``dynamic`` may be traced)."""
+    leaves = list(static)
+    for i, x in zip([i for i, s in enumerate(static) if s is None], dynamic):
+        leaves[i] = x
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+#: XLA:CPU compiler options of the model's one-shot executables: the elemental (pre-MLIR)
+#: emitters instead of the fusion emitters (same HLO passes and LLVM optimisation level)
+#: compile the model's graphs — thousands of scalar operations, evaluated once — in about
+#: half to two thirds of the CPU time, with the same numbers to float rounding (a few ulp
+#: in float32; experiments/bench_predict.py compares the command line's answers).
+CPU_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+
+def xla_flags(options: dict) -> tuple[str, ...]:
+    """``options`` (name -> value) as ``XLA_FLAGS`` tokens (``--name=value``)."""
+    return tuple(f"--{k}={str(v).lower() if isinstance(v, bool) else v}"
+                 for k, v in options.items())
+
+
+class jit_leaves:
+    """``fn`` jitted with :func:`split_leaves` (static leaves — names, flags, functions —
+    baked in; numeric leaves as arguments, in the float dtype when ``cast``) and compiled
+    with ``compiler_options`` (default :data:`CPU_COMPILE_OPTIONS`) on the CPU backend;
+    plainly elsewhere, or where this XLA does not know an option (found on the first
+    compile). ``compile(*args, **kwargs)`` lowers and compiles without running (numeric
+    leaves may be :class:`jax.ShapeDtypeStruct`), filling the cache that the next call with
+    the same shapes uses; it may run on another thread (XLA releases the GIL while
+    compiling). ``cache_size()``: executables compiled so far."""
+
+    def __init__(self, fn: Callable, cast: bool = True, compiler_options: dict | None = None):
+        self.cast = cast
+
+        def flat(dynamic, treedef, static):
+            args, kwargs = join_leaves(dynamic, treedef, static)
+            return fn(*args, **kwargs)
+        # compilations (logs, jax.monitoring events) carry fn's name
+        flat.__name__ = flat.__qualname__ = getattr(fn, "__name__", "fn")
+        names = ("treedef", "static")
+        self.plain = jax.jit(flat, static_argnames=names)
+        self.tuned = jax.jit(flat, static_argnames=names, compiler_options=(
+            CPU_COMPILE_OPTIONS if compiler_options is None else compiler_options))
+        self.use_tuned = None
+
+    def _split(self, args, kwargs):
+        dynamic, treedef, static = split_leaves(args, kwargs, cast=self.cast)
+        return dict(dynamic=dynamic, treedef=treedef, static=static)
+
+    def _with(self, go):
+        if self.use_tuned is None:
+            self.use_tuned = jax.default_backend() == "cpu"
+        if self.use_tuned:
+            try:
+                return go(self.tuned)
+            except jax.errors.JaxRuntimeError as e:
+                if "compile option" not in str(e):
+                    raise
+                self.use_tuned = False
+        return go(self.plain)
+
+    def __call__(self, *args, **kwargs):
+        kw = self._split(args, kwargs)
+        return self._with(lambda f: f(**kw))
+
+    def compile(self, *args, **kwargs):
+        kw = self._split(args, kwargs)
+        return self._with(lambda f: f.lower(**kw).compile())
+
+    def cache_size(self) -> int:
+        return self.plain._cache_size() + self.tuned._cache_size()
 
 
 def _float_dtype():
@@ -127,8 +226,8 @@ def map_points(fn: Callable, xs, *, chunk: int = DEFAULT_CHUNK, mesh: Mesh | Non
     return jax.tree_util.tree_map(lambda y: y[:n], out)
 
 
-@functools.partial(jax.jit, static_argnames=("fn", "treedef", "static", "positions", "chunk"))
-def _run(dynamic, *, fn, treedef, static, positions, chunk):
+@functools.partial(jax.jit, static_argnames=("fn", "treedef", "static", "chunk"))
+def _run(dynamic, *, fn, treedef, static, chunk):
     shape = jnp.broadcast_shapes(*[jnp.shape(x) for x in dynamic]) if dynamic else ()
     size = math.prod(shape)
     # Scalar leaves stay unmapped (closed over): broadcasting them to the batch would make
@@ -139,10 +238,7 @@ def _run(dynamic, *, fn, treedef, static, positions, chunk):
         dyn = list(dynamic)
         for i, val in zip(mapped, batched_vals):
             dyn[i] = val
-        leaves = list(static)
-        for pos, val in zip(positions, dyn):
-            leaves[pos] = val
-        args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+        args, kwargs = join_leaves(dyn, treedef, static)
         return fn(*args, **kwargs)
 
     if shape == ():
@@ -154,29 +250,13 @@ def _run(dynamic, *, fn, treedef, static, positions, chunk):
 
 def call_batched(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, **kwargs):
     """Call single-config ``fn`` on batched arguments (see module docstring)."""
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    static, dynamic, positions = [], [], []
-    dtype = _float_dtype()
-    for i, leaf in enumerate(leaves):
-        if _is_static(leaf):
-            static.append(leaf)
-        else:
-            static.append(None)
-            positions.append(i)
-            if isinstance(leaf, jax.core.Tracer):
-                dynamic.append(leaf.astype(dtype) if leaf.dtype != dtype else leaf)
-            elif isinstance(leaf, jax.Array):
-                dynamic.append(leaf.astype(dtype))
-            else:   # host values stay numpy: the compiled call transfers them in one go
-                dynamic.append(np.asarray(leaf, dtype=dtype))
-    static, positions, chunk = tuple(static), tuple(positions), int(chunk)
+    dynamic, treedef, static = split_leaves(args, kwargs)
+    chunk = int(chunk)
     if export_cache_dir() is not None:
-        out = _cached_call(dynamic, fn=fn, treedef=treedef, static=static,
-                           positions=positions, chunk=chunk)
+        out = _cached_call(dynamic, fn=fn, treedef=treedef, static=static, chunk=chunk)
         if out is not None:
             return out
-    return _run(dynamic, fn=fn, treedef=treedef, static=static, positions=positions,
-                chunk=chunk)
+    return _run(dynamic, fn=fn, treedef=treedef, static=static, chunk=chunk)
 
 
 def _static_key(leaf: Any):
@@ -192,7 +272,7 @@ def _static_key(leaf: Any):
     return None
 
 
-def _cached_call(dynamic, *, fn, treedef, static, positions, chunk):
+def _cached_call(dynamic, *, fn, treedef, static, chunk):
     """:func:`_run` through the export cache (:func:`jaxmodel.runtime.export_cache_dir`).
 
     Each keyed call is stored as the executable XLA compiled for it (``<key>.xla``,
@@ -208,6 +288,7 @@ def _cached_call(dynamic, *, fn, treedef, static, positions, chunk):
     keys = [_static_key(x) for x in (fn,) + tuple(x for x in static if x is not None)]
     if any(k is None for k in keys):
         return None
+    positions = tuple(i for i, s in enumerate(static) if s is None)
     key = hashlib.sha1(repr((code_fingerprint(), keys, str(treedef), positions, chunk,
                              [(tuple(x.shape), x.dtype.name) for x in dynamic],
                              os.environ.get("XLA_FLAGS", ""))).encode()).hexdigest()
@@ -223,8 +304,7 @@ def _cached_call(dynamic, *, fn, treedef, static, positions, chunk):
     box = {}
 
     def flat(*dyn):
-        out = _run(list(dyn), fn=fn, treedef=treedef, static=static, positions=positions,
-                   chunk=chunk)
+        out = _run(list(dyn), fn=fn, treedef=treedef, static=static, chunk=chunk)
         leaves, box["tree"] = jax.tree_util.tree_flatten(out)
         return leaves
     lowered = jax.jit(flat).lower(*dynamic)
@@ -371,7 +451,7 @@ def batched(fn: Callable | None = None, *, chunk: int = DEFAULT_CHUNK):
 def batch_shape(*trees: Any) -> tuple:
     """Common broadcast batch shape of the numeric leaves of ``trees``."""
     shapes = [jnp.shape(x) for t in trees for x in jax.tree_util.tree_leaves(t)
-              if not _is_static(x)]
+              if not is_static(x)]
     return tuple(jnp.broadcast_shapes(*shapes)) if shapes else ()
 
 
@@ -449,7 +529,7 @@ def dedup_map(fn: Callable, inputs: tuple, *, shape: tuple | None = None,
         raise ValueError("dedup_map: empty batch")
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         raise ValueError("dedup_map: inputs must be concrete (de-duplication runs on the host)")
-    dyn = [i for i, x in enumerate(leaves) if not _is_static(x)]
+    dyn = [i for i, x in enumerate(leaves) if not is_static(x)]
     cols = {i: np.broadcast_to(np.asarray(leaves[i]), shape).reshape(n) for i in dyn}
     varying = [i for i in dyn if cols[i].min() != cols[i].max()]
     if varying:

@@ -425,17 +425,14 @@ def _question_file(a) -> Path | None:
     return d / "questions" / f"{hashlib.sha1(repr(shape).encode()).hexdigest()}.txt"
 
 
-# XLA:CPU options for one-configuration questions (thousands of scalar operations, run
-# once): the elemental emitters instead of the fusion emitters compile a prediction about a
-# third faster (24 -> 16 s of CPU for a Llama-2-13B training step on an empty cache) and give
-# the same numbers (experiments/bench_predict.py compares them with the library's).
-PREDICT_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
-
-
 def _predict_xla_flags() -> None:
-    """Add :data:`PREDICT_XLA_FLAGS` to ``XLA_FLAGS`` where they can still act (JAX's
-    backend not started; XLA reads the variable then) and the user set none of them. The
-    compilation caches key on ``XLA_FLAGS``, so these executables are kept apart."""
+    """Add :data:`jaxmodel.batching.CPU_COMPILE_OPTIONS` to ``XLA_FLAGS`` where they can
+    still act (JAX's backend not started; XLA reads the variable then) and the user set none
+    of them: a one-configuration question compiles about a third faster (24 -> 16 s of CPU
+    for a Llama-2-13B training step on an empty cache) with the same numbers
+    (experiments/bench_predict.py compares them with the library's). The compilation caches
+    key on ``XLA_FLAGS``, so these executables are kept apart."""
+    from jaxmodel.batching import CPU_COMPILE_OPTIONS, xla_flags
     from jaxmodel.runtime import _cli_process
     if not _cli_process():     # in-process use: leave the host program's compiler alone
         return
@@ -446,7 +443,7 @@ def _predict_xla_flags() -> None:
     except (ImportError, AttributeError):
         return
     flags = os.environ.get("XLA_FLAGS", "")
-    add = [f for f in PREDICT_XLA_FLAGS if f.split("=")[0] not in flags]
+    add = [f for f in xla_flags(CPU_COMPILE_OPTIONS) if f.split("=")[0] not in flags]
     if add:
         os.environ["XLA_FLAGS"] = " ".join([flags] + add).strip()
 

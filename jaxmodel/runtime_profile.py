@@ -68,7 +68,12 @@ Units: seconds; flags are 0/1.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import functools
+import math
+import tomllib
+from pathlib import Path
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -115,35 +120,82 @@ class Runtime:
 
 _register(Runtime, meta=("name",))
 
-#: ``step_overhead_s`` of the TensorRT-LLM presets (see PRESETS).
-STEP = 0.0
-#: ``context_layer_overhead_s`` of the TensorRT-LLM presets, s per layer (see PRESETS).
-CONTEXT_LAYER = 146e-6
+#: Calibrated preset fields: ``hw_db/tech/runtime.toml`` (each value with its source), read
+#: on first use of a preset. hw_db's loaders sit above this layer: the file is read by path.
+CALIBRATION_FILE = Path(__file__).resolve().parents[1] / "hw_db" / "tech" / "runtime.toml"
 
-#: Presets. Flags follow the runtimes' documented kernels; ``step_overhead_s`` is calibrated
-#: per runtime on measured end-to-end data where there is any (see each entry), else 0.
-PRESETS: dict[str, dict[str, Any]] = {
+
+@functools.lru_cache(maxsize=None)
+def calibration() -> dict[str, dict[str, float]]:
+    """The calibrated values of :data:`CALIBRATION_FILE`: table -> field -> value (s).
+
+    Raises:
+        ValueError: an entry that is not ``{value = <finite number>, source = "..."}``.
+    """
+    with open(CALIBRATION_FILE, "rb") as f:
+        data = tomllib.load(f)
+    out: dict[str, dict[str, float]] = {}
+    for table, entries in data.items():
+        out[table] = {}
+        for key, entry in entries.items():
+            v = entry.get("value") if isinstance(entry, dict) else None
+            if (isinstance(v, bool) or not isinstance(v, (int, float))
+                    or not math.isfinite(v) or not str(entry.get("source", "")).strip()):
+                raise ValueError(f"{CALIBRATION_FILE}: field '{table}.{key}' must be "
+                                 f"{{value = <finite number>, source = \"...\"}}")
+            out[table][key] = float(v)
+    return out
+
+
+class Calibrated:
+    """A preset field whose value is ``calibration()[table][key]``."""
+
+    __slots__ = ("table", "key")
+
+    def __init__(self, table: str, key: str):
+        self.table, self.key = table, key
+
+
+class _Presets(collections.abc.Mapping):
+    """Preset name -> fields, with every :class:`Calibrated` field read from
+    :data:`CALIBRATION_FILE` on first access (names iterate without reading it)."""
+
+    def __init__(self, raw: dict[str, dict[str, Any]]):
+        self._raw = raw
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        return {k: calibration()[v.table][v.key] if isinstance(v, Calibrated) else v
+                for k, v in self._raw[name].items()}
+
+    def __iter__(self):
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+_TRT_STEP = Calibrated("tensorrt_llm", "step_overhead_s")
+_TRT_CONTEXT_LAYER = Calibrated("tensorrt_llm", "context_layer_overhead_s")
+
+#: Presets. Flags follow the runtimes' documented kernels; ``step_overhead_s`` and
+#: ``context_layer_overhead_s`` are calibrated per runtime on measured end-to-end data where
+#: there is any (``hw_db/tech/runtime.toml``, with the fits and their errors), else 0.
+PRESETS: Mapping[str, dict[str, Any]] = _Presets({
     # PyTorch eager as LLMCompass measured it: every op its own kernel, per-call overheads.
     "pytorch": dict(),
     # TensorRT-LLM (v0.7+, gptSessionBenchmark): C++ enqueue loop (kernel floors), fused
     # add+LayerNorm, activation in the GEMM epilogue, RoPE in the attention plugin, fused MHA
     # in the context phase and the XQA generation kernel (one pass over each KV head's cache),
-    # sustained clock. step_overhead_s: calibrated (experiments/validate_serving.py) on
-    # shared/anchors/inference/trtllm_a100_fp16.csv (A100, v0.5/0.6 rows under
-    # "trtllm_v06"): the value on a 0-2000 µs grid minimising the throughput MAPE of its 13
-    # multi-step rows is 0 (leave-one-model-out: 0 for each of the four models): no host time
-    # per step beyond the kernels is visible in the data. context_layer_overhead_s:
-    # calibrated (experiments/validate_serving.py) on the 8 batch-1 time-to-first-token rows
-    # of the same file (v0.5, "trtllm_v06"; 128 and 2048 prompt tokens, 28-80 layers, TP
-    # 1-8): the value on a 0-500 µs grid (1 µs steps) minimising their MAPE is 146 µs per
-    # layer (TTFT MAPE 17.5 % -> 5.5 %; leave-one-model-out 6.4 %, fits 145-165 µs;
-    # FasterTransformer 13B prefill, in no fit, 14.9 % -> 4.2 %). Without it the model
-    # under-predicts every 128-token row, by 3-13 ms, 105-180 µs per layer for all four
-    # models, where the GPU work is shortest; one flat time per request instead fits worse
-    # (5.7 ms: 8.9 % in sample, 11.4 % leave-one-model-out).
+    # sustained clock. step_overhead_s and context_layer_overhead_s: [tensorrt_llm] of
+    # hw_db/tech/runtime.toml, calibrated (experiments/validate_serving.py) on the A100
+    # v0.5/0.6 rows of shared/anchors/inference/trtllm_a100_fp16.csv (throughput of the
+    # multi-step rows, time to first token of the batch-1 rows).
     "trtllm": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
-                   fuse_rope=1.0, attention=1.0, sustained_clock=1.0, step_overhead_s=STEP,
-                   context_layer_overhead_s=CONTEXT_LAYER),
+                   fuse_rope=1.0, attention=1.0, sustained_clock=1.0,
+                   step_overhead_s=_TRT_STEP, context_layer_overhead_s=_TRT_CONTEXT_LAYER),
     # TensorRT-LLM v0.5-0.6 (the versions of the published A100 tables) and
     # FasterTransformer: as "trtllm" but generation attention by the masked MHA kernel, one
     # thread block per (query head, sequence) (TensorRT-LLM mmha_launch_kernel_ex: grid
@@ -153,13 +205,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # calibrations.
     "trtllm_v06": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
                        fuse_rope=1.0, attention=2.0, sustained_clock=1.0,
-                       step_overhead_s=STEP, context_layer_overhead_s=CONTEXT_LAYER),
+                       step_overhead_s=_TRT_STEP, context_layer_overhead_s=_TRT_CONTEXT_LAYER),
     # vLLM (v0.4-0.6): eager PyTorch prefill with custom kernels, CUDA-graph decode,
     # fused_add_rms_norm, separate silu_and_mul and rotary_embedding kernels, FlashAttention
     # prefill / PagedAttention decode. No end-to-end anchor: step_overhead_s not calibrated.
     "vllm": dict(kernel_floor=0.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=0.0,
                  fuse_rope=0.0, attention=1.0, sustained_clock=1.0, step_overhead_s=0.0),
-}
+})
 
 
 def runtime(value: Any = None, **overrides) -> Runtime:

@@ -398,3 +398,23 @@ def test_weighted_zero_times_inf_and_finite_gradients():
     gw, gt = jax.vmap(jax.grad(nm.weighted, argnums=(0, 1)))(w, t)
     assert bool(jnp.all(jnp.isfinite(gw))) and bool(jnp.all(jnp.isfinite(gt)))
     assert gw.tolist() == [0.0, 0.0, 3.0, 0.0] and gt.tolist() == [0.0, 0.0, 2.0, 0.0]
+
+
+def test_split_and_join_leaves_round_trip():
+    from jaxmodel.batching import join_leaves, split_leaves
+    dev = hw_db.device("a100_80gb")
+    args, kwargs = (dev, 3, "prefill"), {"flag": True, "x": np.arange(3.0)}
+    dynamic, treedef, static = split_leaves(args, kwargs)
+    hash((treedef, static))                     # keys a compilation
+    assert "prefill" in static and True in static
+    assert all(np.asarray(x).dtype == jnp.result_type(float) for x in dynamic)
+    a2, k2 = join_leaves(dynamic, treedef, static)
+    assert a2[1:] == (3.0, "prefill") and k2["flag"] is True
+    np.testing.assert_array_equal(k2["x"], np.arange(3.0))
+    assert float(a2[0].freq_hz) == float(dev.freq_hz)
+    # shapes pass through (ahead-of-time compilation), re-typed to the float dtype
+    s = jax.ShapeDtypeStruct((4,), np.int32)
+    (d,), _, _ = split_leaves((s,))
+    assert d.shape == (4,) and d.dtype == jnp.result_type(float)
+    (d,), _, _ = split_leaves((s,), cast=False)
+    assert d is s

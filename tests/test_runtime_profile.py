@@ -51,10 +51,28 @@ def test_presets_and_names():
         rtp.validate_runtime(jm.Runtime(kernel_floor=0.5))
     with pytest.raises(ValueError, match="context_layer_overhead_s"):
         rtp.validate_runtime(jm.Runtime(context_layer_overhead_s=-1e-6))
-    assert float(trt.context_layer_overhead_s) == rtp.CONTEXT_LAYER > 0.0
+    # calibrated fields come from hw_db/tech/runtime.toml
+    cal = rtp.calibration()["tensorrt_llm"]
+    assert float(trt.context_layer_overhead_s) == cal["context_layer_overhead_s"] > 0.0
+    assert float(trt.step_overhead_s) == cal["step_overhead_s"]
+    assert jm.RUNTIMES["trtllm_v06"]["context_layer_overhead_s"] == cal["context_layer_overhead_s"]
     assert float(jm.runtime_of("vllm").context_layer_overhead_s) == 0.0
     leaves = jax.tree_util.tree_leaves(trt)
     assert len(leaves) == 9        # name is static metadata
+
+
+def test_calibration_file_needs_a_source_and_a_finite_value(tmp_path, monkeypatch):
+    for body in ('[t]\nx = { value = 1e-6 }\n', '[t]\nx = { value = "a", source = "s" }\n',
+                 '[t]\nx = { value = nan, source = "s" }\n'):
+        bad = tmp_path / "runtime.toml"
+        bad.write_text(body)
+        monkeypatch.setattr(rtp, "CALIBRATION_FILE", bad)
+        rtp.calibration.cache_clear()
+        with pytest.raises(ValueError, match="t.x"):
+            rtp.calibration()
+    monkeypatch.undo()
+    rtp.calibration.cache_clear()
+    assert rtp.calibration()["tensorrt_llm"]["context_layer_overhead_s"] > 0.0
 
 
 @pytest.mark.parametrize("m", [GPT, LLAMA], ids=["gpt", "llama"])

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmodel.batching import DEFAULT_CHUNK, _is_static, device_mesh, map_blocks, map_points
+from jaxmodel.batching import DEFAULT_CHUNK, device_mesh, is_static, map_blocks, map_points
 from jaxmodel.search.grid import Grid, leaf_names, resolve
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     dtype = jnp.result_type(float)
     static, dynamic, positions, static_pos = [], [], [], set()
     for i, leaf in enumerate(leaves):
-        if _is_static(leaf):
+        if is_static(leaf):
             static.append(leaf)
             static_pos.add(i)
         else:

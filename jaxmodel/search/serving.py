@@ -30,9 +30,10 @@ Two batched stages, as :func:`jaxmodel.search_parallelism` de-duplicates its sta
 A search compiles three executables: the cost tables and the steady state of the aggregated
 and of the disaggregated rows. Stage 2 needs only the shapes of the tables, so it is traced
 and compiled on a second thread while stage 1 runs (XLA releases the GIL while compiling);
-on the CPU backend both stages compile with :data:`CPU_COMPILE_OPTIONS`. Most of a cold
-search is the XLA compilation of stage 1's graph (the inference model with its GEMM tile
-searches), whose size does not depend on how many configurations are searched.
+on the CPU backend both stages compile with :data:`jaxmodel.batching.CPU_COMPILE_OPTIONS`
+(:class:`jaxmodel.batching.jit_leaves`). Most of a cold search is the XLA compilation of
+stage 1's graph (the inference model with its GEMM tile searches), whose size does not
+depend on how many configurations are searched.
 
 Both stages print their progress through :func:`jaxmodel.runtime.stage`.
 """
@@ -55,7 +56,7 @@ import pandas as pd
 from jaxmodel import runtime as _runtime
 from jaxmodel import runtime_profile as _rtp
 from jaxmodel import serving as _srv
-from jaxmodel.batching import _is_static, map_points
+from jaxmodel.batching import jit_leaves, map_points
 from jaxmodel.numerics import REASONS, pareto_mask
 from jaxmodel.types import Model, Parallelism, System
 from jaxmodel.workload.layer import variant_of
@@ -78,68 +79,6 @@ ROW_CHUNK = 8192
 def _plans(n: int, tps: Sequence[int], pps: Sequence[int]) -> list[tuple[int, int]]:
     return [(t, p) for t in sorted(set(tps)) for p in sorted(set(pps))
             if t >= 1 and p >= 1 and n % (t * p) == 0]
-
-
-#: XLA:CPU compile options of the stage executables: the elemental (pre-MLIR) fusion
-#: emitters compile the cost tables' graph in about half the CPU time of the default
-#: emitters (same HLO passes and LLVM optimisation level; the tables agree to float
-#: rounding, a few ulp in float32).
-CPU_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
-
-
-class _Jit:
-    """``fn`` jitted as :func:`jaxmodel.batching.call_batched` jits a function (static
-    leaves — names, flags, functions — baked in; numeric leaves as arguments, converted to
-    the float dtype with ``cast``) and compiled with ``options`` (default
-    :data:`CPU_COMPILE_OPTIONS`) on the CPU backend; plainly elsewhere, or where this XLA
-    does not know an option (found on the first compile). ``compile(*args)`` lowers and
-    compiles without running (numeric leaves may be :class:`jax.ShapeDtypeStruct`),
-    filling the cache that the next call with the same shapes uses. The compile seconds
-    of a second thread show in the stage that is running (:func:`jaxmodel.runtime.stage`)."""
-
-    def __init__(self, fn, cast: bool = True, options=None):
-        self.cast = cast
-
-        def flat(dynamic, treedef, static):
-            leaves = list(static)
-            for i, x in zip([i for i, s in enumerate(static) if s is None], dynamic):
-                leaves[i] = x
-            args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
-            return fn(*args, **kwargs)
-        names = ("treedef", "static")
-        self.plain = jax.jit(flat, static_argnames=names)
-        self.tuned = jax.jit(flat, static_argnames=names,
-                             compiler_options=CPU_COMPILE_OPTIONS if options is None else options)
-        self.use_tuned = None
-
-    def _split(self, args, kwargs):
-        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-        f = jnp.result_type(float)
-        static = tuple(x if _is_static(x) else None for x in leaves)
-        dynamic = [x if not self.cast or isinstance(x, jax.ShapeDtypeStruct) or (
-            isinstance(x, jax.Array) and x.dtype == f) else jnp.asarray(x, f)
-            for x in leaves if not _is_static(x)]
-        return dict(dynamic=dynamic, treedef=treedef, static=static)
-
-    def _with(self, go):
-        if self.use_tuned is None:
-            self.use_tuned = jax.default_backend() == "cpu"
-        if self.use_tuned:
-            try:
-                return go(self.tuned)
-            except jax.errors.JaxRuntimeError as e:
-                if "compile option" not in str(e):
-                    raise
-                self.use_tuned = False
-        return go(self.plain)
-
-    def __call__(self, *args, **kwargs):
-        kw = self._split(args, kwargs)
-        return self._with(lambda f: f(**kw))
-
-    def compile(self, *args, **kwargs):
-        kw = self._split(args, kwargs)
-        return self._with(lambda f: f.lower(**kw).compile())
 
 
 def _evaluate(table, rows, system, isl, osl, ttft_slo, tpot_slo, disagg: bool):
@@ -171,8 +110,8 @@ def _evaluate(table, rows, system, isl, osl, ttft_slo, tpot_slo, disagg: bool):
 
 
 #: Stage 1: :func:`jaxmodel.serving.serving_costs` of every (plan, precision, runtime) row.
-_tables_jit = _Jit(_srv._serving_costs)
-_evaluate_jit = _Jit(_evaluate, cast=False)
+_tables_jit = jit_leaves(_srv._serving_costs)
+_evaluate_jit = jit_leaves(_evaluate, cast=False)
 
 
 def _table_struct(n_rows: int) -> _srv.ServingCosts:
