@@ -434,6 +434,7 @@ def test_gemm_table_matches_tile_search():
                                np.asarray(direct.step_time_s), rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_megatron2021_stack():
     """``dropout=2``: the eager kernels join the layer's forward (repeated by a full
     recompute) and backward, the cross entropy runs on fp32 logits, and the ``param.grad``

@@ -51,6 +51,7 @@ def test_names_and_default():
         par("megatron")
 
 
+@pytest.mark.slow
 def test_fsdp_is_the_zero3_step_composition(batch):
     """Default (FSDP), serial blend (dp_overlap = 0): the ZeRO part is the standalone
     collectives of :func:`zero.zero3_step` — per micro-batch and unit two gathers and one
