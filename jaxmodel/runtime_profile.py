@@ -68,17 +68,14 @@ Units: seconds; flags are 0/1.
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import functools
-import math
-import tomllib
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmodel import tech_tables as _tech_tables
 from jaxmodel.types import Array, _register, from_preset, stack_configs
 
 #: Flag fields (0/1 numeric leaves).
@@ -120,9 +117,9 @@ class Runtime:
 
 _register(Runtime, meta=("name",))
 
-#: Calibrated preset fields: ``hw_db/tech/runtime.toml`` (each value with its source), read
-#: on first use of a preset. hw_db's loaders sit above this layer: the file is read by path.
-CALIBRATION_FILE = Path(__file__).resolve().parents[1] / "hw_db" / "tech" / "runtime.toml"
+#: Calibrated preset fields: ``hw_db/tech/runtime.toml`` (each value with its source,
+#: :mod:`jaxmodel.tech_tables`).
+CALIBRATION_FILE = _tech_tables.TECH / "runtime.toml"
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,58 +129,24 @@ def calibration() -> dict[str, dict[str, float]]:
     Raises:
         ValueError: an entry that is not ``{value = <finite number>, source = "..."}``.
     """
-    with open(CALIBRATION_FILE, "rb") as f:
-        data = tomllib.load(f)
     out: dict[str, dict[str, float]] = {}
-    for table, entries in data.items():
+    for table, entries in _tech_tables.read(CALIBRATION_FILE).items():
         out[table] = {}
-        for key, entry in entries.items():
-            v = entry.get("value") if isinstance(entry, dict) else None
-            if (isinstance(v, bool) or not isinstance(v, (int, float))
-                    or not math.isfinite(v) or not str(entry.get("source", "")).strip()):
+        for key, v in (entries.items() if isinstance(entries, dict) else ()):
+            if isinstance(v, (str, list, dict)):
                 raise ValueError(f"{CALIBRATION_FILE}: field '{table}.{key}' must be "
                                  f"{{value = <finite number>, source = \"...\"}}")
             out[table][key] = float(v)
     return out
 
 
-class Calibrated:
-    """A preset field whose value is ``calibration()[table][key]``."""
-
-    __slots__ = ("table", "key")
-
-    def __init__(self, table: str, key: str):
-        self.table, self.key = table, key
-
-
-class _Presets(collections.abc.Mapping):
-    """Preset name -> fields, with every :class:`Calibrated` field read from
-    :data:`CALIBRATION_FILE` on first access (names iterate without reading it)."""
-
-    def __init__(self, raw: dict[str, dict[str, Any]]):
-        self._raw = raw
-
-    def __getitem__(self, name: str) -> dict[str, Any]:
-        return {k: calibration()[v.table][v.key] if isinstance(v, Calibrated) else v
-                for k, v in self._raw[name].items()}
-
-    def __iter__(self):
-        return iter(self._raw)
-
-    def __len__(self) -> int:
-        return len(self._raw)
-
-    def __repr__(self) -> str:
-        return repr(dict(self))
-
-
-_TRT_STEP = Calibrated("tensorrt_llm", "step_overhead_s")
-_TRT_CONTEXT_LAYER = Calibrated("tensorrt_llm", "context_layer_overhead_s")
+#: The TensorRT-LLM presets' calibrated host times, s.
+_TRT = calibration()["tensorrt_llm"]
 
 #: Presets. Flags follow the runtimes' documented kernels; ``step_overhead_s`` and
 #: ``context_layer_overhead_s`` are calibrated per runtime on measured end-to-end data where
 #: there is any (``hw_db/tech/runtime.toml``, with the fits and their errors), else 0.
-PRESETS: Mapping[str, dict[str, Any]] = _Presets({
+PRESETS: dict[str, dict[str, Any]] = {
     # PyTorch eager as LLMCompass measured it: every op its own kernel, per-call overheads.
     "pytorch": dict(),
     # TensorRT-LLM (v0.7+, gptSessionBenchmark): C++ enqueue loop (kernel floors), fused
@@ -195,7 +158,8 @@ PRESETS: Mapping[str, dict[str, Any]] = _Presets({
     # multi-step rows, time to first token of the batch-1 rows).
     "trtllm": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
                    fuse_rope=1.0, attention=1.0, sustained_clock=1.0,
-                   step_overhead_s=_TRT_STEP, context_layer_overhead_s=_TRT_CONTEXT_LAYER),
+                   step_overhead_s=_TRT["step_overhead_s"],
+                   context_layer_overhead_s=_TRT["context_layer_overhead_s"]),
     # TensorRT-LLM v0.5-0.6 (the versions of the published A100 tables) and
     # FasterTransformer: as "trtllm" but generation attention by the masked MHA kernel, one
     # thread block per (query head, sequence) (TensorRT-LLM mmha_launch_kernel_ex: grid
@@ -205,13 +169,14 @@ PRESETS: Mapping[str, dict[str, Any]] = _Presets({
     # calibrations.
     "trtllm_v06": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=1.0,
                        fuse_rope=1.0, attention=2.0, sustained_clock=1.0,
-                       step_overhead_s=_TRT_STEP, context_layer_overhead_s=_TRT_CONTEXT_LAYER),
+                       step_overhead_s=_TRT["step_overhead_s"],
+                       context_layer_overhead_s=_TRT["context_layer_overhead_s"]),
     # vLLM (v0.4-0.6): eager PyTorch prefill with custom kernels, CUDA-graph decode,
     # fused_add_rms_norm, separate silu_and_mul and rotary_embedding kernels, FlashAttention
     # prefill / PagedAttention decode. No end-to-end anchor: step_overhead_s not calibrated.
     "vllm": dict(kernel_floor=0.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=0.0,
                  fuse_rope=0.0, attention=1.0, sustained_clock=1.0, step_overhead_s=0.0),
-})
+}
 
 
 def runtime(value: Any = None, **overrides) -> Runtime:

@@ -1,7 +1,7 @@
 """Technology tables from ``hw_db/tech`` (process nodes, area constants, prices).
 
-Every TOML value is ``{value, source}``; the loaders here strip the source after checking it is
-present (a missing source or a non-numeric value raises ``ValueError`` naming the file and key).
+Every TOML value is ``{value, source}``, read by :func:`jaxmodel.tech_tables.table` (a missing
+source or a non-numeric value raises ``ValueError`` naming the file and key).
 Per-node tables are interpolated log-log over the node size in JAX (:func:`node_value`), so
 ``process_node_nm`` is a continuous, differentiable knob.
 
@@ -12,49 +12,12 @@ Example:
 from __future__ import annotations
 
 import functools
-import math
-from pathlib import Path
 from typing import Any
-
-import tomllib
 
 import jax.numpy as jnp
 import numpy as np
 
-# hw_db imports jaxmodel.types (and so this package): locate its data without importing it.
-TECH = Path(__file__).resolve().parents[2] / "hw_db" / "tech"
-
-
-def _strip(path: Path, key: str, entry: Any):
-    if isinstance(entry, dict) and "value" in entry:
-        if not str(entry.get("source", "")).strip():
-            raise ValueError(f"{path}: field '{key}' has no 'source' note")
-        v = entry["value"]
-        vals = v if isinstance(v, list) else [v]
-        for x in vals:
-            if isinstance(x, str):
-                continue
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-                raise ValueError(f"{path}: field '{key}' must be a finite number, got {x!r}")
-        return v
-    if isinstance(entry, dict):
-        return {k: _strip(path, f"{key}.{k}", v) for k, v in entry.items()}
-    raise ValueError(f"{path}: field '{key}' must be a table {{value = ..., source = ...}}, "
-                     f"got {entry!r}")
-
-
-@functools.lru_cache(maxsize=None)
-def table(name: str) -> dict:
-    """Values of ``hw_db/tech/<name>.toml`` with sources stripped (nested dicts)."""
-    path = TECH / f"{name}.toml"
-    if not path.exists():
-        raise ValueError(f"unknown tech table {name!r}: {path} not found")
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: malformed TOML: {e}") from None
-    return {k: _strip(path, k, v) for k, v in data.items()}
+from jaxmodel.tech_tables import table
 
 
 @functools.lru_cache(maxsize=None)

@@ -125,8 +125,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
-import tomllib
-from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -142,6 +140,7 @@ from jaxmodel.parallel import overlap as _ov
 from jaxmodel.parallel import pipeline as pl
 from jaxmodel.parallel import plan as _plan
 from jaxmodel.parallel import zero as _zero
+from jaxmodel import tech_tables as _tech_tables
 from jaxmodel.types import (DROPOUT_MODES, Model, Parallelism, System, code_of, is_concrete,
                             validate_knobs, validate_model, validate_parallelism,
                             validate_system)
@@ -155,23 +154,7 @@ _prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precisio
 # --------------------------------------------------------------------------------------------
 # Training constants (hw_db/tech/training.toml, each with its source)
 # --------------------------------------------------------------------------------------------
-_TECH = Path(__file__).resolve().parents[2] / "hw_db" / "tech" / "training.toml"
-
-
-def _load_table(name: str) -> dict:
-    with open(_TECH, "rb") as f:
-        data = tomllib.load(f)
-    out = {}
-    for key, entry in data.get(name, {}).items():
-        if not isinstance(entry, dict) or "value" not in entry or not str(
-                entry.get("source", "")).strip():
-            raise ValueError(f"{_TECH}: field '{name}.{key}' must be "
-                             f"{{value = ..., source = ...}}")
-        out[key] = float(entry["value"])
-    return out
-
-
-CONSTANTS = _load_table("training")
+CONSTANTS = {k: float(v) for k, v in _tech_tables.table("training")["training"].items()}
 
 
 def sustained_device(dev, clock_fraction=None):

@@ -87,13 +87,11 @@ Units: seconds, bytes.
 
 from __future__ import annotations
 
-import tomllib
-from pathlib import Path
-
 import jax.numpy as jnp
 
 from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
+from jaxmodel import tech_tables as _tech_tables
 from jaxmodel.parallel import overlap as ov
 from jaxmodel.workload import params as _params
 
@@ -121,20 +119,10 @@ LIST_API_HBM = {"all_gather": 3.0, "reduce_scatter": 4.0}
 PERSISTENCE_THRESHOLD = 1e5
 
 
-def _flat_ring_efficiency() -> float:
-    """``infiniband.flat_ring_efficiency`` of ``hw_db/tech/network.toml`` (calibrated in
-    ``experiments/validate_table2.py``; the file is data any layer may read by path)."""
-    path = Path(__file__).resolve().parents[2] / "hw_db" / "tech" / "network.toml"
-    with open(path, "rb") as fh:
-        entry = tomllib.load(fh)["infiniband"]["flat_ring_efficiency"]
-    if not str(entry.get("source", "")).strip():
-        raise ValueError(f"{path}: field 'infiniband.flat_ring_efficiency' has no source")
-    return float(entry["value"])
-
-
 #: Achieved fraction of the modelled NCCL speed of DeepSpeed's per-tensor flat rings that
 #: cross an InfiniBand (NCCL network) tier: :func:`ring_efficiency_of`.
-FLAT_RING_EFFICIENCY = _flat_ring_efficiency()
+FLAT_RING_EFFICIENCY = float(
+    _tech_tables.table("network")["infiniband"]["flat_ring_efficiency"])
 
 
 def ring_efficiency_of(system, group, stride=1.0, efficiency=None):
