@@ -22,26 +22,55 @@ Plans (per-device shapes only depend on TP and the micro-batch): Llama-3-70B at 
 GPT-3 175B at s = 2048, TP 8, PP 4 (Llama) / 8 (GPT-3), micro-batch 1, 1F1B, selective
 recompute, ZeRO-1, 64 GPUs, global batch 128 sequences (Llama) / 512 (GPT-3).
 
-Writes ``experiments/out/mfu_breakdown.csv``; prints one table per pair.
+Rows are timed on the device as :func:`jaxmodel.train_step` runs it: at its sustained
+(power-limited) clock, :func:`jaxmodel.parallel.train.sustained_device` (``freq_hz ×
+sustained_clock_fraction``), so a row's TFLOP/s is the rate the step uses.
+
+Three published anchors are printed beside the rows, each through the same code path:
+
+- **GEMMs**: the A100 cuBLASLt GEMMs of ``shared/anchors/microbench/gpu_microbenchmarks.csv``
+  (Azure ND A100 v4, sustained: 10,000 warm-up iterations), measured TFLOP/s beside the
+  model's on the sustained device (device-side kernel floor). The three largest shapes are
+  the ones ``sustained_clock_fraction`` is derived on (in sample); the others are out of
+  sample.
+- **Attention core**: the FlashAttention-2 rows' rate (causal FLOPs) beside Dao,
+  "FlashAttention-2" (2023), abstract: "50-73 % of the theoretical maximum FLOPs/s on A100"
+  (forward and backward kernels, non-causal and causal, head dimensions 64 and 128).
+- **End to end, sequence parallelism + selective recomputation, no data parallelism**:
+  Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"
+  (MLSys 2023), Table 3 plans (TP 8; PP 1/8/35/64; micro-batch 4/1/1/1; 8/64/280/512 GPUs,
+  global batch 4/64/280/512 sequences of 2,048) and their MFU (the Megatron-LM README's
+  table of the same runs, "measured using a data parallel size of one": 41.5, 51.4, 56.0,
+  56.3 %). No FlashAttention (it came later), TP collectives serial, fp32 gradients; the
+  interleaving is not stated (v = 3 for 175B and 530B, 1 for 22B and 1T, as
+  ``experiments/validate_megatron.py``'s memory check). These runs are mostly compute, so
+  they anchor the compute part of the step.
+
+Writes ``experiments/out/mfu_breakdown.csv``; prints one table per pair, then the anchors.
 
 Run (from the repository root): ``PYTHONPATH=. .venv/bin/python experiments/mfu_breakdown.py``
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
 import jaxmodel as jm  # noqa: I001  (imported before hw_db: the package wires hw_db up)
 import hw_db
+from jaxmodel.parallel.train import sustained_device
 from jaxmodel.workload import layer as _layer
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "experiments" / "out"
+ANCHORS = next(p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors")
+               if p.exists())
 
 CASES = {  # model -> (seq_len, pp, global batch)
     "llama3-70b": (8192, 4, 128),
@@ -73,13 +102,14 @@ def row_flops(model, seq, tp):
 
 
 def layer_rows(system, model, par, seq):
+    """One layer's rows ``{row: (fwd_s, bwd_s)}`` for one sequence, on the device at its
+    sustained clock (as :func:`jaxmodel.train_step` times them)."""
     @jax.jit
-    def run(system, model, par):
-        gemms, vectors = _layer.layer_graph(system.device, model, par, 1.0, seq, seq,
-                                            training=True)
-        return _layer.evaluate(_layer.default_gemm, system.device, gemms, vectors,
-                               backward=True)
-    return {k: (float(f), float(b)) for k, (f, b) in run(system, model, par).items()}
+    def run(dev, model, par):
+        gemms, vectors = _layer.layer_graph(dev, model, par, 1.0, seq, seq, training=True)
+        return _layer.evaluate(_layer.default_gemm, dev, gemms, vectors, backward=True)
+    dev = sustained_device(system.device)
+    return {k: (float(f), float(b)) for k, (f, b) in run(dev, model, par).items()}
 
 
 def one(model_name, sys_name, fa):
@@ -121,6 +151,60 @@ def one(model_name, sys_name, fa):
     return df, mfu, bd, step
 
 
+#: Korthikanti et al. (MLSys 2023) Table 3 plans and the Megatron-LM README's MFU of the
+#: same runs (data-parallel size 1): (name, layers, hidden, heads, tp, pp, micro-batch,
+#: global batch, interleave (not stated; see the module docstring), measured MFU)
+KORTHIKANTI = (("22B", 48, 6144, 64, 8, 1, 4, 4, 1, 0.415),
+               ("175B", 96, 12288, 96, 8, 8, 1, 64, 3, 0.514),
+               ("530B", 105, 20480, 128, 8, 35, 1, 280, 3, 0.560),
+               ("1T", 128, 25600, 160, 8, 64, 1, 512, 1, 0.563))
+
+
+def gemm_anchor(dev_name="a100_80gb"):
+    """Sustained cuBLASLt GEMMs (Azure ND A100 v4) beside the model on the sustained device
+    (device-side kernel floor): ``DataFrame(shape, measured, model, error_pct, in_sample)``."""
+    mb = pd.read_csv(ANCHORS / "microbench" / "gpu_microbenchmarks.csv")
+    r = mb[(mb.gpu == "A100") & (mb.benchmark == "gemm_cublaslt")
+           & (mb.dtype == "FP16")].drop_duplicates("shape_or_op")
+    mnk = np.asarray([[float(t.split("=")[1]) for t in x.split()] for x in r.shape_or_op])
+    dev = sustained_device(hw_db.device(dev_name))
+    t = np.asarray(jm.gemm_latency(dev, mnk[:, 0], mnk[:, 1], mnk[:, 2], overhead="kernel"))
+    model = 2.0 * mnk.prod(axis=1) / t / 1e12
+    biggest = set(r.shape_or_op.iloc[np.argsort(-mnk.prod(axis=1))[:3]])
+    return pd.DataFrame({"shape": r.shape_or_op.to_numpy(), "measured": r.value.to_numpy(),
+                         "model": model,
+                         "error_pct": 100.0 * (model / r.value.to_numpy() - 1.0),
+                         "in_sample": [x in biggest for x in r.shape_or_op]})
+
+
+def korthikanti():
+    """MFU of Korthikanti et al.'s runs (:data:`KORTHIKANTI`) by :func:`jaxmodel.train_step`
+    (sequence parallelism, selective recomputation, no FlashAttention, serial TP, fp32
+    gradients, dp = 1): ``DataFrame(model, measured, predicted, error_pct, step_s, parts)``."""
+    c = np.asarray([k[1:-1] for k in KORTHIKANTI], dtype=np.float64).T
+    L, h, a, t, p, b, gb, v = (jnp.asarray(x) for x in c)
+    base = hw_db.system("dgx_a100", nodes=1)
+    levels = list(base.levels)
+    levels[-1] = dataclasses.replace(levels[-1], size=t * p / 8.0)
+    system = dataclasses.replace(base, levels=tuple(levels))
+    model = jm.Model(n_layers=L, d_model=h, n_heads=a, n_kv_heads=a, head_dim=h / a,
+                     d_ff=4.0 * h, vocab_size=51200.0, activation="gelu",
+                     tied_embeddings=1.0, name="megatron")
+    par = jm.Parallelism(dp=1.0, tp=t, pp=p, sp=True, micro_batch=b, interleave=v,
+                         schedule=jnp.where(v > 1, 2.0, 1.0), recompute="selective", zero=0.0,
+                         flash_attention=0.0)
+    res = jm.train_step(system, model, par, gb, 2048.0, grad_bytes=4.0)
+    parts = {k: np.asarray(x) for k, x in res.breakdown.items()}
+    step = np.asarray(res.step_time_s)
+    return pd.DataFrame({
+        "model": [k[0] for k in KORTHIKANTI], "measured": [k[-1] for k in KORTHIKANTI],
+        "predicted": np.asarray(res.mfu),
+        "error_pct": 100.0 * (np.asarray(res.mfu) / np.asarray([k[-1] for k in KORTHIKANTI])
+                              - 1.0),
+        "step_s": step,
+        "compute_share": (parts["compute"] + parts["recompute"]) / step})
+
+
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     frames = []
@@ -141,6 +225,29 @@ def main():
                   f"step parts: " + ", ".join(f"{k} {v:.2f}" for k, v in bd.items() if v))
             print("   MFU: " + ", ".join(f"{k} {v:.3f}" for k, v in mfu.items()))
     pd.concat(frames).to_csv(OUT / "mfu_breakdown.csv", index=False)
+
+    g = gemm_anchor()
+    print("\n== GEMM anchor: sustained cuBLASLt FP16 on A100 (Azure ND A100 v4, 10,000 "
+          "warm-up iterations) vs the model on the sustained device (TFLOP/s)")
+    print(g.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
+    oos = g[~g.in_sample]
+    print(f"   in sample (the sustained_clock_fraction derivation): mean |error| "
+          f"{g[g.in_sample].error_pct.abs().mean():.1f} %; out of sample: mean error "
+          f"{oos.error_pct.mean():+.1f} %, mean |error| {oos.error_pct.abs().mean():.1f} %")
+    fa = pd.concat(frames)
+    core = fa[(fa.row.isin(("qk", "softmax", "av"))) & (fa.flash_attention == 2)
+              & (fa.system == "dgx_a100")]
+    pk = float(hw_db.system("dgx_a100").device.peak_matrix_flops)
+    for m, c in core.groupby("model"):
+        rate = c.flop.sum() / c.time_s.sum()
+        print(f"== FlashAttention-2 core, {m} on dgx_a100 (one sequence per micro-batch): "
+              f"{rate / 1e12:.0f} TFLOP/s = {100 * rate / pk:.0f} % of peak (causal FLOPs; "
+              f"Dao 2023, A100: 50-73 % at 0.5k-16k tokens x 16k per batch)")
+    k = korthikanti()
+    print("\n== end to end: Korthikanti et al. 2023 (SP + selective recompute, dp = 1; MFU "
+          "from the Megatron-LM README), predicted by train_step")
+    print(k.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"   MAPE {k.error_pct.abs().mean():.1f} %, mean error {k.error_pct.mean():+.1f} %")
     return 0
 
 
