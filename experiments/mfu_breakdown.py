@@ -69,8 +69,8 @@ from jaxmodel.workload import layer as _layer
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "experiments" / "out"
-ANCHORS = next(p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors")
-               if p.exists())
+ANCHORS = next((p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors")
+                if p.exists()), ROOT.parent / "shared" / "anchors")
 
 CASES = {  # model -> (seq_len, pp, global batch)
     "llama3-70b": (8192, 4, 128),
@@ -242,7 +242,7 @@ def main():
         rate = c.flop.sum() / c.time_s.sum()
         print(f"== FlashAttention-2 core, {m} on dgx_a100 (one sequence per micro-batch): "
               f"{rate / 1e12:.0f} TFLOP/s = {100 * rate / pk:.0f} % of peak (causal FLOPs; "
-              f"Dao 2023, A100: 50-73 % at 0.5k-16k tokens x 16k per batch)")
+              f"Dao 2023, A100 kernels: 50-73 %)")
     k = korthikanti()
     print("\n== end to end: Korthikanti et al. 2023 (SP + selective recompute, dp = 1; MFU "
           "from the Megatron-LM README), predicted by train_step")
