@@ -246,9 +246,9 @@ def main():
             rows.append({"fit": f"LOGO {sys_name}", "system": sys_name, "dataset": ds["name"],
                          "mape_pct": e})
         e, folds = cross_validate(sys_name, ds, size_bands(ds), names, x0, bases[sys_name])
-        worst = max(folds.values())
-        print(f"  LOSO {sys_name}: held-out MAPE {e:.2f} % over {len(folds)} folds "
-              f"(worst fold {worst:.2f} %)")
+        print(f"  LOSO {sys_name}: held-out MAPE {e:.2f} % over {len(folds)} folds ("
+              + ", ".join(f"{k / 2**20:g} MiB: {v:.1f} %" if len(folds) > 4 else
+                          f"band {k}: {v:.1f} %" for k, v in folds.items()) + ")")
         rows.append({"fit": f"LOSO {sys_name}", "system": sys_name, "dataset": ds["name"],
                      "mape_pct": e})
     # the 2-GPU fold of the H100 set is the only one that identifies the copy throughput (4

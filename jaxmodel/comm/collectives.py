@@ -945,7 +945,7 @@ def collective_latency(system: System, op: str, nbytes, group_size, algorithm: s
     Example:
         >>> sys = hw_db.system("dgx_a100", nodes=2)
         >>> jm.collective_latency(sys, "all_reduce", 2**26, 16)          # hierarchical
-        Array(0.00136, dtype=...)
+        Array(0.00138, dtype=...)
         >>> jm.collective_latency(sys, "all_reduce", 2**26, 2, stride=8)  # DP across nodes
         Array(0.00365, dtype=...)
     """

@@ -418,3 +418,29 @@ def test_tuner_uses_nccl_bandwidth():
     a = hw_db.system("dgx_a100").levels[0]
     assert choice(a, 8, 2.0**21) == ("ring", "ll")
     assert choice(dataclasses.replace(a, nccl_bw=0.0), 8, 2.0**21) == ("ring", "ll128")
+
+
+def test_batch_over_copy_and_tuner_bandwidth_matches_loop():
+    """A batch over ``channel_copy_bw`` and ``nccl_bw`` (leaves of the level) equals the loop
+    of single configurations; d/d channel_copy_bw matches finite differences (float64)."""
+    base = hw_db.system("a100_dgx_vidur")
+    cbw = np.asarray([0.0, 20e9, 29.6e9, 60e9])
+    tbw = np.asarray([0.0, 240e9, 120e9, 400e9])
+    lvl = dataclasses.replace(base.levels[0], channel_copy_bw=jnp.asarray(cbw),
+                              nccl_bw=jnp.asarray(tbw))
+    sys_b = dataclasses.replace(base, levels=(lvl,) + base.levels[1:])
+    for n, g in ((2.0**21, 8.0), (2.0**25, 2.0)):
+        batch = np.asarray(jm.collective_latency(sys_b, "all_reduce", n, g))
+        loop = [float(jm.collective_latency(dataclasses.replace(
+            base, levels=(dataclasses.replace(base.levels[0], channel_copy_bw=c, nccl_bw=t),)
+            + base.levels[1:]), "all_reduce", n, g)) for c, t in zip(cbw, tbw)]
+        np.testing.assert_allclose(batch, loop, rtol=1e-12)
+
+    def f(c):
+        s = dataclasses.replace(base, levels=(dataclasses.replace(
+            base.levels[0], channel_copy_bw=c),) + base.levels[1:])
+        return coll.collective_latency.single(s, "all_reduce", 2.0**26, 2.0)
+
+    c0, h = 20e9, 1e6
+    fd = (float(f(c0 + h)) - float(f(c0 - h))) / (2 * h)
+    assert float(jax.grad(f)(c0)) == pytest.approx(fd, rel=1e-5)
