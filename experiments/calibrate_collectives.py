@@ -6,10 +6,15 @@ convention 6): ``efficiency`` (achievable fraction of the datasheet link bandwid
 ``jaxmodel.comm.collectives._pipelined``), ``base_latency`` (fixed per-collective overhead
 outside NCCL's own latency model: launch) and, for the kernel-time profiles only,
 ``launch_floor`` (a host-bound profiling loop: rank 0's kernel waits for its peers' later
-launches, so no measured kernel is shorter) and, on A100 NVLink3 tiers, ``ll128_efficiency``
-(LL128's executed bandwidth as a fraction of Simple's). NCCL's protocol latencies, its tuner's
-bandwidth factors and its channel count are NCCL's own constants (``jaxmodel.comm.nccl``), not
-fitted.
+launches, so no measured kernel is shorter), on A100 NVLink3 tiers ``ll128_efficiency``
+(LL128's executed bandwidth as a fraction of Simple's) and, on the kernel-time sets (2, 4 and 8
+GPUs), ``channel_copy_bw`` (the bytes/s one NCCL channel loads and stores: a Simple ring moves
+4 / 3.33 / 3.14 bytes through its channels per link byte at 2 / 4 / 8 ranks,
+``jaxmodel.comm.nccl.copy_bytes``, so small rings lose bus bandwidth first; nccl-tests, 8 GPUs
+only, cannot separate it from ``efficiency`` and takes the A100 kernel-time value). NCCL's
+protocol latencies, its tuner's bandwidth factors, its own bus bandwidth (``nccl_bw``, what its
+tuner chooses with) and its channel count are NCCL's own constants (``jaxmodel.comm.nccl``),
+not fitted.
 
 Each fit minimises the mean absolute percentage error (Nelder–Mead on log-parameters, a few
 starts) of ``jm.collective_latency(..., "all_reduce", ..., algorithm="auto")`` over every row of
@@ -36,9 +41,12 @@ Cross-validation:
   ratio: 18 × 20.6 GB/s of 450 GB/s on H100 vs 12 × 20.0 GB/s of 300 GB/s on A100);
 - nccl-tests 8xA100 <-> vidur A100 kernel times (same hardware, different measurement);
 - leave one group size out on each kernel-time set: fit on two of 2/4/8 GPUs, test on the
-  third.
+  third (on H100 the 2-GPU fold alone identifies the copy throughput — 4 and 8 GPUs run NVLS —
+  so it is also reported with the A100 value transferred by the HBM bandwidth ratio);
+- leave one size out on every set (each distinct size; on the H100 set four size bands),
+  the held-out predictions pooled into one MAPE.
 
-Run: ``PYTHONPATH=. .venv/bin/python experiments/calibrate_collectives.py`` (a few minutes on
+Run: ``PYTHONPATH=. .venv/bin/python experiments/calibrate_collectives.py`` (about 30 minutes on
 2 cores). Writes ``experiments/out/calibrate_collectives.csv``.
 """
 
@@ -66,14 +74,22 @@ X0S = ([0.8, 2e-6, 20e-6], [0.7, 0.5e-6, 40e-6], [0.9, 5e-6, 5e-6])
 NAMES_K = NAMES + ("launch_floor",)
 X0S_K = ([0.6, 0.5e-6, 5e-6, 35e-6], [0.6, 0.5e-6, 2e-6, 60e-6], [0.9, 0.3e-6, 1e-6, 40e-6])
 # A100 NVLink3 tiers also fit LL128's executed bandwidth (a fraction of Simple's; NCCL's tuner
-# keeps 0.92): nccl-tests' 2-16 MiB rows run LL128 at ~130 GB/s bus bandwidth where Simple
-# reaches 230. On the H100 set it is not identified (the fit moves no row), so H100 tiers keep
+# keeps 0.92): nccl-tests' 2-16 MiB rows run LL128 at ~110-140 GB/s bus bandwidth where Simple
+# reaches 230. On the H100 set it is not identified (NVLS runs those sizes), so H100 tiers keep
 # NCCL's 0.92.
 LL128 = ("ll128_efficiency",)
+# The kernel-time sets (2/4/8 GPUs) also fit the copy throughput of one NCCL channel
+# (``channel_copy_bw``, jaxmodel.comm.nccl.copy_bytes): only rings of different sizes separate
+# it from the link efficiency. nccl-tests (8 GPUs only) takes the A100 value (same hardware).
+COPY = ("channel_copy_bw",)
 X0S_L = ([0.85, 0.7e-6, 13e-6, 0.55], [0.9, 0.5e-6, 10e-6, 0.7])
-X0S_KL = ([0.8, 0.5e-6, 5e-6, 60e-6, 0.55], [0.85, 0.7e-6, 10e-6, 55e-6, 0.7])
-FIT = {"dgx_a100": (NAMES + LL128, X0S_L), "a100_dgx_vidur": (NAMES_K, X0S_K),
-       "h100_dgx_vidur": (NAMES_K, X0S_K)}
+X0S_A = ([0.8, 0.5e-6, 15e-6, 60e-6, 30e9, 0.6], [0.7, 0.1e-6, 10e-6, 60e-6, 40e9, 0.8])
+X0S_H = ([0.9, 0.35e-6, 1e-6, 38e-6, 50e9], [0.85, 0.3e-6, 2e-6, 38e-6, 45e9])
+FIT = {"dgx_a100": (NAMES + LL128, X0S_L), "a100_dgx_vidur": (NAMES_K + COPY + LL128, X0S_A),
+       "h100_dgx_vidur": (NAMES_K + COPY, X0S_H)}
+# HBM bandwidth, bytes/s (hw_db devices a100_80gb, h100_sxm: datasheets): the A100 -> H100
+# transfer scales the channel copy throughput by it
+HBM = {"a100": 2.039e12, "h100": 3.35e12}
 # NCCL's NVLink bandwidth as a fraction of the datasheet (src/graph/topo.h SM80/SM90_NVLINK_BW
 # per link x links / datasheet per-direction bandwidth)
 NCCL_NVLINK_FRACTION = {"a100": 12 * 20.0 / 300.0, "h100": 18 * 20.6 / 450.0,
@@ -138,15 +154,44 @@ def clean(ds):
     return anchors.subset(ds, ~anchors.mixed_modes(ds)) if is_kernel(ds) else ds
 
 
+def cross_validate(sys_name, ds, labels, names, x0, base=None):
+    """Fit on the rows whose label differs from each value of ``labels``, predict the rows
+    with that label; returns the pooled held-out MAPE and the per-fold MAPEs."""
+    base = hw_db.system(sys_name) if base is None else base
+    pred = np.zeros_like(ds["seconds"])
+    folds = {}
+    for v in np.unique(labels):
+        train, test = anchors.subset(ds, labels != v), anchors.subset(ds, labels == v)
+        _, _, best = fit(base, 0, train, names, [x0])
+        pred[labels == v] = predict(best, test)
+        folds[v] = mape(pred[labels == v], test["seconds"])
+    return mape(pred, ds["seconds"]), folds
+
+
+def size_bands(ds):
+    """Leave-one-size-out folds: each distinct size, or on the H100 set (1,362 sizes) its
+    four bands < 1 MiB, 1-4 MiB, 4-16 MiB, >= 16 MiB."""
+    n = ds["nbytes"]
+    if len(np.unique(n)) <= 32:
+        return n
+    return np.digitize(n, [2.0**20, 2.0**22, 2.0**24])
+
+
 def main():
     rows = []
     fitted = {}
-    jobs = [("dgx_a100", anchors.nccl_8xa100(ANCHORS)),
-            ("a100_dgx_vidur", anchors.vidur(ANCHORS, "single_node")),
-            ("h100_dgx_vidur", anchors.vidur_h100(ANCHORS))]
+    ds_a = anchors.vidur(ANCHORS, "single_node")
+    ds_n = anchors.nccl_8xa100(ANCHORS)
+    ds_h = anchors.vidur_h100(ANCHORS)
+    jobs = [("a100_dgx_vidur", ds_a), ("dgx_a100", ds_n), ("h100_dgx_vidur", ds_h)]
+    bases = {}
     for sys_name, ds in jobs:
         names, x0s = FIT[sys_name]
-        vals, err, best = fit(hw_db.system(sys_name), 0, clean(ds), names, x0s)
+        base = hw_db.system(sys_name)
+        if sys_name == "dgx_a100":      # the A100 channel copy throughput (same hardware)
+            base = with_level(base, 0, channel_copy_bw=fitted["a100_dgx_vidur"][COPY[0]])
+        bases[sys_name] = base
+        vals, err, best = fit(base, 0, clean(ds), names, x0s)
         fitted[sys_name] = vals
         note = ""
         if is_kernel(ds):
@@ -159,51 +204,65 @@ def main():
                 cg = clean(dg)
                 note += (f"; g={g:.0f}: {mape(predict(best, cg), cg['seconds']):.2f} % "
                          f"({mape(predict(best, dg), dg['seconds']):.2f} % all)")
+        else:
+            worst = np.max(np.abs(predict(best, ds) / ds["seconds"] - 1.0)) * 100
+            note = f"; worst row {worst:.1f} %"
         report(rows, f"{sys_name} level 0 (in-sample)", sys_name, clean(ds), vals, err, note)
 
     # cross-validation 1: A100 kernel-time constants -> H100 with sourced differences only
-    a = {k: v for k, v in fitted["a100_dgx_vidur"].items() if k in NAMES_K}
+    # (efficiency by NCCL's NVLink bandwidth ratio, channel copy throughput by HBM bandwidth)
+    a = {k: v for k, v in fitted["a100_dgx_vidur"].items() if k in NAMES_K + COPY}
     moved = dict(a, launch_floor=fitted["h100_dgx_vidur"]["launch_floor"],
                  efficiency=a["efficiency"] * NCCL_NVLINK_FRACTION["h100"]
-                 / NCCL_NVLINK_FRACTION["a100"])
-    ds_h = clean(anchors.vidur_h100(ANCHORS))
-    err = mape(predict(with_level(hw_db.system("h100_dgx_vidur"), 0, **moved), ds_h),
-               ds_h["seconds"])
-    report(rows, "CV: a100_dgx_vidur -> H100", "h100_dgx_vidur", ds_h, moved, err,
+                 / NCCL_NVLINK_FRACTION["a100"],
+                 channel_copy_bw=a["channel_copy_bw"] * HBM["h100"] / HBM["a100"])
+    c_h = clean(ds_h)
+    err = mape(predict(with_level(hw_db.system("h100_dgx_vidur"), 0, **moved), c_h),
+               c_h["seconds"])
+    report(rows, "CV: a100_dgx_vidur -> H100", "h100_dgx_vidur", c_h, moved, err,
            " (out of sample, H100 launch floor kept)")
-    err_big = mape(predict(with_level(hw_db.system("h100_dgx_vidur"), 0, **moved), big(ds_h)),
-                   big(ds_h)["seconds"])
+    err_big = mape(predict(with_level(hw_db.system("h100_dgx_vidur"), 0, **moved), big(c_h)),
+                   big(c_h)["seconds"])
     print(f"{'':34s} same, sizes >= 1 MiB: MAPE {err_big:.2f} %")
 
-    # cross-validation 2: the two A100 NVSwitch data sets (nccl-tests / kernel times) swapped
-    for src, dst, ds in (("dgx_a100", "a100_dgx_vidur", big(jobs[1][1])),
-                         ("a100_dgx_vidur", "dgx_a100", jobs[0][1])):
-        vals = {k: v for k, v in fitted[src].items() if k in NAMES + LL128}
-        err = mape(predict(with_level(hw_db.system(dst), 0, **vals), ds), ds["seconds"])
-        report(rows, f"CV: {src} -> {dst}", dst, ds, vals, err,
-               " (out of sample; launch floor of the destination kept)")
+    # cross-validation 2: nccl-tests constants on the vidur A100 kernel times (rows >= 1 MiB,
+    # the destination's launch floor kept)
+    vals = {k: v for k, v in fitted["dgx_a100"].items() if k in NAMES + LL128}
+    d = big(clean(ds_a))
+    err = mape(predict(with_level(hw_db.system("a100_dgx_vidur"), 0, **vals), d), d["seconds"])
+    report(rows, "CV: dgx_a100 -> a100_dgx_vidur", "a100_dgx_vidur", d, vals, err,
+           " (out of sample; launch floor and copy throughput of the destination kept)")
 
-    # cross-validation 3: leave one group size out
-    for sys_name, ds in jobs[1:]:
+    # cross-validation 3: leave one group size out (kernel-time sets), leave one size (band)
+    # out (every set); started from the in-sample fit
+    for sys_name, ds in jobs:
         ds = clean(ds)
-        errs, errs_big = [], []
-        for g in (2.0, 4.0, 8.0):
-            train = anchors.subset(ds, ds["group"] != g)
-            test = anchors.subset(ds, ds["group"] == g)
-            names, x0s = FIT[sys_name]
-            vals, _, best = fit(hw_db.system(sys_name), 0, train, names, x0s)
-            e = mape(predict(best, test), test["seconds"])
-            e_big = mape(predict(best, big(test)), big(test)["seconds"])
-            errs.append(e)
-            errs_big.append(e_big)
-            print(f"  LOGO {sys_name}: test g={g:.0f}: MAPE {e:.2f} % (>= 1 MiB {e_big:.2f} %)"
-                  "  (fit " + ", ".join(f"{k}={v:.3g}" for k, v in vals.items()) + ")")
-        rows.append({"fit": f"LOGO {sys_name}", "system": sys_name, "dataset": ds["name"],
-                     "mape_pct": float(np.mean(errs))})
-        print(f"  LOGO {sys_name}: mean held-out MAPE {np.mean(errs):.2f} % "
-              f"(>= 1 MiB {np.mean(errs_big):.2f} %; without mixed-mode rows)")
-    # what the training systems take from the H100 fit: the NVLink efficiency only (the launch
-    # floor and base latency describe the profiling loop of the kernel-time set)
+        names, _ = FIT[sys_name]
+        x0 = [fitted[sys_name][k] for k in names]
+        if is_kernel(ds):
+            e, folds = cross_validate(sys_name, ds, ds["group"], names, x0, bases[sys_name])
+            print(f"  LOGO {sys_name}: held-out MAPE {e:.2f} % ("
+                  + ", ".join(f"g={g:.0f}: {v:.2f} %" for g, v in folds.items()) + ")")
+            rows.append({"fit": f"LOGO {sys_name}", "system": sys_name, "dataset": ds["name"],
+                         "mape_pct": e})
+        e, folds = cross_validate(sys_name, ds, size_bands(ds), names, x0, bases[sys_name])
+        print(f"  LOSO {sys_name}: held-out MAPE {e:.2f} % over {len(folds)} folds ("
+              + ", ".join(f"{k / 2**20:g} MiB: {v:.1f} %" if len(folds) > 4 else
+                          f"band {k}: {v:.1f} %" for k, v in folds.items()) + ")")
+        rows.append({"fit": f"LOSO {sys_name}", "system": sys_name, "dataset": ds["name"],
+                     "mape_pct": e})
+    # the 2-GPU fold of the H100 set is the only one that identifies the copy throughput (4
+    # and 8 GPUs run NVLS): held out with the A100 value transferred by HBM bandwidth
+    names = tuple(k for k in FIT["h100_dgx_vidur"][0] if k not in COPY)
+    base = with_level(hw_db.system("h100_dgx_vidur"), 0, channel_copy_bw=moved[COPY[0]])
+    train, test = (anchors.subset(c_h, c_h["group"] != 2.0),
+                   anchors.subset(c_h, c_h["group"] == 2.0))
+    _, _, best = fit(base, 0, train, names, [[fitted["h100_dgx_vidur"][k] for k in names]])
+    print(f"  LOGO h100_dgx_vidur g=2 with the copy throughput transferred from A100 "
+          f"({moved[COPY[0]] / 1e9:.1f} GB/s per channel): MAPE "
+          f"{mape(predict(best, test), test['seconds']):.2f} %")
+    # what the training systems take from the H100 fit: the NVLink efficiency and the copy
+    # throughput (the launch floor and base latency describe the profiling loop)
     e_h = fitted["h100_dgx_vidur"]["efficiency"]
     print(f"transfer: dgx_h100, dgx_h200 (NVLink4 / NVSwitch gen3) efficiency = {e_h:.3f}; "
           f"dgx_b200 (NVLink5) efficiency = {e_h:.3f} x {NCCL_NVLINK_FRACTION['b200']:.3f} / "

@@ -14,7 +14,8 @@ without the rows whose median mixes the loop's two launch modes
 (:func:`jaxmodel.comm.anchors.mixed_modes`, column ``mixed_mode``). The algorithm and
 protocol that ``auto`` picks are written per row.
 
-Targets: MAPE <= 10 % on every set except the two-node rows.
+Targets: MAPE <= 10 % on every set except the two-node rows; on nccl-tests every row (its
+worst row is printed).
 
 Run: ``PYTHONPATH=. .venv/bin/python experiments/validate_collectives.py``. Writes
 ``experiments/out/validate_collectives.csv`` and ``.png``.
@@ -124,6 +125,10 @@ def main():
         mape_clean = (float(np.mean(np.abs(err[~mixed])) * 100) if kernel else math.nan)
         summary.append((ds["name"], len(err), mape, target, ref_mape, mape_big, mape_best,
                         mape_clean, int(mixed.sum())))
+        if ds["name"] == "nccl_8xa100":     # the target holds for every size >= 64 KiB
+            worst = int(np.argmax(np.abs(err)))
+            print(f"nccl_8xa100: worst row {err[worst] * 100:+.1f} % at "
+                  f"{ds['nbytes'][worst] / 2**20:g} MiB")
     print(f"{'dataset':24s} {'rows':>5s} {'MAPE %':>7s} {'w/o mixed %':>14s} {'>=1MiB %':>8s} "
           f"{'best %':>7s} {'target':>7s} {'LLMCompass %':>12s}")
     for name, rows, mape, target, ref, mape_big, mape_best, mape_clean, n_mixed in summary:

@@ -416,6 +416,8 @@ RANGES: dict[str, dict[str, Rule]] = {
         "chunk_latency": LATENCY,
         "bw_per_node": _real(1e6, 1e15, "B/s", special=(0.0,)),   # 0 = no shared limit
         "ll128_efficiency": FRACTION,
+        "channel_copy_bw": _real(1e6, 1e15, "B/s", special=(0.0,)),   # 0 = no bound
+        "nccl_bw": _real(1e6, 1e15, "B/s", special=(0.0,)),   # 0 = the executed bandwidth
     },
     "Model": {
         "n_layers": _count(1, 1e5),
@@ -602,6 +604,15 @@ class NetLevel:
         ll128_efficiency: executed bandwidth of NCCL's LL128 protocol as a fraction of the
             Simple protocol's (calibration constant; the default 0.92 is NCCL's tuner factor,
             ``tuning.cc``, which NCCL's own choice keeps using).
+        channel_copy_bw: bytes/s that one NCCL channel (one thread block on one SM) moves
+            through its loads and stores; the Simple protocol's ring is bound by it where its
+            primitives' memory traffic exceeds the link time
+            (:func:`jaxmodel.comm.nccl.copy_bytes`); 0 (default) = no bound. Calibration
+            constant.
+        nccl_bw: NCCL's own modelled bus bandwidth of the tier (``ncclTopoTuneModel``:
+            ring graph ``nChannels × bwIntra``), bytes/s, which its tuner uses to choose an
+            algorithm and protocol; 0 (default) = the executed ``efficiency ×
+            bw_per_device``.
     """
 
     size: Array
@@ -623,6 +634,8 @@ class NetLevel:
     nccl_channels: Array = 0.0
     launch_floor: Array = 0.0
     ll128_efficiency: Array = 0.92
+    channel_copy_bw: Array = 0.0
+    nccl_bw: Array = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "topology", code_of(self.topology, TOPOLOGIES, "topology"))

@@ -67,9 +67,12 @@ measured ``ll128_efficiency`` when it runs, tree ×0.92, NVLS all-reduce at
 the link's bandwidth, :func:`jaxmodel.comm.nccl.nvls_allreduce_factor`), Simple with the
 chunked pipeline of :func:`_pipelined`; a ring or tree running a small message on fewer of
 NCCL's ``nccl_channels`` is slower by :func:`jaxmodel.comm.nccl.channel_factor` (``enqueue.cc``;
-executed time only). ``"auto"`` is NCCL's tuner (``getAlgoInfo``): the argmin over ``(a, p)``
-of NCCL's own predicted time ``lat(a, p) + bandwidth time`` — a code chosen inside the traced
-graph — and the executed time of that choice; ``"best"`` the minimum executed time over every algorithm and protocol. A
+executed time only), and a Simple ring is also bound by its channels' loads and stores
+(:func:`jaxmodel.comm.nccl.copy_time`, ``channel_copy_bw``; executed time only). ``"auto"`` is
+NCCL's tuner (``getAlgoInfo``): the argmin over ``(a, p)`` of NCCL's own predicted time
+``lat(a, p) + bandwidth time`` at NCCL's own bus bandwidth (``nccl_bw`` where the level gives
+it, without packet overhead) — a code chosen inside the traced graph — and the executed time of
+that choice; ``"best"`` the minimum executed time over every algorithm and protocol. A
 hierarchical all-reduce composes per tier (NVLS reduce-scatter inside the node + tree or
 ring across nodes ≈ NCCL's NVLS-tree). Tiers with ``nccl_link = −1`` (TPU ICI, the LLMCompass
 fully connected node) keep Guo et al.'s per-topology choice with one (Simple) protocol.
@@ -473,42 +476,61 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
     else:
         is_nccl, link = nccl_tier > -0.5, nccl_tier
 
+    # NCCL's tuner sees its own bus bandwidth (``nccl_bw``: graph channels x bwIntra, no
+    # packet overhead) where the level gives it; else the executed one
+    has_tb = level.nccl_bw > 0
+    B_t = jnp.where(has_tb, level.nccl_bw, B)
+
     def protocols(name, op, part):
         """(executed at the tuner's protocol, executed at the fastest, tuner time) of one
         NCCL algorithm: NCCL's per-protocol latency and bandwidth factor
         (:mod:`jaxmodel.comm.nccl`) on this algorithm's bandwidth time; the per-chunk
-        overhead ``chunk_latency`` applies to Simple only (LL/LL128 carry a flag per line)."""
+        overhead ``chunk_latency`` applies to Simple only (LL/LL128 carry a flag per line).
+        The tuner's time uses NCCL's bandwidth ``nccl_bw`` where set."""
         _, bwt, steps = (jnp.asarray(a, dtype=f) for a in part)
         lat_p = nccl.latency(name, op, m, link)
         f_p = nccl.bw_factor(name, op, link, level.nvls_efficiency)
+        # the same bandwidth time at the tuner's bandwidth, without packet overhead
+        bwt_t = bwt * B / B_t / jnp.where(has_tb, ovh("n" if name == "tree" else "u"), 1.0)
         if name == "in_network":         # NVLS / CollNet: Simple only
-            bwt_s = bwt / f_p[2]
-            if op == "all_reduce":
+            def nvls(x):
+                if op != "all_reduce":
+                    return x / f_p[2]
                 # NVLS all-reduce (NVLink tiers) at NCCL's bandwidth, capped at the link's
                 # (nccl.nvls_allreduce_factor); CollNet (network tiers) as above
-                bwt_s = jnp.where(link > 1.5, bwt_s,
-                                  bwt * nccl.nvls_allreduce_factor(level.nvls_efficiency))
-            exe = _pipelined(lat_p[2], bwt_s, steps, cl)
-            return exe, exe, lat_p[2] + bwt_s, _SIMPLE + 0.0 * exe
-        bwt_p = bwt / f_p
+                return jnp.where(link > 1.5, x / f_p[2],
+                                 x * nccl.nvls_allreduce_factor(level.nvls_efficiency))
+            exe = _pipelined(lat_p[2], nvls(bwt), steps, cl)
+            return exe, exe, lat_p[2] + nvls(bwt_t), _SIMPLE + 0.0 * exe
+
+        def proto_bwt(x, bw):
+            """Per-protocol bandwidth time: NCCL's factors, LL's bus bandwidth capped at
+            llMaxBw."""
+            ll = jnp.where(level.ll_max_bw > 0,
+                           x * bw / jnp.where(level.ll_max_bw > 0, level.ll_max_bw, 1.0), 0.0)
+            return jnp.maximum(x / f_p, jnp.stack([ll, 0.0 * ll, 0.0 * ll]))
+
+        bwt_p = proto_bwt(bwt, B)
+        tune_p = proto_bwt(bwt_t, B_t)
         # executed LL128 at the level's measured fraction of Simple (tuner: NCCL's 0.92)
         ll128_x = jnp.stack([jnp.ones_like(cl),
                              nccl.ll128_executed(level.ll128_efficiency) + 0.0 * cl,
                              jnp.ones_like(cl)])
-        # LL bus bandwidth capped at llMaxBw
-        ll_t = jnp.where(level.ll_max_bw > 0,
-                         bwt * B / jnp.where(level.ll_max_bw > 0, level.ll_max_bw, 1.0), 0.0)
-        bwt_p = jnp.maximum(bwt_p, jnp.stack([ll_t, 0.0 * ll_t, 0.0 * ll_t]))
         cl_p = jnp.stack([0.0 * cl, 0.0 * cl, cl + 0.0 * one])
+        bwt_x = bwt_p / ll128_x
+        if name == "ring":
+            # Simple: the channels' loads and stores bound the ring (executed time only)
+            t_copy = nccl.copy_time(op, n, m, level.nccl_channels, level.channel_copy_bw)
+            bwt_x = jnp.maximum(bwt_x, jnp.stack([0.0 * t_copy, 0.0 * t_copy, t_copy]))
         # small messages run on fewer channels (executed time only; NCCL's tuner ignores it)
-        exe = _pipelined(lat_p, bwt_p / ll128_x
+        exe = _pipelined(lat_p, bwt_x
                          * nccl.channel_factor(name, n, m, level.nccl_channels), steps, cl_p)
         if op == "all_reduce" and name == "tree":     # tuner-only corrections (NCCL)
-            tune = lat_p + bwt_p / nccl.tree_correction(n)
+            tune = lat_p + tune_p / nccl.tree_correction(n)
         elif op == "all_reduce":
-            tune = lat_p * nccl.ring_plateau(link) + bwt_p
+            tune = lat_p * nccl.ring_plateau(link) + tune_p
         else:
-            tune = lat_p + bwt_p
+            tune = lat_p + tune_p
         k = jnp.argmin(tune)
         return exe[k], jnp.min(exe), tune[k], k.astype(f)
 
@@ -923,7 +945,7 @@ def collective_latency(system: System, op: str, nbytes, group_size, algorithm: s
     Example:
         >>> sys = hw_db.system("dgx_a100", nodes=2)
         >>> jm.collective_latency(sys, "all_reduce", 2**26, 16)          # hierarchical
-        Array(0.00136, dtype=...)
+        Array(0.00138, dtype=...)
         >>> jm.collective_latency(sys, "all_reduce", 2**26, 2, stride=8)  # DP across nodes
         Array(0.00365, dtype=...)
     """

@@ -40,6 +40,14 @@ threshold`` (``nt`` threads per channel: LL 512, LL128 640, Simple 512, ``src/in
 ``nc / nChannels`` of the tuner's (:func:`channel_factor`); the tuner itself does not see it.
 NVLS and CollNet keep their channels.
 
+Memory traffic (executed time only): every byte of a Simple ring passes through the thread
+block of its channel, ``copy_bytes`` loads and stores per buffer byte (``all_reduce.h``
+``runRing``), so a ring is also bound by ``copy_bytes · n / (nc · channel_copy_bw)``
+(:func:`copy_time`; ``channel_copy_bw`` a calibration constant of the level). Small rings move
+more memory per link byte (4 at 2 ranks, 3.14 at 8), which is why a 2-GPU ring on NVSwitch
+reaches a lower bus bandwidth than an 8-GPU one. NCCL's tuner chooses with its own bus
+bandwidth (``NetLevel.nccl_bw``: graph channels × ``bwIntra``), not the executed one.
+
 Link classes (``NetLevel.nccl_link``): 0 = NVLink, 1 = PCIe, 2 = network (NCCL's ``NCCL_HW_*``).
 """
 
@@ -52,7 +60,7 @@ from jaxmodel.numerics import smooth_ceil_div
 __all__ = ["PROTOCOLS", "LL128_FACTOR", "NVLINK", "PCI", "NET", "BASE_LAT", "HW_LAT", "latency",
            "bw_factor",
            "NVLINK_BW_PER_LINK", "TREE_CORRECTION", "tree_correction", "ring_plateau",
-           "channel_factor", "nvls_allreduce_factor"]
+           "channel_factor", "nvls_allreduce_factor", "copy_bytes"]
 
 PROTOCOLS = ("ll", "ll128", "simple")
 NVLINK, PCI, NET = 0.0, 1.0, 2.0
@@ -164,6 +172,45 @@ def channel_factor(alg: str, n, m, channels):
     nc = -smooth_ceil_div(-ratio, 1.0)                       # floor, gradient of the ratio
     nc = jnp.clip(nc, 1.0, c_safe)
     return jnp.where(has, c_safe / nc, 1.0)
+
+
+def copy_bytes(op: str, m):
+    """Bytes that one rank's NCCL channels load and store per byte of the buffer ``n`` in a
+    ring ``op`` on ``m`` ranks (Simple protocol; dimensionless, multiply by ``n``).
+
+    Source: NCCL 2.30.7 ``src/device/all_reduce.h`` ``runRing`` and ``reduce_scatter.h`` /
+    ``all_gather.h``: per chunk of ``c = n/m`` bytes a rank runs ``send`` (load, store: 2c),
+    ``m−2`` × ``recvReduceSend`` (2 loads, 1 store: 3c), ``recvReduceCopySend`` (2 loads, 2
+    stores: 4c), ``m−2`` × ``recvCopySend`` (1 load, 2 stores: 3c) and ``recv`` (2c), every
+    byte through the thread block of its channel (``prims_simple.h``). All-reduce:
+    ``(6m − 4)/m``; reduce-scatter (``send``, ``m−2`` × ``recvReduceSend``,
+    ``recvReduceCopy``) and all-gather (``copySend``, ``m−2`` × ``recvCopySend``, ``recv``):
+    ``(3m − 1)/m``; broadcast (``broadcast.h``) 3 on the middle ranks (2 at ``m = 2``).
+    Per byte on the link (``2(m−1)/m`` resp. ``(m−1)/m``) that is 4 at
+    ``m = 2``, 3.33 at 4 and 3.14 at 8 for all-reduce: small rings move more memory per link
+    byte, so a copy-bound ring loses bus bandwidth at 2 ranks first.
+    """
+    f = jnp.result_type(float)
+    m = jnp.maximum(jnp.asarray(m, dtype=f), 1.0)
+    if op == "all_reduce":
+        return (6.0 * m - 4.0) / m
+    if op in ("reduce_scatter", "all_gather"):
+        return (3.0 * m - 1.0) / m
+    if op == "broadcast":
+        # broadcast.h: the root sends (2n), the middle ranks recvCopySend (3n), the last
+        # receives (2n); the busiest rank sets the time
+        return jnp.where(m > 2.5, 3.0, 2.0)
+    raise ValueError(f"no NCCL ring copy traffic for op {op!r}")
+
+
+def copy_time(op: str, n, m, channels, channel_copy_bw):
+    """Time the ring's channels need to load and store their data, s: ``copy_bytes(op, m) ·
+    n / (channels · channel_copy_bw)``; 0 where either is not set (no bound)."""
+    f = jnp.result_type(float)
+    total = jnp.asarray(channels, dtype=f) * jnp.asarray(channel_copy_bw, dtype=f)
+    has = total > 0
+    return jnp.where(has, copy_bytes(op, m) * jnp.asarray(n, dtype=f)
+                     / jnp.where(has, total, 1.0), 0.0)
 
 
 def _by_link(table, link):

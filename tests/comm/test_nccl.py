@@ -348,3 +348,99 @@ def test_flat_ring_runs_ll128_at_the_outermost_tier_efficiency():
     d1, d2 = t(0.25) - t(0.5), t(0.5) - t(1.0)
     assert d2 > 0 and d1 == pytest.approx(2 * d2, rel=1e-9)
     assert t(0.5, e_in=0.1) == t(0.5, e_in=0.9)
+
+
+def test_copy_bytes_hand_counted():
+    """Bytes one rank's channels load and store per buffer byte (NCCL runRing primitives):
+    all-reduce 2 + 3(m−2) + 4 + 3(m−2) + 2 chunks of n/m; reduce-scatter / all-gather
+    2 + 3(m−2) + 3 and 3 + 3(m−2) + 2; per byte on the link 4 / 3.33 / 3.14 at 2 / 4 / 8."""
+    for m in (2, 4, 8):
+        ar = (2 + 3 * (m - 2) + 4 + 3 * (m - 2) + 2) / m
+        rs = (2 + 3 * (m - 2) + 3) / m
+        assert float(nccl.copy_bytes("all_reduce", m)) == pytest.approx(ar)
+        assert float(nccl.copy_bytes("reduce_scatter", m)) == pytest.approx(rs)
+        assert float(nccl.copy_bytes("all_gather", m)) == pytest.approx(rs)
+    # broadcast: root send (2), middle recvCopySend (3), last recv (2): the busiest rank
+    assert [float(nccl.copy_bytes("broadcast", m)) for m in (2, 3, 8)] == [2.0, 3.0, 3.0]
+    per_link = [float(nccl.copy_bytes("all_reduce", m)) / (2 * (m - 1) / m) for m in (2, 4, 8)]
+    np.testing.assert_allclose(per_link, [4.0, 10 / 3, 22 / 7])
+    with pytest.raises(ValueError):
+        nccl.copy_bytes("all_to_all", 4)
+
+
+@pytest.mark.parametrize("m", [2, 8])
+def test_copy_bound_ring_simple_hand_derived(m):
+    """64 MiB ring Simple all-reduce with a copy throughput that binds: executed time =
+    NCCL's Simple latency + copy_bytes · n / (24 · channel_copy_bw); the tuner's choice is
+    unchanged (NCCL does not see it); without the bound (0) the link time returns; a loose
+    bound changes nothing."""
+    n = 2.0**26
+    lvl = nvswitch(m, nccl_channels=24.0, chunk_latency=0.0)
+    cbw = 5e9
+    bound = dataclasses.replace(lvl, channel_copy_bw=cbw)
+    assert choice(bound, m, n) == choice(lvl, m, n) == ("ring", "simple")
+    lat = (8.4 + 2 * (m - 1) * 3.4) * US
+    t = float(coll.collective_latency.single(system(bound), "all_reduce", n, float(m)))
+    assert t == pytest.approx(lat + (6 * m - 4) / m * n / (24 * cbw), rel=1e-9)
+    t0 = float(coll.collective_latency.single(system(lvl), "all_reduce", n, float(m)))
+    assert t0 == pytest.approx(lat + 2 * (m - 1) / m * n / B, rel=1e-9)
+    loose = dataclasses.replace(lvl, channel_copy_bw=1e12)
+    assert float(coll.collective_latency.single(system(loose), "all_reduce", n,
+                                                float(m))) == pytest.approx(t0, rel=1e-12)
+    # the 2-rank ring loses more bus bandwidth than the 8-rank one (4 vs 3.14 bytes per link
+    # byte); gradient finite and negative in the copy throughput, also at 0 (no bound)
+    f = lambda c: coll.collective_latency.single(                           # noqa: E731
+        system(dataclasses.replace(lvl, channel_copy_bw=c)), "all_reduce", n, float(m))
+    g = jax.grad(f)(cbw)
+    assert np.isfinite(float(g)) and float(g) < 0
+    assert np.isfinite(float(jax.grad(f)(0.0)))
+    t32 = f(jnp.float32(cbw))
+    assert float(t32) == pytest.approx(t, rel=1e-5)
+
+
+def test_tuner_uses_nccl_bandwidth():
+    """With ``nccl_bw`` set, NCCL's tuner time of the Simple ring is its latency plus
+    2(m−1)/m · n / nccl_bw without packet overhead, whatever the executed bandwidth; the
+    executed time keeps efficiency × bw_per_device (and the overhead). 0 = executed B."""
+    m, n = 8, 2.0**26
+    lvl = nvswitch(m, header_bytes=16.0, max_payload_bytes=256.0, flit_bytes=16.0,
+                   efficiency=0.5, nccl_bw=240e9)
+    t = coll.level_algorithm_times(lvl, float(m), n, ops=("all_reduce",))[0]["all_reduce"]
+    ring = coll.ALGORITHMS.index("ring")
+    lat = (8.4 + 2 * (m - 1) * 3.4) * US
+    assert int(t[3][ring]) == nccl.PROTOCOLS.index("simple")
+    assert float(t[2][ring]) == pytest.approx(lat + 2 * (m - 1) / m * n / 240e9, rel=1e-9)
+    ovh = (256 + 16) / 256
+    assert float(t[0][ring]) == pytest.approx(lat + 2 * (m - 1) / m * n * ovh / (0.5 * B),
+                                              rel=1e-6)
+    # at 2 MiB on 8 A100s NCCL's own bandwidth (240 GB/s) makes LL and LL128 tie within 1 %
+    # (56.8 vs 57.2 us): the tuner picks LL, while the executed 0.862 x 300 GB/s picked LL128
+    a = hw_db.system("dgx_a100").levels[0]
+    assert choice(a, 8, 2.0**21) == ("ring", "ll")
+    assert choice(dataclasses.replace(a, nccl_bw=0.0), 8, 2.0**21) == ("ring", "ll128")
+
+
+def test_batch_over_copy_and_tuner_bandwidth_matches_loop():
+    """A batch over ``channel_copy_bw`` and ``nccl_bw`` (leaves of the level) equals the loop
+    of single configurations; d/d channel_copy_bw matches finite differences (float64)."""
+    base = hw_db.system("a100_dgx_vidur")
+    cbw = np.asarray([0.0, 20e9, 29.6e9, 60e9])
+    tbw = np.asarray([0.0, 240e9, 120e9, 400e9])
+    lvl = dataclasses.replace(base.levels[0], channel_copy_bw=jnp.asarray(cbw),
+                              nccl_bw=jnp.asarray(tbw))
+    sys_b = dataclasses.replace(base, levels=(lvl,) + base.levels[1:])
+    for n, g in ((2.0**21, 8.0), (2.0**25, 2.0)):
+        batch = np.asarray(jm.collective_latency(sys_b, "all_reduce", n, g))
+        loop = [float(jm.collective_latency(dataclasses.replace(
+            base, levels=(dataclasses.replace(base.levels[0], channel_copy_bw=c, nccl_bw=t),)
+            + base.levels[1:]), "all_reduce", n, g)) for c, t in zip(cbw, tbw)]
+        np.testing.assert_allclose(batch, loop, rtol=1e-12)
+
+    def f(c):
+        s = dataclasses.replace(base, levels=(dataclasses.replace(
+            base.levels[0], channel_copy_bw=c),) + base.levels[1:])
+        return coll.collective_latency.single(s, "all_reduce", 2.0**26, 2.0)
+
+    c0, h = 20e9, 1e6
+    fd = (float(f(c0 + h)) - float(f(c0 - h))) / (2 * h)
+    assert float(jax.grad(f)(c0)) == pytest.approx(fd, rel=1e-5)
