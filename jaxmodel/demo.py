@@ -16,6 +16,13 @@
 
 It writes CSV and PNG files into ``--out`` and prints a short summary with progress.
 ``--quick`` shrinks the sweep, the search and the co-design (for tests).
+
+Nearly all of the demo's time is XLA compiling its graphs, one graph at a time and mostly on
+one core. The stages are therefore split over two processes that run side by side (stages 1,
+2 and 5 here, 3 and 4 in a second process started first; ``--serial`` runs all five in this
+process), and both compile with the options of the model's one-shot executables
+(:data:`jaxmodel.batching.CPU_COMPILE_OPTIONS`). Each process times its own stages, so every
+printed compile and run time is that stage's own.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,10 +46,11 @@ MODELS = ("gpt3-175b", "llama3-70b")
 
 class Progress:
     """Section timer printing ``[demo t=…s] message`` lines (silenced by ``--quiet`` or
-    ``JAXMODEL_QUIET=1``)."""
+    ``JAXMODEL_QUIET=1``); ``t0`` (a ``time.perf_counter()`` reading, on Linux one clock for
+    every process) lets the second process count from the same start."""
 
-    def __init__(self):
-        self.t0 = time.perf_counter()
+    def __init__(self, t0: float | None = None):
+        self.t0 = time.perf_counter() if t0 is None else t0
 
     def __call__(self, msg: str):
         from jaxmodel import runtime
@@ -194,7 +203,7 @@ def parallelism_search(out: Path, say, quick: bool) -> pd.DataFrame:
     opts = dict(recompute=("selective", "full"), zero=(0, 1), flash_attention=("fa2",)) \
         if quick else {}
     df = jm.search_parallelism(hw_db.system("dgx_h100", nodes=nodes), hw_db.model("llama3-70b"),
-                               8 * nodes, 256, 4096, progress=False, **opts)
+                               8 * nodes, 256, 4096, progress=True, **opts)
     say(f"parallelism search: {df.attrs['n_evaluated']:,} plans for Llama-3-70B on "
         f"{8 * nodes} H100 in {df.attrs['wall_s']:.1f} s; {df.attrs['n_feasible']:,} feasible")
     df.head(200).to_csv(out / "parallelism_search_top200.csv", index=False)
@@ -254,6 +263,81 @@ def codesign_run(out: Path, say, quick: bool):
                          "n_evals": res.n_evals}}
 
 
+def _summary_predictions(out, say, quick):
+    pred = predictions(out, say)
+    return {"predictions": pred.round(4).to_dict(orient="records"), "_pred": pred}
+
+
+def _summary_roofline(out, say, quick):
+    roofline(out, say)
+    return {}
+
+
+def _summary_sweep(out, say, quick):
+    sw = hardware_sweep(out, say, quick)
+    feas = sw[sw.fits_memory]
+    best = feas.loc[feas.usd_per_mtok.idxmin()]
+    return {"hardware_sweep": {"n_designs": len(sw), "n_feasible": len(feas),
+                               "best_usd_per_mtok": {k: float(best[k]) for k in best.index
+                                                     if k != "fits_memory"}}}
+
+
+def _summary_search(out, say, quick):
+    se = parallelism_search(out, say, quick)
+    cols = ["dp", "tp", "pp", "sp", "micro_batch", "interleave", "schedule", "recompute",
+            "zero", "flash_attention", "step_time_s", "mfu"]
+    return {"parallelism_search": {"n_plans": int(se.attrs["n_evaluated"]),
+                                   "best": {k: (v if isinstance(v, str) else float(v))
+                                            for k, v in se.iloc[0][cols].items()}}}
+
+
+def _summary_codesign(out, say, quick):
+    return {"codesign": codesign_run(out, say, quick)}
+
+
+#: the five stages in order: (label, function returning its part of ``summary.json``)
+STAGES = (("1/5 predictions", _summary_predictions), ("2/5 roofline", _summary_roofline),
+          ("3/5 hardware sweep", _summary_sweep), ("4/5 parallelism search", _summary_search),
+          ("5/5 co-design", _summary_codesign))
+#: the stages the second process runs (side by side with the others): about half of the
+#: demo's CPU time each
+SIDE = ("3/5 hardware sweep", "4/5 parallelism search")
+
+
+def use_compile_options() -> None:
+    """Add :data:`jaxmodel.batching.CPU_COMPILE_OPTIONS` to ``XLA_FLAGS`` (where the user set
+    none of them) while XLA can still read it — before JAX starts its backend — so that every
+    graph of the demo compiles with them (the batched model calls jit without compiler
+    options). Child processes inherit the variable. On other backends the options do
+    nothing."""
+    from jax._src import xla_bridge
+    from jaxmodel.batching import CPU_COMPILE_OPTIONS, xla_flags
+    if xla_bridge.backends_are_initialized():
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    add = [f for f in xla_flags(CPU_COMPILE_OPTIONS) if f.split("=")[0] not in flags]
+    if add:
+        os.environ["XLA_FLAGS"] = " ".join([flags] + add).strip()
+
+
+def run_stages(labels, out: Path, quick: bool, quiet: bool, t0: float | None = None) -> dict:
+    """Run the stages named in ``labels`` (in :data:`STAGES` order) in this process; returns
+    their parts of the summary. Each stage reports its wall time split into compile and run
+    (stderr, when > 2 s)."""
+    import jaxmodel  # noqa: F401  (import cost inside the timed run)
+    from jaxmodel.runtime import set_quiet, stage
+    if quiet:
+        set_quiet(True)
+    say = Progress(t0)
+    summary = {}
+    for label, fn in STAGES:
+        if label in labels:
+            say(f"{label}: started")
+            with stage(f"demo {label}"):
+                summary.update(fn(out, say, quick))
+    return summary
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jaxmodel.demo", description=__doc__.split(
         "\n")[0])
@@ -261,39 +345,36 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sweep, search and co-design")
     ap.add_argument("--quiet", action="store_true",
                     help="no progress output (as JAXMODEL_QUIET=1); the summary still prints")
+    ap.add_argument("--serial", action="store_true",
+                    help="run every stage in this process (no second process)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    use_compile_options()
     say = Progress()
+    side = () if a.serial else SIDE
     say(f"jaxmodel demo → {out}/ (JAX {jax.__version__}, {jax.device_count()} "
-        f"{jax.devices()[0].platform} device(s))")
-    import jaxmodel  # noqa: F401  (import cost inside the timed run)
-    from jaxmodel.runtime import set_quiet, stage
-    if a.quiet:
-        set_quiet(True)
-    summary = {}
-    # each stage reports its wall time split into compile and run (stderr, when > 2 s)
-    with stage("demo 1/5 predictions"):
-        pred = predictions(out, say)
-    summary["predictions"] = pred.round(4).to_dict(orient="records")
-    with stage("demo 2/5 roofline"):
-        roofline(out, say)
-    with stage("demo 3/5 hardware sweep"):
-        sw = hardware_sweep(out, say, a.quick)
-    feas = sw[sw.fits_memory]
-    best = feas.loc[feas.usd_per_mtok.idxmin()]
-    summary["hardware_sweep"] = {"n_designs": len(sw), "n_feasible": len(feas),
-                                 "best_usd_per_mtok": {k: float(best[k]) for k in best.index
-                                                       if k != "fits_memory"}}
-    with stage("demo 4/5 parallelism search"):
-        se = parallelism_search(out, say, a.quick)
-    cols = ["dp", "tp", "pp", "sp", "micro_batch", "interleave", "schedule", "recompute",
-            "zero", "flash_attention", "step_time_s", "mfu"]
-    summary["parallelism_search"] = {"n_plans": int(se.attrs["n_evaluated"]),
-                                     "best": {k: (v if isinstance(v, str) else float(v))
-                                              for k, v in se.iloc[0][cols].items()}}
-    with stage("demo 5/5 co-design"):
-        summary["codesign"] = codesign_run(out, say, a.quick)
+        f"{jax.devices()[0].platform} device(s)"
+        + (f"; stages {', '.join(l.split()[0] for l in side)} in a second process)"
+           if side else ")"))
+    pool = other = None
+    if side:
+        import concurrent.futures
+        import multiprocessing
+        pool = concurrent.futures.ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn"))
+        other = pool.submit(run_stages, side, out, a.quick, a.quiet, say.t0)
+    try:
+        summary = run_stages([l for l, _ in STAGES if l not in side], out, a.quick, a.quiet,
+                             say.t0)
+        if other is not None:
+            summary.update(other.result())
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    pred = summary.pop("_pred")
+    summary = {k: summary[k] for k in ("predictions", "hardware_sweep", "parallelism_search",
+                                       "codesign")}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
 
     print("\n=== summary ===")
