@@ -327,7 +327,29 @@ def tile_fits(dev, word=_MIN_WORD, xp=jnp):
     jax.numpy.
     """
     big = xp.asarray(_UNCLIPPED, dtype=jnp.result_type(float))
-    return xp.any(_tiles(xp, dev, big, big, big, word)[-1], axis=-1)
+    return xp.any(_tiles(xp, dev, big, big, big, word, _fit_front(GRID))[-1], axis=-1)
+
+
+_FIT_FRONTS: dict = {}
+
+
+def _fit_front(grid):
+    """The mappings of ``grid`` that :func:`tile_fits` needs: those not dominated in
+    (L2 working set, L2 m and n tiles, L1 tile in arrays, clipped L1 k-tile) by another one.
+    Unclipped, a mapping fits the global buffer where its L2 working set does and the local
+    buffer where ``2·(t_m·t_n + t_k·(t_m + t_n))·word`` does (``t_m = min(L1 tiles × array
+    edge, T_m)``, :func:`_tiles`), both non-decreasing in the five, so a dominated mapping
+    never fits where its dominator does not: ``any`` over the front equals ``any`` over the
+    grid, for every device (memoised per grid)."""
+    key = id(grid)
+    if key not in _FIT_FRONTS:
+        pts = np.stack([grid[0] * grid[1] + grid[1] * grid[2] + grid[0] * grid[2],
+                        grid[0], grid[1], grid[3], np.minimum(grid[4], grid[2])])  # (5, C)
+        le = np.all(pts[:, :, None] <= pts[:, None, :], axis=0)           # [d, c]: d <= c
+        lt = np.any(pts[:, :, None] < pts[:, None, :], axis=0)
+        dominated = np.any(le & lt, axis=0)
+        _FIT_FRONTS[key] = (grid, grid[:, ~dominated])    # keep grid alive: id stays unique
+    return _FIT_FRONTS[key][1]
 
 
 def device_feasible(dev):
