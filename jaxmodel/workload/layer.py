@@ -725,8 +725,12 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     return out
 
 
-# chunks of 1,024 points: the candidate loops of a chunk stay in cache (4,096: ~8 % slower)
-@batched(chunk=1024)
+#: Points per chunk of :func:`layer_breakdown`'s batched call: the candidate loops of a chunk
+#: stay in cache (4,096: ~8 % slower on a hardware sweep).
+LAYER_CHUNK = 1024
+
+
+@batched(chunk=LAYER_CHUNK)
 def _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm, precision,
                      variant, runtime, shapes=None):
     return layer_times(system, model, par, batch, seq_len, phase, kv_len, gemm,
