@@ -367,8 +367,8 @@ def _cdiv(a, b):
 
 
 
-def _tiles(xp, dev, m, n, k, word, grid=GRID):
-    """Tiles of every candidate mapping of ``grid`` (default :data:`GRID`) for one
+def _tiles(xp, dev, m, n, k, word, grid=None):
+    """Tiles of every candidate mapping of ``grid`` (default: :data:`GRID`) for one
     ``[m×k]·[k×n]`` GEMM (``m, n, k >= 1``) and whether they fit the buffers; ``xp`` is
     jax.numpy or numpy (concrete checks).
 
@@ -377,7 +377,7 @@ def _tiles(xp, dev, m, n, k, word, grid=GRID):
     """
     H = xp.where(dev.sa_rows > 0, dev.sa_rows, 1.0)              # nx.sanitize
     W = xp.where(dev.sa_cols > 0, dev.sa_cols, 1.0)
-    g = xp.asarray(grid, dtype=jnp.result_type(float))          # (5, C)
+    g = xp.asarray(GRID if grid is None else grid, dtype=jnp.result_type(float))  # (5, C)
     # ---- L2 tile (clipped to the problem) ---------------------------------------------
     TM = xp.minimum(g[0], m)
     TN = xp.minimum(g[1], n)
@@ -397,9 +397,9 @@ def _tiles(xp, dev, m, n, k, word, grid=GRID):
     return H, W, TM, TN, TK, tm, tn, tk, ws2, fit1 & fit2
 
 
-def _candidate_cycles(dev, m, n, k, word, grid=GRID, single=(False, False, False)):
-    """Cycles of every candidate mapping of ``grid`` for one ``[m×k]·[k×n]`` GEMM (single
-    config).
+def _candidate_cycles(dev, m, n, k, word, grid=None, single=(False, False, False)):
+    """Cycles of every candidate mapping of ``grid`` (default: :data:`GRID`) for one
+    ``[m×k]·[k×n]`` GEMM (single config).
 
     Returns ``(cycles, mask)``, both of shape ``(C,)`` (``C = N_CANDIDATES`` for the default
     grid); ``mask`` is False where the tiles do not fit the buffers. The 8 tile classes (full
@@ -517,22 +517,23 @@ def _static_groups(m, n, k):
     (:func:`_tiles` derives every other quantity from these), so only the first is kept:
     the hard min is unchanged. The rest are grouped by which dimensions their L2 tile
     divides (:func:`_candidate_cycles`' ``single``). Returns ``[(grid, single), ...]``,
-    static numpy grids (memoised per shape).
+    static numpy grids (memoised per grid and shape).
     """
-    key = (float(m), float(n), float(k))
+    shape = (float(m), float(n), float(k))
+    key = (id(GRID),) + shape
     if key not in _STATIC_GROUPS:
         g = GRID
-        tiles = np.minimum(g[:3], np.asarray(key)[:, None])          # clipped L2 tiles
+        tiles = np.minimum(g[:3], np.asarray(shape)[:, None])        # clipped L2 tiles
         tk = np.minimum(g[4], tiles[2])
         _, first = np.unique(np.stack([*tiles, g[3], tk]), axis=1, return_index=True)
         keep = np.sort(first)
-        one = np.asarray(key)[:, None] % tiles[:, keep] == 0.0      # (3, C') divides
+        one = np.asarray(shape)[:, None] % tiles[:, keep] == 0.0    # (3, C') divides
         groups = []
         for pattern in sorted(set(map(tuple, one.T.tolist()))):
             sel = keep[np.all(one.T == np.asarray(pattern), axis=1)]
             groups.append((g[:, sel], tuple(bool(p) for p in pattern)))
-        _STATIC_GROUPS[key] = groups
-    return _STATIC_GROUPS[key]
+        _STATIC_GROUPS[key] = (g, groups)           # keep the grid alive: its id stays unique
+    return _STATIC_GROUPS[key][1]
 
 
 def _static_search(dev, shapes, word):
