@@ -49,6 +49,7 @@ library-kernel bound above.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
 import jax
@@ -326,7 +327,29 @@ def tile_fits(dev, word=_MIN_WORD, xp=jnp):
     jax.numpy.
     """
     big = xp.asarray(_UNCLIPPED, dtype=jnp.result_type(float))
-    return xp.any(_tiles(xp, dev, big, big, big, word)[-1], axis=-1)
+    return xp.any(_tiles(xp, dev, big, big, big, word, _fit_front(GRID))[-1], axis=-1)
+
+
+_FIT_FRONTS: dict = {}
+
+
+def _fit_front(grid):
+    """The mappings of ``grid`` that :func:`tile_fits` needs: those not dominated in
+    (L2 working set, L2 m and n tiles, L1 tile in arrays, clipped L1 k-tile) by another one.
+    Unclipped, a mapping fits the global buffer where its L2 working set does and the local
+    buffer where ``2·(t_m·t_n + t_k·(t_m + t_n))·word`` does (``t_m = min(L1 tiles × array
+    edge, T_m)``, :func:`_tiles`), both non-decreasing in the five, so a dominated mapping
+    never fits where its dominator does not: ``any`` over the front equals ``any`` over the
+    grid, for every device (memoised per grid)."""
+    key = id(grid)
+    if key not in _FIT_FRONTS:
+        pts = np.stack([grid[0] * grid[1] + grid[1] * grid[2] + grid[0] * grid[2],
+                        grid[0], grid[1], grid[3], np.minimum(grid[4], grid[2])])  # (5, C)
+        le = np.all(pts[:, :, None] <= pts[:, None, :], axis=0)           # [d, c]: d <= c
+        lt = np.any(pts[:, :, None] < pts[:, None, :], axis=0)
+        dominated = np.any(le & lt, axis=0)
+        _FIT_FRONTS[key] = (grid, grid[:, ~dominated])    # keep grid alive: id stays unique
+    return _FIT_FRONTS[key][1]
 
 
 def device_feasible(dev):
@@ -344,16 +367,17 @@ def _cdiv(a, b):
 
 
 
-def _tiles(xp, dev, m, n, k, word):
-    """Tiles of every candidate mapping of one ``[m×k]·[k×n]`` GEMM (``m, n, k >= 1``) and
-    whether they fit the buffers; ``xp`` is jax.numpy or numpy (concrete checks).
+def _tiles(xp, dev, m, n, k, word, grid=None):
+    """Tiles of every candidate mapping of ``grid`` (default: :data:`GRID`) for one
+    ``[m×k]·[k×n]`` GEMM (``m, n, k >= 1``) and whether they fit the buffers; ``xp`` is
+    jax.numpy or numpy (concrete checks).
 
     Returns ``(H, W, TM, TN, TK, tm, tn, tk, ws2, mask)``: the systolic array (sanitised),
     the L2 and L1 tiles, the L2 working set (bytes) and the fit mask, shape ``(C,)``.
     """
     H = xp.where(dev.sa_rows > 0, dev.sa_rows, 1.0)              # nx.sanitize
     W = xp.where(dev.sa_cols > 0, dev.sa_cols, 1.0)
-    g = xp.asarray(GRID, dtype=jnp.result_type(float))          # (5, C)
+    g = xp.asarray(GRID if grid is None else grid, dtype=jnp.result_type(float))  # (5, C)
     # ---- L2 tile (clipped to the problem) ---------------------------------------------
     TM = xp.minimum(g[0], m)
     TN = xp.minimum(g[1], n)
@@ -373,13 +397,19 @@ def _tiles(xp, dev, m, n, k, word):
     return H, W, TM, TN, TK, tm, tn, tk, ws2, fit1 & fit2
 
 
-def _candidate_cycles(dev, m, n, k, word):
-    """Cycles of every candidate mapping of one ``[m×k]·[k×n]`` GEMM (single config).
+def _candidate_cycles(dev, m, n, k, word, grid=None, single=(False, False, False)):
+    """Cycles of every candidate mapping of ``grid`` (default: :data:`GRID`) for one
+    ``[m×k]·[k×n]`` GEMM (single config).
 
-    Returns ``(cycles, mask)``, both of shape ``(N_CANDIDATES,)``; ``mask`` is False where the
-    tiles do not fit the buffers. The 8 tile classes (full or remainder tile in m, n and k)
-    are an unrolled Python loop over ``(C,)`` arrays: XLA then fuses the whole cost into one
-    elementwise loop over the candidates (a class axis would materialise intermediates).
+    Returns ``(cycles, mask)``, both of shape ``(C,)`` (``C = N_CANDIDATES`` for the default
+    grid); ``mask`` is False where the tiles do not fit the buffers. The 8 tile classes (full
+    or remainder tile in m, n and k) are an unrolled Python loop over ``(C,)`` arrays: XLA
+    then fuses the whole cost into one elementwise loop over the candidates (a class axis
+    would materialise intermediates). ``single`` (static, per dimension m, n, k): every
+    tile of that dimension has the same size for every candidate of ``grid`` (the L2 tile
+    divides the dimension), so its one class — size ``T``, count ``ceil(d/T)`` — replaces
+    the full and remainder classes (same cycles, a quarter to an eighth of the work;
+    :func:`_static_groups`).
     """
     freq, dram, l2bw, vec_core, cores = _rates(dev)
     lanes = nx.sanitize(dev.lanes_per_core, dev.lanes_per_core > 0)
@@ -390,7 +420,7 @@ def _candidate_cycles(dev, m, n, k, word):
     m = jnp.maximum(m, 1.0)
     n = jnp.maximum(n, 1.0)
     k = jnp.maximum(k, 1.0)
-    H, W, TM, TN, TK, tm, tn, tk, ws2, mask = _tiles(jnp, dev, m, n, k, word)
+    H, W, TM, TN, TK, tm, tn, tk, ws2, mask = _tiles(jnp, dev, m, n, k, word, grid)
     db2 = ws2 <= 0.5 * dev.global_buffer_bytes
 
     # ---- L0: lanes split along m (i) and n (lanes / i); chosen on the full L1 tile --------
@@ -408,19 +438,19 @@ def _candidate_cycles(dev, m, n, k, word):
 
     # ---- per dimension: tile count, then (size, count, L1 tiles, L1 extent, folds) of the
     # full and the remainder tile ------------------------------------------------------------
-    def per_dim(d, T, t, lane_extent):
+    def per_dim(d, T, t, lane_extent, one_class):
         cnt = _cdiv(d, T)
         # the remainder lies in (0, T]; clipped because float32 rounds it to 0 for huge d
         rem = jnp.clip(d - (cnt - 1.0) * T, jnp.minimum(d, 1.0), T)
         out = []
-        for size, count in ((T, cnt - 1.0), (rem, 1.0)):
+        for size, count in (((T, cnt),) if one_class else ((T, cnt - 1.0), (rem, 1.0))):
             e = jnp.minimum(t, size)
             out.append((size, count, _cdiv(size, t), e, _cdiv(e, lane_extent)))
         return cnt, out
 
-    nM, cls_m = per_dim(m, TM, tm, best_i * H)
-    nN, cls_n = per_dim(n, TN, tn, best_j * W)
-    nK, cls_k = per_dim(k, TK, tk, 1.0)
+    nM, cls_m = per_dim(m, TM, tm, best_i * H, single[0])
+    nN, cls_n = per_dim(n, TN, tn, best_j * W, single[1])
+    nK, cls_k = per_dim(k, TK, tk, 1.0, single[2])
     frac_k = (nK - 1.0) / nK                                    # L2 steps re-reading C
     reuse_a = jnp.where(nK > 1.0, 1.0, 1.0 / nN)                # mnk: A reused across n if nK == 1
     inv_nm = 1.0 / nM
@@ -461,20 +491,90 @@ def _candidate_cycles(dev, m, n, k, word):
             step = jnp.where(db, jnp.maximum(read, l1_time), read + l1_time) + write
             knm = knm + count * step
             # mnk (k innermost, as CUTLASS/XLA): C stays in the global buffer across k and
-            # is written once, after its last k step (the k-remainder class).
+            # is written once per (m, n) tile, after its last k step (the last k class).
             read = ak * (dN + dM * reuse_a)
             step = jnp.where(db, jnp.maximum(read, l1_time), read + l1_time)
-            mnk = mnk + count * (step + write * ck)
+            last = ck == len(cls_k) - 1
+            mnk = mnk + count * step + (count_mn * write if last else 0.0)
     prologue = (word * r_dram) * (TM * TK + TK * TN)
     cycles = jnp.minimum(knm, mnk) + prologue
     return jnp.where(mask, cycles, jnp.inf), mask
 
 
+def _is_static(*xs):
+    """True when every ``x`` is a plain Python number (a shape known when tracing)."""
+    return all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
+
+
+_STATIC_GROUPS: dict = {}
+
+
+def _static_groups(m, n, k):
+    """The candidate grid of one GEMM of static shape ``m, n, k >= 1``, pruned and grouped.
+
+    Two mappings whose clipped L2 tiles ``(min(T_m, m), min(T_n, n), min(T_k, k))``, L1 tile
+    (in systolic arrays) and clipped L1 k-tile agree give the same cycles on every device
+    (:func:`_tiles` derives every other quantity from these), so only the first is kept:
+    the hard min is unchanged. The rest are grouped by which dimensions their L2 tile
+    divides (:func:`_candidate_cycles`' ``single``). Returns ``[(grid, single), ...]``,
+    static numpy grids (memoised per grid and shape).
+    """
+    shape = (float(m), float(n), float(k))
+    key = (id(GRID),) + shape
+    if key not in _STATIC_GROUPS:
+        g = GRID
+        tiles = np.minimum(g[:3], np.asarray(shape)[:, None])        # clipped L2 tiles
+        tk = np.minimum(g[4], tiles[2])
+        _, first = np.unique(np.stack([*tiles, g[3], tk]), axis=1, return_index=True)
+        keep = np.sort(first)
+        one = np.asarray(shape)[:, None] % tiles[:, keep] == 0.0    # (3, C') divides
+        groups = []
+        for pattern in sorted(set(map(tuple, one.T.tolist()))):
+            sel = keep[np.all(one.T == np.asarray(pattern), axis=1)]
+            groups.append((g[:, sel], tuple(bool(p) for p in pattern)))
+        _STATIC_GROUPS[key] = (g, groups)           # keep the grid alive: its id stays unique
+    return _STATIC_GROUPS[key][1]
+
+
+def _static_search(dev, shapes, word):
+    """Best mapping's cycle count of each static GEMM shape ``(m, n, k)`` (all ``>= 1``) of
+    ``shapes``: ``{shape: cycles}`` (``+inf`` where no candidate fits).
+
+    One search for all of them: the pruned candidates of every shape
+    (:func:`_static_groups`) with the same class pattern are concatenated into one
+    :func:`_candidate_cycles` call (the problem dimensions as per-candidate columns), so a
+    layer's GEMMs compile into a few candidate loops; each shape's minimum is then taken
+    over its own slices.
+    """
+    shapes = list(dict.fromkeys(tuple(float(x) for x in s) for s in shapes))
+    by_pattern = {}                                  # pattern -> [(shape index, grid)]
+    for i, shape in enumerate(shapes):
+        for grid, one in _static_groups(*shape):
+            by_pattern.setdefault(one, []).append((i, grid))
+    best = [[] for _ in shapes]
+    for one, parts in by_pattern.items():
+        grid = np.concatenate([g for _, g in parts], axis=1)
+        dims = np.concatenate([np.repeat(np.asarray(shapes[i])[:, None], g.shape[1], axis=1)
+                               for i, g in parts], axis=1)
+        cycles, mask = _candidate_cycles(dev, dims[0], dims[1], dims[2], word, grid, one)
+        start = 0
+        for i, g in parts:
+            stop = start + g.shape[1]
+            best[i].append(nx.masked_min(cycles[start:stop], mask[start:stop]))
+            start = stop
+    return {shape: functools.reduce(jnp.minimum, b) for shape, b in zip(shapes, best)}
+
+
 def _tiled_cycles(dev, m, n, k, word, soft=None):
     """Best mapping's cycle count for one ``[m×k]·[k×n]`` GEMM (single config, scalar leaves).
 
-    Returns ``(cycles, any_feasible)``; cycles is ``+inf`` when no candidate fits.
+    Returns ``(cycles, any_feasible)``; cycles is ``+inf`` when no candidate fits. With a
+    static shape (Python numbers ``>= 1``) and the hard min, the search runs over the pruned,
+    grouped grid of :func:`_static_groups` (same minimum; :func:`_static_search`).
     """
+    if soft is None and _is_static(m, n, k) and min(m, n, k) >= 1:
+        best = _static_search(dev, [(m, n, k)], word)[(float(m), float(n), float(k))]
+        return best, jnp.isfinite(best)
     cycles, mask = _candidate_cycles(dev, m, n, k, word)
     if soft is None:
         best = nx.masked_min(cycles, mask)
@@ -565,17 +665,21 @@ def _gemv_seconds(dev, m, n, k, word):
     return jnp.maximum(vec, mem)
 
 
-def gemm_parts(dev, m, n, k, word, soft=None):
+def gemm_parts(dev, m, n, k, word, soft=None, searched=None):
     """The three terms of one GEMM's time, s: ``(tile_s, library_s, gemv_s)``.
 
     ``tile_s``: the tile-level mapper; ``library_s``: the library-kernel bound
     (:func:`_library_seconds`); ``gemv_s``: the vector-unit path used when ``m`` or ``n`` is 1.
     The kernel time is ``gemv_s`` for a GEMV, else ``max(tile_s, library_s)``
     (:func:`combine_parts`). Exposed so that a calibration can vary the library constants
-    without re-running the tile search.
+    without re-running the tile search. ``searched``: ``{(m, n, k): cycles}`` of static
+    shapes already searched (:func:`_static_search`).
     """
     freq, *_ = _rates(dev)
-    cycles, _ = _tiled_cycles(dev, m, n, k, word, soft)
+    if searched is not None and (m, n, k) in searched:
+        cycles = searched[(m, n, k)]
+    else:
+        cycles, _ = _tiled_cycles(dev, m, n, k, word, soft)
     fin = jnp.isfinite(cycles)                 # no tile fits: +inf, d/dfreq finite (double-where)
     tile_s = jnp.where(fin, jnp.where(fin, cycles, 0.0) / freq, jnp.inf)
     return (tile_s, _library_seconds(dev, m, n, k, word),
@@ -588,22 +692,33 @@ def combine_parts(m, n, tile_s, library_s, gemv_s):
     return jnp.where(is_gemv, gemv_s, jnp.maximum(tile_s, library_s))
 
 
-def _one_gemm_seconds(dev, m, n, k, word, soft):
-    return combine_parts(m, n, *gemm_parts(dev, m, n, k, word, soft))
+def _is_gemv(m, n):
+    return m <= 1.0 or n <= 1.0
+
+
+def _one_gemm_seconds(dev, m, n, k, word, soft, searched=None):
+    if _is_static(m, n) and _is_gemv(m, n):      # a static GEMV: its path alone
+        return _gemv_seconds(dev, m, n, k, word)
+    return combine_parts(m, n, *gemm_parts(dev, m, n, k, word, soft, searched))
 
 
 def _gemm_single(dev, m, n, k, batch=1.0, dtype_bytes=2.0, overhead=True, soft=None,
-                 merged=True):
-    """Single-config GEMM latency (see :func:`gemm_latency`)."""
+                 merged=True, searched=None):
+    """Single-config GEMM latency (see :func:`gemm_latency`); ``searched``: the tile
+    searches of static shapes already done (:func:`gemm_latencies`)."""
     ok = (device_feasible(dev) & (m > 0) & (n > 0) & (k > 0) & (batch > 0)
           & (dtype_bytes > 0))
     word = nx.sanitize(dtype_bytes, dtype_bytes > 0)
-    b = nx.sanitize(batch, batch > 0)
-    m_, n_, k_ = (nx.sanitize(x, x > 0) for x in (m, n, k))
-    single = nx.weighted(b, _one_gemm_seconds(dev, m_, n_, k_, word, soft))
+    if _is_static(m, n, k, batch) and min(m, n, k, batch) > 0:
+        # a static shape stays static (pruned tile search, GEMV path alone)
+        b, m_, n_, k_ = float(batch), float(m), float(n), float(k)
+    else:
+        b = nx.sanitize(batch, batch > 0)
+        m_, n_, k_ = (nx.sanitize(x, x > 0) for x in (m, n, k))
+    single = nx.weighted(b, _one_gemm_seconds(dev, m_, n_, k_, word, soft, searched))
     if merged:
         # LLMCompass BatchedMatmul: one [m, b·k]×[b·k, n] GEMM plus writing b−1 extra C's.
-        fused = (_one_gemm_seconds(dev, m_, n_, b * k_, word, soft)
+        fused = (_one_gemm_seconds(dev, m_, n_, b * k_, word, soft, searched)
                  + nx.safe_div((b - 1.0) * m_ * n_ * word, dev.achievable_mem_bw,
                                fill=jnp.inf))
         t = jnp.minimum(single, fused)
@@ -686,6 +801,28 @@ def _gemm_latency_single(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, so
 
 
 gemm_latency.single = _gemm_latency_single
+
+
+def gemm_latencies(dev, shapes, dtype_bytes=2.0, overhead=True):
+    """Latencies of several GEMM kernels of static shapes on one configuration, s.
+
+    ``shapes``: ``[(m, n, k, batch), ...]`` as Python numbers (> 0); each entry is timed as
+    ``gemm_latency.single(dev, m, n, k, batch, dtype_bytes, overhead)`` (the merged
+    ``BatchedMatmul`` alternative where ``batch != 1``), with every tile search of the list
+    (the GEMMs and their merged forms, GEMVs excepted) done by one pruned search
+    (:func:`_static_search`): same times, a fraction of the work. Single config (``dev``
+    scalar leaves; ``dtype_bytes`` may be traced). Returns a list of times.
+    """
+    word = nx.sanitize(dtype_bytes, dtype_bytes > 0)
+    shapes = [tuple(float(x) for x in s) for s in shapes]
+    if not all(min(s) > 0 for s in shapes):
+        raise ValueError(f"static GEMM shapes must be positive: {shapes}")
+    wanted = [(m, n, kk) for m, n, k, b in shapes if not _is_gemv(m, n)
+              for kk in ((k,) if b == 1.0 else (k, b * k))]
+    searched = _static_search(dev, wanted, word) if wanted else {}
+    mode = _overhead_mode(overhead)
+    return [_gemm_single(dev, m, n, k, b, dtype_bytes, mode, None, b != 1.0, searched)
+            for m, n, k, b in shapes]
 
 
 @batched

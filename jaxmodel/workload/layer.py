@@ -66,11 +66,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmodel import batching as _batching
 from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
 from jaxmodel import runtime_profile as _rtp
 from jaxmodel.batching import batched
 from jaxmodel.ops import attention as _attention
+from jaxmodel.ops import gemm as _gemm_ops
 from jaxmodel.workload import moe as _moe
 from jaxmodel.workload.ffn import Gemm, _elementwise, ffn_block  # noqa: F401
 from jaxmodel.workload import params as _params
@@ -199,9 +201,29 @@ def _grads(g: Gemm):
     return (Gemm(g.m, g.k, g.n, g.batch), Gemm(g.k, g.n, g.m, g.batch))
 
 
-def _time_gemms(gemm, dev, shapes, batched_kind, dtype_bytes):
+def _time_gemms(gemm, dev, shapes, batched_kind, dtype_bytes, static=None):
+    """Times of the GEMMs ``shapes`` (one vmapped call), or, with ``static`` (their
+    ``(m, n, k, batch)`` as positive Python numbers, :func:`static_gemm_shapes`), once per
+    distinct static shape: the default GEMM model then searches the tiles of all of them
+    at once, pruned to each shape (:func:`jaxmodel.ops.gemm.gemm_latencies`), and takes the
+    GEMV path alone where ``m`` or ``n`` is 1. A traced shape that differs from its static
+    one (beyond float rounding) gives ``+inf``, never a wrong time."""
     if not shapes:
         return []
+    if static is not None and all(min(st) > 0 for st in static):
+        distinct = list(dict.fromkeys(static))
+        if gemm is default_gemm:
+            times = _gemm_ops.gemm_latencies(dev, distinct, dtype_bytes, overhead=True)
+        else:
+            times = [gemm(dev, m, n, k, b, dtype_bytes) for m, n, k, b in distinct]
+        timed = dict(zip(distinct, times))
+        out = []
+        for g, st in zip(shapes, static):
+            traced = [g.m, g.n, g.k] + ([g.batch] if batched_kind else [])
+            same = jnp.all(jnp.stack([jnp.abs(x - v) <= 1e-6 * abs(v)
+                                      for x, v in zip(traced, st)]))
+            out.append(jnp.where(same, timed[st], INF))
+        return out
     dtype = jnp.result_type(float)
     mnk = [jnp.stack([jnp.asarray(getattr(g, f), dtype=dtype) for g in shapes])
            for f in ("m", "n", "k")]
@@ -252,8 +274,23 @@ def quantize_times(dev, gemm_rows, prec, backward=False):
     return jnp.asarray(fwd), jnp.asarray(bwd)
 
 
+def _gemm_entries(gemm_rows, backward):
+    """The GEMMs :func:`evaluate` times, ``(plain, multi)``: lists of ``(row, count,
+    direction, Gemm)`` for the weight GEMMs and the batched (attention) products, forward
+    (direction 0) and, with ``backward``, the two gradient GEMMs (direction 1) of each."""
+    entries = []   # (row, count, direction, Gemm)
+    for row, items in gemm_rows.items():
+        for g, count in items:
+            entries.append((row, count, 0, g))
+            if backward:
+                for gb in _grads(g):
+                    entries.append((row, count, 1, gb))
+    return ([e for e in entries if e[3].batch is None],
+            [e for e in entries if e[3].batch is not None])
+
+
 def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=None, backward=False, *,
-             precision=None, attn_word=None):
+             precision=None, attn_word=None, shapes=None):
     """Time a layer's rows: ``{row: (fwd_s, bwd_s)}``.
 
     Weight GEMMs (``batch`` None) run at the tensor-core rate of ``precision.gemm_dtype``
@@ -271,23 +308,22 @@ def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=None, backward=False
         backward: also time the gradient GEMMs (else ``bwd_s = 0`` for GEMM rows).
         precision: a :class:`jaxmodel.Precision` or preset name (default ``"bf16"``).
         attn_word: bytes per element of the attention products (default ``act_bytes``).
+        shapes: optional static shapes of the GEMMs (:func:`static_gemm_shapes`): each GEMM
+            timed once per distinct shape by a search pruned to it.
     """
     prec = _prec.resolve(precision, dtype_bytes)
     w_gemm = _prec.gemm_word(prec)
     w_attn = prec.act_bytes if attn_word is None else attn_word
     dev_gemm = _prec.scaled_device(dev, prec.gemm_dtype)
     dev_attn = _prec.scaled_device(dev, prec.attn_dtype)
-    entries = []   # (row, count, direction, Gemm)
-    for row, items in gemm_rows.items():
-        for g, count in items:
-            entries.append((row, count, 0, g))
-            if backward:
-                for gb in _grads(g):
-                    entries.append((row, count, 1, gb))
-    plain = [e for e in entries if e[3].batch is None]
-    multi = [e for e in entries if e[3].batch is not None]
-    times = (_time_gemms(gemm, dev_gemm, [e[3] for e in plain], False, w_gemm)
-             + _time_gemms(gemm, dev_attn, [e[3] for e in multi], True, w_attn))
+    plain, multi = _gemm_entries(gemm_rows, backward)
+    st = _parse_shapes(shapes) if shapes is not None else None
+    if st is not None and len(st) != len(plain) + len(multi):
+        raise ValueError(f"{len(st)} static GEMM shapes for {len(plain) + len(multi)} GEMMs")
+    times = (_time_gemms(gemm, dev_gemm, [e[3] for e in plain], False, w_gemm,
+                         None if st is None else st[:len(plain)])
+             + _time_gemms(gemm, dev_attn, [e[3] for e in multi], True, w_attn,
+                           None if st is None else st[len(plain):]))
     out = {row: [0.0, 0.0] for row in gemm_rows}
     for (row, count, direction, _), t in zip(plain + multi, times):
         # counts may be arrays (MoE share, FlashAttention switch); a zero count adds exactly 0
@@ -587,16 +623,13 @@ def runtime_inputs(dev, par: Parallelism, variant: Variant, rt, decode):
     return dev, par, variant
 
 
-def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
-                phase: str = "prefill", kv_len=0.0, gemm: GemmFn | None = None,
-                dtype_bytes=None, variant: Variant = ANY, precision=None, runtime=None):
-    """Single-configuration body of :func:`layer_breakdown` (use inside other formulas)."""
+def _inference_graph(system: System, model: Model, par: Parallelism, batch, seq_len, phase,
+                     kv_len, variant: Variant, prec, runtime):
+    """``(dev, par, variant, gemm_rows, vector_rows)`` of one prefill or decode layer
+    (:func:`layer_graph` under the serving runtime's inputs, :func:`runtime_inputs`)."""
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
-    gemm = gemm or default_gemm
     dev = system.device
-    prec = _prec.resolve(precision, dtype_bytes)
-    dtype_bytes = prec.act_bytes
     kv_seq = seq_len if phase == "prefill" else kv_len + seq_len
     rt = _rtp.runtime(runtime)
     if _rtp.is_eager(rt):
@@ -607,7 +640,74 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     gemms, vectors = layer_graph(dev, model, par, batch, seq_len, kv_seq, variant=variant,
                                  precision=prec, attn_word=prec.kv_bytes,
                                  mla_absorbed=phase == "decode", runtime=rt)
-    rows = evaluate(gemm, dev, gemms, vectors, precision=prec, attn_word=prec.kv_bytes)
+    return dev, par, variant, gemms, vectors
+
+
+def _parse_shapes(shapes):
+    """:func:`static_gemm_shapes`' strings as ``(m, n, k, batch)`` tuples of floats."""
+    return tuple(tuple(float(v) for v in row.split(",")) for row in shapes)
+
+
+def _gemm_shape_table(system, model, par, batch, seq_len, phase, kv_len, variant, precision,
+                      runtime):
+    """``[G, 4]``: ``(m, n, k, batch)`` of every GEMM :func:`evaluate` times in one inference
+    layer, in its order (batch 1 for the weight GEMMs)."""
+    _, _, _, gemms, _ = _inference_graph(system, model, par, batch, seq_len, phase, kv_len,
+                                         variant, _prec.resolve(precision), runtime)
+    plain, multi = _gemm_entries(gemms, False)
+    rows = [jnp.stack([jnp.asarray(x, dtype=jnp.result_type(float)) for x in
+                       (g.m, g.n, g.k, 1.0 if g.batch is None else g.batch)])
+            for _, _, _, g in plain + multi]
+    return jnp.stack(rows) if rows else jnp.zeros((0, 4))
+
+
+_shape_table = _batching.jit_leaves(_gemm_shape_table)
+
+
+def static_gemm_shapes(system: System, model: Model, par: Parallelism, batch, seq_len,
+                       phase="prefill", kv_len=0.0, variant: Variant = ANY, precision=None,
+                       runtime=None):
+    """The GEMM shapes of one inference layer as static strings (``"m,n,k,batch"``, in
+    :func:`evaluate`'s order) for a sweep over hardware: None unless the inputs they depend
+    on (``model``, ``par``, ``batch``, ``seq_len``, ``kv_len``, ``runtime``) are concrete
+    single values and ``system`` carries a batch axis (a single configuration keeps the
+    shapes as numbers: its executable serves any model and compiles faster).
+
+    Computed at the API edge by one small compiled call (the shapes do not depend on the
+    hardware: ``system``'s numbers are replaced by 1) and passed to :func:`evaluate` as a
+    static argument: each distinct GEMM is timed once, by a tile search pruned to its shape
+    (exact: the same minimum), and GEMVs by their path alone. The shapes become part of the
+    compilation key, so the numbers of another model compile again.
+    """
+    inputs = (model, par, batch, seq_len, kv_len, precision, runtime)
+    leaves = [x for x in jax.tree_util.tree_leaves(inputs) if not _batching.is_static(x)]
+    if not is_concrete(*inputs) or any(np.size(x) != 1 for x in leaves):
+        return None
+    if all(np.size(x) == 1 for x in jax.tree_util.tree_leaves(system)
+           if not _batching.is_static(x)):
+        return None
+    unit = jax.tree_util.tree_map(lambda x: x if _batching.is_static(x) else 1.0, system)
+    with jax.ensure_compile_time_eval():
+        table = _shape_table(unit, model, par, batch, seq_len, phase, kv_len, variant,
+                             precision, runtime)
+    if not is_concrete(table):
+        return None
+    return tuple(",".join(repr(float(v)) for v in row) for row in np.asarray(table))
+
+
+def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
+                phase: str = "prefill", kv_len=0.0, gemm: GemmFn | None = None,
+                dtype_bytes=None, variant: Variant = ANY, precision=None, runtime=None,
+                shapes=None):
+    """Single-configuration body of :func:`layer_breakdown` (use inside other formulas).
+    ``shapes``: the static GEMM shapes of :func:`static_gemm_shapes` (optional)."""
+    gemm = gemm or default_gemm
+    prec = _prec.resolve(precision, dtype_bytes)
+    dtype_bytes = prec.act_bytes
+    dev, par, variant, gemms, vectors = _inference_graph(system, model, par, batch, seq_len,
+                                                         phase, kv_len, variant, prec, runtime)
+    rows = evaluate(gemm, dev, gemms, vectors, precision=prec, attn_word=prec.kv_bytes,
+                    shapes=shapes)
     out = {k: v[0] for k, v in rows.items()}
     sync = tp_collective(system, par, batch * seq_len * model.d_model * dtype_bytes, variant)
     out["allreduce_mha"] = sync
@@ -625,11 +725,16 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     return out
 
 
-@batched
+#: Points per chunk of :func:`layer_breakdown`'s batched call: the candidate loops of a chunk
+#: stay in cache (4,096: ~8 % slower on a hardware sweep).
+LAYER_CHUNK = 1024
+
+
+@batched(chunk=LAYER_CHUNK)
 def _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm, precision,
-                     variant, runtime):
+                     variant, runtime, shapes=None):
     return layer_times(system, model, par, batch, seq_len, phase, kv_len, gemm,
-                       variant=variant, precision=precision, runtime=runtime)
+                       variant=variant, precision=precision, runtime=runtime, shapes=shapes)
 
 
 def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_len,
@@ -684,9 +789,15 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
     _raise_if_invalid(model, par)
     _raise_if_cp(par)
     validate_args(system, model, par, where="layer_breakdown")
-    return _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm,
-                            _prec.resolve(precision, dtype_bytes),
-                            variant_of(model, par, system), _rtp.runtime_arg(runtime))
+    prec = _prec.resolve(precision, dtype_bytes)
+    variant = variant_of(model, par, system)
+    rt = _rtp.runtime_arg(runtime)
+    if phase not in ("prefill", "decode"):
+        raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
+    shapes = static_gemm_shapes(system, model, par, batch, seq_len, phase, kv_len, variant,
+                                prec, rt)
+    return _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm, prec,
+                            variant, rt, shapes)
 
 
 layer_breakdown.single = layer_times

@@ -63,3 +63,26 @@ def test_validator_on_a_batch_of_devices():
     with pytest.raises(ValueError, match="local_buffer_bytes"):
         jm.validate_device_for_ops(dataclasses.replace(
             dev, local_buffer_bytes=np.array([2e6, 512.0])))
+
+
+def test_tile_fits_front_equals_the_whole_grid():
+    # tile_fits reads only the mappings not dominated in (L2 working set, L1 tile, L1
+    # k-tile); on random devices (array edges, buffers, word sizes) it agrees with `any`
+    # over every mapping of the grid
+    rng = np.random.default_rng(5)
+    n = 4000
+    base = hw_db.device("a100_80gb")
+    edge = rng.choice([1.0, 4.0, 8.0, 16.0, 32.0, 128.0], n)
+    fields = {f.name: np.asarray(getattr(base, f.name), float)[None].repeat(n)[:, None]
+              for f in dataclasses.fields(base) if f.name != "name"}
+    fields.update(sa_rows=edge[:, None], sa_cols=rng.permutation(edge)[:, None],
+                  local_buffer_bytes=np.exp(rng.uniform(np.log(256), np.log(2**22), n))[:, None],
+                  global_buffer_bytes=np.exp(rng.uniform(np.log(2**14), np.log(2**28), n))[:, None])
+    dev = types.SimpleNamespace(**fields)
+    word = rng.choice([0.5, 1.0, 2.0, 4.0], n)[:, None]
+    assert gemm._fit_front(gemm.GRID).shape[1] < gemm.N_CANDIDATES // 20
+    big = gemm._UNCLIPPED
+    whole = np.any(gemm._tiles(np, dev, big, big, big, word, gemm.GRID)[-1], axis=-1)
+    front = gemm.tile_fits(dev, word, xp=np)
+    np.testing.assert_array_equal(front, whole)
+    assert 0.1 < whole.mean() < 0.9

@@ -289,3 +289,81 @@ def test_latency_non_decreasing_in_tokens(name):
         assert np.all(np.diff(tile) >= -1e-6 * tile[1:]), (name, n, k, np.argmin(np.diff(tile)))
         t = np.maximum(tile, lib)
         assert np.all(np.diff(t) >= -1e-6 * t[1:]), (name, n, k)
+
+
+# GEMM shapes known when tracing (a hardware sweep of one workload): the pruned,
+# class-merged search over all the GEMMs at once must give the full search's times.
+STATIC_SHAPES = [(16384.0, 3072.0, 12288.0, 1.0), (8.0, 12288.0, 12288.0, 1.0),
+                 (2048.0, 2048.0, 128.0, 192.0), (1.0, 3073.0, 128.0, 192.0),
+                 (3000.0, 1000.0, 777.0, 1.0), (2048.0, 128.0, 3073.0, 8.0),
+                 (5.0, 7.0, 3.0, 2.0), (1.0, 1.0, 1.0, 1.0), (96.0, 4097.0, 65.0, 3.0)]
+
+
+def _random_devices(a100, n, seed):
+    rng = np.random.default_rng(seed)
+    logu = lambda lo, hi: jnp.asarray(np.exp(rng.uniform(np.log(lo), np.log(hi), n)))  # noqa
+    arrays = jnp.asarray(rng.choice([4.0, 8.0, 16.0, 32.0, 128.0], n))
+    return dataclasses.replace(
+        a100, mem_bw=logu(0.4e12, 3.2e12), global_buffer_bytes=logu(2**20, 80 * 2**20),
+        local_buffer_bytes=logu(16 * 2**10, 1024 * 2**10),
+        global_buffer_bytes_per_cycle=logu(64, 8192),
+        core_count=jnp.asarray(rng.integers(1, 161, n).astype(float)),
+        freq_hz=jnp.asarray(rng.uniform(0.9e9, 2.0e9, n)), sa_rows=arrays, sa_cols=arrays,
+        lanes_per_core=jnp.asarray(rng.choice([1.0, 2.0, 4.0], n)))
+
+
+def _static_and_traced(devs, shapes):
+    axes = jax.tree_util.tree_map(lambda x: 0 if jnp.ndim(x) else None, devs)
+    static = jax.jit(jax.vmap(lambda d: jnp.stack(G.gemm_latencies(d, shapes)),
+                              in_axes=(axes,)))(devs)
+    traced = jax.jit(jax.vmap(lambda d, s: jax.vmap(
+        lambda m, n, k, b: jm.gemm_latency.single(d, m, n, k, b))(*s.T), in_axes=(axes, None)))(
+        devs, jnp.asarray(shapes))
+    return np.asarray(static), np.asarray(traced)
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_static_shape_search_equals_the_full_search(a100, precision, request):
+    if precision == "float32":
+        request.getfixturevalue("float32")
+    shapes = STATIC_SHAPES if precision == "float64" else STATIC_SHAPES[2:6]
+    static, traced = _static_and_traced(_random_devices(a100, 24, 7), shapes)
+    assert static.shape == traced.shape == (24, len(shapes))
+    np.testing.assert_array_equal(np.isfinite(static), np.isfinite(traced))
+    assert np.isfinite(traced).mean() > 0.5
+    ok = np.isfinite(traced)
+    np.testing.assert_allclose(static[ok], traced[ok],
+                               rtol=1e-12 if precision == "float64" else 2e-6)
+
+
+def test_static_groups_prune_and_partition_the_grid():
+    for m, n, k in [(16384.0, 3072.0, 12288.0), (8.0, 128.0, 3073.0), (3000.0, 1000.0, 777.0)]:
+        groups = G._static_groups(m, n, k)
+        kept = np.concatenate([g for g, _ in groups], axis=1)
+        assert kept.shape[1] <= G.N_CANDIDATES
+        # every candidate of the grid clips to the same mapping as one kept candidate
+        key = lambda g: {(min(a, m), min(b, n), min(c, k), d, min(e, c, k))  # noqa: E731
+                         for a, b, c, d, e in g.T}
+        assert key(G.GRID) == key(kept)
+        assert len(key(kept)) == kept.shape[1]        # and no two kept ones do
+        for g, one in groups:                          # the class pattern of each group
+            for i, (dim, flag) in enumerate(zip((m, n, k), one)):
+                assert np.all((dim % np.minimum(g[i], dim) == 0) == flag)
+    assert len(G._static_groups(8.0, 128.0, 3073.0)) < G.N_CANDIDATES
+
+
+def test_static_shape_gradients_equal_the_full_search(a100):
+    shapes = [(8.0, 12288.0, 3072.0, 1.0), (2048.0, 128.0, 2048.0, 192.0)]
+
+    def total(bw, f, l2, static):
+        d = dataclasses.replace(a100, mem_bw=bw, freq_hz=f, global_buffer_bytes_per_cycle=l2)
+        if static:
+            return sum(G.gemm_latencies(d, shapes))
+        return sum(jm.gemm_latency.single(d, *[jnp.asarray(x) for x in s]) for s in shapes)
+
+    x = (2.039e12, 1.41e9, 256.0)
+    g_static = jax.jit(jax.grad(lambda *a: total(*a, True), argnums=(0, 1, 2)))(*x)
+    g_traced = jax.jit(jax.grad(lambda *a: total(*a, False), argnums=(0, 1, 2)))(*x)
+    for a, b in zip(g_static, g_traced):
+        assert np.isfinite(float(a)) and float(a) != 0.0
+        assert float(a) == pytest.approx(float(b), rel=1e-9)

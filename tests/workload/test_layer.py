@@ -337,3 +337,90 @@ def test_megatron2021_kernels_float32(float32):
     with jax.enable_x64(True):
         t64 = megatron2021_kernels(dev, small_model(), jm.Parallelism(tp=2.0), 8.0, 2048.0)
     assert np.allclose([float(x) for x in t], [float(x) for x in t64], rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# hardware sweeps of one workload: GEMM shapes static (layer.static_gemm_shapes)
+# --------------------------------------------------------------------------------------------
+def bw_gemm(dev, m, n, k, batch, dtype_bytes):
+    """Stand-in GEMM reading every argument: FLOPs at 1e12/s plus the operands over mem_bw."""
+    return (2.0 * m * n * k * batch / FLOP_RATE
+            + (m * k + k * n + m * n) * batch * dtype_bytes / dev.mem_bw)
+
+
+def _sweep(n=3):
+    dev = SYSTEM.device
+    return dataclasses.replace(SYSTEM, device=dataclasses.replace(
+        dev, mem_bw=jnp.linspace(1e12, 3e12, n), core_count=jnp.linspace(54.0, 108.0, n)))
+
+
+def _both_paths(system, model, par, batch, seq, phase, kv, gemm, shapes=None):
+    """layer_breakdown (static shapes) and the same call with the shapes traced."""
+    from jaxmodel import runtime_profile as rtp
+    from jaxmodel.workload import layer as L
+    prec, variant, rt = L._prec.resolve(None, None), L.variant_of(model, par, system), None
+    assert rtp.runtime_arg(None) is None
+    args = (system, model, par, batch, seq, phase, kv, gemm, prec, variant, rt)
+    if shapes is None:
+        shapes = L.static_gemm_shapes(*args[:7], variant, prec, rt)
+    return L._layer_breakdown(*args, shapes), L._layer_breakdown(*args, None), shapes
+
+
+@pytest.mark.parametrize("phase,seq,kv", [("prefill", 512.0, 0.0), ("decode", 1.0, 700.0)])
+def test_static_shapes_give_the_traced_shapes_rows(phase, seq, kv):
+    model = small_model(n_kv_heads=4.0, activation="swiglu")
+    static, traced, shapes = _both_paths(_sweep(), model, jm.Parallelism(tp=2), 4.0, seq,
+                                         phase, kv, bw_gemm)
+    assert shapes is not None and static.keys() == traced.keys()
+    for row in static:
+        np.testing.assert_allclose(np.asarray(static[row]), np.asarray(traced[row]),
+                                   rtol=1e-12, err_msg=row)
+    # the public call takes the static path and agrees too
+    public = jm.layer_breakdown(_sweep(), model, jm.Parallelism(tp=2), 4.0, seq, phase, kv,
+                                gemm=bw_gemm)
+    np.testing.assert_allclose(np.asarray(public["total"]), np.asarray(traced["total"]),
+                               rtol=1e-12)
+
+
+def test_static_shapes_only_for_a_hardware_batch_of_one_workload():
+    from jaxmodel.workload import layer as L
+    args = (GPT3, TP4, 8.0, 2048.0, "prefill", 0.0, L.variant_of(GPT3, TP4, SYSTEM))
+    shapes = L.static_gemm_shapes(_sweep(), *args)
+    # Q, K, V of multi-head attention (and W1, W2 of GPT-3 at t = 4) share a shape: timed once
+    assert len(shapes) == 7 and len(set(shapes)) == 5
+    assert shapes[0] == "16384.0,3072.0,12288.0,1.0"          # Q: [b·s, d]×[d, d/t]
+    assert L.static_gemm_shapes(SYSTEM, *args) is None       # one configuration: traced
+    batch_model = dataclasses.replace(GPT3, d_model=jnp.asarray([12288.0, 8192.0]))
+    assert L.static_gemm_shapes(_sweep(), batch_model, *args[1:]) is None
+
+
+def test_static_shape_that_disagrees_gives_inf_not_a_wrong_time():
+    model = small_model()
+    _, _, shapes = _both_paths(_sweep(), model, TP4, 4.0, 512.0, "prefill", 0.0, bw_gemm)
+    bad = (shapes[0].replace(shapes[0].split(",")[0], "999.0", 1),) + shapes[1:]
+    static, traced, _ = _both_paths(_sweep(), model, TP4, 4.0, 512.0, "prefill", 0.0,
+                                    bw_gemm, bad)
+    assert np.all(np.isinf(np.asarray(static["qkv"])))
+    np.testing.assert_allclose(np.asarray(static["w1"]), np.asarray(traced["w1"]), rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_static_shapes_tile_search_values_and_gradients():
+    """The real tile search: static-shape rows and d(total)/d(mem_bw) equal the traced ones."""
+    for phase, seq, kv in (("prefill", 2048.0, 0.0), ("decode", 1.0, 3072.0)):
+        static, traced, _ = _both_paths(_sweep(4), GPT3, TP4, 8.0, seq, phase, kv, None)
+        for row in static:
+            np.testing.assert_allclose(np.asarray(static[row]), np.asarray(traced[row]),
+                                       rtol=1e-9, err_msg=row)
+
+    def total(bw, static):
+        system = dataclasses.replace(SYSTEM, device=dataclasses.replace(
+            SYSTEM.device, mem_bw=bw, core_count=jnp.asarray([54.0, 108.0])))
+        a, b, _ = _both_paths(system, GPT3, TP4, 8.0, 1.0, "decode", 3072.0, None)
+        return jnp.sum((a if static else b)["total"])
+
+    bw = jnp.asarray([1.0e12, 2.0e12])
+    g_static = np.asarray(jax.grad(lambda x: total(x, True))(bw))
+    g_traced = np.asarray(jax.grad(lambda x: total(x, False))(bw))
+    assert np.all(np.isfinite(g_static)) and np.all(g_static < 0)
+    np.testing.assert_allclose(g_static, g_traced, rtol=1e-9)
