@@ -56,7 +56,7 @@ COLS = ["dp", "tp", "pp", "sp", "micro_batch", "interleave", "schedule", "recomp
         "hfu", "memory_bytes"]
 
 
-def main(small: bool = False) -> dict:
+def main(small: bool = False, precisions: list[str] | None = None) -> dict:
     nodes, n, gb = (16, 128, 128) if small else (192, 1536, 1536)
     system = hw_db.system("dgx_a100", nodes=nodes)
     model = hw_db.model("gpt3-175b")
@@ -65,7 +65,8 @@ def main(small: bool = False) -> dict:
     df = jm.search_parallelism(system, model, n, gb, 2048,
                                step_options={"dp_overlap": [0.0, 1.0],
                                              "grad_bytes": [2.0, 4.0],
-                                             "tp_overlap": [0.0, 1.0]})
+                                             "tp_overlap": [0.0, 1.0]},
+                               precision=precisions)
     wall = time.perf_counter() - t0
     n_eval = df.attrs["n_evaluated"]
     best = df.iloc[0]
@@ -74,6 +75,8 @@ def main(small: bool = False) -> dict:
     meg_2021 = meg[(meg.micro_batch == 1) & (meg.recompute == "full") & (meg.sp == 0)
                    & (meg.flash_attention == 0) & (meg.zero == 0) & (meg.dp_overlap == 0)
                    & (meg.grad_bytes == 4) & (meg.tp_overlap == 0)]
+    if "precision" in df:    # the 2021 plan at the precision of an unsearched run
+        meg_2021 = meg_2021[meg_2021.precision == "bf16"]
     OUT.mkdir(parents=True, exist_ok=True)
     pd.concat([df.head(200), meg.head(50), meg_2021.head(10)]).drop_duplicates().to_csv(
         OUT / "bench_search.csv", index=False)
@@ -99,7 +102,8 @@ def main(small: bool = False) -> dict:
     _save(fig, OUT / "bench_search.png")
 
     def plan(row):
-        return {k: (row[k] if isinstance(row[k], str) else float(row[k])) for k in COLS}
+        return {k: (row[k] if isinstance(row[k], str) else float(row[k]))
+                for k in COLS + ["precision"] if k in row}
 
     # a single question after the search: one training step of the best plan (first answer:
     # this shape of call traces and compiles; second answer: the same call again)
@@ -111,7 +115,8 @@ def main(small: bool = False) -> dict:
         t1 = time.perf_counter()
         r = jm.train_step(system, model, par, gb, 2048, dp_overlap=float(best.dp_overlap),
                           tp_overlap=float(best.tp_overlap),
-                          grad_bytes=float(best.grad_bytes))
+                          grad_bytes=float(best.grad_bytes),
+                          precision=best["precision"] if "precision" in best else None)
         float(r.step_time_s)
         answers.append(time.perf_counter() - t1)
 
@@ -138,4 +143,6 @@ def main(small: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    main(small="--small" in sys.argv)
+    main(small="--small" in sys.argv,
+         precisions=(sys.argv[sys.argv.index("--precisions") + 1].split(",")
+                     if "--precisions" in sys.argv else None))

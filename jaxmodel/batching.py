@@ -99,6 +99,14 @@ def join_leaves(dynamic: Sequence, treedef, static: tuple):
 #: in float32; experiments/bench_predict.py compares the command line's answers).
 CPU_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
+#: XLA:CPU options of a process that evaluates each executable once (``jaxmodel predict``):
+#: :data:`CPU_COMPILE_OPTIONS` and LLVM's optimisation level 0 — the HLO passes are XLA's
+#: usual ones and XLA:CPU never enables fast-math reassociation, so the numbers are the same
+#: (bit-identical on the command line's questions, experiments/bench_predict.py); the
+#: two big graphs of a training step compile in about 60 % of the CPU time (4.1 -> 2.5 s
+#: each), while a batch of millions of points would run slower.
+ONE_SHOT_COMPILE_OPTIONS = {**CPU_COMPILE_OPTIONS, "xla_backend_optimization_level": 0}
+
 
 def xla_flags(options: dict) -> tuple[str, ...]:
     """``options`` (name -> value) as ``XLA_FLAGS`` tokens (``--name=value``)."""
@@ -272,6 +280,22 @@ def _static_key(leaf: Any):
     return None
 
 
+def _export_path(dynamic, *, fn, treedef, static, chunk):
+    """The export cache's file of a batched call (``<key>.xla``), or None when the call
+    cannot be keyed (traced inputs, a stateful static argument). ``dynamic`` may hold
+    :class:`jax.ShapeDtypeStruct` leaves: only shapes and dtypes enter the key."""
+    if any(isinstance(x, jax.core.Tracer) for x in dynamic):
+        return None
+    keys = [_static_key(x) for x in (fn,) + tuple(x for x in static if x is not None)]
+    if any(k is None for k in keys):
+        return None
+    positions = tuple(i for i, s in enumerate(static) if s is None)
+    key = hashlib.sha1(repr((code_fingerprint(), keys, str(treedef), positions, chunk,
+                             [(tuple(x.shape), x.dtype.name) for x in dynamic],
+                             os.environ.get("XLA_FLAGS", ""))).encode()).hexdigest()
+    return export_cache_dir() / f"{key}.xla"
+
+
 def _cached_call(dynamic, *, fn, treedef, static, chunk):
     """:func:`_run` through the export cache (:func:`jaxmodel.runtime.export_cache_dir`).
 
@@ -283,24 +307,25 @@ def _cached_call(dynamic, *, fn, treedef, static, chunk):
     inputs, a stateful static argument); the caller then runs :func:`_run`. The executable
     is that of :func:`_run`'s module (debug locations dropped), on the same devices: its
     results are :func:`_run`'s, bit for bit."""
-    if any(isinstance(x, jax.core.Tracer) for x in dynamic):
+    xla = _export_path(dynamic, fn=fn, treedef=treedef, static=static, chunk=chunk)
+    if xla is None:
         return None
-    keys = [_static_key(x) for x in (fn,) + tuple(x for x in static if x is not None)]
-    if any(k is None for k in keys):
-        return None
-    positions = tuple(i for i, s in enumerate(static) if s is None)
-    key = hashlib.sha1(repr((code_fingerprint(), keys, str(treedef), positions, chunk,
-                             [(tuple(x.shape), x.dtype.name) for x in dynamic],
-                             os.environ.get("XLA_FLAGS", ""))).encode()).hexdigest()
-    xla = export_cache_dir() / f"{key}.xla"
     _USED.append(xla)
     loaded = _EXECUTABLES.get(xla)
     if loaded is None:
         pending = _PREFETCHING.pop(xla, None)
-        loaded = pending.get() if pending is not None else _load_executable(xla)
-    if loaded is not None:
+        loaded = pending.get() if pending is not None else None
+        if loaded is None:
+            loaded = _load_executable(xla) or _build_executable(
+                xla, dynamic, fn=fn, treedef=treedef, static=static, chunk=chunk)
         _EXECUTABLES[xla] = loaded
-        return jax.tree_util.tree_unflatten(loaded[1], loaded[0](*dynamic))
+    return jax.tree_util.tree_unflatten(loaded[1], loaded[0](*dynamic))
+
+
+def _build_executable(xla, dynamic, *, fn, treedef, static, chunk):
+    """Trace, lower and compile :func:`_run` for ``dynamic`` (arrays or
+    :class:`jax.ShapeDtypeStruct`) and store the executable at ``xla``; returns
+    ``(executable, output treedef)``."""
     box = {}
 
     def flat(*dyn):
@@ -312,7 +337,6 @@ def _cached_call(dynamic, *, fn, treedef, static, chunk):
     _strip_debug_info(lowered.compiler_ir("stablehlo"))
     with _outside_persistent_cache():
         compiled = lowered.compile()
-    _EXECUTABLES[xla] = (compiled, out_tree)
     try:
         from jax.experimental import serialize_executable
         blob = pickle.dumps((serialize_executable.serialize(compiled), out_tree))
@@ -320,7 +344,30 @@ def _cached_call(dynamic, *, fn, treedef, static, chunk):
         blob = None
     if blob is not None:
         atomic_write(xla, blob)
-    return jax.tree_util.tree_unflatten(out_tree, compiled(*dynamic))
+    return compiled, out_tree
+
+
+def compile_ahead(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, **kwargs) -> None:
+    """Start building ``call_batched(fn, *args, chunk=chunk, **kwargs)``'s executable in a
+    background thread; numeric leaves may be :class:`jax.ShapeDtypeStruct` (only shapes and
+    dtypes matter). The later call with the same static arguments and shapes waits for it
+    instead of compiling: XLA releases the GIL while it compiles, so on a multi-core host
+    the build overlaps the caller's own tracing and compiling (``train_step`` builds its
+    composition while the stage times compile). With the export cache on, the thread loads
+    the stored executable or builds and stores it; otherwise it fills :func:`_run`'s
+    compilation cache. A failed build is only a missed hint: the call then compiles
+    itself."""
+    dynamic, treedef, static = split_leaves(args, kwargs)
+    kw = dict(fn=fn, treedef=treedef, static=static, chunk=int(chunk))
+    if any(isinstance(x, jax.core.Tracer) for x in dynamic):
+        return
+    xla = _export_path(dynamic, **kw) if export_cache_dir() is not None else None
+    if xla is not None:
+        if xla not in _EXECUTABLES and xla not in _PREFETCHING:
+            _PREFETCHING[xla] = _Background(
+                lambda: _load_executable(xla) or _build_executable(xla, dynamic, **kw))
+        return
+    _AHEAD.append(_Background(lambda: _run.lower(dynamic, **kw).compile()))
 
 
 # this process: .xla path -> (compiled executable, output treedef); loads under way; the
@@ -328,19 +375,24 @@ def _cached_call(dynamic, *, fn, treedef, static, chunk):
 _EXECUTABLES: dict = {}
 _PREFETCHING: dict = {}
 _USED: list = []
+_AHEAD: list = []       # compile_ahead's builds without the export cache
 
 
-class _Prefetch(threading.Thread):
-    """Load one stored executable in the background (jaxlib releases the GIL while it
-    deserializes, so the loads overlap the caller's Python work and each other)."""
+class _Background(threading.Thread):
+    """Run ``work()`` in the background (loading or compiling an executable: jaxlib releases
+    the GIL meanwhile, so it overlaps the caller's Python work); ``get()`` waits and returns
+    its result, None where it raised."""
 
-    def __init__(self, path):
+    def __init__(self, work: Callable):
         super().__init__(daemon=True)
-        self.path, self.result = path, None
+        self.work, self.result = work, None
         self.start()
 
     def run(self):
-        self.result = _load_executable(self.path)
+        try:
+            self.result = self.work()
+        except Exception:          # a hint only: the caller builds it again
+            self.result = None
 
     def get(self):
         self.join()
@@ -356,12 +408,13 @@ def prefetch_executables(paths) -> None:
     for p in paths:
         p = Path(p)
         if p not in _EXECUTABLES and p not in _PREFETCHING and p.is_file():
-            _PREFETCHING[p] = _Prefetch(p)
+            _PREFETCHING[p] = _Background(functools.partial(_load_executable, p))
 
 
 def _finish_prefetch() -> None:
-    """Wait for loads nobody asked for (no thread inside jaxlib at interpreter exit)."""
-    for pending in list(_PREFETCHING.values()):
+    """Wait for loads and builds nobody asked for (no thread inside jaxlib at interpreter
+    exit)."""
+    for pending in list(_PREFETCHING.values()) + list(_AHEAD):
         pending.join()
 
 
@@ -412,22 +465,36 @@ def _strip_debug_info(module) -> None:
         passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(module.operation)
 
 
+_outside = {"depth": 0, "lock": threading.Lock()}
+
+
 @contextlib.contextmanager
 def _outside_persistent_cache():
     """Compile without JAX's persistent compilation cache: jaxlib 0.10's XLA:CPU cannot run
     a serialized executable that was itself loaded from that cache ("NOT_FOUND: Function
-    ... not found"), and an executable stored here need not be stored twice."""
+    ... not found"), and an executable stored here need not be stored twice. JAX's switch
+    is process-wide: it stays off while any thread is inside (compilations of other
+    threads meanwhile only skip the persistent cache)."""
     from jax.experimental.compilation_cache import compilation_cache as cc
-    if not (jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir):
-        yield
-        return
-    jax.config.update("jax_enable_compilation_cache", False)
-    cc.reset_cache()
+    with _outside["lock"]:
+        if _outside["depth"] == 0 and not (jax.config.jax_enable_compilation_cache
+                                           and jax.config.jax_compilation_cache_dir):
+            on = False
+        else:
+            on = True
+            if _outside["depth"] == 0:
+                jax.config.update("jax_enable_compilation_cache", False)
+                cc.reset_cache()
+            _outside["depth"] += 1
     try:
         yield
     finally:
-        jax.config.update("jax_enable_compilation_cache", True)
-        cc.reset_cache()
+        if on:
+            with _outside["lock"]:
+                _outside["depth"] -= 1
+                if _outside["depth"] == 0:
+                    jax.config.update("jax_enable_compilation_cache", True)
+                    cc.reset_cache()
 
 
 def batched(fn: Callable | None = None, *, chunk: int = DEFAULT_CHUNK):

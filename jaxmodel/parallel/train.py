@@ -134,7 +134,7 @@ import numpy as np
 from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
-from jaxmodel.batching import batch_shape, batched, dedup_map
+from jaxmodel.batching import batch_shape, batched, compile_ahead, dedup_map
 from jaxmodel.parallel import context as _cx
 from jaxmodel.parallel import overlap as _ov
 from jaxmodel.parallel import pipeline as pl
@@ -990,16 +990,26 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         if not (concrete and scalar_knobs):
             raise ValueError("train_step(dedup=True) needs concrete inputs and a scalar "
                              "dropout")
+        opts = dict(
+            dp_overlap=dp_overlap, grad_bytes=grad_bytes,
+            adam_bytes_per_param=adam_bytes_per_param, precision=prec,
+            clock_fraction=clock_fraction, net=_comm.net_variant_of(system),
+            tp_overlap=tp_overlap, finetune=finetune, zero3_calls=_layer.zero3_calls_flag(par))
+        # the composition needs only the shapes of the stage times: its graph is built in
+        # the background while the stage times trace and compile (two graphs of similar
+        # size, compiled on two cores at once)
+        times_shape = batch_shape(system, model, par, global_batch, seq_len, clock_fraction,
+                                  prec, finetune)
+        f = jnp.result_type(float)
+        compile_ahead(_from_stage_times, system, model, par, global_batch, seq_len,
+                      {k: jax.ShapeDtypeStruct(times_shape, f) for k in STAGE_KEYS},
+                      **opts, **kw)
         with jax.ensure_compile_time_eval():      # de-duplication reads concrete values
             times = stage_times(system, model, par, global_batch, seq_len, gemm=gemm,
                                 precision=prec, clock_fraction=clock_fraction,
                                 dropout=dropout, chunk=chunk, finetune=finetune)
-        return batched(_from_stage_times, **kw)(
-            system, model, par, global_batch, seq_len, times, dp_overlap=dp_overlap,
-            grad_bytes=grad_bytes, adam_bytes_per_param=adam_bytes_per_param,
-            precision=prec, clock_fraction=clock_fraction,
-            net=_comm.net_variant_of(system), tp_overlap=tp_overlap, finetune=finetune,
-            zero3_calls=_layer.zero3_calls_flag(par))
+        return batched(_from_stage_times, **kw)(system, model, par, global_batch, seq_len,
+                                                times, **opts)
     # static op-graph switches from concrete inputs (smaller graphs, faster compiles)
     variant = (_layer.variant_of(model, par, system) if is_concrete(model, par)
                else _layer.ANY._replace(net=_comm.net_variant_of(system)))
