@@ -251,9 +251,65 @@ def _run(dynamic, *, fn, treedef, static, chunk):
 
     if shape == ():
         return rebuild([])
+    inner = _inner_axis(dynamic, shape)
+    if inner:
+        return _run_outer_inner(dynamic, mapped, rebuild, shape, inner, chunk)
     flat = [jnp.broadcast_to(dynamic[i], shape).reshape(size) for i in mapped]
     out = map_points(rebuild, flat, chunk=chunk)
     return jax.tree_util.tree_map(lambda y: y.reshape(shape + y.shape[1:]), out)
+
+
+MAX_INNER = 64   # longest last axis evaluated as an inner vmap per point (_inner_axis)
+
+
+def _inner_axis(dynamic, shape) -> int:
+    """Length ``K`` of the last batch axis when the batch is an outer product worth mapping
+    as one: ``shape = (..., K)`` with ``2 <= K <=`` :data:`MAX_INNER`, some leaf varying
+    along the leading axes only (last dimension 1) and some along the last axis only
+    (leading dimensions 1). 0 otherwise."""
+    if len(shape) < 2 or not 2 <= shape[-1] <= MAX_INNER:
+        return 0
+    shapes = [(1,) * (len(shape) - jnp.ndim(x)) + tuple(jnp.shape(x)) for x in dynamic
+              if jnp.ndim(x) > 0]
+    outer_only = any(s[-1] == 1 and math.prod(s) > 1 for s in shapes)
+    inner_only = any(s[-1] > 1 and math.prod(s[:-1]) == 1 for s in shapes)
+    return shape[-1] if outer_only and inner_only else 0
+
+
+def _run_outer_inner(dynamic, mapped, rebuild, shape, inner, chunk):
+    """:func:`_run` on an outer-product batch ``shape = outer + (K,)``: the points of
+    ``outer`` are mapped (:func:`map_points`, ``chunk // K`` per step) and each evaluates
+    its ``K`` inner points in one ``vmap`` in which the leaves constant along the last axis
+    are unbatched — what a point computes from them alone is computed once for its ``K``
+    inner points (e.g. a training plan's per-layer times for its step options). The same
+    numbers as the flat mapping."""
+    outer = shape[:-1]
+    n_out = math.prod(outer)
+    nd = len(shape)
+
+    def padded(x):
+        return jnp.reshape(x, (1,) * (nd - jnp.ndim(x)) + jnp.shape(x))
+    by_outer, by_inner = [], []          # positions among ``mapped``
+    for j, i in enumerate(mapped):
+        s = padded(dynamic[i]).shape
+        (by_inner if math.prod(s[:-1]) == 1 and s[-1] > 1 else by_outer).append(j)
+    outer_vals = [jnp.broadcast_to(padded(dynamic[mapped[j]]), outer + (
+        padded(dynamic[mapped[j]]).shape[-1],)).reshape(n_out, -1) for j in by_outer]
+    inner_vals = [padded(dynamic[mapped[j]]).reshape(inner) for j in by_inner]
+
+    def point(row):
+        axes = [0 if r.shape[0] > 1 else None for r in row]
+
+        def one(row_k, inner_k):
+            vals = [None] * len(mapped)
+            for j, v, a in zip(by_outer, row_k, axes):
+                vals[j] = v if a is not None else v[0]
+            for j, v in zip(by_inner, inner_k):
+                vals[j] = v
+            return rebuild(vals)
+        return jax.vmap(one, in_axes=(axes, 0))(row, inner_vals)
+    out = map_points(point, outer_vals, chunk=max(1, chunk // inner))
+    return jax.tree_util.tree_map(lambda y: y.reshape(shape + y.shape[2:]), out)
 
 
 def call_batched(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, **kwargs):

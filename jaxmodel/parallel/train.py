@@ -135,6 +135,7 @@ from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
 from jaxmodel.batching import batch_shape, batched, compile_ahead, dedup_map
+from jaxmodel.runtime import stage
 from jaxmodel.parallel import context as _cx
 from jaxmodel.parallel import overlap as _ov
 from jaxmodel.parallel import pipeline as pl
@@ -874,12 +875,18 @@ def stage_times(system: System, model: Model, par: Parallelism, global_batch, se
     shape = batch_shape(system, model, par, global_batch, seq_len, clock_fraction, prec,
                         finetune)
     variant = _layer.variant_of(model, par, system)
-    inputs = batched(_stage_inputs, **kw)(system, model, par, global_batch, seq_len,
-                                          clock_fraction, prec, finetune)
     if math.prod(shape) == 0:
         raise ValueError("train_step: empty batch of plans")
-    return dedup_map(_stage_times_row, inputs, shape=shape, gemm=gemm, dropout=dropout,
-                     variant=variant, **kw)
+    with stage("train_step: stage inputs"):
+        inputs = batched(_stage_inputs, **kw)(system, model, par, global_batch, seq_len,
+                                              clock_fraction, prec, finetune)
+        jax.block_until_ready(inputs)
+    with stage("train_step: stage times") as st:
+        out = dedup_map(_stage_times_row, inputs, shape=shape, gemm=gemm, dropout=dropout,
+                        variant=variant, **kw)
+        jax.block_until_ready(out)
+        st["note"] = f"{math.prod(shape):,} plans"
+    return out
 
 
 def _stage_times_row(system, model, par, seq_len, precision, finetune, gemm=None, dropout=1.0,
@@ -1008,8 +1015,12 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
             times = stage_times(system, model, par, global_batch, seq_len, gemm=gemm,
                                 precision=prec, clock_fraction=clock_fraction,
                                 dropout=dropout, chunk=chunk, finetune=finetune)
-        return batched(_from_stage_times, **kw)(system, model, par, global_batch, seq_len,
-                                                times, **opts)
+        with stage("train_step: composition") as st:
+            out = batched(_from_stage_times, **kw)(system, model, par, global_batch,
+                                                   seq_len, times, **opts)
+            jax.block_until_ready(out)
+            st["note"] = f"{math.prod(shape):,} plans"
+        return out
     # static op-graph switches from concrete inputs (smaller graphs, faster compiles)
     variant = (_layer.variant_of(model, par, system) if is_concrete(model, par)
                else _layer.ANY._replace(net=_comm.net_variant_of(system)))

@@ -322,21 +322,36 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
             if vals.size == 0:
                 raise ValueError(f"search_parallelism: step option {k!r} has no values")
             extra[k] = vals
-    reps = math.prod(len(v) for v in extra.values()) if extra else 1
-    if reps > 1:  # plans × options, options varying fastest
-        plans = {k: np.repeat(v, reps) for k, v in plans.items()}
-        grids = np.meshgrid(*extra.values(), indexing="ij")
-        extra = {k: np.tile(g.reshape(-1), n_plans) for k, g in zip(extra, grids)}
-    elif extra:
-        extra = {k: np.full(n_plans, v[0]) for k, v in extra.items()}
-    n_eval = n_plans * reps
+    # evaluated as a (plan, precision, other options) batch: train_step's stage times are
+    # computed per plan and precision, and each plan composes its step options in one inner
+    # vmap (batching: outer-product batches) that shares what they have in common
+    sizes = {k: len(v) for k, v in extra.items()}
+    reps = math.prod(sizes.values()) if extra else 1
+    inner_keys = [k for k in extra if k != "precision"]
+    n_prec = sizes.get("precision", 1)
+    n_inner = math.prod(sizes[k] for k in inner_keys) if inner_keys else 1
+    combo = (dict(zip(extra, np.unravel_index(np.arange(reps), tuple(sizes.values()))))
+             if extra else {})
+    inner_of_combo = (np.ravel_multi_index([combo[k] for k in inner_keys],
+                                           [sizes[k] for k in inner_keys])
+                      if inner_keys else np.zeros(reps, dtype=int))
+    # the output row of (plan, combination) in the (plan, precision, inner) layout
+    layout = (np.arange(n_plans)[:, None] * (n_prec * n_inner)
+              + (combo.get("precision", np.zeros(reps, dtype=int)) * n_inner
+                 + inner_of_combo)[None, :]).reshape(-1)
     f = jnp.result_type(float)
-    par = Parallelism(**{k: jnp.asarray(plans[k], f) for k in PAR_FIELDS})
-    kw = {k: jnp.asarray(v, f) for k, v in extra.items()}
+    par = Parallelism(**{k: jnp.asarray(plans[k], f).reshape(-1, 1, 1) for k in PAR_FIELDS})
+    inner_grid = np.meshgrid(*[extra[k] for k in inner_keys], indexing="ij")
+    kw = {k: jnp.asarray(g.reshape(1, 1, -1), f) for k, g in zip(inner_keys, inner_grid)}
     if precisions is not None:
-        idx = extra["precision"].astype(int)
-        kw["precision"] = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[idx], f),
-                                                 _precision.stack(precisions))
+        kw["precision"] = jax.tree_util.tree_map(
+            lambda x: jnp.asarray(np.asarray(x), f).reshape(1, -1, 1),
+            _precision.stack(precisions))
+    # the columns of the table, plans × options with the options varying fastest
+    if reps > 1:
+        plans = {k: np.repeat(v, reps) for k, v in plans.items()}
+    extra = {k: np.tile(extra[k][combo[k]], n_plans) for k in extra}
+    n_eval = n_plans * reps
     timings = {"enumerate_s": time.perf_counter() - t0}
     say(f"{n_eval:,} plans for {model.name} on {n} devices")
     gemm, info = None, {}
@@ -353,7 +368,8 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
     with runtime.stage("search_parallelism: train_step", show_after=shown) as st:
         res = _parallel.train_step(system, model, par, float(gb), float(seq_len), gemm=gemm,
                                    finetune=finetune, **kw)
-        res = jax.tree_util.tree_map(np.asarray, res)
+        res = jax.tree_util.tree_map(
+            lambda x: np.asarray(x).reshape((n_eval,) + np.shape(x)[3:])[layout], res)
         st["note"] = f"{n_eval:,} plans"
     timings["evaluate_s"] = st["wall_s"]
 
