@@ -21,7 +21,13 @@ line's export cache) let a second process skip tracing and compiling: ``--cache 
 them in DIR, ``--no-cache`` turns them off, and the printed ``compilation_cache`` field says
 which case was measured (empty or warm).
 
-Run: ``.venv/bin/python experiments/bench_search.py [--small] [--cache DIR | --no-cache]``
+``--precisions bf16,fp16,tf32,fp32`` searches those precisions as well (the A100's training
+types: × 4 configurations); ``--attention standard,fa1,fa2`` the attention kernels (default
+standard and FlashAttention-2; FlashAttention-1 ran on A100 too). With both: 6,709,824
+configurations.
+
+Run: ``.venv/bin/python experiments/bench_search.py [--small] [--cache DIR | --no-cache]
+[--precisions LIST] [--attention LIST]``
 """
 
 from __future__ import annotations
@@ -56,7 +62,8 @@ COLS = ["dp", "tp", "pp", "sp", "micro_batch", "interleave", "schedule", "recomp
         "hfu", "memory_bytes"]
 
 
-def main(small: bool = False, precisions: list[str] | None = None) -> dict:
+def main(small: bool = False, precisions: list[str] | None = None,
+         attention: tuple = (False, "fa2")) -> dict:
     nodes, n, gb = (16, 128, 128) if small else (192, 1536, 1536)
     system = hw_db.system("dgx_a100", nodes=nodes)
     model = hw_db.model("gpt3-175b")
@@ -66,7 +73,7 @@ def main(small: bool = False, precisions: list[str] | None = None) -> dict:
                                step_options={"dp_overlap": [0.0, 1.0],
                                              "grad_bytes": [2.0, 4.0],
                                              "tp_overlap": [0.0, 1.0]},
-                               precision=precisions)
+                               precision=precisions, flash_attention=attention)
     wall = time.perf_counter() - t0
     n_eval = df.attrs["n_evaluated"]
     best = df.iloc[0]
@@ -143,6 +150,7 @@ def main(small: bool = False, precisions: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(small="--small" in sys.argv,
-         precisions=(sys.argv[sys.argv.index("--precisions") + 1].split(",")
-                     if "--precisions" in sys.argv else None))
+    def listed(flag):
+        return sys.argv[sys.argv.index(flag) + 1].split(",") if flag in sys.argv else None
+    main(small="--small" in sys.argv, precisions=listed("--precisions"),
+         attention=tuple(listed("--attention") or (False, "fa2")))
