@@ -10,7 +10,11 @@ leaves; batching happens only here, by one mechanism:
   sliced back to the real rows;
 - :func:`call_batched` / :func:`batched` turn a single-config function into one that accepts
   config pytrees (and numeric arguments) whose leaves carry any common, broadcastable batch
-  shape: one jitted :func:`map_points` call, outputs with that batch shape in front;
+  shape: one jitted :func:`map_points` call, outputs with that batch shape in front; an
+  outer-product batch ``(..., K)`` (some leaves along the leading axes only, some along the
+  last only, ``K <=`` :data:`MAX_INNER`) maps its leading points, each evaluating its ``K``
+  last-axis points in one ``vmap`` that computes what they share once;
+  :func:`compile_ahead` builds a later call's executable in a background thread;
 - :func:`map_blocks` (host side) runs a jitted batch function over rows in blocks of one fixed
   width (one compilation for any row count), overlapping each block's device work with the
   previous block's transfer, with a progress bar for long loops

@@ -338,11 +338,12 @@ def _prepare(system: System, model: Model, par: Parallelism, global_batch, seq_l
 
 def _stage_plan(par_s: Parallelism) -> Parallelism:
     """The plan fields the per-layer times may read, others canonical (dp = ep satisfies
-    the expert checks; interleave, schedule and ZeRO do not enter a layer). Plans equal
-    here share their stage times (the de-duplication key of :func:`train_step`)."""
+    the expert checks; interleave, schedule and ZeRO with its implementation do not enter
+    a layer). Plans equal here share their stage times (the de-duplication key of
+    :func:`train_step`)."""
     one = jnp.ones_like(par_s.dp)
     return dataclasses.replace(par_s, dp=jnp.maximum(par_s.ep, 1.0), interleave=one,
-                               schedule=one, zero=0.0 * one)
+                               schedule=one, zero=0.0 * one, zero3_impl=0.0 * one)
 
 
 STAGE_KEYS = ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "ep_comm_fwd",

@@ -50,8 +50,8 @@ import pandas as pd
 from jaxmodel import runtime
 from jaxmodel.numerics import REASONS
 from jaxmodel.parallel import plan as _plan
-from jaxmodel.types import (FA_VERSIONS, RECOMPUTE, SCHEDULES, Model, Parallelism, System,
-                            code_of, is_concrete)
+from jaxmodel.types import (FA_VERSIONS, RECOMPUTE, SCHEDULES, ZERO3_IMPLS, Model,
+                            Parallelism, System, code_of, is_concrete)
 
 _precision = importlib.import_module("jaxmodel.precision")  # the module, not jm.precision
 
@@ -88,7 +88,8 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
                     micro_batches: Sequence[int] | None = None,
                     max_interleave: int | None = None,
                     seq_len: float | None = None,
-                    cp: Sequence[int] = CP_DEGREES) -> dict[str, np.ndarray]:
+                    cp: Sequence[int] = CP_DEGREES,
+                    zero3_impl: Sequence = ("fsdp",)) -> dict[str, np.ndarray]:
     """All consistent plans as columns ``{field: float array}`` (Parallelism field names).
 
     The candidate product — ``tp``, ``cp`` (of ``cp``) and ``pp`` over the divisors of
@@ -121,6 +122,8 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
         seq_len: tokens per sequence (checks SP's and CP's divisibility; ``None``: not
             checked, and only ``cp = 1`` is enumerated).
         cp: context-parallel degrees to consider (default :data:`CP_DEGREES`).
+        zero3_impl: implementations of ZeRO stage 3 to consider for the ``zero = 3`` plans
+            (names or codes of :data:`jaxmodel.types.ZERO3_IMPLS`; default FSDP's).
     """
     if not is_concrete(model):
         raise ValueError("search_parallelism: the model must be concrete (not traced)")
@@ -141,7 +144,8 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
                          else float(code_of(f, FA_VERSIONS, "flash_attention"))
                          for f in flash_attention))
     cp_opts = sorted({_as_int(c, "cp") for c in cp if seq_len is not None or int(c) == 1})
-    if not (sched_codes and rc_codes and zero and sp_opts and fa_opts and cp_opts):
+    impls = sorted({float(code_of(i, ZERO3_IMPLS, "zero3_impl")) for i in zero3_impl})
+    if not (sched_codes and rc_codes and zero and sp_opts and fa_opts and cp_opts and impls):
         raise ValueError("search_parallelism: every option list must be non-empty")
 
     # ---- candidates of the structural fields, in the order of the output ----------------
@@ -193,17 +197,19 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
     idx, blocks = [], []
     for multi_dp in (False, True):
         rows_i = np.nonzero((cand[:, 0] > 1) == multi_dp)[0]
-        zs = [z for z in zero if multi_dp or z == 0] or [0]
-        opts = np.stack([x.reshape(-1) for x in np.meshgrid(rc_codes, zs, fa_opts,
-                                                              indexing="ij")], axis=1)
+        zs = [(z, i) for z in zero if multi_dp or z == 0
+              for i in (impls if z == 3 else [0.0])] or [(0, 0.0)]
+        g = [x.reshape(-1) for x in np.meshgrid(rc_codes, np.arange(len(zs)), fa_opts,
+                                                 indexing="ij")]
+        zi = np.asarray(zs, dtype=float)[g[1]]
+        opts = np.stack([g[0], zi[:, 0], g[2], zi[:, 1]], axis=1)
         idx.append(np.repeat(rows_i, len(opts)))
         blocks.append(np.concatenate([np.repeat(cand[rows_i], len(opts), axis=0),
                                       np.tile(opts, (len(rows_i), 1))], axis=1))
     order = np.argsort(np.concatenate(idx), kind="stable")
     table = np.concatenate(blocks)[order].astype(float)
-    fields = head + ("recompute", "zero", "flash_attention")
+    fields = head + ("recompute", "zero", "flash_attention", "zero3_impl")
     plans = {k: table[:, i] for i, k in enumerate(fields)}
-    plans["zero3_impl"] = np.zeros(len(table))     # ZeRO-3 searched as FSDP runs it
     assert set(plans) == set(PAR_FIELDS), "Parallelism gained a field: extend the search"
     return plans
 
@@ -365,7 +371,8 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
             info["n_unique_gemms"] = int(len(table.shapes))
             st["note"] = f"{info['n_unique_gemms']} distinct GEMM shapes"
         timings["gemm_table_s"] = st["wall_s"]
-    with runtime.stage("search_parallelism: train_step", show_after=shown) as st:
+    with runtime.stage("search_parallelism: train_step", show_after=shown) as st, \
+            runtime.silenced(not progress):          # train_step's own stage lines too
         res = _parallel.train_step(system, model, par, float(gb), float(seq_len), gemm=gemm,
                                    finetune=finetune, **kw)
         res = jax.tree_util.tree_map(
