@@ -21,7 +21,15 @@ line's export cache) let a second process skip tracing and compiling: ``--cache 
 them in DIR, ``--no-cache`` turns them off, and the printed ``compilation_cache`` field says
 which case was measured (empty or warm).
 
-Run: ``.venv/bin/python experiments/bench_search.py [--small] [--cache DIR | --no-cache]``
+``--precisions bf16,fp16,tf32,fp32`` searches those precisions as well (the A100's training
+types: × 4 configurations); ``--attention standard,fa1,fa2`` the attention kernels (default
+standard and FlashAttention-2; FlashAttention-1 ran on A100 too). With both: 6,709,824
+configurations; ``--zero3-impls fsdp,deepspeed`` both implementations of ZeRO-3 (PyTorch
+FSDP's and DeepSpeed 2021's per-tensor calls) for the ``zero = 3`` plans: with the four
+precisions 5,575,296 configurations.
+
+Run: ``.venv/bin/python experiments/bench_search.py [--small] [--cache DIR | --no-cache]
+[--precisions LIST] [--attention LIST] [--zero3-impls LIST]``
 """
 
 from __future__ import annotations
@@ -52,11 +60,12 @@ import hw_db  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
 COLS = ["dp", "tp", "pp", "sp", "micro_batch", "interleave", "schedule", "recompute", "zero",
-        "flash_attention", "dp_overlap", "grad_bytes", "tp_overlap", "step_time_s", "mfu",
+        "zero3_impl", "flash_attention", "dp_overlap", "grad_bytes", "tp_overlap", "step_time_s", "mfu",
         "hfu", "memory_bytes"]
 
 
-def main(small: bool = False) -> dict:
+def main(small: bool = False, precisions: list[str] | None = None,
+         attention: tuple = (False, "fa2"), zero3_impls: tuple = ("fsdp",)) -> dict:
     nodes, n, gb = (16, 128, 128) if small else (192, 1536, 1536)
     system = hw_db.system("dgx_a100", nodes=nodes)
     model = hw_db.model("gpt3-175b")
@@ -65,7 +74,9 @@ def main(small: bool = False) -> dict:
     df = jm.search_parallelism(system, model, n, gb, 2048,
                                step_options={"dp_overlap": [0.0, 1.0],
                                              "grad_bytes": [2.0, 4.0],
-                                             "tp_overlap": [0.0, 1.0]})
+                                             "tp_overlap": [0.0, 1.0]},
+                               precision=precisions, flash_attention=attention,
+                               zero3_impl=zero3_impls)
     wall = time.perf_counter() - t0
     n_eval = df.attrs["n_evaluated"]
     best = df.iloc[0]
@@ -74,6 +85,8 @@ def main(small: bool = False) -> dict:
     meg_2021 = meg[(meg.micro_batch == 1) & (meg.recompute == "full") & (meg.sp == 0)
                    & (meg.flash_attention == 0) & (meg.zero == 0) & (meg.dp_overlap == 0)
                    & (meg.grad_bytes == 4) & (meg.tp_overlap == 0)]
+    if "precision" in df:    # the 2021 plan at the precision of an unsearched run
+        meg_2021 = meg_2021[meg_2021.precision == "bf16"]
     OUT.mkdir(parents=True, exist_ok=True)
     pd.concat([df.head(200), meg.head(50), meg_2021.head(10)]).drop_duplicates().to_csv(
         OUT / "bench_search.csv", index=False)
@@ -99,19 +112,21 @@ def main(small: bool = False) -> dict:
     _save(fig, OUT / "bench_search.png")
 
     def plan(row):
-        return {k: (row[k] if isinstance(row[k], str) else float(row[k])) for k in COLS}
+        return {k: (row[k] if isinstance(row[k], str) else float(row[k]))
+                for k in COLS + ["precision"] if k in row}
 
     # a single question after the search: one training step of the best plan (first answer:
     # this shape of call traces and compiles; second answer: the same call again)
     par = jm.Parallelism(**{k: best[k] for k in ("dp", "tp", "pp", "sp", "micro_batch",
                                                   "interleave", "schedule", "recompute",
-                                                  "zero", "flash_attention")})
+                                                  "zero", "zero3_impl", "flash_attention")})
     answers = []
     for _ in range(2):
         t1 = time.perf_counter()
         r = jm.train_step(system, model, par, gb, 2048, dp_overlap=float(best.dp_overlap),
                           tp_overlap=float(best.tp_overlap),
-                          grad_bytes=float(best.grad_bytes))
+                          grad_bytes=float(best.grad_bytes),
+                          precision=best["precision"] if "precision" in best else None)
         float(r.step_time_s)
         answers.append(time.perf_counter() - t1)
 
@@ -138,4 +153,8 @@ def main(small: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    main(small="--small" in sys.argv)
+    def listed(flag):
+        return sys.argv[sys.argv.index(flag) + 1].split(",") if flag in sys.argv else None
+    main(small="--small" in sys.argv, precisions=listed("--precisions"),
+         attention=tuple(listed("--attention") or (False, "fa2")),
+         zero3_impls=tuple(listed("--zero3-impls") or ("fsdp",)))

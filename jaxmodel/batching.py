@@ -10,7 +10,11 @@ leaves; batching happens only here, by one mechanism:
   sliced back to the real rows;
 - :func:`call_batched` / :func:`batched` turn a single-config function into one that accepts
   config pytrees (and numeric arguments) whose leaves carry any common, broadcastable batch
-  shape: one jitted :func:`map_points` call, outputs with that batch shape in front;
+  shape: one jitted :func:`map_points` call, outputs with that batch shape in front; an
+  outer-product batch ``(..., K)`` (some leaves along the leading axes only, some along the
+  last only, ``K <=`` :data:`MAX_INNER`) maps its leading points, each evaluating its ``K``
+  last-axis points in one ``vmap`` that computes what they share once;
+  :func:`compile_ahead` builds a later call's executable in a background thread;
 - :func:`map_blocks` (host side) runs a jitted batch function over rows in blocks of one fixed
   width (one compilation for any row count), overlapping each block's device work with the
   previous block's transfer, with a progress bar for long loops
@@ -98,6 +102,14 @@ def join_leaves(dynamic: Sequence, treedef, static: tuple):
 #: half to two thirds of the CPU time, with the same numbers to float rounding (a few ulp
 #: in float32; experiments/bench_predict.py compares the command line's answers).
 CPU_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+#: XLA:CPU options of a process that evaluates each executable once (``jaxmodel predict``):
+#: :data:`CPU_COMPILE_OPTIONS` and LLVM's optimisation level 0 — the HLO passes are XLA's
+#: usual ones and XLA:CPU never enables fast-math reassociation, so the numbers are the same
+#: (bit-identical on the command line's questions, experiments/bench_predict.py); the
+#: two big graphs of a training step compile in about 60 % of the CPU time (4.1 -> 2.5 s
+#: each), while a batch of millions of points would run slower.
+ONE_SHOT_COMPILE_OPTIONS = {**CPU_COMPILE_OPTIONS, "xla_backend_optimization_level": 0}
 
 
 def xla_flags(options: dict) -> tuple[str, ...]:
@@ -243,9 +255,65 @@ def _run(dynamic, *, fn, treedef, static, chunk):
 
     if shape == ():
         return rebuild([])
+    inner = _inner_axis(dynamic, shape)
+    if inner:
+        return _run_outer_inner(dynamic, mapped, rebuild, shape, inner, chunk)
     flat = [jnp.broadcast_to(dynamic[i], shape).reshape(size) for i in mapped]
     out = map_points(rebuild, flat, chunk=chunk)
     return jax.tree_util.tree_map(lambda y: y.reshape(shape + y.shape[1:]), out)
+
+
+MAX_INNER = 64   # longest last axis evaluated as an inner vmap per point (_inner_axis)
+
+
+def _inner_axis(dynamic, shape) -> int:
+    """Length ``K`` of the last batch axis when the batch is an outer product worth mapping
+    as one: ``shape = (..., K)`` with ``2 <= K <=`` :data:`MAX_INNER`, some leaf varying
+    along the leading axes only (last dimension 1) and some along the last axis only
+    (leading dimensions 1). 0 otherwise."""
+    if len(shape) < 2 or not 2 <= shape[-1] <= MAX_INNER:
+        return 0
+    shapes = [(1,) * (len(shape) - jnp.ndim(x)) + tuple(jnp.shape(x)) for x in dynamic
+              if jnp.ndim(x) > 0]
+    outer_only = any(s[-1] == 1 and math.prod(s) > 1 for s in shapes)
+    inner_only = any(s[-1] > 1 and math.prod(s[:-1]) == 1 for s in shapes)
+    return shape[-1] if outer_only and inner_only else 0
+
+
+def _run_outer_inner(dynamic, mapped, rebuild, shape, inner, chunk):
+    """:func:`_run` on an outer-product batch ``shape = outer + (K,)``: the points of
+    ``outer`` are mapped (:func:`map_points`, ``chunk // K`` per step) and each evaluates
+    its ``K`` inner points in one ``vmap`` in which the leaves constant along the last axis
+    are unbatched — what a point computes from them alone is computed once for its ``K``
+    inner points (e.g. a training plan's per-layer times for its step options). The same
+    numbers as the flat mapping."""
+    outer = shape[:-1]
+    n_out = math.prod(outer)
+    nd = len(shape)
+
+    def padded(x):
+        return jnp.reshape(x, (1,) * (nd - jnp.ndim(x)) + jnp.shape(x))
+    by_outer, by_inner = [], []          # positions among ``mapped``
+    for j, i in enumerate(mapped):
+        s = padded(dynamic[i]).shape
+        (by_inner if math.prod(s[:-1]) == 1 and s[-1] > 1 else by_outer).append(j)
+    outer_vals = [jnp.broadcast_to(padded(dynamic[mapped[j]]), outer + (
+        padded(dynamic[mapped[j]]).shape[-1],)).reshape(n_out, -1) for j in by_outer]
+    inner_vals = [padded(dynamic[mapped[j]]).reshape(inner) for j in by_inner]
+
+    def point(row):
+        axes = [0 if r.shape[0] > 1 else None for r in row]
+
+        def one(row_k, inner_k):
+            vals = [None] * len(mapped)
+            for j, v, a in zip(by_outer, row_k, axes):
+                vals[j] = v if a is not None else v[0]
+            for j, v in zip(by_inner, inner_k):
+                vals[j] = v
+            return rebuild(vals)
+        return jax.vmap(one, in_axes=(axes, 0))(row, inner_vals)
+    out = map_points(point, outer_vals, chunk=max(1, chunk // inner))
+    return jax.tree_util.tree_map(lambda y: y.reshape(shape + y.shape[2:]), out)
 
 
 def call_batched(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, **kwargs):
@@ -272,6 +340,22 @@ def _static_key(leaf: Any):
     return None
 
 
+def _export_path(dynamic, *, fn, treedef, static, chunk):
+    """The export cache's file of a batched call (``<key>.xla``), or None when the call
+    cannot be keyed (traced inputs, a stateful static argument). ``dynamic`` may hold
+    :class:`jax.ShapeDtypeStruct` leaves: only shapes and dtypes enter the key."""
+    if any(isinstance(x, jax.core.Tracer) for x in dynamic):
+        return None
+    keys = [_static_key(x) for x in (fn,) + tuple(x for x in static if x is not None)]
+    if any(k is None for k in keys):
+        return None
+    positions = tuple(i for i, s in enumerate(static) if s is None)
+    key = hashlib.sha1(repr((code_fingerprint(), keys, str(treedef), positions, chunk,
+                             [(tuple(x.shape), x.dtype.name) for x in dynamic],
+                             os.environ.get("XLA_FLAGS", ""))).encode()).hexdigest()
+    return export_cache_dir() / f"{key}.xla"
+
+
 def _cached_call(dynamic, *, fn, treedef, static, chunk):
     """:func:`_run` through the export cache (:func:`jaxmodel.runtime.export_cache_dir`).
 
@@ -283,24 +367,25 @@ def _cached_call(dynamic, *, fn, treedef, static, chunk):
     inputs, a stateful static argument); the caller then runs :func:`_run`. The executable
     is that of :func:`_run`'s module (debug locations dropped), on the same devices: its
     results are :func:`_run`'s, bit for bit."""
-    if any(isinstance(x, jax.core.Tracer) for x in dynamic):
+    xla = _export_path(dynamic, fn=fn, treedef=treedef, static=static, chunk=chunk)
+    if xla is None:
         return None
-    keys = [_static_key(x) for x in (fn,) + tuple(x for x in static if x is not None)]
-    if any(k is None for k in keys):
-        return None
-    positions = tuple(i for i, s in enumerate(static) if s is None)
-    key = hashlib.sha1(repr((code_fingerprint(), keys, str(treedef), positions, chunk,
-                             [(tuple(x.shape), x.dtype.name) for x in dynamic],
-                             os.environ.get("XLA_FLAGS", ""))).encode()).hexdigest()
-    xla = export_cache_dir() / f"{key}.xla"
     _USED.append(xla)
     loaded = _EXECUTABLES.get(xla)
     if loaded is None:
         pending = _PREFETCHING.pop(xla, None)
-        loaded = pending.get() if pending is not None else _load_executable(xla)
-    if loaded is not None:
+        loaded = pending.get() if pending is not None else None
+        if loaded is None:
+            loaded = _load_executable(xla) or _build_executable(
+                xla, dynamic, fn=fn, treedef=treedef, static=static, chunk=chunk)
         _EXECUTABLES[xla] = loaded
-        return jax.tree_util.tree_unflatten(loaded[1], loaded[0](*dynamic))
+    return jax.tree_util.tree_unflatten(loaded[1], loaded[0](*dynamic))
+
+
+def _build_executable(xla, dynamic, *, fn, treedef, static, chunk):
+    """Trace, lower and compile :func:`_run` for ``dynamic`` (arrays or
+    :class:`jax.ShapeDtypeStruct`) and store the executable at ``xla``; returns
+    ``(executable, output treedef)``."""
     box = {}
 
     def flat(*dyn):
@@ -312,7 +397,6 @@ def _cached_call(dynamic, *, fn, treedef, static, chunk):
     _strip_debug_info(lowered.compiler_ir("stablehlo"))
     with _outside_persistent_cache():
         compiled = lowered.compile()
-    _EXECUTABLES[xla] = (compiled, out_tree)
     try:
         from jax.experimental import serialize_executable
         blob = pickle.dumps((serialize_executable.serialize(compiled), out_tree))
@@ -320,7 +404,30 @@ def _cached_call(dynamic, *, fn, treedef, static, chunk):
         blob = None
     if blob is not None:
         atomic_write(xla, blob)
-    return jax.tree_util.tree_unflatten(out_tree, compiled(*dynamic))
+    return compiled, out_tree
+
+
+def compile_ahead(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, **kwargs) -> None:
+    """Start building ``call_batched(fn, *args, chunk=chunk, **kwargs)``'s executable in a
+    background thread; numeric leaves may be :class:`jax.ShapeDtypeStruct` (only shapes and
+    dtypes matter). The later call with the same static arguments and shapes waits for it
+    instead of compiling: XLA releases the GIL while it compiles, so on a multi-core host
+    the build overlaps the caller's own tracing and compiling (``train_step`` builds its
+    composition while the stage times compile). With the export cache on, the thread loads
+    the stored executable or builds and stores it; otherwise it fills :func:`_run`'s
+    compilation cache. A failed build is only a missed hint: the call then compiles
+    itself."""
+    dynamic, treedef, static = split_leaves(args, kwargs)
+    kw = dict(fn=fn, treedef=treedef, static=static, chunk=int(chunk))
+    if any(isinstance(x, jax.core.Tracer) for x in dynamic):
+        return
+    xla = _export_path(dynamic, **kw) if export_cache_dir() is not None else None
+    if xla is not None:
+        if xla not in _EXECUTABLES and xla not in _PREFETCHING:
+            _PREFETCHING[xla] = _Background(
+                lambda: _load_executable(xla) or _build_executable(xla, dynamic, **kw))
+        return
+    _AHEAD.append(_Background(lambda: _run.lower(dynamic, **kw).compile()))
 
 
 # this process: .xla path -> (compiled executable, output treedef); loads under way; the
@@ -328,19 +435,24 @@ def _cached_call(dynamic, *, fn, treedef, static, chunk):
 _EXECUTABLES: dict = {}
 _PREFETCHING: dict = {}
 _USED: list = []
+_AHEAD: list = []       # compile_ahead's builds without the export cache
 
 
-class _Prefetch(threading.Thread):
-    """Load one stored executable in the background (jaxlib releases the GIL while it
-    deserializes, so the loads overlap the caller's Python work and each other)."""
+class _Background(threading.Thread):
+    """Run ``work()`` in the background (loading or compiling an executable: jaxlib releases
+    the GIL meanwhile, so it overlaps the caller's Python work); ``get()`` waits and returns
+    its result, None where it raised."""
 
-    def __init__(self, path):
+    def __init__(self, work: Callable):
         super().__init__(daemon=True)
-        self.path, self.result = path, None
+        self.work, self.result = work, None
         self.start()
 
     def run(self):
-        self.result = _load_executable(self.path)
+        try:
+            self.result = self.work()
+        except Exception:          # a hint only: the caller builds it again
+            self.result = None
 
     def get(self):
         self.join()
@@ -356,12 +468,13 @@ def prefetch_executables(paths) -> None:
     for p in paths:
         p = Path(p)
         if p not in _EXECUTABLES and p not in _PREFETCHING and p.is_file():
-            _PREFETCHING[p] = _Prefetch(p)
+            _PREFETCHING[p] = _Background(functools.partial(_load_executable, p))
 
 
 def _finish_prefetch() -> None:
-    """Wait for loads nobody asked for (no thread inside jaxlib at interpreter exit)."""
-    for pending in list(_PREFETCHING.values()):
+    """Wait for loads and builds nobody asked for (no thread inside jaxlib at interpreter
+    exit)."""
+    for pending in list(_PREFETCHING.values()) + list(_AHEAD):
         pending.join()
 
 
@@ -412,22 +525,36 @@ def _strip_debug_info(module) -> None:
         passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(module.operation)
 
 
+_outside = {"depth": 0, "lock": threading.Lock()}
+
+
 @contextlib.contextmanager
 def _outside_persistent_cache():
     """Compile without JAX's persistent compilation cache: jaxlib 0.10's XLA:CPU cannot run
     a serialized executable that was itself loaded from that cache ("NOT_FOUND: Function
-    ... not found"), and an executable stored here need not be stored twice."""
+    ... not found"), and an executable stored here need not be stored twice. JAX's switch
+    is process-wide: it stays off while any thread is inside (compilations of other
+    threads meanwhile only skip the persistent cache)."""
     from jax.experimental.compilation_cache import compilation_cache as cc
-    if not (jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir):
-        yield
-        return
-    jax.config.update("jax_enable_compilation_cache", False)
-    cc.reset_cache()
+    with _outside["lock"]:
+        if _outside["depth"] == 0 and not (jax.config.jax_enable_compilation_cache
+                                           and jax.config.jax_compilation_cache_dir):
+            on = False
+        else:
+            on = True
+            if _outside["depth"] == 0:
+                jax.config.update("jax_enable_compilation_cache", False)
+                cc.reset_cache()
+            _outside["depth"] += 1
     try:
         yield
     finally:
-        jax.config.update("jax_enable_compilation_cache", True)
-        cc.reset_cache()
+        if on:
+            with _outside["lock"]:
+                _outside["depth"] -= 1
+                if _outside["depth"] == 0:
+                    jax.config.update("jax_enable_compilation_cache", True)
+                    cc.reset_cache()
 
 
 def batched(fn: Callable | None = None, *, chunk: int = DEFAULT_CHUNK):

@@ -426,13 +426,14 @@ def _question_file(a) -> Path | None:
 
 
 def _predict_xla_flags() -> None:
-    """Add :data:`jaxmodel.batching.CPU_COMPILE_OPTIONS` to ``XLA_FLAGS`` where they can
-    still act (JAX's backend not started; XLA reads the variable then) and the user set none
-    of them: a one-configuration question compiles about a third faster (24 -> 16 s of CPU
-    for a Llama-2-13B training step on an empty cache) with the same numbers
+    """Add :data:`jaxmodel.batching.ONE_SHOT_COMPILE_OPTIONS` to ``XLA_FLAGS`` where they
+    can still act (JAX's backend not started; XLA reads the variable then) and the user set
+    none of them: a one-configuration question compiles in about half the CPU time (24 ->
+    16 s of CPU for a Llama-2-13B training step on an empty cache with the elemental
+    emitters, and LLVM at -O0 another 1.6 s per big graph) with the same numbers
     (experiments/bench_predict.py compares them with the library's). The compilation caches
     key on ``XLA_FLAGS``, so these executables are kept apart."""
-    from jaxmodel.batching import CPU_COMPILE_OPTIONS, xla_flags
+    from jaxmodel.batching import ONE_SHOT_COMPILE_OPTIONS, xla_flags
     from jaxmodel.runtime import _cli_process
     if not _cli_process():     # in-process use: leave the host program's compiler alone
         return
@@ -443,7 +444,7 @@ def _predict_xla_flags() -> None:
     except (ImportError, AttributeError):
         return
     flags = os.environ.get("XLA_FLAGS", "")
-    add = [f for f in xla_flags(CPU_COMPILE_OPTIONS) if f.split("=")[0] not in flags]
+    add = [f for f in xla_flags(ONE_SHOT_COMPILE_OPTIONS) if f.split("=")[0] not in flags]
     if add:
         os.environ["XLA_FLAGS"] = " ".join([flags] + add).strip()
 

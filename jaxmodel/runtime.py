@@ -227,6 +227,19 @@ def set_quiet(quiet: bool | None = True) -> None:
     _quiet = quiet
 
 
+@contextlib.contextmanager
+def silenced(on: bool = True):
+    """Progress output off inside (when ``on``); the previous setting afterwards."""
+    global _quiet
+    prev = _quiet
+    if on:
+        _quiet = True
+    try:
+        yield
+    finally:
+        _quiet = prev
+
+
 def quiet() -> bool:
     """True when progress output is off (:func:`set_quiet`, else ``JAXMODEL_QUIET=1``)."""
     return _quiet if _quiet is not None else _truthy("JAXMODEL_QUIET")

@@ -59,6 +59,7 @@ from jaxmodel.parallel import plan as _plan
 from jaxmodel.workload import layer as _layer
 from jaxmodel.workload import memory as _memory
 from jaxmodel.workload import moe as _moe
+from jaxmodel.types import static_flag
 
 _prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
 
@@ -162,9 +163,16 @@ def cp_attention_time(system, attn_fwd, attn_bwd, kv_bytes, cp, tp=1.0, mode=RIN
             "contention": jnp.where(multi & is_ring, ring_sl, 0.0), "feasible": ok}
 
 
+def context_flag(par) -> bool | None:
+    """Static switch of :func:`cp_layer_times` from concrete plans: whether they use context
+    parallelism (``cp > 1``) — True (all), False (none), None (mixed or traced)."""
+    return static_flag(par.cp, lambda a: a > 1.5)
+
+
 def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, balanced=1.0,
                    gemm=None, dtype_bytes=None, channels=None,
-                   variant: _layer.Variant = _layer.ANY, precision=None):
+                   variant: _layer.Variant = _layer.ANY, precision=None,
+                   context: bool | None = None):
     """Per-layer, per-micro-batch training times of one device under context parallelism
     of degree ``cp`` (module docstring), s — the CP counterpart of
     :func:`jaxmodel.workload.layer.training_layer_times` (``cp = 1`` reproduces it).
@@ -179,7 +187,9 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
         local tokens, :func:`jaxmodel.workload.moe.alltoall_time`; full recomputation
         repeats it). Infeasible TP splits, CP placements or unsupported precisions give
         ``+inf``. ``precision`` (or the legacy ``dtype_bytes``) as
-        :func:`~jaxmodel.workload.layer.training_layer_times`.
+        :func:`~jaxmodel.workload.layer.training_layer_times`. ``context`` (static,
+        :func:`context_flag`): ``False`` when no configuration has ``cp > 1``, which keeps
+        the CP exchange (four collectives) out of the graph — the same numbers.
     """
     gemm = gemm or _layer.default_gemm
     f = jnp.result_type(float)
@@ -205,9 +215,15 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
     # rank: no imbalance either way.
     fa = par.flash_attention > 0.5
     scale = c * jnp.where(fa, causal_imbalance(c, balanced), 1.0)
-    attn = cp_attention_time(system, attn_f * scale, attn_b * scale,
-                             kv_chunk_bytes(model, par, micro_batch, seq_len, c, dtype_bytes),
-                             c, par.tp, mode, channels, variant.net)
+    if context is False:    # cp = 1: cp_attention_time's values without its collectives
+        zero = 0.0 * attn_f
+        attn = {"fwd": attn_f * scale, "bwd": attn_b * scale, "comm_fwd": zero,
+                "comm_bwd": zero, "contention": zero, "feasible": True}
+    else:
+        attn = cp_attention_time(system, attn_f * scale, attn_b * scale,
+                                 kv_chunk_bytes(model, par, micro_batch, seq_len, c,
+                                                dtype_bytes),
+                                 c, par.tp, mode, channels, variant.net)
     fwd = fwd_all - attn_f + attn["fwd"]
     bwd = bwd_all - attn_b + attn["bwd"]
     sync = _layer.tp_collective(system, par, micro_batch * local * model.d_model * dtype_bytes,
@@ -252,4 +268,4 @@ def cp_activation_bytes(model, par, micro_batch, seq_len, cp, mode=RING, dtype_b
 
 __all__ = ["cp_layer_times", "cp_attention_time", "cp_activation_bytes", "cp_checks",
            "causal_imbalance", "kv_chunk_bytes", "mode_code", "RING", "ALLGATHER", "MODES",
-           "CP_LAYER_KEYS"]
+           "CP_LAYER_KEYS", "context_flag"]

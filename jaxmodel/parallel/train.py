@@ -134,7 +134,8 @@ import numpy as np
 from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
-from jaxmodel.batching import batch_shape, batched, dedup_map
+from jaxmodel.batching import batch_shape, batched, compile_ahead, dedup_map
+from jaxmodel.runtime import stage
 from jaxmodel.parallel import context as _cx
 from jaxmodel.parallel import overlap as _ov
 from jaxmodel.parallel import pipeline as pl
@@ -142,7 +143,7 @@ from jaxmodel.parallel import plan as _plan
 from jaxmodel.parallel import zero as _zero
 from jaxmodel import tech_tables as _tech_tables
 from jaxmodel.types import (DROPOUT_MODES, Model, Parallelism, System, code_of, is_concrete,
-                            validate_knobs, validate_model, validate_parallelism,
+                            static_flag, validate_knobs, validate_model, validate_parallelism,
                             validate_system)
 from jaxmodel.workload import layer as _layer
 _lora = importlib.import_module("jaxmodel.workload.lora")  # the module; jm.lora is a function
@@ -337,11 +338,12 @@ def _prepare(system: System, model: Model, par: Parallelism, global_batch, seq_l
 
 def _stage_plan(par_s: Parallelism) -> Parallelism:
     """The plan fields the per-layer times may read, others canonical (dp = ep satisfies
-    the expert checks; interleave, schedule and ZeRO do not enter a layer). Plans equal
-    here share their stage times (the de-duplication key of :func:`train_step`)."""
+    the expert checks; interleave, schedule and ZeRO with its implementation do not enter
+    a layer). Plans equal here share their stage times (the de-duplication key of
+    :func:`train_step`)."""
     one = jnp.ones_like(par_s.dp)
     return dataclasses.replace(par_s, dp=jnp.maximum(par_s.ep, 1.0), interleave=one,
-                               schedule=one, zero=0.0 * one)
+                               schedule=one, zero=0.0 * one, zero3_impl=0.0 * one)
 
 
 STAGE_KEYS = ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "ep_comm_fwd",
@@ -352,13 +354,15 @@ STAGE_KEYS = ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "ep_comm_
 
 def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
                        gemm: Callable | None = None, precision=None, dropout=1.0,
-                       variant: _layer.Variant = _layer.ANY, finetune=None) -> dict:
+                       variant: _layer.Variant = _layer.ANY, finetune=None,
+                       context: bool | None = None) -> dict:
     """Per-layer and embedding times of one micro-batch (``par.micro_batch`` sequences) on
     one device, s: the workload's training layer and embedding times plus
     :func:`residual_dropout_times` (keys :data:`STAGE_KEYS`), under context parallelism
     (:func:`jaxmodel.parallel.context.cp_layer_times`) on ``s/cp`` tokens. ``system`` runs at its
     sustained clock, ``model``/``par`` are sanitised (see :func:`train_step_single`).
-    ``finetune`` (a :class:`jaxmodel.workload.lora.LoRA`): :func:`_finetune_times`."""
+    ``finetune`` (a :class:`jaxmodel.workload.lora.LoRA`): :func:`_finetune_times`.
+    ``context``: static CP switch (:func:`jaxmodel.parallel.context.context_flag`)."""
     b = par.micro_batch
     prec = _prec.precision(precision)
     # the layer under context parallelism (every token-wise op on s/cp tokens, the attention
@@ -367,7 +371,7 @@ def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
     cp = jnp.maximum(par.cp, 1.0)
     local = seq_len / cp
     lt = _cx.cp_layer_times(system, model, par, b, seq_len, cp, gemm=gemm, precision=prec,
-                            variant=variant)
+                            variant=variant, context=context)
     et = _layer.embedding_times.single(system, model, par, b, local, gemm=gemm,
                                        precision=prec, variant=variant)
     rd = residual_dropout_times(system.device, model, par, b, local, dropout, prec.act_bytes,
@@ -418,7 +422,8 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
                       adam_bytes_per_param=None, dtype_bytes=None,
                       clock_fraction=None, dropout=1.0,
                       variant: _layer.Variant = _layer.ANY, tp_overlap=0.0,
-                      precision=None, finetune=None) -> TrainResult:
+                      precision=None, finetune=None,
+                      context: bool | None = None) -> TrainResult:
     """Single-configuration body of :func:`train_step` (use inside other formulas).
 
     Args:
@@ -451,11 +456,13 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
             (:class:`jaxmodel.workload.layer.Variant`; ``ANY`` keeps every branch).
         finetune: ``None`` (full training) or a :class:`jaxmodel.workload.lora.LoRA`
             (LoRA / QLoRA fine-tuning, see :func:`train_step`).
+        context: static switch of the context-parallel exchange
+            (:func:`jaxmodel.parallel.context.context_flag`; ``None`` keeps it).
     """
     prec = _prec.resolve(precision, dtype_bytes)
     prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction, prec)
     times = stage_times_single(prep.system, prep.model, _stage_plan(prep.par), prep.seq_len,
-                               gemm, prec, dropout, variant, finetune)
+                               gemm, prec, dropout, variant, finetune, context)
     return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
                     variant.net, tp_overlap, finetune, variant.zero3_calls)
 
@@ -463,12 +470,12 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
 def _from_stage_times(system, model, par, global_batch, seq_len, times, dp_overlap=1.0,
                       grad_bytes=None, adam_bytes_per_param=None, precision=None,
                       clock_fraction=None, net: _comm.NetVariant = _comm.ANY_NET,
-                      tp_overlap=0.0, finetune=None, zero3_calls=None):
+                      tp_overlap=0.0, finetune=None, zero3_calls=None, zero_used=None):
     """:func:`train_step_single` with the stage times given (the de-duplicated path)."""
     prec = _prec.precision(precision)
     prep = _prepare(system, model, par, global_batch, seq_len, clock_fraction, prec)
     return _compose(prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
-                    net, tp_overlap, finetune, zero3_calls)
+                    net, tp_overlap, finetune, zero3_calls, zero_used)
 
 
 def _stage_inputs(system, model, par, global_batch, seq_len, clock_fraction=None,
@@ -568,11 +575,13 @@ class _DataParallel(NamedTuple):
 
 def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp, window_f,
                    window_b, grad_bytes, weight_bytes, dp_overlap, act_bytes,
-                   net, m, layers, zero3_calls=None) -> _DataParallel:
+                   net, m, layers, zero3_calls=None, zero_used=None) -> _DataParallel:
     """DP/ZeRO collectives (Rajbhandari et al. SC'20; table in the module docstring), and the
     pipeline's stage-boundary collectives, all evaluated in one vmap per op. ``zero3_calls``
     (static): ``False`` when no plan runs DeepSpeed's per-tensor ZeRO-3 calls, which then
-    stay out of the graph; ``None`` keeps them."""
+    stay out of the graph; ``None`` keeps them. ``zero_used`` (static): ``False`` when no
+    plan uses ZeRO (every ``zero = 0``), which keeps its reduce-scatters and the ZeRO-3
+    schedule out of the graph (the same numbers); ``None`` keeps them."""
     tp = par_s.tp
     # gradients are reduced and ZeRO-sharded over dp·cp (Megatron-core folds the CP group
     # into the data-parallel one). MoE: expert weights (n_exp of the n_par) over DP_exp·cp =
@@ -597,19 +606,22 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
     # issues one call per tensor (:func:`jaxmodel.parallel.zero.layer_tensors`; the routed
     # experts' FC1 and FC2 of every local expert of the MoE layers, averaged per unit)
     units = jnp.maximum(layers, 1.0)
-    calls = zero3_calls is not False
+    calls = zero3_calls is not False and zero_used is not False
     el, cnt = _zero.layer_tensors(model_s, tp) if calls else ((), ())
     cnt_e = (2.0 * model_s.n_experts / par_s.ep * _params.n_moe_layers(model_s)
              / jnp.maximum(model_s.n_layers, 1.0))
     el_e = [nx.safe_div(n_exp / units, cnt_e, fill=0.0)] if calls else []
     k = len(el)
-    (t_rs, t_rs_e, u_rs, u_rs_e, *ds_rs), _, _ = _collectives(
-        system, "reduce_scatter", [(grads_b, dp_group, dp_stride),
-                                   (grad_bytes * n_exp, dpe_group, dpe_stride),
-                                   (grads_b / units, dp_group, dp_stride),
-                                   (grad_bytes * n_exp / units, dpe_group, dpe_stride)]
-        + [(grad_bytes * x, dp_group, dp_stride) for x in el]
-        + [(grad_bytes * x, dpe_group, dpe_stride) for x in el_e], net)
+    t_rs = t_rs_e = u_rs = u_rs_e = 0.0               # ZeRO's reduce-scatters
+    ds_rs = []
+    if zero_used is not False:
+        (t_rs, t_rs_e, u_rs, u_rs_e, *ds_rs), _, _ = _collectives(
+            system, "reduce_scatter", [(grads_b, dp_group, dp_stride),
+                                       (grad_bytes * n_exp, dpe_group, dpe_stride),
+                                       (grads_b / units, dp_group, dp_stride),
+                                       (grad_bytes * n_exp / units, dpe_group, dpe_stride)]
+            + [(grad_bytes * x, dp_group, dp_stride) for x in el]
+            + [(grad_bytes * x, dpe_group, dpe_stride) for x in el_e], net)
     (t_ag, t_regather, t_ag_e, u_ag, u_ag_e, *ds_ag), _, _ = _collectives(
         system, "all_gather", [(params_b, dp_group, dp_stride),
                                (act_bytes * tp, jnp.where(tp_multi, tp, 2.0), 1.0),
@@ -645,6 +657,9 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
     g, wb = grad_bytes, weight_bytes
     # once per step
     z0 = exposed(t_ar, window_b, "all_reduce", g)
+    if zero_used is False:          # every plan zero = 0: the all-reduce once per step
+        return _DataParallel(z0, jnp.zeros_like(z0), dp_net_ok, why_ar[0], t_emb_ar,
+                             t_regather, t_send, ok_p2p[0], why_p2p[0])
     z12_rs = jnp.where(zero < 1.5, exposed(t_rs, window_b, "reduce_scatter", g), 0.0)
     z12_ag = exposed(t_ag, window_f, "all_gather", wb)
     dp_step = jnp.select([zero < 0.5, zero < 2.5], [z0, z12_rs + z12_ag], 0.0)
@@ -691,7 +706,7 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
 
 def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, prec,
              net: _comm.NetVariant = _comm.ANY_NET, tp_overlap=0.0, finetune=None,
-             zero3_calls=None):
+             zero3_calls=None, zero_used=None):
     """The step from the stage times: layers, DP/ZeRO, pipeline, optimizer, memory and the
     plan's rules (feasibility)."""
     system, peak, checks, structure_ok, model_s, par_s, gb, seq = prep
@@ -742,7 +757,8 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
                                                      finetune.base_bytes, prec.weight_bytes),
                          prec.weight_bytes * frac)
     dpc = _data_parallel(system, model_s, par_s, where, n_par, n_exp, layer_f, layer_b,
-                         g_dp, w_dp, dp_overlap, act_bytes, net, m, layers, zero3_calls)
+                         g_dp, w_dp, dp_overlap, act_bytes, net, m, layers, zero3_calls,
+                         zero_used)
 
     # ---- pipeline ---------------------------------------------------------------------------
     t_mean = layer_f + layer_b + extra_mean + dpc.per_micro
@@ -874,19 +890,25 @@ def stage_times(system: System, model: Model, par: Parallelism, global_batch, se
     shape = batch_shape(system, model, par, global_batch, seq_len, clock_fraction, prec,
                         finetune)
     variant = _layer.variant_of(model, par, system)
-    inputs = batched(_stage_inputs, **kw)(system, model, par, global_batch, seq_len,
-                                          clock_fraction, prec, finetune)
     if math.prod(shape) == 0:
         raise ValueError("train_step: empty batch of plans")
-    return dedup_map(_stage_times_row, inputs, shape=shape, gemm=gemm, dropout=dropout,
-                     variant=variant, **kw)
+    with stage("train_step: stage inputs"):
+        inputs = batched(_stage_inputs, **kw)(system, model, par, global_batch, seq_len,
+                                              clock_fraction, prec, finetune)
+        jax.block_until_ready(inputs)
+    with stage("train_step: stage times") as st:
+        out = dedup_map(_stage_times_row, inputs, shape=shape, gemm=gemm, dropout=dropout,
+                        variant=variant, context=_cx.context_flag(par), **kw)
+        jax.block_until_ready(out)
+        st["note"] = f"{math.prod(shape):,} plans"
+    return out
 
 
 def _stage_times_row(system, model, par, seq_len, precision, finetune, gemm=None, dropout=1.0,
-                     variant=_layer.ANY):
+                     variant=_layer.ANY, context=None):
     """:func:`stage_times_single` on the outputs of :func:`_stage_inputs` (their order)."""
     return stage_times_single(system, model, par, seq_len, gemm, precision, dropout, variant,
-                              finetune)
+                              finetune, context)
 
 
 def train_step(system: System, model: Model, par: Parallelism, global_batch, seq_len, *,
@@ -990,23 +1012,38 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         if not (concrete and scalar_knobs):
             raise ValueError("train_step(dedup=True) needs concrete inputs and a scalar "
                              "dropout")
+        opts = dict(
+            dp_overlap=dp_overlap, grad_bytes=grad_bytes,
+            adam_bytes_per_param=adam_bytes_per_param, precision=prec,
+            clock_fraction=clock_fraction, net=_comm.net_variant_of(system),
+            tp_overlap=tp_overlap, finetune=finetune, zero3_calls=_layer.zero3_calls_flag(par),
+            zero_used=static_flag(par.zero, lambda a: a > 0.5))
+        # the composition needs only the shapes of the stage times: its graph is built in
+        # the background while the stage times trace and compile (two graphs of similar
+        # size, compiled on two cores at once)
+        times_shape = batch_shape(system, model, par, global_batch, seq_len, clock_fraction,
+                                  prec, finetune)
+        f = jnp.result_type(float)
+        compile_ahead(_from_stage_times, system, model, par, global_batch, seq_len,
+                      {k: jax.ShapeDtypeStruct(times_shape, f) for k in STAGE_KEYS},
+                      **opts, **kw)
         with jax.ensure_compile_time_eval():      # de-duplication reads concrete values
             times = stage_times(system, model, par, global_batch, seq_len, gemm=gemm,
                                 precision=prec, clock_fraction=clock_fraction,
                                 dropout=dropout, chunk=chunk, finetune=finetune)
-        return batched(_from_stage_times, **kw)(
-            system, model, par, global_batch, seq_len, times, dp_overlap=dp_overlap,
-            grad_bytes=grad_bytes, adam_bytes_per_param=adam_bytes_per_param,
-            precision=prec, clock_fraction=clock_fraction,
-            net=_comm.net_variant_of(system), tp_overlap=tp_overlap, finetune=finetune,
-            zero3_calls=_layer.zero3_calls_flag(par))
+        with stage("train_step: composition") as st:
+            out = batched(_from_stage_times, **kw)(system, model, par, global_batch,
+                                                   seq_len, times, **opts)
+            jax.block_until_ready(out)
+            st["note"] = f"{math.prod(shape):,} plans"
+        return out
     # static op-graph switches from concrete inputs (smaller graphs, faster compiles)
     variant = (_layer.variant_of(model, par, system) if is_concrete(model, par)
                else _layer.ANY._replace(net=_comm.net_variant_of(system)))
     kwargs = dict(gemm=gemm, dp_overlap=dp_overlap, grad_bytes=grad_bytes,
                   adam_bytes_per_param=adam_bytes_per_param, precision=prec,
                   clock_fraction=clock_fraction, dropout=dropout, variant=variant,
-                  tp_overlap=tp_overlap, finetune=finetune)
+                  tp_overlap=tp_overlap, finetune=finetune, context=_cx.context_flag(par))
     if chunk is None:
         return _train_step_batched(system, model, par, global_batch, seq_len, **kwargs)
     return batched(train_step_single, chunk=chunk)(system, model, par, global_batch, seq_len,

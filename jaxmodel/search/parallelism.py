@@ -50,8 +50,8 @@ import pandas as pd
 from jaxmodel import runtime
 from jaxmodel.numerics import REASONS
 from jaxmodel.parallel import plan as _plan
-from jaxmodel.types import (FA_VERSIONS, RECOMPUTE, SCHEDULES, Model, Parallelism, System,
-                            code_of, is_concrete)
+from jaxmodel.types import (FA_VERSIONS, RECOMPUTE, SCHEDULES, ZERO3_IMPLS, Model,
+                            Parallelism, System, code_of, is_concrete)
 
 _precision = importlib.import_module("jaxmodel.precision")  # the module, not jm.precision
 
@@ -88,7 +88,8 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
                     micro_batches: Sequence[int] | None = None,
                     max_interleave: int | None = None,
                     seq_len: float | None = None,
-                    cp: Sequence[int] = CP_DEGREES) -> dict[str, np.ndarray]:
+                    cp: Sequence[int] = CP_DEGREES,
+                    zero3_impl: Sequence = ("fsdp",)) -> dict[str, np.ndarray]:
     """All consistent plans as columns ``{field: float array}`` (Parallelism field names).
 
     The candidate product — ``tp``, ``cp`` (of ``cp``) and ``pp`` over the divisors of
@@ -121,6 +122,8 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
         seq_len: tokens per sequence (checks SP's and CP's divisibility; ``None``: not
             checked, and only ``cp = 1`` is enumerated).
         cp: context-parallel degrees to consider (default :data:`CP_DEGREES`).
+        zero3_impl: implementations of ZeRO stage 3 to consider for the ``zero = 3`` plans
+            (names or codes of :data:`jaxmodel.types.ZERO3_IMPLS`; default FSDP's).
     """
     if not is_concrete(model):
         raise ValueError("search_parallelism: the model must be concrete (not traced)")
@@ -141,7 +144,8 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
                          else float(code_of(f, FA_VERSIONS, "flash_attention"))
                          for f in flash_attention))
     cp_opts = sorted({_as_int(c, "cp") for c in cp if seq_len is not None or int(c) == 1})
-    if not (sched_codes and rc_codes and zero and sp_opts and fa_opts and cp_opts):
+    impls = sorted({float(code_of(i, ZERO3_IMPLS, "zero3_impl")) for i in zero3_impl})
+    if not (sched_codes and rc_codes and zero and sp_opts and fa_opts and cp_opts and impls):
         raise ValueError("search_parallelism: every option list must be non-empty")
 
     # ---- candidates of the structural fields, in the order of the output ----------------
@@ -193,17 +197,19 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
     idx, blocks = [], []
     for multi_dp in (False, True):
         rows_i = np.nonzero((cand[:, 0] > 1) == multi_dp)[0]
-        zs = [z for z in zero if multi_dp or z == 0] or [0]
-        opts = np.stack([x.reshape(-1) for x in np.meshgrid(rc_codes, zs, fa_opts,
-                                                              indexing="ij")], axis=1)
+        zs = [(z, i) for z in zero if multi_dp or z == 0
+              for i in (impls if z == 3 else [0.0])] or [(0, 0.0)]
+        g = [x.reshape(-1) for x in np.meshgrid(rc_codes, np.arange(len(zs)), fa_opts,
+                                                 indexing="ij")]
+        zi = np.asarray(zs, dtype=float)[g[1]]
+        opts = np.stack([g[0], zi[:, 0], g[2], zi[:, 1]], axis=1)
         idx.append(np.repeat(rows_i, len(opts)))
         blocks.append(np.concatenate([np.repeat(cand[rows_i], len(opts), axis=0),
                                       np.tile(opts, (len(rows_i), 1))], axis=1))
     order = np.argsort(np.concatenate(idx), kind="stable")
     table = np.concatenate(blocks)[order].astype(float)
-    fields = head + ("recompute", "zero", "flash_attention")
+    fields = head + ("recompute", "zero", "flash_attention", "zero3_impl")
     plans = {k: table[:, i] for i, k in enumerate(fields)}
-    plans["zero3_impl"] = np.zeros(len(table))     # ZeRO-3 searched as FSDP runs it
     assert set(plans) == set(PAR_FIELDS), "Parallelism gained a field: extend the search"
     return plans
 
@@ -322,21 +328,36 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
             if vals.size == 0:
                 raise ValueError(f"search_parallelism: step option {k!r} has no values")
             extra[k] = vals
-    reps = math.prod(len(v) for v in extra.values()) if extra else 1
-    if reps > 1:  # plans × options, options varying fastest
-        plans = {k: np.repeat(v, reps) for k, v in plans.items()}
-        grids = np.meshgrid(*extra.values(), indexing="ij")
-        extra = {k: np.tile(g.reshape(-1), n_plans) for k, g in zip(extra, grids)}
-    elif extra:
-        extra = {k: np.full(n_plans, v[0]) for k, v in extra.items()}
-    n_eval = n_plans * reps
+    # evaluated as a (plan, precision, other options) batch: train_step's stage times are
+    # computed per plan and precision, and each plan composes its step options in one inner
+    # vmap (batching: outer-product batches) that shares what they have in common
+    sizes = {k: len(v) for k, v in extra.items()}
+    reps = math.prod(sizes.values()) if extra else 1
+    inner_keys = [k for k in extra if k != "precision"]
+    n_prec = sizes.get("precision", 1)
+    n_inner = math.prod(sizes[k] for k in inner_keys) if inner_keys else 1
+    combo = (dict(zip(extra, np.unravel_index(np.arange(reps), tuple(sizes.values()))))
+             if extra else {})
+    inner_of_combo = (np.ravel_multi_index([combo[k] for k in inner_keys],
+                                           [sizes[k] for k in inner_keys])
+                      if inner_keys else np.zeros(reps, dtype=int))
+    # the output row of (plan, combination) in the (plan, precision, inner) layout
+    layout = (np.arange(n_plans)[:, None] * (n_prec * n_inner)
+              + (combo.get("precision", np.zeros(reps, dtype=int)) * n_inner
+                 + inner_of_combo)[None, :]).reshape(-1)
     f = jnp.result_type(float)
-    par = Parallelism(**{k: jnp.asarray(plans[k], f) for k in PAR_FIELDS})
-    kw = {k: jnp.asarray(v, f) for k, v in extra.items()}
+    par = Parallelism(**{k: jnp.asarray(plans[k], f).reshape(-1, 1, 1) for k in PAR_FIELDS})
+    inner_grid = np.meshgrid(*[extra[k] for k in inner_keys], indexing="ij")
+    kw = {k: jnp.asarray(g.reshape(1, 1, -1), f) for k, g in zip(inner_keys, inner_grid)}
     if precisions is not None:
-        idx = extra["precision"].astype(int)
-        kw["precision"] = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[idx], f),
-                                                 _precision.stack(precisions))
+        kw["precision"] = jax.tree_util.tree_map(
+            lambda x: jnp.asarray(np.asarray(x), f).reshape(1, -1, 1),
+            _precision.stack(precisions))
+    # the columns of the table, plans × options with the options varying fastest
+    if reps > 1:
+        plans = {k: np.repeat(v, reps) for k, v in plans.items()}
+    extra = {k: np.tile(extra[k][combo[k]], n_plans) for k in extra}
+    n_eval = n_plans * reps
     timings = {"enumerate_s": time.perf_counter() - t0}
     say(f"{n_eval:,} plans for {model.name} on {n} devices")
     gemm, info = None, {}
@@ -350,10 +371,12 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
             info["n_unique_gemms"] = int(len(table.shapes))
             st["note"] = f"{info['n_unique_gemms']} distinct GEMM shapes"
         timings["gemm_table_s"] = st["wall_s"]
-    with runtime.stage("search_parallelism: train_step", show_after=shown) as st:
+    with runtime.stage("search_parallelism: train_step", show_after=shown) as st, \
+            runtime.silenced(not progress):          # train_step's own stage lines too
         res = _parallel.train_step(system, model, par, float(gb), float(seq_len), gemm=gemm,
                                    finetune=finetune, **kw)
-        res = jax.tree_util.tree_map(np.asarray, res)
+        res = jax.tree_util.tree_map(
+            lambda x: np.asarray(x).reshape((n_eval,) + np.shape(x)[3:])[layout], res)
         st["note"] = f"{n_eval:,} plans"
     timings["evaluate_s"] = st["wall_s"]
 

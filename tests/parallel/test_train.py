@@ -375,6 +375,39 @@ def test_dedup_evaluates_distinct_stage_inputs_once():
     assert len(np.unique(rows, axis=0)) < len(NAMES) - 5
 
 
+def test_outer_product_batch_matches_flat():
+    """An outer-product batch (leaves along the leading axis × knobs along the last) is
+    evaluated point by point with an inner vmap; the values are the flat batch's."""
+    serial = np.linspace(1.0, 2.0, 5).reshape(5, 1)
+    overlapped = np.linspace(0.2, 0.9, 5).reshape(5, 1)
+    knob = np.array([[0.0, 0.25, 1.0]])
+    got = jm.batching.call_batched(tr._blend, serial, overlapped, knob, chunk=4)
+    flat = jm.batching.call_batched(tr._blend, *(np.broadcast_to(x, (5, 3)).copy()
+                                                 for x in (serial, overlapped, knob)), chunk=4)
+    assert got.shape == (5, 3)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(flat))
+    np.testing.assert_allclose(np.asarray(got), serial + knob * (overlapped - serial),
+                               rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_static_switches_keep_the_numbers():
+    """Plans without ZeRO and without context parallelism compile without those branches
+    (static switches); the numbers equal the graph that keeps them."""
+    par = plan("tp8pp2")
+    fast = jm.train_step(ONE_TIER, MODEL, par, B, S, gemm=roofline, dedup=True)
+    times = tr.stage_times(ONE_TIER, MODEL, par, B, S, gemm=roofline)
+    full = jm.batching.call_batched(
+        tr._from_stage_times, ONE_TIER, MODEL, par, B, S, times, zero3_calls=None,
+        zero_used=None, net=comm.net_variant_of(ONE_TIER))
+    for f in ("step_time_s", "memory_bytes", "mfu"):
+        assert float(getattr(fast, f)) == pytest.approx(float(getattr(full, f)), rel=1e-12)
+    keep = jm.batching.call_batched(tr._stage_times_row, *jm.batching.call_batched(
+        tr._stage_inputs, ONE_TIER, MODEL, par, B, S), gemm=roofline, context=None)
+    for k, v in keep.items():
+        assert float(v) == float(times[k]), k
+
+
 @pytest.mark.slow
 def test_vmap_matches_loop_and_jit_matches_eager(batch):
     """Single calls (the direct, non-de-duplicated path) equal the batch entries."""

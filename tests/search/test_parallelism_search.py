@@ -1,8 +1,10 @@
 """Parallelism-plan enumeration (fast) and the ranked search (slow: compiles a train step)."""
 
+import importlib
 import itertools
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import pytest
 import jaxmodel as jm
 import hw_db
 from jaxmodel.search.parallelism import PAR_FIELDS, _scaled_system, enumerate_plans
+from jaxmodel.types import RECOMPUTE, SCHEDULES
 
 
 def brute_force(model, n, gb):
@@ -104,6 +107,32 @@ def test_search_ranks_plans_and_matches_direct_evaluation():
     ref = jm.train_step(system, model, par, 8, 256, dp_overlap=float(best["dp_overlap"]))
     assert float(ref.step_time_s) == pytest.approx(best["step_time_s"], rel=1e-5)
     assert math.isfinite(best["mfu"]) and 0 < best["mfu"] < 1
+
+
+@pytest.mark.slow
+def test_search_rows_match_a_flat_evaluation():
+    """The (plan, precision) × step-option layout of the search gives every row the value a
+    flat batched train_step gives it (rows in their places)."""
+    system = hw_db.system("hgx_a100_4gpu")
+    model = hw_db.model("gpt2-small")
+    df = jm.search_parallelism(system, model, 4, 8, 256, progress=False,
+                               step_options={"grad_bytes": [2.0, 4.0],
+                                             "dp_overlap": [0.0, 1.0]},
+                               precision=["bf16", "fp16"])
+    idx = {p: i for i, p in enumerate(("bf16", "fp16"))}
+    names = {"schedule": SCHEDULES, "recompute": RECOMPUTE}
+    par = jm.Parallelism(**{f: (np.asarray([names[f].index(x) for x in df[f]], float)
+                                if f in names else df[f].to_numpy()) for f in PAR_FIELDS})
+    presets = importlib.import_module("jaxmodel.precision")
+    prec = presets.stack([presets.precision(p) for p in ("bf16", "fp16")])
+    rows = df["precision"].map(idx).to_numpy()
+    prec = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[rows]), prec)
+    ref = jm.train_step(system, model, par, 8.0, 256.0, precision=prec,
+                        grad_bytes=df["grad_bytes"].to_numpy(),
+                        dp_overlap=df["dp_overlap"].to_numpy())
+    for field in ("step_time_s", "memory_bytes"):
+        np.testing.assert_allclose(df[field].to_numpy(), np.asarray(getattr(ref, field)),
+                                   rtol=1e-5)
 
 
 def _roofline(dev, m, n, k, batch=1.0, dtype_bytes=2.0):
