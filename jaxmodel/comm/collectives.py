@@ -715,6 +715,16 @@ def _flat_ring(system: System, n, members, inner, g, net: NetVariant, f):
     overhead (:func:`_pipelined`) is paid on every step at its tier's ``chunk_latency``
     (``S·c`` → ``Σ_k steps_k · c_k``). Returns
     ``(executed at the tuner's protocol, fastest executed)``.
+
+    Not modelled here (unlike a single tier, :func:`level_algorithm_times`): the channels'
+    copy bound (``channel_copy_bw``, :func:`jaxmodel.comm.nccl.copy_time`) and a tuner
+    bandwidth of NCCL's own (``nccl_bw``). NCCL's multi-node ring bus bandwidth is
+    ``nChannels · bwInter`` of the network graph, which no network tier carries, so the tuner
+    compares the protocols at the executed bandwidth. The copy bound would not bind on the
+    InfiniBand systems of hw_db, but not by much: on DGX A100 a node's ring hop runs at
+    8 × 25 GB/s × 0.9 = 180 GB/s of buffer, while 24 channels × 29.6 GB/s of loads and stores
+    at ~3 bytes per buffer byte (``copy_bytes``) allow ~237 GB/s; on a faster network it
+    could bind and this ring would be optimistic.
     """
     gm1 = jnp.maximum(g - 1.0, 0.0)
     lat = _flat_ring_latency(system, members, net, f)
