@@ -500,3 +500,19 @@ def test_batch_over_copy_and_tuner_bandwidth_matches_loop():
     c0, h = 20e9, 1e6
     fd = (float(f(c0 + h)) - float(f(c0 - h))) / (2 * h)
     assert float(jax.grad(f)(c0)) == pytest.approx(fd, rel=1e-5)
+
+
+def test_nccl_bw_applies_on_switch_tiers_only():
+    """``nccl_bw`` rescales a bandwidth time taken at the switch tier's ``B``; on a fully
+    connected tier (ring bandwidth (m−1)·b) it is ignored: tuner and executed times equal
+    those without it."""
+    m, n = 4, 2.0**24
+    fc = nvswitch(m, topology="fully_connected")
+    t0 = coll.level_algorithm_times(fc, float(m), n, ops=("all_reduce",))[0]["all_reduce"]
+    t1 = coll.level_algorithm_times(dataclasses.replace(fc, nccl_bw=1e9), float(m), n,
+                                    ops=("all_reduce",))[0]["all_reduce"]
+    np.testing.assert_array_equal(np.asarray(t0), np.asarray(t1))
+    sw = coll.level_algorithm_times(dataclasses.replace(nvswitch(m), nccl_bw=1e9), float(m),
+                                    n, ops=("all_reduce",))[0]["all_reduce"]
+    ring = coll.ALGORITHMS.index("ring")
+    assert float(sw[2][ring]) > 10 * float(t0[2][ring])
