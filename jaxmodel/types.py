@@ -608,11 +608,14 @@ class NetLevel:
             through its loads and stores; the Simple protocol's ring is bound by it where its
             primitives' memory traffic exceeds the link time
             (:func:`jaxmodel.comm.nccl.copy_bytes`); 0 (default) = no bound. Calibration
-            constant.
+            constant, fitted on all-reduce only (the reduce-scatter / all-gather / broadcast
+            bounds are not validated).
         nccl_bw: NCCL's own modelled bus bandwidth of the tier (``ncclTopoTuneModel``:
             ring graph ``nChannels × bwIntra``), bytes/s, which its tuner uses to choose an
             algorithm and protocol; 0 (default) = the executed ``efficiency ×
-            bw_per_device``.
+            bw_per_device``. Also stands for the tree and NVLS graphs' bandwidth in the
+            tuner (NCCL uses ``graphs[NCCL_ALGO_TREE]`` / ``graphs[NCCL_ALGO_NVLS]``; an
+            approximation) and applies on switch tiers only.
     """
 
     size: Array

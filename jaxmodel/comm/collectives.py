@@ -476,9 +476,15 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
     else:
         is_nccl, link = nccl_tier > -0.5, nccl_tier
 
-    # NCCL's tuner sees its own bus bandwidth (``nccl_bw``: graph channels x bwIntra, no
-    # packet overhead) where the level gives it; else the executed one
-    has_tb = level.nccl_bw > 0
+    # NCCL's tuner sees its own bus bandwidth (``nccl_bw``: ring graph channels x bwIntra, no
+    # packet overhead) where the level gives it; else the executed one. NCCL models the tree
+    # and NVLS algorithms with their own graphs (``graphs[NCCL_ALGO_TREE]``,
+    # ``graphs[NCCL_ALGO_NVLS]``: ``busBw = nChannels x bw``, tuning.cc
+    # ``ncclTopoTuneModel``); on an NVSwitch tier they reach the same channels x bwIntra, so
+    # the ring graph's bandwidth stands for all three (an approximation). The rescaling
+    # ``bwt · B / B_t`` below assumes the algorithm's bandwidth time is at ``B`` (switch tiers:
+    # ring, tree and in-network all run at ``B``), so ``nccl_bw`` applies on switch tiers only.
+    has_tb = (level.nccl_bw > 0) & is_sw
     B_t = jnp.where(has_tb, level.nccl_bw, B)
 
     def protocols(name, op, part):
@@ -490,8 +496,11 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         _, bwt, steps = (jnp.asarray(a, dtype=f) for a in part)
         lat_p = nccl.latency(name, op, m, link)
         f_p = nccl.bw_factor(name, op, link, level.nvls_efficiency)
-        # the same bandwidth time at the tuner's bandwidth, without packet overhead
-        bwt_t = bwt * B / B_t / jnp.where(has_tb, ovh("n" if name == "tree" else "u"), 1.0)
+        # the same bandwidth time at the tuner's bandwidth, without the packet overhead of
+        # this (op, algorithm)'s message: the whole buffer for the tree and every broadcast
+        # (``table``), n/m for the ring and in-network reduce-scatter / all-gather / all-reduce
+        key = "n" if (name == "tree" or op == "broadcast") else "u"
+        bwt_t = bwt * B / B_t / jnp.where(has_tb, ovh(key), 1.0)
         if name == "in_network":         # NVLS / CollNet: Simple only
             def nvls(x):
                 if op != "all_reduce":
@@ -706,6 +715,16 @@ def _flat_ring(system: System, n, members, inner, g, net: NetVariant, f):
     overhead (:func:`_pipelined`) is paid on every step at its tier's ``chunk_latency``
     (``S·c`` → ``Σ_k steps_k · c_k``). Returns
     ``(executed at the tuner's protocol, fastest executed)``.
+
+    Not modelled here (unlike a single tier, :func:`level_algorithm_times`): the channels'
+    copy bound (``channel_copy_bw``, :func:`jaxmodel.comm.nccl.copy_time`) and a tuner
+    bandwidth of NCCL's own (``nccl_bw``). NCCL's multi-node ring bus bandwidth is
+    ``nChannels · bwInter`` of the network graph, which no network tier carries, so the tuner
+    compares the protocols at the executed bandwidth. The copy bound would not bind on the
+    InfiniBand systems of hw_db, but not by much: on DGX A100 a node's ring hop runs at
+    8 × 25 GB/s × 0.9 = 180 GB/s of buffer, while 24 channels × 29.6 GB/s of loads and stores
+    at ~3 bytes per buffer byte (``copy_bytes``) allow ~237 GB/s; on a faster network it
+    could bind and this ring would be optimistic.
     """
     gm1 = jnp.maximum(g - 1.0, 0.0)
     lat = _flat_ring_latency(system, members, net, f)

@@ -60,7 +60,7 @@ from jaxmodel.numerics import smooth_ceil_div
 __all__ = ["PROTOCOLS", "LL128_FACTOR", "NVLINK", "PCI", "NET", "BASE_LAT", "HW_LAT", "latency",
            "bw_factor",
            "NVLINK_BW_PER_LINK", "TREE_CORRECTION", "tree_correction", "ring_plateau",
-           "channel_factor", "nvls_allreduce_factor", "copy_bytes"]
+           "channel_factor", "nvls_allreduce_factor", "copy_bytes", "copy_time"]
 
 PROTOCOLS = ("ll", "ll128", "simple")
 NVLINK, PCI, NET = 0.0, 1.0, 2.0
@@ -179,26 +179,42 @@ def copy_bytes(op: str, m):
     ring ``op`` on ``m`` ranks (Simple protocol; dimensionless, multiply by ``n``).
 
     Source: NCCL 2.30.7 ``src/device/all_reduce.h`` ``runRing`` and ``reduce_scatter.h`` /
-    ``all_gather.h``: per chunk of ``c = n/m`` bytes a rank runs ``send`` (load, store: 2c),
-    ``m−2`` × ``recvReduceSend`` (2 loads, 1 store: 3c), ``recvReduceCopySend`` (2 loads, 2
-    stores: 4c), ``m−2`` × ``recvCopySend`` (1 load, 2 stores: 3c) and ``recv`` (2c), every
-    byte through the thread block of its channel (``prims_simple.h``). All-reduce:
-    ``(6m − 4)/m``; reduce-scatter (``send``, ``m−2`` × ``recvReduceSend``,
-    ``recvReduceCopy``) and all-gather (``copySend``, ``m−2`` × ``recvCopySend``, ``recv``):
-    ``(3m − 1)/m``; broadcast (``broadcast.h``) 3 on the middle ranks (2 at ``m = 2``).
-    Per byte on the link (``2(m−1)/m`` resp. ``(m−1)/m``) that is 4 at
-    ``m = 2``, 3.33 at 4 and 3.14 at 8 for all-reduce: small rings move more memory per link
-    byte, so a copy-bound ring loses bus bandwidth at 2 ranks first.
+    ``all_gather.h`` / ``broadcast.h``: per chunk of ``c = n/m`` bytes a rank runs ``send``
+    (load, store: 2c), ``m−2`` × ``recvReduceSend`` (2 loads, 1 store: 3c),
+    ``recvReduceCopySend`` (2 loads, 2 stores: 4c), ``m−2`` × ``recvCopySend`` (1 load, 2
+    stores: 3c) and ``recv`` (2c), every byte through the thread block of its channel
+    (``prims_simple.h``). All-reduce: ``(6m − 4)/m`` (the same in and out of place).
+
+    Buffer placement: in place throughout, as training frameworks call these collectives
+    (``torch.distributed.broadcast`` on one tensor; all-gather into a buffer whose rank slice
+    is the input, as Megatron-LM's distributed optimizer and FSDP do):
+
+    - reduce-scatter (``send``, ``m−2`` × ``recvReduceSend``, ``recvReduceCopy``):
+      ``(3m − 1)/m``, the same out of place;
+    - all-gather in place (``directSend``: 2c, ``m−2`` × ``recvCopySend``, ``recv``):
+      ``(3m − 2)/m``; out of place (nccl-tests' default) the first step is
+      ``directCopySend`` (3c): ``(3m − 1)/m``;
+    - broadcast: the root sends (in place ``directSend``: 2n; out of place
+      ``directCopySend``: 3n), the middle ranks ``recvCopySend`` (3n), the last receives
+      (2n); the busiest rank sets the time: 3 at ``m > 2``, 2 at ``m = 2`` (in place).
+
+    Per byte on the link (``2(m−1)/m`` resp. ``(m−1)/m``) that is 4 at ``m = 2``, 3.33 at 4
+    and 3.14 at 8 for all-reduce: small rings move more memory per link byte, so a copy-bound
+    ring loses bus bandwidth at 2 ranks first.
+
+    Validation: ``channel_copy_bw`` is fitted on all-reduce kernel times only; the
+    reduce-scatter, all-gather and broadcast bounds apply the same per-channel throughput to
+    the primitive counts above and are not checked against any measurement.
     """
     f = jnp.result_type(float)
     m = jnp.maximum(jnp.asarray(m, dtype=f), 1.0)
     if op == "all_reduce":
         return (6.0 * m - 4.0) / m
-    if op in ("reduce_scatter", "all_gather"):
+    if op == "reduce_scatter":
         return (3.0 * m - 1.0) / m
+    if op == "all_gather":
+        return (3.0 * m - 2.0) / m
     if op == "broadcast":
-        # broadcast.h: the root sends (2n), the middle ranks recvCopySend (3n), the last
-        # receives (2n); the busiest rank sets the time
         return jnp.where(m > 2.5, 3.0, 2.0)
     raise ValueError(f"no NCCL ring copy traffic for op {op!r}")
 

@@ -352,15 +352,18 @@ def test_flat_ring_runs_ll128_at_the_outermost_tier_efficiency():
 
 def test_copy_bytes_hand_counted():
     """Bytes one rank's channels load and store per buffer byte (NCCL runRing primitives):
-    all-reduce 2 + 3(m−2) + 4 + 3(m−2) + 2 chunks of n/m; reduce-scatter / all-gather
-    2 + 3(m−2) + 3 and 3 + 3(m−2) + 2; per byte on the link 4 / 3.33 / 3.14 at 2 / 4 / 8."""
+    all-reduce 2 + 3(m−2) + 4 + 3(m−2) + 2 chunks of n/m; reduce-scatter 2 + 3(m−2) + 3;
+    all-gather in place (directSend) 2 + 3(m−2) + 2; per byte on the link 4 / 3.33 / 3.14
+    at 2 / 4 / 8."""
     for m in (2, 4, 8):
         ar = (2 + 3 * (m - 2) + 4 + 3 * (m - 2) + 2) / m
         rs = (2 + 3 * (m - 2) + 3) / m
+        ag = (2 + 3 * (m - 2) + 2) / m
         assert float(nccl.copy_bytes("all_reduce", m)) == pytest.approx(ar)
         assert float(nccl.copy_bytes("reduce_scatter", m)) == pytest.approx(rs)
-        assert float(nccl.copy_bytes("all_gather", m)) == pytest.approx(rs)
-    # broadcast: root send (2), middle recvCopySend (3), last recv (2): the busiest rank
+        assert float(nccl.copy_bytes("all_gather", m)) == pytest.approx(ag)
+    # broadcast in place: root directSend (2), middle recvCopySend (3), last recv (2): the
+    # busiest rank
     assert [float(nccl.copy_bytes("broadcast", m)) for m in (2, 3, 8)] == [2.0, 3.0, 3.0]
     per_link = [float(nccl.copy_bytes("all_reduce", m)) / (2 * (m - 1) / m) for m in (2, 4, 8)]
     np.testing.assert_allclose(per_link, [4.0, 10 / 3, 22 / 7])
@@ -413,11 +416,64 @@ def test_tuner_uses_nccl_bandwidth():
     ovh = (256 + 16) / 256
     assert float(t[0][ring]) == pytest.approx(lat + 2 * (m - 1) / m * n * ovh / (0.5 * B),
                                               rel=1e-6)
-    # at 2 MiB on 8 A100s NCCL's own bandwidth (240 GB/s) makes LL and LL128 tie within 1 %
-    # (56.8 vs 57.2 us): the tuner picks LL, while the executed 0.862 x 300 GB/s picked LL128
-    a = hw_db.system("dgx_a100").levels[0]
-    assert choice(a, 8, 2.0**21) == ("ring", "ll")
-    assert choice(dataclasses.replace(a, nccl_bw=0.0), 8, 2.0**21) == ("ring", "ll128")
+    # the choice follows nccl_bw, not the executed bandwidth: at 2 MiB on 8 ranks the ring
+    # tuner times are LL 6.6 + 14·0.6 + max(3.5 MiB / (0.5 · bw), 3.5 MiB / 87.7 GB/s
+    # (llMaxBw)), LL128 14 + 14·1.9 + 3.5 MiB / (0.92 · bw), Simple 8.4 + 14·3.4 +
+    # 3.5 MiB / bw: at the executed bw = 0.5 · 200 GB/s (no nccl_bw) LL 88.4, LL128 80.5,
+    # Simple 92.7 us; at nccl_bw = 240 GB/s LL 56.85 < LL128 57.2 us (whatever the executed
+    # efficiency); at 400 GB/s LL128 50.6 < LL 56.85 us
+    for e in (0.5, 1.0):
+        assert choice(nvswitch(m, efficiency=e, nccl_bw=240e9), 8, 2.0**21) == ("ring", "ll")
+    assert choice(nvswitch(m, efficiency=0.5), 8, 2.0**21) == ("ring", "ll128")
+    assert choice(nvswitch(m, efficiency=0.5, nccl_bw=400e9), 8, 2.0**21) == ("ring", "ll128")
+
+
+def test_tuner_nccl_bandwidth_on_tree_nvls_and_broadcast():
+    """``nccl_bw`` also sets the tuner's tree and NVLS times (2n / (0.92 · nccl_bw) /
+    treeCorrection for the Simple tree; 2(m−1)/m · n / nccl_bw for NVLS), and the broadcast
+    ring's (n / nccl_bw), each without the packet overhead of its own message (the whole
+    buffer for tree and broadcast, n/m for NVLS): a 1 MiB header per 3 MiB payload makes
+    the two overheads differ (86/64 vs 11/8 for n/8)."""
+    m, n = 8, 2.0**26
+    lvl = nvswitch(m, inr=1.0, header_bytes=2.0**20, max_payload_bytes=3 * 2.0**20,
+                   flit_bytes=1.0, efficiency=0.5, nccl_bw=300e9)
+    t = coll.level_algorithm_times(lvl, float(m), n, ops=("all_reduce", "broadcast"))[0]
+    ar, bc = t["all_reduce"], t["broadcast"]
+    tree, ring, inr = (coll.ALGORITHMS.index(a) for a in ("tree", "ring", "in_network"))
+    simple = nccl.PROTOCOLS.index("simple")
+    assert int(ar[3][tree]) == simple
+    corr = float(nccl.tree_correction(n)[simple])
+    assert float(ar[2][tree]) == pytest.approx(
+        (8.4 + 2 * (m - 1) * 4.0) * US + 2 * n / (0.92 * 300e9) / corr, rel=1e-9)
+    assert float(ar[2][inr]) == pytest.approx(25.0 * US + 2 * (m - 1) / m * n / 300e9,
+                                              rel=1e-9)
+    assert int(bc[3][ring]) == simple
+    assert float(bc[2][ring]) == pytest.approx((8.4 + (m - 1) * 3.4) * US + n / 300e9,
+                                               rel=1e-9)
+    # the executed broadcast keeps the whole buffer's packet overhead at 0.5 · B
+    assert float(bc[0][ring]) == pytest.approx(
+        (8.4 + (m - 1) * 3.4) * US + n * (64 + 22) / 64 / (0.5 * B), rel=1e-6)
+
+
+@pytest.mark.parametrize("op,m,cb", [("reduce_scatter", 2, 2.5), ("reduce_scatter", 8, 23 / 8),
+                                     ("all_gather", 2, 2.0), ("all_gather", 8, 22 / 8),
+                                     ("broadcast", 2, 2.0), ("broadcast", 8, 3.0)])
+def test_copy_bound_rs_ag_broadcast_hand_derived(op, m, cb):
+    """Executed ring Simple time of a copy-bound 64 MiB reduce-scatter / all-gather /
+    broadcast = NCCL's Simple ring latency 8.4 + (m−1)·3.4 us + bytes loaded and stored
+    (hand-counted per rank: reduce-scatter 2 + 3(m−2) + 3, all-gather in place
+    2 + 3(m−2) + 2 chunks of n/m; broadcast 2 at 2 ranks, 3 beyond) / (24 · 5 GB/s); the
+    link-bound time without the bound."""
+    n, cbw = 2.0**26, 5e9
+    lvl = nvswitch(m, nccl_channels=24.0, chunk_latency=0.0)
+    lat = (8.4 + (m - 1) * 3.4) * US
+    assert choice(lvl, m, n, op) == ("ring", "simple")
+    t = float(coll.collective_latency.single(
+        system(dataclasses.replace(lvl, channel_copy_bw=cbw)), op, n, float(m)))
+    assert t == pytest.approx(lat + cb * n / (24 * cbw), rel=1e-9)
+    t0 = float(coll.collective_latency.single(system(lvl), op, n, float(m)))
+    link = n if op == "broadcast" else (m - 1) / m * n
+    assert t0 == pytest.approx(lat + link / B, rel=1e-9)
 
 
 def test_batch_over_copy_and_tuner_bandwidth_matches_loop():
@@ -444,3 +500,19 @@ def test_batch_over_copy_and_tuner_bandwidth_matches_loop():
     c0, h = 20e9, 1e6
     fd = (float(f(c0 + h)) - float(f(c0 - h))) / (2 * h)
     assert float(jax.grad(f)(c0)) == pytest.approx(fd, rel=1e-5)
+
+
+def test_nccl_bw_applies_on_switch_tiers_only():
+    """``nccl_bw`` rescales a bandwidth time taken at the switch tier's ``B``; on a fully
+    connected tier (ring bandwidth (m−1)·b) it is ignored: tuner and executed times equal
+    those without it."""
+    m, n = 4, 2.0**24
+    fc = nvswitch(m, topology="fully_connected")
+    t0 = coll.level_algorithm_times(fc, float(m), n, ops=("all_reduce",))[0]["all_reduce"]
+    t1 = coll.level_algorithm_times(dataclasses.replace(fc, nccl_bw=1e9), float(m), n,
+                                    ops=("all_reduce",))[0]["all_reduce"]
+    np.testing.assert_array_equal(np.asarray(t0), np.asarray(t1))
+    sw = coll.level_algorithm_times(dataclasses.replace(nvswitch(m), nccl_bw=1e9), float(m),
+                                    n, ops=("all_reduce",))[0]["all_reduce"]
+    ring = coll.ALGORITHMS.index("ring")
+    assert float(sw[2][ring]) > 10 * float(t0[2][ring])
