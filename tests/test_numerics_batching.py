@@ -191,7 +191,9 @@ def test_dedup_map_equals_evaluating_every_row():
     full = call_batched(counted, batch, ms, mode="max")
     assert calls[0] == ()                                  # traced per point
     assert got["t"].shape == (2, 6) and got["pair"].shape == (2, 6, 2)
-    np.testing.assert_array_equal(got["t"], full["t"])
+    # call_batched evaluates an outer-product batch as an inner vmap per point: XLA may
+    # fuse the arithmetic differently, so the two agree to rounding, not bit for bit
+    np.testing.assert_allclose(got["t"], full["t"], rtol=1e-12)
     np.testing.assert_array_equal(got["pair"], full["pair"])
     # constant inputs: one evaluation, broadcast back
     one = dedup_map(counted, (dev, 1e9), shape=(3,))
