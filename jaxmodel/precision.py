@@ -64,6 +64,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -247,6 +248,10 @@ def training_weight_bytes(p: Precision):
 def matrix_ratio(dev, code):
     """Dense matrix peak of dtype ``code`` relative to the device's 16-bit peak (0 = none)."""
     ratios = [getattr(dev, f) for f in RATIO_FIELDS]
+    if np.ndim(code) == 0 and not isinstance(code, jax.core.Tracer):
+        # a constant code: pick the field in Python (no select of constants to evaluate)
+        hits = [i for i in range(len(DTYPES)) if abs(float(code) - i) < 0.5]
+        return ratios[hits[0]] if hits else 0.0
     return jnp.select([jnp.abs(code - i) < 0.5 for i in range(len(DTYPES))], ratios, 0.0)
 
 
@@ -260,7 +265,7 @@ def scaled_device(dev, code):
     × :func:`matrix_ratio` (an unsupported dtype keeps the 16-bit rate; callers flag it with
     :func:`supported`, so the time stays finite and the gradient too)."""
     r = matrix_ratio(dev, code)
-    r = jnp.where(r > 0, r, 1.0)
+    r = (jnp if isinstance(r, jax.Array) else np).where(r > 0, r, 1.0)
     return dataclasses.replace(dev, sa_mac_per_cycle=dev.sa_mac_per_cycle * r)
 
 

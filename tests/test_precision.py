@@ -275,3 +275,14 @@ def test_search_over_precisions():
     for _, grp in df.groupby(plan_cols):
         assert sorted(grp["precision"]) == ["bf16", "fp8"]
         assert grp["step_time_s"].nunique() == 2
+
+
+def test_matrix_ratio_constant_code_matches_traced():
+    """A constant dtype code picks the device's field directly; a traced one selects it: the
+    same ratio for every code (0 outside the table)."""
+    from jaxmodel.precision import DTYPES, matrix_ratio
+    dev = hw_db.device("h100_sxm")
+    for code in [*range(len(DTYPES)), -1.0, len(DTYPES) + 0.0, 1.2]:
+        const = matrix_ratio(dev, float(code))
+        traced = jax.jit(lambda c: matrix_ratio(dev, c))(float(code))
+        assert float(const) == float(traced), code

@@ -858,6 +858,11 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
                                                 topology=st, in_network=net.inr(k),
                                                 algorithms=algs, nccl_tier=nl)
         shape_ok = shape_ok & ok
+        if op == "p2p" or (algs is not None and not any(
+                ALGORITHMS[i] in ("ring", "tree", "in_network") for i in algs)):
+            # no NCCL algorithm timed: the tuner row is +inf (no tuner choice); static, so
+            # no min over a constant row broadcast to the batch is traced (XLA would fold it)
+            nt = False
         if op == "all_reduce":
             # inner tiers: reduce-scatter + all-gather with the same algorithm; top: all-reduce
             inner_t = 2.0 * times["reduce_scatter"]

@@ -266,7 +266,17 @@ MIN_L1_ARRAYS = float(np.min(GRID[3]))
 
 
 def _f(x):
-    return jnp.asarray(x, dtype=jnp.result_type(float))
+    """A static table as a numpy constant of JAX's default float type: sliced and combined
+    with other constants in numpy, it never runs a JAX operation eagerly (one compiled
+    kernel per operation under ``jax.ensure_compile_time_eval``)."""
+    return np.asarray(x, dtype=jnp.result_type(float))
+
+
+def _cxp(*xs):
+    """numpy where every ``x`` is a constant (a Python or numpy number or array), else
+    jax.numpy: arithmetic on constants is done once in numpy instead of as eager JAX
+    operations (each compiled on first use) or staged graph constants."""
+    return jnp if any(isinstance(x, jax.Array) for x in xs) else np
 
 
 def _rates(dev):
@@ -289,8 +299,8 @@ def _device_ok(dev, xp=jnp):
               dev.vector_flops_per_cycle, dev.sa_rows, dev.sa_cols, dev.sa_mac_per_cycle,
               dev.local_buffer_bytes, dev.global_buffer_bytes, dev.global_buffer_bytes_per_cycle,
               dev.mem_bw, dev.mem_bw_efficiency, dev.exp_flops, dev.vector_dtype_bytes)
-    ok = xp.asarray(True)
-    for x in fields:
+    ok = (fields[0] > 0) & xp.isfinite(fields[0])
+    for x in fields[1:]:
         ok = ok & (x > 0) & xp.isfinite(x)
     return ok
 
@@ -326,7 +336,7 @@ def tile_fits(dev, word=_MIN_WORD, xp=jnp):
     checks; device fields may carry batch axes before a trailing axis of length 1) or
     jax.numpy.
     """
-    big = xp.asarray(_UNCLIPPED, dtype=jnp.result_type(float))
+    big = np.asarray(_UNCLIPPED, dtype=jnp.result_type(float))
     return xp.any(_tiles(xp, dev, big, big, big, word, _fit_front(GRID))[-1], axis=-1)
 
 
@@ -362,7 +372,7 @@ def device_feasible(dev):
 
 def _cdiv(a, b):
     """``ceil(a / b)`` for a denominator known to be positive (sanitised or a grid constant)."""
-    return jnp.ceil(a / b)
+    return _cxp(a, b).ceil(a / b)
 
 
 
@@ -377,11 +387,12 @@ def _tiles(xp, dev, m, n, k, word, grid=None):
     """
     H = xp.where(dev.sa_rows > 0, dev.sa_rows, 1.0)              # nx.sanitize
     W = xp.where(dev.sa_cols > 0, dev.sa_cols, 1.0)
-    g = xp.asarray(GRID if grid is None else grid, dtype=jnp.result_type(float))  # (5, C)
-    # ---- L2 tile (clipped to the problem) ---------------------------------------------
-    TM = xp.minimum(g[0], m)
-    TN = xp.minimum(g[1], n)
-    TK = xp.minimum(g[2], k)
+    g = _f(GRID if grid is None else grid)                       # (5, C), numpy
+    # ---- L2 tile (clipped to the problem; numpy where the shape is constant) -----------
+    cp = np if xp is np else _cxp(m, n, k)
+    TM = cp.minimum(g[0], m)
+    TN = cp.minimum(g[1], n)
+    TK = cp.minimum(g[2], k)
     ws2 = (TM * TN + TN * TK + TM * TK) * word
     fit2 = ws2 <= dev.global_buffer_bytes
 
@@ -392,7 +403,7 @@ def _tiles(xp, dev, m, n, k, word, grid=None):
     t1 = g[3] * xp.maximum(H, W)
     tm = xp.minimum(t1, TM)
     tn = xp.minimum(t1, TN)
-    tk = xp.minimum(g[4], TK)
+    tk = cp.minimum(g[4], TK)
     fit1 = 2.0 * (tm * tn + tk * (tm + tn)) * word <= dev.local_buffer_bytes
     return H, W, TM, TN, TK, tm, tn, tk, ws2, fit1 & fit2
 

@@ -259,7 +259,7 @@ def _row_chain_seconds(dev, rows, serial_loads):
     few rows (decode) this chain, not the bandwidth, sets the time: Little's law, too few bytes
     in flight (Volkov, "Understanding Latency Hiding on GPUs", UC Berkeley PhD thesis 2016).
     """
-    per_core = jnp.maximum(jnp.floor(CORE_THREADS / ROW_BLOCK_THREADS), 1.0)
+    per_core = max(float(np.floor(CORE_THREADS / ROW_BLOCK_THREADS)), 1.0)
     waves = nx.ceil_div(jnp.maximum(rows, 0.0), dev.core_count * per_core)
     return waves * serial_loads * dev.mem_latency_s
 

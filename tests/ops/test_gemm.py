@@ -367,3 +367,32 @@ def test_static_shape_gradients_equal_the_full_search(a100):
     for a, b in zip(g_static, g_traced):
         assert np.isfinite(float(a)) and float(a) != 0.0
         assert float(a) == pytest.approx(float(b), rel=1e-9)
+
+
+def test_constant_shapes_trace_without_eager_jax_ops(a100):
+    """Under ``jax.ensure_compile_time_eval`` (training's stage times) a GEMM of constant
+    shape on a traced device evaluates its grid arithmetic in numpy: no JAX operation runs
+    eagerly (each would compile), and the time equals the fully traced one."""
+    from jax._src import dispatch
+    calls = []
+    orig = dispatch.apply_primitive
+
+    def count(prim, *args, **params):
+        calls.append(prim.name)
+        return orig(prim, *args, **params)
+
+    def one(dev):
+        return jm.gemm_latency.single(dev, 2048.0, 5120.0, 1280.0)
+
+    dispatch.apply_primitive = count
+    try:
+        with jax.ensure_compile_time_eval():
+            jaxpr = jax.make_jaxpr(one)(a100)
+    finally:
+        dispatch.apply_primitive = orig
+    assert [c for c in calls if c != "stage"] == []
+    t_const = jax.core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *jax.tree_util.tree_leaves(a100))[0]
+    t_traced = jax.jit(lambda d, m: jm.gemm_latency.single(d, m, 5120.0, 1280.0))(a100, 2048.0)
+    assert float(t_const) == float(t_traced)
+    TM = G._tiles(jnp, a100, 2048.0, 5120.0, 1280.0, 2.0)[2]
+    assert isinstance(TM, np.ndarray)
