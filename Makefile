@@ -1,7 +1,8 @@
 # The whole set-up on a fresh machine is `make demo` and `make test`; both create .venv when
 # missing and bring it up to date when pyproject.toml changed. uv (from the package index, into
 # .venv) installs the dependencies in a few seconds, plain pip in half a minute; pip is the
-# fall-back where uv cannot be installed. uv reads UV_* settings, not pip's configuration.
+# fall-back where uv cannot be installed or its install fails (uv reads UV_* settings, not
+# pip's configuration: a machine with a pip-only mirror or certificate gets the pip path).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -15,8 +16,9 @@ $(STAMP): pyproject.toml
 	test -x $(UV) || $(PYTHON) -m pip --python $(PY) install --quiet uv \
 		|| { $(PY) -m ensurepip --default-pip >/dev/null && $(PY) -m pip install --quiet uv; } \
 		|| true
-	if test -x $(UV); then $(UV) pip install --quiet --python $(PY) -e ".[test]"; \
-	else $(PY) -m ensurepip --default-pip >/dev/null && $(PY) -m pip install --quiet -e ".[test]"; fi
+	{ test -x $(UV) && $(UV) pip install --quiet --python $(PY) -e ".[test]"; } \
+		|| { $(PY) -m ensurepip --default-pip >/dev/null && $(PY) -m pip install --quiet -e ".[test]"; } \
+		|| { echo "could not install the dependencies into $(VENV) with uv or pip (see above; pip needs python3's ensurepip, e.g. the python3-venv package)" >&2; exit 1; }
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -274,6 +274,7 @@ def test_search_csv():
         _step_options(["tp_overlap=x"])
 
 
+@pytest.mark.slow
 def test_predict_notes_its_executables_and_prefetches_them(tmp_path, monkeypatch):
     """With the export cache on (the console script's default), predict notes which stored
     executables the command line used; the same command, or the same with other workload

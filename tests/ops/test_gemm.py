@@ -322,7 +322,7 @@ def _static_and_traced(devs, shapes):
     return np.asarray(static), np.asarray(traced)
 
 
-@pytest.mark.parametrize("precision", ["float64", "float32"])
+@pytest.mark.parametrize("precision", [pytest.param("float64", marks=pytest.mark.slow), "float32"])
 def test_static_shape_search_equals_the_full_search(a100, precision, request):
     if precision == "float32":
         request.getfixturevalue("float32")

@@ -366,7 +366,9 @@ def _both_paths(system, model, par, batch, seq, phase, kv, gemm, shapes=None):
     return L._layer_breakdown(*args, shapes), L._layer_breakdown(*args, None), shapes
 
 
-@pytest.mark.parametrize("phase,seq,kv", [("prefill", 512.0, 0.0), ("decode", 1.0, 700.0)])
+@pytest.mark.parametrize("phase,seq,kv", [
+    ("prefill", 512.0, 0.0),
+    pytest.param("decode", 1.0, 700.0, marks=pytest.mark.slow)])
 def test_static_shapes_give_the_traced_shapes_rows(phase, seq, kv):
     model = small_model(n_kv_heads=4.0, activation="swiglu")
     static, traced, shapes = _both_paths(_sweep(), model, jm.Parallelism(tp=2), 4.0, seq,
