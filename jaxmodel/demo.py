@@ -20,19 +20,27 @@ It writes CSV and PNG files into ``--out`` and prints a short summary with progr
 Nearly all of the demo's time is XLA compiling its graphs, one graph at a time and mostly on
 one core. The stages are therefore split over two processes that run side by side (stages 1,
 2 and 5 here, 3 and 4 in a second process started first; ``--serial`` runs all five in this
-process), and both compile with the options of the model's one-shot executables
-(:data:`jaxmodel.batching.CPU_COMPILE_OPTIONS`). Each process times its own stages, so every
-printed compile and run time is that stage's own.
+process). The second process ends with this one (on an error, Ctrl-C or SIGTERM here; on
+Linux also if this one is killed). Both compile with ``--xla_cpu_use_fusion_emitters=false``
+in ``XLA_FLAGS`` (:data:`jaxmodel.batching.CPU_COMPILE_OPTIONS`; left out where the user set
+it or this XLA does not know it). Each process times its own stages, but the two run at the
+same time on the same cores, so a stage's printed compile and run times include the slowdown
+from the other process's stages.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
+import signal
+import subprocess
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 
 import jax
@@ -304,20 +312,114 @@ STAGES = (("1/5 predictions", _summary_predictions), ("2/5 roofline", _summary_r
 SIDE = ("3/5 hardware sweep", "4/5 parallelism search")
 
 
+@functools.lru_cache(maxsize=None)
+def xla_knows(flags: tuple[str, ...]) -> bool:
+    """Whether this JAX's XLA accepts ``flags`` in ``XLA_FLAGS``: XLA aborts the process at
+    backend start on a flag it does not know, so a fresh Python process starts the CPU
+    backend with them (about a second, once per process and set of flags)."""
+    env = {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
+    try:
+        return subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                              capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _backend_started() -> bool:
+    """Whether JAX has started its backends (``XLA_FLAGS`` is read then); False where this
+    JAX has no such query (the flags are then set anyway: harmless if read too late)."""
+    try:
+        from jax._src import xla_bridge
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return False
+
+
 def use_compile_options() -> None:
-    """Add :data:`jaxmodel.batching.CPU_COMPILE_OPTIONS` to ``XLA_FLAGS`` (where the user set
-    none of them) while XLA can still read it — before JAX starts its backend — so that every
-    graph of the demo compiles with them (the batched model calls jit without compiler
-    options). Child processes inherit the variable. On other backends the options do
-    nothing."""
-    from jax._src import xla_bridge
+    """Add :data:`jaxmodel.batching.CPU_COMPILE_OPTIONS` to ``XLA_FLAGS`` (those the user did
+    not set, and only if this XLA knows them: :func:`xla_knows`) while XLA can still read it —
+    before JAX starts its backend — so that every graph of the demo compiles with them (the
+    batched model calls jit without compiler options). Child processes inherit the variable.
+    On other backends the options do nothing."""
     from jaxmodel.batching import CPU_COMPILE_OPTIONS, xla_flags
-    if xla_bridge.backends_are_initialized():
+    if _backend_started():
         return
     flags = os.environ.get("XLA_FLAGS", "")
-    add = [f for f in xla_flags(CPU_COMPILE_OPTIONS) if f.split("=")[0] not in flags]
-    if add:
-        os.environ["XLA_FLAGS"] = " ".join([flags] + add).strip()
+    add = tuple(f for f in xla_flags(CPU_COMPILE_OPTIONS) if f.split("=")[0] not in flags)
+    if add and xla_knows(add):
+        os.environ["XLA_FLAGS"] = " ".join([flags, *add]).strip()
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """In a child process: have Linux send it SIGTERM when its parent dies
+    (``prctl(PR_SET_PDEATHSIG)``); and exit now if the parent is already gone. Elsewhere,
+    nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)        # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _worker_main(conn, parent_pid, fn, args):
+    _exit_with_parent(parent_pid)
+    try:
+        msg = ("ok", fn(*args))
+    except BaseException:                             # noqa: BLE001  (sent to the parent)
+        msg = ("error", traceback.format_exc())
+    conn.send(msg)
+    conn.close()
+
+
+class Worker:
+    """``fn(*args)`` in a second (spawned) process; :meth:`result` waits for its value
+    (raising :class:`RuntimeError` with the child's traceback if it failed or died),
+    :meth:`stop` ends it (SIGTERM, then SIGKILL). As a context manager it stops the child on
+    leaving, whatever the way out; the child also ends when this process dies (Linux)."""
+
+    def __init__(self, fn, *args):
+        import multiprocessing
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=_worker_main, args=(child, os.getpid(), fn, args))
+        self.process.start()
+        child.close()
+
+    def result(self):
+        from multiprocessing.connection import wait
+        wait([self._conn, self.process.sentinel])
+        if not self._conn.poll():
+            self.process.join()
+            raise RuntimeError(f"second process died (exit code {self.process.exitcode})")
+        status, value = self._conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"second process failed:\n{value}")
+        return value
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        p = self.process
+        if p.is_alive():
+            p.terminate()
+            p.join(grace_s)
+        if p.is_alive():
+            p.kill()
+        p.join()
+        self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _raise_exit(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def run_stages(labels, out: Path, quick: bool, quiet: bool, t0: float | None = None) -> dict:
@@ -357,21 +459,22 @@ def main(argv=None) -> int:
         f"{jax.devices()[0].platform} device(s)"
         + (f"; stages {', '.join(l.split()[0] for l in side)} in a second process)"
            if side else ")"))
-    pool = other = None
     if side:
-        import concurrent.futures
-        import multiprocessing
-        pool = concurrent.futures.ProcessPoolExecutor(
-            1, mp_context=multiprocessing.get_context("spawn"))
-        other = pool.submit(run_stages, side, out, a.quick, a.quiet, say.t0)
+        say("the two processes share the CPU: each stage's time includes the other's load")
+    own = [l for l, _ in STAGES if l not in side]
+    # SIGTERM as an exception here, so that the second process is stopped on the way out
+    term = (signal.signal(signal.SIGTERM, _raise_exit)
+            if side and threading.current_thread() is threading.main_thread() else None)
     try:
-        summary = run_stages([l for l, _ in STAGES if l not in side], out, a.quick, a.quiet,
-                             say.t0)
-        if other is not None:
-            summary.update(other.result())
+        if side:
+            with Worker(run_stages, side, out, a.quick, a.quiet, say.t0) as other:
+                summary = run_stages(own, out, a.quick, a.quiet, say.t0)
+                summary.update(other.result())
+        else:
+            summary = run_stages(own, out, a.quick, a.quiet, say.t0)
     finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+        if term is not None:
+            signal.signal(signal.SIGTERM, term)
     pred = summary.pop("_pred")
     summary = {k: summary[k] for k in ("predictions", "hardware_sweep", "parallelism_search",
                                        "codesign")}

@@ -50,3 +50,45 @@ def test_quick_demo_two_processes_equals_serial(tmp_path):
     assert len(s["predictions"]) == 6 and s["parallelism_search"]["n_plans"] > 0
     assert s["codesign"]["codesign"]["usd_per_mtok"] <= s["codesign"]["a100_design"][
         "usd_per_mtok"]
+
+
+def test_xla_knows_rejects_unknown_flag():
+    assert demo.xla_knows(("--xla_cpu_use_fusion_emitters=false",))
+    assert not demo.xla_knows(("--xla_no_such_flag_anywhere=1",))
+
+
+def test_worker_result_error_and_stop():
+    """The second process: its value comes back, its error is raised here with its
+    traceback, and :meth:`~jaxmodel.demo.Worker.stop` ends a running one."""
+    import operator
+    import time
+    with demo.Worker(operator.add, 1, 2) as ok, demo.Worker(operator.truediv, 1, 0) as bad, \
+            demo.Worker(time.sleep, 60) as slow:
+        assert ok.result() == 3
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            bad.result()
+        t = time.perf_counter()
+        slow.stop()
+        assert not slow.process.is_alive() and time.perf_counter() - t < 5
+    assert not ok.process.is_alive() and not bad.process.is_alive()
+
+
+def test_worker_ends_with_its_parent():
+    """A parent killed without clean-up (SIGKILL-like ``os._exit``) takes its worker along."""
+    import os
+    import time
+    code = ("import os, sys, time; from jaxmodel import demo\n"
+            "w = demo.Worker(time.sleep, 60)\n"
+            "time.sleep(2); print(w.process.pid, flush=True); os._exit(0)")
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                          text=True) as parent:
+        pid = int(parent.stdout.readline())     # (the worker holds the pipe open too)
+        assert parent.wait(timeout=30) == 0
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, 9)
+    pytest.fail("worker outlived its parent")
