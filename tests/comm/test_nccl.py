@@ -195,6 +195,7 @@ def test_executed_time_hand_derived():
         pytest.approx(want, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_best_is_at_most_auto_and_named():
     sys_ = hw_db.system("dgx_h100")
     n = jnp.logspace(10, 32, 23, base=2.0)

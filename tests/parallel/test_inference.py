@@ -100,6 +100,7 @@ def _batch_system(bw=2.0e12):
         SYSTEM.device, mem_capacity=CAP5, mem_bw=bw))
 
 
+@pytest.mark.slow
 def test_batch_flags_infeasible_entries_without_nan():
     """tp = 4 ok; tp = 3 (3 ≠ 4 devices: the device rule comes before the heads rule);
     dp·tp·pp = 8 on 4 devices; tp = pp = 2 ok; out of memory."""

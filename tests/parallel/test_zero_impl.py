@@ -99,6 +99,7 @@ def test_deepspeed_hand_value(batch):
     assert float(batch.step_time_s[1]) > float(batch.step_time_s[0])
 
 
+@pytest.mark.slow
 def test_vmap_matches_loop(batch):
     for i, (impl, rc) in enumerate((("fsdp", "full"), ("deepspeed", "full"),
                                     ("fsdp", "selective"), ("deepspeed", "selective"))):
