@@ -518,6 +518,7 @@ def _is_static(*xs):
 
 
 _STATIC_GROUPS: dict = {}
+_STATIC_GROUPS_MAX = 4096
 
 
 def _static_groups(m, n, k):
@@ -528,11 +529,13 @@ def _static_groups(m, n, k):
     (:func:`_tiles` derives every other quantity from these), so only the first is kept:
     the hard min is unchanged. The rest are grouped by which dimensions their L2 tile
     divides (:func:`_candidate_cycles`' ``single``). Returns ``[(grid, single), ...]``,
-    static numpy grids (memoised per grid and shape).
+    static numpy grids (memoised per grid and shape, at most ``_STATIC_GROUPS_MAX`` shapes).
     """
     shape = (float(m), float(n), float(k))
     key = (id(GRID),) + shape
     if key not in _STATIC_GROUPS:
+        if len(_STATIC_GROUPS) >= _STATIC_GROUPS_MAX:    # bounded: ≈ 50 kB per shape
+            _STATIC_GROUPS.clear()
         g = GRID
         tiles = np.minimum(g[:3], np.asarray(shape)[:, None])        # clipped L2 tiles
         tk = np.minimum(g[4], tiles[2])

@@ -396,3 +396,18 @@ def test_constant_shapes_trace_without_eager_jax_ops(a100):
     assert float(t_const) == float(t_traced)
     TM = G._tiles(jnp, a100, 2048.0, 5120.0, 1280.0, 2.0)[2]
     assert isinstance(TM, np.ndarray)
+
+
+def test_static_group_memo_is_bounded(monkeypatch):
+    """The per-shape memo of the pruned grids stays within its bound and stays correct."""
+    from jaxmodel.ops import gemm as G
+    monkeypatch.setattr(G, "_STATIC_GROUPS", {})
+    monkeypatch.setattr(G, "_STATIC_GROUPS_MAX", 2)
+    first = G._static_groups(64.0, 128.0, 256.0)
+    for m in (65.0, 66.0, 67.0):
+        G._static_groups(m, 128.0, 256.0)
+        assert len(G._STATIC_GROUPS) <= 2
+    again = G._static_groups(64.0, 128.0, 256.0)
+    assert len(first) == len(again)
+    for (g1, s1), (g2, s2) in zip(first, again):
+        assert s1 == s2 and np.array_equal(g1, g2)
