@@ -32,11 +32,11 @@ import dataclasses
 import difflib
 import json
 import math
-import tomllib
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
+from jaxmodel.tech_tables import load_toml
 from jaxmodel.types import (Device, Model, NetLevel, System, check_value, rule_of,
                             validate_model, validate_system)
 
@@ -112,17 +112,6 @@ def _resolve(kind: str, name_or_path: str | Path) -> Path:
     hint = _suggest(str(name_or_path), names(kind))
     raise ValueError(f"unknown {kind} {str(name_or_path)!r}{hint}; available: {names(kind)} "
                      f"(or a path to a {ext} file)")
-
-
-def load_toml(path: Path) -> dict:
-    """Parse a TOML file; a syntax error names the file."""
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: malformed TOML: {e}") from None
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read: {e.strerror}") from None
 
 
 def to_si(value: float, unit: str, dim: str, where: str = "value") -> float:

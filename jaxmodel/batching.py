@@ -43,6 +43,8 @@ import hashlib
 import math
 import os
 import pickle
+import subprocess
+import sys
 import threading
 import types
 from typing import Any, Callable, Sequence
@@ -116,6 +118,43 @@ def xla_flags(options: dict) -> tuple[str, ...]:
     """``options`` (name -> value) as ``XLA_FLAGS`` tokens (``--name=value``)."""
     return tuple(f"--{k}={str(v).lower() if isinstance(v, bool) else v}"
                  for k, v in options.items())
+
+
+def backend_started() -> bool:
+    """Whether JAX has started its backends (``XLA_FLAGS`` is read then); False where this
+    JAX has no such query (flags set then are harmless if read too late)."""
+    try:
+        from jax._src import xla_bridge
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def xla_knows(flags: tuple[str, ...]) -> bool:
+    """Whether this JAX's XLA accepts ``flags`` in ``XLA_FLAGS``: XLA aborts the process at
+    backend start on a flag it does not know, so a fresh Python process starts the CPU
+    backend with them (about a second, once per process and set of flags)."""
+    env = {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
+    try:
+        return subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                              capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def add_xla_flags(options: dict, accept=None) -> None:
+    """Add ``options`` to ``XLA_FLAGS`` — those the user did not set — while XLA can still
+    read the variable (before JAX starts its backend; child processes inherit it), and only
+    if ``accept(flags)`` (when given) says this XLA knows them: XLA aborts the process at
+    backend start on a flag it does not know (:func:`xla_knows` checks; the command line
+    skips the check, a second start of JAX would cost most of its answer time)."""
+    if backend_started():
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    add = tuple(f for f in xla_flags(options) if f.split("=")[0] not in flags)
+    if add and (accept is None or accept(add)):
+        os.environ["XLA_FLAGS"] = " ".join([flags, *add]).strip()
 
 
 class jit_leaves:
@@ -293,13 +332,14 @@ def _run_outer_inner(dynamic, mapped, rebuild, shape, inner, chunk):
 
     def padded(x):
         return jnp.reshape(x, (1,) * (nd - jnp.ndim(x)) + jnp.shape(x))
+    vals = [padded(dynamic[i]) for i in mapped]
     by_outer, by_inner = [], []          # positions among ``mapped``
-    for j, i in enumerate(mapped):
-        s = padded(dynamic[i]).shape
+    for j, v in enumerate(vals):
+        s = v.shape
         (by_inner if math.prod(s[:-1]) == 1 and s[-1] > 1 else by_outer).append(j)
-    outer_vals = [jnp.broadcast_to(padded(dynamic[mapped[j]]), outer + (
-        padded(dynamic[mapped[j]]).shape[-1],)).reshape(n_out, -1) for j in by_outer]
-    inner_vals = [padded(dynamic[mapped[j]]).reshape(inner) for j in by_inner]
+    outer_vals = [jnp.broadcast_to(vals[j], outer + (vals[j].shape[-1],)).reshape(n_out, -1)
+                  for j in by_outer]
+    inner_vals = [vals[j].reshape(inner) for j in by_inner]
 
     def point(row):
         axes = [0 if r.shape[0] > 1 else None for r in row]
@@ -427,6 +467,7 @@ def compile_ahead(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, **kwargs) -> 
             _PREFETCHING[xla] = _Background(
                 lambda: _load_executable(xla) or _build_executable(xla, dynamic, **kw))
         return
+    _AHEAD[:] = [t for t in _AHEAD if t.is_alive()]      # finished builds: nothing to wait for
     _AHEAD.append(_Background(lambda: _run.lower(dynamic, **kw).compile()))
 
 

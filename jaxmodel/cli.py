@@ -433,20 +433,10 @@ def _predict_xla_flags() -> None:
     emitters, and LLVM at -O0 another 1.6 s per big graph) with the same numbers
     (experiments/bench_predict.py compares them with the library's). The compilation caches
     key on ``XLA_FLAGS``, so these executables are kept apart."""
-    from jaxmodel.batching import ONE_SHOT_COMPILE_OPTIONS, xla_flags
+    from jaxmodel.batching import ONE_SHOT_COMPILE_OPTIONS, add_xla_flags
     from jaxmodel.runtime import _cli_process
-    if not _cli_process():     # in-process use: leave the host program's compiler alone
-        return
-    try:
-        from jax._src import xla_bridge
-        if xla_bridge.backends_are_initialized():
-            return
-    except (ImportError, AttributeError):
-        return
-    flags = os.environ.get("XLA_FLAGS", "")
-    add = [f for f in xla_flags(ONE_SHOT_COMPILE_OPTIONS) if f.split("=")[0] not in flags]
-    if add:
-        os.environ["XLA_FLAGS"] = " ".join([flags] + add).strip()
+    if _cli_process():         # in-process use: leave the host program's compiler alone
+        add_xla_flags(ONE_SHOT_COMPILE_OPTIONS)
 
 
 def cmd_predict(a) -> Any:

@@ -36,7 +36,6 @@ import functools
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -47,6 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
+
+from jaxmodel.batching import xla_knows
 
 SYSTEMS = ("dgx_a100", "dgx_h100", "dgx_b200")
 MODELS = ("gpt3-175b", "llama3-70b")
@@ -312,42 +313,14 @@ STAGES = (("1/5 predictions", _summary_predictions), ("2/5 roofline", _summary_r
 SIDE = ("3/5 hardware sweep", "4/5 parallelism search")
 
 
-@functools.lru_cache(maxsize=None)
-def xla_knows(flags: tuple[str, ...]) -> bool:
-    """Whether this JAX's XLA accepts ``flags`` in ``XLA_FLAGS``: XLA aborts the process at
-    backend start on a flag it does not know, so a fresh Python process starts the CPU
-    backend with them (about a second, once per process and set of flags)."""
-    env = {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
-    try:
-        return subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
-                              capture_output=True, timeout=120).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-def _backend_started() -> bool:
-    """Whether JAX has started its backends (``XLA_FLAGS`` is read then); False where this
-    JAX has no such query (the flags are then set anyway: harmless if read too late)."""
-    try:
-        from jax._src import xla_bridge
-        return bool(xla_bridge.backends_are_initialized())
-    except (ImportError, AttributeError):
-        return False
-
-
 def use_compile_options() -> None:
     """Add :data:`jaxmodel.batching.CPU_COMPILE_OPTIONS` to ``XLA_FLAGS`` (those the user did
     not set, and only if this XLA knows them: :func:`xla_knows`) while XLA can still read it —
     before JAX starts its backend — so that every graph of the demo compiles with them (the
     batched model calls jit without compiler options). Child processes inherit the variable.
     On other backends the options do nothing."""
-    from jaxmodel.batching import CPU_COMPILE_OPTIONS, xla_flags
-    if _backend_started():
-        return
-    flags = os.environ.get("XLA_FLAGS", "")
-    add = tuple(f for f in xla_flags(CPU_COMPILE_OPTIONS) if f.split("=")[0] not in flags)
-    if add and xla_knows(add):
-        os.environ["XLA_FLAGS"] = " ".join([flags, *add]).strip()
+    from jaxmodel.batching import CPU_COMPILE_OPTIONS, add_xla_flags
+    add_xla_flags(CPU_COMPILE_OPTIONS, accept=xla_knows)
 
 
 def _exit_with_parent(parent_pid: int) -> None:

@@ -35,14 +35,20 @@ def _strip(path: Path, key: str, entry: Any):
                      f"got {entry!r}")
 
 
-def read(path: Path) -> dict:
-    """Values of the TOML file ``path`` with sources stripped (nested dicts)."""
+def load_toml(path: Path) -> dict:
+    """Parse a TOML file; a syntax error or an unreadable file names the file."""
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: malformed TOML: {e}") from None
-    return {k: _strip(path, k, v) for k, v in data.items()}
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read: {e.strerror}") from None
+
+
+def read(path: Path) -> dict:
+    """Values of the TOML file ``path`` with sources stripped (nested dicts)."""
+    return {k: _strip(path, k, v) for k, v in load_toml(path).items()}
 
 
 @functools.lru_cache(maxsize=None)

@@ -389,7 +389,7 @@ def _tiles(xp, dev, m, n, k, word, grid=None):
     W = xp.where(dev.sa_cols > 0, dev.sa_cols, 1.0)
     g = _f(GRID if grid is None else grid)                       # (5, C), numpy
     # ---- L2 tile (clipped to the problem; numpy where the shape is constant) -----------
-    cp = np if xp is np else _cxp(m, n, k)
+    cp = _cxp(m, n, k)
     TM = cp.minimum(g[0], m)
     TN = cp.minimum(g[1], n)
     TK = cp.minimum(g[2], k)
@@ -428,9 +428,8 @@ def _candidate_cycles(dev, m, n, k, word, grid=None, single=(False, False, False
     # reciprocals once per config: the per-candidate arithmetic multiplies instead
     r_l2, r_dram, r_vc = 1.0 / l2bw, 1.0 / dram, 1.0 / vec_core
     r_vchip, r_mac = r_vc / cores, 1.0 / mac
-    m = jnp.maximum(m, 1.0)
-    n = jnp.maximum(n, 1.0)
-    k = jnp.maximum(k, 1.0)
+    one = _f(1.0)       # numpy shape columns of the static search stay numpy (_tiles)
+    m, n, k = (_cxp(x).maximum(x, one) for x in (m, n, k))
     H, W, TM, TN, TK, tm, tn, tk, ws2, mask = _tiles(jnp, dev, m, n, k, word, grid)
     db2 = ws2 <= 0.5 * dev.global_buffer_bytes
 

@@ -248,6 +248,7 @@ elementwise_latency.single = _elementwise_single
 ROW_BLOCK_THREADS = 1024.0   # vLLM's per-token kernels: blockDim = min(cols, 1024)
 CORE_THREADS = 2048.0        # resident threads per SM (A100/H100; NVIDIA CUDA C Programming
                              # Guide, "Compute Capabilities" table)
+_BLOCKS_PER_CORE = max(CORE_THREADS // ROW_BLOCK_THREADS, 1.0)   # resident row blocks
 
 
 def _row_chain_seconds(dev, rows, serial_loads):
@@ -259,8 +260,7 @@ def _row_chain_seconds(dev, rows, serial_loads):
     few rows (decode) this chain, not the bandwidth, sets the time: Little's law, too few bytes
     in flight (Volkov, "Understanding Latency Hiding on GPUs", UC Berkeley PhD thesis 2016).
     """
-    per_core = max(float(np.floor(CORE_THREADS / ROW_BLOCK_THREADS)), 1.0)
-    waves = nx.ceil_div(jnp.maximum(rows, 0.0), dev.core_count * per_core)
+    waves = nx.ceil_div(jnp.maximum(rows, 0.0), dev.core_count * _BLOCKS_PER_CORE)
     return waves * serial_loads * dev.mem_latency_s
 
 

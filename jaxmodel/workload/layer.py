@@ -792,8 +792,6 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
     prec = _prec.resolve(precision, dtype_bytes)
     variant = variant_of(model, par, system)
     rt = _rtp.runtime_arg(runtime)
-    if phase not in ("prefill", "decode"):
-        raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
     shapes = static_gemm_shapes(system, model, par, batch, seq_len, phase, kv_len, variant,
                                 prec, rt)
     return _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm, prec,
