@@ -364,6 +364,11 @@ def call_batched(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, **kwargs):
         out = _cached_call(dynamic, fn=fn, treedef=treedef, static=static, chunk=chunk)
         if out is not None:
             return out
+    if _COMPILING and not any(isinstance(x, jax.core.Tracer) for x in dynamic):
+        pending = _COMPILING.pop(_run_key(dynamic, fn=fn, treedef=treedef, static=static,
+                                          chunk=chunk), None)
+        if pending is not None:
+            pending.join()         # compile_ahead's build: then in _run's cache
     return _run(dynamic, fn=fn, treedef=treedef, static=static, chunk=chunk)
 
 
@@ -426,6 +431,13 @@ def _build_executable(xla, dynamic, *, fn, treedef, static, chunk):
     """Trace, lower and compile :func:`_run` for ``dynamic`` (arrays or
     :class:`jax.ShapeDtypeStruct`) and store the executable at ``xla``; returns
     ``(executable, output treedef)``."""
+    return _compile_and_store(xla, *_lower_flat(dynamic, fn=fn, treedef=treedef,
+                                                static=static, chunk=chunk))
+
+
+def _lower_flat(dynamic, *, fn, treedef, static, chunk):
+    """:func:`_run` for ``dynamic`` traced and lowered as a function of the flat leaves,
+    debug locations dropped: ``(lowered, output treedef)``."""
     box = {}
 
     def flat(*dyn):
@@ -433,8 +445,13 @@ def _build_executable(xla, dynamic, *, fn, treedef, static, chunk):
         leaves, box["tree"] = jax.tree_util.tree_flatten(out)
         return leaves
     lowered = jax.jit(flat).lower(*dynamic)
-    out_tree = box["tree"]
     _strip_debug_info(lowered.compiler_ir("stablehlo"))
+    return lowered, box["tree"]
+
+
+def _compile_and_store(xla, lowered, out_tree):
+    """Compile ``lowered`` (:func:`_lower_flat`) and store the executable at ``xla``;
+    returns ``(executable, output treedef)``."""
     with _outside_persistent_cache():
         compiled = lowered.compile()
     try:
@@ -448,35 +465,71 @@ def _build_executable(xla, dynamic, *, fn, treedef, static, chunk):
 
 
 def compile_ahead(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, **kwargs) -> None:
-    """Start building ``call_batched(fn, *args, chunk=chunk, **kwargs)``'s executable in a
-    background thread; numeric leaves may be :class:`jax.ShapeDtypeStruct` (only shapes and
-    dtypes matter). The later call with the same static arguments and shapes waits for it
-    instead of compiling: XLA releases the GIL while it compiles, so on a multi-core host
-    the build overlaps the caller's own tracing and compiling (``train_step`` builds its
-    composition while the stage times compile). With the export cache on, the thread loads
-    the stored executable or builds and stores it; otherwise it fills :func:`_run`'s
-    compilation cache. A failed build is only a missed hint: the call then compiles
-    itself."""
+    """Trace and lower ``call_batched(fn, *args, chunk=chunk, **kwargs)`` here and compile it
+    in a background thread; numeric leaves may be :class:`jax.ShapeDtypeStruct` (only shapes
+    and dtypes matter). The later call with the same static arguments and shapes waits for
+    that compilation instead of compiling. Tracing is Python (one thread at a time), but
+    XLA releases the GIL while it compiles, so on a multi-core host the compilation overlaps
+    the caller's next tracing: a caller that lowers its graphs one after the other
+    (:func:`call_batched_many`) waits for its last compilation only. With the export cache
+    on, a stored executable is loaded in the background instead, and a built one is
+    stored. Only a hint: inputs that cannot be keyed (traced), or a graph that fails to
+    trace, leave the call to compile (or raise) itself."""
     dynamic, treedef, static = split_leaves(args, kwargs)
     kw = dict(fn=fn, treedef=treedef, static=static, chunk=int(chunk))
     if any(isinstance(x, jax.core.Tracer) for x in dynamic):
         return
     xla = _export_path(dynamic, **kw) if export_cache_dir() is not None else None
     if xla is not None:
-        if xla not in _EXECUTABLES and xla not in _PREFETCHING:
-            _PREFETCHING[xla] = _Background(
-                lambda: _load_executable(xla) or _build_executable(xla, dynamic, **kw))
+        if xla in _EXECUTABLES or xla in _PREFETCHING:
+            return
+        if xla.is_file():
+            _PREFETCHING[xla] = _Background(functools.partial(_load_executable, xla))
+            return
+        try:
+            lowered, out_tree = _lower_flat(dynamic, **kw)
+        except Exception:          # the call itself raises the tracing error
+            return
+        _PREFETCHING[xla] = _Background(
+            functools.partial(_compile_and_store, xla, lowered, out_tree))
         return
-    _AHEAD[:] = [t for t in _AHEAD if t.is_alive()]      # finished builds: nothing to wait for
-    _AHEAD.append(_Background(lambda: _run.lower(dynamic, **kw).compile()))
+    key = _run_key(dynamic, **kw)
+    if key in _COMPILING:
+        return
+    try:
+        lowered = _run.lower(dynamic, **kw)
+    except Exception:
+        return
+    # the compiled executable enters _run's own cache: the later call finds it there
+    _COMPILING[key] = _Background(lowered.compile)
 
 
-# this process: .xla path -> (compiled executable, output treedef); loads under way; the
-# .xla paths of the keyed calls made, in order
+def call_batched_many(calls: Sequence[tuple], *, chunk: int = DEFAULT_CHUNK) -> list:
+    """``[call_batched(fn, *args, chunk=chunk, **kwargs) for fn, args, kwargs in calls]``
+    with the graphs compiled in parallel: each is traced and lowered in turn and compiled
+    in the background while the next one traces (:func:`compile_ahead`), so splitting one
+    big graph into parts that are built this way costs the wall time of the tracing plus
+    the last part's compilation, not of every compilation. The same numbers as the calls
+    one by one."""
+    for fn, args, kwargs in calls:
+        compile_ahead(fn, *args, chunk=chunk, **kwargs)
+    return [call_batched(fn, *args, chunk=chunk, **kwargs) for fn, args, kwargs in calls]
+
+
+def _run_key(dynamic, *, fn, treedef, static, chunk):
+    """Key of :func:`_run`'s compilation for ``dynamic`` (shapes and dtypes of the leaves,
+    the static arguments)."""
+    return (fn, treedef, static, chunk,
+            tuple((tuple(x.shape), np.dtype(x.dtype).name) for x in dynamic))
+
+
+# this process: .xla path -> (compiled executable, output treedef); loads and builds under
+# way; the .xla paths of the keyed calls made, in order; compile_ahead's compilations of
+# _run without the export cache (key -> thread)
 _EXECUTABLES: dict = {}
 _PREFETCHING: dict = {}
 _USED: list = []
-_AHEAD: list = []       # compile_ahead's builds without the export cache
+_COMPILING: dict = {}
 
 
 class _Background(threading.Thread):
@@ -515,7 +568,7 @@ def prefetch_executables(paths) -> None:
 def _finish_prefetch() -> None:
     """Wait for loads and builds nobody asked for (no thread inside jaxlib at interpreter
     exit)."""
-    for pending in list(_PREFETCHING.values()) + list(_AHEAD):
+    for pending in list(_PREFETCHING.values()) + list(_COMPILING.values()):
         pending.join()
 
 
@@ -672,7 +725,9 @@ def map_blocks(batch_fn: Callable, xs, *, width: int, to_host: Callable = np.asa
 
 def dedup_map(fn: Callable, inputs: tuple, *, shape: tuple | None = None,
               chunk: int | None = None, **kwargs):
-    """``call_batched(fn, *inputs, **kwargs)`` evaluated once per distinct input row.
+    """``call_batched(fn, *inputs, **kwargs)`` evaluated once per distinct input row; ``fn``
+    may be a tuple of functions of the same inputs (a graph split in parts): their outputs,
+    as a tuple, compiled in parallel (:func:`call_batched_many`).
 
     ``inputs`` is a tuple of positional arguments (config pytrees, numbers) with concrete
     leaves broadcastable to ``shape`` (default: their common batch shape). Leaves constant
@@ -709,7 +764,10 @@ def dedup_map(fn: Callable, inputs: tuple, *, shape: tuple | None = None,
     for i in dyn:
         new[i] = cols[i][first] if i in varying else cols[i][0]   # call_batched transfers
     sub = jax.tree_util.tree_unflatten(tree, new)
-    out_u = call_batched(fn, *sub, **kw, **kwargs)
+    if isinstance(fn, tuple):
+        out_u = tuple(call_batched_many([(f, sub, kwargs) for f in fn], **kw))
+    else:
+        out_u = call_batched(fn, *sub, **kw, **kwargs)
     inverse = np.asarray(inverse).reshape(n)
 
     def gather(v):

@@ -218,6 +218,27 @@ def test_dedup_map_reduces_to_unique_rows():
     assert seen == [(3,)]                                  # rows (1,5), (2,5), (2,6)
 
 
+def test_call_batched_many_equals_the_calls_one_by_one():
+    """Graphs compiled in the background while the next traces: the same numbers, and no
+    compilation left pending once the calls return."""
+    from jaxmodel import batching
+    dev = hw_db.device("a100_80gb")
+    ms = jnp.asarray([1e8, 1e9, 3e9])
+
+    def part_a(d, m):
+        return {"t": _toy.single(d, m, mode="sum")}
+
+    def part_b(d, m):
+        return {"u": _toy.single(d, 2.0 * m, mode="max")}
+
+    a, b = batching.call_batched_many([(part_a, (dev, ms), {}), (part_b, (dev, ms), {})])
+    assert not batching._COMPILING
+    np.testing.assert_array_equal(a["t"], batching.call_batched(part_a, dev, ms)["t"])
+    np.testing.assert_array_equal(b["u"], batching.call_batched(part_b, dev, ms)["u"])
+    both = batching.dedup_map((part_a, part_b), (dev, jnp.concatenate([ms, ms])))
+    np.testing.assert_array_equal(both[1]["u"], np.tile(np.asarray(b["u"]), 2))
+
+
 def test_multi_device_sharding_matches_one_device():
     """Four host devices: map_points shards over them (shard_map in the jaxpr), and
     call_batched and sweep give the same numbers as a single device."""

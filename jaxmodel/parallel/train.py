@@ -350,19 +350,26 @@ STAGE_KEYS = ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "ep_comm_
               "ep_comm_bwd", "embed_fwd", "embed_bwd", "lm_head_fwd", "lm_head_bwd",
               "loss_fwd", "loss_bwd", "emb_comm_fwd", "emb_comm_bwd", "rd_fwd", "rd_bwd",
               "rd_selective", "grad_accum")
+LAYER_KEYS = STAGE_KEYS[:7]     # the transformer layer's (cp_layer_times)
 
 
 def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
                        gemm: Callable | None = None, precision=None, dropout=1.0,
                        variant: _layer.Variant = _layer.ANY, finetune=None,
-                       context: bool | None = None) -> dict:
+                       context: bool | None = None, part: str | None = None) -> dict:
     """Per-layer and embedding times of one micro-batch (``par.micro_batch`` sequences) on
     one device, s: the workload's training layer and embedding times plus
     :func:`residual_dropout_times` (keys :data:`STAGE_KEYS`), under context parallelism
     (:func:`jaxmodel.parallel.context.cp_layer_times`) on ``s/cp`` tokens. ``system`` runs at its
     sustained clock, ``model``/``par`` are sanitised (see :func:`train_step_single`).
     ``finetune`` (a :class:`jaxmodel.workload.lora.LoRA`): :func:`_finetune_times`.
-    ``context``: static CP switch (:func:`jaxmodel.parallel.context.context_flag`)."""
+    ``context``: static CP switch (:func:`jaxmodel.parallel.context.context_flag`).
+    ``part`` (static; without ``finetune``): ``"layer"`` the keys of the transformer layer
+    (:data:`LAYER_KEYS`), ``"rest"`` the others, None all — the two parts are separate
+    graphs that compile in parallel (:func:`stage_times`)."""
+    if part not in (None, "layer", "rest") or part is not None and finetune is not None:
+        raise ValueError(f"stage_times_single: part={part!r} (None, 'layer' or 'rest'; "
+                         "None under fine-tuning)")
     b = par.micro_batch
     prec = _prec.precision(precision)
     # the layer under context parallelism (every token-wise op on s/cp tokens, the attention
@@ -370,13 +377,17 @@ def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
     # the b·s/cp local tokens); cp = 1 is the workload's training layer
     cp = jnp.maximum(par.cp, 1.0)
     local = seq_len / cp
-    lt = _cx.cp_layer_times(system, model, par, b, seq_len, cp, gemm=gemm, precision=prec,
-                            variant=variant, context=context)
+    out = {}
+    if part != "rest":
+        lt = _cx.cp_layer_times(system, model, par, b, seq_len, cp, gemm=gemm,
+                                precision=prec, variant=variant, context=context)
+        out.update({k: lt[k] for k in LAYER_KEYS})
+        if part == "layer":
+            return out
     et = _layer.embedding_times.single(system, model, par, b, local, gemm=gemm,
                                        precision=prec, variant=variant)
     rd = residual_dropout_times(system.device, model, par, b, local, dropout, prec.act_bytes,
                                 kv_len=seq_len)
-    out = {k: lt[k] for k in STAGE_KEYS[:7]}
     out.update({k: et[k] for k in STAGE_KEYS[7:13]})
     # dropout = 2 (Megatron-LM 2021): the cross entropy runs on fp32 logits
     ce_f, ce_b = _layer.fp32_cross_entropy(system.device, b * local,
@@ -897,8 +908,12 @@ def stage_times(system: System, model: Model, par: Parallelism, global_batch, se
                                               clock_fraction, prec, finetune)
         jax.block_until_ready(inputs)
     with stage("train_step: stage times") as st:
-        out = dedup_map(_stage_times_row, inputs, shape=shape, gemm=gemm, dropout=dropout,
-                        variant=variant, context=_cx.context_flag(par), **kw)
+        # the layer and the rest as two graphs: one compiles while the other traces
+        fns = ((_stage_times_row,) if finetune is not None
+               else (_stage_layer_row, _stage_rest_row))
+        parts = dedup_map(fns, inputs, shape=shape, gemm=gemm, dropout=dropout,
+                          variant=variant, context=_cx.context_flag(par), **kw)
+        out = {k: v for p in parts for k, v in p.items()}
         jax.block_until_ready(out)
         st["note"] = f"{math.prod(shape):,} plans"
     return out
@@ -909,6 +924,20 @@ def _stage_times_row(system, model, par, seq_len, precision, finetune, gemm=None
     """:func:`stage_times_single` on the outputs of :func:`_stage_inputs` (their order)."""
     return stage_times_single(system, model, par, seq_len, gemm, precision, dropout, variant,
                               finetune, context)
+
+
+def _stage_layer_row(system, model, par, seq_len, precision, finetune, gemm=None, dropout=1.0,
+                     variant=_layer.ANY, context=None):
+    """:func:`_stage_times_row`'s transformer-layer keys (``part="layer"``)."""
+    return stage_times_single(system, model, par, seq_len, gemm, precision, dropout, variant,
+                              finetune, context, part="layer")
+
+
+def _stage_rest_row(system, model, par, seq_len, precision, finetune, gemm=None, dropout=1.0,
+                    variant=_layer.ANY, context=None):
+    """:func:`_stage_times_row`'s other keys (``part="rest"``)."""
+    return stage_times_single(system, model, par, seq_len, gemm, precision, dropout, variant,
+                              finetune, context, part="rest")
 
 
 def train_step(system: System, model: Model, par: Parallelism, global_batch, seq_len, *,

@@ -363,6 +363,12 @@ def test_heads_and_sequence_checks_raise():
         jm.train_step(ONE_TIER, MODEL, plan("tp8pp2"), B, 500.0, gemm=roofline)
 
 
+def test_stage_times_part_is_checked():
+    with pytest.raises(ValueError, match="part='embedding'"):
+        tr.stage_times_single(ONE_TIER, MODEL, plan("base"), S, gemm=roofline,
+                              part="embedding")
+
+
 # ------------------------------------------------------------------------------------------
 # slow: extra compilations
 # ------------------------------------------------------------------------------------------
