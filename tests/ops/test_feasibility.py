@@ -86,3 +86,27 @@ def test_tile_fits_front_equals_the_whole_grid():
     front = gemm.tile_fits(dev, word, xp=np)
     np.testing.assert_array_equal(front, whole)
     assert 0.1 < whole.mean() < 0.9
+
+
+def test_device_feasible_built_once_per_trace():
+    """Traced, repeated checks of one device share one copy in the graph; a check inside a
+    nested trace (here a vmapped closure) gets its own, and the outer trace goes on using
+    its copy after the inner trace is gone (no escaped tracer)."""
+    import jax
+    dev = hw_db.device("a100_80gb")
+    small = dataclasses.replace(dev, local_buffer_bytes=512.0)
+
+    def one(d):
+        return gemm.device_feasible(d)
+
+    def three(d):
+        a = gemm.device_feasible(d)
+        inner = jax.vmap(lambda x: gemm.device_feasible(d) & (x > 0))(jnp.arange(2.0))
+        return a & gemm.device_feasible(d) & inner.any() & gemm.device_feasible(d)
+
+    n_one = len(jax.make_jaxpr(one)(dev).eqns)
+    n_three = len(jax.make_jaxpr(three)(dev).eqns)
+    assert n_three < 2 * n_one + 10            # the outer copy once, the vmapped one once
+    for d, want in ((dev, True), (small, False)):
+        assert bool(jax.jit(three)(d)) is want
+        assert bool(gemm.device_feasible(d)) is want
