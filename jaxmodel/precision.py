@@ -233,6 +233,14 @@ def gemm_word(p: Precision):
     return p.gemm_bytes + scale_overhead(p)
 
 
+def widest_gemm_word(p: Precision):
+    """Bytes per element of the widest operands a training or serving step multiplies: the
+    weight GEMMs' :func:`gemm_word` or the attention products and LM head, which run on
+    activations (``act_bytes``). The device's buffer check is made at this word
+    (:func:`jaxmodel.parallel.plan.system_checks`)."""
+    return jnp.maximum(gemm_word(p), p.act_bytes)
+
+
 def serving_weight_bytes(p: Precision):
     """Bytes per parameter of deployed weights: the GEMM storage type incl. scales."""
     return gemm_word(p)

@@ -10,7 +10,9 @@ problem larger than every grid tile), has its L1 tile (double buffered) in the l
 grid because the GEMM itself gates on it, and every vector operator gates on the same
 function, so each operator's latency is finite exactly where :func:`ops_feasible` holds (and
 its own dimensions are valid). Smaller problems clip their tiles and need less; wider words
-need more (such a GEMM returns ``+inf`` by itself). Inside a batch an infeasible device gives
+need more (such a GEMM returns ``+inf`` by itself; a training step or a serving deployment
+checks the buffers at its precision's widest word as well,
+:func:`jaxmodel.parallel.plan.system_checks`). Inside a batch an infeasible device gives
 ``feasible=False`` with a reason code (``numerics.REASONS``) and ``+inf`` latencies.
 """
 

@@ -462,13 +462,15 @@ def _used_groups(scope: str, pl_: Placement, names=GROUPS):
     return [(getattr(pl_, k), used[k]) for k in names if k in used]
 
 
-def system_checks(scope: str, system, par, p_ok=True, placed=GROUPS) -> list:
+def system_checks(scope: str, system, par, p_ok=True, placed=GROUPS, word=None) -> list:
     """``[(ok, reason), ...]`` of the hardware rules (single configuration, jnp).
 
     - ``invalid_device``: every rate, count and size the operator models read is a finite
       positive number, and so is ``mem_capacity``;
-    - ``buffer_too_small``: the smallest GEMM tile of the search grid fits the buffers
-      (:func:`jaxmodel.ops.ops_feasible`);
+    - ``buffer_too_small``: some unclipped GEMM tile of the search grid fits the buffers
+      (:func:`jaxmodel.ops.ops_feasible`, at fp16), and at ``word`` bytes per element
+      where given (:func:`jaxmodel.precision.widest_gemm_word`: an fp32 step needs tiles
+      of 4-byte words);
     - ``invalid_network`` and ``topology_mismatch``: :func:`network_checks`.
 
     ``p_ok`` (the structural rules' verdict) sanitises the plan first (double-where).
@@ -481,6 +483,8 @@ def system_checks(scope: str, system, par, p_ok=True, placed=GROUPS) -> list:
     dev_ok = (ok | (why != nx.reason_code("invalid_device"))) & (
         dev.mem_capacity > 0) & jnp.isfinite(dev.mem_capacity)
     buf_ok = ok | (why != nx.reason_code("buffer_too_small"))
+    if word is not None:
+        buf_ok = buf_ok & (~ok | _ops.gemm.tile_fits(dev, word))
     return ([(dev_ok, "invalid_device"), (buf_ok, "buffer_too_small")]
             + network_checks(scope, system, par, p_ok, placed))
 

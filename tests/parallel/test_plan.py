@@ -286,3 +286,23 @@ def test_search_enumerates_uneven_stages():
     assert {8.0, 16.0} <= pps and 128.0 not in pps
     inter = cols["schedule"] == 2
     assert np.all(126 % (cols["pp"][inter] * cols["interleave"][inter]) == 0)
+
+
+def test_buffer_check_at_the_widest_gemm_word():
+    """A device whose local buffer holds the smallest fp16 tile but no fp32 one: feasible
+    for a bf16 step, ``buffer_too_small`` for an fp32 one (not a late, misnamed verdict on
+    the infinite GEMM times)."""
+    from jaxmodel import numerics as nx
+    import importlib
+    prec = importlib.import_module("jaxmodel.precision")    # jm.precision is a function
+    base = hw_db.device("a100_80gb")
+    need = float(ops.gemm.min_local_bytes(float(base.sa_rows), float(base.sa_cols)))
+    small = dataclasses.replace(TWO_NODES, device=dataclasses.replace(
+        base, local_buffer_bytes=1.2 * need))
+    par = jm.Parallelism(dp=16.0)
+    words = {p: float(prec.widest_gemm_word(prec.precision(p))) for p in ("bf16", "fp8", "fp32")}
+    assert words == {"bf16": 2.0, "fp8": 2.0, "fp32": 4.0}    # fp8: attention stays bf16
+    for system, word, want in ((small, 2.0, "ok"), (small, 4.0, "buffer_too_small"),
+                               (TWO_NODES, 4.0, "ok")):
+        _, why = nx.first_reason(plan.system_checks(plan.TRAIN, system, par, word=word))
+        assert jm.reason_name(why) == want, (word, want)
