@@ -84,11 +84,15 @@ def test_worker_ends_with_its_parent():
                           text=True) as parent:
         pid = int(parent.stdout.readline())     # (the worker holds the pipe open too)
         assert parent.wait(timeout=30) == 0
-    for _ in range(50):
+    deadline = time.monotonic() + 30.0      # a loaded machine may take seconds to reap it
+    while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
             return
         time.sleep(0.1)
-    os.kill(pid, 9)
-    pytest.fail("worker outlived its parent")
+    try:
+        os.kill(pid, 9)
+    except ProcessLookupError:               # ended between the last poll and now
+        return
+    pytest.fail("worker outlived its parent by 30 s")
