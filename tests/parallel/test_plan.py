@@ -340,7 +340,9 @@ def test_wide_word_rule_spares_steps_whose_gemms_clip_their_tiles():
     model = jm.Model(n_layers=2.0, d_model=d, n_heads=4.0, n_kv_heads=4.0, head_dim=d / 4.0,
                      d_ff=2.0 * d, vocab_size=128.0, activation="gelu")
     par = jm.Parallelism(dp=8.0)
-    for p, want in (("bf16", ["ok", "ok"]), ("fp32", ["ok", "buffer_too_small"])):
+    # the attention products read the KV cache's words: a 4-byte cache needs 4-byte tiles
+    for p, want in (("bf16", ["ok", "ok"]), ("fp32", ["ok", "buffer_too_small"]),
+                    (jm.precision("bf16", kv_bytes=4.0), ["ok", "buffer_too_small"])):
         r = jm.inference(system, model, par, 8.0, np.asarray([1.0, 4096.0]), 4.0, precision=p)
         assert [jm.reason_name(int(w)) for w in np.asarray(r.reason)] == want, p
         assert np.isfinite(np.asarray(r.ttft_s)[0]), p
