@@ -52,6 +52,7 @@ import dataclasses
 import functools
 import importlib
 import itertools
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -376,18 +377,27 @@ def device_feasible(dev):
     state = _trace_state() if any(isinstance(x, jax.core.Tracer) for x in leaves) else None
     if state is None:
         return _device_ok(dev) & tile_fits(dev)
-    for old_state, old_leaves, ok in _FEASIBLE:
-        if (len(old_leaves) == len(leaves) and all(a is b for a, b in zip(old_leaves, leaves))
+    for old_state, old_leaves, ok_ref in _FEASIBLE:
+        if (len(old_leaves) == len(leaves) and all(r() is x for r, x in zip(old_leaves, leaves))
                 and old_state == state):
-            return ok
+            ok = ok_ref()
+            if ok is not None:
+                return ok
     ok = _device_ok(dev) & tile_fits(dev)
-    # the leaves are kept (their ids stay unique while listed); a few recent devices suffice
-    _FEASIBLE.insert(0, (state, leaves, ok))
-    del _FEASIBLE[_FEASIBLE_KEPT:]
+    # tracers held weakly: an entry lives no longer than its trace's values (no leaked
+    # tracer, no finished graph kept alive); a dead leaf never matches (ids may be reused)
+    live = [e for e in _FEASIBLE if e[2]() is not None]
+    _FEASIBLE[:] = ([(state, [_weak(x) for x in leaves], _weak(ok))] + live)[:_FEASIBLE_KEPT]
     return ok
 
 
-# device_feasible's traced results: (trace state, device leaves, result), newest first
+def _weak(x):
+    """A weak reference to tracer ``x``; a strong one (a call returning it) to a constant."""
+    return weakref.ref(x) if isinstance(x, jax.core.Tracer) else (lambda: x)
+
+
+# device_feasible's traced results: (trace state, references to the device leaves, reference
+# to the result), newest first
 _FEASIBLE: list = []
 _FEASIBLE_KEPT = 8
 

@@ -292,12 +292,16 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     # every micro-batch's KV cache stays resident; the prefill working set is one micro-batch's
     acts = jnp.where(many, mem["activations"] * (mb / b), mem["activations"])
     mem = {**mem, "activations": acts, "total": mem["weights"] + mem["kv_cache"] + acts}
+    compute = ([x[k] for x in (pre, dec) for k in LAYER_OPS + MOE_OPS if k not in _COMM_OPS]
+               + [lookup[0], lookup[1], jnp.sum(head_c)])
+    # buffers at the widest word: serving's attention products read the KV cache's words
     rules = (checks + _plan.system_checks(_plan.INFER, system, par, structure_ok,
-                                               word=_prec.widest_gemm_word(prec))
+                                               word=jnp.maximum(_prec.widest_gemm_word(prec),
+                                                                prec.kv_bytes),
+                                               compute=compute)
              + [(_prec.supported(dev, prec), "precision_unsupported")]
              + _plan.finite_checks(
-                 [x[k] for x in (pre, dec) for k in LAYER_OPS + MOE_OPS if k not in _COMM_OPS]
-                 + [lookup[0], lookup[1], jnp.sum(head_c)],
+                 compute,
                  [x[k] for x in (pre, dec) for k in _COMM_OPS]
                  + [emb_ar[0], emb_ar[1], jnp.sum(head_g), hop_pre, hop_dec]))
     if memory_rule:

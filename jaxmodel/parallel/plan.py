@@ -462,7 +462,8 @@ def _used_groups(scope: str, pl_: Placement, names=GROUPS):
     return [(getattr(pl_, k), used[k]) for k in names if k in used]
 
 
-def system_checks(scope: str, system, par, p_ok=True, placed=GROUPS, word=None) -> list:
+def system_checks(scope: str, system, par, p_ok=True, placed=GROUPS, word=None,
+                  compute=None) -> list:
     """``[(ok, reason), ...]`` of the hardware rules (single configuration, jnp).
 
     - ``invalid_device``: every rate, count and size the operator models read is a finite
@@ -470,7 +471,9 @@ def system_checks(scope: str, system, par, p_ok=True, placed=GROUPS, word=None) 
     - ``buffer_too_small``: some unclipped GEMM tile of the search grid fits the buffers
       (:func:`jaxmodel.ops.ops_feasible`, at fp16), and at ``word`` bytes per element
       where given (:func:`jaxmodel.precision.widest_gemm_word`: an fp32 step needs tiles
-      of 4-byte words);
+      of 4-byte words). With ``compute`` (the step's compute times) the ``word`` rule only
+      names the verdict on infinite times: GEMMs smaller than the grid's tiles clip them
+      and may fit where no unclipped tile does, and such a step stays feasible;
     - ``invalid_network`` and ``topology_mismatch``: :func:`network_checks`.
 
     ``p_ok`` (the structural rules' verdict) sanitises the plan first (double-where).
@@ -484,7 +487,10 @@ def system_checks(scope: str, system, par, p_ok=True, placed=GROUPS, word=None) 
         dev.mem_capacity > 0) & jnp.isfinite(dev.mem_capacity)
     buf_ok = ok | (why != nx.reason_code("buffer_too_small"))
     if word is not None:
-        buf_ok = buf_ok & (~ok | _ops.gemm.tile_fits(dev, word))
+        fits = _ops.gemm.tile_fits(dev, word)
+        if compute is not None:
+            fits = fits | all_finite(compute)
+        buf_ok = buf_ok & (~ok | fits)
     return ([(dev_ok, "invalid_device"), (buf_ok, "buffer_too_small")]
             + network_checks(scope, system, par, p_ok, placed))
 
@@ -531,13 +537,15 @@ def finite_checks(compute, comm) -> list:
     """Last rules before memory: every compute time finite (else the device is the binding
     constraint, ``invalid_device``), every communication time finite (``invalid_network``).
     Catches what no earlier rule can (e.g. ``mem_bw = 1e-30`` overflowing a time)."""
-    c_ok = jnp.asarray(True)
-    for x in compute:
-        c_ok = c_ok & jnp.isfinite(x)
-    n_ok = jnp.asarray(True)
-    for x in comm:
-        n_ok = n_ok & jnp.isfinite(x)
-    return [(c_ok, "invalid_device"), (n_ok, "invalid_network")]
+    return [(all_finite(compute), "invalid_device"), (all_finite(comm), "invalid_network")]
+
+
+def all_finite(xs):
+    """True where every time of ``xs`` is finite."""
+    ok = jnp.asarray(True)
+    for x in xs:
+        ok = ok & jnp.isfinite(x)
+    return ok
 
 
 def sanitised(par, ok):

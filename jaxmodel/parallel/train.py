@@ -841,7 +841,8 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     feasible, reason = nx.first_reason(
         checks + _plan.system_checks(_plan.TRAIN, system, par_s, structure_ok,
                                      placed=("tp", "ep", "cp"),
-                                     word=_prec.widest_gemm_word(prec))
+                                     word=_prec.widest_gemm_word(prec),
+                                     compute=compute_raw)
         + [(dpc.ok & pp_net_ok, "topology_mismatch"),
            (_prec.supported(dev, prec), "precision_unsupported")]
         + _plan.finite_checks(compute_raw, comm_raw) + [(mem_ok, "out_of_memory")])

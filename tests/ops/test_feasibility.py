@@ -110,3 +110,40 @@ def test_device_feasible_built_once_per_trace():
     for d, want in ((dev, True), (small, False)):
         assert bool(jax.jit(three)(d)) is want
         assert bool(gemm.device_feasible(d)) is want
+
+
+def test_device_feasible_keeps_no_tracer_after_its_trace():
+    """The shared check holds its trace's values weakly: no leaked tracer once the trace is
+    done (JAX's leak checker passes), no finished graph kept alive, and the next trace
+    builds its own copy."""
+    import gc
+
+    import jax
+    dev = hw_db.device("a100_80gb")
+
+    def twice(d):
+        return gemm.device_feasible(d) & gemm.device_feasible(d)
+
+    with jax.checking_leaks():
+        assert bool(jax.jit(twice)(dev))
+    gc.collect()
+    assert all(ref() is None for _, _, ref in gemm._FEASIBLE)
+    small = dataclasses.replace(dev, local_buffer_bytes=512.0)
+    assert not bool(jax.jit(twice)(small))
+
+
+def test_device_feasible_without_trace_state_shares_nothing(monkeypatch):
+    """A JAX without the opaque trace state: nothing is kept, the values are the same."""
+    import jax
+    dev = hw_db.device("a100_80gb")
+
+    def three(d):
+        return gemm.device_feasible(d) & gemm.device_feasible(d) & gemm.device_feasible(d)
+
+    monkeypatch.setattr(gemm, "_trace_state", lambda: None)
+    monkeypatch.setattr(gemm, "_FEASIBLE", [])
+    for d, want in ((dev, True), (dataclasses.replace(dev, local_buffer_bytes=512.0), False)):
+        assert bool(jax.jit(three)(d)) is want
+        assert bool(jax.vmap(three)(jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), d))
+                    .all()) is want
+    assert gemm._FEASIBLE == []

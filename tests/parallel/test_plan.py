@@ -306,3 +306,43 @@ def test_buffer_check_at_the_widest_gemm_word():
                                (TWO_NODES, 4.0, "ok")):
         _, why = nx.first_reason(plan.system_checks(plan.TRAIN, system, par, word=word))
         assert jm.reason_name(why) == want, (word, want)
+
+
+def test_wide_word_rule_with_compute_times_names_infinite_ones_only():
+    """Given the step's compute times, the wide-word rule fails only where one is infinite."""
+    from jaxmodel import numerics as nx
+    base = hw_db.device("a100_80gb")
+    need = float(ops.gemm.min_local_bytes(float(base.sa_rows), float(base.sa_cols)))
+    small = dataclasses.replace(TWO_NODES, device=dataclasses.replace(
+        base, local_buffer_bytes=1.2 * need))
+    par = jm.Parallelism(dp=16.0)
+    for system, compute, want in ((small, [1e-3, 2e-3], "ok"),
+                                  (small, [1e-3, jnp.inf], "buffer_too_small"),
+                                  (TWO_NODES, [1e-3, jnp.inf], "ok")):
+        _, why = nx.first_reason(plan.system_checks(plan.TRAIN, system, par, word=4.0,
+                                                    compute=compute))
+        assert jm.reason_name(why) == want, (compute, want)
+
+
+@pytest.mark.slow
+def test_wide_word_rule_spares_steps_whose_gemms_clip_their_tiles():
+    """The fp32 buffer rule names the verdict on infinite GEMM times; it does not reject a
+    step whose GEMMs are all smaller than the grid's tiles (clipped, they fit the buffer
+    that holds no unclipped fp32 tile): a one-token fp32 serving step of a tiny model on
+    that device stays feasible and finite, a wide model on a long prompt is
+    ``buffer_too_small``."""
+    base = hw_db.device("a100_80gb")
+    need = float(ops.gemm.min_local_bytes(float(base.sa_rows), float(base.sa_cols)))
+    system = hw_db.system("dgx_a100", nodes=1)
+    system = dataclasses.replace(system, device=dataclasses.replace(
+        base, local_buffer_bytes=1.2 * need))
+    d = np.asarray([64.0, 4096.0])
+    model = jm.Model(n_layers=2.0, d_model=d, n_heads=4.0, n_kv_heads=4.0, head_dim=d / 4.0,
+                     d_ff=2.0 * d, vocab_size=128.0, activation="gelu")
+    par = jm.Parallelism(dp=8.0)
+    # the attention products read the KV cache's words: a 4-byte cache needs 4-byte tiles
+    for p, want in (("bf16", ["ok", "ok"]), ("fp32", ["ok", "buffer_too_small"]),
+                    (jm.precision("bf16", kv_bytes=4.0), ["ok", "buffer_too_small"])):
+        r = jm.inference(system, model, par, 8.0, np.asarray([1.0, 4096.0]), 4.0, precision=p)
+        assert [jm.reason_name(int(w)) for w in np.asarray(r.reason)] == want, p
+        assert np.isfinite(np.asarray(r.ttft_s)[0]), p
