@@ -724,10 +724,11 @@ def map_blocks(batch_fn: Callable, xs, *, width: int, to_host: Callable = np.asa
 
 
 def dedup_map(fn: Callable, inputs: tuple, *, shape: tuple | None = None,
-              chunk: int | None = None, **kwargs):
-    """``call_batched(fn, *inputs, **kwargs)`` evaluated once per distinct input row; ``fn``
-    may be a tuple of functions of the same inputs (a graph split in parts): their outputs,
-    as a tuple, compiled in parallel (:func:`call_batched_many`).
+              chunk: int | None = None, parts: Sequence[dict] | None = None, **kwargs):
+    """``call_batched(fn, *inputs, **kwargs)`` evaluated once per distinct input row. With
+    ``parts`` (keyword sets, e.g. a static switch selecting part of the outputs): a tuple,
+    ``fn`` with each set's keywords added, one graph per part, compiled in parallel
+    (:func:`call_batched_many`).
 
     ``inputs`` is a tuple of positional arguments (config pytrees, numbers) with concrete
     leaves broadcastable to ``shape`` (default: their common batch shape). Leaves constant
@@ -764,8 +765,8 @@ def dedup_map(fn: Callable, inputs: tuple, *, shape: tuple | None = None,
     for i in dyn:
         new[i] = cols[i][first] if i in varying else cols[i][0]   # call_batched transfers
     sub = jax.tree_util.tree_unflatten(tree, new)
-    if isinstance(fn, tuple):
-        out_u = tuple(call_batched_many([(f, sub, kwargs) for f in fn], **kw))
+    if parts is not None:
+        out_u = tuple(call_batched_many([(fn, sub, {**kwargs, **p}) for p in parts], **kw))
     else:
         out_u = call_batched(fn, *sub, **kw, **kwargs)
     inverse = np.asarray(inverse).reshape(n)

@@ -233,12 +233,14 @@ def gemm_word(p: Precision):
     return p.gemm_bytes + scale_overhead(p)
 
 
-def widest_gemm_word(p: Precision):
+def widest_gemm_word(p: Precision, kv_cache: bool = False):
     """Bytes per element of the widest operands a training or serving step multiplies: the
     weight GEMMs' :func:`gemm_word` or the attention products and LM head, which run on
-    activations (``act_bytes``). The device's buffer check is made at this word
-    (:func:`jaxmodel.parallel.plan.system_checks`)."""
-    return jnp.maximum(gemm_word(p), p.act_bytes)
+    activations (``act_bytes``); with ``kv_cache`` (serving) also ``kv_bytes``, the words
+    the attention products read from the KV cache. The device's buffer check is made at
+    this word (:func:`jaxmodel.parallel.plan.system_checks`)."""
+    word = jnp.maximum(gemm_word(p), p.act_bytes)
+    return jnp.maximum(word, p.kv_bytes) if kv_cache else word
 
 
 def serving_weight_bytes(p: Precision):

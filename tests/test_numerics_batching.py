@@ -235,7 +235,11 @@ def test_call_batched_many_equals_the_calls_one_by_one():
     assert not batching._COMPILING
     np.testing.assert_array_equal(a["t"], batching.call_batched(part_a, dev, ms)["t"])
     np.testing.assert_array_equal(b["u"], batching.call_batched(part_b, dev, ms)["u"])
-    both = batching.dedup_map((part_a, part_b), (dev, jnp.concatenate([ms, ms])))
+    def either(d, m, which="a"):
+        return part_a(d, m) if which == "a" else part_b(d, m)
+
+    both = batching.dedup_map(either, (dev, jnp.concatenate([ms, ms])),
+                              parts=({"which": "a"}, {"which": "b"}))
     np.testing.assert_array_equal(both[1]["u"], np.tile(np.asarray(b["u"]), 2))
 
 

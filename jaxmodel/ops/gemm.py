@@ -405,10 +405,17 @@ _FEASIBLE_KEPT = 8
 def _trace_state():
     """An opaque token equal for calls inside the same JAX trace, or None where this JAX
     has no such token (then nothing is shared)."""
+    get = _trace_state_getter()
+    return None if get is None else get(convention="jaxmodel")
+
+
+@functools.cache
+def _trace_state_getter():
+    """JAX's ``get_opaque_trace_state`` (``jax.extend.core``, older ``jax.core``), or None."""
     for mod in ("jax.extend.core", "jax.core"):
         get = getattr(importlib.import_module(mod), "get_opaque_trace_state", None)
         if get is not None:
-            return get(convention="jaxmodel")
+            return get
     return None
 
 

@@ -294,10 +294,8 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     mem = {**mem, "activations": acts, "total": mem["weights"] + mem["kv_cache"] + acts}
     compute = ([x[k] for x in (pre, dec) for k in LAYER_OPS + MOE_OPS if k not in _COMM_OPS]
                + [lookup[0], lookup[1], jnp.sum(head_c)])
-    # buffers at the widest word: serving's attention products read the KV cache's words
     rules = (checks + _plan.system_checks(_plan.INFER, system, par, structure_ok,
-                                               word=jnp.maximum(_prec.widest_gemm_word(prec),
-                                                                prec.kv_bytes),
+                                               word=_prec.widest_gemm_word(prec, kv_cache=True),
                                                compute=compute)
              + [(_prec.supported(dev, prec), "precision_unsupported")]
              + _plan.finite_checks(

@@ -911,35 +911,21 @@ def stage_times(system: System, model: Model, par: Parallelism, global_batch, se
         jax.block_until_ready(inputs)
     with stage("train_step: stage times") as st:
         # the layer and the rest as two graphs: one compiles while the other traces
-        fns = ((_stage_times_row,) if finetune is not None
-               else (_stage_layer_row, _stage_rest_row))
-        parts = dedup_map(fns, inputs, shape=shape, gemm=gemm, dropout=dropout,
-                          variant=variant, context=_cx.context_flag(par), **kw)
-        out = {k: v for p in parts for k, v in p.items()}
+        parts = ({},) if finetune is not None else ({"part": "layer"}, {"part": "rest"})
+        out = {k: v for p in dedup_map(_stage_times_row, inputs, shape=shape, gemm=gemm,
+                                       dropout=dropout, variant=variant,
+                                       context=_cx.context_flag(par), parts=parts, **kw)
+               for k, v in p.items()}
         jax.block_until_ready(out)
         st["note"] = f"{math.prod(shape):,} plans"
     return out
 
 
 def _stage_times_row(system, model, par, seq_len, precision, finetune, gemm=None, dropout=1.0,
-                     variant=_layer.ANY, context=None):
+                     variant=_layer.ANY, context=None, part=None):
     """:func:`stage_times_single` on the outputs of :func:`_stage_inputs` (their order)."""
     return stage_times_single(system, model, par, seq_len, gemm, precision, dropout, variant,
-                              finetune, context)
-
-
-def _stage_layer_row(system, model, par, seq_len, precision, finetune, gemm=None, dropout=1.0,
-                     variant=_layer.ANY, context=None):
-    """:func:`_stage_times_row`'s transformer-layer keys (``part="layer"``)."""
-    return stage_times_single(system, model, par, seq_len, gemm, precision, dropout, variant,
-                              finetune, context, part="layer")
-
-
-def _stage_rest_row(system, model, par, seq_len, precision, finetune, gemm=None, dropout=1.0,
-                    variant=_layer.ANY, context=None):
-    """:func:`_stage_times_row`'s other keys (``part="rest"``)."""
-    return stage_times_single(system, model, par, seq_len, gemm, precision, dropout, variant,
-                              finetune, context, part="rest")
+                              finetune, context, part)
 
 
 def train_step(system: System, model: Model, par: Parallelism, global_batch, seq_len, *,
