@@ -22,7 +22,18 @@ from jaxmodel.workload.params import (model_flops_per_token, mtp_params, param_c
 NEW = ("llama3.1-8b", "llama3.2-1b", "llama3.2-3b", "mistral-7b", "mistral-nemo-12b",
        "mixtral-8x22b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-30b-a3b", "gemma2-9b",
        "gemma3-1b", "phi3-mini", "deepseek-v2-lite", "deepseek-v3", "gpt-oss-120b",
-       "falcon-7b", "gpt-j-6b", "llama3.1-405b")
+       "falcon-7b", "gpt-j-6b", "llama3.1-405b", "llama4-scout", "llama4-maverick",
+       "qwen3-235b-a22b")
+
+# The Llama-4 totals count the vision encoder, which the configs (the language model) do not:
+# vision_config of both Llama-4 config.json files: 34 layers of width 1408, MLP 5632 (four
+# attention and two MLP matrices per layer), the 14x14x3 patch embedding, the pixel-shuffle
+# adapter (1408*4 -> 4096 -> 4096) and the projector 4096 -> 5120 (biases and norms omitted).
+LLAMA4_VISION = (34 * (4 * 1408**2 + 2 * 1408 * 5632) + 14 * 14 * 3 * 1408
+                 + 1408 * 4 * 4096 + 4096 * 4096 + 4096 * 5120)
+# Llama-3.3-70B has Llama-3-70B's architecture (80 layers, 8192 wide, GQA 64/8, FFN 28672,
+# vocabulary 128256; only the RoPE scaling and context length differ, which do not change the
+# cost): llama3-70b serves for it.
 
 # Published totals (parameters). Sources:
 PUBLISHED_TOTAL = {
@@ -44,6 +55,9 @@ PUBLISHED_TOTAL = {
     "deepseek-v3": 671e9,         # DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", abstract
     "gpt-oss-120b": 116.83e9,     # OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", Table 1
     "gpt-j-6b": 6_053_381_344,    # Wang & Komatsuzaki 2021, GPT-J-6B model card
+    "llama4-scout": 109e9 - LLAMA4_VISION,     # Meta, Llama 4 model card: "109B" total
+    "llama4-maverick": 400e9 - LLAMA4_VISION,  # Meta, Llama 4 model card: "400B" total
+    "qwen3-235b-a22b": 235e9,     # Qwen team, Qwen3-235B-A22B model card ("235B")
 }
 # Published active (per token) parameters of the MoE models and whether the figure counts the
 # input embedding (param_count(active=True) does not: it is a lookup).
@@ -54,6 +68,9 @@ PUBLISHED_ACTIVE = {
     "deepseek-v2-lite": (2.4e9, False),  # DeepSeek-V2-Lite model card ("2.4B activated")
     "deepseek-v3": (37e9, False),      # DeepSeek-V3 Technical Report, abstract
     "gpt-oss-120b": (5.13e9, False),   # gpt-oss model card, Table 1
+    "llama4-scout": (17e9, True),      # Meta, Llama 4 model card ("17B active")
+    "llama4-maverick": (17e9, True),   # Meta, Llama 4 model card ("17B active")
+    "qwen3-235b-a22b": (22e9, True),   # Qwen3-235B-A22B model card ("22B activated")
 }
 
 
