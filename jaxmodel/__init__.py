@@ -31,8 +31,9 @@ from jaxmodel.comm import *  # noqa: F401,F403,E402
 from jaxmodel.workload import *  # noqa: F401,F403,E402
 from jaxmodel.parallel import *  # noqa: F401,F403,E402
 from jaxmodel.cost import *  # noqa: F401,F403,E402
-from jaxmodel.serving import (ServingCosts, ServingResult, continuous_batching,  # noqa: E402
-                              disaggregated, serving_costs)
+from jaxmodel.serving import (OfflineResult, ServingCosts, ServingResult,  # noqa: E402
+                              continuous_batching, disaggregated, offline_throughput,
+                              serving_costs, slo_throughput)
 
 __version__ = "0.1.0"
 

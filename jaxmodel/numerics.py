@@ -37,6 +37,7 @@ REASONS = (
     "precision_unsupported",     # 15 the device has no tensor-core rate for the compute dtype
     "out_of_range",              # 16 a result overflows the float range (absurd magnitudes)
     "rate_above_capacity",       # 17 serving: arrivals outpace service (unbounded queue)
+    "slo_unmet",                 # 18 serving: no arrival rate meets the latency limits
 )
 
 

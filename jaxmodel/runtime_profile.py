@@ -141,7 +141,8 @@ def calibration() -> dict[str, dict[str, float]]:
 
 
 #: The TensorRT-LLM presets' calibrated host times, s.
-_TRT = calibration()["tensorrt_llm"]
+_CAL = calibration()
+_TRT = _CAL["tensorrt_llm"]
 
 #: Presets. Flags follow the runtimes' documented kernels; ``step_overhead_s`` and
 #: ``context_layer_overhead_s`` are calibrated per runtime on measured end-to-end data where
@@ -176,7 +177,82 @@ PRESETS: dict[str, dict[str, Any]] = {
     # prefill / PagedAttention decode. No end-to-end anchor: step_overhead_s not calibrated.
     "vllm": dict(kernel_floor=0.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=0.0,
                  fuse_rope=0.0, attention=1.0, sustained_clock=1.0, step_overhead_s=0.0),
+    # TensorRT-LLM v1.0, PyTorch backend (the LLM API's default backend from v1.0): layers
+    # are PyTorch modules calling TensorRT-LLM's kernels; the overlap scheduler (on by
+    # default, ``disable_overlap_scheduler=False``) prepares iteration n+1 on the host while
+    # the GPU runs iteration n, so the GPU time per kernel is the kernel's own duration
+    # (kernel floors); generation-only iterations replay CUDA graphs (``cuda_graph_config``);
+    # residual add + RMSNorm fused (FlashInfer ``fused_add_rmsnorm``), SwiGLU a separate
+    # fused silu·mul(+quantise) kernel, RoPE inside the attention op (``TrtllmAttention``),
+    # FMHA context and XQA generation kernels, sustained clock. step_overhead_s:
+    # [tensorrt_llm_v1] of hw_db/tech/runtime.toml, calibrated on the DGX H100 rows of
+    # shared/anchors/inference/trtllm_v1_perf_overview_h100.csv (offline throughput).
+    "trtllm_v1": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=0.0,
+                      fuse_rope=1.0, attention=1.0, sustained_clock=1.0,
+                      step_overhead_s=_CAL.get("tensorrt_llm_v1", {}).get(
+                          "step_overhead_s", 0.0)),
+    # vLLM >= 0.10, V1 engine: piecewise CUDA graphs over every iteration (torch.compile
+    # splits the graph at the attention op: the GEMMs and elementwise kernels of mixed
+    # iterations replay from graphs too, vLLM docs "torch.compile integration"), the
+    # scheduler overlapped with the GPU in a separate engine-core process, fused_add_rms_norm,
+    # SiluAndMul and the rotary embedding as custom kernels (compiled into fused Triton
+    # kernels by Inductor where possible), FlashAttention 3 for prefill and decode on Hopper.
+    # No anchor: step_overhead_s transferred from the TensorRT-LLM v1.0 calibration
+    # (both overlap the host's scheduling with the GPU; uncalibrated).
+    "vllm_v1": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=0.0,
+                    fuse_rope=0.0, attention=1.0, sustained_clock=1.0,
+                    step_overhead_s=_CAL.get("tensorrt_llm_v1", {}).get(
+                        "step_overhead_s", 0.0)),
+    # SGLang (v0.4-0.5): CUDA graphs for decode batches, the overlap scheduler (CPU scheduling
+    # of batch n+1 during GPU batch n, on by default), FlashInfer / FA3 attention,
+    # sgl-kernel fused_add_rmsnorm and silu_and_mul, RoPE a separate kernel. No anchor:
+    # step_overhead_s transferred from the TensorRT-LLM v1.0 calibration (uncalibrated).
+    "sglang": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=0.0,
+                   fuse_rope=0.0, attention=1.0, sustained_clock=1.0,
+                   step_overhead_s=_CAL.get("tensorrt_llm_v1", {}).get(
+                       "step_overhead_s", 0.0)),
 }
+
+#: Scheduler settings of each preset used by the serving models when the call does not give
+#: them (:func:`jaxmodel.serving.offline_throughput`): ``max_batch`` sequences per replica,
+#: ``max_tokens`` tokens per iteration, ``block_tokens`` per KV block, ``mem_fraction`` the
+#: KV pool's memory share, ``kv_of_free`` 1 when that share is of the memory left after
+#: weights and activations (TensorRT-LLM), 0 when of the whole device (vLLM, SGLang);
+#: ``chunk`` the prompt tokens per iteration of an online server with chunked prefill (0 =
+#: whole prompts; :func:`jaxmodel.serving.slo_throughput`).
+SCHEDULER: dict[str, dict[str, float]] = {
+    # vLLM's V0 engine defaults (max_num_seqs 256, max_num_batched_tokens 8192 with chunked
+    # prefill, block 16, gpu_memory_utilization 0.9): the settings of continuous_batching.
+    "default": dict(max_batch=256.0, max_tokens=8192.0, block_tokens=16.0, mem_fraction=0.9,
+                    kv_of_free=0.0, chunk=0.0),
+    # trtllm-bench throughput, PyTorch backend (TensorRT-LLM v1.0
+    # ``tensorrt_llm/bench/build/tuning.py`` ``finetune_setting``): max_batch_size = the
+    # requests the KV cache holds, capped at 4096 (then / pp), max_num_tokens =
+    # max_batch·(1 + isl/osl) capped at 32768, i.e. never below the steady state's need up to
+    # the cap; KvCacheConfig defaults: tokens_per_block 32, free_gpu_memory_fraction 0.9 of
+    # the memory free after weights and the activation profile.
+    # Chunked context is off by default (``enable_chunked_prefill=False``, LLM API v1.0).
+    "trtllm_v1": dict(max_batch=4096.0, max_tokens=32768.0, block_tokens=32.0,
+                      mem_fraction=0.9, kv_of_free=1.0, chunk=0.0),
+    # vLLM >= 0.10 V1 offline (``LLM`` class) on a device with >= 70 GiB other than A100
+    # (``EngineArgs.get_batch_defaults``, vllm/engine/arg_utils.py): max_num_batched_tokens
+    # 16384, max_num_seqs 1024; block 16; gpu_memory_utilization 0.9 of the whole device;
+    # V1 always chunks prefill, at the OpenAI server's max_num_batched_tokens 8192.
+    "vllm_v1": dict(max_batch=1024.0, max_tokens=16384.0, block_tokens=16.0,
+                    mem_fraction=0.9, kv_of_free=0.0, chunk=8192.0),
+    # SGLang server defaults (python/sglang/srt/server_args.py): chunked_prefill_size 8192 on
+    # 80 GB-class GPUs, page_size 1, mem_fraction_static ~0.88 of the device for weights + KV
+    # (set per GPU memory and TP; 0.88 taken), max_running_requests from the KV pool (4096
+    # taken as the cap). Not verified against a measurement.
+    "sglang": dict(max_batch=4096.0, max_tokens=8192.0, block_tokens=1.0, mem_fraction=0.88,
+                   kv_of_free=0.0, chunk=8192.0),
+}
+
+
+def scheduler_defaults(name: str) -> dict[str, float]:
+    """Scheduler settings of preset ``name`` (:data:`SCHEDULER`; ``"default"`` for a preset
+    without its own)."""
+    return dict(SCHEDULER.get(name, SCHEDULER["default"]))
 
 
 def runtime(value: Any = None, **overrides) -> Runtime:
@@ -195,6 +271,7 @@ def runtime(value: Any = None, **overrides) -> Runtime:
     return from_preset(Runtime, value, overrides, PRESETS, {
         "tensorrtllm": "trtllm", "trt": "trtllm", "fastertransformer": "trtllm_v06",
         "trtllmv06": "trtllm_v06", "trtllmv0.6": "trtllm_v06", "eager": "pytorch",
+        "trtllmv1": "trtllm_v1", "trtllm_v1.0": "trtllm_v1", "vllmv1": "vllm_v1",
         "torch": "pytorch"}, "pytorch", "runtime")
 
 

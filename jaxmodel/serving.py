@@ -57,7 +57,7 @@ import numpy as np
 
 from jaxmodel import runtime_profile as _rtp
 from jaxmodel.batching import batched
-from jaxmodel.numerics import INF, first_reason, reason_name
+from jaxmodel.numerics import INF, REASONS, first_reason, reason_name
 from jaxmodel.parallel.inference import inference_single
 from jaxmodel.types import Model, Parallelism, System
 from jaxmodel.workload.layer import ANY, Variant, variant_of
@@ -131,6 +131,11 @@ class ServingResult:
         goodput_per_gpu: ``throughput_per_gpu`` where ``meets_slo``, else 0 (DistServe §2:
             goodput under SLOs; in a mean-value model attainment is all or nothing).
         feasible, reason: see the module docstring.
+        ttft_p99_s: 99th percentile of the time to first token (:func:`wait_quantile` for
+            the queueing part, the rest deterministic), s.
+        tpot_p99_s: 99th percentile over requests of their mean time per output token
+            (prefill stalls during a request's decode counted as Poisson arrivals, normal
+            approximation; without stalls the mean), s.
     """
 
     ttft_s: jax.Array
@@ -145,6 +150,8 @@ class ServingResult:
     goodput_per_gpu: jax.Array
     feasible: jax.Array
     reason: jax.Array
+    ttft_p99_s: jax.Array = INF
+    tpot_p99_s: jax.Array = INF
 
     @property
     def reason_name(self) -> str:
@@ -299,9 +306,37 @@ def _combine(tables, checks):
     return feasible, reason
 
 
-def _finish(feasible, reason, ttft, tpot, batch, it, tput, cap, kv, ttft_slo, tpot_slo):
+#: Standard normal quantile at 0.99 (the one-sided 99th percentile).
+Z99 = 2.3263478740408408
+
+
+def wait_quantile(mean_wait, rho, q=0.99):
+    """``q``-quantile of the waiting time of a single-server queue with mean wait
+    ``mean_wait`` and utilisation ``rho``, s.
+
+    Tail model: ``P(W > t) = ρ·exp(−ρ·t/W̄)`` — an atom ``1 − ρ`` at zero (the probability an
+    arrival finds the server idle, exact for M/G/1 by PASTA) and an exponential tail whose
+    mean keeps the mean wait ``W̄``: exact for M/M/1 (Kleinrock, "Queueing Systems Vol. 1",
+    §3.2, eq. 3.29 ff.) and the heavy-traffic limit of GI/G/1 (Kingman, "On Queues in Heavy
+    Traffic", J. R. Stat. Soc. B 24, 1962: the wait is asymptotically exponential). For the
+    M/D/1 prompts of this module it overstates the tail slightly at low load (deterministic
+    service has a lighter tail). ``W_q = (W̄/ρ)·ln(ρ/(1 − q))`` when ``ρ > 1 − q``, else 0;
+    ``+inf`` where ``W̄`` is. Finite gradients.
+    """
+    p = 1.0 - q
+    ok = (rho > p) & jnp.isfinite(mean_wait)
+    r = jnp.where(ok, rho, 1.0)
+    w = jnp.where(ok, mean_wait, 0.0)
+    out = jnp.where(ok, w / r * jnp.log(r / p), 0.0)
+    return jnp.where(jnp.isfinite(mean_wait), out, INF)
+
+
+def _finish(feasible, reason, ttft, tpot, batch, it, tput, cap, kv, ttft_slo, tpot_slo,
+            ttft_p99=None, tpot_p99=None):
     def gate(x):
         return jnp.where(feasible, x, INF)
+    ttft_p99 = gate(ttft if ttft_p99 is None else ttft_p99)
+    tpot_p99 = gate(tpot if tpot_p99 is None else tpot_p99)
     ttft, tpot, it = gate(ttft), gate(tpot), gate(it)
     safe_tpot = jnp.where(feasible & (tpot > 0), tpot, 1.0)
     per_user = jnp.where(feasible, 1.0 / safe_tpot, 0.0)
@@ -311,7 +346,7 @@ def _finish(feasible, reason, ttft, tpot, batch, it, tput, cap, kv, ttft_slo, tp
         ttft_s=ttft, tpot_s=tpot, batch=jnp.where(feasible, batch, 0.0), iteration_s=it,
         throughput_per_gpu=tput, tokens_per_s_per_user=per_user, capacity_rps=cap,
         kv_capacity_seqs=kv, meets_slo=meets, goodput_per_gpu=jnp.where(meets, tput, 0.0),
-        feasible=feasible, reason=reason)
+        feasible=feasible, reason=reason, ttft_p99_s=ttft_p99, tpot_p99_s=tpot_p99)
 
 
 # --------------------------------------------------------------------------------------------
@@ -404,8 +439,15 @@ def continuous_batching_from_costs(costs: ServingCosts, isl, osl, rate, max_batc
     b_u = m_u * pp
     t_u = step_time(costs, m_u)
     tpot_u = t_u / stall
-    ttft_u = t_p + md1_wait(lam, t_p / pp) + stall * t_u / (2.0 * pp)
+    wait_u = md1_wait(lam, t_p / pp)
+    ttft_u = t_p + wait_u + stall * t_u / (2.0 * pp)
     ok_u = rho_ok & ex_u
+    # tails: the prompt's wait (wait_quantile); a request's decode meets n ~ Poisson(λ·osl·
+    # TPOT) prefills of t_p/pp each (normal approximation of the count's 99th percentile)
+    n_st = lam * osl * tpot_u
+    ttft99_u = ttft_u - wait_u + wait_quantile(wait_u, rho)
+    tpot99_u = t_u + (n_st + Z99 * jnp.sqrt(jnp.maximum(n_st, 0.0))) * t_p / (
+        pp * jnp.maximum(osl, 1.0))
 
     # chunked prefill
     c = jnp.maximum(chunk, 1.0)
@@ -420,7 +462,9 @@ def continuous_batching_from_costs(costs: ServingCosts, isl, osl, rate, max_batc
     t_full = step_time(costs, m_c - cbar + c) + c * delta     # an iteration with a full chunk
     service = jnp.ceil(isl / c) * t_full
     util_ok = (cbar < c) & (lam * service / pp < 1.0)
-    ttft_c = md1_wait(lam / pp, service) + service + t_c / 2.0
+    wait_c = md1_wait(lam / pp, service)
+    ttft_c = wait_c + service + t_c / 2.0
+    ttft99_c = ttft_c - wait_c + wait_quantile(wait_c, lam * service / pp)
     ok_c = den_ok & ex_c & util_ok
 
     ok_q = jnp.where(chunked, ok_c, ok_u)
@@ -431,7 +475,8 @@ def continuous_batching_from_costs(costs: ServingCosts, isl, osl, rate, max_batc
         (bounded, "rate_above_capacity")])
     return _finish(feasible, reason, jnp.where(chunked, ttft_c, ttft_u),
                    jnp.where(chunked, t_c, tpot_u), batch, jnp.where(chunked, t_c, t_u),
-                   rate * osl / jnp.maximum(n_gpus, 1.0), cap, kv, ttft_slo_s, tpot_slo_s)
+                   rate * osl / jnp.maximum(n_gpus, 1.0), cap, kv, ttft_slo_s, tpot_slo_s,
+                   jnp.where(chunked, ttft99_c, ttft99_u), jnp.where(chunked, t_c, tpot99_u))
 
 
 def continuous_batching_single(system: System, model: Model, par: Parallelism, isl, osl,
@@ -541,7 +586,9 @@ def disaggregated_from_costs(pre: ServingCosts, dec: ServingCosts, system: Syste
     lam_p, lam_d = rate / dp_p, rate / dp_d
     t_p = pre.prefill_s
     t_kv = kv_transfer_time(system, isl * pre.kv_bytes_per_token, n_p + n_d)
-    ttft = t_p + md1_wait(lam_p, t_p / pp_p) + t_kv
+    wait_p = md1_wait(lam_p, t_p / pp_p)
+    ttft = t_p + wait_p + t_kv
+    ttft99 = ttft - wait_p + wait_quantile(wait_p, lam_p * t_p / pp_p)
     kv_p = kv_capacity_seqs(pre, isl, osl, block_tokens, mem_fraction)
     kv_d = kv_capacity_seqs(dec, isl, osl, block_tokens, mem_fraction, 0.0)
     bmax = jnp.minimum(max_batch, kv_d)
@@ -556,7 +603,7 @@ def disaggregated_from_costs(pre: ServingCosts, dec: ServingCosts, system: Syste
         ((kv_p >= 1.0) & (kv_d >= 1.0), "out_of_memory"),
         ((lam_p * t_p / pp_p < 1.0) & exists & (batch <= bmax), "rate_above_capacity")])
     return _finish(feasible, reason, ttft, tpot, batch, tpot, rate * osl / (n_p + n_d), cap,
-                   kv_d, ttft_slo_s, tpot_slo_s)
+                   kv_d, ttft_slo_s, tpot_slo_s, ttft99, tpot)
 
 
 def _pool_par(par: Parallelism, n_devices):
@@ -623,5 +670,302 @@ def disaggregated(system: System, model: Model, par_prefill: Parallelism,
 
 disaggregated.single = disaggregated_single
 
-__all__ = ["ServingCosts", "ServingResult", "serving_costs", "continuous_batching",
-           "disaggregated", "TOKEN_GRID"]
+__all__ = ["ServingCosts", "ServingResult", "OfflineResult", "serving_costs",
+           "continuous_batching", "disaggregated", "offline_throughput", "slo_throughput",
+           "TOKEN_GRID"]
+
+
+# --------------------------------------------------------------------------------------------
+# 4. offline (all requests queued) and SLO-bounded throughput
+# --------------------------------------------------------------------------------------------
+@_register
+@dataclasses.dataclass(frozen=True)
+class OfflineResult:
+    """Steady state of an offline run: every request queued at t = 0 (a pytree; fields may
+    carry batch axes).
+
+    Attributes:
+        throughput_per_gpu: output tokens/s per device of the deployment.
+        requests_per_s: completed requests/s of the deployment.
+        batch: sequences in decode per replica in the steady state.
+        tokens_per_iteration: tokens (decode + prompt) of one micro-batch iteration.
+        iteration_s: one micro-batch iteration (full pipeline traversal), s.
+        tpot_s: time per output token seen by a request (= ``iteration_s``), s.
+        kv_capacity_seqs: requests whose peak KV fits per replica.
+        feasible, reason: the plan's rules, one request's KV must fit (``out_of_memory``).
+    """
+
+    throughput_per_gpu: jax.Array
+    requests_per_s: jax.Array
+    batch: jax.Array
+    tokens_per_iteration: jax.Array
+    iteration_s: jax.Array
+    tpot_s: jax.Array
+    kv_capacity_seqs: jax.Array
+    feasible: jax.Array
+    reason: jax.Array
+
+    @property
+    def reason_name(self) -> str:
+        """Name of the reason code of a single (unbatched) result."""
+        return reason_name(self.reason)
+
+
+def kv_capacity_of_free(costs: ServingCosts, isl, osl, block_tokens, free_fraction,
+                        working_tokens):
+    """Requests whose peak KV fits when the KV pool is ``free_fraction`` of the memory left
+    after the weights and the activation working set of ``working_tokens`` tokens (scaled
+    linearly from the prompt's), bytes -> requests.
+
+    TensorRT-LLM sizes its pool so: ``KvCacheConfig.free_gpu_memory_fraction`` (default 0.9) of
+    the free memory measured after loading the weights and a profiling forward of
+    ``max_num_tokens`` tokens (TensorRT-LLM v1.0 ``tensorrt_llm/_torch/pyexecutor/
+    _util.py``, ``KvCacheCreator``); its default scheduler policy ``GUARANTEED_NO_EVICT``
+    reserves each request's peak ``isl + osl`` tokens in blocks of ``tokens_per_block`` (32).
+    Zero gradient (counts).
+    """
+    frac = working_tokens / jnp.maximum(isl, 1.0)
+    free = (usable_memory(costs.mem_capacity, costs.reserved_bytes, 1.0)
+            - costs.weights_bytes - frac * costs.act_bytes) * free_fraction
+    block_bytes = block_tokens * jnp.maximum(costs.kv_bytes_per_token, 1e-30)
+    blocks = jnp.floor(jnp.maximum(free, 0.0) / block_bytes)
+    per_seq = jnp.ceil((isl + osl) / block_tokens)
+    return jax.lax.stop_gradient(jnp.floor(blocks / jnp.maximum(per_seq, 1.0)))
+
+
+def offline_from_costs(costs: ServingCosts, isl, osl, *, max_batch, max_tokens, dp=1.0,
+                       pp=1.0, n_gpus=1.0, block_tokens=BLOCK_TOKENS,
+                       mem_fraction=MEM_FRACTION, kv_of_free=0.0) -> OfflineResult:
+    """Offline throughput of in-flight batching with every request queued (single
+    configuration; trtllm-bench ``throughput``, MLPerf Inference "Offline" scenario).
+
+    With the queue never empty the scheduler keeps the batch at its cap ``B = min(max_batch,
+    KV capacity)`` (Orca §3.1 iteration-level scheduling; a finished sequence's slot is
+    refilled by the next queued prompt). In the steady state every request passes ``isl``
+    prompt tokens and ``osl`` decode tokens through the iterations, so an iteration of a
+    micro-batch carries ``m = min(B(isl + osl)/(osl·pp), max_tokens)`` tokens of which the
+    share ``isl/(isl + osl)`` are prompt tokens (``max_tokens``, TensorRT-LLM
+    ``max_num_tokens`` / vLLM ``max_num_batched_tokens``: the per-iteration token budget that
+    caps the prefill riding along; when it binds the decode batch stays below ``B``). The
+    iteration takes ``T_it = T(m) + m·isl/(isl + osl)·δ`` (the cost table at ``m`` tokens
+    with the prompt tokens' attention correction δ of :func:`_chunk_attention_delta`, as the
+    chunked-prefill model of :func:`continuous_batching_from_costs`: Sarathi-Serve §4.2) and
+    completes ``pp·m/((isl + osl)·T_it)`` requests per replica per second; the output tokens
+    per second are ``osl`` times that. The decode batch is ``m·pp·osl/(isl + osl)``.
+
+    KV capacity: ``kv_of_free`` 0 as vLLM (:func:`kv_capacity_seqs` with the activation
+    working set of ``max_tokens`` tokens), 1 as TensorRT-LLM (:func:`kv_capacity_of_free`).
+    Units: tokens, s, tokens/s.
+    """
+    f = jnp.result_type(float)
+    isl, osl, max_batch, max_tokens, dp, pp, n_gpus = (jnp.asarray(x, f) for x in (
+        isl, osl, max_batch, max_tokens, dp, pp, n_gpus))
+    dp, pp = jnp.maximum(dp, 1.0), jnp.maximum(pp, 1.0)
+    frac_tokens = jnp.minimum(max_tokens, jnp.maximum(isl, 1.0))
+    kv_v = kv_capacity_seqs(costs, isl, osl, block_tokens, mem_fraction, frac_tokens)
+    kv_t = kv_capacity_of_free(costs, isl, osl, block_tokens, mem_fraction, frac_tokens)
+    kv = jnp.where(kv_of_free > 0.5, kv_t, kv_v)
+    bmax = jnp.minimum(max_batch, kv)
+    share = isl / jnp.maximum(isl + osl, 1.0)
+    m = jnp.minimum(bmax * (isl + osl) / (jnp.maximum(osl, 1.0) * pp), max_tokens)
+    m = jnp.maximum(m, 1.0)
+    delta = _chunk_attention_delta(costs, isl)
+    t_it = step_time(costs, m) + m * share * delta
+    ok_t = t_it > 0
+    safe_t = jnp.where(ok_t, t_it, 1.0)
+    rps = dp * pp * m / (jnp.maximum(isl + osl, 1.0) * safe_t)
+    feasible, reason = _combine([costs], [(kv >= 1.0, "out_of_memory")])
+    feasible = feasible & ok_t
+
+    def gate(x, bad):
+        return jnp.where(feasible, x, bad)
+    return OfflineResult(
+        throughput_per_gpu=gate(rps * osl / jnp.maximum(n_gpus, 1.0), 0.0),
+        requests_per_s=gate(rps, 0.0), batch=gate(m * pp * (1.0 - share), 0.0),
+        tokens_per_iteration=gate(m, 0.0), iteration_s=gate(t_it, INF),
+        tpot_s=gate(t_it, INF), kv_capacity_seqs=kv, feasible=feasible, reason=reason)
+
+
+def _n_gpus(par: Parallelism):
+    return (jnp.maximum(par.dp, 1.0) * jnp.maximum(par.tp, 1.0) * jnp.maximum(par.pp, 1.0)
+            * jnp.maximum(par.cp, 1.0))
+
+
+def offline_throughput_single(system: System, model: Model, par: Parallelism, isl, osl,
+                              max_batch, max_tokens, block_tokens, mem_fraction, kv_of_free,
+                              precision=None, runtime=None,
+                              variant: Variant = ANY) -> OfflineResult:
+    """Single-configuration body of :func:`offline_throughput`."""
+    costs = serving_costs_single(system, model, par, isl, osl, precision, runtime, variant)
+    return offline_from_costs(costs, isl, osl, max_batch=max_batch, max_tokens=max_tokens,
+                              dp=par.dp, pp=par.pp, n_gpus=_n_gpus(par),
+                              block_tokens=block_tokens, mem_fraction=mem_fraction,
+                              kv_of_free=kv_of_free)
+
+
+@batched
+def _offline_throughput(system, model, par, isl, osl, max_batch, max_tokens, block_tokens,
+                        mem_fraction, kv_of_free, precision, runtime, variant):
+    return offline_throughput_single(system, model, par, isl, osl, max_batch, max_tokens,
+                                     block_tokens, mem_fraction, kv_of_free, precision,
+                                     runtime, variant)
+
+
+def _scheduler_args(runtime, **given):
+    """The scheduler settings of ``runtime``'s preset (:data:`jaxmodel.runtime_profile.
+    SCHEDULER`), overridden by the ones given (not None)."""
+    name = _rtp.runtime(runtime).name
+    out = dict(_rtp.scheduler_defaults(name))
+    out.update({k: v for k, v in given.items() if v is not None})
+    for k, v in out.items():
+        a = np.asarray(v, float)
+        if not np.all(np.isfinite(a) & (a >= 0)):
+            raise ValueError(f"{k}={v!r} must be finite and >= 0")
+        if k in ("max_batch", "max_tokens", "block_tokens") and not np.all(a > 0):
+            raise ValueError(f"{k}={v!r} must be > 0")
+    return out
+
+
+def offline_throughput(system: System, model: Model, par: Parallelism, isl, osl, *,
+                       precision=None, runtime="trtllm_v1", max_batch=None, max_tokens=None,
+                       block_tokens=None, mem_fraction=None) -> OfflineResult:
+    """Offline (all requests queued) throughput of in-flight batching on ``system``
+    (trtllm-bench ``throughput``, MLPerf Inference Offline; see :func:`offline_from_costs`).
+
+    Args:
+        system, model, precision: as :func:`jaxmodel.inference`.
+        par: ``dp`` replicas of ``tp × pp`` devices.
+        isl, osl: prompt and output tokens per request.
+        runtime: a preset name or :class:`jaxmodel.Runtime`; its scheduler defaults
+            (:func:`jaxmodel.runtime_profile.scheduler_defaults`) fill the settings not given.
+        max_batch: sequences per replica (TensorRT-LLM ``max_batch_size``, vLLM
+            ``max_num_seqs``).
+        max_tokens: tokens per iteration (``max_num_tokens`` / ``max_num_batched_tokens``).
+        block_tokens: KV block, tokens. mem_fraction: the KV pool's share of memory.
+
+    Example:
+        >>> r = jm.offline_throughput(hw_db.system("dgx_h100"), hw_db.model("llama3-8b"),
+        ...                           jm.Parallelism(dp=8), 1000, 1000, precision="fp8")
+        >>> bool(r.feasible), float(r.throughput_per_gpu) > 1000
+        (True, True)
+    """
+    s = _scheduler_args(runtime, max_batch=max_batch, max_tokens=max_tokens,
+                        block_tokens=block_tokens, mem_fraction=mem_fraction)
+    return _offline_throughput(system, model, par, isl, osl, s["max_batch"], s["max_tokens"],
+                               s["block_tokens"], s["mem_fraction"], s["kv_of_free"],
+                               _prec_arg(precision), _rtp.runtime_arg(runtime),
+                               variant_of(model, par, system))
+
+
+offline_throughput.single = offline_throughput_single
+
+
+#: Bisection steps of :func:`slo_throughput_from_costs` (the rate to 2⁻⁴⁰ of the capacity).
+SLO_BISECTION_STEPS = 40
+
+
+def slo_throughput_from_costs(costs: ServingCosts, isl, osl, *, ttft_p99_s, tpot_p99_s,
+                              max_batch, chunk=0.0, dp=1.0, pp=1.0, n_gpus=1.0,
+                              block_tokens=BLOCK_TOKENS,
+                              mem_fraction=MEM_FRACTION) -> ServingResult:
+    """The highest Poisson arrival rate whose steady state (:func:`continuous_batching_from_
+    costs`) is feasible with ``ttft_p99_s >= TTFT₉₉`` and ``tpot_p99_s >= TPOT₉₉`` (the tail
+    model of :class:`ServingResult`), and that steady state (single configuration).
+
+    Both percentiles grow with the rate (longer waits, larger batches, more stalls), so the
+    set of rates meeting them is an interval from 0: bisection on ``[0, capacity]`` in
+    :data:`SLO_BISECTION_STEPS` steps. ``feasible=False`` with reason ``slo_unmet`` when no rate
+    meets the limits (even an idle server's prefill or iteration exceeds them), else the plan's
+    reason. The rate is a search result: zero gradient with respect to the inputs.
+    """
+    f = jnp.result_type(float)
+
+    def at(rate):
+        return continuous_batching_from_costs(
+            costs, isl, osl, rate, max_batch, dp=dp, pp=pp, n_gpus=n_gpus, chunk=chunk,
+            block_tokens=block_tokens, mem_fraction=mem_fraction)
+
+    def ok(rate):
+        r = at(rate)
+        return r.feasible & (r.ttft_p99_s <= ttft_p99_s) & (r.tpot_p99_s <= tpot_p99_s)
+
+    cap = jax.lax.stop_gradient(at(jnp.asarray(0.0, f)).capacity_rps)
+    cap = jnp.where(jnp.isfinite(cap), cap, 0.0)
+
+    def body(_, lo_hi):
+        lo, hi = lo_hi
+        mid = 0.5 * (lo + hi)
+        good = ok(mid)
+        return jnp.where(good, mid, lo), jnp.where(good, hi, mid)
+
+    lo, _ = jax.lax.fori_loop(0, SLO_BISECTION_STEPS, body,
+                              (jnp.zeros_like(cap), cap))
+    lo = jax.lax.stop_gradient(lo)
+    any_ok = ok(lo) & (lo > 0)
+    r = at(jnp.where(any_ok, lo, 0.0))
+    reason = jnp.where(any_ok, r.reason, jnp.where(
+        r.feasible, jnp.asarray(REASONS.index("slo_unmet"), r.reason.dtype), r.reason))
+    return dataclasses.replace(
+        r, feasible=any_ok, reason=reason,
+        throughput_per_gpu=jnp.where(any_ok, r.throughput_per_gpu, 0.0),
+        goodput_per_gpu=jnp.where(any_ok, r.throughput_per_gpu, 0.0),
+        meets_slo=any_ok)
+
+
+def slo_throughput_single(system: System, model: Model, par: Parallelism, isl, osl,
+                          ttft_p99_s, tpot_p99_s, max_batch, chunk, block_tokens,
+                          mem_fraction, precision=None, runtime=None,
+                          variant: Variant = ANY) -> ServingResult:
+    """Single-configuration body of :func:`slo_throughput`."""
+    costs = serving_costs_single(system, model, par, isl, osl, precision, runtime, variant)
+    return slo_throughput_from_costs(
+        costs, isl, osl, ttft_p99_s=ttft_p99_s, tpot_p99_s=tpot_p99_s, max_batch=max_batch,
+        chunk=chunk, dp=par.dp, pp=par.pp, n_gpus=_n_gpus(par), block_tokens=block_tokens,
+        mem_fraction=mem_fraction)
+
+
+@batched
+def _slo_throughput(system, model, par, isl, osl, ttft_p99_s, tpot_p99_s, max_batch, chunk,
+                    block_tokens, mem_fraction, precision, runtime, variant):
+    return slo_throughput_single(system, model, par, isl, osl, ttft_p99_s, tpot_p99_s,
+                                 max_batch, chunk, block_tokens, mem_fraction, precision,
+                                 runtime, variant)
+
+
+def slo_throughput(system: System, model: Model, par: Parallelism, isl, osl, *, ttft_p99_s,
+                   tpot_p99_s, precision=None, runtime="vllm_v1", max_batch=None, chunk=None,
+                   block_tokens=None, mem_fraction=None) -> ServingResult:
+    """Throughput at the highest Poisson arrival rate meeting tail limits on the time to
+    first token and the time per output token (see :func:`slo_throughput_from_costs`).
+
+    Args:
+        system, model, par, isl, osl, precision: as :func:`continuous_batching`.
+        ttft_p99_s, tpot_p99_s: limits on the 99th percentiles, s.
+        runtime: preset or :class:`jaxmodel.Runtime`; its scheduler defaults
+            (:func:`jaxmodel.runtime_profile.scheduler_defaults`: ``max_batch``, ``chunk``
+            for chunked prefill, ``block_tokens``, ``mem_fraction``) fill the settings not
+            given.
+
+    Returns:
+        :class:`ServingResult` at that rate (``capacity_rps`` the unbounded-queue rate; the
+        chosen rate is ``throughput_per_gpu · n_gpus / osl``).
+
+    Example:
+        >>> r = jm.slo_throughput(hw_db.system("dgx_h100"), hw_db.model("llama3-8b"),
+        ...                       jm.Parallelism(dp=8), 1024, 256, ttft_p99_s=1.0,
+        ...                       tpot_p99_s=0.05)
+        >>> bool(r.feasible), float(r.tpot_p99_s) <= 0.05
+        (True, True)
+    """
+    for k, v in (("ttft_p99_s", ttft_p99_s), ("tpot_p99_s", tpot_p99_s)):
+        if not np.all(np.asarray(v, float) > 0):
+            raise ValueError(f"{k}={v!r} must be > 0")
+    s = _scheduler_args(runtime, max_batch=max_batch, chunk=chunk, block_tokens=block_tokens,
+                        mem_fraction=mem_fraction)
+    return _slo_throughput(system, model, par, isl, osl, ttft_p99_s, tpot_p99_s,
+                           s["max_batch"], s["chunk"], s["block_tokens"], s["mem_fraction"],
+                           _prec_arg(precision), _rtp.runtime_arg(runtime),
+                           variant_of(model, par, system))
+
+
+slo_throughput.single = slo_throughput_single
