@@ -40,7 +40,20 @@ time.
 
 Outputs ``experiments/out/validate_serving.csv`` and ``.png``.
 
-Run: ``python experiments/validate_serving.py`` (a few minutes on CPU).
+**TensorRT-LLM v1.0 set** (``trtllm_v1_perf_overview_h100.csv``; :func:`main_v1`): trtllm-bench
+offline throughput on DGX H100 in FP8 (PyTorch backend), six models at their published TP, ten
+ISL/OSL pairs each, predicted by :func:`jaxmodel.offline_throughput` with the ``"trtllm_v1"``
+preset (its trtllm-bench scheduler settings; the MoE rows' experts split over the TP ranks as
+the model offers, no expert parallelism). Llama-3.3-70B runs as ``llama3-70b`` (same
+architecture). One constant is calibrated, ``Runtime.step_overhead_s`` of ``"trtllm_v1"``
+(host time per iteration the overlap scheduler does not hide) on a 0-5000 µs grid (10 µs
+steps) minimising the MAPE of output tokens/s per GPU, in closed form on the cost tables
+(a shift of every iteration time); in sample on the dense models' rows and
+leave-one-model-out. Outputs ``experiments/out/validate_serving_v1.csv`` and ``.png``
+(predicted vs measured per model).
+
+Run: ``python experiments/validate_serving.py`` (a few minutes on CPU; ``--v1`` runs the
+v1.0 set alone, ``--no-v1`` the older sets alone).
 """
 
 from __future__ import annotations
@@ -355,5 +368,147 @@ def main():
     print(f"wrote {png}")
 
 
+# --------------------------------------------------------------------------------------------
+# TensorRT-LLM v1.0 on DGX H100: offline throughput
+# --------------------------------------------------------------------------------------------
+V1_FILE = "trtllm_v1_perf_overview_h100.csv"
+V1_MODELS = {"Llama 3.1 8B": "llama3.1-8b", "Llama 3.3 70B": "llama3-70b",
+             "Llama 3.1 405B": "llama3.1-405b", "Llama 4 Scout": "llama4-scout",
+             "Llama 4 Maverick": "llama4-maverick", "Qwen3-235B-A22B": "qwen3-235b-a22b"}
+V1_PROFILE = "trtllm_v1"
+V1_STEP_GRID = np.arange(0.0, 5000.1e-6, 10e-6)
+
+
+def v1_costs(rows: pd.DataFrame):
+    """Cost tables of every v1.0 row (one vmapped call per model) without host step time,
+    and the scheduler settings of the preset."""
+    system = hw_db.system("dgx_h100")
+    rt = jm.runtime_of(V1_PROFILE, step_overhead_s=0.0)
+    out = {}
+    for name, g in rows.groupby("model", sort=False):
+        tp = g["tp"].to_numpy(float)
+        par = jm.Parallelism(tp=tp, pp=g["pp"].to_numpy(float), dp=8.0 / tp)
+        c = jm.serving_costs(system, hw_db.model(V1_MODELS[name]), par,
+                             g["isl"].to_numpy(float), g["osl"].to_numpy(float),
+                             precision="fp8", runtime=rt)
+        for j, i in enumerate(g.index):
+            out[i] = jax.tree.map(lambda x: np.asarray(x)[j], c)
+    costs = jax.tree.map(lambda *xs: np.stack(xs), *[out[i] for i in rows.index])
+    return costs
+
+
+def v1_predict(rows, costs, step):
+    """Output tokens/s per GPU of every row with ``step`` s of host time per iteration."""
+    from jaxmodel.runtime_profile import scheduler_defaults
+    from jaxmodel.serving import offline_from_costs
+    sch = scheduler_defaults(V1_PROFILE)
+    c = dataclasses.replace(costs, step_s=costs.step_s + step,
+                            prefill_s=costs.prefill_s + step)
+    tp = rows["tp"].to_numpy(float)
+    pp = rows["pp"].to_numpy(float)
+    r = jax.vmap(lambda cc, i, o, t, p: offline_from_costs(
+        cc, i, o, max_batch=sch["max_batch"], max_tokens=sch["max_tokens"], dp=1.0, pp=p,
+        n_gpus=t * p, block_tokens=sch["block_tokens"], mem_fraction=sch["mem_fraction"],
+        kv_of_free=sch["kv_of_free"]))(c, rows["isl"].to_numpy(float),
+                                       rows["osl"].to_numpy(float), tp, pp)
+    return r
+
+
+def v1_errors(rows, r):
+    meas = rows["output_tokens_per_s_per_gpu_derived"].to_numpy(float)
+    return pd.Series(100.0 * (np.asarray(r.throughput_per_gpu) / meas - 1.0), index=rows.index)
+
+
+def v1_fit(rows, costs, mask):
+    """The grid step time minimising the MAPE of the ``mask`` rows."""
+    best = (np.inf, 0.0)
+    sub = rows[mask]
+    c = jax.tree.map(lambda x: x[np.asarray(mask)], costs)
+    for s in V1_STEP_GRID:
+        e = mape(v1_errors(sub, v1_predict(sub, c, s)))
+        if e < best[0]:
+            best = (e, s)
+    return best[1]
+
+
+def main_v1():
+    os.makedirs(OUT, exist_ok=True)
+    rows = pd.read_csv(os.path.join(ANCHORS, V1_FILE))
+    costs = v1_costs(rows)
+    dense = ~rows["model"].isin(["Llama 4 Scout", "Llama 4 Maverick", "Qwen3-235B-A22B"])
+    preset = float(jm.RUNTIMES[V1_PROFILE]["step_overhead_s"])
+    e0 = v1_errors(rows, v1_predict(rows, costs, 0.0))
+    s_dense = v1_fit(rows, costs, dense)
+    s_all = v1_fit(rows, costs, np.ones(len(rows), bool))
+    r_pre = v1_predict(rows, costs, preset)
+    e_pre = v1_errors(rows, r_pre)
+    cv, fits = [], {}
+    for name in rows["model"].unique():
+        held = rows["model"] == name
+        fits[name] = v1_fit(rows, costs, dense & ~held)
+        cv.append(v1_errors(rows[held], v1_predict(
+            rows[held], jax.tree.map(lambda x: x[np.asarray(held)], costs), fits[name])))
+    e_cv = pd.concat(cv).loc[rows.index]
+
+    # check: the closed form equals the model run at the preset value (one row)
+    i0 = rows.index[rows["model"] == "Llama 3.1 8B"][0]
+    chk = jm.offline_throughput(hw_db.system("dgx_h100"), hw_db.model("llama3.1-8b"),
+                                jm.Parallelism(dp=8.0), float(rows.loc[i0, "isl"]),
+                                float(rows.loc[i0, "osl"]), precision="fp8",
+                                runtime=V1_PROFILE)
+    assert np.isclose(float(chk.throughput_per_gpu),
+                      float(np.asarray(r_pre.throughput_per_gpu)[i0]), rtol=1e-4), "closed form"
+
+    print(f"TensorRT-LLM v1.0, DGX H100 FP8 offline throughput ({len(rows)} rows):")
+    print(f"  step_overhead_s fitted on the dense rows {s_dense * 1e6:.0f} us, on all rows "
+          f"{s_all * 1e6:.0f} us; preset {preset * 1e6:.0f} us; leave-one-model-out fits: "
+          + ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in fits.items()))
+    table = rows[["model", "tp", "pp", "isl", "osl",
+                  "output_tokens_per_s_per_gpu_derived"]].copy()
+    table["pred_per_gpu"] = np.asarray(r_pre.throughput_per_gpu)
+    table["err_pct"] = e_pre
+    table["err_cv_pct"] = e_cv
+    table["err_no_step_pct"] = e0
+    table["batch"] = np.asarray(r_pre.batch)
+    table["kv_capacity_seqs"] = np.asarray(r_pre.kv_capacity_seqs)
+    table["iteration_ms"] = 1e3 * np.asarray(r_pre.iteration_s)
+    table["feasible"] = np.asarray(r_pre.feasible)
+    pd.set_option("display.width", 200)
+    print(table.round(1).to_string())
+    print("  MAPE per model (preset / leave-one-model-out / without step time):")
+    for name, g in table.groupby("model", sort=False):
+        print(f"    {name:<18} {mape(g['err_pct']):5.1f} % / {mape(g['err_cv_pct']):5.1f} % / "
+              f"{mape(g['err_no_step_pct']):5.1f} %")
+    print(f"  all rows {mape(e_pre):.1f} % (leave-one-model-out {mape(e_cv):.1f} %); dense rows "
+          f"{mape(e_pre[dense]):.1f} % (leave-one-model-out {mape(e_cv[dense]):.1f} %); "
+          f"infeasible rows: {int((~table['feasible']).sum())}")
+    path = os.path.join(OUT, "validate_serving_v1.csv")
+    table.to_csv(path, index=False)
+    print(f"wrote {path}")
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for name, g in table.groupby("model", sort=False):
+        ax.scatter(g["output_tokens_per_s_per_gpu_derived"], g["pred_per_gpu"], label=name)
+    lo = float(table["output_tokens_per_s_per_gpu_derived"].min()) * 0.5
+    hi = float(table["output_tokens_per_s_per_gpu_derived"].max()) * 2.0
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured output tokens/s per GPU")
+    ax.set_ylabel("model output tokens/s per GPU")
+    ax.set_title("TensorRT-LLM v1.0, DGX H100 FP8, offline")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    png = os.path.join(OUT, "validate_serving_v1.png")
+    fig.savefig(png, dpi=120)
+    print(f"wrote {png}")
+
+
 if __name__ == "__main__":
-    main()
+    if "--v1" not in sys.argv:
+        main()
+    if "--no-v1" not in sys.argv:
+        main_v1()

@@ -10,6 +10,8 @@ Subcommands (``jaxmodel <cmd> --help`` for each)::
         --seq-len 2048 [--top 10]
     jaxmodel codesign spec.toml
     jaxmodel cost --device a100_80gb | --system dgx_a100
+    jaxmodel serve {offline,slo} --system dgx_h100 --model llama3-70b --tp 2 --isl 1000 \\
+        --osl 1000 --precision fp8 [--runtime trtllm_v1] [--ttft-p99 1 --tpot-p99 0.05]
     jaxmodel serve-search --system dgx_h100 --model llama3-8b --isl 1024 --osl 256 \\
         --ttft-slo 1.0 --tpot-slo 0.05
 
@@ -637,6 +639,8 @@ def _serve_search_parser(add) -> None:
                    help="comma-separated precision presets to search (default bf16,fp8)")
     p.add_argument("--runtime", default="pytorch,trtllm,vllm",
                    help="comma-separated runtime presets to search (default all three)")
+    p.add_argument("--p99", action="store_true",
+                   help="the limits bound the 99th percentiles instead of the means")
     p.add_argument("--no-disagg", action="store_true", dest="no_disagg",
                    help="aggregated serving only")
     p.add_argument("--all", action="store_true", dest="all_rows",
@@ -666,7 +670,7 @@ def cmd_serve_search(a) -> Any:
                            precision=[x for x in a.precision.split(",") if x],
                            runtime=[x for x in a.runtime.split(",") if x],
                            disaggregated=not a.no_disagg, full=a.all_rows or bool(a.plot),
-                           progress=not a.quiet)
+                           progress=not a.quiet, tail=a.p99)
     if a.plot:
         from jaxmodel.plots import serving_plot
         serving_plot(df, path=a.plot, title=f"{model.name} on {df.attrs['n_devices']} × "
@@ -681,6 +685,67 @@ def cmd_serve_search(a) -> Any:
               f"{df.attrs['wall_s']:.1f} s; {df.attrs['n_meeting_slo']:,} meet the limits",
               file=sys.stderr)
     return df
+
+
+# --------------------------------------------------------------------------------------------
+# serve: offline or SLO-bounded throughput of one deployment
+# --------------------------------------------------------------------------------------------
+def _serve_parser(add) -> None:
+    p = add("serve", "throughput of one serving deployment: offline (every request queued, "
+            "trtllm-bench / MLPerf Offline) or the highest Poisson rate meeting p99 TTFT/TPOT "
+            "limits")
+    p.add_argument("mode", choices=["offline", "slo"])
+    _hardware_args(p)
+    g = p.add_argument_group("parallelism (default: tp = GPUs per node when it divides the "
+                             "heads, pp = 1, dp = the devices left)")
+    for f in ("dp", "tp", "pp"):
+        g.add_argument(f"--{f}", type=float, dest=f, default=None)
+    p.add_argument("--isl", type=float, default=1024, help="prompt tokens per request")
+    p.add_argument("--osl", type=float, default=256, help="output tokens per request")
+    p.add_argument("--precision", help="precision preset (default bf16)")
+    p.add_argument("--runtime", default="trtllm_v1",
+                   help="runtime preset: trtllm_v1 (default), vllm_v1, sglang, trtllm, vllm "
+                        "(its scheduler defaults fill the settings not given)")
+    p.add_argument("--max-batch", type=float, dest="max_batch",
+                   help="sequences per replica (max_batch_size / max_num_seqs)")
+    p.add_argument("--max-tokens", type=float, dest="max_tokens",
+                   help="offline: tokens per iteration (max_num_tokens)")
+    p.add_argument("--chunk", type=float, help="slo: chunked-prefill tokens (0 = off)")
+    p.add_argument("--ttft-p99", type=float, dest="ttft_p99", help="slo: p99 TTFT limit, s")
+    p.add_argument("--tpot-p99", type=float, dest="tpot_p99", help="slo: p99 TPOT limit, s")
+    p.set_defaults(func=cmd_serve, table=False)
+
+
+def cmd_serve(a) -> Any:
+    import jaxmodel as jm
+    for name in ("isl", "osl"):
+        v = getattr(a, name)
+        if not (v >= 1 and v == int(v)):
+            raise ValueError(f"--{name} must be an integer >= 1, got {v:g}")
+    spec = {"model": a.model, "parallelism": {f: getattr(a, f) for f in ("dp", "tp", "pp")
+                                              if getattr(a, f) is not None}}
+    for k in ("system", "nodes", "device"):
+        if getattr(a, k, None) is not None:
+            spec[k] = getattr(a, k)
+    kw = dict(precision=a.precision, runtime=a.runtime, max_batch=a.max_batch)
+    if a.mode == "offline":
+        if a.ttft_p99 is not None or a.tpot_p99 is not None or a.chunk is not None:
+            raise ValueError("--ttft-p99/--tpot-p99/--chunk apply to 'serve slo'")
+        fn = jm.offline_throughput
+        kw["max_tokens"] = a.max_tokens
+    else:
+        if a.ttft_p99 is None or a.tpot_p99 is None:
+            raise ValueError("'serve slo' needs --ttft-p99 and --tpot-p99 (seconds)")
+        if a.max_tokens is not None:
+            raise ValueError("--max-tokens applies to 'serve offline'")
+        fn = jm.slo_throughput
+        kw.update(ttft_p99_s=a.ttft_p99, tpot_p99_s=a.tpot_p99, chunk=a.chunk)
+    spec["args"] = {"isl": a.isl, "osl": a.osl}
+    args, _ = build_call(fn, spec)
+    res = to_jsonable(fn(*args, **kw))
+    return {"mode": a.mode, "system": args[0].name, "model": args[1].name,
+            "parallelism": to_jsonable(args[2]), "isl": a.isl, "osl": a.osl,
+            "runtime": a.runtime, **res}
 
 
 def cmd_codesign(a) -> Any:
@@ -723,6 +788,8 @@ EXAMPLES = {
               "--seq-len 1024 --top 5 --quiet",
     "codesign": "jaxmodel codesign examples/codesign.toml --steps 10",
     "cost": "jaxmodel cost --device a100_80gb --system dgx_a100",
+    "serve": "jaxmodel serve offline --system dgx_h100 --model llama3-70b --tp 2 --isl 1000 "
+             "--osl 1000 --precision fp8 --runtime trtllm_v1",
     "serve-search": "jaxmodel serve-search --system dgx_h100 --model llama3-8b --isl 1024 "
                     "--osl 256 --ttft-slo 1.0 --tpot-slo 0.05 --runtime trtllm,vllm --quiet",
 }
@@ -806,6 +873,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int)
     p.set_defaults(func=cmd_cost, table=False)
 
+    _serve_parser(add)
     _serve_search_parser(add)
     return top
 

@@ -59,6 +59,15 @@ def test_presets_and_names():
     assert float(jm.runtime_of("vllm").context_layer_overhead_s) == 0.0
     leaves = jax.tree_util.tree_leaves(trt)
     assert len(leaves) == 9        # name is static metadata
+    # today's runtimes: TensorRT-LLM v1.0 (PyTorch backend), vLLM V1, SGLang
+    v1 = jm.runtime_of("trtllm_v1")
+    assert v1.name == "trtllm_v1" and float(v1.kernel_floor) == 1.0
+    assert float(v1.fuse_act) == 0.0 and float(v1.attention) == 1.0
+    assert float(v1.step_overhead_s) == rtp.calibration()["tensorrt_llm_v1"]["step_overhead_s"]
+    for name in ("vllm_v1", "sglang"):
+        rt = rtp.validate_runtime(jm.runtime_of(name))
+        assert float(rt.step_overhead_s) == float(v1.step_overhead_s)   # transferred
+    assert jm.runtime_of("vLLM-V1").name == "vllm_v1"
 
 
 def test_calibration_file_needs_a_source_and_a_finite_value(tmp_path, monkeypatch):

@@ -292,3 +292,109 @@ def test_serving_plot_draws_one_front_per_mode(tmp_path):
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["aggregated: 2 meet the limits, front of 2",
                       "disaggregated: 2 meet the limits, front of 2"]
+
+
+# ---- offline (all requests queued) and SLO-bounded throughput ------------------------------
+def test_offline_hand_derived():
+    c = table()                      # T(m) = 0.01 + 1e-4·m; δ = 0.05/1000 − 5e-5 = 0
+    # KV capacity 498 (test_kv_capacity_hand_derived, the whole prompt's working set);
+    # batch cap 200 < 498: m = 200·1100/100 = 2200 tokens, T = 0.23 s, requests/s
+    # 2200/(1100·0.23), output tokens/s per GPU ·100/4
+    r = srv.offline_from_costs(c, ISL, OSL, max_batch=200.0, max_tokens=1e6, n_gpus=4.0)
+    assert bool(r.feasible)
+    assert float(r.tokens_per_iteration) == pytest.approx(2200.0)
+    assert float(r.iteration_s) == pytest.approx(0.23)
+    assert float(r.requests_per_s) == pytest.approx(2200.0 / (1100.0 * 0.23))
+    assert float(r.throughput_per_gpu) == pytest.approx(2200.0 / (1100.0 * 0.23) * 100.0 / 4.0)
+    assert float(r.batch) == pytest.approx(200.0)
+    # the token budget binds: 1100 tokens per iteration, a decode batch of 100
+    r = srv.offline_from_costs(c, ISL, OSL, max_batch=200.0, max_tokens=1100.0)
+    assert float(r.batch) == pytest.approx(100.0)
+    assert float(r.iteration_s) == pytest.approx(0.01 + 0.11)
+    # KV bound: 498 requests (max_tokens above the prompt: its whole working set)
+    r = srv.offline_from_costs(c, ISL, OSL, max_batch=4096.0, max_tokens=1e6)
+    assert float(r.batch) == pytest.approx(498.0)
+    # TensorRT-LLM's pool: 0.9 of (80e9 − 16e9 − 1e9) = 56.7e9 B, blocks of 32 tokens
+    # (3.2e6 B): 17718 blocks; a request 35 blocks → 506 requests
+    r = srv.offline_from_costs(c, ISL, OSL, max_batch=4096.0, max_tokens=1e6,
+                               block_tokens=32.0, kv_of_free=1.0)
+    assert float(r.kv_capacity_seqs) == 506.0
+
+
+def test_offline_infeasible_finite_gradients_and_vmap():
+    def tput(w):
+        return srv.offline_from_costs(table(weights=w), ISL, OSL, max_batch=256.0,
+                                      max_tokens=8192.0).throughput_per_gpu
+    r = srv.offline_from_costs(table(weights=90e9), ISL, OSL, max_batch=256.0,
+                               max_tokens=8192.0)
+    assert not bool(r.feasible) and reason_name(r.reason) == "out_of_memory"
+    assert float(r.throughput_per_gpu) == 0.0 and math.isinf(float(r.iteration_s))
+    g = jax.grad(tput)(90e9)
+    assert np.isfinite(float(g))
+    # gradient in the step time (a slower iteration: fewer tokens/s), against a difference
+    f = lambda a: srv.offline_from_costs(table(a=a), ISL, OSL, max_batch=200.0,  # noqa: E731
+                                         max_tokens=1e6).throughput_per_gpu
+    g = float(jax.grad(f)(0.01))
+    fd = (float(f(0.0101)) - float(f(0.0099))) / 2e-4
+    assert g < 0 and g == pytest.approx(fd, rel=1e-3)
+    mbs = jnp.asarray([50.0, 200.0, 400.0])
+    v = jax.vmap(lambda m: srv.offline_from_costs(table(), ISL, OSL, max_batch=m,
+                                                  max_tokens=1e6).throughput_per_gpu)(mbs)
+    loop = [float(srv.offline_from_costs(table(), ISL, OSL, max_batch=m,
+                                         max_tokens=1e6).throughput_per_gpu) for m in mbs]
+    assert np.allclose(np.asarray(v), loop, rtol=1e-6)
+
+
+def test_wait_quantile_is_mm1_exact():
+    # M/M/1, λ = 8, μ = 10: W̄ = ρ/(μ − λ) = 0.4 s, P(W > t) = ρ·exp(−(μ − λ)t)
+    q = float(srv.wait_quantile(0.4, 0.8))
+    assert q == pytest.approx(math.log(0.8 / 0.01) / 2.0)
+    assert 0.8 * math.exp(-2.0 * q) == pytest.approx(0.01)
+    assert float(srv.wait_quantile(0.001, 0.005)) == 0.0       # 99 % find the server idle
+    assert math.isinf(float(srv.wait_quantile(float("inf"), 1.2)))
+    assert np.isfinite(float(jax.grad(lambda w: srv.wait_quantile(w, 1.2))(float("inf"))))
+
+
+@pytest.mark.parametrize("chunk", [0.0, 250.0])
+def test_slo_throughput_is_the_highest_rate_meeting_the_tails(chunk):
+    c = table()
+    kw = dict(max_batch=256.0, chunk=chunk, dp=2.0, n_gpus=4.0)
+    r = srv.slo_throughput_from_costs(c, ISL, OSL, ttft_p99_s=0.5, tpot_p99_s=0.03, **kw)
+    assert bool(r.feasible) and bool(r.meets_slo)
+    assert float(r.ttft_p99_s) <= 0.5 and float(r.tpot_p99_s) <= 0.03
+    assert float(r.ttft_p99_s) >= float(r.ttft_s) and float(r.tpot_p99_s) >= float(r.tpot_s)
+    rate = float(r.throughput_per_gpu) * 4.0 / OSL
+    above = srv.continuous_batching_from_costs(c, ISL, OSL, rate * 1.01, **kw)
+    assert (not bool(above.feasible) or float(above.ttft_p99_s) > 0.5
+            or float(above.tpot_p99_s) > 0.03)
+    none = srv.slo_throughput_from_costs(c, ISL, OSL, ttft_p99_s=1e-3, tpot_p99_s=0.03, **kw)
+    assert not bool(none.feasible) and reason_name(none.reason) == "slo_unmet"
+    assert float(none.throughput_per_gpu) == 0.0
+
+
+def test_scheduler_defaults_of_the_runtimes():
+    from jaxmodel.runtime_profile import scheduler_defaults
+    assert scheduler_defaults("trtllm_v1")["max_tokens"] == 32768.0
+    assert scheduler_defaults("trtllm_v1")["kv_of_free"] == 1.0
+    assert scheduler_defaults("vllm_v1")["max_batch"] == 1024.0
+    assert scheduler_defaults("pytorch") == scheduler_defaults("default")
+    with pytest.raises(ValueError, match="max_batch"):
+        srv._scheduler_args("trtllm_v1", max_batch=0.0)
+    with pytest.raises(ValueError, match="ttft_p99_s"):
+        jm.slo_throughput(None, None, None, 1, 1, ttft_p99_s=0.0, tpot_p99_s=1.0)
+
+
+@pytest.mark.slow
+def test_offline_and_slo_public_functions(small):
+    system, model, par = small
+    r = jm.offline_throughput(system, model, par, jnp.asarray([512.0, 128.0]), 128.0,
+                              runtime="trtllm_v1")
+    assert r.throughput_per_gpu.shape == (2,) and bool(np.all(r.feasible))
+    c = jm.serving_costs(system, model, par, 512, 128, runtime="trtllm_v1")
+    direct = srv.offline_from_costs(c, 512.0, 128.0, max_batch=4096.0, max_tokens=32768.0,
+                                    dp=2.0, n_gpus=4.0, block_tokens=32.0, kv_of_free=1.0)
+    assert float(r.throughput_per_gpu[0]) == pytest.approx(float(direct.throughput_per_gpu),
+                                                           rel=1e-5)
+    s = jm.slo_throughput(system, model, par, 512, 128, ttft_p99_s=0.5, tpot_p99_s=0.05,
+                          runtime="vllm_v1")
+    assert bool(s.feasible) and float(s.tpot_p99_s) <= 0.05

@@ -154,7 +154,7 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
                    chunk: Sequence[int] = CHUNKS, precision: Sequence = PRECISIONS,
                    runtime: Sequence = RUNTIMES, loads: Sequence[float] = LOADS,
                    disaggregated: bool = True, full: bool = False,
-                   progress: bool = True) -> pd.DataFrame:
+                   progress: bool = True, tail: bool = False) -> pd.DataFrame:
     """Best serving deployments of ``model`` on ``n_devices`` under TTFT/TPOT limits.
 
     Args:
@@ -176,6 +176,8 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         full: return every evaluated configuration (with a ``pareto`` column) instead of the
             front.
         progress: print the stages to stderr.
+        tail: the limits bound the 99th percentiles (``ttft_p99_s``, ``tpot_p99_s`` of
+            :class:`jaxmodel.serving.ServingResult`) instead of the means.
 
     Returns:
         DataFrame of the Pareto front (sorted by tokens/s per user): ``mode``
@@ -183,7 +185,10 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         ``dp`` (the decode pool's when disaggregated), ``prefill_tp``, ``prefill_pp``,
         ``prefill_dp`` (0 when aggregated), ``max_batch``, ``chunk``, ``load``, ``rate_rps``
         and every field of :class:`jaxmodel.serving.ServingResult` (``reason_name`` beside
-        ``reason``). ``df.attrs``: ``n_evaluated``, ``n_feasible``, ``n_meeting_slo``,
+        ``reason``), and ``offline_throughput_per_gpu``: the configuration's output tokens/s
+        per device with every request queued (:func:`jaxmodel.serving.offline_from_costs`
+        under its runtime's scheduler defaults; 0 for disaggregated rows). ``df.attrs``:
+        ``n_evaluated``, ``n_feasible``, ``n_meeting_slo``,
         ``wall_s``, ``configs_per_s``, ``timings``, ``best_aggregated`` and
         ``best_disaggregated`` (highest throughput per device meeting the limits, as dicts).
 
@@ -292,6 +297,20 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         st["note"] = f"{len(keys)} tables × {len(_srv.TOKEN_GRID)} batch sizes"
     timings = {"cost_tables_s": st["wall_s"]}
 
+    # offline throughput of every table (elementwise on the tables: tens of rows)
+    sch = [_rtp.scheduler_defaults(r.name) for r in rts]
+    sk = {name: jnp.asarray([sch[int(j)][name] for j in kt[:, 3]], f)
+          for name in ("max_batch", "max_tokens", "block_tokens", "mem_fraction",
+                       "kv_of_free")}
+    def offline_one(c, t, p, d, mb_, mt, bt, mf, kf):
+        return _srv.offline_from_costs(
+            c, isl_f, osl_f, max_batch=mb_, max_tokens=mt, dp=d, pp=p, n_gpus=d * t * p,
+            block_tokens=bt, mem_fraction=mf, kv_of_free=kf).throughput_per_gpu
+
+    offline = np.asarray(jax.vmap(offline_one)(
+        table, par.tp, par.pp, par.dp, sk["max_batch"], sk["max_tokens"], sk["block_tokens"],
+        sk["mem_fraction"], sk["kv_of_free"]))
+
     # ---- stage 2: the steady state of every configuration -------------------------------
     with _runtime.stage("search_serving: steady state", show_after=shown) as st:
         prefetch.join()
@@ -318,6 +337,8 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
                 "load": rows["load"], "rate_rps": rows["load"] * r.capacity_rps}
         cols.update({name: np.asarray(getattr(r, name)) for name in
                      _srv.ServingResult.__dataclass_fields__})
+        cols["offline_throughput_per_gpu"] = (offline[k] if mode == "aggregated"
+                                              else np.zeros(len(k)))
         return pd.DataFrame(cols)
 
     frames = [frame(rows_a, res[0], "aggregated")]
@@ -326,6 +347,11 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
     df = pd.concat(frames, ignore_index=True)
     df["reason_name"] = np.asarray(REASONS + ("?",))[np.clip(
         df["reason"].to_numpy().astype(int), 0, len(REASONS))]
+    if tail:
+        meets = (df["feasible"].to_numpy() & (df["ttft_p99_s"].to_numpy() <= ttft_slo_s)
+                 & (df["tpot_p99_s"].to_numpy() <= tpot_slo_s))
+        df["meets_slo"] = meets
+        df["goodput_per_gpu"] = np.where(meets, df["throughput_per_gpu"].to_numpy(), 0.0)
     ok = df["meets_slo"].to_numpy()
     user = np.where(ok, df["tokens_per_s_per_user"].to_numpy(), np.nan)
     df["pareto"] = pareto_mask(-user, df["throughput_per_gpu"].to_numpy())
