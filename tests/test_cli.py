@@ -8,7 +8,7 @@ import pytest
 
 from jaxmodel import cli
 
-SUBCOMMANDS = ("list", "predict", "sweep", "search", "serve-search", "codesign", "cost")
+SUBCOMMANDS = ("list", "predict", "sweep", "search", "serve", "serve-search", "codesign", "cost")
 
 
 def run(*argv):

@@ -398,3 +398,14 @@ def test_offline_and_slo_public_functions(small):
     s = jm.slo_throughput(system, model, par, 512, 128, ttft_p99_s=0.5, tpot_p99_s=0.05,
                           runtime="vllm_v1")
     assert bool(s.feasible) and float(s.tpot_p99_s) <= 0.05
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["slo"], "--ttft-p99"), (["offline", "--ttft-p99", "1"], "slo"),
+    (["offline", "--isl", "0"], "--isl"), (["slo", "--max-tokens", "8", "--ttft-p99", "1",
+                                             "--tpot-p99", "1"], "offline")])
+def test_serve_cli_errors(argv, msg, capsys):
+    from jaxmodel import cli
+    assert cli.main(["serve"] + argv + ["--system", "hgx_a100_4gpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxmodel: error:") and msg in err and "Traceback" not in err
