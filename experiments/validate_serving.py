@@ -45,11 +45,12 @@ offline throughput on DGX H100 in FP8 (PyTorch backend), six models at their pub
 ISL/OSL pairs each, predicted by :func:`jaxmodel.offline_throughput` with the ``"trtllm_v1"``
 preset (its trtllm-bench scheduler settings; the MoE rows' experts split over the TP ranks as
 the model offers, no expert parallelism). Llama-3.3-70B runs as ``llama3-70b`` (same
-architecture). One constant is calibrated, ``Runtime.step_overhead_s`` of ``"trtllm_v1"``
+architecture). One constant is fitted, ``Runtime.step_overhead_s`` of ``"trtllm_v1"``
 (host time per iteration the overlap scheduler does not hide) on a 0-5000 µs grid (10 µs
 steps) minimising the MAPE of output tokens/s per GPU, in closed form on the cost tables
 (a shift of every iteration time); in sample on the dense models' rows and
-leave-one-model-out. Outputs ``experiments/out/validate_serving_v1.csv`` and ``.png``
+leave-one-model-out (the preset keeps the value ``hw_db/tech/runtime.toml`` records, with
+why). Outputs ``experiments/out/validate_serving_v1.csv`` and ``.png``
 (predicted vs measured per model).
 
 Run: ``python experiments/validate_serving.py`` (a few minutes on CPU; ``--v1`` runs the

@@ -185,8 +185,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # residual add + RMSNorm fused (FlashInfer ``fused_add_rmsnorm``), SwiGLU a separate
     # fused silu·mul(+quantise) kernel, RoPE inside the attention op (``TrtllmAttention``),
     # FMHA context and XQA generation kernels, sustained clock. step_overhead_s:
-    # [tensorrt_llm_v1] of hw_db/tech/runtime.toml, calibrated on the DGX H100 rows of
-    # shared/anchors/inference/trtllm_v1_perf_overview_h100.csv (offline throughput).
+    # [tensorrt_llm_v1] of hw_db/tech/runtime.toml, fitted on the DGX H100 rows of
+    # shared/anchors/inference/trtllm_v1_perf_overview_h100.csv (offline throughput; the
+    # fit does not survive leave-one-model-out, so 0 is kept: see its source).
     "trtllm_v1": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=0.0,
                       fuse_rope=1.0, attention=1.0, sustained_clock=1.0,
                       step_overhead_s=_CAL.get("tensorrt_llm_v1", {}).get(
