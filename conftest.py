@@ -22,6 +22,8 @@ SLOW_DOCTESTS = (
     "jaxmodel.serving.serving_costs",
     "jaxmodel.serving.continuous_batching",
     "jaxmodel.serving.disaggregated",
+    "jaxmodel.serving.offline_throughput",
+    "jaxmodel.serving.slo_throughput",
     "jaxmodel.search.serving.search_serving",
 )
 
