@@ -230,14 +230,24 @@ def layers_ok(xp, p):
     """The pipeline's layer rule: every stage holds at least one layer (``pp ≤ n_layers``);
     stages may hold unequal counts (:func:`jaxmodel.parallel.pipeline.stage_layers`: the
     lighter ones at the ends, as Megatron-LM's ``--decoder-first-pipeline-num-layers`` /
-    ``--decoder-last-pipeline-num-layers``). The interleaved schedule keeps ``pp·v | L``:
-    its ``v`` model chunks per device are equal and assigned round-robin (Narayanan et al.,
-    SC'21, §2.2.2; Megatron-LM asserts that the layers per pipeline stage divide by
-    ``--num-layers-per-virtual-pipeline-stage``), and its bubble ``(p−1)/(m·v)`` and
-    activation count (Korthikanti et al. 2023 §4.2.3) assume equal chunks."""
+    ``--decoder-last-pipeline-num-layers``). The interleaved schedule's ``v`` model chunks
+    per device are assigned round-robin (Narayanan et al., SC'21, §2.2.2) and need
+    ``pp·v | L + s`` with ``s ∈ {0, 1, 2}`` pipeline slots taken by the embedding and the
+    loss: Megatron-core's ``TransformerConfig.account_for_embedding_in_pipeline_split`` and
+    ``account_for_loss_in_pipeline_split`` count each as one layer of the split
+    (``megatron/core/transformer/transformer_layer.py``, ``get_transformer_layer_offset``:
+    ``num_layers += 1`` per flag, then ``num_layers // pp // vp`` layers per virtual stage),
+    so the first chunk of the first stage holds one decoder layer less beside the embedding
+    and the last chunk of the last stage one less beside the loss. Llama-3.1-405B's 126
+    layers on PP 8 × VP 8 are such a layout (126 + 2 = 8·8·2): stages of 15 | 16 × 6 | 15
+    layers, the same counts :func:`~jaxmodel.parallel.pipeline.stage_layers` gives. The
+    bubble ``(p−1)/(m·v)`` and the activation count (Korthikanti et al. 2023 §4.2.3) are
+    those of equal chunks."""
     pp = xp.maximum(p.pp, 1.0)
     v = xp.maximum(p.interleave_eff, 1.0)
-    return (pp <= p.n_layers + 1e-6) & ((v < 1.5) | divides(xp, pp * v, p.n_layers))
+    slots_ok = (divides(xp, pp * v, p.n_layers) | divides(xp, pp * v, p.n_layers + 1.0)
+                | divides(xp, pp * v, p.n_layers + 2.0))
+    return (pp <= p.n_layers + 1e-6) & ((v < 1.5) | slots_ok)
 
 
 def _bad(names, v):
@@ -289,8 +299,9 @@ RULES: tuple[Rule, ...] = (
                     f"{_g(v['n_kv_heads'])} must divide or be divisible by tp)")),
     Rule("layers_not_divisible", (TRAIN, INFER), layers_ok,
          lambda v: (f"n_layers={_g(v['n_layers'])} must be at least pp={_g(v['pp'])} (stages "
-                    f"may hold unequal layers) and, with interleave={_g(v['v'])} > 1, "
-                    f"divisible by pp·interleave = {_g(v['pp'] * v['v'])}")),
+                    f"may hold unequal layers) and, with interleave={_g(v['v'])} > 1, n_layers "
+                    f"+ 0, 1 or 2 (the embedding and loss as pipeline slots) divisible by "
+                    f"pp·interleave = {_g(v['pp'] * v['v'])}")),
     Rule("batch_not_divisible", (TRAIN, INFER),
          lambda xp, p: (p.m >= 1) & is_integer(xp, p.m),
          lambda v: (f"{v['batch_name']}={_g(v['batch'])} is not a multiple of "

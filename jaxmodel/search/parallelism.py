@@ -95,14 +95,16 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
     The candidate product — ``tp``, ``cp`` (of ``cp``) and ``pp`` over the divisors of
     ``n_devices`` with ``dp = n/(tp·cp·pp)``, every divisor of the experts as ``ep``, every
     divisor of the global batch as ``micro_batch``, the schedules with their virtual stages
-    (GPipe and 1F1B one chunk per device; interleaved ``v >= 2`` dividing the layers),
+    (GPipe and 1F1B one chunk per device; interleaved ``v >= 2`` dividing the layers
+    ``L``, ``L + 1`` or ``L + 2``),
     sequence parallelism —
     is filtered with the training rules of :mod:`jaxmodel.parallel.plan` (the same rules
     :func:`jaxmodel.train_step` checks, evaluated on numpy columns), and crossed with
     recompute, ZeRO and FlashAttention. Among them: ``dp·tp·pp·cp = n``; ``cp > 1`` splits
     the sequence into ``2·cp`` chunks (needs ``seq_len``); ``tp`` divides the
     heads (KV heads divide or are replicated); ``pp ≤`` the layers (uneven stages:
-    :func:`jaxmodel.parallel.pipeline.stage_layers`), ``pp·v`` dividing them when interleaved;
+    :func:`jaxmodel.parallel.pipeline.stage_layers`), ``pp·v`` dividing them, or them plus
+    the embedding's and the loss's pipeline slots, when interleaved;
     ``dp·micro_batch`` divides the global batch, a multiple of ``pp`` micro-batches for the
     interleaved schedule; ``ep`` divides the experts and ``dp`` (DeepSpeed-TED); with
     ``seq_len``, ``tp`` divides each CP rank's ``s/cp`` tokens under SP.
@@ -152,7 +154,11 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
     sched_v = []
     for s in sched_codes:
         if s == 2:
-            sched_v += [(2, v) for v in _divisors(L) if v >= 2 and
+            # chunk counts dividing L, L + 1 or L + 2 (the embedding and the loss as
+            # pipeline slots, :func:`jaxmodel.parallel.plan.layers_ok`); the rules keep the
+            # ones whose pp·v divides
+            vs = sorted(set(_divisors(L)) | set(_divisors(L + 1)) | set(_divisors(L + 2)))
+            sched_v += [(2, v) for v in vs if v >= 2 and
                         (max_interleave is None or v <= max_interleave)]
         else:
             sched_v.append((s, 1))

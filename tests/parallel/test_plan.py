@@ -262,9 +262,10 @@ def test_uneven_stages_pass_without_interleaving(n_layers, pp):
         assert _failing("infer", _inputs(xp, **over), xp) == []
     assert bool(plan.numpy_mask("train", _inputs(np, **over)))
     plan.raise_if_invalid("t", "train", _inputs(np, **over))       # no ValueError
-    # the interleaved schedule keeps pp·v | L
+    # the interleaved schedule keeps pp·v | L + s, s = 0, 1, 2 (embedding / loss slots)
     inter = dict(over, schedule=2.0, interleave=2.0)
-    want = [] if n_layers % (2 * pp) == 0 else ["layers_not_divisible"]
+    fits = any((n_layers + s) % (2 * pp) == 0 for s in (0, 1, 2))
+    want = [] if fits else ["layers_not_divisible"]
     assert _failing("train", _inputs(np, **inter), np) == want
 
 
@@ -277,7 +278,8 @@ def test_layer_rule_message_names_the_fields():
 
 def test_search_enumerates_uneven_stages():
     """126 layers on 1024 devices: pp 8 and 16 (neither divides 126) are enumerated; 128
-    stages (> 126 layers) are not; interleaving only where pp·v divides the layers."""
+    stages (> 126 layers) are not; interleaving only where pp·v divides the layers plus
+    0, 1 or 2 pipeline slots (the embedding and the loss): PP 8 × VP 8 is among them."""
     from jaxmodel.search.parallelism import enumerate_plans
     m = dataclasses.replace(DENSE, n_layers=126.0, n_heads=128.0, n_kv_heads=8.0)
     cols = enumerate_plans(m, 1024, 1024, max_tp=8, recompute=("full",), zero=(1,),
@@ -285,7 +287,29 @@ def test_search_enumerates_uneven_stages():
     pps = set(cols["pp"].tolist())
     assert {8.0, 16.0} <= pps and 128.0 not in pps
     inter = cols["schedule"] == 2
-    assert np.all(126 % (cols["pp"][inter] * cols["interleave"][inter]) == 0)
+    pv = cols["pp"][inter] * cols["interleave"][inter]
+    assert np.all((126 % pv == 0) | (127 % pv == 0) | (128 % pv == 0))
+    assert np.any((cols["pp"] == 8) & (cols["interleave"] == 8) & inter)
+
+
+def test_embedding_and_loss_as_pipeline_slots():
+    """Megatron-core's account_for_embedding/loss_in_pipeline_split: 126 layers on PP 8 × VP 8
+    (126 + 2 = 128 slots, 2 per virtual stage) are admitted, with stages of 15 | 16 × 6 | 15
+    layers (the first and last give one slot each to the embedding and the loss); 125 layers
+    (needs three slots) are not."""
+    from jaxmodel.parallel import pipeline
+    over = dict(n_layers=126.0, pp=8.0, interleave=8.0, schedule=2.0, dp=1.0, tp=2.0,
+                n_devices=16.0, batch=16.0, micro_batch=1.0, ep=1.0, n_experts=1.0)
+    for xp in (np, jnp):
+        assert _failing("train", _inputs(xp, **over), xp) == []
+    assert _failing("train", _inputs(np, **dict(over, n_layers=125.0)), np) == [
+        "layers_not_divisible"]
+    first, most, last = (float(x) for x in pipeline.stage_layers(126.0, 8.0))
+    assert (first, most, last) == (15.0, 16.0, 15.0)
+    # 127 layers: the loss's slot alone (127 + 1 = 128); the last stage gives it one layer
+    first, most, last = (float(x) for x in pipeline.stage_layers(127.0, 8.0))
+    assert (first, most, last) == (16.0, 16.0, 15.0)
+    assert _failing("train", _inputs(np, **dict(over, n_layers=127.0)), np) == []
 
 
 def test_buffer_check_at_the_widest_gemm_word():
@@ -346,3 +370,16 @@ def test_wide_word_rule_spares_steps_whose_gemms_clip_their_tiles():
         r = jm.inference(system, model, par, 8.0, np.asarray([1.0, 4096.0]), 4.0, precision=p)
         assert [jm.reason_name(int(w)) for w in np.asarray(r.reason)] == want, p
         assert np.isfinite(np.asarray(r.ttft_s)[0]), p
+
+
+@pytest.mark.slow     # compiles a whole training step
+def test_llama31_405b_pp8_vp8_evaluates():
+    """Llama-3.1-405B (126 layers) on 1,024 H100 as NeMo runs it (TP 8, PP 8 × VP 8, CP 2,
+    FP8): the embedding and loss slots make the layout valid and the step feasible."""
+    par = jm.Parallelism(dp=8, tp=8, pp=8, cp=2, sp=True, micro_batch=1, interleave=8,
+                         schedule="interleaved", recompute="selective", zero=1,
+                         flash_attention="fa2")
+    r = jm.train_step(hw_db.system("dgx_h100", nodes=128), hw_db.model("llama3.1-405b"), par,
+                      512, 8192, precision="fp8", dropout=0.0, grad_bytes=2.0, tp_overlap=1.0)
+    assert bool(r.feasible), jm.reason_name(r.reason)
+    assert np.isfinite(float(r.step_time_s)) and 0.0 < float(r.mfu) < 1.0
