@@ -82,3 +82,22 @@ def test_rows_match_the_single_configuration_models(result):
     assert float(r.tpot_s) == pytest.approx(d.tpot_s, rel=1e-5)
     assert float(r.ttft_s) == pytest.approx(d.ttft_s, rel=1e-5)
     assert np.isfinite(df.attrs["configs_per_s"])
+
+
+@pytest.mark.slow
+def test_offline_column_and_tail_limits(result):
+    system, model, df = result
+    # the offline throughput of each aggregated row is that of its (tp, pp) deployment with
+    # every request queued under the runtime's scheduler defaults
+    a = df[(df["mode"] == "aggregated") & df["feasible"]].iloc[0]
+    r = jm.offline_throughput(system, model, jm.Parallelism(dp=a.dp, tp=a.tp, pp=a.pp), 512,
+                              128, precision="bf16", runtime="trtllm")
+    assert a.offline_throughput_per_gpu == pytest.approx(float(r.throughput_per_gpu), rel=1e-5)
+    assert (df.loc[df["mode"] == "disaggregated", "offline_throughput_per_gpu"] == 0).all()
+    assert (df["ttft_p99_s"] >= df["ttft_s"] * (1 - 1e-6)).all()
+    # tail=True: the limits bind the 99th percentiles, a subset of the mean-limited rows
+    tail = jm.search_serving(system, model, 4, 512, 128, ttft_slo_s=TTFT, tpot_slo_s=TPOT,
+                             full=True, tail=True, **OPTS)
+    ok = tail[tail["meets_slo"]]
+    assert len(ok) >= 1 and (ok["ttft_p99_s"] <= TTFT).all() and (ok["tpot_p99_s"] <= TPOT).all()
+    assert tail["meets_slo"].sum() <= df["meets_slo"].sum()
