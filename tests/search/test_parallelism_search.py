@@ -30,10 +30,12 @@ def brute_force(model, n, gb):
             if (gb // dp) % mb:
                 continue
             m = gb // (dp * mb)
-            for sched, v in itertools.product((0, 1, 2), range(1, L + 1)):
+            for sched, v in itertools.product((0, 1, 2), range(1, L + 3)):
                 if sched < 2 and v != 1:
                     continue
-                if sched == 2 and (pp == 1 or v < 2 or L % (pp * v) or m % pp):
+                # interleaved: pp·v divides L plus 0, 1 or 2 slots (embedding, loss)
+                slots_ok = any((L + s) % (pp * v) == 0 for s in (0, 1, 2))
+                if sched == 2 and (pp == 1 or v < 2 or not slots_ok or m % pp):
                     continue
                 # attention kernels: the search's default, standard and FlashAttention-2
                 for sp, ep, rc, z, fa in itertools.product((0, 1), range(1, E + 1), (0, 1, 2),
