@@ -38,11 +38,10 @@ def test_mlperf_scale_rows_carry_their_published_plan():
 
 @pytest.mark.slow
 def test_mlperf_scale_fp8_tokens_per_s(tmp_path):
-    """MAPE <= 10 % over the v3.1/v4.0 rows, every row feasible (these plans ran). The
-    10,000-GPU rows are guarded at their present error (v4.0 PP6 VP8 under-predicted by
-    17-19 %, the exposed data-parallel time), not at the 15 % target."""
+    """MAPE <= 10 % over the v3.1/v4.0 rows, every row within 15 % at >= 10,000 GPUs,
+    every row feasible (these plans ran)."""
     df = validate_mlperf_scale.main(out=tmp_path)
     assert len(df) == 11 and df.fp8_feasible.all(), df.to_string()
     assert np.all(np.isfinite(df.fp8_tokens_per_s))
     assert float(np.mean(np.abs(df.fp8_err_pct))) <= 10.0, df.to_string()
-    assert float(np.max(np.abs(df[df.gpus >= 10_000].fp8_err_pct))) <= 20.0, df.to_string()
+    assert float(np.max(np.abs(df[df.gpus >= 10_000].fp8_err_pct))) <= 15.0, df.to_string()
