@@ -41,7 +41,8 @@ reduced over ``dp/ep``). A pipeline stage hop crosses the outermost network tier
 context-parallel group ``cp`` (Megatron-core order ``tp-cp-…``) sits between TP and PP:
 device id ``= tp_rank + tp·(cp_rank + cp·(pp_rank + pp·dp_rank))``, CP at stride ``tp``, PP
 at ``tp·cp``, DP at ``tp·cp·pp``. Gradients and ZeRO shards span the combined ``dp·cp``
-group (:attr:`Placement.dp_cp`).
+group (:attr:`Placement.dp_cp`), placed as Megatron builds its data-parallel groups: at
+stride ``tp``, directly outside TP·CP (:class:`Placement`).
 
 Helpers :func:`is_integer` and :func:`divides` are the ``xp``-generic versions of the
 :mod:`jaxmodel.numerics` ones (those are jnp-only).
@@ -395,10 +396,15 @@ class Placement(NamedTuple):
     stage pair). ``dp_exp`` is the expert-data-parallel group ``dp/ep`` of the expert weights.
     ``dp_cp`` / ``dp_exp_cp``: the groups the gradients are reduced and ZeRO-sharded over,
     ``dp·cp`` (``dp_exp·cp`` for expert weights; Megatron-core folds CP into the data-parallel
-    gradient group). With ``cp = 1`` they equal ``dp`` / ``dp_exp``; with ``cp > 1`` they are
-    placed at the CP stride ``tp`` — exact for ``pp = 1``; with ``pp > 1`` the DP members are
-    ``tp·cp·pp`` apart and the group is taken as denser than it is (the inner tiers carry a
-    larger share of its ring).
+    gradient group). ``dp_cp`` sits at stride ``tp`` as Megatron builds its data-parallel
+    groups: DP directly outside TP·CP, PP outermost (Megatron-LM
+    ``megatron/core/parallel_state.py`` ``initialize_model_parallel``, default ``order =
+    "tp-cp-ep-dp-pp"``; its docstring example, TP 2 × PP 4 on 16 GPUs, has the data-parallel
+    groups [g0, g2], [g1, g3], … and the pipeline groups [g0, g4, g8, g12], …), so a node of
+    ``n`` devices holds ``n/tp`` members of each gradient group, whose ring crosses the node
+    boundary once per node and shares the node's NICs among ``tp`` groups. (The pipeline hop
+    ``stage_hop`` keeps the tier that ``tp·cp·pp`` consecutive devices span, and the MoE
+    ``dp_exp_cp`` its ``tp·pp·ep`` stride with ``cp = 1``.)
     """
 
     tp: Group
@@ -443,7 +449,7 @@ def placement(system, par) -> Placement:
                      dp=Group(dp, inner), ep=Group(ep, inner),
                      dp_exp=Group(dp_exp, inner * ep),
                      stage_hop=Group(2.0, hop),
-                     dp_cp=Group(dp * cp, jnp.where(multi_cp, tp, inner)),
+                     dp_cp=Group(dp * cp, tp),
                      dp_exp_cp=Group(dp_exp * cp, jnp.where(multi_cp, tp, inner * ep)))
 
 

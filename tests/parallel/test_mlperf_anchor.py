@@ -20,3 +20,28 @@ def test_mlperf_fp8_tokens_per_s_within_target(tmp_path):
     assert len(df) == 5 and df.fp8_feasible.all()
     assert np.all(np.isfinite(df.fp8_tokens_per_s))
     assert float(np.mean(np.abs(df.fp8_err_pct))) <= 8.0, df.to_string()
+
+
+import validate_mlperf_scale  # noqa: E402
+
+
+def test_mlperf_scale_rows_carry_their_published_plan():
+    """The v3.1/v4.0 rows: only the plan-less row is left out, the v4.0 plans keep their
+    published VP, only v3.1's missing VP takes the v3.0 value (flagged)."""
+    rows = validate_mlperf_scale.load()
+    assert len(rows) == 11 and not (rows.system_dir == "64xSMC-H100-SXM-80GB").any()
+    v40 = rows[rows.mlperf_round == "v4.0"]
+    assert not v40.vp_assumed.any() and set(v40.vp) == {8.0, 4.0}
+    v31 = rows[rows.mlperf_round == "v3.1"]
+    assert v31.vp_assumed.all() and set(v31.vp) == {12.0}
+
+
+@pytest.mark.slow
+def test_mlperf_scale_fp8_tokens_per_s(tmp_path):
+    """MAPE <= 10 % over the v3.1/v4.0 rows, every row within 15 % at >= 10,000 GPUs,
+    every row feasible (these plans ran)."""
+    df = validate_mlperf_scale.main(out=tmp_path)
+    assert len(df) == 11 and df.fp8_feasible.all(), df.to_string()
+    assert np.all(np.isfinite(df.fp8_tokens_per_s))
+    assert float(np.mean(np.abs(df.fp8_err_pct))) <= 10.0, df.to_string()
+    assert float(np.max(np.abs(df[df.gpus >= 10_000].fp8_err_pct))) <= 15.0, df.to_string()

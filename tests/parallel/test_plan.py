@@ -129,6 +129,18 @@ def test_placement_is_megatron_order():
     assert float(wide.stage_hop.stride) == 8.0              # tp·pp = 16 > 8: across nodes
 
 
+def test_gradient_group_is_megatrons_data_parallel_group():
+    """Megatron's ``initialize_model_parallel`` docstring example: TP 2 × PP 4 on 16 GPUs
+    has the data-parallel groups [g0, g2], [g1, g3], … (size 2, stride tp = 2), with or
+    without a pipeline; with CP the gradient group spans dp·cp at the same stride."""
+    system = hw_db.system("dgx_a100", nodes=2)
+    for pp in (4.0, 1.0):
+        where = plan.placement(system, jm.Parallelism(dp=16 // int(2 * pp), tp=2, pp=pp))
+        assert (float(where.dp_cp.size), float(where.dp_cp.stride)) == (16 / (2 * pp), 2.0)
+    cp = plan.placement(system, jm.Parallelism(dp=2, tp=2, cp=2, pp=2))
+    assert (float(cp.dp_cp.size), float(cp.dp_cp.stride)) == (4.0, 2.0)
+
+
 # ------------------------------------------------------------------------------------------
 # the API edge
 # ------------------------------------------------------------------------------------------
