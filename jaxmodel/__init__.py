@@ -34,6 +34,8 @@ from jaxmodel.cost import *  # noqa: F401,F403,E402
 from jaxmodel.serving import (ServingCosts, ServingResult, continuous_batching,  # noqa: E402
                               disaggregated, serving_costs)
 
+from jaxmodel.recipes import RECIPES, Recipe, recipe  # noqa: E402
+
 __version__ = "0.1.0"
 
 # Heavy optional dependencies (pandas, optax, matplotlib, tqdm) are imported inside the
