@@ -35,6 +35,8 @@ from jaxmodel.serving import (OfflineResult, ServingCosts, ServingResult,  # noq
                               continuous_batching, disaggregated, offline_throughput,
                               serving_costs, slo_throughput)
 
+from jaxmodel.recipes import RECIPES, Recipe, recipe  # noqa: E402
+
 __version__ = "0.1.0"
 
 # Heavy optional dependencies (pandas, optax, matplotlib, tqdm) are imported inside the

@@ -58,6 +58,8 @@ PUBLISHED_TOTAL = {
     "llama4-scout": 109e9 - LLAMA4_VISION,     # Meta, Llama 4 model card: "109B" total
     "llama4-maverick": 400e9 - LLAMA4_VISION,  # Meta, Llama 4 model card: "400B" total
     "qwen3-235b-a22b": 235e9,     # Qwen team, Qwen3-235B-A22B model card ("235B")
+    # NVIDIA 2024, "Nemotron-4 340B Technical Report", Table 1: 9.4B embedding + 331.6B other
+    "nemotron4-340b": 9.4e9 + 331.6e9,
 }
 # Published active (per token) parameters of the MoE models and whether the figure counts the
 # input embedding (param_count(active=True) does not: it is a lookup).
@@ -103,6 +105,24 @@ def test_active_params_within_3_percent_of_published(name):
         got += float(m.vocab_size * m.d_model)
     assert got == pytest.approx(want, rel=0.03)
     assert got < float(param_count(m))
+
+
+def test_nemo_gpt3_and_nemotron3_configs_by_hand():
+    """NeMo's GPT-3 5B/20B (learned positions, biases, shared embeddings, vocab 50257) and
+    Nemotron-3 8B/22B (no biases, squared ReLU, untied 256k embeddings): 12·d² + 13·d per
+    GPT layer (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+    Clusters Using Megatron-LM", §5.1, with the biases and norms), 12·d² + 2·d per Nemotron
+    layer (two LayerNorm1p weights, no biases), plus embeddings and the final norm."""
+    for name, layers, d, vocab, tied, per_layer_extra in (
+            ("gpt3-5b", 24, 4096, 50257, True, 13), ("gpt3-20b", 44, 6144, 50257, True, 13),
+            ("nemotron3-8b", 32, 4096, 256000, False, 2),
+            ("nemotron3-22b", 40, 6144, 256000, False, 2)):
+        m = hw_db.model(name)
+        emb = vocab * d * (1 if tied else 2) + (2048 * d if tied else 0)
+        want = layers * (12 * d * d + per_layer_extra * d) + emb
+        got = float(param_count(m))
+        assert got == pytest.approx(want, rel=2e-3), name
+    assert int(hw_db.model("nemotron4-340b").activation) == 4   # squared ReLU
 
 
 def test_deepseek_v3_by_hand_and_its_mtp_module():

@@ -932,7 +932,7 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
                gemm: Callable | None = None, dp_overlap=1.0, grad_bytes=None,
                adam_bytes_per_param=None, dtype_bytes=None, clock_fraction=None,
                dropout=1.0, dedup: bool | None = None, chunk: int | None = None,
-               tp_overlap=0.0, precision=None, finetune=None) -> TrainResult:
+               tp_overlap=0.0, precision=None, finetune=None, recipe=None) -> TrainResult:
     """Time, throughput and memory of one training step (data × tensor × pipeline parallel).
 
     Source: Narayanan et al., SC'21 (PTD-P: placement §3, schedules §2.2, scatter/gather §4.1,
@@ -986,6 +986,11 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
             (:mod:`jaxmodel.workload.lora`; Hu et al., ICLR 2022; Dettmers et al., NeurIPS
             2023). ``mfu`` then counts the fine-tuning's model FLOPs (forward and input
             gradients of the base, no weight gradients).
+        recipe: ``None`` or a :class:`jaxmodel.recipes.Recipe` / its name
+            (``"nemo-24.07"``, ``"megatron-2021"``, ``"torchtitan"``, ``"deepspeed"``): its
+            plan fields (recompute, zero, zero3_impl, flash_attention, sp) replace ``par``'s,
+            its step settings fill the keywords left at their defaults
+            (:func:`jaxmodel.recipes.merge_step_kwargs`).
 
     Returns:
         :class:`TrainResult` with the batch shape of the inputs in front of every field.
@@ -1004,6 +1009,16 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         >>> float(r.step_time_s), float(r.mfu)
         (29.6, 0.358)
     """
+    if recipe is not None:
+        from jaxmodel import recipes as _recipes
+        r = _recipes.recipe(recipe)
+        kw = _recipes.merge_step_kwargs(r, dict(
+            precision=precision, dropout=dropout, grad_bytes=grad_bytes,
+            dp_overlap=dp_overlap, tp_overlap=tp_overlap), _TRAIN_STEP_DEFAULTS)
+        return train_step(system, model, r.parallelism(par), global_batch, seq_len, gemm=gemm,
+                          adam_bytes_per_param=adam_bytes_per_param, dtype_bytes=dtype_bytes,
+                          clock_fraction=clock_fraction, dedup=dedup, chunk=chunk,
+                          finetune=finetune, **kw)
     prec = _prec.resolve(precision, dtype_bytes)
     dropout = code_of(dropout, DROPOUT_MODES, "dropout")
     concrete = is_concrete(system, model, par, global_batch, seq_len, clock_fraction, prec,
@@ -1068,3 +1083,5 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
 
 
 train_step.single = train_step_single
+_TRAIN_STEP_DEFAULTS = dict(precision=None, dropout=1.0, grad_bytes=None, dp_overlap=1.0,
+                            tp_overlap=0.0)

@@ -131,6 +131,19 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
         raise ValueError("search_parallelism: the model must be concrete (not traced)")
     n = _as_int(n_devices, "n_devices")
     gb = _as_int(global_batch, "global_batch")
+    if recipe is not None:
+        from jaxmodel import recipes as _recipes
+        from jaxmodel.types import DROPOUT_MODES, code_of
+        r = _recipes.recipe(recipe)
+        options = {**{k: (v,) for k, v in r.plan.items()}, **options}
+        step_options = dict(step_options or {})
+        for k, v in r.step.items():
+            if k == "precision":
+                if precision is None and "precision" not in step_options:
+                    precision = v
+            else:
+                step_options.setdefault(k, [float(code_of(v, DROPOUT_MODES, k))
+                                            if k == "dropout" else v])
     L = _as_int(model.n_layers, "model.n_layers")
     for field in ("n_heads", "n_kv_heads", "n_experts"):
         _as_int(getattr(model, field), f"model.{field}")
@@ -240,7 +253,8 @@ def _scaled_system(system: System, n_devices: int) -> System:
 def search_parallelism(system: System, model: Model, n_devices: int, global_batch,
                        seq_len, *, gemm_table: bool = False, progress: bool = True,
                        top: int | None = None, step_options: Mapping | None = None,
-                       precision=None, finetune=None, **options) -> pd.DataFrame:
+                       precision=None, finetune=None, recipe=None,
+                       **options) -> pd.DataFrame:
     """Rank every consistent parallelism plan for training ``model`` on ``n_devices``.
 
     The plans of :func:`enumerate_plans` (crossed with ``step_options``) are evaluated in ONE
@@ -276,6 +290,9 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
             a list of them to search (the same as ``step_options={"precision": [...]}``).
         finetune: ``None`` (full training) or a :class:`jaxmodel.LoRA` for every plan
             (LoRA / QLoRA fine-tuning, :func:`jaxmodel.train_step`).
+        recipe: ``None`` or a :class:`jaxmodel.recipes.Recipe` / its name: its plan fields
+            become the only enumeration choice of those fields and its step settings the
+            step options, wherever ``options`` / ``step_options`` / ``precision`` leave them.
         **options: enumeration options of :func:`enumerate_plans` (``schedules``,
             ``recompute``, ``zero``, ``sp``, ``flash_attention``, ``max_tp``, ``cp``, ...);
             ``cp`` defaults to :data:`CP_DEGREES` from :data:`LONG_CONTEXT_TOKENS` tokens on,

@@ -1,0 +1,41 @@
+"""Named recipes (jaxmodel.recipes): settings, overrides, and train_step(recipe=)."""
+import pytest
+
+import hw_db
+import jaxmodel as jm
+
+
+def test_recipe_tables_overrides_and_errors():
+    r = jm.recipe("nemo-24.07")
+    assert r.step["precision"] == "fp8" and r.step["grad_bytes"] == 2
+    assert r.plan["zero"] == 1 and r.plan["recompute"] == "selective"
+    g = jm.recipe("nemo-24.07", dropout="megatron")
+    assert g.step["dropout"] == "megatron" and r.step["dropout"] == "none"
+    p = r.parallelism(jm.Parallelism(dp=8, tp=2, micro_batch=2))
+    assert float(p.zero) == 1 and float(p.recompute) == 1 and float(p.dp) == 8
+    with pytest.raises(ValueError, match="recipe='nemo'"):
+        jm.recipe("nemo")
+    with pytest.raises(ValueError, match="'zeroo'"):
+        jm.recipe("deepspeed", zeroo=1)
+    for name in ("megatron-2021", "torchtitan", "deepspeed"):
+        assert jm.recipe(name).source
+
+
+def test_merge_keeps_non_default_caller_values():
+    from jaxmodel.recipes import merge_step_kwargs
+    d = dict(precision=None, dropout=1.0, grad_bytes=None, dp_overlap=1.0, tp_overlap=0.0)
+    out = merge_step_kwargs("nemo-24.07", dict(d, grad_bytes=4), d)
+    assert out["grad_bytes"] == 4 and out["precision"] == "fp8" and out["tp_overlap"] == 1
+
+
+@pytest.mark.slow
+def test_train_step_recipe_equals_the_spelled_out_settings():
+    sysm, m = hw_db.system("dgx_h100", nodes=1), hw_db.model("llama2-7b")
+    par = jm.Parallelism(dp=8, micro_batch=1)
+    a = jm.train_step(sysm, m, par, 128, 4096, recipe="nemo-24.07")
+    b = jm.train_step(sysm, m, jm.Parallelism(dp=8, micro_batch=1, recompute="selective",
+                                              zero=1, flash_attention="fa2", sp=True),
+                      128, 4096, precision="fp8", dropout="none", grad_bytes=2,
+                      dp_overlap=1, tp_overlap=1)
+    assert float(a.step_time_s) == float(b.step_time_s)
+    assert float(a.memory_bytes) == float(b.memory_bytes)
