@@ -131,19 +131,6 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
         raise ValueError("search_parallelism: the model must be concrete (not traced)")
     n = _as_int(n_devices, "n_devices")
     gb = _as_int(global_batch, "global_batch")
-    if recipe is not None:
-        from jaxmodel import recipes as _recipes
-        from jaxmodel.types import DROPOUT_MODES, code_of
-        r = _recipes.recipe(recipe)
-        options = {**{k: (v,) for k, v in r.plan.items()}, **options}
-        step_options = dict(step_options or {})
-        for k, v in r.step.items():
-            if k == "precision":
-                if precision is None and "precision" not in step_options:
-                    precision = v
-            else:
-                step_options.setdefault(k, [float(code_of(v, DROPOUT_MODES, k))
-                                            if k == "dropout" else v])
     L = _as_int(model.n_layers, "model.n_layers")
     for field in ("n_heads", "n_kv_heads", "n_experts"):
         _as_int(getattr(model, field), f"model.{field}")
@@ -322,6 +309,19 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
     t0 = time.perf_counter()
     n = _as_int(n_devices, "n_devices")
     gb = _as_int(global_batch, "global_batch")
+    if recipe is not None:
+        from jaxmodel import recipes as _recipes
+        from jaxmodel.types import DROPOUT_MODES, code_of
+        r = _recipes.recipe(recipe)
+        options = {**{k: (v,) for k, v in r.plan.items()}, **options}
+        step_options = dict(step_options or {})
+        for k, v in r.step.items():
+            if k == "precision":
+                if precision is None and "precision" not in step_options:
+                    precision = v
+            else:
+                step_options.setdefault(k, [float(code_of(v, DROPOUT_MODES, k))
+                                            if k == "dropout" else v])
     system = _scaled_system(system, n)
     if "cp" not in options and float(seq_len) < LONG_CONTEXT_TOKENS:
         options = {**options, "cp": (1,)}
