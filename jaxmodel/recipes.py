@@ -22,6 +22,8 @@ import dataclasses
 from types import MappingProxyType
 from typing import Mapping
 
+from jaxmodel.types import Parallelism
+
 #: train_step keyword arguments a recipe may set
 STEP_KEYS = ("precision", "dropout", "grad_bytes", "dp_overlap", "tp_overlap")
 #: Parallelism fields a recipe may set
@@ -69,7 +71,6 @@ class Recipe:
     def parallelism(self, par=None, **fields):
         """``par`` (or a new :class:`jaxmodel.Parallelism` of ``fields``) with this recipe's
         plan fields set."""
-        from jaxmodel.types import Parallelism
         if par is None:
             return Parallelism(**{**self.plan, **fields})
         if fields:

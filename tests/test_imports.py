@@ -8,8 +8,9 @@ inside functions too (a late import hides a cycle from Python, not from the desi
 rank  layer
 ====  =================================================================================
 0     ``jaxmodel.types``, ``jaxmodel.numerics``, ``jaxmodel.runtime``,
-      ``jaxmodel.tech_tables`` (pytrees, NaN-free helpers, process settings, the sourced
-      ``hw_db/tech`` tables read by path: no jaxmodel imports)
+      ``jaxmodel.tech_tables``, ``jaxmodel.recipes`` (pytrees, NaN-free helpers, process
+      settings, the sourced ``hw_db/tech`` tables read by path, the frameworks' named
+      settings: no jaxmodel imports)
 0.5   ``jaxmodel.precision`` (numeric formats: a config pytree over ``types``)
 1     ``jaxmodel.batching`` (the API edge every formula module decorates with)
 2     ``jaxmodel.ops``, ``jaxmodel.comm`` (one device; the network)
@@ -41,7 +42,7 @@ PACKAGES = ("jaxmodel", "hw_db")
 
 RANKS = {
     "jaxmodel.types": 0, "jaxmodel.numerics": 0, "jaxmodel.runtime": 0,
-    "jaxmodel.tech_tables": 0,
+    "jaxmodel.tech_tables": 0, "jaxmodel.recipes": 0,
     "jaxmodel.precision": 0.5,
     "jaxmodel.runtime_profile": 0,
     "jaxmodel.batching": 1,

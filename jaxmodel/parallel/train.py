@@ -134,6 +134,7 @@ import numpy as np
 from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
+from jaxmodel import recipes as _recipes
 from jaxmodel.batching import batch_shape, batched, compile_ahead, dedup_map
 from jaxmodel.runtime import stage
 from jaxmodel.parallel import context as _cx
@@ -1010,7 +1011,6 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         (29.6, 0.358)
     """
     if recipe is not None:
-        from jaxmodel import recipes as _recipes
         r = _recipes.recipe(recipe)
         kw = _recipes.merge_step_kwargs(r, dict(
             precision=precision, dropout=dropout, grad_bytes=grad_bytes,

@@ -47,10 +47,10 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from jaxmodel import runtime
+from jaxmodel import recipes as _recipes, runtime
 from jaxmodel.numerics import REASONS
 from jaxmodel.parallel import plan as _plan
-from jaxmodel.types import (FA_VERSIONS, RECOMPUTE, SCHEDULES, ZERO3_IMPLS, Model,
+from jaxmodel.types import (DROPOUT_MODES, FA_VERSIONS, RECOMPUTE, SCHEDULES, ZERO3_IMPLS, Model,
                             Parallelism, System, code_of, is_concrete)
 
 _precision = importlib.import_module("jaxmodel.precision")  # the module, not jm.precision
@@ -310,8 +310,6 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
     n = _as_int(n_devices, "n_devices")
     gb = _as_int(global_batch, "global_batch")
     if recipe is not None:
-        from jaxmodel import recipes as _recipes
-        from jaxmodel.types import DROPOUT_MODES, code_of
         r = _recipes.recipe(recipe)
         options = {**{k: (v,) for k, v in r.plan.items()}, **options}
         step_options = dict(step_options or {})
