@@ -78,7 +78,7 @@ from jaxmodel.workload.params import expert_params, n_moe_layers
 __all__ = ["MOE_OPS", "moe_layer_fraction", "expert_capacity", "moe_dims",
            "moe_feasibility", "grouped_gemm", "grouped_extra_output", "ffn_rows", "alltoall_time", "expert_params_per_device",
            "moe_activation_bytes", "moe_layer_times", "node_limited_alltoall",
-           "dualpipe_overlap"]
+           "dualpipe_overlap", "norm_upproj_activation_bytes"]
 
 #: Extra per-layer rows of an MoE model (zero for dense models), after ``LAYER_OPS``.
 MOE_OPS = ("moe_router", "moe_alltoall")
@@ -414,3 +414,32 @@ def dualpipe_overlap(compute, comm, sm_total, sm_comm):
     share = nx.safe_div(sm_total, sm_total - sm_comm, fill=jnp.inf)
     slowed = compute * share
     return slowed, jnp.maximum(comm - slowed, 0.0)
+
+
+def norm_upproj_activation_bytes(model: Model, tokens, tp=1.0, act_bytes=2.0, fp8_bytes=1.0,
+                                 e5m6_bytes=1.5):
+    """Activations one MLA + MoE layer stores for its backward under DeepSeek-V3's recipe,
+    bytes per device (not yet a recompute code of the step).
+
+    Source: DeepSeek-V3 Technical Report §3.2.3 (RMSNorm and the MLA up-projections
+    recomputed in the backward: their outputs are not stored) and §3.3.3 (the input of the
+    Linear after attention cached in E5M6, 1.5 B; the experts' inputs cached in FP8 — they
+    are quantised before the dispatch —; the SwiGLU inputs cached in FP8 and its output
+    recomputed). Per token (``T = tokens``): the layer input and the attention's residual
+    output, ``2·d`` words; MLA's latents ``d_c' + d_c + d_h^R`` (q_lora_rank, kv_lora_rank,
+    qk_rope_head_dim) words, from which the recomputed up-projections rebuild Q, K, V; the
+    attention output ``h·d_v/t`` in E5M6 with FlashAttention's fp32 log-sum-exp ``4·h/t``;
+    the fp32 router scores ``4·E``; per routed copy (``k``) and for the shared experts the
+    FP8 input ``d`` and the FP8 SwiGLU input ``2·d_ff^e``. The routing weight's gradient is
+    taken as the row-wise product of the recomputed SwiGLU output and W2's input gradient,
+    so no expert output is stored (an assumption; the report does not say). Units: bytes.
+    """
+    t = jnp.maximum(tp, 1.0)
+    d = model.d_model
+    h = model.n_heads / t
+    latents = model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
+    attn = (2.0 * d + latents) * act_bytes + h * model.v_head_dim * e5m6_bytes + 4.0 * h
+    copies = model.top_k + model.n_shared_experts
+    experts = (4.0 * model.n_experts
+               + copies * (d + 2.0 * model.expert_d_ff / t) * fp8_bytes)
+    return tokens * (attn + experts)

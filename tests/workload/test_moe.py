@@ -378,3 +378,16 @@ def test_dualpipe_overlap_and_bubble_by_hand():
     assert float(dualpipe_bubble(16.0, 3.0, 1.0, 1.0)) == pytest.approx(7.0)
     g = jax.grad(lambda c: dualpipe_overlap(c, 0.016, 132.0, 20.0)[1])(0.01)
     assert np.isfinite(float(g))
+
+
+def test_norm_upproj_activation_bytes_by_hand():
+    """DeepSeek-V3's MoE layer, 4,096 tokens, no TP: per token 2·7168·2 (layer input and
+    residual) + (1536 + 512 + 64)·2 (MLA latents) + 128·128·1.5 (E5M6 attention output) +
+    128·4 (log-sum-exp) + 256·4 (router) + 9·(7168 + 2·2048) (FP8 inputs of 8 routed + 1
+    shared expert and their SwiGLU inputs) = 160,384 B."""
+    from jaxmodel.workload.moe import norm_upproj_activation_bytes
+    ds = hw_db.model("deepseek-v3")
+    per_token = 28672 + 4224 + 24576 + 512 + 1024 + 9 * (7168 + 4096)
+    assert per_token == 160384
+    got = float(norm_upproj_activation_bytes(ds, 4096.0))
+    assert got == pytest.approx(4096.0 * per_token, rel=1e-6)
