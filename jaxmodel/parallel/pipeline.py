@@ -209,3 +209,18 @@ def stage_in_flight(schedule, pp, m, interleave):
     last = jnp.select([schedule == GPIPE, schedule == INTERLEAVED],
                       [m, first], jnp.minimum(jnp.where(pp > 1.5, 1.0, pp), m))
     return first, second, last
+
+
+# --------------------------------------------------------------------------------------------
+# DualPipe
+# --------------------------------------------------------------------------------------------
+def dualpipe_bubble(pp, fb, b, w):
+    """Pipeline bubble of DualPipe, s: ``(p/2 − 1)·(F&B + B − 3W)``.
+
+    Source: DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024), §3.2.1, Table 2 (1F1B:
+    ``(p − 1)(F + B)``; ZB1P: ``(p − 1)(F + B − 2W)``; DualPipe: ``(p/2 − 1)(F&B + B −
+    3W)``), with ``F&B`` the time of a mutually overlapped forward and backward chunk,
+    ``B`` the backward for inputs and ``W`` the backward for weights of one chunk (s);
+    ``p`` even. Not yet a schedule code of the step.
+    """
+    return jnp.maximum(pp / 2.0 - 1.0, 0.0) * jnp.maximum(fb + b - 3.0 * w, 0.0)

@@ -77,7 +77,8 @@ from jaxmodel.workload.params import expert_params, n_moe_layers
 
 __all__ = ["MOE_OPS", "moe_layer_fraction", "expert_capacity", "moe_dims",
            "moe_feasibility", "grouped_gemm", "grouped_extra_output", "ffn_rows", "alltoall_time", "expert_params_per_device",
-           "moe_activation_bytes", "moe_layer_times"]
+           "moe_activation_bytes", "moe_layer_times", "node_limited_alltoall",
+           "dualpipe_overlap", "norm_upproj_activation_bytes"]
 
 #: Extra per-layer rows of an MoE model (zero for dense models), after ``LAYER_OPS``.
 MOE_OPS = ("moe_router", "moe_alltoall")
@@ -363,3 +364,82 @@ def _with_all_moe(model: Model) -> Model:
     import dataclasses
     return dataclasses.replace(model, moe_every=jnp.ones_like(jnp.asarray(model.moe_every)),
                                first_k_dense=jnp.zeros_like(jnp.asarray(model.first_k_dense)))
+
+
+def node_limited_alltoall(system: System, tokens, d_model, top_k, max_nodes, ep_nodes,
+                          dispatch_bytes=1.0, combine_bytes=2.0):
+    """Dispatch + combine of one MoE layer's forward under node-limited routing with
+    DeepEP-style forwarding (InfiniBand across nodes, NVLink inside), seconds per device.
+
+    Source: DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024), §3.2.2: each token is sent to
+    at most ``M`` nodes (``max_nodes``; 4 in DeepSeek-V3, its ``topk_group``), once per node
+    over InfiniBand to the GPU with the same in-node index, which forwards it over NVLink to
+    the node's GPUs holding its experts; InfiniBand and NVLink transfers overlap; dispatch in
+    FP8 (1 B), combine in BF16 (2 B) (§3.3.3). With the ``M`` nodes of a token uniform over
+    the ``N = ep_nodes`` nodes of the EP group, its own node is among them with probability
+    ``M/N``, so ``M·(1 − 1/N)`` copies cross InfiniBand; of the ``k`` expert copies a share
+    ``1 − 1/g`` (``g`` GPUs per node) moves over NVLink. Per direction and device:
+    ``IB = T·M·(1 − 1/N)·d·w``, ``NVL = T·k·(1 − 1/g)·d·w``; time ``max(IB/(B_IB·η_IB),
+    NVL/(B_NVL·η_NVL))`` per all-to-all, for ``w`` = dispatch then combine bytes. Levels:
+    ``system.levels[0]`` the node (NVLink), ``[1]`` InfiniBand (bytes/s per device and
+    direction times the level's achievable ``efficiency``). Units: s, bytes.
+    """
+    nvl, ib = system.levels[0], system.levels[1]
+    g = jnp.maximum(nvl.size, 1.0)
+    n = jnp.maximum(ep_nodes, 1.0)
+    m_nodes = jnp.minimum(jnp.maximum(max_nodes, 1.0), n)
+    remote = m_nodes * (1.0 - 1.0 / n)
+    local = jnp.maximum(top_k, 1.0) * (1.0 - 1.0 / g)
+    total = 0.0
+    for w in (dispatch_bytes, combine_bytes):
+        t_ib = nx.safe_div(tokens * remote * d_model * w, ib.bw_per_device * ib.efficiency,
+                           fill=jnp.inf)
+        t_nvl = nx.safe_div(tokens * local * d_model * w, nvl.bw_per_device * nvl.efficiency,
+                            fill=jnp.inf)
+        total = total + jnp.maximum(t_ib, t_nvl)
+    return total
+
+
+def dualpipe_overlap(compute, comm, sm_total, sm_comm):
+    """Exposed time of a DualPipe chunk pair, seconds: ``(compute', exposed_comm)``.
+
+    Source: DeepSeek-V3 Technical Report §3.2.1 (Fig. 4): a forward chunk of one micro-batch
+    and a backward chunk of another run together, the all-to-all dispatch/combine and the
+    pipeline transfers of each hidden behind the other's computation; ``sm_comm`` of the
+    ``sm_total`` SMs (20 of 132 on H800, §3.2.2) run the communication, so the computation
+    runs on the rest: ``compute' = compute·sm_total/(sm_total − sm_comm)``, and the
+    communication shows only where it outlasts it: ``exposed = max(comm − compute', 0)``.
+    ``compute`` and ``comm`` are the pair's totals (s).
+    """
+    share = nx.safe_div(sm_total, sm_total - sm_comm, fill=jnp.inf)
+    slowed = compute * share
+    return slowed, jnp.maximum(comm - slowed, 0.0)
+
+
+def norm_upproj_activation_bytes(model: Model, tokens, tp=1.0, act_bytes=2.0, fp8_bytes=1.0,
+                                 e5m6_bytes=1.5):
+    """Activations one MLA + MoE layer stores for its backward under DeepSeek-V3's recipe,
+    bytes per device (not yet a recompute code of the step).
+
+    Source: DeepSeek-V3 Technical Report §3.2.3 (RMSNorm and the MLA up-projections
+    recomputed in the backward: their outputs are not stored) and §3.3.3 (the input of the
+    Linear after attention cached in E5M6, 1.5 B; the experts' inputs cached in FP8 — they
+    are quantised before the dispatch —; the SwiGLU inputs cached in FP8 and its output
+    recomputed). Per token (``T = tokens``): the layer input and the attention's residual
+    output, ``2·d`` words; MLA's latents ``d_c' + d_c + d_h^R`` (q_lora_rank, kv_lora_rank,
+    qk_rope_head_dim) words, from which the recomputed up-projections rebuild Q, K, V; the
+    attention output ``h·d_v/t`` in E5M6 with FlashAttention's fp32 log-sum-exp ``4·h/t``;
+    the fp32 router scores ``4·E``; per routed copy (``k``) and for the shared experts the
+    FP8 input ``d`` and the FP8 SwiGLU input ``2·d_ff^e``. The routing weight's gradient is
+    taken as the row-wise product of the recomputed SwiGLU output and W2's input gradient,
+    so no expert output is stored (an assumption; the report does not say). Units: bytes.
+    """
+    t = jnp.maximum(tp, 1.0)
+    d = model.d_model
+    h = model.n_heads / t
+    latents = model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
+    attn = (2.0 * d + latents) * act_bytes + h * model.v_head_dim * e5m6_bytes + 4.0 * h
+    copies = model.top_k + model.n_shared_experts
+    experts = (4.0 * model.n_experts
+               + copies * (d + 2.0 * model.expert_d_ff / t) * fp8_bytes)
+    return tokens * (attn + experts)

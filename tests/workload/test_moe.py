@@ -341,3 +341,53 @@ def test_grouped_float32(float32):
     t64 = np.asarray(jax.vmap(_grouped_ffn_time)(jnp.asarray(T, jnp.float64)))
     jax.config.update("jax_enable_x64", False)
     np.testing.assert_allclose(t32, t64, rtol=1e-5)
+
+
+def test_node_limited_alltoall_by_hand():
+    """DeepSeek-V3 §3.2.2 on a DGX H800 cluster: 4,096 tokens, d 7168, k 8, at most 4 of 8
+    nodes; FP8 dispatch, BF16 combine."""
+    from jaxmodel.workload.moe import node_limited_alltoall
+    system = hw_db.system("dgx_h800", nodes=8)
+    nvl, ib = system.levels
+    T, d = 4096.0, 7168.0
+    remote = 4.0 * (1.0 - 1.0 / 8.0)                       # 3.5 copies over InfiniBand
+    local = 8.0 * (1.0 - 1.0 / 8.0)                        # 7 copies over NVLink
+    want = 0.0
+    for w in (1.0, 2.0):
+        want += max(T * remote * d * w / (float(ib.bw_per_device) * float(ib.efficiency)),
+                    T * local * d * w / (float(nvl.bw_per_device) * float(nvl.efficiency)))
+    got = float(node_limited_alltoall(system, T, d, 8.0, 4.0, 8.0))
+    assert got == pytest.approx(want, rel=1e-5)
+    # InfiniBand bound here: 3.5·4096·7168·3 B over 50 GB/s · 0.9 ≈ 6.85 ms
+    assert got == pytest.approx(3.5 * T * d * 3.0 / (50e9 * 0.9), rel=1e-5)
+    # one node: nothing crosses InfiniBand
+    one = float(node_limited_alltoall(system, T, d, 8.0, 4.0, 1.0))
+    assert one == pytest.approx(T * 7.0 * d * 3.0 / (float(nvl.bw_per_device)
+                                                     * float(nvl.efficiency)), rel=1e-5)
+
+
+def test_dualpipe_overlap_and_bubble_by_hand():
+    from jaxmodel.parallel.pipeline import dualpipe_bubble
+    from jaxmodel.workload.moe import dualpipe_overlap
+    slowed, exposed = dualpipe_overlap(0.030, 0.016, 132.0, 20.0)
+    assert float(slowed) == pytest.approx(0.030 * 132.0 / 112.0)
+    assert float(exposed) == 0.0
+    slowed, exposed = dualpipe_overlap(0.010, 0.016, 132.0, 20.0)
+    assert float(exposed) == pytest.approx(0.016 - 0.010 * 132.0 / 112.0)
+    # Table 2: (p/2 − 1)(F&B + B − 3W); p = 16, F&B = 3, B = W = 1 -> 7 · 1
+    assert float(dualpipe_bubble(16.0, 3.0, 1.0, 1.0)) == pytest.approx(7.0)
+    g = jax.grad(lambda c: dualpipe_overlap(c, 0.016, 132.0, 20.0)[1])(0.01)
+    assert np.isfinite(float(g))
+
+
+def test_norm_upproj_activation_bytes_by_hand():
+    """DeepSeek-V3's MoE layer, 4,096 tokens, no TP: per token 2·7168·2 (layer input and
+    residual) + (1536 + 512 + 64)·2 (MLA latents) + 128·128·1.5 (E5M6 attention output) +
+    128·4 (log-sum-exp) + 256·4 (router) + 9·(7168 + 2·2048) (FP8 inputs of 8 routed + 1
+    shared expert and their SwiGLU inputs) = 160,384 B."""
+    from jaxmodel.workload.moe import norm_upproj_activation_bytes
+    ds = hw_db.model("deepseek-v3")
+    per_token = 28672 + 4224 + 24576 + 512 + 1024 + 9 * (7168 + 4096)
+    assert per_token == 160384
+    got = float(norm_upproj_activation_bytes(ds, 4096.0))
+    assert got == pytest.approx(4096.0 * per_token, rel=1e-6)
