@@ -121,7 +121,7 @@ class Device:
     """One accelerator after LLMCompass's hardware template (system → device → core → lane).
 
     Source: LLMCompass §III-A, Fig. 2 and the JSON templates in
-    ``shared/anchors/llmcompass_configs``. A device has ``core_count`` cores; each core has
+    ``validation/anchors/llmcompass_configs``. A device has ``core_count`` cores; each core has
     ``lanes_per_core`` lanes, each lane one vector unit (``vector_width`` elements ×
     ``vector_flops_per_cycle`` FLOP per element per cycle) and one systolic array of
     ``sa_rows × sa_cols`` PEs doing ``sa_mac_per_cycle`` MACs per cycle each. Cores share a
