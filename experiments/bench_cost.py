@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from pathlib import Path
 
 from _bench import import_jaxmodel
 
@@ -30,8 +29,9 @@ import numpy as np
 
 import hw_db
 
-OUT = Path(__file__).resolve().parent / "out"
-LIB = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "chiplet_cost_library"
+from common import ANCHORS, OUT  # noqa: E402
+
+LIB = ANCHORS / "chiplet_cost_library"
 
 
 def _time(fn, reps=3):

@@ -91,8 +91,8 @@ def main(small: bool = False, precisions: list[str] | None = None,
     pd.concat([df.head(200), meg.head(50), meg_2021.head(10)]).drop_duplicates().to_csv(
         OUT / "bench_search.csv", index=False)
 
-    from jaxmodel.plots import _figure, _save
-    fig = _figure()
+    from jaxmodel.plots import figure, save
+    fig = figure()
     ax = fig.add_subplot()
     feas = df[np.isfinite(df.step_time_s)]
     sc = ax.scatter(feas.memory_bytes / 1e9, feas.step_time_s, c=np.log2(feas.tp), s=2,
@@ -109,7 +109,7 @@ def main(small: bool = False, precisions: list[str] | None = None,
     ax.set_ylabel("step time (s)")
     ax.set_title(f"GPT-3 175B on {n} A100: {len(feas):,} feasible of {n_eval:,} plans")
     ax.legend(fontsize=8, loc="upper right")   # loc="best" is slow with 10^5 points
-    _save(fig, OUT / "bench_search.png")
+    save(fig, OUT / "bench_search.png")
 
     def plan(row):
         return {k: (row[k] if isinstance(row[k], str) else float(row[k]))

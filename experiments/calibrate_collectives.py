@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -76,10 +75,7 @@ import jaxmodel as jm  # noqa: F401  (import before hw_db)
 import hw_db
 from jaxmodel.comm import anchors
 
-ROOT = Path(__file__).resolve().parent.parent
-ANCHORS = next(p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors")
-               if p.exists())
-OUT = ROOT / "experiments" / "out"
+from common import ANCHORS, OUT  # noqa: E402
 NAMES = ("efficiency", "chunk_latency", "base_latency")
 X0S = ([0.8, 2e-6, 20e-6], [0.7, 0.5e-6, 40e-6], [0.9, 5e-6, 5e-6])
 # kernel-time profiles: the same three and the host-bound launch floor

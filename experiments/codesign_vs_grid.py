@@ -77,8 +77,8 @@ def main(quick: bool = False) -> dict:
 
     OUT.mkdir(parents=True, exist_ok=True)
     jm.save(df, OUT / "codesign_vs_grid.csv")
-    from jaxmodel.plots import _figure, _save
-    fig = _figure()
+    from jaxmodel.plots import figure, save
+    fig = figure()
     ax = fig.add_subplot()
     ax.plot(np.arange(1, len(res.best_history) + 1) * res.history.shape[1],
             res.best_history, label="gradient: best so far (relaxed)")
@@ -89,7 +89,7 @@ def main(quick: bool = False) -> dict:
     ax.set_yscale("log")
     ax.legend(fontsize=8)
     ax.set_title("co-design: gradient vs exhaustive grid")
-    _save(fig, OUT / "codesign_vs_grid.png")
+    save(fig, OUT / "codesign_vs_grid.png")
 
     out = {"grid_best": grid_best, "grad_best": float(res.value), "grid_evals": int(grid_evals),
            "grad_evals": int(res.n_evals), "gap_rel": float(gap),

@@ -38,8 +38,9 @@ import hw_db
 import jaxmodel as jm
 from jaxmodel.cost import tech
 
-OUT = Path(__file__).resolve().parent / "out"
-LIB = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "chiplet_cost_library"
+from common import ANCHORS, OUT  # noqa: E402
+
+LIB = ANCHORS / "chiplet_cost_library"
 A100LIKE = LIB / "reference_outputs" / "a100like"
 VARIANTS = [("A100-4HBMs", 1.0, 4), ("A100", 1.0, 5), ("A100-6HBMs", 1.0, 6),
             ("A100-8HBMs", 1.0, 8), ("HA100-3HBMs", 0.5, 3), ("HA100-4HBMs", 0.5, 4),

@@ -122,8 +122,8 @@ def attention_core_scaling() -> pd.DataFrame:
 
 
 def plot(sp, am, core, path):
-    from jaxmodel.plots import _figure, _save
-    fig = _figure(figsize=(10, 7))
+    from jaxmodel.plots import figure, save
+    fig = figure(figsize=(10, 7))
     axes = fig.subplots(2, 2)
     h = sp[sp.gpu == "H100"]
     axes[0, 0].plot(h.batch, h.speedup, "o-", label="FA-1")
@@ -154,7 +154,7 @@ def plot(sp, am, core, path):
     axes[1, 1].set_xlabel("context N")
     axes[1, 1].set_ylabel("bytes (fwd, 25 heads)")
     axes[1, 1].legend()
-    _save(fig, path)
+    save(fig, path)
 
 
 def main():

@@ -297,8 +297,8 @@ def main():
 
 
 def _plot(df, prompts, gens, norm, ratio):
-    from jaxmodel.plots import _figure, _save
-    fig = _figure((15, 8))
+    from jaxmodel.plots import figure, save
+    fig = figure((15, 8))
     axes = fig.subplots(2, 4)
     specs = [("fig7", "design"), ("fig8", "mem_bw"), ("fig9", "local_buffer_kib"),
              ("global_buffer", "global_buffer_mb")]
@@ -320,8 +320,8 @@ def _plot(df, prompts, gens, norm, ratio):
             ax.set_ylabel(f"{phase} ({'ms' if phase == 'prefill' else 'µs'})", fontsize=8)
             ax.set_title(f"{fig_id}: {knob}", fontsize=9)
     axes[0, 0].legend(fontsize=5, ncols=2)
-    _save(fig, OUT / "llmcompass_sweeps.png")
-    fig2 = _figure((9, 3.5))
+    save(fig, OUT / "llmcompass_sweeps.png")
+    fig2 = figure((9, 3.5))
     a, b = fig2.subplots(1, 2)
     for ax, mat, title in ((a, norm, "Fig. 10: latency design / GA100 (1/latency)"),
                            (b, ratio, "Fig. 12: throughput design / GA100 (tokens/s)")):
@@ -334,7 +334,7 @@ def _plot(df, prompts, gens, norm, ratio):
         for (i, j), v in np.ndenumerate(mat):
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w")
         fig2.colorbar(im, ax=ax)
-    _save(fig2, OUT / "llmcompass_sweeps_designs.png")
+    save(fig2, OUT / "llmcompass_sweeps_designs.png")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -67,10 +66,7 @@ import hw_db
 from jaxmodel.parallel.train import sustained_device
 from jaxmodel.workload import layer as _layer
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "experiments" / "out"
-ANCHORS = next((p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors")
-                if p.exists()), ROOT.parent / "shared" / "anchors")
+from common import ANCHORS, OUT  # noqa: E402
 
 CASES = {  # model -> (seq_len, pp, global batch)
     "llama3-70b": (8192, 4, 128),

@@ -201,8 +201,8 @@ def summarize(df256: pd.DataFrame):
 
 
 def plot(p1, p2, p3, path):
-    from jaxmodel.plots import _figure, _save
-    fig = _figure(figsize=(11, 7))
+    from jaxmodel.plots import figure, save
+    fig = figure(figsize=(11, 7))
     ax = fig.add_subplot(2, 1, 1)
     fa = p1[p1.flash_attention == 1.0]
     x = np.arange(len(fa))
@@ -228,7 +228,7 @@ def plot(p1, p2, p3, path):
     ax.set_xticks(np.arange(len(p3)), list(p3.case), rotation=30)
     ax.set_ylabel("tokens/s vs MG-145B")
     ax.set_title("MoE vs Megatron, ± FlashAttention")
-    _save(fig, path)
+    save(fig, path)
 
 
 def main():

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -35,10 +34,7 @@ import jaxmodel as jm  # noqa: F401  (import before hw_db)
 import hw_db
 from jaxmodel.comm import anchors
 
-ROOT = Path(__file__).resolve().parent.parent
-ANCHORS = next(p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors")
-               if p.exists())
-OUT = ROOT / "experiments" / "out"
+from common import ANCHORS, OUT  # noqa: E402
 TARGETS = {"llmcompass_a100x4": 10.0, "llmcompass_tpuv3_8": 10.0, "nccl_8xa100": 10.0,
            "vidur_single_node": 10.0, "vidur_h100_single_node": 10.0}
 

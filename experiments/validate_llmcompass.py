@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 import jaxmodel as jm  # noqa: E402  (before hw_db: hw_db imports jaxmodel)
 import hw_db  # noqa: E402
-OUT = ROOT / "experiments" / "out"
+from common import OUT, anchor_dir  # noqa: E402
+
 DEVICES = {"A100": "a100_80gb", "MI210": "mi210", "TPUv3": "tpuv3"}
 FAMILIES = ("matmul", "softmax", "layernorm", "gelu")
 OVERHEAD_FIELD = {"matmul": "matmul_overhead_s", "softmax": "softmax_overhead_s",
@@ -46,11 +47,8 @@ OVERHEAD_FIELD = {"matmul": "matmul_overhead_s", "softmax": "softmax_overhead_s"
 
 
 def find_anchors() -> Path:
-    for cand in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors",
-                 Path("/work/shared/anchors")):
-        if cand.exists():
-            return cand
-    raise FileNotFoundError("shared/anchors not found beside the repository")
+    """The repository's ``validation/anchors``."""
+    return anchor_dir()
 
 
 def _num(field: str) -> float:

@@ -29,7 +29,7 @@ import jaxmodel as jm  # noqa: E402  (before hw_db: avoids an import cycle via j
 import hw_db  # noqa: E402
 from jaxmodel.workload.layer import LAYER_OPS  # noqa: E402
 
-OUT = ROOT / "experiments" / "out"
+from common import OUT, anchor_dir  # noqa: E402
 CASES = (  # (label, system, tp, phase, anchor file)
     ("A100 prefill", "hgx_a100_4gpu", 4, "prefill", "transformer_A100.csv"),
     ("A100 decode", "hgx_a100_4gpu", 4, "decode", "transformerAR_A100.csv"),
@@ -40,10 +40,8 @@ BATCH, PROMPT, KV = 8, 2048, 3072
 
 
 def anchors_dir() -> Path:
-    for cand in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors"):
-        if cand.exists():
-            return cand / "llmcompass_measured"
-    raise FileNotFoundError("shared/anchors not found beside the repository")
+    """The repository's ``validation/anchors``."""
+    return anchor_dir()
 
 
 def measured(name: str) -> np.ndarray:

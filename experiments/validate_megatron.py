@@ -48,10 +48,9 @@ import jaxmodel as jm  # noqa: I001  (imported before hw_db: the package wires h
 import hw_db
 from jaxmodel.parallel.train import CONSTANTS as train_constants
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "experiments" / "out"
-ANCHORS = next(p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors")
-               if p.exists()) / "training"
+from common import OUT, anchor_dir  # noqa: E402
+
+ANCHORS = anchor_dir("training")
 
 # The launch configuration of every Table 1 row, keyed by its size in billions of parameters:
 # (micro-batch size, --num-layers-per-virtual-pipeline-stage (0: no interleaving),

@@ -39,10 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 import jaxmodel as jm  # noqa: E402,I001  (imported before hw_db: the package wires hw_db up)
 import hw_db  # noqa: E402
-ANCHORS = next(p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors",
-                           ROOT.parents[1] / "shared" / "anchors") if p.exists()) / "training"
-ANCHOR = ANCHORS / "mlperf_v30_gpt3_175b_h100.csv"
-OUT = ROOT / "experiments" / "out"
+from common import OUT, anchor_dir  # noqa: E402
+
+ANCHOR = anchor_dir("training") / "mlperf_v30_gpt3_175b_h100.csv"
 
 
 def plan(row) -> tuple:

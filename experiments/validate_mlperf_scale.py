@@ -37,8 +37,9 @@ import jaxmodel as jm  # noqa: E402,I001  (imported before hw_db: the package wi
 import hw_db  # noqa: E402
 import validate_mlperf as v30  # noqa: E402
 
-ANCHOR = v30.ANCHORS / "mlperf_v31_v40_gpt3_175b_h100.csv"
-OUT = ROOT / "experiments" / "out"
+from common import OUT, anchor_dir  # noqa: E402
+
+ANCHOR = anchor_dir("training") / "mlperf_v31_v40_gpt3_175b_h100.csv"
 V30_VP_TP4_PP8 = 12          # v3.0 configs (validate_mlperf): TP 4, PP 8, VP 12
 
 

@@ -44,10 +44,10 @@ sys.path.insert(0, str(ROOT))
 import jaxmodel as jm  # noqa: E402,I001
 import hw_db  # noqa: E402
 
-ANCHORS = next(p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors",
-                           ROOT.parents[1] / "shared" / "anchors")
-               if p.exists()) / "training"
-OUT = ROOT / "experiments" / "out"
+sys.path.insert(0, str(ROOT / "experiments"))
+from common import OUT, anchor_dir  # noqa: E402
+
+ANCHORS = anchor_dir("training")
 MODELS = {"GPT3-5B": "gpt3-5b", "GPT3-20B": "gpt3-20b", "GPT3-175B": "gpt3-175b",
           "LLAMA2-7B": "llama2-7b", "LLAMA2-13B": "llama2-13b", "LLAMA2-70B": "llama2-70b",
           "LLAMA3-8B": "llama3-8b", "LLAMA3-70B": "llama3-70b", "Nemotron-8B": "nemotron3-8b",

@@ -72,8 +72,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import hw_db  # noqa: E402
 import jaxmodel as jm  # noqa: E402
 
-ANCHORS = "/work/shared/anchors/inference"
-OUT = os.path.join(os.path.dirname(__file__), "out")
+from common import OUT, anchor_dir  # noqa: E402
+
+ANCHORS = str(anchor_dir("inference"))
 STEP_GRID = np.arange(0.0, 2000.1e-6, 10e-6)
 LAYER_GRID = np.arange(0.0, 500.1e-6, 1e-6)
 PROFILE = "trtllm_v06"

@@ -40,7 +40,6 @@ Run: ``.venv/bin/python experiments/validate_table2.py [--calibrate]``
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -49,10 +48,9 @@ import jaxmodel as jm  # noqa: I001  (imported before hw_db: the package wires h
 import hw_db
 from jaxmodel.parallel import zero
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "experiments" / "out"
-ANCHORS = next(p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors")
-               if p.exists()) / "training"
+from common import OUT, anchor_dir  # noqa: E402
+
+ANCHORS = anchor_dir("training")
 SEQ = 2048.0
 
 

@@ -216,8 +216,8 @@ def parallelism_search(out: Path, say, quick: bool) -> pd.DataFrame:
     say(f"parallelism search: {df.attrs['n_evaluated']:,} plans for Llama-3-70B on "
         f"{8 * nodes} H100 in {df.attrs['wall_s']:.1f} s; {df.attrs['n_feasible']:,} feasible")
     df.head(200).to_csv(out / "parallelism_search_top200.csv", index=False)
-    from jaxmodel.plots import _figure, _save
-    fig = _figure()
+    from jaxmodel.plots import figure, save
+    fig = figure()
     ax = fig.add_subplot()
     feas = df[np.isfinite(df.step_time_s)]
     sc = ax.scatter(feas.memory_bytes / 1e9, feas.step_time_s, c=np.log2(feas.tp), s=3,
@@ -227,7 +227,7 @@ def parallelism_search(out: Path, say, quick: bool) -> pd.DataFrame:
     ax.set_ylabel("step time (s)")
     ax.set_yscale("log")
     ax.set_title(f"Llama-3-70B on {8 * nodes} H100: feasible plans")
-    _save(fig, out / "parallelism_search.png")
+    save(fig, out / "parallelism_search.png")
     return df
 
 
@@ -256,8 +256,8 @@ def codesign_run(out: Path, say, quick: bool):
     pd.DataFrame({"step": np.arange(len(res.best_history)),
                   "best_usd_per_mtok": res.best_history}).to_csv(out / "codesign_history.csv",
                                                                  index=False)
-    from jaxmodel.plots import _figure, _save
-    fig = _figure()
+    from jaxmodel.plots import figure, save
+    fig = figure()
     ax = fig.add_subplot()
     ax.plot(res.history, alpha=0.5)
     ax.plot(res.best_history, "k-", lw=2, label="best so far")
@@ -266,7 +266,7 @@ def codesign_run(out: Path, say, quick: bool):
     ax.set_ylabel("USD per million tokens (GPT-3 175B, 8 devices)")
     ax.legend(fontsize=8)
     ax.set_title("gradient co-design of the device")
-    _save(fig, out / "codesign.png")
+    save(fig, out / "codesign.png")
     return {"a100_design": {**init, **a100, "usd_per_mtok": a100_v},
             "codesign": {**res.params, **best, "usd_per_mtok": res.value,
                          "n_evals": res.n_evals}}

@@ -27,11 +27,12 @@ import numpy as np
 
 from jaxmodel.numerics import pareto_mask  # noqa: F401  (public here too)
 
-__all__ = ["pareto_mask", "pareto_plot", "breakdown_plot", "roofline_plot", "heatmap_plot",
-           "serving_plot"]
+__all__ = ["figure", "save", "pareto_mask", "pareto_plot", "breakdown_plot", "roofline_plot",
+           "heatmap_plot", "serving_plot"]
 
 
-def _figure(figsize=(6.4, 4.4)):
+def figure(figsize=(6.4, 4.4)):
+    """A matplotlib ``Figure`` on the Agg canvas (no pyplot state), constrained layout."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     fig = Figure(figsize=figsize, layout="constrained")
@@ -39,7 +40,9 @@ def _figure(figsize=(6.4, 4.4)):
     return fig
 
 
-def _save(fig, path):
+def save(fig, path):
+    """Write ``fig`` to ``path`` (PNG at 130 dpi, parent folders created) unless ``path`` is
+    None; returns ``fig``."""
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -59,7 +62,7 @@ def pareto_plot(df, x: str, y: str, maximize: bool = True, color: str | None = N
         color: optional column that colours the points.
         label_front: optional column annotated on a few front points.
     """
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot()
     xs, ys = np.asarray(df[x], float), np.asarray(df[y], float)
     ok = np.isfinite(xs) & np.isfinite(ys)
@@ -86,7 +89,7 @@ def pareto_plot(df, x: str, y: str, maximize: bool = True, color: str | None = N
     # a fixed corner: loc="best" scans every point (seconds for a 10^5-point sweep)
     ax.legend(fontsize=8, loc="lower right" if maximize else "upper right")
     ax.set_title(title or f"{y} vs {x}")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def breakdown_plot(breakdowns: Mapping[str, Mapping[str, float]], unit: str = "ms",
@@ -102,7 +105,7 @@ def breakdown_plot(breakdowns: Mapping[str, Mapping[str, float]], unit: str = "m
     comps: list[str] = []
     for b in breakdowns.values():
         comps += [k for k in b if k not in comps]
-    fig = _figure((max(6.4, 1.1 * len(labels) + 3), 4.6))
+    fig = figure((max(6.4, 1.1 * len(labels) + 3), 4.6))
     ax = fig.add_subplot()
     base = np.zeros(len(labels))
     cmap = __import__("matplotlib").colormaps["tab20"]
@@ -120,7 +123,7 @@ def breakdown_plot(breakdowns: Mapping[str, Mapping[str, float]], unit: str = "m
     ax.legend(fontsize=7, ncols=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="x" if horizontal else "y")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def roofline_plot(peak_flops: float, mem_bw: float, ops: Sequence[Mapping],
@@ -135,7 +138,7 @@ def roofline_plot(peak_flops: float, mem_bw: float, ops: Sequence[Mapping],
             FLOP/s, else on the roof).
         extra_roofs: ``{label: bytes/s}`` additional bandwidth roofs (e.g. L2).
     """
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot()
     ai = np.array([o["flops"] / max(o["bytes"], 1e-30) for o in ops] or [1.0])
     lo, hi = min(ai.min() / 4, peak_flops / mem_bw / 20), max(ai.max() * 4,
@@ -154,7 +157,7 @@ def roofline_plot(peak_flops: float, mem_bw: float, ops: Sequence[Mapping],
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title(title)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def heatmap_plot(df, x: str, y: str, value: str, agg: str = "min", log: bool = True,
@@ -163,7 +166,7 @@ def heatmap_plot(df, x: str, y: str, value: str, agg: str = "min", log: bool = T
     import pandas as pd
     clean = df.replace([np.inf, -np.inf], np.nan)
     table = pd.pivot_table(clean, index=y, columns=x, values=value, aggfunc=agg)
-    fig = _figure((max(5.0, 0.55 * table.shape[1] + 2.5), max(4.0, 0.4 * table.shape[0] + 1.5)))
+    fig = figure((max(5.0, 0.55 * table.shape[1] + 2.5), max(4.0, 0.4 * table.shape[0] + 1.5)))
     ax = fig.add_subplot()
     data = table.to_numpy(dtype=float)
     shown = np.log10(np.where(data > 0, data, np.nan)) if log else data
@@ -180,7 +183,7 @@ def heatmap_plot(df, x: str, y: str, value: str, agg: str = "min", log: bool = T
                 ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=6,
                         color="w")
     ax.set_title(title or f"{agg} {value}")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def serving_plot(df, x: str = "tokens_per_s_per_user", y: str = "throughput_per_gpu",
@@ -189,7 +192,7 @@ def serving_plot(df, x: str = "tokens_per_s_per_user", y: str = "throughput_per_
     is absent): ``y`` (output tokens/s per device) against ``x`` (tokens/s per user), one
     colour and one Pareto front per value of ``by`` (aggregated / disaggregated), and the
     overall front. ``df``: :func:`jaxmodel.search_serving` with ``full=True``."""
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot()
     ok = np.asarray(df["meets_slo"], bool) if "meets_slo" in df else np.ones(len(df), bool)
     xs, ys = np.asarray(df[x], float), np.asarray(df[y], float)
@@ -211,4 +214,4 @@ def serving_plot(df, x: str = "tokens_per_s_per_user", y: str = "throughput_per_
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     ax.set_title(title or "serving deployments")
-    return _save(fig, path)
+    return save(fig, path)

@@ -121,7 +121,7 @@ class Device:
     """One accelerator after LLMCompass's hardware template (system → device → core → lane).
 
     Source: LLMCompass §III-A, Fig. 2 and the JSON templates in
-    ``shared/anchors/llmcompass_configs``. A device has ``core_count`` cores; each core has
+    ``validation/anchors/llmcompass_configs``. A device has ``core_count`` cores; each core has
     ``lanes_per_core`` lanes, each lane one vector unit (``vector_width`` elements ×
     ``vector_flops_per_cycle`` FLOP per element per cycle) and one systolic array of
     ``sa_rows × sa_cols`` PEs doing ``sa_mac_per_cycle`` MACs per cycle each. Cores share a
@@ -375,17 +375,17 @@ RANGES: dict[str, dict[str, Rule]] = {
         "global_buffer_reuse_fraction": SHARE,
         "mem_bw": BANDWIDTH,
         "mem_capacity": _real(2.0 ** 20, 1e16, "B"),
-        "mem_bw_efficiency": FRACTION,
+        "mem_bw_efficiency": _real(0.01, 1.0),        # shipped 0.58 .. 1; < 1 % is no memory
         "matmul_overhead_s": LATENCY,
         "softmax_overhead_s": LATENCY,
         "layernorm_overhead_s": LATENCY,
         "gelu_overhead_s": LATENCY,
-        "vector_dtype_bytes": _real(0, 8, "B", lo_open=True),
+        "vector_dtype_bytes": _real(0.5, 8, "B"),      # an element word: fp4 (0.5 B) .. fp64
         "process_node_nm": _real(0.1, 1000, "nm"),
         "physical_core_count": _count(0, 1e6),      # 0 = core_count
-        "mem_channels": _count(0, 1e4),
+        "mem_channels": _count(1, 1e4),               # a device with memory has a channel
         "device_links": _count(0, 1e4),
-        "tdp_w": _real(0, 1e6, "W"),
+        "tdp_w": _real(1.0, 1e6, "W"),                # a powered chip draws >= 1 W
         "physical_global_buffer_bytes": _real(1024.0, 2.0 ** 50, "B", special=AREA_SENTINEL),
         "physical_local_buffer_bytes": _real(1024.0, 2.0 ** 50, "B", special=AREA_SENTINEL),
         "physical_mem_channels": _count(0, 1e4, special=AREA_SENTINEL),
@@ -561,7 +561,13 @@ def validate_device(dev: Device, where: str = "Device") -> Device:
     """
     if not isinstance(dev, Device):
         raise ValueError(f"{where}: expected a jaxmodel.Device, got {type(dev).__name__}")
-    return validate_fields(dev, where)
+    validate_fields(dev, where)
+    phys, cores = dev.physical_core_count, dev.core_count
+    if _concrete_scalars(phys, cores) and float(phys) != 0 and float(phys) < float(cores):
+        raise ValueError(f"{where}: field 'physical_core_count' = {phys!r} is below "
+                         f"core_count = {cores!r} (the die has at least the enabled cores; "
+                         f"0 = core_count)")
+    return dev
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,10 +34,7 @@ def float32():
 
 @pytest.fixture(scope="session")
 def anchors():
-    """Path to ``../shared/anchors`` (real measurements and reference outputs)."""
-    from pathlib import Path
-    here = Path(__file__).resolve().parent.parent
-    for cand in (here.parent / "shared" / "anchors", here / "shared" / "anchors"):
-        if cand.exists():
-            return cand
-    pytest.skip("shared/anchors not found beside the repository")
+    """Path to the repository's ``validation/anchors`` (real measurements and reference
+    outputs); a missing folder is an error, never a skip."""
+    from jaxmodel.anchors import anchor_dir
+    return anchor_dir()

@@ -42,7 +42,7 @@ PACKAGES = ("jaxmodel", "hw_db")
 
 RANKS = {
     "jaxmodel.types": 0, "jaxmodel.numerics": 0, "jaxmodel.runtime": 0,
-    "jaxmodel.tech_tables": 0, "jaxmodel.recipes": 0,
+    "jaxmodel.tech_tables": 0, "jaxmodel.anchors": 0, "jaxmodel.recipes": 0,
     "jaxmodel.precision": 0.5,
     "jaxmodel.runtime_profile": 0,
     "jaxmodel.batching": 1,

@@ -245,3 +245,65 @@ def test_dropout_knob_is_a_code():
     for bad in (3, 1.5, -1):
         with pytest.raises(ValueError, match="dropout"):
             validate_knobs("f", dropout=bad)
+
+
+# Malformed device/system values: physically meaningless values a rule-derived generator cannot
+# know (zero channels, a sub-nibble word, a 0 W chip, a 1e-9 memory efficiency, fewer cores
+# on the die than enabled) plus, for every field of RANGES["Device"] / RANGES["NetLevel"],
+# non-finite, wrong-type, negative, above-range and non-integral values.
+_MALFORMED_EXPLICIT = [
+    ("Device", "mem_channels", 0), ("Device", "vector_dtype_bytes", 0.1),
+    ("Device", "tdp_w", 0.0), ("Device", "mem_bw_efficiency", 1e-9),
+    ("Device", "physical_core_count", 64.0), ("Device", "mem_capacity", 0.0),
+    ("Device", "freq_hz", 0.0), ("Device", "core_count", 0.0), ("Device", "mem_bw", 0.0),
+    ("NetLevel", "efficiency", 0.0), ("NetLevel", "bw_per_device", 0.0),
+    ("NetLevel", "size", 0.0)]
+
+
+def _malformed_cases():
+    import math
+
+    from jaxmodel.types import RANGES
+    out = list(_MALFORMED_EXPLICIT)
+    for cls in ("Device", "NetLevel"):
+        for field, rule in RANGES[cls].items():
+            out += [(cls, field, v) for v in (math.nan, math.inf, -math.inf, "x", -2.0)]
+            if rule.hi != math.inf:
+                out.append((cls, field, rule.hi * 2 + 1))
+            if rule.integer:
+                out.append((cls, field, max(rule.lo, 1) + 0.5))
+    return out
+
+
+def _names_field_and_value(cls, field, value, system):
+    """True when the malformed value raises ValueError naming the field and the value."""
+    from jaxmodel.types import validate_system
+    try:
+        if cls == "Device":
+            dev = dataclasses.replace(system.device, **{field: value})
+            bad = dataclasses.replace(system, device=dev)
+        else:
+            levels = list(system.levels)
+            levels[0] = dataclasses.replace(levels[0], **{field: value})
+            bad = dataclasses.replace(system, levels=tuple(levels))
+        validate_system(bad)
+    except ValueError as e:
+        msg = str(e)
+        return field in msg and (repr(value) in msg or str(value) in msg)
+    return False
+
+
+def test_malformed_device_and_system_values_name_the_field_and_value():
+    system = hw_db.system("dgx_a100")
+    cases = _malformed_cases()
+    missed = [c for c in cases if not _names_field_and_value(*c, system)]
+    assert 1 - len(missed) / len(cases) >= 0.95, missed
+    assert not [c for c in missed if c in _MALFORMED_EXPLICIT], missed
+
+
+def test_physical_core_count_zero_or_at_least_core_count():
+    dev = hw_db.device("a100_80gb")
+    for ok in (0.0, dev.core_count, 128.0):
+        jm.types.validate_device(dataclasses.replace(dev, physical_core_count=ok))
+    with pytest.raises(ValueError, match=r"physical_core_count' = 100\.0"):
+        jm.types.validate_device(dataclasses.replace(dev, physical_core_count=100.0))

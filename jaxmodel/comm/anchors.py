@@ -1,4 +1,4 @@
-"""Loaders for the measured all-reduce anchors (``shared/anchors``), as tidy arrays.
+"""Loaders for the measured all-reduce anchors (``validation/anchors``), as tidy arrays.
 
 Each loader returns a dict with ``name``, ``system`` (hw_db name), ``nodes``, ``group`` (group
 size per row), ``nbytes`` and ``seconds`` (measured latency), all numpy arrays, filtered to

@@ -29,9 +29,9 @@ Formulas (CATCH ``design.py`` @ d60dafb):
   NRE ``= [core·Σ frac·(FE + BE $/mm²) + reticle_share·Σ masks]/quantity`` summed over the tree.
 
 Example:
-    (skipped as a doctest: the CATCH library lives in ``shared/anchors`` beside the repository)
+    (skipped as a doctest: the CATCH library lives in the repository's ``validation/anchors``)
 
-    >>> lib = "shared/anchors/chiplet_cost_library"
+    >>> lib = "validation/anchors/chiplet_cost_library"
     >>> sip, netlist = f"{lib}/examples/sip.xml", f"{lib}/examples/netlist.xml"
     >>> r = chiplet_cost(sip, netlist, lib)      # doctest: +SKIP
     >>> float(r.total_usd)                       # doctest: +SKIP
@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmodel.anchors import ANCHORS
 from jaxmodel.batching import map_points
 from jaxmodel.cost import wafer
 from jaxmodel.numerics import safe_div
@@ -65,8 +66,7 @@ LIBRARY_FILES = {
     "assembly": ("assembly_process_definitions.xml", "assembly", "name"),
     "test": ("test_definitions.xml", "test_process", "name"),
 }
-_DEFAULT_LIBRARY = Path(__file__).resolve().parents[2].parent / "shared" / "anchors" / \
-    "chiplet_cost_library"
+_DEFAULT_LIBRARY = ANCHORS / "chiplet_cost_library"
 
 # Numeric attributes read from each library element (all required by CATCH's readers).
 _IO_KEYS = ("tx_area", "rx_area", "bandwidth", "wire_count", "energy_per_bit", "reach")
@@ -367,7 +367,7 @@ def load_chiplet_system(system_xml: str | Path, netlist_xml: str | Path,
         netlist_xml: ``<netlist><net type block0 block1 bb_count bandwidth
             average_bandwidth_utilization/>``; ``external`` means off-package.
         library_dir: folder holding the five library XMLs (default: the shipped CATCH library
-            in ``shared/anchors/chiplet_cost_library``).
+            in ``validation/anchors/chiplet_cost_library``).
 
     Raises:
         ValueError: malformed XML, missing attributes, unknown references (IO type, layer,
