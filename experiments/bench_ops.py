@@ -21,7 +21,6 @@ import dataclasses
 import os
 import sys
 import time
-from pathlib import Path
 
 from _bench import import_jaxmodel
 
@@ -34,7 +33,7 @@ import pandas as pd
 
 import hw_db
 
-OUT = Path(__file__).resolve().parent / "out"
+from common import OUT  # noqa: E402
 N_DEVICES = 20_000
 REPEATS = 3
 

@@ -28,12 +28,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "experiments" / "out"
+from common import OUT, ROOT  # noqa: E402
 # the console script's entry point, run on this checkout (argv[0] is what the script sets)
 CLI = ("import sys; sys.argv[0] = 'jaxmodel'; from jaxmodel.cli import main; "
        "sys.exit(main())")

@@ -38,7 +38,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 if "--cache" in sys.argv:          # before importing jaxmodel, which configures the cache
     os.environ["JAXMODEL_CACHE_DIR"] = sys.argv[sys.argv.index("--cache") + 1]
@@ -58,7 +57,7 @@ import pandas as pd  # noqa: E402
 
 import hw_db  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "out"
+from common import OUT  # noqa: E402
 COLS = ["dp", "tp", "pp", "sp", "micro_batch", "interleave", "schedule", "recompute", "zero",
         "zero3_impl", "flash_attention", "dp_overlap", "grad_bytes", "tp_overlap", "step_time_s", "mfu",
         "hfu", "memory_bytes"]

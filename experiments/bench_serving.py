@@ -25,7 +25,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 _t0 = time.perf_counter()
 import jaxmodel as jm  # noqa: E402,I001  (first: its import time is measured)
@@ -44,7 +43,7 @@ def _on_event(name, secs, **_):
 
 jax.monitoring.register_event_duration_secs_listener(_on_event)
 
-OUT = Path(__file__).resolve().parent / "out"
+from common import OUT  # noqa: E402
 ISL, OSL = 1024, 256
 # illustrative interactive-chat limits: first token within 1 s, 20 tokens/s per user
 TTFT_SLO_S, TPOT_SLO_S = 1.0, 0.05

@@ -20,7 +20,6 @@ import itertools
 import json
 import sys
 import time
-from pathlib import Path
 
 from _bench import import_jaxmodel
 
@@ -34,7 +33,7 @@ import pandas as pd
 import hw_db
 from jaxmodel.parallel.gemm_table import GemmTable
 
-OUT = Path(__file__).resolve().parent / "out"
+from common import OUT  # noqa: E402
 N_DEVICES = 1024
 GLOBAL_BATCH = 1536
 SEQ = 2048

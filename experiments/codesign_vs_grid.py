@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -35,7 +34,7 @@ import jaxmodel as jm
 import hw_db
 from jaxmodel.search.objectives import evaluate_design, make_objective
 
-OUT = Path(__file__).resolve().parent / "out"
+from common import OUT  # noqa: E402
 
 BOUNDS = {"core_count": (8.0, 256.0), "hbm_stacks": (1.0, 8.0),
           "global_buffer_bytes": (8 * 2 ** 20, 128 * 2 ** 20),

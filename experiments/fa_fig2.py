@@ -33,8 +33,7 @@ import pandas as pd
 import jaxmodel as jm  # noqa: I001  (imported before hw_db)
 import hw_db
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "experiments" / "out"
+from common import OUT  # noqa: E402
 
 MODELS = ("gpt2-small", "gpt2-medium")
 # (label, flash code, context, sequences per step)

@@ -29,7 +29,6 @@ Run: ``.venv/bin/python experiments/fa_fig5.py``
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -40,8 +39,7 @@ import jaxmodel as jm  # noqa: I001  (imported before hw_db)
 import hw_db
 from jaxmodel.workload import layer as wl
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "experiments" / "out"
+from common import OUT  # noqa: E402
 SEQ = 2048.0
 BATCHES = (16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0)
 GPUS = {"A100": "dgx_a100", "H100": "dgx_h100", "B200": "dgx_b200"}

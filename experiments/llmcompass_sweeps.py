@@ -37,7 +37,7 @@ import jaxmodel as jm  # noqa: I001
 import hw_db
 from jaxmodel.workload.layer import LAYER_OPS
 
-OUT = Path(__file__).resolve().parent / "out"
+from common import OUT  # noqa: E402
 KIB, MIB = 1024.0, 2.0 ** 20
 GPT3 = "gpt3-175b"
 PREFILL = dict(batch=8.0, seq_len=2048.0, phase="prefill", kv_len=0.0)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -34,7 +33,7 @@ import numpy as np
 import hw_db
 import jaxmodel as jm
 
-OUT = Path(__file__).resolve().parent / "out"
+from common import OUT  # noqa: E402
 MIB = 2.0 ** 20
 PAPER = {  # Table IV: area mm², normalised performance, die $, memory $, total $, perf/cost
     "latency": (478, 0.95, 80, 560, 640, 1.06),

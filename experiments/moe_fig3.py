@@ -42,8 +42,7 @@ import pandas as pd
 import jaxmodel as jm  # noqa: I001  (imported before hw_db)
 import hw_db
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "experiments" / "out"
+from common import OUT  # noqa: E402
 GPUS = (32.0, 64.0, 128.0, 256.0)
 TP, BATCH, SEQ = 4.0, 1024.0, 2048.0
 PER_NODE = 4.0

@@ -39,7 +39,6 @@ Run: ``.venv/bin/python experiments/moe_fig6.py``
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -49,8 +48,7 @@ import pandas as pd
 import jaxmodel as jm  # noqa: I001  (imported before hw_db)
 import hw_db
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "experiments" / "out"
+from common import OUT  # noqa: E402
 SEQ = 2048.0
 
 

@@ -53,7 +53,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 
 import jax
 import pandas as pd
@@ -63,7 +62,7 @@ import hw_db
 from jaxmodel.parallel import train as _train
 from jaxmodel.workload import layer as _layer
 
-OUT = Path(__file__).resolve().parent / "out"
+from common import OUT  # noqa: E402
 PLAN = ("dp", "tp", "pp", "sp", "micro_batch", "interleave", "schedule", "recompute", "zero",
         "flash_attention")
 OPTS = ("dp_overlap", "grad_bytes", "tp_overlap")

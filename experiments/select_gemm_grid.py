@@ -38,7 +38,7 @@ import jaxmodel  # noqa: E402,F401  (before hw_db)
 import hw_db  # noqa: E402
 from jaxmodel.ops import gemm as G  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "out"
+from common import OUT  # noqa: E402
 
 
 def mapping_universe() -> np.ndarray:

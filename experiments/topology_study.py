@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -31,7 +30,7 @@ import pandas as pd
 import jaxmodel as jm  # noqa: I001  (import before hw_db)
 import hw_db
 
-OUT = Path(__file__).resolve().parent / "out"
+from common import OUT  # noqa: E402
 TOPOLOGIES = ("fully_connected", "switch", "ring", "mesh2d")
 SIZES = (8, 16)
 BATCH, PROMPT, GEN = 8, 2048, 128
