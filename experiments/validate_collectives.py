@@ -40,6 +40,7 @@ ANCHORS = next(p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" /
                if p.exists())
 OUT = ROOT / "experiments" / "out"
 TARGETS = {"llmcompass_a100x4": 10.0, "llmcompass_tpuv3_8": 10.0, "nccl_8xa100": 10.0,
+           "nccl_8xh100": 10.0,
            "vidur_single_node": 10.0, "vidur_h100_single_node": 10.0}
 
 
