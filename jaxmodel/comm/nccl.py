@@ -142,8 +142,8 @@ def nvls_allreduce_factor(nvls_efficiency):
     ``bw = min(intraBw, interBw)`` with ``interBw = bwInter = bwIntra`` inside one node, and the
     bus bandwidth converted to algorithm bandwidth by ``nRanks / nsteps = m / (2(m−1))``: NCCL
     models ``2(m−1)/m · n / (B · min(2 · eff, 1))`` (``(nCh−1)/nCh`` → 1), a ring's bandwidth
-    time whenever ``eff ≥ 0.5``. The executed time uses the same (the measured H100 kernel
-    times at 2/4/8 GPUs show one bus bandwidth, whichever algorithm NCCL picks). Returns
+    time whenever ``eff ≥ 0.5``. The executed time uses the same where the level gives NVLS
+    no bandwidth of its own (``nvls_bw = 0``; else :func:`nvls_allreduce_time`). Returns
     ``2 / min(2 · eff, 1)``.
     """
     f = jnp.result_type(float)
