@@ -36,6 +36,7 @@ from jaxmodel.comm import anchors
 
 from common import ANCHORS, OUT  # noqa: E402
 TARGETS = {"llmcompass_a100x4": 10.0, "llmcompass_tpuv3_8": 10.0, "nccl_8xa100": 10.0,
+           "nccl_8xh100": 10.0,
            "vidur_single_node": 10.0, "vidur_h100_single_node": 10.0}
 
 

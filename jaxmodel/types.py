@@ -418,6 +418,8 @@ RANGES: dict[str, dict[str, Rule]] = {
         "ll128_efficiency": FRACTION,
         "channel_copy_bw": _real(1e6, 1e15, "B/s", special=(0.0,)),   # 0 = no bound
         "nccl_bw": _real(1e6, 1e15, "B/s", special=(0.0,)),   # 0 = the executed bandwidth
+        "nvls_bw": _real(1e6, 1e15, "B/s", special=(0.0,)),   # 0 = NVLS at the ring's
+        "nvls_chunk_latency": LATENCY,
     },
     "Model": {
         "n_layers": _count(1, 1e5),
@@ -622,6 +624,15 @@ class NetLevel:
             bw_per_device``. Also stands for the tree and NVLS graphs' bandwidth in the
             tuner (NCCL uses ``graphs[NCCL_ALGO_TREE]`` / ``graphs[NCCL_ALGO_NVLS]``; an
             approximation) and applies on switch tiers only.
+        nvls_bw: executed algorithm bandwidth of NCCL's NVLS all-reduce on an NVLink tier,
+            bytes/s per GPU: each GPU sends and receives the whole buffer once through the
+            switch (:func:`jaxmodel.comm.nccl.nvls_allreduce_time`); NCCL's tuner still
+            chooses by its own NVLS model. Calibration constant; 0 (default) = NVLS all-reduce at the
+            ring's bus bandwidth (:func:`jaxmodel.comm.nccl.nvls_allreduce_factor`).
+        nvls_chunk_latency: per-chunk overhead ``c`` of the NVLS all-reduce's pipeline
+            (:func:`jaxmodel.comm.collectives._pipelined`), s, where ``nvls_bw > 0``: the
+            multimem kernels' synchronisation per chunk through the switch. Calibration
+            constant.
     """
 
     size: Array
@@ -645,6 +656,8 @@ class NetLevel:
     ll128_efficiency: Array = 0.92
     channel_copy_bw: Array = 0.0
     nccl_bw: Array = 0.0
+    nvls_bw: Array = 0.0
+    nvls_chunk_latency: Array = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "topology", code_of(self.topology, TOPOLOGIES, "topology"))

@@ -12,6 +12,8 @@ Sources (see the READMEs in the anchor folders):
 - ``llmcompass_measured/allreduce_TPUv3.csv``: JAX psum on a TPUv3-8, sizes >= 4 KiB.
 - ``network/nccl_allreduce_busbw_8xA100.csv``: nccl-tests bus bandwidth on 8xA100 (Azure ND
   A100 v4), sizes >= 64 KiB; latency = size / algbw, algbw = busbw · n / (2(n − 1)).
+- ``network/nccl_allreduce_busbw_8xH100.csv``: nccl-tests bus bandwidth on one 8xH100 SXM
+  NVSwitch node (Azure ND H100 v5), 1 MiB - 8 GiB, converted as above.
 - ``network/allreduce_kernel_times_A100.csv``: vidur kernel times (median) on A100 DGX nodes.
 - ``network/allreduce_kernel_times_H100.csv``: vidur kernel times (median) on one H100 DGX
   node, 2/4/8 GPUs, 2 KiB - 64 MiB.
@@ -24,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-__all__ = ["load_all", "a100x4", "tpuv3", "nccl_8xa100", "vidur", "vidur_h100", "mixed_modes",
+__all__ = ["load_all", "a100x4", "tpuv3", "nccl_8xa100", "nccl_8xh100", "vidur", "vidur_h100", "mixed_modes",
            "subset"]
 
 
@@ -57,6 +59,16 @@ def nccl_8xa100(root: Path, min_bytes: float = 65536):
     n = d.num_gpus.to_numpy(dtype=float)
     algbw = d.busbw_GBps.to_numpy() * 1e9 * n / (2.0 * (n - 1.0))
     return _pack("nccl_8xa100", "dgx_a100", 1, n, d.size_bytes, d.size_bytes / algbw)
+
+
+def nccl_8xh100(root: Path, min_bytes: float = 2**20):
+    """nccl-tests all-reduce on one 8xH100 SXM node (Azure ND H100 v5), converted from bus
+    bandwidth as :func:`nccl_8xa100`."""
+    d = pd.read_csv(Path(root) / "network" / "nccl_allreduce_busbw_8xH100.csv")
+    d = d[d.size_bytes >= min_bytes]
+    n = d.gpus.to_numpy(dtype=float)
+    algbw = d.busbw_GBps.to_numpy() * 1e9 * n / (2.0 * (n - 1.0))
+    return _pack("nccl_8xh100", "dgx_h100", 1, n, d.size_bytes, d.size_bytes / algbw)
 
 
 def vidur(root: Path, which: str = "single_node"):
@@ -131,5 +143,6 @@ def mixed_modes(ds, ratio: float = 2.0, window: float = 1.25):
 def load_all(root: Path):
     """Every acceptance dataset, in the order of the acceptance list, then the two-node A100
     rows (a documented comparison only: undocumented fabric)."""
-    return [a100x4(root), tpuv3(root), nccl_8xa100(root), vidur(root, "single_node"),
+    return [a100x4(root), tpuv3(root), nccl_8xa100(root), nccl_8xh100(root),
+            vidur(root, "single_node"),
             vidur_h100(root), vidur(root, "two_node_16"), vidur(root, "two_node_other")]

@@ -60,7 +60,7 @@ from jaxmodel.numerics import smooth_ceil_div
 __all__ = ["PROTOCOLS", "LL128_FACTOR", "NVLINK", "PCI", "NET", "BASE_LAT", "HW_LAT", "latency",
            "bw_factor",
            "NVLINK_BW_PER_LINK", "TREE_CORRECTION", "tree_correction", "ring_plateau",
-           "channel_factor", "nvls_allreduce_factor", "copy_bytes", "copy_time"]
+           "channel_factor", "nvls_allreduce_factor", "nvls_allreduce_time", "copy_bytes", "copy_time"]
 
 PROTOCOLS = ("ll", "ll128", "simple")
 NVLINK, PCI, NET = 0.0, 1.0, 2.0
@@ -142,13 +142,36 @@ def nvls_allreduce_factor(nvls_efficiency):
     ``bw = min(intraBw, interBw)`` with ``interBw = bwInter = bwIntra`` inside one node, and the
     bus bandwidth converted to algorithm bandwidth by ``nRanks / nsteps = m / (2(m−1))``: NCCL
     models ``2(m−1)/m · n / (B · min(2 · eff, 1))`` (``(nCh−1)/nCh`` → 1), a ring's bandwidth
-    time whenever ``eff ≥ 0.5``. The executed time uses the same (the measured H100 kernel
-    times at 2/4/8 GPUs show one bus bandwidth, whichever algorithm NCCL picks). Returns
+    time whenever ``eff ≥ 0.5``. The executed time uses the same where the level gives NVLS
+    no bandwidth of its own (``nvls_bw = 0``; else :func:`nvls_allreduce_time`). Returns
     ``2 / min(2 · eff, 1)``.
     """
     f = jnp.result_type(float)
     eff = jnp.asarray(nvls_efficiency, dtype=f)
     return 2.0 / jnp.clip(2.0 * eff, 1e-9, 1.0)
+
+
+def nvls_allreduce_time(ring_bwt, m, bw, nvls_bw):
+    """Bandwidth time of NCCL's NVLS all-reduce at its own executed bandwidth, s.
+
+    NCCL ``src/device/all_reduce.h`` (``runRing``'s NVLS sibling, ``ncclFunction`` NVLS,
+    2.18+): the scatter/reduce warps issue ``multimem.ld_reduce`` on the multicast address,
+    which makes the NVSwitch read the rank's ``n/m`` shard from all ``m`` GPUs and return
+    the sum, and ``multimem.st`` writes the result, which the switch replicates to every
+    GPU. Each GPU's link therefore carries the whole buffer ``n`` once in each direction
+    (its ``m`` shards read, ``m`` shards written), against ``2(m−1)/m · n`` for the ring: the
+    bus bandwidth ``2(m−1)/m · n / t`` can exceed the link's. ``nvls_bw`` (bytes/s per GPU,
+    level constant, fitted on nccl-tests) is what the multimem kernels sustain.
+
+    Args:
+        ring_bwt: the part's traffic time ``(m−1)/m · n / bw``, s (with the packet overhead
+            of the message), as :func:`nvls_allreduce_factor` takes it.
+        m: group size; bw: the bandwidth ``ring_bwt`` was computed at, bytes/s.
+    Returns ``n / nvls_bw`` (with the same packet overhead), s.
+    """
+    f = jnp.result_type(float)
+    m = jnp.asarray(m, dtype=f)
+    return ring_bwt * m / jnp.maximum(m - 1.0, 1.0) * bw / nvls_bw
 
 
 def channel_factor(alg: str, n, m, channels):

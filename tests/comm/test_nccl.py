@@ -517,3 +517,37 @@ def test_nccl_bw_applies_on_switch_tiers_only():
                                     n, ops=("all_reduce",))[0]["all_reduce"]
     ring = coll.ALGORITHMS.index("ring")
     assert float(sw[2][ring]) > 10 * float(t0[2][ring])
+
+
+def test_nvls_own_bandwidth_hand_derived_and_tuner_unchanged():
+    """With ``nvls_bw`` the executed NVLS all-reduce moves the whole buffer once each way at
+    it (multimem ld_reduce + st): ``25 µs + (√(2c) + √(n/nvls_bw))²``; its bus bandwidth
+    can exceed the link's; NCCL's tuner time (what ``auto`` chooses by) is unchanged."""
+    n, bw, c = 2.0**28, 300e9, 2e-6
+    base = nvswitch(8, inr=1.0)
+    lvl = dataclasses.replace(base, nvls_bw=bw, nvls_chunk_latency=c)
+    new = coll.level_algorithm_times(lvl, 8.0, n, ops=("all_reduce",))[0]["all_reduce"]
+    old = coll.level_algorithm_times(base, 8.0, n, ops=("all_reduce",))[0]["all_reduce"]
+    t = float(new[0][coll.ALGORITHMS.index("in_network")])      # executed
+    assert t == pytest.approx(25e-6 + (np.sqrt(2 * c) + np.sqrt(n / bw)) ** 2, rel=1e-9)
+    assert 2 * 7 / 8 * n / t > B                   # bus bandwidth above the link's
+    np.testing.assert_allclose(np.asarray(new[2]), np.asarray(old[2]), rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_nccl_8xh100_nvls_within_target():
+    """nccl-tests all-reduce on one 8xH100 node, 1 MiB - 8 GiB: ``auto`` (NVLS from 2 MiB,
+    ring LL at 1 MiB as NCCL's rule) within 10 % MAPE, every NVLS row within 10 %."""
+    from pathlib import Path
+    from jaxmodel.comm import anchors
+    root = next((p for p in (Path(__file__).resolve().parents[3] / "shared" / "anchors",
+                             Path(__file__).resolve().parents[2] / "shared" / "anchors")
+                 if p.exists()), None)
+    if root is None:
+        pytest.skip("shared anchors not present")
+    ds = anchors.nccl_8xh100(root)
+    sys_ = hw_db.system("dgx_h100")
+    auto = np.asarray(jm.collective_latency(sys_, "all_reduce", ds["nbytes"], ds["group"]))
+    err = auto / ds["seconds"] - 1.0
+    assert np.mean(np.abs(err)) < 0.10
+    assert np.all(np.abs(err[ds["nbytes"] >= 2**21]) < 0.10)
