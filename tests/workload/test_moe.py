@@ -362,3 +362,18 @@ def test_grouped_float32(float32):
     t64 = np.asarray(jax.vmap(_grouped_ffn_time)(jnp.asarray(T, jnp.float64)))
     jax.config.update("jax_enable_x64", False)
     np.testing.assert_allclose(t32, t64, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_deepseek_v3_serves_with_experts_over_the_tp_ranks():
+    """DeepSeek-V3 on one 8×H200 node, attention TP 8 × EP 8 (vLLM --enable-expert-parallel):
+    feasible, the same expert weights per device as TP 8 alone, a TPOT within 10 % of it."""
+    m, s = hw_db.model("deepseek-v3"), hw_db.system("dgx_h200")
+    par = jm.Parallelism(tp=jnp.array([8.0, 8.0]), ep=jnp.array([1.0, 8.0]),
+                         flash_attention=True)
+    r = jm.inference(s, m, par, 32, 4096, 1024, precision="fp8")
+    assert np.asarray(r.feasible).all()
+    w = np.asarray(r.breakdown["memory.weights"])
+    assert w[1] == pytest.approx(w[0], rel=1e-6)
+    tpot = np.asarray(r.tpot_s)
+    assert np.isfinite(tpot).all() and tpot[1] == pytest.approx(tpot[0], rel=0.1)
