@@ -149,8 +149,10 @@ def moe_dims(model: Model, par: Parallelism, tokens, dtype_bytes=2.0, dropless=F
 @batched
 def moe_feasibility(model: Model, par: Parallelism):
     """``(feasible, reason)`` of the plan's expert rule (batched): ``ep`` divides the experts
-    and the data-parallel degree (DeepSpeed-TED eq. 2 with integer ``DP_exp = dp/ep``; the
-    rule lives in :mod:`jaxmodel.parallel.plan`).
+    and either the data-parallel degree (DeepSpeed-TED eq. 2 with integer ``DP_exp = dp/ep``)
+    or is ``dp`` times a divisor of ``tp`` (the EP group folded over TP ranks,
+    :func:`~jaxmodel.workload.params.expert_tp`); the rule lives in
+    :mod:`jaxmodel.parallel.plan`.
 
     Example:
         >>> ok, why = moe_feasibility(hw_db.model("mixtral-8x7b"), jm.Parallelism(dp=3, ep=3))
