@@ -140,10 +140,13 @@ def print_training(model, system, par, r):
         print(f"    {k:12s} {float(v) / GiB:7.2f}")
 
 
-def serving():
+def serving(ep=1):
+    """``ep > 1``: the experts over the TP ranks (attention TP 8 × EP 8, expert TP 1), the
+    layout vLLM ``--enable-expert-parallel``, SGLang ``--ep-size`` and TensorRT-LLM
+    ``moe_expert_parallel_size`` serve."""
     model = hw_db.model("deepseek-v3")
     system = hw_db.system("dgx_h200")
-    par = jm.Parallelism(tp=SERVE["tp"], flash_attention=True)
+    par = jm.Parallelism(tp=SERVE["tp"], ep=ep, flash_attention=True)
     r = jm.inference(system, model, par, SERVE["batch"], SERVE["prompt_len"],
                      SERVE["gen_len"], precision=SERVE["precision"])
     return model, system, par, r
@@ -204,6 +207,15 @@ def main():
                  "reason": REASONS[int(r.reason)], "ttft_s": float(r.ttft_s),
                  "tpot_s": float(r.tpot_s), "memory_gib": float(r.memory_bytes) / GiB,
                  "kv_latent_bytes_per_token_gpu": latent, "kv_mha_bytes_per_token_gpu": mha})
+    _, _, par_ep, r_ep = serving(ep=SERVE["tp"])
+    print(f"  with the experts over the TP ranks (tp {int(par_ep.tp)} × ep {int(par_ep.ep)}): "
+          f"feasible {bool(r_ep.feasible)} ({REASONS[int(r_ep.reason)]}); TTFT "
+          f"{float(r_ep.ttft_s) * 1e3:.0f} ms, TPOT {float(r_ep.tpot_s) * 1e3:.1f} ms, "
+          f"{float(r_ep.tokens_per_s):.0f} tokens/s, weights "
+          f"{float(r_ep.breakdown['memory.weights']) / GiB:.2f} GiB per GPU")
+    rows.append({"case": "serve_h200x8_ep8", "feasible": bool(r_ep.feasible),
+                 "reason": REASONS[int(r_ep.reason)], "ttft_s": float(r_ep.ttft_s),
+                 "tpot_s": float(r_ep.tpot_s), "memory_gib": float(r_ep.memory_bytes) / GiB})
     pd.DataFrame(rows).to_csv(OUT / "deepseek_v3.csv", index=False)
     return rows
 

@@ -33,7 +33,13 @@ Clusters Using Megatron-LM", §3.2 "Takeaway #1/#2"): device id
 ``= tp_rank + tp·(pp_rank + pp·dp_rank)`` — TP innermost (inside a node), then PP, then DP.
 The expert-parallel group takes ``ep`` consecutive data-parallel ranks (DeepSpeed-TED,
 Singh et al., ICS 2023, eq. 2: ``TP × EP × DP_exp = TP × DP``), so ``ep | dp`` and the
-expert-data-parallel group ``DP_exp = dp/ep`` has stride ``tp·pp·ep``. That is what the MoE
+expert-data-parallel group ``DP_exp = dp/ep`` has stride ``tp·pp·ep``; or, with ``ep > dp``,
+it folds over all ``dp`` ranks and ``ep/dp`` ranks of each TP group (``ep/dp | tp``), the
+experts keeping ``etp = tp·dp/ep``-way tensor parallelism (Megatron-core
+megatron/core/parallel_state.py ``expert_tensor_parallel_size``: ``ETP × EP × EDP = TP × DP``;
+the layout vLLM ``--enable-expert-parallel``, SGLang ``--ep-size`` and TensorRT-LLM
+``moe_expert_parallel_size`` serve; :func:`jaxmodel.workload.params.expert_tp`), its members
+then neighbouring devices (stride 1). That is what the MoE
 time and memory model assumes (:func:`jaxmodel.workload.moe.alltoall_time` places the
 all-to-all at stride ``tp·pp``; expert weights are ``E/ep`` per device and their gradients are
 reduced over ``dp/ep``). A pipeline stage hop crosses the outermost network tier that the
@@ -321,9 +327,13 @@ RULES: tuple[Rule, ...] = (
                     f"tp={_g(v['tp'])} must divide its s/cp tokens")),
     Rule("experts_not_divisible", SCOPES,
          lambda xp, p: (divides(xp, xp.maximum(p.ep, 1.0), p.n_experts)
-                        & divides(xp, xp.maximum(p.ep, 1.0), xp.maximum(p.dp, 1.0))),
-         lambda v: (f"ep={_g(v['ep'])} must divide n_experts={_g(v['n_experts'])} and dp="
-                    f"{_g(v['dp'])} (experts are sharded over data-parallel ranks)")),
+                        & (divides(xp, xp.maximum(p.ep, 1.0), xp.maximum(p.dp, 1.0))
+                           | (divides(xp, xp.maximum(p.dp, 1.0), xp.maximum(p.ep, 1.0))
+                              & divides(xp, xp.maximum(p.ep, 1.0) / xp.maximum(p.dp, 1.0),
+                                        xp.maximum(p.tp, 1.0))))),
+         lambda v: (f"ep={_g(v['ep'])} must divide n_experts={_g(v['n_experts'])} and either "
+                    f"divide dp={_g(v['dp'])} or be dp times a divisor of tp={_g(v['tp'])} "
+                    f"(experts are sharded over the data-parallel × tensor-parallel ranks)")),
 )
 
 
@@ -446,7 +456,7 @@ def placement(system, par) -> Placement:
     dp_exp = jnp.maximum(dp / ep, 1.0)
     multi_cp = cp > 1.5
     return Placement(tp=Group(tp, 1.0), cp=Group(cp, tp), pp=Group(pp, tp * cp),
-                     dp=Group(dp, inner), ep=Group(ep, inner),
+                     dp=Group(dp, inner), ep=Group(ep, jnp.where(ep > dp, 1.0, inner)),
                      dp_exp=Group(dp_exp, inner * ep),
                      stage_hop=Group(2.0, hop),
                      dp_cp=Group(dp * cp, tp),

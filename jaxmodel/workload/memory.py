@@ -144,9 +144,8 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
     if act_per_layer is None:
         act_per_layer = activation_bytes_per_layer.single(model, par, par.micro_batch, seq_len,
                                                           prec.act_bytes)
-    tp = jnp.maximum(par.tp, 1.0)
     per_expert_layer = model.n_experts / jnp.maximum(par.ep, 1.0) * _params.expert_params(
-        model) / tp
+        model) / _params.expert_tp(par)[0]
     stages = zip(_params.stage_params(model, par), _moe.stage_moe_layers(model, par),
                  stage_layers(model.n_layers, par.pp), _stage_in_flight(in_flight))
     best = None

@@ -73,7 +73,7 @@ from jaxmodel import ops as _ops
 from jaxmodel.batching import batched
 from jaxmodel.types import Model, Parallelism, System
 from jaxmodel.workload import ffn as _ffn
-from jaxmodel.workload.params import expert_params, n_moe_layers
+from jaxmodel.workload.params import expert_params, expert_tp, n_moe_layers
 
 __all__ = ["MOE_OPS", "moe_layer_fraction", "expert_capacity", "moe_dims",
            "moe_feasibility", "grouped_gemm", "grouped_extra_output", "ffn_rows", "alltoall_time", "expert_params_per_device",
@@ -123,6 +123,10 @@ def moe_dims(model: Model, par: Parallelism, tokens, dtype_bytes=2.0, dropless=F
     k = jnp.clip(model.top_k, 1.0, E)
     ep = jnp.maximum(par.ep, 1.0)
     local = E / ep
+    # an EP group folded over ``ept`` ranks of a TP group: each of them dispatches its 1/ept
+    # share of the TP group's (replicated) tokens (Megatron-core's MoE token dispatcher,
+    # megatron/core/transformer/moe/token_dispatcher.py, splits them over the TP ranks)
+    tokens = tokens / expert_tp(par)[1]
     cap = expert_capacity(model, tokens)
     d = model.d_model
     if dropless:
@@ -146,8 +150,10 @@ def moe_dims(model: Model, par: Parallelism, tokens, dtype_bytes=2.0, dropless=F
 @batched
 def moe_feasibility(model: Model, par: Parallelism):
     """``(feasible, reason)`` of the plan's expert rule (batched): ``ep`` divides the experts
-    and the data-parallel degree (DeepSpeed-TED eq. 2 with integer ``DP_exp = dp/ep``; the
-    rule lives in :mod:`jaxmodel.parallel.plan`).
+    and either the data-parallel degree (DeepSpeed-TED eq. 2 with integer ``DP_exp = dp/ep``)
+    or is ``dp`` times a divisor of ``tp`` (the EP group folded over TP ranks,
+    :func:`~jaxmodel.workload.params.expert_tp`); the rule lives in
+    :mod:`jaxmodel.parallel.plan`.
 
     Example:
         >>> ok, why = moe_feasibility(hw_db.model("mixtral-8x7b"), jm.Parallelism(dp=3, ep=3))
@@ -219,19 +225,21 @@ def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, b
     # routed experts of width moe_d_ff (fine-grained experts); shared experts (DeepSeekMoE,
     # Dai et al. 2024 §3.2) as one dense FFN of n_shared·moe_d_ff on every token, TP-split
     e_ff = model.expert_d_ff / sh.tp
-    sh_e = sh._replace(d_ff=e_ff, ffn_in=(model.ffn_matrices - 1.0) * e_ff)
+    # routed experts: split over the expert-TP degree etp = tp/ept (:func:`expert_tp`)
+    e_ff_r = e_ff * expert_tp(par)[1]
+    sh_r = sh._replace(d_ff=e_ff_r, ffn_in=(model.ffn_matrices - 1.0) * e_ff_r)
     has_shared = jnp.where(model.n_shared_experts > 0, 1.0, 0.0)
     s_ff = jnp.where(has_shared > 0, model.n_shared_experts, 1.0) * e_ff   # finite when 0
     sh_s = sh._replace(d_ff=s_ff, ffn_in=(model.ffn_matrices - 1.0) * s_ff)
     fs = f * has_shared
     gemms = {"w1": [(g, (1.0 - f) * c) for g, c in dense_g["w1"]]
-             + grouped_gemm(n_exp, m, sh_e.ffn_in, sh.d_model, f, grouped)
+             + grouped_gemm(n_exp, m, sh_r.ffn_in, sh.d_model, f, grouped)
              + [(G(tokens, sh_s.ffn_in, sh.d_model), fs)],
              "w2": [(g, (1.0 - f) * c) for g, c in dense_g["w2"]]
-             + grouped_gemm(n_exp, m, sh.d_model, sh_e.d_ff, f, grouped)
+             + grouped_gemm(n_exp, m, sh.d_model, sh_r.d_ff, f, grouped)
              + [(G(tokens, sh.d_model, s_ff), fs)],
              "moe_router": [(G(tokens, jnp.maximum(model.n_experts, 1.0), sh.d_model), f)]}
-    _, moe_v = _ffn.ffn_block(dev, model, sh_e, n_exp * m, dtype_bytes, backward)
+    _, moe_v = _ffn.ffn_block(dev, model, sh_r, n_exp * m, dtype_bytes, backward)
     _, shared_v = _ffn.ffn_block(dev, model, sh_s, tokens, dtype_bytes, backward)
     act_d, act_m, act_s = dense_v["act"], moe_v["act"], shared_v["act"]
     vectors = {"act": tuple(_safe(1.0 - f, a) + _safe(f, b) + _safe(fs, c)
@@ -255,7 +263,7 @@ def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, b
     if grouped:
         # the per-expert [m × n] tensors the concatenated stand-in holds once: the forward
         # output, and the output gradient dC read by both gradient GEMMs (dX, dW)
-        for row, n_ in (("w1", sh_e.ffn_in), ("w2", sh.d_model)):
+        for row, n_ in (("w1", sh_r.ffn_in), ("w2", sh.d_model)):
             extra = _safe(f, grouped_extra_output(dev, n_exp, m, n_, dtype_bytes))
             vectors[row] = (extra, 2.0 * extra if backward else jnp.zeros_like(extra))
     return gemms, vectors
@@ -277,7 +285,9 @@ def alltoall_time(system: System, model: Model, par: Parallelism, tokens, dtype_
     ep = par.ep
     multi = ep > 1.5
     group = jnp.where(multi, ep, 2.0)      # double-where: never evaluate a group of 1
-    stride = jnp.maximum(par.tp, 1.0) * jnp.maximum(par.pp, 1.0)
+    # DP-drawn group at stride tp·pp; folded over TP ranks (ep > dp): neighbours, stride 1
+    stride = jnp.where(ep > jnp.maximum(par.dp, 1.0), 1.0,
+                       jnp.maximum(par.tp, 1.0) * jnp.maximum(par.pp, 1.0))
     t = _comm.collective_latency.single(system, "all_to_all", dims["a2a_bytes"], group, "auto",
                                         stride, net)
     return jnp.where(multi, _safe(f, 2.0 * t), 0.0)
@@ -285,7 +295,7 @@ def alltoall_time(system: System, model: Model, par: Parallelism, tokens, dtype_
 
 def expert_params_per_device(model: Model, par: Parallelism):
     """Routed-expert weights on the most loaded device (count): ``n_moe/pp · (E/ep) ·
-    expert/tp`` (the MoE layers of the stage with ``⌈L/p⌉`` layers, :func:`stage_moe_layers`;
+    expert/etp`` (:func:`~jaxmodel.workload.params.expert_tp`; the MoE layers of the stage with ``⌈L/p⌉`` layers, :func:`stage_moe_layers`;
     shared experts are dense weights, reduced over ``dp``).
 
     The part of :func:`jaxmodel.workload.params.params_per_device` whose gradients are reduced
@@ -293,9 +303,8 @@ def expert_params_per_device(model: Model, par: Parallelism):
     DeepSpeed-MoE expert-data-parallel groups). The router is dense (reduced over ``dp``).
     """
     ep = jnp.maximum(par.ep, 1.0)
-    tp = jnp.maximum(par.tp, 1.0)
     return (stage_moe_layers(model, par)[1] * model.n_experts / ep * expert_params(model)
-            / tp)
+            / expert_tp(par)[0])
 
 
 def stage_moe_layers(model: Model, par: Parallelism):

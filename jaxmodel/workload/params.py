@@ -149,6 +149,25 @@ def _sanitised_degrees(par: Parallelism):
     return tp, pp, ep
 
 
+def expert_tp(par: Parallelism):
+    """Expert tensor-parallel degree ``etp`` and the TP ranks the EP group folds over ``ept``.
+
+    Megatron-core (megatron/core/parallel_state.py, ``initialize_model_parallel``, core_r0.9+)
+    builds the expert groups on the same ranks as the attention's ``TP × DP`` (per pipeline
+    stage): ``ETP × EP × EDP = TP × DP`` with ``expert_tensor_parallel_size``. With
+    ``ep ≤ dp`` the EP group is drawn from data-parallel ranks (DeepSpeed-TED, Singh et al.
+    ICS 2023 eq. 2) and ``etp = tp``; with ``ep > dp`` (serving: vLLM
+    ``--enable-expert-parallel`` gives EP = TP × DP, SGLang ``--ep-size``, TensorRT-LLM
+    ``moe_expert_parallel_size`` with ``moe_tensor_parallel_size``) it also spans
+    ``ept = ep/dp`` ranks of each TP group and the experts keep ``etp = tp/ept``-way tensor
+    parallelism. Dimensionless; ``etp·ept = tp``.
+    """
+    tp, _, ep = _sanitised_degrees(par)
+    dp = jnp.maximum(par.dp, 1.0)
+    ept = jnp.clip(ep / dp, 1.0, tp)
+    return tp / ept, ept
+
+
 def stage_params(model: Model, par: Parallelism, mtp: bool = True):
     """Parameters on one device of the first, the most loaded and the last pipeline stage
     (counts, a tuple of three).
@@ -163,15 +182,16 @@ def stage_params(model: Model, par: Parallelism, mtp: bool = True):
     there when ``pp > 1``, as Megatron does), with the multi-token-prediction modules
     (:func:`mtp_params`, trained with the model, loaded for serving only with speculative
     decoding: ``mtp=False``). With ``pp = 1`` the one stage holds everything. Shared experts
-    are split over ``tp`` like a dense FFN, routed ones over ``ep·tp``. ZeRO sharding over
+    are split over ``tp`` like a dense FFN, routed ones over ``ep·etp`` (:func:`expert_tp`). ZeRO sharding over
     ``dp`` is applied in :mod:`jaxmodel.workload.memory`, not here.
     """
     from jaxmodel.parallel.pipeline import stage_layers
     tp, pp, ep = _sanitised_degrees(par)
+    etp = expert_tp(par)[0]
     n_moe = n_moe_layers(model)
     dense_layer = (attention_params(model) + ffn_params(model)) / tp + 4.0 * model.d_model
     moe_layer = (attention_params(model) / tp + 4.0 * model.d_model
-                 + model.n_experts * expert_params(model) / (ep * tp)
+                 + model.n_experts * expert_params(model) / (ep * etp)
                  + model.n_shared_experts * expert_params(model) / tp
                  + model.d_model * model.n_experts)
     avg_layer = ((model.n_layers - n_moe) * dense_layer + n_moe * moe_layer) / jnp.maximum(

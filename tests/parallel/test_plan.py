@@ -47,7 +47,7 @@ BREAK = [
     ("batch_not_divisible", {"batch": 18.0, "schedule": 1.0, "interleave": 1.0}),
     ("batch_not_divisible", {"batch": 12.0}),                     # m = 3 not a multiple of pp
     ("sequence_not_divisible", {"seq_len": 511.0}),
-    ("experts_not_divisible", {"ep": 4.0}),                       # 4 ∤ dp = 2
+    ("experts_not_divisible", {"ep": 8.0}),                       # 8 ∤ dp = 2, 8/2 ∤ tp = 2
     ("experts_not_divisible", {"n_experts": 6.0, "ep": 4.0, "dp": 4.0, "pp": 2.0}),  # 4 ∤ 6
 ]
 
@@ -146,12 +146,13 @@ def test_gradient_group_is_megatrons_data_parallel_group():
 # ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("fn, par, kw, match", [
     ("train", {"dp": 2, "tp": 2, "pp": 2}, {}, r"devices_mismatch: dp·tp·pp·cp = 2·2·2·1 = 8"),
-    ("train", {"dp": 4, "tp": 4, "ep": 8}, {}, r"ep=8 must divide n_experts=8 and dp=4"),
+    ("train", {"dp": 4, "tp": 4, "ep": 16}, {},
+     r"ep=16 must divide n_experts=8 and either divide dp=4"),
     ("train", {"dp": 16, "micro_batch": 3}, {}, r"global_batch=32 .* dp·micro_batch = 16·3"),
     ("train", {"dp": 4, "tp": 4, "sp": True}, {"seq_len": 510.0},
      r"seq_len=510 .* tp=4 must divide"),
     ("infer", {"dp": 2, "tp": 8}, {"batch": 3}, r"batch=3 is not a multiple of dp = 2"),
-    ("infer", {"dp": 1, "tp": 16, "ep": 2}, {}, r"experts_not_divisible: ep=2 .* dp=1"),
+    ("infer", {"dp": 1, "tp": 16, "ep": 32}, {}, r"experts_not_divisible: ep=32 .* dp=1"),
     ("infer", {"dp": 8, "tp": 2}, {"dtype_bytes": 0.0}, r"dtype_bytes=0"),
     ("layer", {"tp": 3}, {}, r"heads_not_divisible: tp=3 must divide n_heads=16"),
 ])

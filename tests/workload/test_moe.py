@@ -159,6 +159,10 @@ def test_experts_not_divisible_raises_and_flags_batches():
                            gemm=flop_gemm)
     ok, why = moe.moe_feasibility(MIXTRAL, jm.Parallelism(dp=6.0, ep=jnp.array([2., 3., 6.])))
     assert np.asarray(ok).tolist() == [True, False, False]
+    # EP folded over TP ranks (ep > dp): ep/dp must divide tp
+    ok, _ = moe.moe_feasibility(MIXTRAL, jm.Parallelism(dp=2.0, tp=jnp.array([4., 2., 8.]),
+                                                        ep=jnp.array([8., 8., 4.])))
+    assert np.asarray(ok).tolist() == [True, False, True]
     assert [jm.reason_name(c) for c in np.asarray(why)] == ["ok", "experts_not_divisible",
                                                              "experts_not_divisible"]
 
@@ -167,7 +171,8 @@ def test_experts_not_divisible_raises_and_flags_batches():
 def mixtral_decode():
     """One Mixtral-8x7B decode step (8 sequences, 3072 cached tokens) on 8 A100: TP 8 (every
     device holds a slice of all experts) vs DP 2 × TP 4 with EP 2 (each replica holds 4
-    experts) vs an infeasible EP 8; one batched call."""
+    experts) vs EP 8 folded over DP 2 × TP 4 (one expert per device, expert TP 1, the
+    Megatron-core / vLLM serving layout); one batched call."""
     par = jm.Parallelism(dp=jnp.array([1.0, 2.0, 2.0]), tp=jnp.array([8.0, 4.0, 4.0]),
                          ep=jnp.array([1.0, 2.0, 8.0]))
     return par, jm.layer_breakdown(NODE, MIXTRAL, par, jnp.array([8.0, 4.0, 4.0]), 1,
@@ -177,7 +182,7 @@ def mixtral_decode():
 def test_mixtral_serving_with_ep_or_tp(mixtral_decode):
     par, r = mixtral_decode
     a2a = np.asarray(r["moe_alltoall"])
-    assert a2a[0] == 0.0 and a2a[1] > 0.0 and np.isinf(a2a[2])
+    assert a2a[0] == 0.0 and a2a[1] > 0.0 and np.isfinite(a2a[2]) and a2a[2] > 0.0
     assert (np.asarray(r["moe_router"])[:2] > 0).all()
     # TP 8: 8 tokens, top-2 of 8 experts; W2 of every active expert, [m × d_ff/8]×[d_ff/8 × d]
     p = 1 - 0.75 ** 8
@@ -197,9 +202,25 @@ def test_mixtral_serving_with_ep_or_tp(mixtral_decode):
     # weights per device: 8 experts / TP 8 vs 4 experts / TP 4 (same expert share per device)
     mem = jm.inference_memory(MIXTRAL, par, 8.0, 512.0, 64.0)["weights"]
     assert float(mem[1]) > float(mem[0])
-    with pytest.raises(ValueError, match="experts_not_divisible"):
-        jm.inference(NODE, MIXTRAL, jm.Parallelism(dp=2, tp=4, ep=8), 8, 512, 64,
+    # EP 8 over DP 2 × TP 4: each TP rank dispatches 4/4 = 1 token, 8 in the EP group, one
+    # local expert of full width d_ff (expert TP = 4·2/8 = 1)
+    w2_f = p2 * 2 * (2 * 8 / (8 * p2)) * 14336.0 * d
+    assert np.asarray(r["w2"])[2] == pytest.approx(w2_f / RATE, rel=1e-9)
+    # same expert weights per device as TP 8 (all 8 experts / 8 devices)
+    assert float(moe.expert_params_per_device(MIXTRAL, jm.Parallelism(dp=2, tp=4, ep=8))) == (
+        pytest.approx(float(moe.expert_params_per_device(MIXTRAL, jm.Parallelism(tp=8)))))
+    with pytest.raises(ValueError, match="experts_not_divisible"):    # ep/dp = 4 ∤ tp = 2
+        jm.inference(NODE, MIXTRAL, jm.Parallelism(dp=2, tp=2, pp=2, ep=8), 8, 512, 64,
                      gemm=flop_gemm)
+
+
+def test_expert_tp_hand_values():
+    from jaxmodel.workload.params import expert_tp
+    par = jm.Parallelism(dp=jnp.array([4., 1., 2., 1.]), tp=jnp.array([2., 8., 4., 8.]),
+                         ep=jnp.array([4., 8., 8., 1.]))
+    etp, ept = expert_tp(par)
+    assert np.asarray(etp).tolist() == [2.0, 1.0, 1.0, 8.0]
+    assert np.asarray(ept).tolist() == [1.0, 8.0, 4.0, 1.0]
 
 
 def test_gradient_of_alltoall_is_finite_and_matches_finite_differences():
@@ -391,3 +412,18 @@ def test_norm_upproj_activation_bytes_by_hand():
     assert per_token == 160384
     got = float(norm_upproj_activation_bytes(ds, 4096.0))
     assert got == pytest.approx(4096.0 * per_token, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_deepseek_v3_serves_with_experts_over_the_tp_ranks():
+    """DeepSeek-V3 on one 8×H200 node, attention TP 8 × EP 8 (vLLM --enable-expert-parallel):
+    feasible, the same expert weights per device as TP 8 alone, a TPOT within 10 % of it."""
+    m, s = hw_db.model("deepseek-v3"), hw_db.system("dgx_h200")
+    par = jm.Parallelism(tp=jnp.array([8.0, 8.0]), ep=jnp.array([1.0, 8.0]),
+                         flash_attention=True)
+    r = jm.inference(s, m, par, 32, 4096, 1024, precision="fp8")
+    assert np.asarray(r.feasible).all()
+    w = np.asarray(r.breakdown["memory.weights"])
+    assert w[1] == pytest.approx(w[0], rel=1e-6)
+    tpot = np.asarray(r.tpot_s)
+    assert np.isfinite(tpot).all() and tpot[1] == pytest.approx(tpot[0], rel=0.1)
