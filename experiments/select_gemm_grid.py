@@ -60,6 +60,7 @@ def random_devices(rng, n_per_base: int):
                 local_buffer_bytes=float(base.local_buffer_bytes) * 2 ** rng.uniform(-2, 2),
                 mem_bw=float(base.mem_bw) * 2 ** rng.uniform(-1.5, 1.5),
                 core_count=float(max(1, round(float(base.core_count) * 2 ** rng.uniform(-1, 1)))),
+                physical_core_count=0.0,        # a die of exactly the enabled cores
                 global_buffer_bytes_per_cycle=float(base.global_buffer_bytes_per_cycle)
                 * 2 ** rng.uniform(-2, 1),
                 freq_hz=float(base.freq_hz) * 2 ** rng.uniform(-0.5, 0.5),

@@ -94,12 +94,15 @@ def test_overhead_is_added(a100):
 def test_vmap_matches_python_loop(a100):
     bws = np.array([1.0e12, 2.0e12, 3.0e12])
     cores = np.array([54.0, 108.0, 132.0])
-    batch = dataclasses.replace(a100, mem_bw=jnp.asarray(bws), core_count=jnp.asarray(cores))
+    # a die of exactly the enabled cores (physical_core_count 0): 132 exceeds GA100's 128
+    batch = dataclasses.replace(a100, mem_bw=jnp.asarray(bws), core_count=jnp.asarray(cores),
+                                physical_core_count=0.0)
     shapes = jnp.array([[8.0, 3072.0, 12288.0], [2048.0, 12288.0, 12288.0], [96.0, 200.0, 3000.0]])
     got = jm.gemm_latency(batch, shapes[:, 0], shapes[:, 1], shapes[:, 2])
     assert got.shape == (3,)
     for i in range(3):
-        d = dataclasses.replace(a100, mem_bw=float(bws[i]), core_count=float(cores[i]))
+        d = dataclasses.replace(a100, mem_bw=float(bws[i]), core_count=float(cores[i]),
+                                physical_core_count=0.0)
         want = jm.gemm_latency(d, *[float(x) for x in shapes[i]])
         assert float(got[i]) == pytest.approx(float(want), rel=1e-9)
 
