@@ -40,8 +40,10 @@ def brute_force(model, n, gb):
                 # attention kernels: the search's default, standard and FlashAttention-2
                 for sp, ep, rc, z, fa in itertools.product((0, 1), range(1, E + 1), (0, 1, 2),
                                                            (0, 1, 2, 3), (0, 2)):
-                    # experts are sharded over data-parallel ranks: ep | E and ep | dp
-                    if (sp and tp == 1) or E % ep or dp % ep or (z and dp == 1):
+                    # experts over the data-parallel ranks (ep | dp) or folded over the TP
+                    # ranks too (dp | ep, ep/dp | tp); ep | E
+                    ep_ok = dp % ep == 0 or (ep % dp == 0 and tp % (ep // dp) == 0)
+                    if (sp and tp == 1) or E % ep or not ep_ok or (z and dp == 1):
                         continue
                     rows.add((dp, tp, pp, sp, ep, mb, v, sched, rc, z, fa))
     return rows
@@ -57,7 +59,9 @@ def test_enumeration_matches_brute_force(name, n, gb):
                                              "flash_attention"))
            for i in range(len(plans["dp"]))}
     assert len(got) == len(plans["dp"])              # no duplicates
-    assert got == brute_force(model, n, gb)
+    want = brute_force(model, n, gb)
+    # the symmetric difference, not the sets: pytest's diff of thousands of tuples takes minutes
+    assert not (got ^ want), sorted(got ^ want)[:10]
 
 
 def test_enumeration_options_restrict_the_space():
