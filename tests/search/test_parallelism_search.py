@@ -174,9 +174,14 @@ def test_every_enumerated_plan_is_feasible_or_out_of_memory(name, n, gb, seq):
     assert n_plans > 1000 and n_ok > 0
 
 
-def test_moe_enumeration_keeps_only_ep_dividing_dp():
+def test_moe_enumeration_keeps_only_ep_over_dp_or_folded_over_tp():
+    """EP over the data-parallel ranks (ep | dp) or folded over the TP ranks too (dp | ep
+    with ep/dp | tp: expert tensor parallelism tp·dp/ep)."""
     plans = enumerate_plans(hw_db.model("mixtral-8x7b"), 8, 8)
-    assert np.all(plans["dp"] % plans["ep"] == 0) and set(plans["ep"]) == {1.0, 2.0, 4.0, 8.0}
+    dp, ep, tp = plans["dp"], plans["ep"], plans["tp"]
+    folded = (ep % dp == 0) & (tp % np.maximum(ep // dp, 1.0) == 0)
+    assert np.all((dp % ep == 0) | folded) and set(ep) == {1.0, 2.0, 4.0, 8.0}
+    assert np.any((ep > dp) & folded)              # e.g. tp 8 with ep 8 over the same GPUs
 
 
 def test_context_parallel_degrees_are_enumerated_through_the_plan_rules():
