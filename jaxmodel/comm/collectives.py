@@ -510,18 +510,14 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
                 return jnp.where(link > 1.5, x / f_p[2],
                                  x * nccl.nvls_allreduce_factor(level.nvls_efficiency))
 
-            def nvls_t(x, bw):
-                # where the level gives NVLS its own executed bandwidth (nvls_bw > 0): the
-                # whole buffer once each way at it (nccl.nvls_allreduce_time; x is the
-                # (m-1)/m · n / bw of this part)
-                if op != "all_reduce":
-                    return nvls(x)
-                own = (level.nvls_bw > 0) & (link < 1.5)
-                return jnp.where(own, nccl.nvls_allreduce_time(x, m, bw, jnp.where(
-                    own, level.nvls_bw, 1.0)), nvls(x))
-            own_c = (level.nvls_bw > 0) & (link < 1.5) & (op == "all_reduce")
-            exe = _pipelined(lat_p[2], nvls_t(bwt, B), steps,
-                             jnp.where(own_c, level.nvls_chunk_latency, cl))
+            # where the level gives NVLS its own executed bandwidth (nvls_bw > 0): the whole
+            # buffer once each way at it (nccl.nvls_allreduce_time; bwt is the (m-1)/m · n / B
+            # of this part) and its own per-chunk latency
+            own = (level.nvls_bw > 0) & (link < 1.5) & (op == "all_reduce")
+            t_nvls = (jnp.where(own, nccl.nvls_allreduce_time(
+                bwt, m, B, jnp.where(own, level.nvls_bw, 1.0)), nvls(bwt))
+                if op == "all_reduce" else nvls(bwt))
+            exe = _pipelined(lat_p[2], t_nvls, steps, jnp.where(own, level.nvls_chunk_latency, cl))
             # the tuner keeps NCCL's own NVLS model (it chooses by it; executed at nvls_bw)
             return exe, exe, lat_p[2] + nvls(bwt_t), _SIMPLE + 0.0 * exe
 

@@ -123,6 +123,7 @@ Units: seconds, bytes, FLOP.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import importlib
 import math
 from typing import Any, Callable, NamedTuple
@@ -1083,5 +1084,6 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
 
 
 train_step.single = train_step_single
-_TRAIN_STEP_DEFAULTS = dict(precision=None, dropout=1.0, grad_bytes=None, dp_overlap=1.0,
-                            tp_overlap=0.0)
+# the defaults a recipe's step settings fill in (read off the signature, not restated)
+_TRAIN_STEP_DEFAULTS = {k: p.default for k, p in inspect.signature(train_step).parameters.items()
+                        if k in _recipes.STEP_KEYS}
