@@ -23,7 +23,8 @@ rank  layer
 3     ``jaxmodel.workload`` (layer op lists, memory, MoE)
 4     ``jaxmodel.parallel`` (pipeline, training step, inference, GEMM tables)
 5     ``jaxmodel.cost`` (area, chiplet, device, TCO, micro-architecture)
-5.5   ``jaxmodel.serving`` (serving systems in steady state, on ``parallel.inference``)
+5.5   ``jaxmodel.serving`` (serving systems in steady state, on ``parallel.inference``),
+      ``jaxmodel.export`` (a plan as a framework's launch command)
 6     ``jaxmodel.search`` (sweeps, parallelism search, co-design)
 7     ``jaxmodel`` (the package façade re-exporting the public API)
 8     ``jaxmodel.cli``, ``jaxmodel.demo``, ``jaxmodel.plots`` (applications and reports)
@@ -52,7 +53,7 @@ RANKS = {
     "jaxmodel.workload": 3,
     "jaxmodel.parallel": 4,
     "jaxmodel.cost": 5,
-    "jaxmodel.serving": 5.5,
+    "jaxmodel.serving": 5.5, "jaxmodel.export": 5.5,
     "jaxmodel.search": 6,
     "jaxmodel": 7,
     "jaxmodel.cli": 8, "jaxmodel.demo": 8, "jaxmodel.plots": 8,

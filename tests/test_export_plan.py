@@ -1,0 +1,247 @@
+"""Launch configurations (jaxmodel.export): expected flags per plan, written by hand from the
+frameworks' argument parsers / config dataclasses (the releases of
+``jaxmodel.export.SOURCES``), every emitted flag in the cited table, round trips, and the
+errors for plans a framework cannot express. No train_step is compiled (export reads the
+plan only)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+
+import pytest
+
+import hw_db
+import jaxmodel as jm
+from jaxmodel import export as ex
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {n: hw_db.model(n) for n in ("llama3.1-405b", "llama3-70b", "mixtral-8x7b",
+                                        "gpt3-175b", "llama2-7b")}
+
+
+def _argv_flags(cfg) -> dict:
+    """flag -> value (True for a switch) read back from the command line."""
+    argv = shlex.split(cfg.command)
+    i = next(k for k, t in enumerate(argv) if t.startswith("--") and not t.startswith(
+        ("--nnodes", "--nproc")))
+    out, cur = {}, None
+    for t in argv[i:]:
+        if t.startswith("--"):
+            cur = t
+            out[cur] = True
+        elif out[cur] is True:
+            out[cur] = t
+        else:
+            out[cur] = [out[cur], t] if not isinstance(out[cur], list) else out[cur] + [t]
+    return out
+
+
+# (name, plan fields, export kwargs, expected subset of flags, flags that must be absent)
+MEGATRON_CASES = [
+    # Llama 3.1 405B, 126 layers on PP 8 x VP 8: (126 + embedding + loss) / 64 = 2 per chunk
+    ("405b_pp8_vp8_fp8", "llama3.1-405b",
+     dict(dp=8, tp=8, pp=8, sp=True, interleave=8, schedule="interleaved",
+          recompute="none", zero=1, flash_attention="fa2"),
+     dict(global_batch=2048, seq_len=8192, precision="fp8", tp_overlap=1),
+     {"--tensor-model-parallel-size": "8", "--pipeline-model-parallel-size": "8",
+      "--num-layers-per-virtual-pipeline-stage": "2",
+      "--account-for-embedding-in-pipeline-split": True,
+      "--account-for-loss-in-pipeline-split": True, "--sequence-parallel": True,
+      "--num-layers": "126", "--group-query-attention": True, "--num-query-groups": "8",
+      "--swiglu": True, "--bf16": True, "--fp8-format": "hybrid", "--fp8-recipe": "delayed",
+      "--use-distributed-optimizer": True, "--overlap-grad-reduce": True,
+      "--overlap-param-gather": True, "--tp-comm-overlap": True,
+      "--micro-batch-size": "1", "--global-batch-size": "2048", "--seq-length": "8192",
+      "--attention-backend": "flash"},
+     ("--recompute-granularity", "--decoder-first-pipeline-num-layers",
+      "--context-parallel-size")),
+    # the same 126 layers on PP 8 without interleaving: stages 15 | 16 x 6 | 15
+    ("405b_pp8_1f1b", "llama3.1-405b",
+     dict(dp=8, tp=8, pp=8, sp=True, recompute="full"),
+     dict(global_batch=512, seq_len=4096),
+     {"--account-for-embedding-in-pipeline-split": True,
+      "--account-for-loss-in-pipeline-split": True, "--recompute-granularity": "full",
+      "--recompute-method": "uniform", "--recompute-num-layers": "1"},
+     ("--num-layers-per-virtual-pipeline-stage", "--fp8-format")),
+    # context parallelism, 70B on 64 GPUs
+    ("70b_cp2", "llama3-70b",
+     dict(dp=4, tp=8, pp=1, cp=2, sp=True, recompute="selective"),
+     dict(global_batch=64, seq_len=16384, dp_overlap=0),
+     {"--context-parallel-size": "2", "--cp-comm-type": "p2p",
+      "--recompute-granularity": "selective", "--pipeline-model-parallel-size": "1",
+      "--bf16": True},
+     ("--overlap-grad-reduce", "--use-distributed-optimizer", "--tp-comm-overlap",
+      "--account-for-loss-in-pipeline-split")),
+    # expert parallelism over the data-parallel ranks (ep | dp): experts keep tp = 1
+    ("mixtral_ep8", "mixtral-8x7b",
+     dict(dp=8, tp=1, pp=4, ep=8, micro_batch=1),
+     dict(global_batch=256, seq_len=4096),
+     {"--num-experts": "8", "--moe-router-topk": "2", "--expert-model-parallel-size": "8",
+      "--expert-tensor-parallel-size": "1", "--tensor-model-parallel-size": "1"},
+     ("--sequence-parallel",)),
+    # ZeRO-3 (FSDP) -> Megatron-FSDP, sharding params, grads and optimizer states
+    ("7b_zero3", "llama2-7b",
+     dict(dp=64, tp=1, pp=1, zero=3, flash_attention=False),
+     dict(global_batch=512, seq_len=4096),
+     {"--use-megatron-fsdp": True, "--data-parallel-sharding-strategy": "optim_grads_params",
+      "--ckpt-format": "fsdp_dtensor", "--overlap-grad-reduce": True,
+      "--overlap-param-gather": True, "--attention-backend": "unfused"},
+     ("--use-distributed-optimizer",)),
+]
+
+
+@pytest.mark.parametrize("case", MEGATRON_CASES, ids=[c[0] for c in MEGATRON_CASES])
+def test_megatron_flags(case, models):
+    _, name, fields, kw, expected, absent = case
+    cfg = jm.export_plan(jm.Parallelism(**fields), framework="megatron", model=models[name],
+                         **kw)
+    got = _argv_flags(cfg)
+    for flag, val in expected.items():
+        assert got.get(flag) == val, (flag, got.get(flag), val)
+    for flag in absent:
+        assert flag not in got, flag
+    # the command line reads back to the flags it was written from, all of them cited
+    assert got == {k: (v if v is True else str(v) if not isinstance(v, (list, tuple))
+                       else [str(x) for x in v]) for k, v in cfg.flags.items()}
+    assert all(("megatron", f) in ex.FLAGS for f in got)
+    assert cfg.version == ex.SOURCES["megatron"].version
+
+
+def _megatron_layout_stages(layout: str) -> list[int]:
+    """Decoder layers per stage of a --pipeline-model-parallel-layout string, expanded as
+    Megatron-core core_v0.15.0 PipelineParallelLayerLayout.parse_str_to_list does."""
+    s = layout.replace(",", "")
+    s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    return [stage.count("t") for stage in s.split("|")]
+
+
+@pytest.mark.parametrize("L,pp,expect", [
+    (126, 8, {"--account-for-embedding-in-pipeline-split": True,
+              "--account-for-loss-in-pipeline-split": True}),
+    (7, 4, {"--account-for-loss-in-pipeline-split": True}),   # stages 2 | 2 | 2 | 1
+    (32, 8, {}),                                                # even split: no flag
+    (61, 16, None),                                             # 3 | 13 x 4, 3 | 3: layout
+    (30, 4, {"--account-for-embedding-in-pipeline-split": True,  # 7 | 8 | 8 | 7
+             "--account-for-loss-in-pipeline-split": True,
+             "--decoder-first-pipeline-num-layers": None}),
+])
+def test_megatron_uneven_pipeline(L, pp, expect):
+    """The model's stage split (jaxmodel.parallel.pipeline.stage_layers) is what Megatron
+    builds from the emitted flags."""
+    model = hw_db.model("llama2-7b")
+    import dataclasses
+    model = dataclasses.replace(model, n_layers=float(L))
+    stages = ex.pipeline_stages(L, pp)
+    assert sum(stages) == L and len(stages) == pp
+    from jaxmodel.parallel.pipeline import stage_layers
+    first, most, last = (int(float(x)) for x in stage_layers(float(L), float(pp)))
+    assert (stages[0], max(stages), stages[-1]) == (first, most, last)
+    cfg = jm.export_plan(jm.Parallelism(dp=1, tp=1, pp=pp), model=model, global_batch=8,
+                         seq_len=1024)
+    got = _argv_flags(cfg)
+    if expect is None:
+        assert _megatron_layout_stages(got["--pipeline-model-parallel-layout"]) == stages
+        assert got["--pipeline-model-parallel-layout"].startswith("E")
+        assert got["--pipeline-model-parallel-layout"].endswith("L")
+        return
+    for k, v in expect.items():
+        assert got.get(k) == v, (k, got.get(k))
+    if not expect:
+        assert not any("pipeline-split" in k or "layout" in k or "decoder-" in k for k in got)
+
+
+def test_torchtitan_zero3_fsdp(models):
+    """ZeRO-3 -> FSDP2 sharding over dp; TP with SP; full AC; FP8 tensorwise; 1F1B split
+    of 80 layers on 4 stages (even, no less-layer stages)."""
+    par = jm.Parallelism(dp=16, tp=8, pp=4, sp=True, zero=3, micro_batch=2, recompute="full")
+    cfg = jm.export_plan(par, framework="torchtitan", model=models["llama3-70b"],
+                         global_batch=256, seq_len=8192, precision="fp8")
+    doc = tomllib.loads(cfg.files["plan.toml"])
+    P = doc["parallelism"]
+    assert P["data_parallel_shard_degree"] == 16 and P["data_parallel_replicate_degree"] == 1
+    assert P["fsdp_reshard_after_forward"] == "always"
+    assert P["tensor_parallel_degree"] == 8 and P["pipeline_parallel_degree"] == 4
+    assert P["pipeline_parallel_schedule"] == "1F1B"
+    assert P["pipeline_parallel_microbatch_size"] == 2
+    assert (P["pipeline_parallel_layers_per_stage"], P["pipeline_parallel_first_stage_less_layers"],
+            P["pipeline_parallel_last_stage_less_layers"]) == (20, 0, 0)
+    assert doc["training"] == {"local_batch_size": 16, "global_batch_size": 256,
+                               "seq_len": 8192, "mixed_precision_param": "bfloat16"}
+    assert doc["activation_checkpoint"]["mode"] == "full"
+    assert doc["model"]["converters"] == ["quantize.linear.float8"]
+    assert doc["quantize"]["linear"]["float8"]["recipe_name"] == "tensorwise"
+    # TOML round trip: every key is a cited config field
+    flat = {}
+
+    def walk(d, pre=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{pre}{k}.")
+            else:
+                flat[pre + k] = v
+    walk(doc)
+    assert flat == {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.flags.items()}
+    assert all(("torchtitan", k) in ex.FLAGS for k in flat)
+    assert cfg.argv[-4:] == ("torchtitan.train", "--job.config_file", "plan.toml") or \
+        cfg.argv[-3:] == ("torchtitan.train", "--job.config_file", "plan.toml")
+
+
+def test_torchtitan_interleaved_405b(models):
+    par = jm.Parallelism(dp=8, tp=8, pp=8, sp=True, interleave=8, schedule="interleaved",
+                         zero=2)
+    cfg = jm.export_plan(par, framework="torchtitan", model=models["llama3.1-405b"],
+                         global_batch=2048, seq_len=8192)
+    P = tomllib.loads(cfg.files["plan.toml"])["parallelism"]
+    assert P["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    # ceil((126 + 1 + 1) / 2) = 64 virtual stages = pp 8 x v 8
+    assert (P["pipeline_parallel_layers_per_stage"], P["pipeline_parallel_first_stage_less_layers"],
+            P["pipeline_parallel_last_stage_less_layers"]) == (2, 1, 1)
+    assert P["fsdp_reshard_after_forward"] == "never"
+
+
+@pytest.mark.parametrize("fw,fields,kw,match", [
+    ("megatron", dict(dp=8, tp=8, pp=8, schedule="gpipe"), {}, "schedule='gpipe'"),
+    ("megatron", dict(dp=64, zero=3, zero3_impl="deepspeed"), {}, "zero3_impl='deepspeed'"),
+    ("megatron", dict(dp=64), dict(dp_overlap=0.5), "dp_overlap=0.5"),
+    ("megatron", dict(dp=64), dict(precision="int8"), "precision='int8'"),
+    ("torchtitan", dict(dp=64, zero=1), {}, "zero=1"),
+    ("torchtitan", dict(dp=8, tp=8, sp=False, zero=3), {}, "sp=0"),
+    ("torchtitan", dict(dp=8, tp=8, sp=True, zero=0), {}, "zero=0"),
+    ("torchtitan", dict(dp=64, zero=3), dict(precision="fp16"), "precision='fp16'"),
+    ("megatron", dict(dp=16, tp=3), {}, "heads_not_divisible"),
+    ("caffe", dict(dp=64), {}, "framework='caffe'"),
+])
+def test_inexpressible_plans_raise(fw, fields, kw, match, models):
+    with pytest.raises(ValueError, match=re.escape(match)):
+        jm.export_plan(jm.Parallelism(**fields), framework=fw, model=models["llama2-7b"],
+                       global_batch=512, seq_len=4096, **kw)
+
+
+def test_recipe_and_defaults(models):
+    """A recipe's plan fields and step knobs apply as in train_step; without one,
+    train_step's defaults (dp_overlap 1, tp_overlap 0, bf16)."""
+    par = jm.Parallelism(dp=8, tp=8, pp=1, sp=True)
+    plain = jm.export_plan(par, model=models["llama3-70b"], global_batch=64, seq_len=4096)
+    assert "--overlap-grad-reduce" in plain.flags and "--tp-comm-overlap" not in plain.flags
+    assert "--bf16" in plain.flags
+    r = jm.recipe("nemo-24.07")
+    cfg = jm.export_plan(par, model=models["llama3-70b"], global_batch=64, seq_len=4096,
+                         recipe=r)
+    p = ex.train_plan(par, models["llama3-70b"], 64, 4096, recipe=r)
+    assert p.zero == int(r.plan.get("zero", 0))
+    assert ("--use-distributed-optimizer" in cfg.flags) == (p.zero == 1)
+
+
+def test_flag_table_cites_sources():
+    for (fw, flag), (project, version, path) in ex.FLAGS.items():
+        src = ex.SOURCES[fw]
+        assert (project, version, path) == (src.project, src.version, src.files[0])
+        assert len(src.commit) == 40
+        assert flag.startswith("--") or "." in flag
+    with pytest.raises(KeyError):
+        ex._Emitter("megatron")("--not-a-flag", 1)
