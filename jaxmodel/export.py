@@ -72,6 +72,16 @@ SOURCES: Mapping[str, Source] = MappingProxyType({
                          ("torchtitan/config/job_config.py",
                           "torchtitan/distributed/pipeline_parallel.py",
                           "torchtitan/components/quantization/float8.py")),
+    # generated from the engine's config dataclasses; its deprecations name v0.12 and v0.13
+    "vllm": Source("vllm-project/vllm", "0.11.x (main@99d7eb5d)",
+                   "99d7eb5d6a512cfcc5a2b104f24ebf2d6cda772b", ("vllm/engine/arg_utils.py",)),
+    # the server-arguments reference generated from python/sglang/srt/server_args.py
+    "sglang": Source("sgl-project/sglang", "main@b36e8e19",
+                     "b36e8e198b71553316b55bce53de6ecf9b3a9a47",
+                     ("docs/advanced_features/server_arguments.md",)),
+    "trtllm": Source("NVIDIA/TensorRT-LLM", "main@4c05a748",
+                     "4c05a74891e4df8066f08ed4ce14b0972abe4e25",
+                     ("tensorrt_llm/commands/serve.py", "tensorrt_llm/llmapi/llm_args.py")),
 })
 
 _MEGATRON_FLAGS = (
@@ -120,9 +130,36 @@ _TORCHTITAN_KEYS = (
 )
 
 
-def _table(fw: str, names) -> dict:
+_VLLM_FLAGS = (
+    "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
+    "--enable-expert-parallel", "--max-num-seqs", "--max-num-batched-tokens",
+    "--enable-chunked-prefill", "--block-size", "--gpu-memory-utilization", "--dtype",
+    "--quantization", "--kv-cache-dtype",
+)
+
+_SGLANG_FLAGS = (
+    "--model-path", "--tp-size", "--pp-size", "--dp-size", "--ep-size",
+    "--enable-dp-attention", "--max-running-requests", "--chunked-prefill-size",
+    "--max-prefill-tokens", "--page-size", "--mem-fraction-static", "--dtype",
+    "--quantization", "--kv-cache-dtype",
+)
+
+_TRTLLM_FLAGS = (
+    "--backend", "--tp_size", "--pp_size", "--ep_size", "--max_batch_size",
+    "--max_num_tokens", "--kv_cache_free_gpu_memory_fraction", "--enable_chunked_prefill",
+    "--extra_llm_api_options",
+)
+
+#: keys of the ``--extra_llm_api_options`` YAML (``BaseLlmArgs`` / ``KvCacheConfig`` fields)
+_TRTLLM_YAML_KEYS = (
+    "dtype", "enable_attention_dp", "kv_cache_config.dtype",
+    "kv_cache_config.tokens_per_block",
+)
+
+
+def _table(fw: str, names, file_index: int = 0) -> dict:
     s = SOURCES[fw]
-    return {(fw, n): (s.project, s.version, s.files[0]) for n in names}
+    return {(fw, n): (s.project, s.version, s.files[file_index]) for n in names}
 
 
 #: (framework, flag or config key) -> (project, version, source file): every flag this module
@@ -130,10 +167,14 @@ def _table(fw: str, names) -> dict:
 FLAGS: Mapping[tuple[str, str], tuple[str, str, str]] = MappingProxyType({
     **_table("megatron", _MEGATRON_FLAGS),
     **_table("torchtitan", _TORCHTITAN_KEYS),
+    **_table("vllm", _VLLM_FLAGS),
+    **_table("sglang", _SGLANG_FLAGS),
+    **_table("trtllm", _TRTLLM_FLAGS),
+    **_table("trtllm", _TRTLLM_YAML_KEYS, 1),
 })
 
 TRAIN_FRAMEWORKS = ("megatron", "torchtitan")
-SERVE_FRAMEWORKS: tuple[str, ...] = ()
+SERVE_FRAMEWORKS = ("vllm", "sglang", "trtllm")
 FRAMEWORKS = TRAIN_FRAMEWORKS + SERVE_FRAMEWORKS
 
 
@@ -706,25 +747,351 @@ def torchtitan_toml(p: TrainPlan) -> LaunchConfig:
 
 
 # --------------------------------------------------------------------------------------------
+# Serving
+# --------------------------------------------------------------------------------------------
+#: the runtime preset whose scheduler defaults (:data:`jaxmodel.runtime_profile.SCHEDULER`)
+#: fill the settings an export leaves out, per serving framework
+SERVE_RUNTIME = MappingProxyType({"vllm": "vllm_v1", "sglang": "sglang",
+                                  "trtllm": "trtllm_v1"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ServePlan:
+    """One concrete serving deployment, as integers and names (what the exporters read).
+
+    ``max_batch`` sequences and ``max_tokens`` tokens per iteration and replica, ``chunk``
+    the chunked-prefill tokens per iteration (0 = whole prompts), ``block_tokens`` per KV
+    block, ``mem_fraction`` the KV pool's memory share, as :func:`jaxmodel.serving.
+    offline_throughput` and :func:`jaxmodel.serving.slo_throughput` read them (the given
+    values, else the runtime preset's :func:`jaxmodel.runtime_profile.scheduler_defaults`);
+    ``max_tokens_given`` and ``chunk_given`` say whether the caller set them.
+    """
+    model: Model
+    dp: int
+    tp: int
+    pp: int
+    ep: int
+    etp: int
+    moe: bool
+    max_batch: int
+    max_tokens: int
+    chunk: int
+    block_tokens: int
+    mem_fraction: float
+    precision: str
+    kv_fp8: bool
+    runtime: str
+    max_tokens_given: bool = False
+    chunk_given: bool = False
+
+
+def serve_plan(par: Parallelism, model: Model, *, framework: str, max_batch=None,
+               max_tokens=None, chunk=None, precision=None, kv_dtype=None,
+               runtime=None) -> ServePlan:
+    """The concrete serving deployment :func:`export_plan` reads (see :class:`ServePlan`).
+
+    ``kv_dtype``: ``None`` takes the precision's KV bytes (1 → FP8 cache, 2 → the model's
+    16-bit type); ``"fp8"``, ``"bf16"``/``"fp16"``/``"auto"`` force it. The plan must pass
+    the model's inference rules (:func:`jaxmodel.parallel.plan.raise_if_invalid`; no
+    context parallelism when serving).
+    """
+    from jaxmodel.parallel import plan as _plan
+    from jaxmodel.runtime_profile import scheduler_defaults
+    from jaxmodel.workload.params import expert_tp
+    where = "export_plan"
+    if not isinstance(model, Model):
+        raise ValueError(f"{where}: model must be a jaxmodel.Model (hw_db.model(name)), got "
+                         f"{type(model).__name__}")
+    par = validate_parallelism(par, f"{where}: plan")
+    ints = {k: _int(where, k, getattr(par, k)) for k in ("dp", "tp", "pp", "ep", "cp")}
+    n_dev = float(ints["dp"] * ints["tp"] * ints["pp"] * ints["cp"])
+    _plan.raise_if_invalid(where, _plan.INFER, _plan.inputs(model, par, n_devices=n_dev,
+                                                            batch=float(ints["dp"])))
+    rt = runtime or SERVE_RUNTIME[framework]
+    d = scheduler_defaults(rt)
+    prec = _precision_name(where, precision)
+    kv_bytes = float(_PRECISIONS[prec].get("kv_bytes", 2.0))
+    if kv_dtype is None:
+        if kv_bytes not in (1.0, 2.0):
+            raise ValueError(f"{where}: precision={prec!r} keeps a {kv_bytes:g}-byte KV cache, "
+                             "which serving engines do not store (give kv_dtype)")
+        kv_fp8 = kv_bytes == 1.0
+    else:
+        k = str(kv_dtype).lower()
+        if k not in ("fp8", "bf16", "fp16", "auto"):
+            raise ValueError(f"{where}: kv_dtype={kv_dtype!r} must be 'fp8', 'bf16', 'fp16' or "
+                             "'auto'")
+        kv_fp8 = k == "fp8"
+    n_experts = _int(where, "model.n_experts", model.n_experts)
+    return ServePlan(
+        model=model, dp=ints["dp"], tp=ints["tp"], pp=ints["pp"], ep=ints["ep"],
+        etp=_int(where, "etp", expert_tp(par)[0]), moe=n_experts > 1,
+        max_batch=_int(where, "max_batch", d["max_batch"] if max_batch is None else max_batch),
+        max_tokens=_int(where, "max_tokens",
+                        d["max_tokens"] if max_tokens is None else max_tokens),
+        chunk=_int(where, "chunk", d["chunk"] if chunk is None else chunk, 0),
+        block_tokens=_int(where, "block_tokens", d["block_tokens"]),
+        mem_fraction=float(d["mem_fraction"]), precision=prec, kv_fp8=kv_fp8, runtime=rt,
+        max_tokens_given=max_tokens is not None, chunk_given=chunk is not None)
+
+
+def _serve_precision(fw: str, p: ServePlan) -> None:
+    if p.precision not in ("bf16", "fp16", "fp8"):
+        raise ValueError(f"{fw}: precision={p.precision!r} is not mapped to {fw} (bf16, fp16 "
+                         "and fp8 are); give a quantized checkpoint and its flags by hand")
+
+
+def _token_budget(fw: str, p: ServePlan) -> tuple[int, bool]:
+    """One token budget per iteration (vLLM ``max_num_batched_tokens``, TensorRT-LLM
+    ``max_num_tokens``), which is also the prefill chunk when chunking is on: the chunk
+    when chunked prefill is on, else ``max_tokens``; given both and different, an error."""
+    if p.chunk > 0 and p.max_tokens_given and p.chunk_given and p.max_tokens != p.chunk:
+        raise ValueError(f"{fw}: max_tokens={p.max_tokens} and chunk={p.chunk} cannot both "
+                         "be expressed: the engine has one token budget per iteration, which "
+                         "is also its prefill chunk")
+    if p.chunk > 0 and not p.max_tokens_given:
+        return p.chunk, True
+    return p.max_tokens, p.chunk > 0
+
+
+def _moe_layout(fw: str, p: ServePlan) -> str:
+    """How the serving plan's experts map onto the engine (the model's placement,
+    :func:`jaxmodel.workload.params.expert_tp`): ``"none"`` (dense, or ep = 1: experts
+    tensor-parallel like the rest), ``"ep_tp"`` (dp = 1, ep | tp: experts over the TP
+    group, ``etp = tp/ep``), ``"dp_attention"`` (dp > 1, dp | ep | dp·tp: attention data-
+    parallel over dp replicas of tp, the experts over ep of the dp·tp devices with
+    ``etp = dp·tp/ep``, SGLang ``--enable-dp-attention`` / TensorRT-LLM
+    ``enable_attention_dp``). ``1 < ep < dp`` (experts replicated across replicas) has no
+    engine layout (error)."""
+    if not p.moe or p.ep == 1:
+        return "none"
+    if p.dp == 1:
+        return "ep_tp"
+    if p.ep % p.dp:
+        raise ValueError(f"{fw}: ep={p.ep} with dp={p.dp} cannot be expressed: the engines' "
+                         "expert parallelism spans the attention-data-parallel ranks (ep a "
+                         "multiple of dp dividing dp·tp)")
+    return "dp_attention"
+
+
+def vllm_args(p: ServePlan) -> LaunchConfig:
+    """``vllm serve MODEL ...`` (vLLM 0.11.x, ``vllm/engine/arg_utils.py`` at commit
+    99d7eb5d, :data:`SOURCES`).
+
+    Mapping (Kwon et al., "Efficient Memory Management for Large Language Model Serving with
+    PagedAttention", SOSP 2023, for the block pool): tp, pp → ``--tensor-parallel-size``,
+    ``--pipeline-parallel-size``; dp > 1 → ``--data-parallel-size`` (replicas in one
+    server); MoE: vLLM's ``--enable-expert-parallel`` gives the experts EP = tp·dp (its
+    ``FusedMoEParallelConfig``), so the plan's ep must be 1 or tp·dp (else an error);
+    ``max_batch`` → ``--max-num-seqs``; the token budget (:func:`_token_budget`) →
+    ``--max-num-batched-tokens``, with ``--enable-chunked-prefill`` when chunking; KV block
+    and pool → ``--block-size``, ``--gpu-memory-utilization``; precision bf16 / fp16 →
+    ``--dtype bfloat16`` / ``float16``, fp8 → ``--quantization fp8`` (FP8 weights and
+    GEMMs, quantized at load) with the FP8 KV cache ``--kv-cache-dtype fp8`` when the
+    precision stores KV in one byte.
+    """
+    fw = "vllm"
+    _serve_precision(fw, p)
+    e, notes = _Emitter(fw), []
+    e("--tensor-parallel-size", p.tp)
+    e("--pipeline-parallel-size", p.pp)
+    if p.dp > 1:
+        e("--data-parallel-size", p.dp)
+    if p.moe and p.ep > 1:
+        if p.ep != p.dp * p.tp:
+            raise ValueError(f"vllm: ep={p.ep} cannot be expressed: --enable-expert-parallel "
+                             f"places the experts over tp·dp = {p.dp * p.tp} devices")
+        e("--enable-expert-parallel")
+    budget, chunked = _token_budget(fw, p)
+    e("--max-num-seqs", p.max_batch)
+    e("--max-num-batched-tokens", budget)
+    if chunked:
+        e("--enable-chunked-prefill")
+    e("--block-size", p.block_tokens)
+    e("--gpu-memory-utilization", p.mem_fraction)
+    e("--dtype", "float16" if p.precision == "fp16" else "bfloat16")
+    if p.precision == "fp8":
+        e("--quantization", "fp8")
+    if p.kv_fp8:
+        e("--kv-cache-dtype", "fp8")
+    argv = ["vllm", "serve", p.model.name] + e.argv()
+    notes.append("MODEL is the jaxmodel model name: replace it with the checkpoint's path or "
+                 "Hugging Face id")
+    return LaunchConfig(fw, SOURCES[fw].version, tuple(argv), MappingProxyType(dict(e.flags)),
+                        MappingProxyType({}), tuple(notes))
+
+
+def sglang_args(p: ServePlan) -> LaunchConfig:
+    """``python -m sglang.launch_server ...`` (SGLang server arguments, ``docs/
+    advanced_features/server_arguments.md`` at commit b36e8e19, generated from
+    ``python/sglang/srt/server_args.py``; :data:`SOURCES`).
+
+    Mapping (Zheng et al., "SGLang: Efficient Execution of Structured Language Model
+    Programs", NeurIPS 2024): dense or ep = 1 → ``--tp-size tp --pp-size pp --dp-size dp``
+    (dp replicas); MoE with ep > 1 (:func:`_moe_layout`): dp = 1 → ``--tp-size tp --ep-size
+    ep``; dp > 1 → DP attention ``--tp-size dp·tp --dp-size dp --enable-dp-attention
+    --ep-size ep`` (attention over dp groups of tp, experts over ep with the rest as expert
+    TP); ``--max-running-requests`` = max_batch, ``--chunked-prefill-size`` = the chunk
+    (-1 = off), ``--max-prefill-tokens`` = max_tokens, ``--page-size`` = KV block,
+    ``--mem-fraction-static`` = the pool share (weights + KV); bf16 / fp16 → ``--dtype``;
+    fp8 → ``--quantization fp8``; the FP8 KV cache → ``--kv-cache-dtype fp8_e4m3``.
+    """
+    fw = "sglang"
+    _serve_precision(fw, p)
+    layout = _moe_layout(fw, p)
+    e, notes = _Emitter(fw), []
+    e("--model-path", p.model.name)
+    if layout == "dp_attention":
+        e("--tp-size", p.dp * p.tp)
+        e("--pp-size", p.pp)
+        e("--dp-size", p.dp)
+        e("--enable-dp-attention")
+        e("--ep-size", p.ep)
+    else:
+        e("--tp-size", p.tp)
+        e("--pp-size", p.pp)
+        if p.dp > 1:
+            e("--dp-size", p.dp)
+        if layout == "ep_tp":
+            e("--ep-size", p.ep)
+    e("--max-running-requests", p.max_batch)
+    e("--chunked-prefill-size", p.chunk if p.chunk > 0 else -1)
+    e("--max-prefill-tokens", p.max_tokens)
+    e("--page-size", p.block_tokens)
+    e("--mem-fraction-static", p.mem_fraction)
+    e("--dtype", "float16" if p.precision == "fp16" else "bfloat16")
+    if p.precision == "fp8":
+        e("--quantization", "fp8")
+    if p.kv_fp8:
+        e("--kv-cache-dtype", "fp8_e4m3")
+    notes.append("--model-path is the jaxmodel model name: replace it with the checkpoint's "
+                 "path or Hugging Face id")
+    argv = ["python", "-m", "sglang.launch_server"] + e.argv()
+    return LaunchConfig(fw, SOURCES[fw].version, tuple(argv), MappingProxyType(dict(e.flags)),
+                        MappingProxyType({}), tuple(notes))
+
+
+def _yaml(keys: Mapping[str, Any]) -> str:
+    """A YAML mapping from dotted keys (one level of nesting, scalars only)."""
+    out: dict[str, Any] = {}
+    for k, v in keys.items():
+        head, _, leaf = k.partition(".")
+        if leaf:
+            out.setdefault(head, {})[leaf] = v
+        else:
+            out[head] = v
+
+    def scalar(v):
+        return "true" if v is True else "false" if v is False else str(v)
+    lines = []
+    for k, v in out.items():
+        if isinstance(v, dict):
+            lines.append(f"{k}:")
+            lines += [f"  {kk}: {scalar(vv)}" for kk, vv in v.items()]
+        else:
+            lines.append(f"{k}: {scalar(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def trtllm_args(p: ServePlan) -> LaunchConfig:
+    """``trtllm-serve MODEL --backend pytorch ...`` with an ``--extra_llm_api_options``
+    YAML (TensorRT-LLM at commit 4c05a748: CLI options of ``tensorrt_llm/commands/
+    serve.py``, YAML keys of ``tensorrt_llm/llmapi/llm_args.py`` ``BaseLlmArgs`` /
+    ``KvCacheConfig``; :data:`SOURCES`).
+
+    Mapping: tp, pp → ``--tp_size``, ``--pp_size`` (one replica; dp > 1 replicas of a dense
+    model or of ep = 1 run as dp servers behind a load balancer, noted); MoE with ep > 1
+    (:func:`_moe_layout`): dp = 1 → ``--ep_size ep``; dp > 1 → ``--tp_size dp·tp --ep_size
+    ep`` with ``enable_attention_dp: true``; ``--max_batch_size`` = max_batch,
+    ``--max_num_tokens`` = the token budget (:func:`_token_budget`), ``--enable_chunked_
+    prefill`` when chunking; ``--kv_cache_free_gpu_memory_fraction`` = the pool share of the
+    memory left after weights; ``kv_cache_config.tokens_per_block`` = KV block;
+    ``kv_cache_config.dtype: fp8`` for the FP8 KV cache; bf16 / fp16 → ``dtype``. The
+    PyTorch backend takes FP8 weights from the checkpoint's quantization config (an FP8
+    checkpoint, noted), not from a flag.
+    """
+    fw = "trtllm"
+    _serve_precision(fw, p)
+    layout = _moe_layout(fw, p)
+    e, y, notes = _Emitter(fw), _Emitter(fw), []
+    e("--backend", "pytorch")
+    tp = p.dp * p.tp if layout == "dp_attention" else p.tp
+    e("--tp_size", tp)
+    e("--pp_size", p.pp)
+    if layout != "none":
+        e("--ep_size", p.ep)
+    budget, chunked = _token_budget(fw, p)
+    e("--max_batch_size", p.max_batch)
+    e("--max_num_tokens", budget)
+    e("--kv_cache_free_gpu_memory_fraction", p.mem_fraction)
+    if chunked:
+        e("--enable_chunked_prefill")
+    e("--extra_llm_api_options", "extra_llm_api_options.yaml")
+    y("dtype", "float16" if p.precision == "fp16" else "bfloat16")
+    if layout == "dp_attention":
+        y("enable_attention_dp", True)
+    y("kv_cache_config.tokens_per_block", p.block_tokens)
+    if p.kv_fp8:
+        y("kv_cache_config.dtype", "fp8")
+    if p.dp > 1 and layout != "dp_attention":
+        notes.append(f"dp={p.dp}: run {p.dp} such servers (one per replica) behind a load "
+                     "balancer")
+    if p.precision == "fp8":
+        notes.append("precision fp8: MODEL must be an FP8 checkpoint (TensorRT Model "
+                     "Optimizer); the PyTorch backend reads its quantization config")
+    notes.append("MODEL is the jaxmodel model name: replace it with the checkpoint's path or "
+                 "Hugging Face id")
+    argv = ["trtllm-serve", p.model.name] + e.argv()
+    flags = {**e.flags, **{f"yaml:{k}": v for k, v in y.flags.items()}}
+    return LaunchConfig(fw, SOURCES[fw].version, tuple(argv), MappingProxyType(flags),
+                        MappingProxyType({"extra_llm_api_options.yaml": _yaml(y.flags)}),
+                        tuple(notes))
+
+
+# --------------------------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------------------------
 _TRAIN_EXPORTERS = {"megatron": megatron_args, "torchtitan": torchtitan_toml}
+_SERVE_EXPORTERS = {"vllm": vllm_args, "sglang": sglang_args, "trtllm": trtllm_args}
+_ALIASES = {"megatronlm": "megatron", "megatroncore": "megatron", "tensorrtllm": "trtllm",
+            "trtllmserve": "trtllm"}
+
+
+def framework_name(framework: str) -> str:
+    """The canonical name of ``framework`` (case, ``-`` and ``_`` ignored; aliases
+    ``megatron-lm``, ``megatron-core``, ``tensorrt-llm``)."""
+    fw = str(framework).lower().replace("-", "").replace("_", "")
+    fw = _ALIASES.get(fw, fw)
+    if fw not in FRAMEWORKS:
+        raise ValueError(f"export_plan: framework={framework!r} is not one of "
+                         f"{list(FRAMEWORKS)}")
+    return fw
 
 
 def export_plan(plan: Parallelism, *, framework: str = "megatron", model: Model | None = None,
                 global_batch=None, seq_len=None, precision=None, dp_overlap=None,
-                tp_overlap=None, recipe=None, system=None) -> LaunchConfig:
+                tp_overlap=None, recipe=None, system=None, max_batch=None, max_tokens=None,
+                chunk=None, kv_dtype=None, runtime=None) -> LaunchConfig:
     """The launch command (and files) that run ``plan`` on ``framework``.
 
     Args:
         plan: a :class:`jaxmodel.Parallelism` with scalar leaves (one configuration).
-        framework: one of :data:`FRAMEWORKS` (training: ``megatron``, ``torchtitan``).
+        framework: one of :data:`FRAMEWORKS`: training ``megatron``, ``torchtitan``;
+            serving ``vllm``, ``sglang``, ``trtllm``.
         model: the :class:`jaxmodel.Model` (``hw_db.model(name)``).
-        global_batch, seq_len: training: sequences per step, tokens per sequence.
-        precision, dp_overlap, tp_overlap, recipe: as :func:`jaxmodel.train_step` (``None``:
+        global_batch, seq_len: training: sequences per step, tokens per sequence (required).
+        precision: a preset name (``None``: the recipe's, else ``"bf16"``).
+        dp_overlap, tp_overlap, recipe: training, as :func:`jaxmodel.train_step` (``None``:
             the recipe's value, else train_step's default).
-        system: optional :class:`jaxmodel.System`; its first network tier sets the
+        system: training, optional :class:`jaxmodel.System`; its first network tier sets the
             launcher's nodes and processes per node.
+        max_batch, max_tokens, chunk: serving: sequences and tokens per iteration and
+            replica, chunked-prefill tokens (0 = off), as :func:`jaxmodel.offline_throughput`
+            / :func:`jaxmodel.slo_throughput` (``None``: the runtime preset's defaults).
+        kv_dtype: serving: ``"fp8"``, ``"bf16"``, ``"fp16"``, ``"auto"`` (``None``: from the
+            precision's KV bytes).
+        runtime: serving: the runtime preset whose scheduler defaults fill the settings left
+            ``None`` (default :data:`SERVE_RUNTIME` of the framework).
 
     Returns:
         A :class:`LaunchConfig` (``.command``, ``.files``, ``.flags``, ``.notes``).
@@ -732,18 +1099,35 @@ def export_plan(plan: Parallelism, *, framework: str = "megatron", model: Model 
     Raises:
         ValueError: an unknown framework, a missing or bad argument, a plan the model rejects,
             or one the framework cannot express (the message names the field and value).
+
+    Example:
+        >>> cfg = jm.export_plan(jm.Parallelism(dp=8, tp=8, pp=8, sp=True, interleave=8,
+        ...                      schedule="interleaved"), model=hw_db.model("llama3.1-405b"),
+        ...                      global_batch=2048, seq_len=8192, precision="fp8")
+        >>> print(cfg.command)   # torchrun pretrain_gpt.py ... --num-layers-per-virtual-...
     """
-    fw = str(framework).lower().replace("-", "").replace("_", "")
-    fw = {"megatronlm": "megatron", "megatroncore": "megatron"}.get(fw, fw)
-    if fw not in FRAMEWORKS:
-        raise ValueError(f"export_plan: framework={framework!r} is not one of "
-                         f"{list(FRAMEWORKS)}")
+    fw = framework_name(framework)
     if model is None:
         raise ValueError("export_plan: model is required (hw_db.model(name))")
-    for name, v in (("global_batch", global_batch), ("seq_len", seq_len)):
-        if v is None:
-            raise ValueError(f"export_plan: {name} is required for a training export "
-                             f"({fw})")
-    p = train_plan(plan, model, global_batch, seq_len, precision=precision,
-                   dp_overlap=dp_overlap, tp_overlap=tp_overlap, recipe=recipe, system=system)
-    return _TRAIN_EXPORTERS[fw](p)
+    if fw in TRAIN_FRAMEWORKS:
+        for name, v in (("global_batch", global_batch), ("seq_len", seq_len)):
+            if v is None:
+                raise ValueError(f"export_plan: {name} is required for a training export "
+                                 f"({fw})")
+        for name, v in (("max_batch", max_batch), ("max_tokens", max_tokens),
+                        ("chunk", chunk), ("kv_dtype", kv_dtype), ("runtime", runtime)):
+            if v is not None:
+                raise ValueError(f"export_plan: {name} applies to serving frameworks "
+                                 f"{list(SERVE_FRAMEWORKS)}, not {fw}")
+        p = train_plan(plan, model, global_batch, seq_len, precision=precision,
+                       dp_overlap=dp_overlap, tp_overlap=tp_overlap, recipe=recipe,
+                       system=system)
+        return _TRAIN_EXPORTERS[fw](p)
+    for name, v in (("global_batch", global_batch), ("dp_overlap", dp_overlap),
+                    ("tp_overlap", tp_overlap), ("recipe", recipe)):
+        if v is not None:
+            raise ValueError(f"export_plan: {name} applies to training frameworks "
+                             f"{list(TRAIN_FRAMEWORKS)}, not {fw}")
+    p = serve_plan(plan, model, framework=fw, max_batch=max_batch, max_tokens=max_tokens,
+                   chunk=chunk, precision=precision, kv_dtype=kv_dtype, runtime=runtime)
+    return _SERVE_EXPORTERS[fw](p)

@@ -240,8 +240,99 @@ def test_recipe_and_defaults(models):
 def test_flag_table_cites_sources():
     for (fw, flag), (project, version, path) in ex.FLAGS.items():
         src = ex.SOURCES[fw]
-        assert (project, version, path) == (src.project, src.version, src.files[0])
+        assert (project, version) == (src.project, src.version) and path in src.files
         assert len(src.commit) == 40
-        assert flag.startswith("--") or "." in flag
+        assert flag.startswith("--") or "." in flag or (fw, path) == (
+            "trtllm", "tensorrt_llm/llmapi/llm_args.py")
     with pytest.raises(KeyError):
         ex._Emitter("megatron")("--not-a-flag", 1)
+
+
+# serving: (name, framework, plan fields, export kwargs, expected flags, absent flags)
+SERVE_CASES = [
+    ("vllm_70b_fp8", "vllm", "llama3-70b", dict(dp=1, tp=2),
+     dict(precision="fp8", max_batch=256, max_tokens=8192, chunk=0),
+     {"--tensor-parallel-size": "2", "--pipeline-parallel-size": "1",
+      "--max-num-seqs": "256", "--max-num-batched-tokens": "8192",
+      "--quantization": "fp8", "--kv-cache-dtype": "fp8", "--dtype": "bfloat16"},
+     ("--enable-chunked-prefill", "--enable-expert-parallel", "--data-parallel-size")),
+    ("vllm_mixtral_ep", "vllm", "mixtral-8x7b", dict(dp=2, tp=4, ep=8),
+     dict(chunk=2048),
+     {"--data-parallel-size": "2", "--tensor-parallel-size": "4",
+      "--enable-expert-parallel": True, "--enable-chunked-prefill": True,
+      "--max-num-batched-tokens": "2048"},
+     ("--quantization", "--kv-cache-dtype")),
+    ("sglang_mixtral_dpattn", "sglang", "mixtral-8x7b", dict(dp=2, tp=4, ep=8),
+     dict(max_batch=128, chunk=4096, precision="fp8"),
+     {"--tp-size": "8", "--dp-size": "2", "--enable-dp-attention": True, "--ep-size": "8",
+      "--max-running-requests": "128", "--chunked-prefill-size": "4096",
+      "--quantization": "fp8", "--kv-cache-dtype": "fp8_e4m3"},
+     ()),
+    ("sglang_dense_nochunk", "sglang", "llama3-8b", dict(dp=4, tp=2),
+     dict(chunk=0),
+     {"--tp-size": "2", "--dp-size": "4", "--chunked-prefill-size": "-1"},
+     ("--enable-dp-attention", "--ep-size", "--quantization")),
+    ("trtllm_tp8_pp2", "trtllm", "llama3-70b", dict(dp=1, tp=8, pp=2),
+     dict(max_batch=512, max_tokens=16384),
+     {"--backend": "pytorch", "--tp_size": "8", "--pp_size": "2", "--max_batch_size": "512",
+      "--max_num_tokens": "16384", "--extra_llm_api_options": "extra_llm_api_options.yaml"},
+     ("--ep_size", "--enable_chunked_prefill")),
+]
+
+
+@pytest.mark.parametrize("case", SERVE_CASES, ids=[c[0] for c in SERVE_CASES])
+def test_serving_flags(case, models):
+    _, fw, name, fields, kw, expected, absent = case
+    model = models[name] if name in models else hw_db.model(name)
+    cfg = jm.export_plan(jm.Parallelism(**fields), framework=fw, model=model, **kw)
+    got = _argv_flags(cfg)
+    for flag, val in expected.items():
+        assert got.get(flag) == val, (flag, got.get(flag), val)
+    for flag in absent:
+        assert flag not in got, flag
+    assert all((fw, f) in ex.FLAGS for f in got)
+    assert all((fw, k.removeprefix("yaml:")) in ex.FLAGS for k in cfg.flags)
+
+
+def test_trtllm_attention_dp_yaml(models):
+    """MoE over dp·tp devices -> one tp_size = dp·tp engine with attention DP; FP8 KV in the
+    YAML (round trip through a YAML reader when one is installed)."""
+    cfg = jm.export_plan(jm.Parallelism(dp=2, tp=4, ep=8), framework="trtllm",
+                         model=models["mixtral-8x7b"], precision="fp8")
+    got = _argv_flags(cfg)
+    assert (got["--tp_size"], got["--ep_size"]) == ("8", "8")
+    text = cfg.files["extra_llm_api_options.yaml"]
+    assert "enable_attention_dp: true" in text and "  dtype: fp8" in text
+    assert "  tokens_per_block: 32" in text
+    yaml = pytest.importorskip("yaml")
+    assert yaml.safe_load(text) == {"dtype": "bfloat16", "enable_attention_dp": True,
+                                    "kv_cache_config": {"tokens_per_block": 32,
+                                                        "dtype": "fp8"}}
+
+
+def test_serving_defaults_follow_runtime_presets(models):
+    """Left out, the scheduler settings are the runtime preset's (what the serving model
+    assumed): vLLM V1 chunks at 8192 tokens with 1024 sequences."""
+    from jaxmodel.runtime_profile import scheduler_defaults
+    d = scheduler_defaults("vllm_v1")
+    got = _argv_flags(jm.export_plan(jm.Parallelism(tp=8), framework="vllm",
+                                     model=models["llama3-70b"]))
+    assert got["--max-num-seqs"] == str(int(d["max_batch"]))
+    assert got["--max-num-batched-tokens"] == str(int(d["chunk"]))
+    assert got["--gpu-memory-utilization"] == str(d["mem_fraction"])
+
+
+@pytest.mark.parametrize("fw,fields,kw,match", [
+    ("vllm", dict(dp=4, tp=2, ep=2), {}, "ep=2"),
+    ("sglang", dict(dp=4, tp=2, ep=2), {}, "ep=2 with dp=4"),
+    ("vllm", dict(tp=2), dict(precision="w4a16"), "precision='w4a16'"),
+    ("vllm", dict(tp=2), dict(max_tokens=4096, chunk=2048), "max_tokens=4096 and chunk=2048"),
+    ("trtllm", dict(tp=2, cp=2), {}, "cp=2"),
+    ("vllm", dict(tp=2), dict(global_batch=8), "global_batch applies to training"),
+    ("megatron", dict(tp=2), dict(max_batch=8), "max_batch applies to serving"),
+])
+def test_serving_inexpressible_raise(fw, fields, kw, match, models):
+    model = models["mixtral-8x7b"] if fields.get("ep", 1) > 1 else models["llama3-70b"]
+    train = dict(global_batch=8, seq_len=1024) if fw == "megatron" else {}
+    with pytest.raises(ValueError, match=re.escape(match)):
+        jm.export_plan(jm.Parallelism(**fields), framework=fw, model=model, **{**train, **kw})
