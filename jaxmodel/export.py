@@ -1051,6 +1051,23 @@ def trtllm_args(p: ServePlan) -> LaunchConfig:
 # --------------------------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------------------------
+def _plan_of(plan) -> tuple[Parallelism, dict]:
+    """A :class:`jaxmodel.Parallelism` and the row's other entries from ``plan``: a
+    Parallelism, or a mapping / table row with its fields (a row of
+    :func:`jaxmodel.search_parallelism`: the plan fields, and ``precision``, ``dp_overlap``,
+    ``tp_overlap`` when it searched them)."""
+    if isinstance(plan, Parallelism):
+        return plan, {}
+    if not hasattr(plan, "keys"):
+        raise ValueError(f"export_plan: plan must be a jaxmodel.Parallelism or a mapping of "
+                         f"its fields, got {type(plan).__name__}")
+    names = [f.name for f in dataclasses.fields(Parallelism)]
+    row = {str(k): plan[k] for k in plan.keys()}
+    kw = {k: row[k] for k in names if k in row and row[k] is not None}
+    extra = {k: row[k] for k in ("precision", "dp_overlap", "tp_overlap") if k in row}
+    return Parallelism(**kw), extra
+
+
 _TRAIN_EXPORTERS = {"megatron": megatron_args, "torchtitan": torchtitan_toml}
 _SERVE_EXPORTERS = {"vllm": vllm_args, "sglang": sglang_args, "trtllm": trtllm_args}
 _ALIASES = {"megatronlm": "megatron", "megatroncore": "megatron", "tensorrtllm": "trtllm",
@@ -1104,11 +1121,20 @@ def export_plan(plan: Parallelism, *, framework: str = "megatron", model: Model 
         >>> cfg = jm.export_plan(jm.Parallelism(dp=8, tp=8, pp=8, sp=True, interleave=8,
         ...                      schedule="interleaved"), model=hw_db.model("llama3.1-405b"),
         ...                      global_batch=2048, seq_len=8192, precision="fp8")
-        >>> print(cfg.command)   # torchrun pretrain_gpt.py ... --num-layers-per-virtual-...
+        >>> [cfg.flags[k] for k in ("--account-for-embedding-in-pipeline-split",
+        ...  "--account-for-loss-in-pipeline-split", "--num-layers-per-virtual-pipeline-stage")]
+        [True, True, 2]
+        >>> cfg.command.startswith("torchrun pretrain_gpt.py --num-layers 126")
+        True
     """
     fw = framework_name(framework)
     if model is None:
         raise ValueError("export_plan: model is required (hw_db.model(name))")
+    plan, row = _plan_of(plan)
+    if fw in TRAIN_FRAMEWORKS:
+        precision = row.get("precision") if precision is None else precision
+        dp_overlap = row.get("dp_overlap") if dp_overlap is None else dp_overlap
+        tp_overlap = row.get("tp_overlap") if tp_overlap is None else tp_overlap
     if fw in TRAIN_FRAMEWORKS:
         for name, v in (("global_batch", global_batch), ("seq_len", seq_len)):
             if v is None:

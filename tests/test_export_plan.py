@@ -336,3 +336,47 @@ def test_serving_inexpressible_raise(fw, fields, kw, match, models):
     train = dict(global_batch=8, seq_len=1024) if fw == "megatron" else {}
     with pytest.raises(ValueError, match=re.escape(match)):
         jm.export_plan(jm.Parallelism(**fields), framework=fw, model=model, **{**train, **kw})
+
+
+def _cli(argv):
+    import io
+    import json
+    from jaxmodel import cli
+    out = io.StringIO()
+    rc = cli.main(argv, stdout=out)
+    return rc, (json.loads(out.getvalue()) if out.getvalue().strip() else None)
+
+
+def test_cli_export_train_and_serve(tmp_path):
+    """`jaxmodel export train|serve` parse the plan as predict / serve do (tp defaults to
+    the node, dp to the devices left) and print the command; --write leaves launch.sh and
+    the files."""
+    rc, res = _cli(["export", "train", "--system", "dgx_h100", "--nodes", "4", "--model",
+                    "llama3-70b", "--pp", "4", "--sp", "--zero", "3", "--recompute", "full",
+                    "--global-batch", "64", "--seq-len", "4096", "--framework", "torchtitan",
+                    "--write", str(tmp_path)])
+    assert rc == 0 and res["framework"] == "torchtitan"
+    doc = tomllib.loads((tmp_path / "plan.toml").read_text())
+    assert doc["parallelism"]["tensor_parallel_degree"] == 8
+    assert doc["parallelism"]["data_parallel_shard_degree"] == 1
+    assert "--nnodes=4" in (tmp_path / "launch.sh").read_text()
+    rc, res = _cli(["export", "serve", "--system", "dgx_h100", "--model", "llama3-70b",
+                    "--tp", "4", "--framework", "trtllm", "--max-batch", "64"])
+    assert rc == 0 and "--tp_size 4" in res["command"] and "--max_batch_size 64" in \
+        res["command"]
+    rc, _ = _cli(["export", "serve", "--model", "llama3-70b", "--global-batch", "8"])
+    assert rc == 2
+    rc, _ = _cli(["export", "train", "--model", "llama3-70b", "--framework", "vllm"])
+    assert rc == 2
+
+
+@pytest.mark.slow
+def test_cli_search_export_best_plan():
+    """`jaxmodel search ... --export megatron` turns the fastest feasible row into
+    Megatron arguments with the row's own layout."""
+    rc, res = _cli(["search", "--system", "hgx_a100_4gpu", "--model", "gpt2-medium",
+                    "--global-batch", "64", "--seq-len", "1024", "--quiet", "--export",
+                    "megatron"])
+    assert rc == 0 and res["framework"] == "megatron"
+    assert res["step_time_s"] > 0
+    assert "--tensor-model-parallel-size" in res["flags"]
