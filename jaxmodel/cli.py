@@ -909,6 +909,8 @@ def _search_export(a, df, system, model) -> Any:
         raise ValueError("search --export: no feasible plan to export")
     cfg = jm.export_plan(ok.iloc[0], framework=a.export, model=model,
                          global_batch=a.global_batch, seq_len=a.seq_len, system=system)
+    if not any(str(t).startswith("--format") for t in getattr(a, "argv", ()) or ()):
+        a.format = "json"                        # one result, not a table
     return {"step_time_s": float(ok.iloc[0]["step_time_s"]), **_launch_result(cfg)}
 
 

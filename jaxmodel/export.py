@@ -72,6 +72,11 @@ SOURCES: Mapping[str, Source] = MappingProxyType({
                          ("torchtitan/config/job_config.py",
                           "torchtitan/distributed/pipeline_parallel.py",
                           "torchtitan/components/quantization/float8.py")),
+    "nemo": Source("NVIDIA/NeMo", "v2.4.0", "2381f42f6979449b5b99538f8f80135831009b51",
+                   ("nemo/lightning/pytorch/strategies/megatron_strategy.py",
+                    "nemo/lightning/pytorch/plugins/mixed_precision.py",
+                    "nemo/collections/llm/recipes/llama31_405b.py",
+                    "nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py")),
     # generated from the engine's config dataclasses; its deprecations name v0.12 and v0.13
     "vllm": Source("vllm-project/vllm", "0.11.x (main@99d7eb5d)",
                    "99d7eb5d6a512cfcc5a2b104f24ebf2d6cda772b", ("vllm/engine/arg_utils.py",)),
@@ -130,6 +135,24 @@ _TORCHTITAN_KEYS = (
 )
 
 
+_NEMO_STRATEGY_KEYS = tuple("trainer.strategy." + k for k in (
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
+    "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
+    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+    "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+    "pipeline_model_parallel_layout", "virtual_pipeline_model_parallel_size"))
+_NEMO_PRECISION_KEYS = ("trainer.plugins.precision", "trainer.plugins.fp8",
+                        "trainer.plugins.fp8_recipe")
+#: recipe attributes as the v2.4.0 recipes set them (llama31_405b.py: ``trainer.num_nodes``,
+#: ``trainer.devices``, ``data.*``, ``model.config.*``, ``optim.config.*``, ``ddp``)
+_NEMO_RECIPE_KEYS = (
+    "trainer.num_nodes", "trainer.devices", "data.micro_batch_size", "data.global_batch_size",
+    "data.seq_length", "model.config.seq_length", "model.config.recompute_granularity",
+    "model.config.recompute_method", "model.config.recompute_num_layers",
+    "optim.config.use_distributed_optimizer", "trainer.strategy.ddp.overlap_grad_reduce",
+    "trainer.strategy.ddp.overlap_param_gather",
+)
+
 _VLLM_FLAGS = (
     "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
     "--enable-expert-parallel", "--max-num-seqs", "--max-num-batched-tokens",
@@ -167,13 +190,16 @@ def _table(fw: str, names, file_index: int = 0) -> dict:
 FLAGS: Mapping[tuple[str, str], tuple[str, str, str]] = MappingProxyType({
     **_table("megatron", _MEGATRON_FLAGS),
     **_table("torchtitan", _TORCHTITAN_KEYS),
+    **_table("nemo", _NEMO_STRATEGY_KEYS),
+    **_table("nemo", _NEMO_PRECISION_KEYS, 1),
+    **_table("nemo", _NEMO_RECIPE_KEYS, 2),
     **_table("vllm", _VLLM_FLAGS),
     **_table("sglang", _SGLANG_FLAGS),
     **_table("trtllm", _TRTLLM_FLAGS),
     **_table("trtllm", _TRTLLM_YAML_KEYS, 1),
 })
 
-TRAIN_FRAMEWORKS = ("megatron", "torchtitan")
+TRAIN_FRAMEWORKS = ("megatron", "nemo", "torchtitan")
 SERVE_FRAMEWORKS = ("vllm", "sglang", "trtllm")
 FRAMEWORKS = TRAIN_FRAMEWORKS + SERVE_FRAMEWORKS
 
@@ -747,6 +773,129 @@ def torchtitan_toml(p: TrainPlan) -> LaunchConfig:
 
 
 # --------------------------------------------------------------------------------------------
+# NeMo 2.0
+# --------------------------------------------------------------------------------------------
+#: LLM pretraining recipe factories of NeMo v2.4.0 (``nemo/collections/llm/recipes/``) that a
+#: hw_db model name maps to ("." dropped, "-" → "_")
+NEMO_FACTORIES = frozenset((
+    "baichuan2_7b", "chatglm3_6b", "deepseek_v2", "deepseek_v2_lite", "deepseek_v3",
+    "gemma2_27b", "gemma2_2b", "gemma2_9b", "gemma3_1b", "gemma_2b", "gemma_7b", "gpt3_175b",
+    "llama2_7b", "llama31_405b", "llama31_70b", "llama31_8b", "llama32_1b", "llama32_3b",
+    "llama3_70b", "llama3_8b", "mistral_7b", "mistral_nemo_12b", "mixtral_8x22b",
+    "mixtral_8x7b", "nemotron3_22b", "nemotron3_4b", "nemotron3_8b", "nemotron4_15b",
+    "nemotron4_340b", "phi3_mini_4k_instruct", "qwen25_14b", "qwen25_1p5b", "qwen25_32b",
+    "qwen25_500m", "qwen25_72b", "qwen25_7b", "qwen2_1p5b", "qwen2_500m", "qwen2_72b",
+    "qwen2_7b", "qwen3_14b", "qwen3_1p7b", "qwen3_235b_a22b", "qwen3_30b_a3b", "qwen3_32b",
+    "qwen3_4b", "qwen3_600m", "qwen3_8b",
+))
+
+#: Megatron-LM flag -> NeMo 2.0 recipe attribute (the same Megatron-core setting)
+_NEMO_OF_MEGATRON = MappingProxyType({
+    "--tensor-model-parallel-size": "trainer.strategy.tensor_model_parallel_size",
+    "--pipeline-model-parallel-size": "trainer.strategy.pipeline_model_parallel_size",
+    "--sequence-parallel": "trainer.strategy.sequence_parallel",
+    "--context-parallel-size": "trainer.strategy.context_parallel_size",
+    "--expert-model-parallel-size": "trainer.strategy.expert_model_parallel_size",
+    "--expert-tensor-parallel-size": "trainer.strategy.expert_tensor_parallel_size",
+    "--account-for-embedding-in-pipeline-split":
+        "trainer.strategy.account_for_embedding_in_pipeline_split",
+    "--account-for-loss-in-pipeline-split": "trainer.strategy.account_for_loss_in_pipeline_split",
+    "--decoder-first-pipeline-num-layers": "trainer.strategy.num_layers_in_first_pipeline_stage",
+    "--decoder-last-pipeline-num-layers": "trainer.strategy.num_layers_in_last_pipeline_stage",
+    "--pipeline-model-parallel-layout": "trainer.strategy.pipeline_model_parallel_layout",
+    "--recompute-granularity": "model.config.recompute_granularity",
+    "--recompute-method": "model.config.recompute_method",
+    "--recompute-num-layers": "model.config.recompute_num_layers",
+    "--micro-batch-size": "data.micro_batch_size",
+    "--global-batch-size": "data.global_batch_size",
+})
+
+
+def nemo_recipe(p: TrainPlan) -> LaunchConfig:
+    """``nemo llm pretrain --factory FACTORY key=value ...`` overrides and the same settings
+    as a NeMo-Run recipe snippet (NeMo v2.4.0 at commit 2381f42f: ``MegatronStrategy``
+    arguments of ``nemo/lightning/pytorch/strategies/megatron_strategy.py``,
+    ``MegatronMixedPrecision`` of ``nemo/lightning/pytorch/plugins/mixed_precision.py``,
+    ``MegatronCommOverlapCallback`` of ``nemo/lightning/pytorch/callbacks/
+    megatron_comm_overlap.py``, the recipes' ``data`` / ``optim.config`` / ``model.config``
+    attributes, ``nemo/collections/llm/recipes/llama31_405b.py``; :data:`SOURCES`).
+
+    The plan's meaning is :func:`megatron_args`' (NeMo 2.0 drives Megatron-core); each of its
+    flags maps to the recipe attribute of the same setting (:data:`_NEMO_OF_MEGATRON`), the
+    interleaving as ``virtual_pipeline_model_parallel_size = v``. Settings a NeMo recipe
+    turns on by default are written explicitly either way: ``optim.config.
+    use_distributed_optimizer`` (ZeRO-1), ``trainer.strategy.ddp.overlap_grad_reduce`` /
+    ``overlap_param_gather`` (dp_overlap). Precision: ``trainer.plugins.precision``
+    ``bf16-mixed`` / ``16-mixed`` / ``32``, FP8 ``trainer.plugins.fp8 = hybrid`` with
+    ``fp8_recipe = delayed``; tp_overlap → ``MegatronCommOverlapCallback(tp_comm_overlap=
+    True)`` in the snippet (a callback, not a CLI override: noted). ZeRO-2/3 (Megatron-FSDP)
+    and FP4 are not mapped for NeMo (error).
+    """
+    fw = "nemo"
+    if p.zero >= 2:
+        raise ValueError(f"nemo: zero={p.zero} is not mapped to NeMo 2.0 (Megatron-FSDP "
+                         "there is trainer.strategy.fsdp='megatron'); use framework='megatron'")
+    if p.precision == "fp4":
+        raise ValueError("nemo: precision='fp4' is not mapped to NeMo 2.0's "
+                         "MegatronMixedPrecision; use framework='megatron'")
+    meg = megatron_args(p)
+    e, notes = _Emitter(fw), []
+    name = str(p.model.name).replace(".", "").replace("-", "_").lower()
+    factory = name if name in NEMO_FACTORIES else "FACTORY"
+    if factory == "FACTORY":
+        notes.append(f"no NeMo v2.4.0 recipe is named after {p.model.name!r}: replace "
+                     "FACTORY with the recipe of this architecture")
+    if p.n_nodes is not None:
+        e("trainer.num_nodes", p.n_nodes)
+        e("trainer.devices", p.gpus_per_node)
+    for flag, val in meg.flags.items():
+        key = _NEMO_OF_MEGATRON.get(flag)
+        if key is not None:
+            e(key, val)
+    if p.v > 1:
+        e("trainer.strategy.virtual_pipeline_model_parallel_size", p.v)
+    e("data.seq_length", p.seq_len)
+    e("model.config.seq_length", p.seq_len)
+    e("optim.config.use_distributed_optimizer", p.zero == 1)
+    dp_on = "--overlap-grad-reduce" in meg.flags
+    e("trainer.strategy.ddp.overlap_grad_reduce", dp_on)
+    e("trainer.strategy.ddp.overlap_param_gather", "--overlap-param-gather" in meg.flags)
+    e("trainer.plugins.precision", {"fp16": "16-mixed", "fp32": "32", "tf32": "32"}.get(
+        p.precision, "bf16-mixed"))
+    if p.precision == "fp8":
+        e("trainer.plugins.fp8", "hybrid")
+        e("trainer.plugins.fp8_recipe", "delayed")
+    tp_on = "--tp-comm-overlap" in meg.flags
+    if tp_on:
+        notes.append("tp_overlap: the recipe snippet appends MegatronCommOverlapCallback("
+                     "tp_comm_overlap=True) to trainer.callbacks (no CLI override)")
+    notes.append("attention backend, tokenizer, data paths and optimizer hyper-parameters are "
+                 "the recipe's")
+
+    def lit(v):
+        return "True" if v is True else "False" if v is False else (
+            repr(v) if isinstance(v, str) else str(v))
+    argv = ["nemo", "llm", "pretrain", "--factory", factory] + [
+        f"{k}={v if isinstance(v, str) else lit(v)}" for k, v in e.flags.items()]
+    lines = ["import nemo_run as run", "from nemo.collections import llm"]
+    if tp_on:
+        lines.append("from nemo.lightning.pytorch.callbacks.megatron_comm_overlap import "
+                     "MegatronCommOverlapCallback")
+    lines.append("")
+    nodes = f"num_nodes={p.n_nodes}, num_gpus_per_node={p.gpus_per_node}" \
+        if p.n_nodes is not None else ""
+    lines.append(f"recipe = llm.{factory}.pretrain_recipe({nodes})")
+    lines += [f"recipe.{k} = {lit(v)}" for k, v in e.flags.items()
+              if k not in ("trainer.num_nodes", "trainer.devices")]
+    if tp_on:
+        lines.append("recipe.trainer.callbacks.append(run.Config(MegatronCommOverlapCallback, "
+                     "tp_comm_overlap=True))")
+    return LaunchConfig(fw, SOURCES[fw].version, tuple(argv), MappingProxyType(dict(e.flags)),
+                        MappingProxyType({"recipe.py": "\n".join(lines) + "\n"}),
+                        tuple(notes))
+
+
+# --------------------------------------------------------------------------------------------
 # Serving
 # --------------------------------------------------------------------------------------------
 #: the runtime preset whose scheduler defaults (:data:`jaxmodel.runtime_profile.SCHEDULER`)
@@ -1068,10 +1217,11 @@ def _plan_of(plan) -> tuple[Parallelism, dict]:
     return Parallelism(**kw), extra
 
 
-_TRAIN_EXPORTERS = {"megatron": megatron_args, "torchtitan": torchtitan_toml}
+_TRAIN_EXPORTERS = {"megatron": megatron_args, "nemo": nemo_recipe,
+                    "torchtitan": torchtitan_toml}
 _SERVE_EXPORTERS = {"vllm": vllm_args, "sglang": sglang_args, "trtllm": trtllm_args}
 _ALIASES = {"megatronlm": "megatron", "megatroncore": "megatron", "tensorrtllm": "trtllm",
-            "trtllmserve": "trtllm"}
+            "trtllmserve": "trtllm", "nemo2": "nemo"}
 
 
 def framework_name(framework: str) -> str:

@@ -380,3 +380,32 @@ def test_cli_search_export_best_plan():
     assert rc == 0 and res["framework"] == "megatron"
     assert res["step_time_s"] > 0
     assert "--tensor-model-parallel-size" in res["flags"]
+
+
+def test_nemo_recipe_405b(models):
+    """NeMo 2.0 reads the same Megatron-core settings: the 405B interleaved plan as
+    `nemo llm pretrain --factory llama31_405b` overrides and a recipe snippet; defaults a
+    NeMo recipe turns on (distributed optimizer, DP overlap) are written explicitly."""
+    par = jm.Parallelism(dp=8, tp=8, pp=8, sp=True, interleave=8, schedule="interleaved",
+                         recompute="selective")
+    cfg = jm.export_plan(par, framework="nemo", model=models["llama3.1-405b"],
+                         global_batch=2048, seq_len=8192, precision="fp8", dp_overlap=0,
+                         system=hw_db.system("dgx_h100", nodes=64))
+    argv = list(cfg.argv)
+    assert argv[:5] == ["nemo", "llm", "pretrain", "--factory", "llama31_405b"]
+    kv = dict(a.split("=", 1) for a in argv[5:])
+    assert kv["trainer.strategy.virtual_pipeline_model_parallel_size"] == "8"
+    assert kv["trainer.strategy.account_for_embedding_in_pipeline_split"] == "True"
+    assert kv["trainer.strategy.account_for_loss_in_pipeline_split"] == "True"
+    assert kv["trainer.strategy.sequence_parallel"] == "True"
+    assert kv["model.config.recompute_granularity"] == "selective"
+    assert kv["optim.config.use_distributed_optimizer"] == "False"
+    assert kv["trainer.strategy.ddp.overlap_grad_reduce"] == "False"
+    assert kv["trainer.plugins.fp8"] == "hybrid" and kv["trainer.num_nodes"] == "64"
+    assert all(("nemo", k) in ex.FLAGS for k in kv)
+    snippet = cfg.files["recipe.py"]
+    assert "llm.llama31_405b.pretrain_recipe(num_nodes=64, num_gpus_per_node=8)" in snippet
+    compile(snippet, "recipe.py", "exec")      # valid Python
+    with pytest.raises(ValueError, match=re.escape("zero=3")):
+        jm.export_plan(jm.Parallelism(dp=64, zero=3), framework="nemo",
+                       model=models["llama2-7b"], global_batch=512, seq_len=4096)
