@@ -10,6 +10,7 @@ into a serving engine's launch command:
 framework      what comes out
 =============  ===========================================================================
 ``megatron``   ``pretrain_gpt.py`` arguments (Megatron-LM / Megatron-core)
+``nemo``       ``nemo llm pretrain --factory ...`` overrides and a NeMo-Run recipe snippet
 ``torchtitan`` a job TOML for ``python -m torchtitan.train --job.config_file``
 ``vllm``       ``vllm serve MODEL ...``
 ``sglang``     ``python -m sglang.launch_server ...``
@@ -27,8 +28,10 @@ and its value. A plan the model itself rejects (``jaxmodel.parallel.plan`` rules
 layers, batch divisibility) raises the same error :func:`jaxmodel.train_step` would.
 
 The mapping of each model concept to its framework setting (units: counts, sequences, tokens)
-is documented at the emitting function (:func:`megatron_args`, :func:`torchtitan_toml`,
-:func:`vllm_args`, :func:`sglang_args`, :func:`trtllm_args`).
+is documented at the emitting function (:func:`megatron_args`, :func:`nemo_recipe`,
+:func:`torchtitan_toml`, :func:`vllm_args`, :func:`sglang_args`, :func:`trtllm_args`).
+Export reads the plan only (no ``train_step`` is evaluated): check the plan with
+:func:`jaxmodel.train_step` / :func:`jaxmodel.offline_throughput` first.
 """
 
 from __future__ import annotations

@@ -366,6 +366,9 @@ def test_cli_export_train_and_serve(tmp_path):
         res["command"]
     rc, _ = _cli(["export", "serve", "--model", "llama3-70b", "--global-batch", "8"])
     assert rc == 2
+    from jaxmodel import cli
+    rc, res = _cli(cli.EXAMPLES["export"].split()[1:])      # the --help example
+    assert rc == 0 and "--num-layers-per-virtual-pipeline-stage 2" in res["command"]
     rc, _ = _cli(["export", "train", "--model", "llama3-70b", "--framework", "vllm"])
     assert rc == 2
 
