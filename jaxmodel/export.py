@@ -328,6 +328,12 @@ class TrainPlan:
     gpus_per_node: int | None = None
 
 
+def _float_plan(par: Parallelism) -> Parallelism:
+    """``par`` with float leaves (one compiled signature for every concrete plan)."""
+    return Parallelism(**{f.name: float(np.asarray(getattr(par, f.name)))
+                          for f in dataclasses.fields(Parallelism)})
+
+
 def _train_defaults() -> dict:
     """The recipe knobs' defaults, read off :func:`jaxmodel.train_step`'s signature."""
     from jaxmodel.parallel.train import train_step
@@ -358,7 +364,6 @@ def train_plan(par: Parallelism, model: Model, global_batch, seq_len, *, precisi
     """
     from jaxmodel.parallel import plan as _plan
     from jaxmodel.recipes import recipe as _recipe
-    from jaxmodel.workload.params import expert_tp
     where = "export_plan"
     if not isinstance(model, Model):
         raise ValueError(f"{where}: model must be a jaxmodel.Model (hw_db.model(name)), got "
@@ -381,7 +386,7 @@ def train_plan(par: Parallelism, model: Model, global_batch, seq_len, *, precisi
                                                          "micro_batch", "interleave")}
     sched = SCHEDULES[_int(where, "schedule", par.schedule, 0)]
     v = ints["interleave"] if sched == "interleaved" else 1
-    etp = _int(where, "etp", expert_tp(par)[0])
+    etp = _int(where, "etp", _jitted("expert_tp")(_float_plan(par))[0])
     nodes = gpn = None
     if system is not None and system.levels:
         gpn = _int(where, "system.levels[0].size", system.levels[0].size)
@@ -413,6 +418,21 @@ def _model_ints(model: Model) -> dict:
     return out
 
 
+_JITTED: dict = {}
+
+
+def _jitted(name: str):
+    """One compiled call instead of one dispatch per jnp operation, for the model's own
+    formulas evaluated on a single concrete plan (:func:`~jaxmodel.parallel.pipeline.
+    stage_layers`, :func:`~jaxmodel.workload.params.expert_tp`)."""
+    if name not in _JITTED:
+        import jax
+        from jaxmodel.parallel.pipeline import stage_layers
+        from jaxmodel.workload.params import expert_tp
+        _JITTED.update(stage_layers=jax.jit(stage_layers), expert_tp=jax.jit(expert_tp))
+    return _JITTED[name]
+
+
 def pipeline_stages(n_layers: int, pp: int) -> list[int]:
     """Decoder layers of each pipeline stage, first to last, as the model places them.
 
@@ -421,9 +441,8 @@ def pipeline_stages(n_layers: int, pp: int) -> list[int]:
     heavy middle stages follow the first stage (the most loaded stage sits second,
     :func:`jaxmodel.parallel.pipeline.stage_in_flight`). Counts; ``sum == n_layers``.
     """
-    from jaxmodel.parallel.pipeline import stage_layers
-    first, most, last = (int(round(float(x))) for x in stage_layers(float(n_layers),
-                                                                      float(pp)))
+    first, most, last = (int(round(float(x))) for x in _jitted("stage_layers")(
+        float(n_layers), float(pp)))
     if pp == 1:
         return [n_layers]
     middle_total = n_layers - first - last
@@ -610,6 +629,10 @@ def megatron_args(p: TrainPlan) -> LaunchConfig:
         e("--fp4-format", "e2m1")
         e("--fp4-recipe", "nvfp4")
     e("--attention-backend", "unfused" if p.flash_attention == "standard" else "flash")
+    if p.flash_attention == "standard":
+        notes.append("flash_attention=0: standard (unfused) attention, as the model timed "
+                     "the plan; a plan with flash_attention='fa2' exports --attention-backend "
+                     "flash")
     # overlap
     if dp_on and p.dp * p.cp > 1:
         e("--overlap-grad-reduce")
@@ -949,7 +972,6 @@ def serve_plan(par: Parallelism, model: Model, *, framework: str, max_batch=None
     """
     from jaxmodel.parallel import plan as _plan
     from jaxmodel.runtime_profile import scheduler_defaults
-    from jaxmodel.workload.params import expert_tp
     where = "export_plan"
     if not isinstance(model, Model):
         raise ValueError(f"{where}: model must be a jaxmodel.Model (hw_db.model(name)), got "
@@ -977,7 +999,7 @@ def serve_plan(par: Parallelism, model: Model, *, framework: str, max_batch=None
     n_experts = _int(where, "model.n_experts", model.n_experts)
     return ServePlan(
         model=model, dp=ints["dp"], tp=ints["tp"], pp=ints["pp"], ep=ints["ep"],
-        etp=_int(where, "etp", expert_tp(par)[0]), moe=n_experts > 1,
+        etp=_int(where, "etp", _jitted("expert_tp")(_float_plan(par))[0]), moe=n_experts > 1,
         max_batch=_int(where, "max_batch", d["max_batch"] if max_batch is None else max_batch),
         max_tokens=_int(where, "max_tokens",
                         d["max_tokens"] if max_tokens is None else max_tokens),
