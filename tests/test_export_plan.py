@@ -412,3 +412,39 @@ def test_nemo_recipe_405b(models):
     with pytest.raises(ValueError, match=re.escape("zero=3")):
         jm.export_plan(jm.Parallelism(dp=64, zero=3), framework="nemo",
                        model=models["llama2-7b"], global_batch=512, seq_len=4096)
+
+
+def _plan_from_megatron(flags: dict, n_layers: int, world: int) -> dict:
+    """The plan Megatron-LM core_v0.15.0 builds from these arguments (validate_args:
+    dp = world / (tp·pp·cp); virtual stages = (layers + account flags) / pp / layers per
+    virtual stage), written from arguments.py independently of the exporter."""
+    tp = int(flags.get("--tensor-model-parallel-size", 1))
+    pp = int(flags.get("--pipeline-model-parallel-size", 1))
+    cp = int(flags.get("--context-parallel-size", 1))
+    s = int("--account-for-embedding-in-pipeline-split" in flags) + int(
+        "--account-for-loss-in-pipeline-split" in flags)
+    k = flags.get("--num-layers-per-virtual-pipeline-stage")
+    v = (n_layers + s) // pp // int(k) if k is not None else 1
+    zero = 1 if "--use-distributed-optimizer" in flags else {
+        "optim_grads": 2, "optim_grads_params": 3}.get(
+        flags.get("--data-parallel-sharding-strategy"), 0)
+    rec = flags.get("--recompute-granularity", "none")
+    return dict(dp=world // (tp * pp * cp), tp=tp, pp=pp, cp=cp,
+                ep=int(flags.get("--expert-model-parallel-size", 1)),
+                sp=int("--sequence-parallel" in flags),
+                micro_batch=int(flags["--micro-batch-size"]), interleave=v,
+                recompute=rec, zero=zero)
+
+
+@pytest.mark.parametrize("case", MEGATRON_CASES, ids=[c[0] for c in MEGATRON_CASES])
+def test_megatron_round_trip(case, models):
+    """Megatron's reading of the exported arguments is the plan that was exported."""
+    _, name, fields, kw, _, _ = case
+    par = jm.Parallelism(**fields)
+    cfg = jm.export_plan(par, framework="megatron", model=models[name], **kw)
+    world = int(par.dp * par.tp * par.pp * par.cp)
+    back = _plan_from_megatron(_argv_flags(cfg), int(models[name].n_layers), world)
+    p = ex.train_plan(par, models[name], kw["global_batch"], kw["seq_len"])
+    assert back == dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep,
+                        sp=int(p.sp and p.tp > 1), micro_batch=p.micro_batch, interleave=p.v,
+                        recompute=p.recompute, zero=p.zero)
