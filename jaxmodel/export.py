@@ -379,7 +379,8 @@ def train_plan(par: Parallelism, model: Model, global_batch, seq_len, *, precisi
              **{k: v for k, v in given.items() if v is not None}}
     gb = _int(where, "global_batch", global_batch)
     s = _int(where, "seq_len", seq_len)
-    n_dev = float(par.dp * par.tp * par.pp * par.cp)
+    n_dev = float(par.dp * par.tp * par.pp * par.cp) if system is None else float(
+        system.n_devices)
     _plan.raise_if_invalid(where, _plan.TRAIN, _plan.inputs(model, par, n_devices=n_dev,
                                                             batch=gb, seq_len=s))
     ints = {k: _int(where, k, getattr(par, k)) for k in ("dp", "tp", "pp", "cp", "ep",

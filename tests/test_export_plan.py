@@ -168,8 +168,9 @@ def test_torchtitan_zero3_fsdp(models):
     assert P["tensor_parallel_degree"] == 8 and P["pipeline_parallel_degree"] == 4
     assert P["pipeline_parallel_schedule"] == "1F1B"
     assert P["pipeline_parallel_microbatch_size"] == 2
-    assert (P["pipeline_parallel_layers_per_stage"], P["pipeline_parallel_first_stage_less_layers"],
-            P["pipeline_parallel_last_stage_less_layers"]) == (20, 0, 0)
+    split = ("pipeline_parallel_layers_per_stage", "pipeline_parallel_first_stage_less_layers",
+             "pipeline_parallel_last_stage_less_layers")
+    assert tuple(P[k] for k in split) == (20, 0, 0)
     assert doc["training"] == {"local_batch_size": 16, "global_batch_size": 256,
                                "seq_len": 8192, "mixed_precision_param": "bfloat16"}
     assert doc["activation_checkpoint"]["mode"] == "full"
@@ -199,8 +200,9 @@ def test_torchtitan_interleaved_405b(models):
     P = tomllib.loads(cfg.files["plan.toml"])["parallelism"]
     assert P["pipeline_parallel_schedule"] == "Interleaved1F1B"
     # ceil((126 + 1 + 1) / 2) = 64 virtual stages = pp 8 x v 8
-    assert (P["pipeline_parallel_layers_per_stage"], P["pipeline_parallel_first_stage_less_layers"],
-            P["pipeline_parallel_last_stage_less_layers"]) == (2, 1, 1)
+    split = ("pipeline_parallel_layers_per_stage", "pipeline_parallel_first_stage_less_layers",
+             "pipeline_parallel_last_stage_less_layers")
+    assert tuple(P[k] for k in split) == (2, 1, 1)
     assert P["fsdp_reshard_after_forward"] == "never"
 
 
@@ -448,3 +450,10 @@ def test_megatron_round_trip(case, models):
     assert back == dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep,
                         sp=int(p.sp and p.tp > 1), micro_batch=p.micro_batch, interleave=p.v,
                         recompute=p.recompute, zero=p.zero)
+
+
+def test_plan_must_fill_the_system(models):
+    """With a system, the plan's dp·tp·pp·cp must be its devices (the model's rule)."""
+    with pytest.raises(ValueError, match="devices_mismatch"):
+        jm.export_plan(jm.Parallelism(dp=2, tp=8), model=models["llama3-70b"],
+                       global_batch=64, seq_len=4096, system=hw_db.system("dgx_h100", nodes=4))
