@@ -75,6 +75,10 @@ SOURCES: Mapping[str, Source] = MappingProxyType({
                          ("torchtitan/config/job_config.py",
                           "torchtitan/distributed/pipeline_parallel.py",
                           "torchtitan/components/quantization/float8.py")),
+    # the launcher of the training frameworks (PyTorch elastic)
+    "torchrun": Source("pytorch/pytorch", "main@f34fa151",
+                       "f34fa1515024423a239ce26f33a8b65ea9252502",
+                       ("torch/distributed/run.py",)),
     "nemo": Source("NVIDIA/NeMo", "v2.4.0", "2381f42f6979449b5b99538f8f80135831009b51",
                    ("nemo/lightning/pytorch/strategies/megatron_strategy.py",
                     "nemo/lightning/pytorch/plugins/mixed_precision.py",
@@ -191,6 +195,7 @@ def _table(fw: str, names, file_index: int = 0) -> dict:
 #: (framework, flag or config key) -> (project, version, source file): every flag this module
 #: emits, and where it was read
 FLAGS: Mapping[tuple[str, str], tuple[str, str, str]] = MappingProxyType({
+    **_table("torchrun", ("--nnodes", "--nproc-per-node", "-m")),
     **_table("megatron", _MEGATRON_FLAGS),
     **_table("torchtitan", _TORCHTITAN_KEYS),
     **_table("nemo", _NEMO_STRATEGY_KEYS),
@@ -509,6 +514,16 @@ def _megatron_pipeline(e: _Emitter, p: "_Ctx", notes: list) -> None:
     e("--pipeline-model-parallel-layout", layout)
 
 
+def _torchrun(p: TrainPlan) -> list[str]:
+    """``torchrun --nnodes=N --nproc-per-node=G`` (PyTorch ``torch/distributed/run.py``)
+    when the system is known, else ``torchrun`` (its defaults: one node, one process)."""
+    e = _Emitter("torchrun")
+    if p.n_nodes is not None:
+        e("--nnodes", p.n_nodes)
+        e("--nproc-per-node", p.gpus_per_node)
+    return ["torchrun"] + [f"{k}={v}" for k, v in e.flags.items()]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Ctx:
     plan: TrainPlan
@@ -648,11 +663,8 @@ def megatron_args(p: TrainPlan) -> LaunchConfig:
                          "collectives serial, and so does this command")
     notes.append("tokenizer, data, optimizer, learning-rate and position-embedding flags are "
                  "the user's")
-    launcher = ["torchrun"]
-    if p.n_nodes is not None:
-        launcher += [f"--nnodes={p.n_nodes}", f"--nproc-per-node={p.gpus_per_node}"]
     return LaunchConfig(fw, SOURCES[fw].version,
-                        tuple(launcher + ["pretrain_gpt.py"] + e.argv()),
+                        tuple(_torchrun(p) + ["pretrain_gpt.py"] + e.argv()),
                         MappingProxyType(dict(e.flags)), MappingProxyType({}), tuple(notes))
 
 
@@ -791,10 +803,9 @@ def torchtitan_toml(p: TrainPlan) -> LaunchConfig:
             e("quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", True)
     notes.append("[model] name/flavor/hf_assets_path, the dataset, optimizer and steps are "
                  "the user's; the model's dimensions come from the flavor")
-    launcher = ["torchrun"]
-    if p.n_nodes is not None:
-        launcher += [f"--nnodes={p.n_nodes}", f"--nproc-per-node={p.gpus_per_node}"]
-    argv = launcher + ["-m", "torchtitan.train", "--job.config_file", "plan.toml"]
+    launch = _Emitter("torchrun")
+    launch("-m", "torchtitan.train")
+    argv = _torchrun(p) + launch.argv() + ["--job.config_file", "plan.toml"]
     return LaunchConfig(fw, SOURCES[fw].version, tuple(argv), MappingProxyType(dict(e.flags)),
                         MappingProxyType({"plan.toml": _toml(e.flags)}), tuple(notes))
 
