@@ -17,7 +17,7 @@ SLOW_DOCTESTS = (
     "jaxmodel.search.parallelism",
     "jaxmodel.parallel.train.train_step",
     "jaxmodel.search.objectives",
-    "jaxmodel.parallel.inference.inference",
+    "jaxmodel.parallel.inference_step.inference",
     "jaxmodel.parallel.gemm_table",
     "jaxmodel.serving.serving_costs",
     "jaxmodel.serving.continuous_batching",

@@ -15,7 +15,7 @@ def import_jaxmodel():
     t0 = time.perf_counter()
     import jaxmodel
     seconds = time.perf_counter() - t0
-    cache = jaxmodel.runtime.cache_state()
+    cache = jaxmodel.process.cache_state()
     print(f"import jaxmodel {seconds:.2f} s; persistent compilation cache: {cache}",
           flush=True)
     return jaxmodel, seconds, cache

@@ -16,7 +16,7 @@ Writes ``experiments/out/bench_search.csv`` (top 200 plans + Megatron's) and ``.
 
 Also prints ``import jaxmodel`` time and the first and second answer to a single question (one
 training step of the best plan). Most of a cold run is XLA compilation of the training step;
-jaxmodel's caches (``jaxmodel.runtime``: JAX's persistent compilation cache and the command
+jaxmodel's caches (``jaxmodel.process``: JAX's persistent compilation cache and the command
 line's export cache) let a second process skip tracing and compiling: ``--cache DIR`` puts
 them in DIR, ``--no-cache`` turns them off, and the printed ``compilation_cache`` field says
 which case was measured (empty or warm).
@@ -48,8 +48,8 @@ from _bench import import_jaxmodel  # noqa: E402
 
 jm, IMPORT_S, CACHE = import_jaxmodel()   # first: its import time is measured
 if "--cache" in sys.argv:          # the command line's caches: every compilation stored and
-    jm.runtime.configure_compilation_cache(cli=True)   # the compiled search kept for a rerun
-    CACHE = jm.runtime.cache_state()
+    jm.process.configure_compilation_cache(cli=True)   # the compiled search kept for a rerun
+    CACHE = jm.process.cache_state()
     print(f"persistent compilation cache, as the command line's: {CACHE}", flush=True)
 
 import numpy as np  # noqa: E402

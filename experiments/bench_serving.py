@@ -76,7 +76,7 @@ def run(model_name: str) -> dict:
         "configs_per_s": round(df.attrs["n_evaluated"] / wall),
         "timings_s": {k: round(v, 2) for k, v in df.attrs["timings"].items()},
         "load_avg_1min": round(load, 2), "import_s": round(IMPORT_S, 2),
-        "compilation_cache": jm.runtime.cache_state(),
+        "compilation_cache": jm.process.cache_state(),
         "cpu_s": round(cpu, 1),
         "xla_compilations": {"count": len(compiles),
                              "over_1s": sum(1 for c in compiles if c > 1.0),

@@ -4,7 +4,7 @@ its training cluster and a one-node deployment, with breakdowns a reviewer can f
 1. **Training** (report §3.1–3.3): 2,048 H800 (``hw_db.system("dgx_h800", nodes=256)``:
    NVLink 400 GB/s and 8×400 Gb/s InfiniBand per node), pipeline parallelism 16, expert
    parallelism 64 spanning 8 nodes, ZeRO-1 data parallelism (no tensor parallelism), FP8
-   mixed precision (Transformer Engine recipe of :mod:`jaxmodel.precision`), sequences of
+   mixed precision (Transformer Engine recipe of :mod:`jaxmodel.precisions`), sequences of
    4,096 tokens, batch 15,360 (the batch after the ramp-up, §4.2). 61 layers on 16 stages are
    uneven (:func:`jaxmodel.parallel.pipeline.stage_layers`: 3 | 13 × 4, 3 | 3). The
    schedule is 1F1B: the report's DualPipe (§3.2.1) overlaps the all-to-all with compute and

@@ -401,7 +401,7 @@ def v1_costs(rows: pd.DataFrame):
 
 @jax.jit
 def _v1_offline(costs, isl, osl, tp, pp, step):
-    from jaxmodel.runtime_profile import scheduler_defaults
+    from jaxmodel.serving_runtime import scheduler_defaults
     from jaxmodel.serving import offline_from_costs
     sch = scheduler_defaults(V1_PROFILE)
     c = dataclasses.replace(costs, step_s=costs.step_s + step,

@@ -12,18 +12,18 @@ Example:
     >>> t = jm.gemm_latency(dev, 2048, 12288, 12288)      # seconds
 """
 
-from jaxmodel import runtime as _runtime
+from jaxmodel import process as _process
 
-_runtime.prepare_logging()   # before jaxlib loads (see runtime)
+_process.prepare_logging()   # before jaxlib loads (see process)
 
 from jaxmodel.types import (ACTIVATIONS, ATTENTIONS, RECOMPUTE, SCHEDULES, TOPOLOGIES, Device,  # noqa: E402,E501
                             Model, NetLevel, Parallelism, System, validate_device, validate_model,
                             validate_parallelism, validate_system)
 from jaxmodel.numerics import REASONS, reason_name  # noqa: E402
-from jaxmodel.precision import (DTYPES,  # noqa: E402
+from jaxmodel.precisions import (DTYPES,  # noqa: E402
                                 PRESETS, Precision, precision, stack as stack_precisions,
                                 validate_precision)
-from jaxmodel.runtime_profile import PRESETS as RUNTIMES, Runtime, runtime as runtime_of  # noqa: E402,E501
+from jaxmodel.serving_runtime import PRESETS as RUNTIMES, Runtime, runtime as runtime_of  # noqa: E402,E501
 
 # Each subpackage exports its public names through its own __all__ (one owner per subpackage).
 from jaxmodel.ops import *  # noqa: F401,F403,E402
@@ -56,4 +56,4 @@ def __dir__():
     return sorted(set(globals()) | set(_search_pkg.__all__))
 
 
-_runtime.configure_compilation_cache()   # JAXMODEL_CACHE_DIR / JAXMODEL_NO_CACHE, see runtime
+_process.configure_compilation_cache()   # JAXMODEL_CACHE_DIR / JAXMODEL_NO_CACHE, see process

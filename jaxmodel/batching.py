@@ -18,7 +18,7 @@ leaves; batching happens only here, by one mechanism:
 - :func:`map_blocks` (host side) runs a jitted batch function over rows in blocks of one fixed
   width (one compilation for any row count), overlapping each block's device work with the
   previous block's transfer, with a progress bar for long loops
-  (:class:`jaxmodel.runtime.progress_bar`);
+  (:class:`jaxmodel.process.progress_bar`);
 - :func:`dedup_map` evaluates a function once per distinct input row of a concrete batch and
   gathers the results back (bit-identical to evaluating every row).
 
@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jaxmodel.runtime import code_fingerprint, export_cache_dir, progress_bar
+from jaxmodel.process import code_fingerprint, export_cache_dir, progress_bar
 
 DEFAULT_CHUNK = 4096
 AXIS = "d"   # name of the device axis of the sharding mesh
@@ -402,7 +402,7 @@ def _export_path(dynamic, *, fn, treedef, static, chunk):
 
 
 def _cached_call(dynamic, *, fn, treedef, static, chunk):
-    """:func:`_run` through the export cache (:func:`jaxmodel.runtime.export_cache_dir`).
+    """:func:`_run` through the export cache (:func:`jaxmodel.process.export_cache_dir`).
 
     Each keyed call is stored as the executable XLA compiled for it (``<key>.xla``,
     ``jax.experimental.serialize_executable``). A later process with the same key loads the

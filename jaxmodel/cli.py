@@ -412,7 +412,7 @@ def _question_file(a) -> Path | None:
     without an export cache); the workload sizes are left out of the name, so a later
     process asking the same question, or the same one with other sizes, starts loading them
     at once, in the background (:func:`jaxmodel.batching.prefetch_executables`)."""
-    from jaxmodel.runtime import export_cache_dir
+    from jaxmodel.process import export_cache_dir
     d = export_cache_dir()
     argv = getattr(a, "argv", None)
     if d is None or argv is None:
@@ -436,7 +436,7 @@ def _predict_xla_flags() -> None:
     (experiments/bench_predict.py compares them with the library's). The compilation caches
     key on ``XLA_FLAGS``, so these executables are kept apart."""
     from jaxmodel.batching import ONE_SHOT_COMPILE_OPTIONS, add_xla_flags
-    from jaxmodel.runtime import _cli_process
+    from jaxmodel.process import _cli_process
     if _cli_process():         # in-process use: leave the host program's compiler alone
         add_xla_flags(ONE_SHOT_COMPILE_OPTIONS)
 
@@ -948,9 +948,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=float, default=2048, dest="prompt_len")
     p.add_argument("--gen-len", type=float, default=1024, dest="gen_len")
     p.add_argument("--precision", help="numeric precision preset: bf16 (default), fp8, ... "
-                   "(jaxmodel.precision.PRESETS)")
+                   "(jaxmodel.precisions.PRESETS)")
     p.add_argument("--runtime", help="serving runtime: pytorch (default, eager), trtllm, "
-                   "trtllm_v06, vllm (jaxmodel.runtime_profile.PRESETS)")
+                   "trtllm_v06, vllm (jaxmodel.serving_runtime.PRESETS)")
     p.add_argument("--lora-rank", type=float, dest="lora_rank",
                    help="train: LoRA fine-tuning with adapters of this rank (frozen base)")
     p.add_argument("--lora-modules", default="all", dest="lora_modules",
@@ -974,7 +974,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=float, default=2048, dest="seq_len")
     p.add_argument("--top", type=int, default=20, help="rows to print (0 = all)")
     p.add_argument("--precision", help="precision preset, or a comma-separated list to "
-                   "search, e.g. bf16,fp8 (jaxmodel.precision.PRESETS)")
+                   "search, e.g. bf16,fp8 (jaxmodel.precisions.PRESETS)")
     p.add_argument("--step-option", action="append", default=[], dest="step_option",
                    metavar="NAME=V1,V2",
                    help="also search a train_step option, e.g. dp_overlap=0,1 grad_bytes=2,4 "

@@ -62,8 +62,8 @@ class Progress:
         self.t0 = time.perf_counter() if t0 is None else t0
 
     def __call__(self, msg: str):
-        from jaxmodel import runtime
-        if not runtime.quiet():
+        from jaxmodel import process
+        if not process.quiet():
             print(f"[demo {time.perf_counter() - self.t0:6.1f}s] {msg}", flush=True)
 
 
@@ -159,7 +159,7 @@ def hardware_sweep(out: Path, say, quick: bool) -> pd.DataFrame:
     import jaxmodel as jm
     from jaxmodel.cost.area import area_fields
     from jaxmodel.plots import heatmap_plot, pareto_mask, pareto_plot
-    from jaxmodel.parallel.inference import inference_single
+    from jaxmodel.parallel.inference_step import inference_single
     from jaxmodel.search.objectives import apply_knobs
     from jaxmodel.workload import layer as _layer
     base = hw_db.system("dgx_h100")
@@ -400,7 +400,7 @@ def run_stages(labels, out: Path, quick: bool, quiet: bool, t0: float | None = N
     their parts of the summary. Each stage reports its wall time split into compile and run
     (stderr, when > 2 s)."""
     import jaxmodel  # noqa: F401  (import cost inside the timed run)
-    from jaxmodel.runtime import set_quiet, stage
+    from jaxmodel.process import set_quiet, stage
     if quiet:
         set_quiet(True)
     say = Progress(t0)

@@ -48,7 +48,7 @@ import numpy as np
 from jaxmodel.types import ACTIVATIONS, FA_VERSIONS, Model, Parallelism, RECOMPUTE, SCHEDULES
 from jaxmodel.types import ZERO3_IMPLS
 from jaxmodel.types import validate_parallelism
-from jaxmodel.precision import PRESETS as _PRECISIONS  # (module renamed at merge: one place)
+from jaxmodel.precisions import PRESETS as _PRECISIONS
 
 
 # --------------------------------------------------------------------------------------------
@@ -936,7 +936,7 @@ def nemo_recipe(p: TrainPlan) -> LaunchConfig:
 # --------------------------------------------------------------------------------------------
 # Serving
 # --------------------------------------------------------------------------------------------
-#: the runtime preset whose scheduler defaults (:data:`jaxmodel.runtime_profile.SCHEDULER`)
+#: the runtime preset whose scheduler defaults (:data:`jaxmodel.serving_runtime.SCHEDULER`)
 #: fill the settings an export leaves out, per serving framework
 SERVE_RUNTIME = MappingProxyType({"vllm": "vllm_v1", "sglang": "sglang",
                                   "trtllm": "trtllm_v1"})
@@ -950,7 +950,7 @@ class ServePlan:
     the chunked-prefill tokens per iteration (0 = whole prompts), ``block_tokens`` per KV
     block, ``mem_fraction`` the KV pool's memory share, as :func:`jaxmodel.serving.
     offline_throughput` and :func:`jaxmodel.serving.slo_throughput` read them (the given
-    values, else the runtime preset's :func:`jaxmodel.runtime_profile.scheduler_defaults`);
+    values, else the runtime preset's :func:`jaxmodel.serving_runtime.scheduler_defaults`);
     ``max_tokens_given`` and ``chunk_given`` say whether the caller set them.
     """
     model: Model
@@ -983,7 +983,7 @@ def serve_plan(par: Parallelism, model: Model, *, framework: str, max_batch=None
     context parallelism when serving).
     """
     from jaxmodel.parallel import plan as _plan
-    from jaxmodel.runtime_profile import scheduler_defaults
+    from jaxmodel.serving_runtime import scheduler_defaults
     where = "export_plan"
     if not isinstance(model, Model):
         raise ValueError(f"{where}: model must be a jaxmodel.Model (hw_db.model(name)), got "

@@ -55,10 +55,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmodel import runtime_profile as _rtp
+from jaxmodel import precisions as _precisions, serving_runtime as _rtp
 from jaxmodel.batching import batched
 from jaxmodel.numerics import INF, REASONS, first_reason, reason_name
-from jaxmodel.parallel.inference import inference_single
+from jaxmodel.parallel.inference_step import inference_single
 from jaxmodel.types import Model, Parallelism, System
 from jaxmodel.workload.layer import ANY, Variant, variant_of
 from jaxmodel.workload.memory import usable_memory
@@ -225,8 +225,7 @@ serving_costs.single = serving_costs_single
 
 
 def _prec_arg(precision):
-    import importlib
-    return importlib.import_module("jaxmodel.precision").resolve(precision, None)
+    return _precisions.resolve(precision, None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -812,7 +811,7 @@ def _offline_throughput(system, model, par, isl, osl, max_batch, max_tokens, blo
 
 
 def _scheduler_args(runtime, **given):
-    """The scheduler settings of ``runtime``'s preset (:data:`jaxmodel.runtime_profile.
+    """The scheduler settings of ``runtime``'s preset (:data:`jaxmodel.serving_runtime.
     SCHEDULER`), overridden by the ones given (not None)."""
     name = _rtp.runtime(runtime).name
     out = dict(_rtp.scheduler_defaults(name))
@@ -837,7 +836,7 @@ def offline_throughput(system: System, model: Model, par: Parallelism, isl, osl,
         par: ``dp`` replicas of ``tp × pp`` devices.
         isl, osl: prompt and output tokens per request.
         runtime: a preset name or :class:`jaxmodel.Runtime`; its scheduler defaults
-            (:func:`jaxmodel.runtime_profile.scheduler_defaults`) fill the settings not given.
+            (:func:`jaxmodel.serving_runtime.scheduler_defaults`) fill the settings not given.
         max_batch: sequences per replica (TensorRT-LLM ``max_batch_size``, vLLM
             ``max_num_seqs``).
         max_tokens: tokens per iteration (``max_num_tokens`` / ``max_num_batched_tokens``).
@@ -942,7 +941,7 @@ def slo_throughput(system: System, model: Model, par: Parallelism, isl, osl, *, 
         system, model, par, isl, osl, precision: as :func:`continuous_batching`.
         ttft_p99_s, tpot_p99_s: limits on the 99th percentiles, s.
         runtime: preset or :class:`jaxmodel.Runtime`; its scheduler defaults
-            (:func:`jaxmodel.runtime_profile.scheduler_defaults`: ``max_batch``, ``chunk``
+            (:func:`jaxmodel.serving_runtime.scheduler_defaults`: ``max_batch``, ``chunk``
             for chunked prefill, ``block_tokens``, ``mem_fraction``) fill the settings not
             given.
 

@@ -162,7 +162,7 @@ class Device:
         All area-only fields default to -1 = "look up hw_db/tech/device_area.toml by name".
         matrix_ratio_fp32, matrix_ratio_tf32, matrix_ratio_bf16, matrix_ratio_fp16,
         matrix_ratio_fp8, matrix_ratio_fp4, matrix_ratio_int8: dense tensor-core peak of
-            that compute dtype / ``peak_matrix_flops`` (0 = unsupported; jaxmodel.precision).
+            that compute dtype / ``peak_matrix_flops`` (0 = unsupported; jaxmodel.precisions).
         matmul_efficiency: fraction of the peak tensor rate a library GEMM kernel's main loop
             sustains (calibration constant; :func:`jaxmodel.ops.gemm._library_seconds`).
         matmul_wave_latency_s: pipeline fill + epilogue of one wave of GEMM tiles, s.
@@ -229,7 +229,7 @@ class Device:
     sa_mantissa_bits: Array = -1.0
     mem_protocol: Array = -1.0
     link_protocol: Array = -1.0
-    # Numeric precision (jaxmodel.precision): dense matrix (tensor-core) peak of each compute
+    # Numeric precision (jaxmodel.precisions): dense matrix (tensor-core) peak of each compute
     # dtype relative to the modelled systolic peak ``peak_matrix_flops`` (the dense 16-bit
     # peak), from datasheets (hw_db); 0 = the dtype is not supported. Defaults are the A100's
     # (A100 whitepaper: FP32 19.5, TF32 156, BF16/FP16 312, INT8 624 dense TFLOP/s; no FP8/FP4).
@@ -242,7 +242,7 @@ class Device:
     matrix_ratio_int8: Array = 2.0
 
     def peak_matrix_flops_of(self, dtype: str) -> Array:
-        """Dense matrix peak of ``dtype`` (a name of ``jaxmodel.precision.DTYPES``), FLOP/s
+        """Dense matrix peak of ``dtype`` (a name of ``jaxmodel.precisions.DTYPES``), FLOP/s
         (OP/s for int8); 0 when unsupported."""
         return self.peak_matrix_flops * getattr(self, f"matrix_ratio_{dtype}")
     # Kernel-level calibration (jaxmodel.ops; fitted by experiments/calibrate.py, provenance in
@@ -761,7 +761,7 @@ class Model:
         quantization: how the published weights are stored when the checkpoint ships
             quantised (HF ``quantization_config``), e.g. ``"fp8 e4m3, 128x128 block scales"``
             (static metadata; "" = unquantised).
-        serving_precision: the :data:`jaxmodel.precision.PRESETS` name matching that storage
+        serving_precision: the :data:`jaxmodel.precisions.PRESETS` name matching that storage
             ("" when none matches exactly; static metadata). The model functions take the
             precision as an argument; this records the checkpoint's native one.
     """

@@ -5,7 +5,7 @@
 - float64 is enabled: gradient checks compare against finite differences in float64. Models
   themselves run in the default float dtype, so float32 behaviour is tested by the
   ``float32`` fixture where it matters;
-- jaxmodel's persistent compilation cache (jaxmodel.runtime) stays off: the suite tests the
+- jaxmodel's persistent compilation cache (jaxmodel.process) stays off: the suite tests the
   code, not executables cached by an earlier run, and writes nothing into the user's home.
   Setting ``JAXMODEL_CACHE_DIR`` (or JAX's own ``JAX_COMPILATION_CACHE_DIR``) opts back in.
 """

@@ -279,8 +279,8 @@ def test_predict_notes_its_executables_and_prefetches_them(tmp_path, monkeypatch
     """With the export cache on (the console script's default), predict notes which stored
     executables the command line used; the same command, or the same with other workload
     sizes, later starts loading them at once (and answers as before); another plan does not."""
-    from jaxmodel import batching, runtime
-    monkeypatch.setattr(runtime, "_export_dir", tmp_path / "exports")
+    from jaxmodel import batching, process
+    monkeypatch.setattr(process, "_export_dir", tmp_path / "exports")
     monkeypatch.setattr(batching, "_EXECUTABLES", {})
     argv = ("predict", "prefill", "--system", "hgx_a100_4gpu", "--model", "gpt2-small",
             "--tp", "4", "--batch", "4", "--prompt-len", "128", "--gen-len", "8")

@@ -1,5 +1,5 @@
 """The export cache of batched calls (jaxmodel.batching._cached_call) and the command line's
-cache defaults (jaxmodel.runtime.configure_compilation_cache with ``cli``)."""
+cache defaults (jaxmodel.process.configure_compilation_cache with ``cli``)."""
 
 import os
 import subprocess
@@ -13,12 +13,12 @@ import pytest
 
 import hw_db
 import jaxmodel as jm
-from jaxmodel import batching, runtime
+from jaxmodel import batching, process
 
 
 @pytest.fixture
 def export_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(runtime, "_export_dir", tmp_path / "export")
+    monkeypatch.setattr(process, "_export_dir", tmp_path / "export")
     monkeypatch.setattr(batching, "_EXECUTABLES", {})
     return tmp_path / "export"
 
@@ -34,7 +34,7 @@ def test_cached_call_identical_and_skips_tracing(export_dir, monkeypatch):
     dev = hw_db.device("a100_80gb")
     m1, m2 = jnp.array([512.0, 2048.0]), jnp.array([64.0, 8192.0])
     with monkeypatch.context() as mp:
-        mp.setattr(runtime, "_export_dir", None)
+        mp.setattr(process, "_export_dir", None)
         ref1 = np.asarray(jm.gemm_latency(dev, m1, 4096.0, 12288.0))
         ref2 = np.asarray(jm.gemm_latency(dev, m2, 4096.0, 12288.0))
     got1 = np.asarray(jm.gemm_latency(dev, m1, 4096.0, 12288.0))       # traces and stores
@@ -57,7 +57,7 @@ def test_stored_executable_runs_without_tracing_lowering_or_compiling(export_dir
     dev = hw_db.device("a100_80gb")
     m1, m2 = jnp.array([512.0, 2048.0]), jnp.array([64.0, 8192.0])
     with monkeypatch.context() as mp:
-        mp.setattr(runtime, "_export_dir", None)
+        mp.setattr(process, "_export_dir", None)
         ref2 = np.asarray(jm.gemm_latency(dev, m2, 4096.0, 12288.0))
     jm.gemm_latency(dev, m1, 4096.0, 12288.0)                          # compiles and stores
     assert list(export_dir.glob("*.xla"))
@@ -126,9 +126,9 @@ def test_cli_cache_defaults(tmp_path):
     ERROR lines; JAXMODEL_NO_CACHE=1 turns all of it off; library imports stay opt-in."""
     root = Path(__file__).resolve().parents[1]
     code = ("import sys; sys.argv[0] = {argv0!r}; import jaxmodel, os, jax; "
-            "from jaxmodel import runtime; print(jax.config.jax_compilation_cache_dir, "
+            "from jaxmodel import process; print(jax.config.jax_compilation_cache_dir, "
             "jax.config.jax_persistent_cache_min_compile_time_secs, "
-            "runtime.export_cache_dir(), os.environ.get('TF_CPP_MIN_LOG_LEVEL'))")
+            "process.export_cache_dir(), os.environ.get('TF_CPP_MIN_LOG_LEVEL'))")
 
     def run(argv0, **env):
         e = {k: v for k, v in os.environ.items()
@@ -143,11 +143,11 @@ def test_cli_cache_defaults(tmp_path):
     jax_dir, min_s, exp_dir, level = run("/usr/bin/jaxmodel")
     assert Path(jax_dir).parent == tmp_path / "jaxmodel" / "jax" and float(min_s) == 0.0
     assert Path(exp_dir) == tmp_path / "jaxmodel" / "jax" / "exports" / Path(jax_dir).name
-    if not runtime._accelerator_plugin_installed():
+    if not process._accelerator_plugin_installed():
         assert level == "3"
     off = run("/usr/bin/jaxmodel", JAXMODEL_NO_CACHE="1")
     assert off[0] == "None" and off[2] == "None"
-    if not runtime._accelerator_plugin_installed():
+    if not process._accelerator_plugin_installed():
         lib = run("python")
         assert lib[0] == "None" and lib[2] == "None" and lib[3] != "3"
 
@@ -157,9 +157,9 @@ def test_configure_cli_after_library_import(tmp_path):
     defaults after ``import jaxmodel`` configured the cache (the second call is not mistaken
     for a user's own JAX setting)."""
     root = Path(__file__).resolve().parents[1]
-    code = ("import jaxmodel, jax; from jaxmodel import runtime; "
-            "p = runtime.configure_compilation_cache(cli=True); "
-            "print(p, runtime.export_cache_dir(), "
+    code = ("import jaxmodel, jax; from jaxmodel import process; "
+            "p = process.configure_compilation_cache(cli=True); "
+            "print(p, process.export_cache_dir(), "
             "jax.config.jax_persistent_cache_min_compile_time_secs)")
     e = {k: v for k, v in os.environ.items()
          if k not in ("JAXMODEL_NO_CACHE", "JAX_COMPILATION_CACHE_DIR")}
@@ -200,11 +200,11 @@ def test_sharded_call_stored_and_loaded_on_several_devices(tmp_path):
     loaded for the same devices; both give the plain path's numbers."""
     root = Path(__file__).resolve().parents[1]
     code = ("import sys, numpy as np, jax, jax.numpy as jnp, hw_db, jaxmodel as jm; "
-            "from jaxmodel import runtime, batching; "
-            "runtime.set_export_cache_dir(sys.argv[1]); dev = hw_db.device('a100_80gb'); "
+            "from jaxmodel import process, batching; "
+            "process.set_export_cache_dir(sys.argv[1]); dev = hw_db.device('a100_80gb'); "
             "m = jnp.linspace(64., 8192., 300); "
             "f = lambda: np.asarray(batching.call_batched(jm.gemm_latency.single, dev, m, "
-            "4096.0, 1024.0, chunk=64)); got = f(); runtime.set_export_cache_dir(None); "
+            "4096.0, 1024.0, chunk=64)); got = f(); process.set_export_cache_dir(None); "
             "print(jax.device_count(), np.array_equal(got, f()))")
     e = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXMODEL_NO_CACHE")}
     e.update(PYTHONPATH=str(root), XLA_FLAGS="--xla_force_host_platform_device_count=2",

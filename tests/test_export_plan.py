@@ -315,7 +315,7 @@ def test_trtllm_attention_dp_yaml(models):
 def test_serving_defaults_follow_runtime_presets(models):
     """Left out, the scheduler settings are the runtime preset's (what the serving model
     assumed): vLLM V1 chunks at 8192 tokens with 1024 sequences."""
-    from jaxmodel.runtime_profile import scheduler_defaults
+    from jaxmodel.serving_runtime import scheduler_defaults
     d = scheduler_defaults("vllm_v1")
     got = _argv_flags(jm.export_plan(jm.Parallelism(tp=8), framework="vllm",
                                      model=models["llama3-70b"]))

@@ -500,7 +500,7 @@ def test_gradients_finite_layer_and_inference(grad_devices, which):
 @pytest.mark.parametrize("which", ("layer", "inference"))
 @pytest.mark.xfail(strict=False, reason="ops/gemm.py `single = b * _one_gemm_seconds(...)` and "
                    "ops/vector.py multiply counts by +inf times (d/d(heads, kv_heads, batch) "
-                   "= 0*inf = NaN on infeasible devices); parallel/inference.py "
+                   "= 0*inf = NaN on infeasible devices); parallel/inference_step.py "
                    "`n_layers * pre['total']` likewise; use numerics.weighted")
 def test_gradients_finite_wrt_model_and_batch(grad_devices, which):
     _, d_model, d_batch = _plan_grads(grad_devices, which)

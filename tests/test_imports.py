@@ -7,11 +7,11 @@ inside functions too (a late import hides a cycle from Python, not from the desi
 ====  =================================================================================
 rank  layer
 ====  =================================================================================
-0     ``jaxmodel.types``, ``jaxmodel.numerics``, ``jaxmodel.runtime``,
+0     ``jaxmodel.types``, ``jaxmodel.numerics``, ``jaxmodel.process``,
       ``jaxmodel.tech_tables``, ``jaxmodel.recipes`` (pytrees, NaN-free helpers, process
       settings, the sourced ``hw_db/tech`` tables read by path, the frameworks' named
       settings: no jaxmodel imports)
-0.5   ``jaxmodel.precision`` (numeric formats: a config pytree over ``types``)
+0.5   ``jaxmodel.precisions`` (numeric formats: a config pytree over ``types``)
 1     ``jaxmodel.batching`` (the API edge every formula module decorates with)
 2     ``jaxmodel.ops``, ``jaxmodel.comm`` (one device; the network)
 2.5   ``hw_db`` — its *files* are data that any layer may read by path
@@ -23,7 +23,7 @@ rank  layer
 3     ``jaxmodel.workload`` (layer op lists, memory, MoE)
 4     ``jaxmodel.parallel`` (pipeline, training step, inference, GEMM tables)
 5     ``jaxmodel.cost`` (area, chiplet, device, TCO, micro-architecture)
-5.5   ``jaxmodel.serving`` (serving systems in steady state, on ``parallel.inference``),
+5.5   ``jaxmodel.serving`` (serving systems in steady state, on ``parallel.inference_step``),
       ``jaxmodel.export`` (a plan as a framework's launch command)
 6     ``jaxmodel.search`` (sweeps, parallelism search, co-design)
 7     ``jaxmodel`` (the package façade re-exporting the public API)
@@ -42,10 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("jaxmodel", "hw_db")
 
 RANKS = {
-    "jaxmodel.types": 0, "jaxmodel.numerics": 0, "jaxmodel.runtime": 0,
+    "jaxmodel.types": 0, "jaxmodel.numerics": 0, "jaxmodel.process": 0,
     "jaxmodel.tech_tables": 0, "jaxmodel.anchors": 0, "jaxmodel.recipes": 0,
-    "jaxmodel.precision": 0.5,
-    "jaxmodel.runtime_profile": 0,
+    "jaxmodel.precisions": 0.5,
+    "jaxmodel.serving_runtime": 0,
     "jaxmodel.batching": 1,
     "jaxmodel.ops": 2, "jaxmodel.comm": 2,
     "hw_db": 2.5,

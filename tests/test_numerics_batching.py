@@ -285,42 +285,42 @@ print(json.dumps({"shard": "shard_map" in jaxpr, "t": np.asarray(t).tolist(),
 
 
 def test_progress_is_quiet_on_request(capsys, monkeypatch):
-    from jaxmodel import runtime
-    runtime.set_quiet(None)
+    from jaxmodel import process
+    process.set_quiet(None)
     monkeypatch.delenv("JAXMODEL_QUIET", raising=False)
-    with runtime.stage("toy stage", show_after=0.0):
+    with process.stage("toy stage", show_after=0.0):
         pass
-    with runtime.progress_bar(3, "toy loop", show_after=0.0) as bar:
+    with process.progress_bar(3, "toy loop", show_after=0.0) as bar:
         for _ in range(3):
             bar.update(1)
     err = capsys.readouterr().err
     assert "[jaxmodel] toy stage:" in err and "compile" in err and "toy loop" in err
     monkeypatch.setenv("JAXMODEL_QUIET", "1")
-    with runtime.stage("toy stage", show_after=0.0):
+    with process.stage("toy stage", show_after=0.0):
         pass
-    with runtime.progress_bar(3, "toy loop", show_after=0.0) as bar:
+    with process.progress_bar(3, "toy loop", show_after=0.0) as bar:
         bar.update(3)
-    runtime.set_quiet(True)
+    process.set_quiet(True)
     monkeypatch.delenv("JAXMODEL_QUIET")
-    with runtime.stage("toy stage", show_after=0.0):
+    with process.stage("toy stage", show_after=0.0):
         pass
-    runtime.set_quiet(None)
+    process.set_quiet(None)
     assert capsys.readouterr().err == ""
 
 
 def test_stage_separates_compile_time():
-    from jaxmodel import runtime
-    runtime.compile_seconds()
+    from jaxmodel import process
+    process.compile_seconds()
 
     @jax.jit
     def f(x):
         return jnp.sum(jnp.sin(x) ** 2)
 
-    with runtime.stage("compile", show_after=1e9) as info:
+    with process.stage("compile", show_after=1e9) as info:
         f(jnp.arange(17.0)).block_until_ready()
     assert 0.0 < info["compile_s"] <= info["wall_s"]
     y = (jnp.arange(17.0) + 1.0).block_until_ready()
-    with runtime.stage("cached", show_after=1e9) as info:
+    with process.stage("cached", show_after=1e9) as info:
         f(y).block_until_ready()
     assert info["compile_s"] == 0.0
 

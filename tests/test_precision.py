@@ -13,8 +13,8 @@ import pytest
 import jaxmodel as jm  # noqa: I001
 import hw_db
 from jaxmodel import numerics as nx
-from jaxmodel.parallel.inference import inference_single
-from jaxmodel.precision import gemm_word
+from jaxmodel.parallel.inference_step import inference_single
+from jaxmodel.precisions import gemm_word
 from jaxmodel.workload.memory import inference_memory, kv_cache_bytes, training_memory
 from jaxmodel.workload.params import params_per_device
 
@@ -280,7 +280,7 @@ def test_search_over_precisions():
 def test_matrix_ratio_constant_code_matches_traced():
     """A constant dtype code picks the device's field directly; a traced one selects it: the
     same ratio for every code (0 outside the table)."""
-    from jaxmodel.precision import DTYPES, matrix_ratio
+    from jaxmodel.precisions import DTYPES, matrix_ratio
     dev = hw_db.device("h100_sxm")
     for code in [*range(len(DTYPES)), -1.0, len(DTYPES) + 0.0, 1.2]:
         const = matrix_ratio(dev, float(code))

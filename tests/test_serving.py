@@ -373,7 +373,7 @@ def test_slo_throughput_is_the_highest_rate_meeting_the_tails(chunk):
 
 
 def test_scheduler_defaults_of_the_runtimes():
-    from jaxmodel.runtime_profile import scheduler_defaults
+    from jaxmodel.serving_runtime import scheduler_defaults
     assert scheduler_defaults("trtllm_v1")["max_tokens"] == 32768.0
     assert scheduler_defaults("trtllm_v1")["kv_of_free"] == 1.0
     assert scheduler_defaults("vllm_v1")["max_batch"] == 1024.0

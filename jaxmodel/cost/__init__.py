@@ -15,8 +15,8 @@ from jaxmodel.cost.chiplet import (ChipletCost, ChipletSystem, chiplet_cost,
                                    chiplet_system_cost, load_chiplet_system, load_library)
 from jaxmodel.cost.device import (DeviceCost, SystemCost, device_cost, die_cost,
                                   dies_per_wafer_ttm, system_cost)
-from jaxmodel.cost.tco import TCO, tco
-from jaxmodel.cost.uarch import (LinkTech, SRAMTech, UArchBudgets, UArchTech, dvfs,
+from jaxmodel.cost.ownership import TCO, tco
+from jaxmodel.cost.microarch import (LinkTech, SRAMTech, UArchBudgets, UArchTech, dvfs,
                                  load_deepflow_config, uarch)
 from jaxmodel.cost.wafer import (dies_per_wafer, dies_per_wafer_grid, dies_per_wafer_smooth,
                                  negative_binomial_yield, reticle_utilization)

@@ -804,7 +804,7 @@ def _is_one(x):
 
 def _at_rate(dev, rate_scale):
     """``dev`` with its systolic throughput × ``rate_scale`` (a compute dtype's tensor-core
-    rate relative to the 16-bit one, :func:`jaxmodel.precision.matrix_ratio`)."""
+    rate relative to the 16-bit one, :func:`jaxmodel.precisions.matrix_ratio`)."""
     if isinstance(rate_scale, (int, float)) and rate_scale == 1:
         return dev
     return dataclasses.replace(dev, sa_mac_per_cycle=dev.sa_mac_per_cycle * rate_scale)
@@ -832,7 +832,7 @@ def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
         overhead: ``True`` adds the eager per-call overhead, ``"kernel"`` the device-side
             kernel floor, ``False`` nothing.
         rate_scale: systolic throughput relative to the device's 16-bit rate (2 = FP8 on
-            H100; ``jaxmodel.precision.matrix_ratio``); ``<= 0`` gives ``+inf``.
+            H100; ``jaxmodel.precisions.matrix_ratio``); ``<= 0`` gives ``+inf``.
         soft: ``None`` for the exact (hard) min over mappings, or a relative temperature
             (e.g. ``0.05``) for a smooth min whose gradient mixes near-optimal mappings.
 

@@ -48,7 +48,6 @@ Units: seconds, bytes.
 
 from __future__ import annotations
 
-import importlib
 
 import jax.numpy as jnp
 
@@ -61,7 +60,7 @@ from jaxmodel.workload import memory as _memory
 from jaxmodel.workload import moe as _moe
 from jaxmodel.types import static_flag
 
-_prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
+from jaxmodel import precisions as _prec
 
 RING, ALLGATHER = 0, 1
 MODES = ("ring", "all_gather")

@@ -15,7 +15,7 @@ The tile search (:func:`jaxmodel.ops.gemm_latency`) is the expensive part of a p
 
 The table is valid for ONE device (the one it was built with); :meth:`lookup` reads only
 its ``dev`` argument's ``sa_mac_per_cycle`` (a sixth key column: the layer model scales it by
-the compute dtype's tensor-core rate, :func:`jaxmodel.precision.scaled_device`, so one table
+the compute dtype's tensor-core rate, :func:`jaxmodel.precisions.scaled_device`, so one table
 holds the GEMMs of several precisions), so use it only in sweeps whose device is otherwise
 fixed (as in a parallelism search).
 :func:`jaxmodel.train_step` runs the device at its sustained training clock

@@ -497,7 +497,7 @@ def system_checks(scope: str, system, par, p_ok=True, placed=GROUPS, word=None,
       positive number, and so is ``mem_capacity``;
     - ``buffer_too_small``: some unclipped GEMM tile of the search grid fits the buffers
       (:func:`jaxmodel.ops.ops_feasible`, at fp16), and at ``word`` bytes per element
-      where given (:func:`jaxmodel.precision.widest_gemm_word`: an fp32 step needs tiles
+      where given (:func:`jaxmodel.precisions.widest_gemm_word`: an fp32 step needs tiles
       of 4-byte words). With ``compute`` (the step's compute times) the ``word`` rule only
       names the verdict on infinite times: GEMMs smaller than the grid's tiles clip them
       and may fit where no unclipped tile does, and such a step stays feasible;

@@ -124,7 +124,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import importlib
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -137,7 +136,7 @@ from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
 from jaxmodel import recipes as _recipes
 from jaxmodel.batching import batch_shape, batched, compile_ahead, dedup_map
-from jaxmodel.runtime import stage
+from jaxmodel.process import stage
 from jaxmodel.parallel import context as _cx
 from jaxmodel.parallel import overlap as _ov
 from jaxmodel.parallel import pipeline as pl
@@ -148,11 +147,11 @@ from jaxmodel.types import (DROPOUT_MODES, Model, Parallelism, System, code_of, 
                             static_flag, validate_knobs, validate_model, validate_parallelism,
                             validate_system)
 from jaxmodel.workload import layer as _layer
-_lora = importlib.import_module("jaxmodel.workload.lora")  # the module; jm.lora is a function
+from jaxmodel.workload import finetune as _lora
 from jaxmodel.workload import memory as _memory
 from jaxmodel.workload import moe as _moe
 from jaxmodel.workload import params as _params
-_prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
+from jaxmodel import precisions as _prec
 
 # --------------------------------------------------------------------------------------------
 # Training constants (hw_db/tech/training.toml, each with its source)
@@ -364,7 +363,7 @@ def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
     :func:`residual_dropout_times` (keys :data:`STAGE_KEYS`), under context parallelism
     (:func:`jaxmodel.parallel.context.cp_layer_times`) on ``s/cp`` tokens. ``system`` runs at its
     sustained clock, ``model``/``par`` are sanitised (see :func:`train_step_single`).
-    ``finetune`` (a :class:`jaxmodel.workload.lora.LoRA`): :func:`_finetune_times`.
+    ``finetune`` (a :class:`jaxmodel.workload.finetune.LoRA`): :func:`_finetune_times`.
     ``context``: static CP switch (:func:`jaxmodel.parallel.context.context_flag`).
     ``part`` (static; without ``finetune``): ``"layer"`` the keys of the transformer layer
     (:data:`LAYER_KEYS`), ``"rest"`` the others, None all — the two parts are separate
@@ -409,7 +408,7 @@ def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
 
 
 def _finetune_times(system, model, par, b, local, seq_len, out, cfg, gemm, prec, variant):
-    """The stage times under LoRA / QLoRA (:func:`jaxmodel.workload.lora.
+    """The stage times under LoRA / QLoRA (:func:`jaxmodel.workload.finetune.
     stage_time_changes`: Hu et al., ICLR 2022; Dettmers et al., NeurIPS 2023): adapter GEMMs
     and QLoRA's dequantisation added to the forward, backward and a full recomputation; the
     frozen weights' and the LM head's weight-gradient GEMMs removed from the backward; no
@@ -456,7 +455,7 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
         adam_bytes_per_param: main-memory bytes the optimizer step moves per parameter
             (default ``training.toml``).
         dtype_bytes: legacy bytes per weight/activation element (sets those fields of
-            ``precision``, :func:`jaxmodel.precision.resolve`).
+            ``precision``, :func:`jaxmodel.precisions.resolve`).
         precision: preset name or :class:`jaxmodel.Precision` (default ``"bf16"``).
         clock_fraction: sustained core-clock fraction (default: the device's
             ``sustained_clock_fraction``, see :func:`sustained_device`); the GEMM hook receives the scaled device.
@@ -467,7 +466,7 @@ def train_step_single(system: System, model: Model, par: Parallelism, global_bat
             the fp32 cross entropy (:func:`jaxmodel.workload.layer.fp32_cross_entropy`).
         variant: static branch switches of the workload's op graph
             (:class:`jaxmodel.workload.layer.Variant`; ``ANY`` keeps every branch).
-        finetune: ``None`` (full training) or a :class:`jaxmodel.workload.lora.LoRA`
+        finetune: ``None`` (full training) or a :class:`jaxmodel.workload.finetune.LoRA`
             (LoRA / QLoRA fine-tuning, see :func:`train_step`).
         context: static switch of the context-parallel exchange
             (:func:`jaxmodel.parallel.context.context_flag`; ``None`` keeps it).
@@ -828,7 +827,7 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     z3_on = par_s.zero > 2.5
     for k in ("weights", "gradients", "optimizer"):
         mem[k] = jnp.where(z3_on, z3m[0][k] + z3m[1][k], mem[k])
-    if finetune is not None:      # frozen base + adapters (:func:`jaxmodel.workload.lora.
+    if finetune is not None:      # frozen base + adapters (:func:`jaxmodel.workload.finetune.
         mem.update(_lora.memory_states(                               # memory_states`)
             model_s, dataclasses.replace(par_s, dp=dp * cp), finetune, n_par, prec,
             grad_bytes))
@@ -964,7 +963,7 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
             main gradients).
         adam_bytes_per_param: optimizer-step traffic per parameter (default from hw_db).
         dtype_bytes: legacy bytes per weight/activation element (sets those fields of
-            ``precision``, :func:`jaxmodel.precision.resolve`).
+            ``precision``, :func:`jaxmodel.precisions.resolve`).
         precision: preset name (``"bf16"`` default, ``"fp8"`` Transformer-Engine recipe,
             ...) or a :class:`jaxmodel.Precision`, possibly batched; a device without a
             tensor-core rate for its compute dtypes gives ``feasible=False``, reason
@@ -985,7 +984,7 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
             ``jm.qlora(16)``; leaves may be batched): LoRA / QLoRA fine-tuning — frozen base in
             its storage type without gradients or optimizer states, adapters with full
             training state, no weight-gradient GEMMs for the base, adapter GEMMs added
-            (:mod:`jaxmodel.workload.lora`; Hu et al., ICLR 2022; Dettmers et al., NeurIPS
+            (:mod:`jaxmodel.workload.finetune`; Hu et al., ICLR 2022; Dettmers et al., NeurIPS
             2023). ``mfu`` then counts the fine-tuning's model FLOPs (forward and input
             gradients of the base, no weight gradients).
         recipe: ``None`` or a :class:`jaxmodel.recipes.Recipe` / its name

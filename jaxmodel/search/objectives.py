@@ -107,7 +107,7 @@ def _serving(system: System, model: Model, par: Parallelism, batch, prompt_len, 
     every rule but memory (the objectives penalise memory smoothly). ``n_layers`` serves
     that many layers of the model (all by default); ``precision`` a preset name or
     :class:`jaxmodel.Precision` (default ``"bf16"``)."""
-    from jaxmodel.parallel.inference import inference_single
+    from jaxmodel.parallel.inference_step import inference_single
     from jaxmodel.workload import layer as _layer
     if n_layers is not None:
         model = dataclasses.replace(model, n_layers=n_layers)
@@ -189,7 +189,7 @@ def evaluate_design(system: System, model: Model, par: Parallelism, params: Mapp
     """Time, device cost and die area of one design (concrete numbers, for reports)."""
     from jaxmodel.cost.area import area_fields
     from jaxmodel.workload import layer as _layer
-    from jaxmodel.precision import precision as _as_precision
+    from jaxmodel.precisions import precision as _as_precision
     f = jnp.result_type(float)
     base = dataclasses.replace(system, device=area_fields(system.device))
     wl = {k: jnp.asarray(v, f) for k, v in workload.items() if v is not None

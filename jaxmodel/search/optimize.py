@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmodel.batching import map_blocks
-from jaxmodel.runtime import stage
+from jaxmodel.process import stage
 
 __all__ = ["codesign", "CodesignResult"]
 

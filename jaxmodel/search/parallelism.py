@@ -36,7 +36,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import math
 import time
@@ -47,13 +46,13 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from jaxmodel import recipes as _recipes, runtime
+from jaxmodel import process, recipes as _recipes
 from jaxmodel.numerics import REASONS
 from jaxmodel.parallel import plan as _plan
 from jaxmodel.types import (DROPOUT_MODES, FA_VERSIONS, RECOMPUTE, SCHEDULES, ZERO3_IMPLS, Model,
                             Parallelism, System, code_of, is_concrete)
 
-_precision = importlib.import_module("jaxmodel.precision")  # the module, not jm.precision
+from jaxmodel import precisions as _precision
 
 __all__ = ["search_parallelism", "enumerate_plans"]
 
@@ -302,10 +301,10 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
     from jaxmodel.search.explore import output_names
 
     def say(msg):
-        if progress and not runtime.quiet():
+        if progress and not process.quiet():
             print(f"[search_parallelism] {msg}", file=sys.stderr, flush=True)
 
-    shown = None if progress else math.inf     # runtime.stage lines follow ``progress`` too
+    shown = None if progress else math.inf     # process.stage lines follow ``progress`` too
     t0 = time.perf_counter()
     n = _as_int(n_devices, "n_devices")
     gb = _as_int(global_batch, "global_batch")
@@ -384,7 +383,7 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
     gemm, info = None, {}
     if gemm_table:
         from jaxmodel.parallel.gemm_table import GemmTable
-        with runtime.stage("search_parallelism: GEMM table", show_after=shown) as st:
+        with process.stage("search_parallelism: GEMM table", show_after=shown) as st:
             table = GemmTable.for_train_step(system, model, par, gb, float(seq_len),
                                              precision=kw.get("precision"),
                                              finetune=finetune)
@@ -392,8 +391,8 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
             info["n_unique_gemms"] = int(len(table.shapes))
             st["note"] = f"{info['n_unique_gemms']} distinct GEMM shapes"
         timings["gemm_table_s"] = st["wall_s"]
-    with runtime.stage("search_parallelism: train_step", show_after=shown) as st, \
-            runtime.silenced(not progress):          # train_step's own stage lines too
+    with process.stage("search_parallelism: train_step", show_after=shown) as st, \
+            process.silenced(not progress):          # train_step's own stage lines too
         res = _parallel.train_step(system, model, par, float(gb), float(seq_len), gemm=gemm,
                                    finetune=finetune, **kw)
         res = jax.tree_util.tree_map(

@@ -35,13 +35,12 @@ on the CPU backend both stages compile with :data:`jaxmodel.batching.CPU_COMPILE
 stage 1's graph (the inference model with its GEMM tile searches), whose size does not
 depend on how many configurations are searched.
 
-Both stages print their progress through :func:`jaxmodel.runtime.stage`.
+Both stages print their progress through :func:`jaxmodel.process.stage`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import sys
 import threading
@@ -53,15 +52,15 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from jaxmodel import runtime as _runtime
-from jaxmodel import runtime_profile as _rtp
+from jaxmodel import process as _process
+from jaxmodel import serving_runtime as _rtp
 from jaxmodel import serving as _srv
 from jaxmodel.batching import jit_leaves, map_points
 from jaxmodel.numerics import REASONS, pareto_mask
 from jaxmodel.types import Model, Parallelism, System
 from jaxmodel.workload.layer import variant_of
 
-_precision = importlib.import_module("jaxmodel.precision")
+from jaxmodel import precisions as _precision
 
 __all__ = ["search_serving"]
 
@@ -204,7 +203,7 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
     from jaxmodel.search.parallelism import _as_int, _scaled_system
 
     def say(msg):
-        if progress and not _runtime.quiet():
+        if progress and not _process.quiet():
             print(f"[search_serving] {msg}", file=sys.stderr, flush=True)
 
     shown = None if progress else math.inf
@@ -288,7 +287,7 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         float(tpot_slo_s), disagg=flag) for rows, flag in jobs])
     say(f"{len(keys)} cost tables ({len(plans)} tp×pp plans × {len(precs)} precisions × "
         f"{len(rts)} runtimes) for {model.name} on {n} devices")
-    with _runtime.stage("search_serving: cost tables", show_after=shown) as st:
+    with _process.stage("search_serving: cost tables", show_after=shown) as st:
         # the name is a static pytree field: without it, models of one family share the
         # executable within a process
         table = _tables_jit(system, dataclasses.replace(model, name=""), par, isl_f, osl_f,
@@ -312,7 +311,7 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         sk["mem_fraction"], sk["kv_of_free"]))
 
     # ---- stage 2: the steady state of every configuration -------------------------------
-    with _runtime.stage("search_serving: steady state", show_after=shown) as st:
+    with _process.stage("search_serving: steady state", show_after=shown) as st:
         prefetch.join()
         res = [_evaluate_jit(table, rows, system, isl_f, osl_f, float(ttft_slo_s),
                              float(tpot_slo_s), disagg=flag)

@@ -13,11 +13,11 @@ use inside other formulas):
 - Mixture-of-Experts (:mod:`jaxmodel.workload.moe`): :func:`expert_capacity`,
   :func:`moe_dims`, :func:`moe_feasibility`, :func:`moe_layer_times`, :func:`alltoall_time`,
   :func:`expert_params_per_device`, :data:`MOE_OPS` (extra layer rows);
-- fine-tuning (:mod:`jaxmodel.workload.lora`): :class:`LoRA`, :func:`lora`, :func:`qlora`
+- fine-tuning (:mod:`jaxmodel.workload.finetune`): :class:`LoRA`, :func:`lora`, :func:`qlora`
   (the ``finetune=`` argument of :func:`jaxmodel.train_step`);
 
-:func:`~jaxmodel.parallel.inference.inference` and ``InferenceResult`` live in
-``jaxmodel.parallel.inference`` and are exported by ``jaxmodel.parallel`` (data flows
+:func:`~jaxmodel.parallel.inference_step.inference` and ``InferenceResult`` live in
+``jaxmodel.parallel.inference_step`` and are exported by ``jaxmodel.parallel`` (data flows
 workload → parallel, so this package does not import them).
 """
 
@@ -28,7 +28,7 @@ from jaxmodel.workload.memory import (activation_bytes_per_layer, inference_memo
 from jaxmodel.workload.moe import (MOE_OPS, alltoall_time, expert_capacity,
                                    expert_params_per_device, moe_dims, moe_feasibility,
                                    moe_layer_fraction, moe_layer_times)
-from jaxmodel.workload.lora import LoRA, lora, qlora
+from jaxmodel.workload.finetune import LoRA, lora, qlora
 from jaxmodel.workload.params import model_flops_per_token, param_count, params_per_device
 
 __all__ = ["LAYER_OPS", "layer_breakdown", "training_layer_times", "embedding_times",

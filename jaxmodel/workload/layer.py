@@ -58,7 +58,6 @@ Units: seconds, bytes, FLOP.
 
 from __future__ import annotations
 
-import importlib
 import dataclasses
 from typing import Callable, NamedTuple
 
@@ -69,7 +68,7 @@ import numpy as np
 from jaxmodel import batching as _batching
 from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
-from jaxmodel import runtime_profile as _rtp
+from jaxmodel import serving_runtime as _rtp
 from jaxmodel.batching import batched
 from jaxmodel.ops import attention as _attention
 from jaxmodel.ops import gemm as _gemm_ops
@@ -79,7 +78,7 @@ from jaxmodel.workload import params as _params
 from jaxmodel.numerics import INF, first_reason, weighted
 from jaxmodel.types import (Model, Parallelism, System, is_concrete, static_flag,
                             validate_args)
-_prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
+from jaxmodel import precisions as _prec
 
 #: The 12 per-op rows of LLMCompass's layer breakdown, in the order of its CSVs.
 LAYER_OPS = ("qkv", "qk", "av", "wo", "w1", "w2", "softmax", "layernorm_mha",
@@ -295,7 +294,7 @@ def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=None, backward=False
 
     Weight GEMMs (``batch`` None) run at the tensor-core rate of ``precision.gemm_dtype``
     (the device passed to ``gemm`` has ``sa_mac_per_cycle`` scaled by
-    :func:`jaxmodel.precision.matrix_ratio`) on :func:`jaxmodel.precision.gemm_word` bytes
+    :func:`jaxmodel.precisions.matrix_ratio`) on :func:`jaxmodel.precisions.gemm_word` bytes
     per element; the batched attention products at ``attn_dtype``'s rate on ``attn_word``
     bytes (default ``act_bytes``). With a quantising recipe (``cast_bytes > 0``) a row
     ``"quantize"`` holds :func:`quantize_times`.
@@ -304,7 +303,7 @@ def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=None, backward=False
         gemm: GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s``.
         gemm_rows: ``{row: [(Gemm, count), ...]}``.
         vector_rows: ``{row: (fwd_s, bwd_s)}`` already timed.
-        dtype_bytes: legacy bytes per element (see :func:`jaxmodel.precision.resolve`).
+        dtype_bytes: legacy bytes per element (see :func:`jaxmodel.precisions.resolve`).
         backward: also time the gradient GEMMs (else ``bwd_s = 0`` for GEMM rows).
         precision: a :class:`jaxmodel.Precision` or preset name (default ``"bf16"``).
         attn_word: bytes per element of the attention products (default ``act_bytes``).
@@ -530,7 +529,7 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
     ``min(kv_seq, window)`` keys; the layer averages local and global attention by their share.
     Vector kernels move ``precision.act_bytes`` per element; FlashAttention runs at the
     ``attn_dtype`` rate on ``attn_word`` bytes (default ``act_bytes``).
-    ``runtime`` (a :class:`jaxmodel.runtime_profile.Runtime`, serving only; None = eager, as
+    ``runtime`` (a :class:`jaxmodel.serving_runtime.Runtime`, serving only; None = eager, as
     LLMCompass) applies its fusions: ``fuse_norm`` times each norm as one streaming kernel
     (:func:`jaxmodel.ops.rmsnorm_latency`'s bandwidth model), ``fuse_act`` drops the ``act``
     kernel (GEMM epilogue), ``fuse_rope`` drops the RoPE kernel (QKV epilogue).
@@ -608,8 +607,8 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
 # --------------------------------------------------------------------------------------------
 def runtime_inputs(dev, par: Parallelism, variant: Variant, rt, decode):
     """``(dev, par, variant)`` under serving runtime ``rt`` (a resolved
-    :class:`jaxmodel.runtime_profile.Runtime`, not the eager default): the device with the
-    per-kernel overheads the runtime charges (:func:`jaxmodel.runtime_profile.device_for`;
+    :class:`jaxmodel.serving_runtime.Runtime`, not the eager default): the device with the
+    per-kernel overheads the runtime charges (:func:`jaxmodel.serving_runtime.device_for`;
     ``decode`` may be traced), FlashAttention-2 where ``rt.attention`` asks for fused
     attention, and the matching static FlashAttention switch."""
     dev = _rtp.device_for(dev, rt, decode)
@@ -758,13 +757,13 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
         gemm: optional GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s``
             (static; default: the ops tile search).
         dtype_bytes: legacy bytes per activation/weight/KV element (2 = fp16/bf16); sets
-            those fields of ``precision`` (:func:`jaxmodel.precision.resolve`).
+            those fields of ``precision`` (:func:`jaxmodel.precisions.resolve`).
         precision: a preset name (``"bf16"`` default, ``"fp8"``, ...) or a
             :class:`jaxmodel.Precision`; a device without a tensor-core rate for its compute
             dtypes gives ``+inf``.
         runtime: serving runtime, a preset name (``"pytorch"`` default: eager per-call
             overheads, as LLMCompass; ``"trtllm"``, ``"vllm"``) or a
-            :class:`jaxmodel.Runtime` (:mod:`jaxmodel.runtime_profile`): kernel floors vs
+            :class:`jaxmodel.Runtime` (:mod:`jaxmodel.serving_runtime`): kernel floors vs
             eager overheads, fusions, CUDA-graph decode, fused attention.
 
     Returns:

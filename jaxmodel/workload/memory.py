@@ -1,7 +1,7 @@
 """Memory footprint per device: weights, gradients, optimizer states, activations, KV cache.
 
 Every tensor class follows its storage type in the :class:`jaxmodel.Precision` (default
-``"bf16"``; see :mod:`jaxmodel.precision` for the presets and their sources).
+``"bf16"``; see :mod:`jaxmodel.precisions` for the presets and their sources).
 
 Sources:
 - mixed-precision Adam: 2 B fp16/bf16 weights + 2 B gradients (4 B with fp32 main gradients, as
@@ -28,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import importlib
 import jax.numpy as jnp
 
 from jaxmodel.batching import batched
@@ -37,7 +36,7 @@ from jaxmodel.workload import moe as _moe
 from jaxmodel.workload.moe import moe_activation_bytes
 from jaxmodel.workload import params as _params
 from jaxmodel.workload.params import params_per_device
-_prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
+from jaxmodel import precisions as _prec
 
 
 @batched
@@ -106,7 +105,7 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
     bytes.
 
     Source: see module docstring. Per parameter of ``precision`` (default ``"bf16"``): weights
-    :func:`jaxmodel.precision.training_weight_bytes` (2 B; 3 B with FP8's cached weight
+    :func:`jaxmodel.precisions.training_weight_bytes` (2 B; 3 B with FP8's cached weight
     copy), gradients ``grad_bytes`` (4 B fp32 main gradients as in Megatron), optimizer
     ``master_bytes + optim_bytes`` (4 + 8 = 12 B) per parameter of
     :func:`~jaxmodel.workload.params.stage_params`, divided by ``dp`` from ZeRO stage 1
@@ -265,7 +264,7 @@ def inference_memory(model: Model, par: Parallelism, batch, prompt_len, gen_len=
     """Inference memory per device serving ``batch`` sequences, bytes.
 
     Weights in the GEMM storage type of ``precision`` (default ``"bf16"``; 1 B for
-    ``"fp8"``, 0.5 B + scales for ``"w4a16"``: :func:`jaxmodel.precision.serving_weight_bytes`)
+    ``"fp8"``, 0.5 B + scales for ``"w4a16"``: :func:`jaxmodel.precisions.serving_weight_bytes`)
     × :func:`~jaxmodel.workload.params.params_per_device` (split over ``tp`` and ``pp``), the
     KV cache of ``prompt_len + gen_len`` tokens in ``kv_bytes`` (:func:`kv_cache_bytes`), and
     a transient activation working set (``act_bytes`` words) of the prompt's prefill:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxmodel as jm
-from jaxmodel.cost.uarch import _uarch_single
+from jaxmodel.cost.microarch import _uarch_single
 
 
 @pytest.fixture(scope="module")

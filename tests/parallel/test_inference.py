@@ -14,7 +14,7 @@ import pytest
 import jaxmodel as jm
 import hw_db
 from jaxmodel.numerics import reason_code
-from jaxmodel.parallel.inference import InferenceResult, inference
+from jaxmodel.parallel.inference_step import InferenceResult, inference
 from testkit import roofline_gemm, small_model
 
 SYSTEM = hw_db.system("hgx_a100_4gpu")

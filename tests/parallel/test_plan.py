@@ -330,8 +330,7 @@ def test_buffer_check_at_the_widest_gemm_word():
     for a bf16 step, ``buffer_too_small`` for an fp32 one (not a late, misnamed verdict on
     the infinite GEMM times)."""
     from jaxmodel import numerics as nx
-    import importlib
-    prec = importlib.import_module("jaxmodel.precision")    # jm.precision is a function
+    from jaxmodel import precisions as prec
     base = hw_db.device("a100_80gb")
     need = float(ops.gemm.min_local_bytes(float(base.sa_rows), float(base.sa_cols)))
     small = dataclasses.replace(TWO_NODES, device=dataclasses.replace(

@@ -1,6 +1,5 @@
 """Parallelism-plan enumeration (fast) and the ranked search (slow: compiles a train step)."""
 
-import importlib
 import itertools
 import math
 
@@ -129,7 +128,7 @@ def test_search_rows_match_a_flat_evaluation():
     names = {"schedule": SCHEDULES, "recompute": RECOMPUTE}
     par = jm.Parallelism(**{f: (np.asarray([names[f].index(x) for x in df[f]], float)
                                 if f in names else df[f].to_numpy()) for f in PAR_FIELDS})
-    presets = importlib.import_module("jaxmodel.precision")
+    from jaxmodel import precisions as presets
     prec = presets.stack([presets.precision(p) for p in ("bf16", "fp16")])
     rows = df["precision"].map(idx).to_numpy()
     prec = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[rows]), prec)

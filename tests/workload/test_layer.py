@@ -356,7 +356,7 @@ def _sweep(n=3):
 
 def _both_paths(system, model, par, batch, seq, phase, kv, gemm, shapes=None):
     """layer_breakdown (static shapes) and the same call with the shapes traced."""
-    from jaxmodel import runtime_profile as rtp
+    from jaxmodel import serving_runtime as rtp
     from jaxmodel.workload import layer as L
     prec, variant, rt = L._prec.resolve(None, None), L.variant_of(model, par, system), None
     assert rtp.runtime_arg(None) is None

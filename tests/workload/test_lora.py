@@ -3,7 +3,6 @@ frozen base's skipped weight-gradient GEMMs, vmap/jit/grad, float32, and the fin
 that fits where full training does not (Llama-3-70B on 8 H100)."""
 
 import dataclasses
-import importlib
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +14,8 @@ import hw_db
 from jaxmodel import ops
 from jaxmodel.workload import layer as L
 
-lo = importlib.import_module("jaxmodel.workload.lora")
-P = importlib.import_module("jaxmodel.precision")
+from jaxmodel.workload import finetune as lo
+from jaxmodel import precisions as P
 
 D, H, KV, DH, FF, V, NL = 1024.0, 16.0, 4.0, 64.0, 4096.0, 32000.0, 8.0
 LLAMA = jm.Model(n_layers=NL, d_model=D, n_heads=H, n_kv_heads=KV, head_dim=DH, d_ff=FF,

@@ -21,7 +21,7 @@ network, finite times), then memory. Every result is finite with ``feasible=True
   mean of ``KV_SAMPLES`` steps at KV lengths evenly spaced (midpoints) over the decode phase
   (``prompt_len … prompt_len + gen_len − 2`` cached tokens; the latency is close to affine in
   the KV length, so the midpoint rule is near exact).
-- ``runtime`` (:mod:`jaxmodel.runtime_profile`): the serving runtime's kernel overheads,
+- ``runtime`` (:mod:`jaxmodel.serving_runtime`): the serving runtime's kernel overheads,
   fusions, CUDA-graph decode and fused attention apply to every layer, the embedding and the
   head (decode steps under ``cuda_graph`` at the kernel floors); its ``step_overhead_s`` is
   added once to ``ttft_s`` (the prefill step) and once to ``tpot_s`` (each decode step), its
@@ -52,7 +52,6 @@ Units: seconds, bytes, tokens/s.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +59,7 @@ import numpy as np
 
 from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
-from jaxmodel import runtime_profile as _rtp
+from jaxmodel import serving_runtime as _rtp
 from jaxmodel.batching import batch_shape, batched
 from jaxmodel.numerics import INF, first_reason, reason_name
 from jaxmodel.parallel import plan as _plan
@@ -70,7 +69,7 @@ from jaxmodel.workload.layer import (ANY, LAYER_OPS, Variant, default_gemm, laye
                                      runtime_inputs, variant_of)
 from jaxmodel.workload.memory import inference_memory_single, usable_memory
 from jaxmodel.workload.moe import MOE_OPS
-_prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
+from jaxmodel import precisions as _prec
 
 #: Decode steps sampled over the KV growth for ``tpot_s``.
 KV_SAMPLES = 3
@@ -351,14 +350,14 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
         gen_len: generated tokens per sequence (``>= 1``).
         gemm: optional static GEMM function ``(dev, m, n, k, batch, dtype_bytes) -> s``.
         dtype_bytes: legacy bytes per weight / activation / KV element (sets those fields
-            of ``precision``, :func:`jaxmodel.precision.resolve`).
+            of ``precision``, :func:`jaxmodel.precisions.resolve`).
         precision: preset name (``"bf16"`` default, ``"fp8"``: FP8 weights, GEMMs and KV
             cache, ...) or a :class:`jaxmodel.Precision`; a device without a tensor-core rate
             for its compute dtypes gives ``feasible=False``, reason ``precision_unsupported``.
         runtime: serving runtime, a preset name (``"pytorch"`` default: PyTorch-eager
             per-call overheads, every op its own kernel; ``"trtllm"``: TensorRT-LLM /
             FasterTransformer; ``"vllm"``) or a :class:`jaxmodel.Runtime`
-            (:mod:`jaxmodel.runtime_profile`).
+            (:mod:`jaxmodel.serving_runtime`).
         micro_batches: micro-batches each replica's ``batch/dp`` sequences are split into
             (``>= 1``, clipped to the sequences; 1 = the whole batch as one, today's
             latency-optimal pipeline). See the module docstring.

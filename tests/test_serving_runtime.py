@@ -13,7 +13,7 @@ import pytest
 
 import hw_db
 import jaxmodel as jm
-from jaxmodel import runtime_profile as rtp
+from jaxmodel import serving_runtime as rtp
 from jaxmodel.ops.attention import flash_attention_latency, flash_attention_rows
 from jaxmodel.workload.layer import layer_times
 from testkit import roofline_gemm, small_model

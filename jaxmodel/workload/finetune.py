@@ -42,7 +42,6 @@ Units: parameters (count), bytes, seconds.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any
 
 import jax.numpy as jnp
@@ -50,7 +49,7 @@ import jax.numpy as jnp
 from jaxmodel.types import Array, Model, Parallelism, _register
 from jaxmodel.workload import params as _params
 from jaxmodel.workload.ffn import Gemm, _elementwise
-_prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
+from jaxmodel import precisions as _prec
 
 #: Adaptable modules: the attention projections and the FFN matrices (HF PEFT names
 #: ``q_proj k_proj v_proj o_proj gate_proj up_proj down_proj``).
@@ -67,7 +66,7 @@ class LoRA:
         q, k, v, o, gate, up, down: 1 where the module carries an adapter, else 0 (``gate``
             exists only in gated FFNs; on a GELU FFN ``up`` is ``W1`` and ``down`` ``W2``).
         base_bytes: bytes per frozen base parameter as stored (0 = the training precision's
-            weights, :func:`jaxmodel.precision.training_weight_bytes`; QLoRA: the 4-bit
+            weights, :func:`jaxmodel.precisions.training_weight_bytes`; QLoRA: the 4-bit
             word with its block scales).
         dequant: 1 when every GEMM first dequantises the stored base to 16 bit (QLoRA).
         name: label (static).
@@ -96,8 +95,8 @@ def lora(rank=16.0, modules=MODULES, base=None) -> LoRA:
         rank: adapter rank ``r`` (a number or an array of them).
         modules: adapted modules, names of :data:`MODULES` (``"all"`` = every one).
         base: storage of the frozen base: ``None`` (the training precision, LoRA) or a
-            precision preset name (:data:`jaxmodel.precision.PRESETS`) whose deployed weight
-            word it takes (:func:`jaxmodel.precision.serving_weight_bytes`): ``"w4a16"`` =
+            precision preset name (:data:`jaxmodel.precisions.PRESETS`) whose deployed weight
+            word it takes (:func:`jaxmodel.precisions.serving_weight_bytes`): ``"w4a16"`` =
             QLoRA's 4-bit base (0.5 B + block scales), dequantised to 16 bit for every GEMM;
             ``"fp8"``/``"int8"`` an 8-bit base.
 

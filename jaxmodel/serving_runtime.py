@@ -14,7 +14,7 @@ A :class:`Runtime` is a frozen dataclass pytree like :class:`jaxmodel.Precision`
 a numeric leaf, flags as 0/1), so a batch may mix runtimes.
 
 Fields and what they change (:func:`device_for`, :func:`jaxmodel.workload.layer.layer_graph`,
-:func:`jaxmodel.parallel.inference.inference`):
+:func:`jaxmodel.parallel.inference_step.inference`):
 
 - ``kernel_floor``: 1 charges every kernel its device-side floor instead of the eager per-call
   overhead: GEMM ``matmul_kernel_overhead_s``; LayerNorm and softmax (one block per row,
