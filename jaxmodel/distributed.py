@@ -172,11 +172,17 @@ def local_rows(n: int) -> tuple[slice, int]:
 
 def _allgather_u32(words: np.ndarray) -> np.ndarray:
     """``(P,) + words.shape``: this process's ``uint32`` array (same shape everywhere) from
-    every process, in process order."""
+    every process, in process order. The words travel padded to a power of two (at least
+    64): each gathered shape is a compilation of the collective, so the small messages (digests,
+    sizes) share one."""
     from jax.experimental import multihost_utils
-    out = multihost_utils.process_allgather(np.ascontiguousarray(words, dtype=np.uint32),
-                                            tiled=False)
-    return np.asarray(out, dtype=np.uint32).reshape((process_count(),) + words.shape)
+    words = np.ascontiguousarray(words, dtype=np.uint32)
+    n = words.size
+    width = max(64, 1 << max(0, (n - 1).bit_length()))
+    flat = np.zeros(width, dtype=np.uint32)
+    flat[:n] = words.reshape(-1)
+    out = np.asarray(multihost_utils.process_allgather(flat, tiled=False), dtype=np.uint32)
+    return out.reshape(process_count(), width)[:, :n].reshape((process_count(),) + words.shape)
 
 
 def gather(obj: Any) -> list:
