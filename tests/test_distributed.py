@@ -122,3 +122,21 @@ def test_four_processes_parallelism_search_equals_one(tmp_path):
     want = W.SCENARIOS["parallelism"]()
     for out in outs:
         _same_frame(out["parallelism"], want)
+
+
+@pytest.mark.slow
+def test_cli_sweep_distributed_writes_the_single_process_table_once(tmp_path):
+    import subprocess
+    root = HERE.parent
+    cmd = ["-m", "jaxmodel.cli", "sweep", "examples/sweep_gemm.toml", "--quiet"]
+    single = subprocess.run([sys.executable, *cmd, "--out", str(tmp_path / "one.csv")],
+                            cwd=root, capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stderr
+    procs = D.launch_local([*cmd, "--distributed", "--out", tmp_path / "two.csv"], 2,
+                           cwd=root, timeout=600)
+    assert [p.returncode for p in procs] == [0, 0], procs[0].stderr + procs[1].stderr
+    assert (tmp_path / "two.csv").read_text() == (tmp_path / "one.csv").read_text()
+    bad = subprocess.run([sys.executable, *cmd, "--distributed", "--num-processes", "2",
+                          "--process-id", "5"], cwd=root, capture_output=True, text=True,
+                         timeout=600)
+    assert bad.returncode == 2 and "process_id=5 is not below num_processes=2" in bad.stderr
