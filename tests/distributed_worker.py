@@ -41,18 +41,27 @@ def roofline(dev, m, n, k, par):
                                             1, 0), "pair": (t * 2.0, jnp.stack([t, -t]))}
 
 
-def _sweep(bws=(1e11, 3e12, 7)):
+def _sweep(bws=(1e11, 3e12, 7), gather=True):
     # a batched leaf (two core counts) times a 7 x 5 x 3 grid: 210 points, uneven shares
     dev = dataclasses.replace(hw_db.device("a100_80gb"), core_count=jnp.asarray([64.0, 108.0]))
     return jm.sweep(roofline, dev, 1.0, 8192, 8192, jm.Parallelism(), chunk=4, block=8,
                     grid={"dev.mem_bw": np.linspace(*bws), "par.tp": [1, 2, 4, 8, 16],
-                          "m": [1, 64, 4096]}, progress=False)
+                          "m": [1, 64, 4096]}, progress=False, gather=gather)
 
 
-def _sweep_tiny():
+def _sweep_parts():
+    # each process keeps its own rows (one file per process in a large sweep)
+    return _sweep(gather=False)
+
+
+def _sweep_tiny(gather=True):
     # fewer points than processes: some processes have no share
     return jm.sweep(roofline, hw_db.device("a100_80gb"), 1.0, 64, 64, jm.Parallelism(),
-                    grid={"m": [1, 2, 3]}, progress=False)
+                    grid={"m": [1, 2, 3]}, progress=False, gather=gather)
+
+
+def _sweep_tiny_parts():
+    return _sweep_tiny(gather=False)
 
 
 def _mismatch():
@@ -80,6 +89,7 @@ def _codesign():
 
 
 SCENARIOS = {"sweep": _sweep, "sweep_tiny": _sweep_tiny, "mismatch": _mismatch,
+             "sweep_parts": _sweep_parts, "sweep_tiny_parts": _sweep_tiny_parts,
              "parallelism": _parallelism, "serving": _serving, "codesign": _codesign}
 
 

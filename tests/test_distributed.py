@@ -81,9 +81,18 @@ def _same_frame(got, want):
     assert got.attrs["n_evaluated"] == want.attrs["n_evaluated"]
 
 
+def _joined(outs, name):
+    """The per-process shares of ``name`` (``gather=False``), in process order."""
+    parts = [out[name] for out in outs]
+    assert [len(p) for p in parts] == sorted((len(p) for p in parts), reverse=True)
+    return pd.concat(parts).reset_index(drop=True)
+
+
 def test_two_processes_sweep_equals_one_and_mismatch_is_named(tmp_path):
-    outs = _run(tmp_path, 2, ["sweep", "mismatch"])
+    outs = _run(tmp_path, 2, ["sweep", "sweep_parts", "mismatch"])
     want = W.SCENARIOS["sweep"]()
+    assert outs[1]["sweep_parts"].index[0] == len(outs[0]["sweep_parts"]) == 105
+    pd.testing.assert_frame_equal(_joined(outs, "sweep_parts"), want, check_exact=True)
     for rank, out in enumerate(outs):
         _same_frame(out["sweep"], want)
         assert out["sweep"].attrs["n_processes"] == 2
@@ -109,11 +118,15 @@ def test_two_processes_searches_equal_one(tmp_path):
 
 @pytest.mark.slow
 def test_four_processes_sweep_equals_one_also_with_idle_processes(tmp_path):
-    outs = _run(tmp_path, 4, ["sweep", "sweep_tiny"])
+    outs = _run(tmp_path, 4, ["sweep", "sweep_tiny", "sweep_tiny_parts"])
     for name in ("sweep", "sweep_tiny"):
         want = W.SCENARIOS[name]()
         for out in outs:
             _same_frame(out[name], want)
+        if name == "sweep_tiny":
+            assert [len(out["sweep_tiny_parts"]) for out in outs] == [1, 1, 1, 0]
+            pd.testing.assert_frame_equal(_joined(outs, "sweep_tiny_parts"), want,
+                                          check_exact=True)
 
 
 @pytest.mark.slow

@@ -106,7 +106,8 @@ def _to_host(tree):
 
 def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None = None,
           progress: bool = True, devices=None, block: int | None = None,
-          labels: bool = True, consts: Mapping | None = None, **kwargs) -> pd.DataFrame:
+          labels: bool = True, consts: Mapping | None = None, gather: bool = True,
+          **kwargs) -> pd.DataFrame:
     """Evaluate a model function over a design space; one DataFrame row per design point.
 
     Args:
@@ -128,6 +129,10 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
         consts: keyword arguments passed whole to every evaluation (arrays are neither
             batched nor shown, e.g. lookup tables); traced jit inputs, so XLA does not
             constant-fold over them.
+        gather: in a ``jax.distributed`` job, gather every process's rows onto every process
+            (default); ``False`` returns this process's contiguous share only, indexed by its
+            global row numbers (the shares, concatenated in process order, are the whole
+            table: write one file per process for sweeps too large to gather).
 
     Returns:
         ``pandas.DataFrame`` with knob columns, batched-leaf columns and output columns;
@@ -142,7 +147,8 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     t0 = time.perf_counter()
     distributed.check_same("sweep", {
         "fn": getattr(fn, "single", fn), "args": args, "kwargs": kwargs,
-        "grid": dict(grid or {}), "chunk": chunk, "labels": labels, "consts": dict(consts or {})})
+        "grid": dict(grid or {}), "chunk": chunk, "labels": labels, "consts": dict(consts or {}),
+        "gather": gather})
     single = getattr(fn, "single", fn)
     g = Grid.from_spec(grid)
     leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
@@ -211,13 +217,15 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
         starts, width=1, to_host=_to_host, desc=f"sweep {getattr(fn, '__name__', 'fn')}",
         unit="pt", units_per_row=step, total_units=max(n_local, 1), progress=progress)
     out_tree = jax.tree_util.tree_map(lambda y: y[:n_local], out_tree)
-    out_tree = distributed.gather_rows(out_tree)
+    if gather:
+        out_tree = distributed.gather_rows(out_tree)
+        lo, hi = 0, n_total
     n_dev = sum(distributed.gather(n_dev)) if distributed.is_distributed() else n_dev
     flat_out, _ = jax.tree_util.tree_flatten(out_tree)
     names = output_names(out_tree, default=getattr(fn, "__name__", "value"))
 
     cols: dict[str, Any] = {}
-    rows = np.arange(n_total)
+    rows = np.arange(lo, hi)
     if n_batch > 1:
         bi = rows // n_grid
         for pos, x in zip(positions, dynamic):
@@ -227,14 +235,14 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     if n_grid > 1 or g.keys:
         cols.update(g.values_at(gi, labels=labels))
     for name, val in zip(names, flat_out):
-        val = val.reshape(n_total, -1) if val.ndim > 1 else val
+        val = val.reshape(hi - lo, math.prod(val.shape[1:])) if val.ndim > 1 else val
         if val.ndim == 2:
             for j in range(val.shape[1]):
                 cols[f"{name}[{j}]"] = val[:, j]
         else:
             cols[name] = val
     import pandas as pd   # imported here: ``import jaxmodel`` stays fast
-    df = pd.DataFrame(cols)
+    df = pd.DataFrame(cols, index=None if lo == 0 and hi == n_total else rows)
     df.attrs.update(n_evaluated=int(n_total), wall_s=time.perf_counter() - t0,
                     n_devices=int(n_dev), n_blocks=int(n_blocks),
                     n_processes=distributed.process_count())
