@@ -73,7 +73,8 @@ def worker(out: str, names: list[str], scale: float) -> None:
         df = run()
         t2 = time.perf_counter()
         digest = hashlib.sha256(df.to_csv(index=False).encode()).hexdigest()
-        res[name] = dict(n=len(df), cold_s=t1 - t0, warm_s=t2 - t1, digest=digest)
+        res[name] = dict(n=len(df), cold_s=t1 - t0, warm_s=t2 - t1, digest=digest,
+                         sync_s=df.attrs["sync_s"])
     if jm.distributed.is_main():
         Path(out).write_text(json.dumps(res))
 
@@ -142,6 +143,7 @@ def main() -> None:
             rows.append(dict(workload=name, processes=p, configs=r["n"],
                              cold_s=round(r["cold_s"], 2), warm_s=round(r["warm_s"], 3),
                              configs_per_s=round(r["n"] / r["warm_s"], 1),
+                             sync_s=round(r["sync_s"], 3),
                              cold_configs_per_s=round(r["n"] / r["cold_s"], 1),
                              job_wall_s=round(wall, 1), load_avg=round(load, 1),
                              same_as_1=r["digest"] == ref[name]))

@@ -137,7 +137,8 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     Returns:
         ``pandas.DataFrame`` with knob columns, batched-leaf columns and output columns;
         ``df.attrs`` has ``n_evaluated``, ``wall_s``, ``n_devices`` (over every process),
-        ``n_processes``.
+        ``n_processes``, ``sync_s`` (seconds in the input check and the gather, including
+        waiting for the slowest process).
 
     Raises:
         ValueError: unknown/ambiguous/non-numeric knob, empty range, bad values (naming the
@@ -149,6 +150,7 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
         "fn": getattr(fn, "single", fn), "args": args, "kwargs": kwargs,
         "grid": dict(grid or {}), "chunk": chunk, "labels": labels, "consts": dict(consts or {}),
         "gather": gather})
+    t_sync = time.perf_counter() - t0
     single = getattr(fn, "single", fn)
     g = Grid.from_spec(grid)
     leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
@@ -217,10 +219,12 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
         starts, width=1, to_host=_to_host, desc=f"sweep {getattr(fn, '__name__', 'fn')}",
         unit="pt", units_per_row=step, total_units=max(n_local, 1), progress=progress)
     out_tree = jax.tree_util.tree_map(lambda y: y[:n_local], out_tree)
+    t1 = time.perf_counter()
     if gather:
         out_tree = distributed.gather_rows(out_tree)
         lo, hi = 0, n_total
     n_dev = sum(distributed.gather(n_dev)) if distributed.is_distributed() else n_dev
+    t_sync += time.perf_counter() - t1
     flat_out, _ = jax.tree_util.tree_flatten(out_tree)
     names = output_names(out_tree, default=getattr(fn, "__name__", "value"))
 
@@ -245,7 +249,7 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     df = pd.DataFrame(cols, index=None if lo == 0 and hi == n_total else rows)
     df.attrs.update(n_evaluated=int(n_total), wall_s=time.perf_counter() - t0,
                     n_devices=int(n_dev), n_blocks=int(n_blocks),
-                    n_processes=distributed.process_count())
+                    n_processes=distributed.process_count(), sync_s=t_sync)
     return df
 
 
