@@ -130,14 +130,6 @@ def test_four_processes_sweep_equals_one_also_with_idle_processes(tmp_path):
 
 
 @pytest.mark.slow
-def test_four_processes_parallelism_search_equals_one(tmp_path):
-    outs = _run(tmp_path, 4, ["parallelism"])
-    want = W.SCENARIOS["parallelism"]()
-    for out in outs:
-        _same_frame(out["parallelism"], want)
-
-
-@pytest.mark.slow
 def test_cli_sweep_distributed_writes_the_single_process_table_once(tmp_path):
     import subprocess
     root = HERE.parent
