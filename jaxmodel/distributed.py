@@ -37,6 +37,7 @@ Example (two processes on one machine, the second started with ``process_id=1``)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -44,12 +45,13 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 from typing import Any, Mapping
 
 import numpy as np
 
 __all__ = ["initialize", "is_distributed", "process_index", "process_count", "is_main",
-           "process_slice", "local_rows", "gather", "gather_rows", "check_same", "fingerprint", "free_port", "launch_local"]
+           "process_slice", "local_rows", "local", "gather", "gather_rows", "check_same", "fingerprint", "free_port", "launch_local"]
 
 #: Environment variables read by :func:`initialize` when an argument is not given
 #: (``JAX_COORDINATOR_ADDRESS`` is JAX's own; the other two follow its naming).
@@ -62,21 +64,45 @@ def _state():
     return _d.global_state
 
 
+_LOCAL = threading.local()
+
+
 def is_distributed() -> bool:
     """True in a ``jax.distributed`` job of more than one process (read from JAX's
-    distributed state: no backend is started)."""
+    distributed state: no backend is started), outside :func:`local`."""
+    if getattr(_LOCAL, "depth", 0):
+        return False
+    s = _state()
+    return s.client is not None and (s.num_processes or 1) > 1
+
+
+@contextlib.contextmanager
+def local():
+    """``with local():`` — searches and sweeps inside evaluate everything on this process
+    alone (no split, no check, no gather), as outside a job. For work split by the caller:
+    e.g. a co-search giving each process its own hardware points
+    (:func:`process_slice`), each searched whole, the best rows :func:`gather`-ed after.
+    :func:`process_index` and :func:`process_count` still describe the job."""
+    _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _LOCAL.depth -= 1
+
+
+def _in_job() -> bool:
     s = _state()
     return s.client is not None and (s.num_processes or 1) > 1
 
 
 def process_index() -> int:
     """This process's index (0 outside a distributed job)."""
-    return int(_state().process_id or 0) if is_distributed() else 0
+    return int(_state().process_id or 0) if _in_job() else 0
 
 
 def process_count() -> int:
     """Processes of the job (1 outside a distributed job)."""
-    return int(_state().num_processes or 1) if is_distributed() else 1
+    return int(_state().num_processes or 1) if _in_job() else 1
 
 
 def is_main() -> bool:
@@ -147,10 +173,11 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 def process_slice(n: int, index: int | None = None, count: int | None = None
                   ) -> tuple[int, int]:
     """``(lo, hi)``: the contiguous share of ``n`` items of process ``index`` of ``count``
-    (default: this process of this job); the first ``n mod count`` processes take one
+    (default: this process of this job, the whole range inside :func:`local`); the first ``n mod count`` processes take one
     item more, so shares differ by at most one and, in process order, tile ``0 .. n``."""
-    index = process_index() if index is None else int(index)
-    count = process_count() if count is None else int(count)
+    job = is_distributed()            # inside :func:`local`: the whole range
+    index = (process_index() if job else 0) if index is None else int(index)
+    count = (process_count() if job else 1) if count is None else int(count)
     n = int(n)
     if n < 0 or count < 1 or not 0 <= index < count:
         raise ValueError(f"process_slice: bad n={n}, index={index}, count={count}")

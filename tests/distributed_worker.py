@@ -88,7 +88,16 @@ def _codesign():
                        steps=30, n_starts=5, integer=("cores",))
 
 
-SCENARIOS = {"sweep": _sweep, "sweep_tiny": _sweep_tiny, "mismatch": _mismatch,
+def _local():
+    # each process sweeps whole inside local() (no split), then the job gathers by hand
+    with jm.distributed.local():
+        df = _sweep_tiny()
+        assert jm.distributed.gather("x") == ["x"]
+    df.attrs["gathered"] = jm.distributed.gather(jm.distributed.process_index())
+    return df
+
+
+SCENARIOS = {"local": _local, "sweep": _sweep, "sweep_tiny": _sweep_tiny, "mismatch": _mismatch,
              "sweep_parts": _sweep_parts, "sweep_tiny_parts": _sweep_tiny_parts,
              "parallelism": _parallelism, "serving": _serving, "codesign": _codesign}
 

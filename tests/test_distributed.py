@@ -89,8 +89,13 @@ def _joined(outs, name):
 
 
 def test_two_processes_sweep_equals_one_and_mismatch_is_named(tmp_path):
-    outs = _run(tmp_path, 2, ["sweep", "sweep_parts", "mismatch"])
+    outs = _run(tmp_path, 2, ["sweep", "sweep_parts", "mismatch", "local"])
     want = W.SCENARIOS["sweep"]()
+    tiny = W.SCENARIOS["sweep_tiny"]()
+    for out in outs:            # inside distributed.local(): whole, unsplit, unchecked
+        pd.testing.assert_frame_equal(out["local"], tiny, check_exact=True)
+        assert out["local"].attrs["n_processes"] == 1
+        assert out["local"].attrs["gathered"] == [0, 1]
     assert outs[1]["sweep_parts"].index[0] == len(outs[0]["sweep_parts"]) == 105
     pd.testing.assert_frame_equal(_joined(outs, "sweep_parts"), want, check_exact=True)
     for rank, out in enumerate(outs):

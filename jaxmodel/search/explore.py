@@ -223,7 +223,8 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     if gather:
         out_tree = distributed.gather_rows(out_tree)
         lo, hi = 0, n_total
-    n_dev = sum(distributed.gather(n_dev)) if distributed.is_distributed() else n_dev
+    n_proc = distributed.process_count() if distributed.is_distributed() else 1
+    n_dev = sum(distributed.gather(n_dev)) if n_proc > 1 else n_dev
     t_sync += time.perf_counter() - t1
     flat_out, _ = jax.tree_util.tree_flatten(out_tree)
     names = output_names(out_tree, default=getattr(fn, "__name__", "value"))
@@ -249,7 +250,7 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     df = pd.DataFrame(cols, index=None if lo == 0 and hi == n_total else rows)
     df.attrs.update(n_evaluated=int(n_total), wall_s=time.perf_counter() - t0,
                     n_devices=int(n_dev), n_blocks=int(n_blocks),
-                    n_processes=distributed.process_count(), sync_s=t_sync)
+                    n_processes=n_proc, sync_s=t_sync)
     return df
 
 
