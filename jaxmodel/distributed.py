@@ -5,14 +5,14 @@ executing the same program; :func:`jax.distributed.initialize` connects them thr
 coordinator (JAX documentation, "Multi-host and multi-process environments";
 ``jax/_src/distributed.py`` of JAX 0.10 and its cluster detectors in
 ``jax/_src/clusters/``: SLURM, Open MPI, Kubernetes, Cloud TPU, mpi4py). The searches of
-:mod:`jaxmodel.search` use it through three helpers here, so that the same call runs on one
+:mod:`jaxmodel.search` use it through three helpers here (after :func:`initialize`), so that the same call runs on one
 process or on many and returns the same rows in the same order:
 
 - :func:`process_slice`: the contiguous share ``[lo, hi)`` of ``n`` design points (or plans,
   starts, rows) that this process evaluates — the first ``n mod P`` processes take one more;
 - :func:`gather` / :func:`gather_rows`: every process's result (any picklable object; for
   rows, the pytrees of numpy arrays concatenated in process order) on every process, through
-  one all-gather over a global mesh of one device per process
+  two all-gathers (the sizes, then the bytes) over a global mesh of one device per process
   (:func:`jax.experimental.multihost_utils.process_allgather`; the gloo CPU collectives on a
   CPU cluster, NCCL or the TPU interconnect elsewhere). Results travel as their pickled
   bytes, so dtypes, strings and 64-bit numbers arrive bit for bit;
@@ -27,6 +27,8 @@ point's numbers do not depend on which process evaluated it. The only synchronis
 the input check before and the gather after a search.
 
 Process 0 alone shows progress (:func:`jaxmodel.runtime.quiet` is true on the others).
+Inside ``with local():`` calls run whole on their process (work split by the caller);
+:func:`launch_local` starts a job of ``n`` processes on this machine (tests, benchmarks).
 
 Example (two processes on one machine, the second started with ``process_id=1``)::
 
@@ -51,7 +53,8 @@ from typing import Any, Mapping
 import numpy as np
 
 __all__ = ["initialize", "is_distributed", "process_index", "process_count", "is_main",
-           "process_slice", "local_rows", "local", "gather", "gather_rows", "check_same", "fingerprint", "free_port", "launch_local"]
+           "process_slice", "local_rows", "local", "gather", "gather_rows", "check_same",
+           "fingerprint", "free_port", "launch_local"]
 
 #: Environment variables read by :func:`initialize` when an argument is not given
 #: (``JAX_COORDINATOR_ADDRESS`` is JAX's own; the other two follow its naming).
@@ -173,8 +176,9 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 def process_slice(n: int, index: int | None = None, count: int | None = None
                   ) -> tuple[int, int]:
     """``(lo, hi)``: the contiguous share of ``n`` items of process ``index`` of ``count``
-    (default: this process of this job, the whole range inside :func:`local`); the first ``n mod count`` processes take one
-    item more, so shares differ by at most one and, in process order, tile ``0 .. n``."""
+    (default: this process of this job; the whole range inside :func:`local`); the first
+    ``n mod count`` processes take one item more, so shares differ by at most one and, in
+    process order, tile ``0 .. n``."""
     job = is_distributed()            # inside :func:`local`: the whole range
     index = (process_index() if job else 0) if index is None else int(index)
     count = (process_count() if job else 1) if count is None else int(count)
