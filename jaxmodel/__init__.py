@@ -44,6 +44,7 @@ __version__ = "0.1.0"
 # functions that use them; the search package (pandas DataFrames) loads on first use of one of
 # its names, so ``import jaxmodel`` stays well under a second.
 from jaxmodel import search as _search_pkg  # noqa: E402  (lazy: its modules load on access)
+from jaxmodel import distributed  # noqa: E402,F401  (jm.distributed.initialize: multi-process runs)
 
 
 def __getattr__(name):

@@ -214,9 +214,11 @@ def _float_dtype():
 
 
 def device_mesh(devices: Sequence | None = None) -> Mesh | None:
-    """1-D mesh (axis :data:`AXIS`) over ``devices`` (default: every JAX device, across
-    processes); None when there is only one device (nothing to shard)."""
-    devs = list(devices) if devices is not None else jax.devices()
+    """1-D mesh (axis :data:`AXIS`) over ``devices`` (default: this process's JAX devices,
+    :func:`jax.local_devices` — all of them in a single process; in a ``jax.distributed``
+    job each process evaluates its own share, :mod:`jaxmodel.distributed`); None when
+    there is only one device (nothing to shard)."""
+    devs = list(devices) if devices is not None else jax.local_devices()
     return Mesh(np.asarray(devs), (AXIS,)) if len(devs) > 1 else None
 
 

@@ -781,6 +781,51 @@ def cmd_cost(a) -> Any:
     return out
 
 
+# --------------------------------------------------------------------------------------------
+# --distributed: sweep / search / serve-search / codesign as one multi-process jax.distributed
+# job (jaxmodel.distributed); the answer is written by process 0 only
+# --------------------------------------------------------------------------------------------
+DISTRIBUTED_COMMANDS = ("sweep", "search", "serve-search", "codesign")
+
+
+def _cmd_distributed(func):
+    """``func`` (a command) run inside a ``jax.distributed`` job when ``--distributed`` is
+    given: the job is joined first (flags, else ``JAX_COORDINATOR_ADDRESS`` /
+    ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``, else SLURM / Open MPI / Kubernetes as JAX
+    detects them); processes other than 0 compute their share quietly and write nothing."""
+    def run(a):
+        if not a.distributed:
+            return func(a)
+        from jaxmodel import distributed
+        distributed.initialize(a.coordinator, a.num_processes, a.process_id)
+        if not distributed.is_main():
+            a.emit = False
+            if hasattr(a, "quiet"):
+                a.quiet = True
+        return func(a)
+    run.__name__ = getattr(func, "__name__", "run")
+    return run
+
+
+def _distributed_parser(sub) -> None:
+    for name in DISTRIBUTED_COMMANDS:
+        p = sub.choices[name]
+        g = p.add_argument_group(
+            "multi-process run", "split the design space over the processes of a "
+            "jax.distributed job (start the same command on every process); results are "
+            "gathered and written by process 0")
+        g.add_argument("--distributed", action="store_true",
+                       help="join a jax.distributed job (coordinator, count and id from the "
+                            "flags below, JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / "
+                            "JAX_PROCESS_ID, or SLURM / Open MPI / Kubernetes)")
+        g.add_argument("--coordinator", help="coordinator address host:port (process 0's)")
+        g.add_argument("--num-processes", type=int, dest="num_processes",
+                       help="processes in the job")
+        g.add_argument("--process-id", type=int, dest="process_id",
+                       help="this process's index, 0 .. num-processes - 1")
+        p.set_defaults(func=_cmd_distributed(p.get_default("func")))
+
+
 EXAMPLES = {
     "list": "jaxmodel list models",
     "predict": "jaxmodel predict prefill --system hgx_a100_4gpu --model llama2-13b --tp 4 "
@@ -997,6 +1042,7 @@ def parser() -> argparse.ArgumentParser:
     _serve_parser(add)
     _serve_search_parser(add)
     _export_parser(add)
+    _distributed_parser(sub)
     return top
 
 
@@ -1055,7 +1101,8 @@ def main(argv: Sequence[str] | None = None, stdout=None) -> int:
         _check_args(a)
         result = a.func(a)
         status = _status(a, result)
-        _emit(result, a.format, a.out, stdout)
+        if getattr(a, "emit", True):
+            _emit(result, a.format, a.out, stdout)
     except ValueError as e:
         print(f"jaxmodel: error: {e}", file=sys.stderr)
         return 2

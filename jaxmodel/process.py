@@ -241,8 +241,21 @@ def silenced(on: bool = True):
 
 
 def quiet() -> bool:
-    """True when progress output is off (:func:`set_quiet`, else ``JAXMODEL_QUIET=1``)."""
+    """True when progress output is off (:func:`set_quiet`, else ``JAXMODEL_QUIET=1``), and
+    always on the processes other than process 0 of a ``jax.distributed`` job
+    (:mod:`jaxmodel.distributed`: progress on process 0 only)."""
+    if _secondary_process():
+        return True
     return _quiet if _quiet is not None else _truthy("JAXMODEL_QUIET")
+
+
+def _secondary_process() -> bool:
+    """True in a ``jax.distributed`` job on a process other than 0 (JAX's distributed state
+    read where JAX has loaded it; nothing is imported or started)."""
+    mod = sys.modules.get("jax._src.distributed")
+    state = getattr(mod, "global_state", None)
+    return bool(state is not None and getattr(state, "client", None) is not None
+                and (getattr(state, "process_id", 0) or 0) != 0)
 
 
 _compile_s = 0.0

@@ -12,7 +12,8 @@ rank  layer
       settings, the sourced ``hw_db/tech`` tables read by path, the frameworks' named
       settings: no jaxmodel imports)
 0.5   ``jaxmodel.precisions`` (numeric formats: a config pytree over ``types``)
-1     ``jaxmodel.batching`` (the API edge every formula module decorates with)
+1     ``jaxmodel.batching`` (the API edge every formula module decorates with),
+      ``jaxmodel.distributed`` (shares and gathers of a multi-process job)
 2     ``jaxmodel.ops``, ``jaxmodel.comm`` (one device; the network)
 2.5   ``hw_db`` — its *files* are data that any layer may read by path
       (``hw_db/tech/*.toml``); its *package* is the loader layer: it builds ``types``
@@ -46,7 +47,7 @@ RANKS = {
     "jaxmodel.tech_tables": 0, "jaxmodel.anchors": 0, "jaxmodel.recipes": 0,
     "jaxmodel.precisions": 0.5,
     "jaxmodel.serving_runtime": 0,
-    "jaxmodel.batching": 1,
+    "jaxmodel.batching": 1, "jaxmodel.distributed": 1,
     "jaxmodel.ops": 2, "jaxmodel.comm": 2,
     "hw_db": 2.5,
     "jaxmodel.parallel.plan": 2.7, "jaxmodel.parallel.pipeline": 2.7,

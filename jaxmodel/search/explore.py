@@ -15,8 +15,11 @@ copied back). Inside a block, :func:`jaxmodel.batching.map_points` evaluates the
 block's index range is built inside the jitted call (nothing but a scalar start crosses the host
 link), sharded over every JAX device with ``shard_map`` on a 1-D mesh, and each shard runs
 ``lax.map(batch_size=chunk)`` (convention 3: chunked evaluation keeps the candidate tensors of
-the tile search small). Under ``jax.distributed`` the mesh spans every process and the results
-are all-gathered, so the same code runs on a pod.
+the tile search small). In a ``jax.distributed`` job of several processes
+(:mod:`jaxmodel.distributed`) each process evaluates its contiguous share of the design points
+on its own devices and the rows are gathered onto every process afterwards, in order: the
+same DataFrame as a single process, after a check that every process was given the same
+inputs.
 
 Results come back as a :class:`pandas.DataFrame`, one row per design point: one column per knob
 (and per batched leaf), one per scalar output leaf (dataclass fields, dict keys, tuple items;
@@ -44,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmodel import distributed
 from jaxmodel.batching import DEFAULT_CHUNK, device_mesh, is_static, map_blocks, map_points
 from jaxmodel.search.grid import Grid, leaf_names, resolve
 
@@ -73,12 +77,13 @@ def output_names(tree: Any, default: str = "value") -> list[str]:
 
 @functools.partial(jax.jit, static_argnames=(
     "fn", "treedef", "static", "positions", "knob_pos", "strides", "sizes", "grid_size",
-    "batch_size", "n_total", "step", "chunk", "mesh"))
-def _block(start, dynamic, knob_values, consts, *, fn, treedef, static, positions, knob_pos,
-           strides, sizes, grid_size, batch_size, n_total, step, chunk, mesh):
-    """Evaluate design points ``start .. start + step`` (indices clamped to the last point)
-    with :func:`jaxmodel.batching.map_points`: the index range is built inside the jitted
-    call (and sharded with it), so only the scalar ``start`` crosses the host link."""
+    "batch_size", "step", "chunk", "mesh"))
+def _block(start, last, dynamic, knob_values, consts, *, fn, treedef, static, positions,
+           knob_pos, strides, sizes, grid_size, batch_size, step, chunk, mesh):
+    """Evaluate design points ``start .. start + step`` (indices clamped to ``last``, the
+    last point of this process's share) with :func:`jaxmodel.batching.map_points`: the
+    index range is built inside the jitted call (and sharded with it), so only the scalars
+    ``start`` and ``last`` cross the host link."""
 
     def point(i):
         b = i // grid_size
@@ -91,20 +96,18 @@ def _block(start, dynamic, knob_values, consts, *, fn, treedef, static, position
         args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
         return fn(*args, **kwargs, **consts)
 
-    idx = jnp.minimum(start + jnp.arange(step, dtype=jnp.int32), n_total - 1)
+    idx = jnp.minimum(start + jnp.arange(step, dtype=jnp.int32), last)
     return map_points(point, idx, chunk=chunk, mesh=mesh, shard=False)
 
 
 def _to_host(tree):
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        tree = multihost_utils.process_allgather(tree, tiled=True)
     return jax.tree_util.tree_map(np.asarray, tree)
 
 
 def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None = None,
           progress: bool = True, devices=None, block: int | None = None,
-          labels: bool = True, consts: Mapping | None = None, **kwargs) -> pd.DataFrame:
+          labels: bool = True, consts: Mapping | None = None, gather: bool = True,
+          **kwargs) -> pd.DataFrame:
     """Evaluate a model function over a design space; one DataFrame row per design point.
 
     Args:
@@ -118,22 +121,36 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
             the last knob fastest, as ``itertools.product``. Repeated for each batch element.
         progress: show a progress bar (stderr) when the sweep takes several blocks and more
             than a few seconds (``JAXMODEL_QUIET=1`` silences it).
-        devices: JAX devices to shard over (default: all, across processes).
+        devices: JAX devices to shard over (default: all of this process's; in a
+            ``jax.distributed`` job each process evaluates its share of the points on its
+            own devices, :mod:`jaxmodel.distributed`).
         block: design points per jitted call and device (default: up to 16 chunks).
         labels: show the spec's own labels (e.g. schedule names) in knob columns.
         consts: keyword arguments passed whole to every evaluation (arrays are neither
             batched nor shown, e.g. lookup tables); traced jit inputs, so XLA does not
             constant-fold over them.
+        gather: in a ``jax.distributed`` job, gather every process's rows onto every process
+            (default); ``False`` returns this process's contiguous share only, indexed by its
+            global row numbers (the shares, concatenated in process order, are the whole
+            table: write one file per process for sweeps too large to gather).
 
     Returns:
         ``pandas.DataFrame`` with knob columns, batched-leaf columns and output columns;
-        ``df.attrs`` has ``n_evaluated``, ``wall_s``, ``n_devices``.
+        ``df.attrs`` has ``n_evaluated``, ``wall_s``, ``n_devices`` (over every process),
+        ``n_processes``, ``sync_s`` (seconds in the input check and the gather, including
+        waiting for the slowest process).
 
     Raises:
         ValueError: unknown/ambiguous/non-numeric knob, empty range, bad values (naming the
-            knob), or a knob that is also a batched leaf.
+            knob), a knob that is also a batched leaf; in a ``jax.distributed`` job, inputs
+            that differ between processes (naming them) or another process's devices.
     """
     t0 = time.perf_counter()
+    distributed.check_same("sweep", {
+        "fn": getattr(fn, "single", fn), "args": args, "kwargs": kwargs,
+        "grid": dict(grid or {}), "chunk": chunk, "labels": labels, "consts": dict(consts or {}),
+        "gather": gather})
+    t_sync = time.perf_counter() - t0
     single = getattr(fn, "single", fn)
     g = Grid.from_spec(grid)
     leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
@@ -166,36 +183,54 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
         raise ValueError(f"sweep: {n_total} design points exceed the int32 index range; "
                          f"split the spec")
 
-    devs = list(devices) if devices is not None else jax.devices()
+    devs = list(devices) if devices is not None else jax.local_devices()
+    if distributed.is_distributed() and not set(devs) <= set(jax.local_devices()):
+        raise ValueError(f"sweep: devices={devs} include another process's; in a "
+                         f"jax.distributed job each process evaluates its share on its own "
+                         f"(jax.local_devices())")
     mesh = device_mesh(devs)
     n_dev = len(devs)
     chunk = max(1, int(chunk))
-    per_dev_needed = -(-n_total // n_dev)
+    # this process's contiguous share of the points (all of them in a single process)
+    lo, hi = distributed.process_slice(n_total)
+    n_local = hi - lo
+    per_dev_needed = max(1, -(-n_local // n_dev))
     if block is None:
         block = min(per_dev_needed, 16 * chunk)
     per_device = max(1, min(int(block), per_dev_needed))
     chunk = min(chunk, per_device)
     per_device = -(-per_device // chunk) * chunk
     step = per_device * n_dev
-    n_blocks = -(-n_total // step)
 
+    n_blocks = -(-n_local // step) if n_local else 0
     statics = dict(fn=single, treedef=treedef, static=tuple(static),
                    positions=tuple(positions), knob_pos=knob_pos, strides=g.strides,
-                   sizes=g.sizes, grid_size=n_grid, batch_size=n_batch, n_total=n_total,
+                   sizes=g.sizes, grid_size=n_grid, batch_size=n_batch,
                    step=step, chunk=chunk, mesh=mesh)
     knob_values = tuple(jnp.asarray(v, dtype=dtype) for v in g.values)
     consts = dict(consts or {})
-    starts = np.arange(n_blocks, dtype=np.int32) * step
+    # a process without points (more processes than points) evaluates its neighbour's last
+    # one and keeps none of it, so that every process returns the same output structure
+    starts = lo + np.arange(max(n_blocks, 1), dtype=np.int32) * step
+    last = jnp.int32(hi - 1 if n_local else min(lo, n_total - 1))
+    starts = np.minimum(starts, n_total - 1)
     out_tree = map_blocks(
-        lambda s: _block(jnp.int32(s[0]), dynamic, knob_values, consts, **statics), starts,
-        width=1, to_host=_to_host, desc=f"sweep {getattr(fn, '__name__', 'fn')}", unit="pt",
-        units_per_row=step, total_units=n_total, progress=progress)
-    out_tree = jax.tree_util.tree_map(lambda y: y[:n_total], out_tree)
+        lambda s: _block(jnp.int32(s[0]), last, dynamic, knob_values, consts, **statics),
+        starts, width=1, to_host=_to_host, desc=f"sweep {getattr(fn, '__name__', 'fn')}",
+        unit="pt", units_per_row=step, total_units=max(n_local, 1), progress=progress)
+    out_tree = jax.tree_util.tree_map(lambda y: y[:n_local], out_tree)
+    t1 = time.perf_counter()
+    if gather:
+        out_tree = distributed.gather_rows(out_tree)
+        lo, hi = 0, n_total
+    n_proc = distributed.process_count() if distributed.is_distributed() else 1
+    n_dev = sum(distributed.gather(n_dev)) if n_proc > 1 else n_dev
+    t_sync += time.perf_counter() - t1
     flat_out, _ = jax.tree_util.tree_flatten(out_tree)
     names = output_names(out_tree, default=getattr(fn, "__name__", "value"))
 
     cols: dict[str, Any] = {}
-    rows = np.arange(n_total)
+    rows = np.arange(lo, hi)
     if n_batch > 1:
         bi = rows // n_grid
         for pos, x in zip(positions, dynamic):
@@ -205,16 +240,17 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     if n_grid > 1 or g.keys:
         cols.update(g.values_at(gi, labels=labels))
     for name, val in zip(names, flat_out):
-        val = val.reshape(n_total, -1) if val.ndim > 1 else val
+        val = val.reshape(hi - lo, math.prod(val.shape[1:])) if val.ndim > 1 else val
         if val.ndim == 2:
             for j in range(val.shape[1]):
                 cols[f"{name}[{j}]"] = val[:, j]
         else:
             cols[name] = val
     import pandas as pd   # imported here: ``import jaxmodel`` stays fast
-    df = pd.DataFrame(cols)
+    df = pd.DataFrame(cols, index=None if lo == 0 and hi == n_total else rows)
     df.attrs.update(n_evaluated=int(n_total), wall_s=time.perf_counter() - t0,
-                    n_devices=int(n_dev), n_blocks=int(n_blocks))
+                    n_devices=int(n_dev), n_blocks=int(n_blocks),
+                    n_processes=n_proc, sync_s=t_sync)
     return df
 
 

@@ -12,7 +12,9 @@ to reals). :func:`codesign` minimises such an objective inside box constraints:
   L-BFGS (``optimizer="lbfgs"``) works on an unconstrained ``u = sigmoid(w)`` with optax's zoom
   line search;
 - several starts run at once (``jax.vmap`` over starts, ``lax.scan`` over steps, one jit): start
-  0 is ``init``, the others are drawn uniformly in ``u``-space;
+  0 is ``init``, the others are drawn uniformly in ``u``-space; in a ``jax.distributed`` job
+  each process optimises a contiguous share of the starts and their histories are gathered
+  onto every process (:mod:`jaxmodel.distributed`), so the result is the single process's;
 - constraints such as a cost cap are written by the caller as penalties inside the objective;
   non-finite gradients (an infeasible point) are zeroed so a start stalls rather than diverges;
 - at the end, integer knobs are rounded (both neighbours of every discrete knob are tried,
@@ -45,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmodel import distributed
 from jaxmodel.batching import map_blocks
 from jaxmodel.process import stage
 
@@ -170,8 +173,13 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
         :class:`CodesignResult`.
 
     Raises:
-        ValueError: bad bounds, init or options (naming the knob).
+        ValueError: bad bounds, init or options (naming the knob); in a ``jax.distributed``
+            job, arguments that differ between processes.
     """
+    distributed.check_same("codesign", dict(
+        objective=objective, init=dict(init), bounds=dict(bounds), steps=steps,
+        optimizer=optimizer, learning_rate=learning_rate, n_starts=n_starts, seed=seed,
+        integer=tuple(integer), exact=exact, polish=polish))
     keys, lo, hi, x0 = _bounds_arrays(init, bounds)
     bad = [k for k in integer if k not in keys]
     if bad:
@@ -238,7 +246,11 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
             return to_u(w_last), hist
 
     with stage(f"codesign: {steps} {optimizer} steps x {n_starts} start(s)"):
-        u_last, (vals, us, n_ev) = jax.block_until_ready(jax.jit(jax.vmap(run))(starts))
+        share, keep = distributed.local_rows(n_starts)   # this process's starts
+        out = jax.block_until_ready(jax.jit(jax.vmap(run))(starts[share]))
+        out = distributed.gather_rows(jax.tree_util.tree_map(lambda x: np.asarray(x)[:keep],
+                                                             out))
+        u_last, (vals, us, n_ev) = out
     vals, us = np.asarray(vals).T, np.asarray(us).transpose(1, 0, 2)  # (steps, starts, ...)
     n_grad = steps * n_starts
     n_evals = int(np.asarray(n_ev).sum())

@@ -13,6 +13,10 @@ tile searches are) are computed once per distinct stage input and composed into 
 (:mod:`jaxmodel.parallel.gemm_table`).
 docs/architecture.md, "Data flows one way": this module only calls ``parallel``.
 
+In a ``jax.distributed`` job (:mod:`jaxmodel.distributed`) each process evaluates a
+contiguous share of the plans and the results are gathered onto every process before the
+ranking: the same table as one process computes.
+
 The row order groups plans by ``tp``, ``pp``, micro-batch, schedule/interleave, SP, EP and then
 recompute, ZeRO, FlashAttention (a stable sort by step time keeps it among ties).
 
@@ -46,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from jaxmodel import process, recipes as _recipes
+from jaxmodel import distributed, process, recipes as _recipes
 from jaxmodel.numerics import REASONS
 from jaxmodel.parallel import plan as _plan
 from jaxmodel.types import (DROPOUT_MODES, FA_VERSIONS, RECOMPUTE, SCHEDULES, ZERO3_IMPLS, Model,
@@ -293,7 +297,8 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
         ``n_feasible``, ``timings`` and ``n_unique_gemms``.
 
     Raises:
-        ValueError: no consistent plan, bad options, or a system that cannot be resized.
+        ValueError: no consistent plan, bad options, or a system that cannot be resized; in
+            a ``jax.distributed`` job, arguments that differ between processes (naming them).
     """
     import sys
 
@@ -306,6 +311,10 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
 
     shown = None if progress else math.inf     # process.stage lines follow ``progress`` too
     t0 = time.perf_counter()
+    distributed.check_same("search_parallelism", dict(
+        system=system, model=model, n_devices=n_devices, global_batch=global_batch,
+        seq_len=seq_len, gemm_table=gemm_table, top=top, step_options=step_options,
+        precision=precision, finetune=finetune, recipe=recipe, options=options))
     n = _as_int(n_devices, "n_devices")
     gb = _as_int(global_batch, "global_batch")
     if recipe is not None:
@@ -381,6 +390,9 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
     timings = {"enumerate_s": time.perf_counter() - t0}
     say(f"{n_eval:,} plans for {model.name} on {n} devices")
     gemm, info = None, {}
+    # this process's share of the plans (all of them in a single process)
+    rows, keep = distributed.local_rows(n_plans)
+    par = jax.tree_util.tree_map(lambda x: x[rows], par)
     if gemm_table:
         from jaxmodel.parallel.gemm_table import GemmTable
         with process.stage("search_parallelism: GEMM table", show_after=shown) as st:
@@ -395,6 +407,8 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
             process.silenced(not progress):          # train_step's own stage lines too
         res = _parallel.train_step(system, model, par, float(gb), float(seq_len), gemm=gemm,
                                    finetune=finetune, **kw)
+        res = jax.tree_util.tree_map(lambda x: np.asarray(x)[:keep], res)
+        res = distributed.gather_rows(res)
         res = jax.tree_util.tree_map(
             lambda x: np.asarray(x).reshape((n_eval,) + np.shape(x)[3:])[layout], res)
         st["note"] = f"{n_eval:,} plans"

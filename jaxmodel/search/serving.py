@@ -35,7 +35,11 @@ on the CPU backend both stages compile with :data:`jaxmodel.batching.CPU_COMPILE
 stage 1's graph (the inference model with its GEMM tile searches), whose size does not
 depend on how many configurations are searched.
 
-Both stages print their progress through :func:`jaxmodel.process.stage`.
+Both stages print their progress through :func:`jaxmodel.process.stage`. In a
+``jax.distributed`` job (:mod:`jaxmodel.distributed`) every process computes the cost tables
+(tens of rows: mostly compilation, which each process does anyway) and evaluates a contiguous
+share of the configurations in stage 2; the rows are gathered onto every process before the
+front is taken: the same table as one process computes.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
+from jaxmodel import distributed
 from jaxmodel import process as _process
 from jaxmodel import serving_runtime as _rtp
 from jaxmodel import serving as _srv
@@ -192,7 +197,8 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         ``best_disaggregated`` (highest throughput per device meeting the limits, as dicts).
 
     Raises:
-        ValueError: unknown presets, empty option lists or a system that cannot be resized.
+        ValueError: unknown presets, empty option lists or a system that cannot be resized;
+            in a ``jax.distributed`` job, arguments that differ between processes.
 
     Example:
         >>> df = jm.search_serving(hw_db.system("dgx_h100"), hw_db.model("llama3-8b"), 8,
@@ -208,6 +214,11 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
 
     shown = None if progress else math.inf
     t0 = time.perf_counter()
+    distributed.check_same("search_serving", dict(
+        system=system, model=model, n_devices=n_devices, isl=isl, osl=osl,
+        ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, tp=tp, pp=pp, max_batch=max_batch,
+        chunk=chunk, precision=precision, runtime=runtime, loads=loads,
+        disaggregated=disaggregated, full=full, tail=tail))
     n = _as_int(system.n_devices if n_devices is None else n_devices, "n_devices")
     system = _scaled_system(system, n)
     isl_f, osl_f = float(isl), float(osl)
@@ -279,9 +290,14 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
     say(f"{n_eval:,} configurations ({len(agg):,} aggregated, {len(dis):,} disaggregated)")
 
     # stage 2 needs only the shapes of the tables: its compilation (XLA releases the GIL)
-    # runs on a second thread while stage 1 traces, compiles and runs
-    jobs = [({k: jnp.asarray(v, f) for k, v in rows.items()}, flag)
-            for rows, flag in ((rows_a, False), (rows_d, True)) if len(rows["k"])]
+    # runs on a second thread while stage 1 traces, compiles and runs. Each process
+    # evaluates its share of the rows (all of them in a single process).
+    jobs, keeps = [], []
+    for rows, flag in ((rows_a, False), (rows_d, True)):
+        if len(rows["k"]):
+            share, keep = distributed.local_rows(len(rows["k"]))
+            jobs.append(({k: jnp.asarray(v[share], f) for k, v in rows.items()}, flag))
+            keeps.append(keep)
     prefetch = _Prefetch(lambda: [_evaluate_jit.compile(
         _table_struct(len(keys)), rows, system, isl_f, osl_f, float(ttft_slo_s),
         float(tpot_slo_s), disagg=flag) for rows, flag in jobs])
@@ -316,7 +332,8 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         res = [_evaluate_jit(table, rows, system, isl_f, osl_f, float(ttft_slo_s),
                              float(tpot_slo_s), disagg=flag)
                for rows, flag in jobs]
-        res = [jax.tree_util.tree_map(np.asarray, r) for r in res]
+        res = [distributed.gather_rows(jax.tree_util.tree_map(lambda x: np.asarray(x)[:k], r))
+               for r, k in zip(res, keeps)]
         st["note"] = f"{n_eval:,} configurations"
     timings["steady_state_s"] = st["wall_s"]
 
