@@ -140,7 +140,7 @@ def test_sweep_progress_bar_and_quiet(dev, capsys, monkeypatch):
     """Several blocks: a progress bar on stderr once the loop runs longer than the threshold
     (0 s here); JAXMODEL_QUIET=1 or progress=False silence it; the numbers do not change."""
     from jaxmodel import process
-    monkeypatch.setattr(runtime, "SHOW_AFTER_S", 0.0)
+    monkeypatch.setattr(process, "SHOW_AFTER_S", 0.0)
     monkeypatch.delenv("JAXMODEL_QUIET", raising=False)
     process.set_quiet(None)
     spec = {"dev.mem_bw": np.linspace(1e11, 3e12, 7), "par.tp": [1, 2, 4, 8, 16]}
