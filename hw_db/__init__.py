@@ -36,6 +36,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
+from jaxmodel.ops import validate_device_for_ops
 from jaxmodel.tech_tables import load_toml
 from jaxmodel.types import (Device, Model, NetLevel, System, check_value, rule_of,
                             validate_model, validate_system)
@@ -181,7 +182,6 @@ def _device_from_table(path: Path, table: Mapping, name: str) -> Device:
 
 def _validate(dev: Device, where: str) -> Device:
     """Field ranges (types.validate_device) and buffers large enough for the smallest tile."""
-    from jaxmodel.ops import validate_device_for_ops  # late: jaxmodel imports this package's types
     return validate_device_for_ops(dev, where=where)
 
 

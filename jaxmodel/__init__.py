@@ -21,16 +21,39 @@ from jaxmodel.types import (ACTIVATIONS, ATTENTIONS, RECOMPUTE, SCHEDULES, TOPOL
                             validate_parallelism, validate_system)
 from jaxmodel.numerics import REASONS, reason_name  # noqa: E402
 from jaxmodel.precisions import (DTYPES,  # noqa: E402
-                                PRESETS, Precision, precision, stack as stack_precisions,
+                                PRESETS, Precision, precision, stack_precisions,
                                 validate_precision)
 from jaxmodel.serving_runtime import PRESETS as RUNTIMES, Runtime, runtime as runtime_of  # noqa: E402,E501
 
-# Each subpackage exports its public names through its own __all__ (one owner per subpackage).
-from jaxmodel.ops import *  # noqa: F401,F403,E402
-from jaxmodel.comm import *  # noqa: F401,F403,E402
-from jaxmodel.workload import *  # noqa: F401,F403,E402
-from jaxmodel.parallel import *  # noqa: F401,F403,E402
-from jaxmodel.cost import *  # noqa: F401,F403,E402
+# Each subpackage lists its public names in its own __all__ (tests/test_api.py checks that
+# these imports take exactly those names).
+from jaxmodel.ops import (  # noqa: E402
+                          FA_VERSIONS, add_latency, elementwise_latency, embedding_latency,
+                          flash_attention_latency, flash_attention_rows, flash_attention_tiles,
+                          gelu_latency, gemm_latency, gemm_roofline, layernorm_latency,
+                          ops_feasible, rmsnorm_latency, rope_latency, silu_mul_latency,
+                          softmax_latency, standard_attention_latency, systolic_cycles,
+                          validate_device_for_ops)
+from jaxmodel.comm import (  # noqa: E402
+                           ALGORITHM_CODES, ALGORITHMS, AUTO_ALGORITHM, OPS, algorithm_code,
+                           collective_cost, collective_feasible, collective_latency,
+                           collective_time, net_variant_of, NetVariant)
+from jaxmodel.workload import (  # noqa: E402
+                               LAYER_OPS, MOE_OPS, activation_bytes_per_layer, alltoall_time,
+                               embedding_times, expert_capacity, expert_params_per_device,
+                               inference_memory, kv_cache_bytes, layer_breakdown, LoRA, lora,
+                               model_flops_per_token, moe_dims, moe_feasibility,
+                               moe_layer_fraction, moe_layer_times, param_count, params_per_device,
+                               qlora, training_layer_times, training_memory)
+from jaxmodel.parallel import (  # noqa: E402
+                               inference, InferenceResult, train_step, TrainResult)
+from jaxmodel.cost import (  # noqa: E402
+                           TCO, chiplet_cost, chiplet_system_cost, ChipletCost, ChipletSystem,
+                           device_cost, DeviceCost, die_area, die_cost, dies_per_wafer,
+                           dies_per_wafer_grid, dies_per_wafer_smooth, dies_per_wafer_ttm, dvfs,
+                           LinkTech, load_chiplet_system, load_deepflow_config, load_library,
+                           negative_binomial_yield, reticle_utilization, sram_area, SRAMTech,
+                           system_cost, SystemCost, tco, uarch, UArchBudgets, UArchTech)
 from jaxmodel.serving import (OfflineResult, ServingCosts, ServingResult,  # noqa: E402
                               continuous_batching, disaggregated, offline_throughput,
                               serving_costs, slo_throughput)
@@ -39,6 +62,35 @@ from jaxmodel.recipes import RECIPES, Recipe, recipe  # noqa: E402
 from jaxmodel.export import LaunchConfig, export_plan  # noqa: E402
 
 __version__ = "0.1.0"
+
+#: The public names (docs/architecture.md, "Public names"; tests/test_api.py).
+__all__ = [
+    "ACTIVATIONS", "ALGORITHMS", "ALGORITHM_CODES", "ATTENTIONS", "AUTO_ALGORITHM", "ChipletCost",
+    "ChipletSystem", "CodesignResult", "DTYPES", "Device", "DeviceCost", "FA_VERSIONS",
+    "InferenceResult", "LAYER_OPS", "LinkTech", "LoRA", "MOE_OPS", "Model", "NetLevel",
+    "NetVariant", "OPS", "OfflineResult", "PRESETS", "Parallelism", "Precision", "REASONS",
+    "RECIPES", "RECOMPUTE", "RUNTIMES", "Recipe", "Runtime", "SCHEDULES", "SRAMTech",
+    "ServingCosts", "ServingResult", "System", "SystemCost", "TCO", "TOPOLOGIES", "TrainResult",
+    "UArchBudgets", "UArchTech", "activation_bytes_per_layer", "add_latency", "algorithm_code",
+    "alltoall_time", "chiplet_cost", "chiplet_system_cost", "codesign", "collective_cost",
+    "collective_feasible", "collective_latency", "collective_time", "continuous_batching",
+    "device_cost", "die_area", "die_cost", "dies_per_wafer", "dies_per_wafer_grid",
+    "dies_per_wafer_smooth", "dies_per_wafer_ttm", "disaggregated", "dvfs", "elementwise_latency",
+    "embedding_latency", "embedding_times", "enumerate_plans", "expert_capacity",
+    "expert_params_per_device", "flash_attention_latency", "flash_attention_rows",
+    "flash_attention_tiles", "gelu_latency", "gemm_latency", "gemm_roofline", "inference",
+    "inference_memory", "kv_cache_bytes", "layer_breakdown", "layernorm_latency",
+    "load_chiplet_system", "load_deepflow_config", "load_library", "lora", "model_flops_per_token",
+    "moe_dims", "moe_feasibility", "moe_layer_fraction", "moe_layer_times",
+    "negative_binomial_yield", "net_variant_of", "offline_throughput", "ops_feasible",
+    "param_count", "params_per_device", "precision", "qlora", "reason_name", "recipe",
+    "reticle_utilization", "rmsnorm_latency", "rope_latency", "runtime_of", "save",
+    "search_parallelism", "search_serving", "serving_costs", "silu_mul_latency", "slo_throughput",
+    "softmax_latency", "sram_area", "stack_precisions", "standard_attention_latency", "sweep",
+    "system_cost", "systolic_cycles", "tco", "train_step", "training_layer_times",
+    "training_memory", "uarch", "validate_device", "validate_device_for_ops", "validate_model",
+    "validate_parallelism", "validate_precision", "validate_system",
+]
 
 # Heavy optional dependencies (pandas, optax, matplotlib, tqdm) are imported inside the
 # functions that use them; the search package (pandas DataFrames) loads on first use of one of

@@ -67,7 +67,7 @@ class Progress:
             print(f"[demo {time.perf_counter() - self.t0:6.1f}s] {msg}", flush=True)
 
 
-def stack(objs):
+def _stack(objs):
     """One config pytree whose leaves carry a leading axis over ``objs`` (names dropped)."""
     def clean(o):
         if isinstance(o, jm_types().System):
@@ -90,16 +90,16 @@ def predictions(out: Path, say) -> pd.DataFrame:
     from jaxmodel.plots import breakdown_plot
     from jaxmodel.cost.area import area_fields
     pairs = [(s, m) for s in SYSTEMS for m in MODELS]
-    systems = stack([dataclasses.replace(hw_db.system(s, nodes=64), device=area_fields(
+    systems = _stack([dataclasses.replace(hw_db.system(s, nodes=64), device=area_fields(
         hw_db.device(hw_db.load_toml(hw_db.ROOT / "systems" / f"{s}.toml")["device"])))
         for s, _ in pairs])
-    models = stack([hw_db.model(m) for _, m in pairs])
+    models = _stack([hw_db.model(m) for _, m in pairs])
     par = jm.Parallelism(dp=8, tp=8, pp=8, sp=True, micro_batch=1, interleave=2,
                          schedule="interleaved", recompute="selective", zero=1,
                          flash_attention="fa2")
     tr = jm.train_step(systems, models, par, 1024, 2048)
     say("training step of 2 models × 3 systems (512 GPUs each) evaluated")
-    node = stack([dataclasses.replace(hw_db.system(s, nodes=1)) for s, _ in pairs])
+    node = _stack([dataclasses.replace(hw_db.system(s, nodes=1)) for s, _ in pairs])
     inf = jm.inference(node, models, jm.Parallelism(tp=8, flash_attention="fa2"), 8, 2048, 512)
     say("inference of 2 models × 3 systems (one 8-GPU node each) evaluated")
     tco = jm.tco(node, inf.tokens_per_s)

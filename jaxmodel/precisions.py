@@ -68,7 +68,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmodel.types import Array, _register, code_of, from_preset, stack_configs
+from jaxmodel.types import (Array, Rule, _code, _register, check_value, code_of, from_preset,
+                            stack_configs)
 
 #: Compute dtypes, encoded by position (the code stored in ``gemm_dtype`` / ``attn_dtype``).
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4", "int8")
@@ -196,7 +197,7 @@ def resolve(precision_arg: Any = None, dtype_bytes: Any = None) -> Precision:
                                kv_bytes=dtype_bytes, weight_bytes=dtype_bytes)
 
 
-def stack(values) -> Precision:
+def stack_precisions(values) -> Precision:
     """A batch of precisions (leading axis) from names or Precision objects."""
     return stack_configs(Precision, [precision(v) for v in values], "precision")
 
@@ -204,7 +205,6 @@ def stack(values) -> Precision:
 def validate_precision(p: Precision, where: str = "Precision") -> Precision:
     """Check a concrete precision: dtype codes in range, byte counts >= 0 (GEMM operands,
     activations, KV cache and weights > 0); ``ValueError`` names the field and value."""
-    from jaxmodel.types import Rule, _code, check_value
     positive = ("gemm_bytes", "act_bytes", "kv_bytes", "weight_bytes")
     for f in dataclasses.fields(Precision):
         if f.name == "name":
@@ -280,4 +280,4 @@ def scaled_device(dev, code):
 
 
 __all__ = ["Precision", "precision", "PRESETS", "DTYPES", "RATIO_FIELDS", "gemm_word",
-           "supported", "matrix_ratio", "stack", "validate_precision"]
+           "supported", "matrix_ratio", "stack_precisions", "validate_precision"]

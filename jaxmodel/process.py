@@ -40,6 +40,7 @@ Progress
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 import threading
@@ -351,3 +352,22 @@ class progress_bar:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def lazy_exports(package: str, table: dict[str, str]):
+    """``(__getattr__, __dir__)`` for a package whose names load with their module on first
+    access (PEP 562): ``table`` maps a name to the submodule of ``package`` defining it; the
+    loaded value is kept in the package's namespace, so later look-ups are plain."""
+    pkg_globals = sys.modules[package].__dict__
+
+    def __getattr__(name):
+        if name in table:
+            value = getattr(importlib.import_module(f"{package}.{table[name]}"), name)
+            pkg_globals[name] = value
+            return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def __dir__():
+        return sorted(set(pkg_globals) | set(table))
+
+    return __getattr__, __dir__

@@ -276,7 +276,7 @@ def runtime(value: Any = None, **overrides) -> Runtime:
         "torch": "pytorch"}, "pytorch", "runtime")
 
 
-def stack(values) -> Runtime:
+def stack_runtimes(values) -> Runtime:
     """A batch of runtimes (leading axis) from names or Runtime objects."""
     return stack_configs(Runtime, [runtime(v) for v in values], "runtime")
 

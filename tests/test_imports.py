@@ -2,15 +2,20 @@
 
 Layering (docs/architecture.md, "Data flows one way"): a module may import modules of its own
 layer or of lower layers, never of a higher one, and the graph has no cycle — counting imports
-inside functions too (a late import hides a cycle from Python, not from the design).
+inside functions too (a late import hides a cycle from Python, not from the design). The
+library imports its own modules at module level only (a function-level import is how a cycle
+or an upward dependency hides), except in the applications and the lazily loaded search
+package (:data:`LATE_IMPORTS_ALLOWED`); and since importing ``a.b.c`` first runs ``a/b/__init__``,
+the module-level graph with those package initialisations has no cycle either.
 
 ====  =================================================================================
 rank  layer
 ====  =================================================================================
 0     ``jaxmodel.types``, ``jaxmodel.numerics``, ``jaxmodel.process``,
-      ``jaxmodel.tech_tables``, ``jaxmodel.recipes`` (pytrees, NaN-free helpers, process
-      settings, the sourced ``hw_db/tech`` tables read by path, the frameworks' named
-      settings: no jaxmodel imports)
+      ``jaxmodel.tech_tables``, ``jaxmodel.recipes``, ``jaxmodel.anchors``,
+      ``jaxmodel.serving_runtime`` (pytrees, NaN-free helpers, process settings, the sourced
+      ``hw_db/tech`` tables read by path, the frameworks' named settings, the anchors' folder,
+      the serving runtimes' presets)
 0.5   ``jaxmodel.precisions`` (numeric formats: a config pytree over ``types``)
 1     ``jaxmodel.batching`` (the API edge every formula module decorates with),
       ``jaxmodel.distributed`` (shares and gathers of a multi-process job)
@@ -35,6 +40,7 @@ rank  layer
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -81,12 +87,38 @@ def _resolve(name: str, mods: dict) -> str | None:
     return None
 
 
-def _imports(mod: str, path: Path, mods: dict) -> set[str]:
-    """Modules of ours imported anywhere in ``path`` (module level and inside functions)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+#: Modules that may import modules of ours inside functions: the applications (their
+#: subcommands load what they use) and the search package (pandas / optax load on first use).
+LATE_IMPORTS_ALLOWED = ("jaxmodel.cli", "jaxmodel.demo", "jaxmodel.plots", "jaxmodel.search")
+
+
+def _module_level(tree: ast.Module):
+    """The statements Python runs when it imports the module (not inside a def or class)."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        yield node
+        todo.extend(ast.iter_child_nodes(node))
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def _imports(mod: str, path: Path, mods: dict, where: str = "anywhere") -> set[str]:
+    """Modules of ours imported in ``path``: ``where`` = ``"anywhere"`` (module level and inside
+    functions), ``"module"`` (at import time) or ``"functions"`` (inside functions only)."""
+    tree = _parse(path)
     is_pkg = path.name == "__init__.py"
     out = set()
-    for node in ast.walk(tree):
+    nodes = list(ast.walk(tree))
+    if where != "anywhere":
+        top = {id(n) for n in _module_level(tree)}
+        nodes = [n for n in nodes if (id(n) in top) == (where == "module")]
+    for node in nodes:
         if isinstance(node, ast.Import):
             for a in node.names:
                 target = _resolve(a.name, mods)
@@ -166,7 +198,7 @@ def test_graph_is_read():
     g = _graph()
     assert "jaxmodel.batching" in g["jaxmodel.ops.gemm"]
     assert "jaxmodel.types" in g["hw_db"]
-    assert "jaxmodel.ops" in g["hw_db"]                       # a late import inside a function
+    assert "jaxmodel.ops" in g["hw_db"]
     assert "jaxmodel.search.grid" in g["jaxmodel.search.explore"]
     assert sum(len(v) for v in g.values()) > 100
 
@@ -181,6 +213,46 @@ def test_no_upward_import():
 def test_no_import_cycle():
     cycles = _cycles(_graph())
     assert not cycles, "import cycles: " + "; ".join(" ↔ ".join(c) for c in cycles)
+
+
+def _parents(mod: str, mods: dict) -> set[str]:
+    """The packages whose ``__init__`` Python runs before ``mod`` (``jaxmodel`` excluded:
+    every module of ours runs under it)."""
+    parts = mod.split(".")
+    return {".".join(parts[:k]) for k in range(2, len(parts))} & set(mods)
+
+
+def test_no_import_inside_functions():
+    mods = _modules()
+    bad = sorted(f"{m} imports {', '.join(sorted(ts))} inside a function"
+                 for m, p in mods.items()
+                 if not any(m == a or m.startswith(a + ".") for a in LATE_IMPORTS_ALLOWED)
+                 for ts in [_imports(m, p, mods, where="functions")] if ts)
+    assert not bad, "\n".join(bad)
+
+
+def test_no_cycle_at_import_time():
+    """Module-level imports plus the package ``__init__`` each import runs first: what
+    Python executes on ``import jaxmodel``."""
+    mods = _modules()
+    graph = {}
+    for m, p in mods.items():
+        targets = _imports(m, p, mods, where="module")
+        graph[m] = (targets | {q for t in targets for q in _parents(t, mods)}) - {m} \
+            - _parents(m, mods)
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles: " + "; ".join(" ↔ ".join(c) for c in cycles)
+
+
+def test_import_checks_see_function_level_imports():
+    """The two checks above read what they must: a late import is seen as one, the package
+    initialisation an import runs is counted."""
+    tree = ast.parse("import os\nfrom jaxmodel import ops\n"
+                     "def f():\n    from jaxmodel import comm\n")
+    top = {id(n) for n in _module_level(tree)}
+    late = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and id(n) not in top]
+    assert [n.names[0].name for n in late] == ["comm"]
+    assert _parents("jaxmodel.parallel.plan", _modules()) == {"jaxmodel.parallel"}
 
 
 def test_cycle_finder_finds_a_cycle():

@@ -189,7 +189,7 @@ def test_inference_runtime_step_overhead_vmap_jit_grad():
     assert float(r0.tpot_s) < float(pt.tpot_s) and float(r0.ttft_s) < float(pt.ttft_s)
     assert bool(r1.feasible)
     # vmap over a batch of runtimes == a loop
-    stack = rtp.stack(["pytorch", "trtllm", "vllm"])
+    stack = rtp.stack_runtimes(["pytorch", "trtllm", "vllm"])
     rs = jm.inference(sysm, LLAMA, par, 8, 256, 32, runtime=stack, **kw)
     for i, name in enumerate(["pytorch", "trtllm", "vllm"]):
         one = jm.inference(sysm, LLAMA, par, 8, 256, 32, runtime=name, **kw)
@@ -211,7 +211,7 @@ def test_context_layer_overhead_adds_layers_per_stage_to_ttft_only():
     decode step unchanged; vmapped over a batch of runtimes and differentiated in c."""
     par = jm.Parallelism(tp=2, pp=2)
     c = 100e-6
-    rts = rtp.stack([jm.runtime_of("trtllm", context_layer_overhead_s=0.0),
+    rts = rtp.stack_runtimes([jm.runtime_of("trtllm", context_layer_overhead_s=0.0),
                      jm.runtime_of("trtllm", context_layer_overhead_s=c)])
     r = jm.inference(SYSTEM, LLAMA, par, 4, 128, 8, gemm=roofline_gemm, runtime=rts)
     want = float(LLAMA.n_layers) / 2.0 * c                       # 4 layers / pp 2 = 2 layers

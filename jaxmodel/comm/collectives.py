@@ -103,7 +103,7 @@ from jaxmodel.numerics import INF, first_reason, reason_name, safe_div
 from jaxmodel.types import TOPOLOGIES, System, is_concrete, static_flag, validate_args
 
 __all__ = ["OPS", "ALGORITHMS", "ALGORITHM_CODES", "AUTO_ALGORITHM", "algorithm_code",
-           "collective_latency", "collective_cost", "collective_feasible",
+           "collective_latency", "collective_time", "collective_cost", "collective_feasible",
            "level_algorithm_times", "NetVariant", "ANY_NET", "net_variant_of"]
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "p2p")
@@ -824,7 +824,7 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
         net_ok = net_ok & (lvl.size >= 1) & (lvl.bw_per_device > 0) & (lvl.efficiency > 0) & (
             lvl.link_latency >= 0) & (lvl.switch_latency >= 0) & (lvl.base_latency >= 0) & (
             lvl.launch_floor >= 0) & (lvl.max_payload_bytes > 0) & (lvl.flit_bytes > 0)
-    members, spacing, place_ok = topo.placement(system, group_size, stride)
+    members, spacing, place_ok = topo.group_tiers(system, group_size, stride)
     n_levels = len(system.levels)
 
     # tier k sees the buffer divided by the members of the tiers inside it
@@ -910,18 +910,19 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
 _cost_batched = batched(_cost)
 
 
-def collective_cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto",
+def collective_time(system: System, op: str, nbytes, group_size, algorithm: str = "auto",
                     stride=1.0):
-    """Collective latency with feasibility: ``(latency_s, feasible, reason_code)``.
+    """Collective time with feasibility: ``(latency_s, feasible, reason_code)``, seconds.
 
     Same arguments as :func:`collective_latency`. Never raises for values: an infeasible
     configuration gives ``latency = +inf``, ``feasible = False`` and a reason code from
     :data:`jaxmodel.numerics.REASONS` (``topology_mismatch`` for a group that does not fit,
     ``invalid_network`` for non-positive bandwidth or size, ``invalid_workload`` for a
-    negative size). ``collective_cost.single`` is the single-configuration function.
+    negative size). ``collective_time.single`` is the single-configuration function.
+    ``collective_cost`` is its deprecated former name (every other ``*_cost`` is in USD).
 
     Example:
-        >>> t, ok, why = jm.collective_cost(hw_db.system("tpuv3_8"), "all_reduce", 2**20, 7)
+        >>> t, ok, why = jm.collective_time(hw_db.system("tpuv3_8"), "all_reduce", 2**20, 7)
         >>> bool(ok), jm.reason_name(why)        # (False, 'topology_mismatch')
         (True, 'ok')
     """
@@ -930,7 +931,10 @@ def collective_cost(system: System, op: str, nbytes, group_size, algorithm: str 
                          net=net_variant_of(system))
 
 
-collective_cost.single = _cost
+collective_time.single = _cost
+
+#: Deprecated name of :func:`collective_time` (it returns seconds, not USD).
+collective_cost = collective_time
 
 
 def _latency_single(system: System, op: str, nbytes, group_size, algorithm: str = "auto",
@@ -968,7 +972,7 @@ def collective_latency(system: System, op: str, nbytes, group_size, algorithm: s
 
     Returns:
         Seconds, with the batch shape of the arguments. ``+inf`` for infeasible entries of a
-        batch; see :func:`collective_cost` for the reason.
+        batch; see :func:`collective_time` for the reason.
 
     Raises:
         ValueError: unknown ``op``/``algorithm``, or a concrete single configuration that is
@@ -1013,7 +1017,7 @@ def collective_feasible(system: System, group_size, op: str = "all_reduce",
     Example:
         >>> ok, why = jm.collective_feasible(hw_db.system("dgx_a100", nodes=2), 24)
     """
-    _, ok, why = collective_cost(system, op, 0.0, group_size, algorithm, stride)
+    _, ok, why = collective_time(system, op, 0.0, group_size, algorithm, stride)
     return ok, why
 
 

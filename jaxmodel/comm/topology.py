@@ -15,14 +15,14 @@ mesh2d, torus2d    4                      B / 4  (interior device of the grid)
 
 Placement (docs/architecture.md, "Placement"): a group of ``g`` devices whose consecutive
 members are ``stride`` devices apart fills the innermost tier first (tensor parallelism inside
-a node, then across nodes). :func:`placement` returns how many members share each tier.
+a node, then across nodes). :func:`group_tiers` returns how many members share each tier.
 
 Everything is written for one configuration with scalar leaves; discrete quantities (grid
 shapes, divisibility) come from a fixed candidate grid and masks, never Python branches.
 
 Example:
     >>> sys = hw_db.system("dgx_a100", nodes=4)
-    >>> members, spacing, ok = placement(sys, 16.0, 1.0)   # members = (8, 2, ...)
+    >>> members, spacing, ok = group_tiers(sys, 16.0, 1.0)   # members = (8, 2, ...)
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from jaxmodel.numerics import divides, is_integer, safe_div
 from jaxmodel.types import TOPOLOGIES, NetLevel, System
 
 __all__ = ["RING", "SWITCH", "FULLY_CONNECTED", "MESH2D", "TORUS2D", "links_per_device",
-           "link_bw", "grid_rows", "placement", "level_grid"]
+           "link_bw", "grid_rows", "group_tiers", "level_grid"]
 
 RING, SWITCH, FULLY_CONNECTED, MESH2D, TORUS2D = (float(i) for i in range(len(TOPOLOGIES)))
 
@@ -79,7 +79,7 @@ def level_grid(level: NetLevel):
     return rows, safe_div(level.size, rows, fill=1.0), ok
 
 
-def placement(system: System, group_size, stride=1.0):
+def group_tiers(system: System, group_size, stride=1.0):
     """Members of a group per tier, their spacing, and whether the group fits.
 
     Members ``0, s, 2s, ...`` (``s = stride`` devices apart, device ids counted innermost

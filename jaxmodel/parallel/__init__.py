@@ -8,7 +8,15 @@ training, inference, the layer model and the search), :mod:`~jaxmodel.parallel.p
 parallelism sweeps).
 """
 
-from jaxmodel.parallel.inference_step import InferenceResult, inference
-from jaxmodel.parallel.train import TrainResult, train_step
+from jaxmodel.process import lazy_exports
+
+# name -> module. The package loads none of its modules itself: ``plan`` and ``pipeline`` rank
+# below ``workload`` (which imports them), ``train`` and ``inference_step`` above it, so the
+# entry points load on first access.
+_LAZY = {"train_step": "train", "TrainResult": "train",
+         "inference": "inference_step", "InferenceResult": "inference_step"}
 
 __all__ = ["train_step", "TrainResult", "inference", "InferenceResult"]
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

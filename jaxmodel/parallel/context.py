@@ -131,13 +131,13 @@ def cp_attention_time(system, attn_fwd, attn_bwd, kv_bytes, cp, tp=1.0, mode=RIN
     group = jnp.where(multi, c, 2.0)
     dev = system.device
     pair = jnp.maximum(_plan.cross_stride(system, tp * c), tp)
-    t_p2p, ok_p, _ = _comm.collective_cost.single(system, "p2p", kv_bytes, 2.0, "auto", pair,
+    t_p2p, ok_p, _ = _comm.collective_time.single(system, "p2p", kv_bytes, 2.0, "auto", pair,
                                                   net)
-    t_p2p2, _, _ = _comm.collective_cost.single(system, "p2p", 2.0 * kv_bytes, 2.0, "auto",
+    t_p2p2, _, _ = _comm.collective_time.single(system, "p2p", 2.0 * kv_bytes, 2.0, "auto",
                                                 pair, net)
-    t_ag, ok_g, _ = _comm.collective_cost.single(system, "all_gather", group * kv_bytes, group,
+    t_ag, ok_g, _ = _comm.collective_time.single(system, "all_gather", group * kv_bytes, group,
                                                  "auto", tp, net)
-    t_rs, _, _ = _comm.collective_cost.single(system, "reduce_scatter", group * kv_bytes,
+    t_rs, _, _ = _comm.collective_time.single(system, "reduce_scatter", group * kv_bytes,
                                               group, "auto", tp, net)
     share = ov.sm_share(dev, ov.DEFAULT_CHANNELS["cp"] if channels is None else channels)
     # ring: cp blocks, cp-1 exchanges each overlapped with one block

@@ -44,6 +44,7 @@ import numpy as np
 
 from jaxmodel import ops as _ops
 from jaxmodel.batching import bucket_width, map_blocks
+from jaxmodel.parallel.train import stage_times, sustained_device
 from jaxmodel.types import Device
 
 _FIELDS = ("m", "n", "k", "batch", "dtype_bytes", "sa_mac_per_cycle")
@@ -158,7 +159,6 @@ class GemmTable:
     def for_train_step(cls, system, model, par, global_batch, seq_len, **kwargs) -> "GemmTable":
         """Collect the GEMMs of a (batched, concrete) :func:`jaxmodel.train_step` call and time
         them on the sustained-clock device."""
-        from jaxmodel.parallel.train import stage_times, sustained_device
         # the GEMMs live in the per-layer stage times: record them on the distinct stage
         # inputs only (train_step's de-duplication), without composing the steps
         kw = {k: v for k, v in kwargs.items() if k in ("dtype_bytes", "clock_fraction",

@@ -23,7 +23,7 @@ Learning Models" (ASPLOS 2023, §2.2) make the same observation for tensor-paral
   operand (the reduced result goes straight to the next peer, counted there) = 3; all-reduce
   = reduce-scatter + all-gather phases of equal wire volume = 2.5; point-to-point and
   all-to-all = a read at the sender + a write at the receiver = 2.
-  Wire bytes per device (:func:`wire_bytes`) follow the ring algorithm: ``(g−1)/g · n`` for
+  Wire bytes per device (:func:`ring_send_bytes`) follow the ring algorithm: ``(g−1)/g · n`` for
   all-gather / reduce-scatter / all-to-all, ``2(g−1)/g · n`` for all-reduce, ``n`` for p2p.
 
 **Overlapped execution** (:func:`overlapped_time`). A compute phase of standalone time
@@ -109,7 +109,7 @@ _MIN_RATE = 1e-3          # compute never stops entirely (keeps every quotient f
 _MAX_SM_SHARE = 0.95
 
 
-def wire_bytes(op: str, nbytes, group_size):
+def ring_send_bytes(op: str, nbytes, group_size):
     """Bytes one device sends for a ring collective of buffer ``nbytes`` (NCCL's size
     convention, :mod:`jaxmodel.comm.collectives`) over ``group_size`` devices, bytes."""
     g = jnp.maximum(jnp.asarray(group_size, dtype=jnp.result_type(float)), 1.0)
@@ -120,14 +120,14 @@ def wire_bytes(op: str, nbytes, group_size):
         return 2.0 * frac * nbytes
     if op in ("p2p", "broadcast"):
         return 1.0 * nbytes
-    raise ValueError(f"wire_bytes: unknown op {op!r}; expected one of "
+    raise ValueError(f"ring_send_bytes: unknown op {op!r}; expected one of "
                      f"{sorted(HBM_BYTES_PER_WIRE_BYTE)}")
 
 
 def comm_hbm_bytes(op: str, nbytes, group_size):
-    """Main-memory bytes one device moves for a ring collective: ``wire_bytes ×``
+    """Main-memory bytes one device moves for a ring collective: ``ring_send_bytes ×``
     :data:`HBM_BYTES_PER_WIRE_BYTE` (module docstring), bytes."""
-    return HBM_BYTES_PER_WIRE_BYTE[op] * wire_bytes(op, nbytes, group_size)
+    return HBM_BYTES_PER_WIRE_BYTE[op] * ring_send_bytes(op, nbytes, group_size)
 
 
 def sm_share(dev, channels):
@@ -420,6 +420,6 @@ def te_tp_exposed(t_fwd, t_bwd, t_comm_fwd, t_comm_bwd, ag_hosts, rs_hosts, tp, 
 
 __all__ = ["overlapped_time", "pipelined_time", "bucketed_exposed", "te_tp_exposed",
            "tp_eligible", "tp_host_fractions", "chunked_dp_exposed",
-           "compute_rate", "sm_share", "wire_bytes", "comm_hbm_bytes", "mcore_buckets",
+           "compute_rate", "sm_share", "ring_send_bytes", "comm_hbm_bytes", "mcore_buckets",
            "HBM_BYTES_PER_WIRE_BYTE", "DEFAULT_CHANNELS", "TP_OVERLAP_CHUNKS", "TE_COMM_SMS",
            "TE_RING_SMS"]

@@ -5,7 +5,7 @@ stage_times`), :func:`jaxmodel.inference`, :func:`jaxmodel.layer_breakdown`, the
 enumeration of :func:`jaxmodel.search_parallelism` and the co-design objectives — reads the
 rules and the placement from here.
 
-**Rules** (:data:`RULES`): one list of :class:`Rule` ``(reason, scopes, ok, explain)``.
+**Rules** (:data:`RULES`): one list of :class:`PlanRule` ``(reason, scopes, ok, explain)``.
 ``ok(xp, p)`` is the condition on one configuration, written with the array module ``xp``
 (``numpy`` or ``jax.numpy``), so the same rule serves
 
@@ -50,7 +50,7 @@ at ``tp·cp``, DP at ``tp·cp·pp``. Gradients and ZeRO shards span the combined
 group (:attr:`Placement.dp_cp`), placed as Megatron builds its data-parallel groups: at
 stride ``tp``, directly outside TP·CP (:class:`Placement`).
 
-Helpers :func:`is_integer` and :func:`divides` are the ``xp``-generic versions of the
+Helpers :func:`xp_is_integer` and :func:`xp_divides` are the ``xp``-generic versions of the
 :mod:`jaxmodel.numerics` ones (those are jnp-only).
 
 Units: devices, counts; seconds and bytes where a rule reads a time or a size.
@@ -64,7 +64,10 @@ from typing import Any, Callable, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
+from jaxmodel import ops as _ops
+from jaxmodel.batching import call_batched
 from jaxmodel.parallel.pipeline import INTERLEAVED
 
 TRAIN, INFER, LAYER = "train", "infer", "layer"
@@ -74,23 +77,23 @@ SCOPES = (TRAIN, INFER, LAYER)
 # --------------------------------------------------------------------------------------------
 # xp-generic helpers (numpy and jax.numpy alike)
 # --------------------------------------------------------------------------------------------
-def is_integer(xp, x, tol=1e-6):
+def xp_is_integer(xp, x, tol=1e-6):
     """True where ``x`` is (numerically) an integer."""
     return xp.abs(x - xp.round(x)) <= tol * xp.maximum(1.0, xp.abs(x))
 
 
-def divides(xp, a, b):
+def xp_divides(xp, a, b):
     """True where ``a > 0`` divides ``b`` (both integers); finite for any ``a``."""
     pos = a > 0
-    return pos & is_integer(xp, b / xp.where(pos, a, 1.0))
+    return pos & xp_is_integer(xp, b / xp.where(pos, a, 1.0))
 
 
 def _int_ge1(xp, x):
-    return (x >= 1) & is_integer(xp, x)
+    return (x >= 1) & xp_is_integer(xp, x)
 
 
 def _code(xp, x, hi):
-    return (x >= 0) & (x <= hi) & is_integer(xp, x)
+    return (x >= 0) & (x <= hi) & xp_is_integer(xp, x)
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,7 +174,7 @@ def _n_plan_devices(p: PlanInputs):
 # The rules
 # --------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
-class Rule:
+class PlanRule:
     """One rule of a plan: ``ok(xp, p)`` must hold, else ``reason`` (``numerics.REASONS``).
 
     ``explain(v)`` gives the message of the ``ValueError`` for concrete values ``v`` (a dict
@@ -219,8 +222,8 @@ def _execution_ok(xp, p):
 
 def _heads_ok(xp, p):
     t = xp.maximum(p.tp, 1.0)
-    return divides(xp, t, p.n_heads) & (divides(xp, t, p.n_kv_heads)
-                                        | divides(xp, p.n_kv_heads, t))
+    return xp_divides(xp, t, p.n_heads) & (xp_divides(xp, t, p.n_kv_heads)
+                                        | xp_divides(xp, p.n_kv_heads, t))
 
 
 def cp_sequence_ok(xp, seq_len, cp, tp=1.0, sp=0.0):
@@ -229,8 +232,8 @@ def cp_sequence_ok(xp, seq_len, cp, tp=1.0, sp=0.0):
     chunks ``r`` and ``2cp−1−r``), and under sequence parallelism ``tp`` divides each rank's
     ``s/cp`` tokens."""
     c = xp.maximum(cp, 1.0)
-    seq_ok = (c < 1.5) | divides(xp, 2.0 * c, seq_len)
-    return seq_ok & ((sp < 0.5) | divides(xp, xp.maximum(tp, 1.0), seq_len / c))
+    seq_ok = (c < 1.5) | xp_divides(xp, 2.0 * c, seq_len)
+    return seq_ok & ((sp < 0.5) | xp_divides(xp, xp.maximum(tp, 1.0), seq_len / c))
 
 
 def layers_ok(xp, p):
@@ -252,8 +255,8 @@ def layers_ok(xp, p):
     those of equal chunks."""
     pp = xp.maximum(p.pp, 1.0)
     v = xp.maximum(p.interleave_eff, 1.0)
-    slots_ok = (divides(xp, pp * v, p.n_layers) | divides(xp, pp * v, p.n_layers + 1.0)
-                | divides(xp, pp * v, p.n_layers + 2.0))
+    slots_ok = (xp_divides(xp, pp * v, p.n_layers) | xp_divides(xp, pp * v, p.n_layers + 1.0)
+                | xp_divides(xp, pp * v, p.n_layers + 2.0))
     return (pp <= p.n_layers + 1e-6) & ((v < 1.5) | slots_ok)
 
 
@@ -286,50 +289,50 @@ def _explain_workload(v, names):
             f"(seq_len > 0 in training) and dtype_bytes={_g(v['dtype_bytes'])} > 0")
 
 
-RULES: tuple[Rule, ...] = (
-    Rule("invalid_model", SCOPES, _model_ok,
+RULES: tuple[PlanRule, ...] = (
+    PlanRule("invalid_model", SCOPES, _model_ok,
          lambda v: "model dimensions must be > 0: " + _bad(_MODEL, v)),
-    Rule("invalid_workload", (TRAIN,), _train_workload_ok,
+    PlanRule("invalid_workload", (TRAIN,), _train_workload_ok,
          lambda v: _explain_workload(v, ("global_batch", "seq_len"))),
-    Rule("invalid_workload", (INFER,), _infer_workload_ok,
+    PlanRule("invalid_workload", (INFER,), _infer_workload_ok,
          lambda v: _explain_workload(v, ("batch", "prompt_len", "gen_len"))),
-    Rule("invalid_parallelism", SCOPES, _degrees_ok, _explain_degrees),
-    Rule("invalid_parallelism", (TRAIN,), _execution_ok, _explain_execution),
-    Rule("devices_mismatch", (TRAIN, INFER),
+    PlanRule("invalid_parallelism", SCOPES, _degrees_ok, _explain_degrees),
+    PlanRule("invalid_parallelism", (TRAIN,), _execution_ok, _explain_execution),
+    PlanRule("devices_mismatch", (TRAIN, INFER),
          lambda xp, p: xp.abs(_n_plan_devices(p) - p.n_devices) < 0.5,
          lambda v: (f"dp·tp·pp·cp = {_g(v['dp'])}·{_g(v['tp'])}·{_g(v['pp'])}·"
                     f"{_g(v['cp'])} = "
                     f"{_g(v['dp'] * v['tp'] * v['pp'] * v['cp'])} does not match the system's "
                     f"{_g(v['n_devices'])} devices")),
-    Rule("heads_not_divisible", SCOPES, _heads_ok,
+    PlanRule("heads_not_divisible", SCOPES, _heads_ok,
          lambda v: (f"tp={_g(v['tp'])} must divide n_heads={_g(v['n_heads'])} (and n_kv_heads="
                     f"{_g(v['n_kv_heads'])} must divide or be divisible by tp)")),
-    Rule("layers_not_divisible", (TRAIN, INFER), layers_ok,
+    PlanRule("layers_not_divisible", (TRAIN, INFER), layers_ok,
          lambda v: (f"n_layers={_g(v['n_layers'])} must be at least pp={_g(v['pp'])} (stages "
                     f"may hold unequal layers) and, with interleave={_g(v['v'])} > 1, n_layers "
                     f"+ 0, 1 or 2 (the embedding and loss as pipeline slots) divisible by "
                     f"pp·interleave = {_g(v['pp'] * v['v'])}")),
-    Rule("batch_not_divisible", (TRAIN, INFER),
-         lambda xp, p: (p.m >= 1) & is_integer(xp, p.m),
+    PlanRule("batch_not_divisible", (TRAIN, INFER),
+         lambda xp, p: (p.m >= 1) & xp_is_integer(xp, p.m),
          lambda v: (f"{v['batch_name']}={_g(v['batch'])} is not a multiple of "
                     f"{v['split_name']} = {v['split']}")),
-    Rule("batch_not_divisible", (TRAIN,),
+    PlanRule("batch_not_divisible", (TRAIN,),
          lambda xp, p: ((p.schedule != INTERLEAVED) | (p.pp < 1.5)
-                        | divides(xp, xp.maximum(p.pp, 1.0), p.m)),
+                        | xp_divides(xp, xp.maximum(p.pp, 1.0), p.m)),
          lambda v: (f"the interleaved schedule needs the micro-batch count m = {_g(v['m'])} "
                     f"to be a multiple of pp = {_g(v['pp'])} (Megatron-LM)")),
-    Rule("invalid_parallelism", (INFER,), lambda xp, p: p.cp < 1.5,
+    PlanRule("invalid_parallelism", (INFER,), lambda xp, p: p.cp < 1.5,
          lambda v: f"cp={_g(v['cp'])}: context parallelism is modelled in training only"),
-    Rule("sequence_not_divisible", (TRAIN, INFER),
+    PlanRule("sequence_not_divisible", (TRAIN, INFER),
          lambda xp, p: cp_sequence_ok(xp, p.seq_len, p.cp, p.tp, p.sp),
          lambda v: (f"{v['seq_name']}={_g(v['seq_len'])} must split into 2·cp = "
                     f"{_g(2 * v['cp'])} chunks (cp > 1) and, with sequence parallelism, "
                     f"tp={_g(v['tp'])} must divide its s/cp tokens")),
-    Rule("experts_not_divisible", SCOPES,
-         lambda xp, p: (divides(xp, xp.maximum(p.ep, 1.0), p.n_experts)
-                        & (divides(xp, xp.maximum(p.ep, 1.0), xp.maximum(p.dp, 1.0))
-                           | (divides(xp, xp.maximum(p.dp, 1.0), xp.maximum(p.ep, 1.0))
-                              & divides(xp, xp.maximum(p.ep, 1.0) / xp.maximum(p.dp, 1.0),
+    PlanRule("experts_not_divisible", SCOPES,
+         lambda xp, p: (xp_divides(xp, xp.maximum(p.ep, 1.0), p.n_experts)
+                        & (xp_divides(xp, xp.maximum(p.ep, 1.0), xp.maximum(p.dp, 1.0))
+                           | (xp_divides(xp, xp.maximum(p.dp, 1.0), xp.maximum(p.ep, 1.0))
+                              & xp_divides(xp, xp.maximum(p.ep, 1.0) / xp.maximum(p.dp, 1.0),
                                         xp.maximum(p.tp, 1.0))))),
          lambda v: (f"ep={_g(v['ep'])} must divide n_experts={_g(v['n_experts'])} and either "
                     f"divide dp={_g(v['dp'])} or be dp times a divisor of tp={_g(v['tp'])} "
@@ -356,7 +359,7 @@ def _derive(xp, p: PlanInputs, scope: str) -> _Derived:
     return _Derived(p, interleave_of(xp, p, scope), m)
 
 
-def rules_for(scope: str) -> tuple[Rule, ...]:
+def rules_for(scope: str) -> tuple[PlanRule, ...]:
     """The rules of one scope, in order (the first failing one names the reason)."""
     if scope not in SCOPES:
         raise ValueError(f"plan scope {scope!r} is not one of {SCOPES}")
@@ -433,7 +436,7 @@ def cross_stride(system, span):
 
     With ids counted innermost tier first, ``span`` consecutive devices cross tier k when
     ``span`` exceeds the devices inside one tier-k element. The returned stride (devices per
-    element of that tier's inner block) makes :func:`jaxmodel.comm.collective_cost` place
+    element of that tier's inner block) makes :func:`jaxmodel.comm.collective_time` place
     the pair across exactly that tier. 1 when ``span`` fits the innermost tier.
     """
     stride = jnp.asarray(1.0)
@@ -507,7 +510,6 @@ def system_checks(scope: str, system, par, p_ok=True, placed=GROUPS, word=None,
     ``placed``: the groups whose placement is checked here (a caller that evaluates a
     group's collectives anyway may check that collective's own verdict instead).
     """
-    from jaxmodel import ops as _ops
     dev = system.device
     ok, why = _ops.ops_feasible.single(dev)
     dev_ok = (ok | (why != nx.reason_code("invalid_device"))) & (
@@ -529,11 +531,10 @@ def network_checks(scope: str, system, par, p_ok=True, placed=GROUPS) -> list:
       a finite positive size, bandwidth, efficiency and packet format and finite
       non-negative latencies (the collective model reads all tiers);
     - ``topology_mismatch``: every group the plan communicates over tiles the tiers
-      (:func:`jaxmodel.comm.placement`).
+      (:func:`jaxmodel.comm.group_tiers`).
 
     ``p_ok`` and ``placed`` as in :func:`system_checks`.
     """
-    from jaxmodel import comm as _comm
     par = sanitised(par, p_ok)
     pl_ = placement(system, par)
     talks = jnp.asarray(False)
@@ -541,15 +542,15 @@ def network_checks(scope: str, system, par, p_ok=True, placed=GROUPS) -> list:
         talks = talks | used
     groups = _used_groups(scope, pl_, placed)
     # the collective model needs every tier usable once a group communicates
-    # (:func:`jaxmodel.comm.collective_cost`); a plan without communication needs none
+    # (:func:`jaxmodel.comm.collective_time`); a plan without communication needs none
     net_ok = jnp.asarray(True)
     for lvl in system.levels:
         net_ok = net_ok & _level_ok(lvl)
     net_ok = net_ok | ~talks
     topo_ok = jnp.asarray(True)
     for g, used in groups:
-        _, _, fits = _comm.placement(system, jnp.where(used, g.size, 1.0),
-                                     jnp.where(used, g.stride, 1.0))
+        _, _, fits = _comm.group_tiers(system, jnp.where(used, g.size, 1.0),
+                                       jnp.where(used, g.stride, 1.0))
         topo_ok = topo_ok & (~used | fits)
     return [(net_ok, "invalid_network"), (topo_ok, "topology_mismatch")]
 
@@ -628,7 +629,6 @@ def raise_if_invalid(where: str, scope: str, p: PlanInputs, system=None, par=Non
         return
     # one jitted (export-cached) call rather than a few hundred eager operations; the
     # device rules are not raised here (the loaders validate devices, hw_db)
-    from jaxmodel.batching import call_batched
     verdicts = call_batched(_network_verdicts, scope, system, par)
     for ok, reason in zip(verdicts, ("invalid_network", "topology_mismatch")):
         if not bool(ok):

@@ -5,7 +5,7 @@ recompute).
 
 The step is built from per-layer times (:func:`jaxmodel.workload.layer.
 training_layer_times`, :func:`~jaxmodel.workload.layer.embedding_times`), the collectives
-(:func:`jaxmodel.comm.collective_cost`) and the elementwise kernel (optimizer), composed as
+(:func:`jaxmodel.comm.collective_time`) and the elementwise kernel (optimizer), composed as
 Megatron-LM executes them (Narayanan et al., SC'21, "PTD-P"; Korthikanti et al., MLSys 2023):
 
 **Plan rules and placement** (:mod:`jaxmodel.parallel.plan`, PTD-P §3.2 "Takeaway #1/#2"):
@@ -244,7 +244,7 @@ def _collectives(system: System, op: str, calls, net: _comm.NetVariant = _comm.A
     f = jnp.result_type(float)
     cols = [jnp.stack([jnp.asarray(c[i], dtype=f) for c in calls]) for i in range(3)]
     t, ok, why = jax.vmap(
-        lambda n, g, s: _comm.collective_cost.single(system, op, n, g, "auto", s, net))(*cols)
+        lambda n, g, s: _comm.collective_time.single(system, op, n, g, "auto", s, net))(*cols)
     return tuple(t[i] for i in range(len(calls))), ok, why
 
 

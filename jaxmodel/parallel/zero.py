@@ -103,7 +103,7 @@ def _collective(system, op, nbytes, group, stride, net):
     """``(seconds, feasible)`` of one collective over ``group`` devices (0 for a group of
     1; double-where: the model never sees a group of 1)."""
     multi = group > 1.5
-    t, ok, _ = _comm.collective_cost.single(system, op, nbytes, jnp.where(multi, group, 2.0),
+    t, ok, _ = _comm.collective_time.single(system, op, nbytes, jnp.where(multi, group, 2.0),
                                             "auto", stride, net)
     return jnp.where(multi, jnp.where(ok, t, 0.0), 0.0), ~multi | ok
 
@@ -133,8 +133,8 @@ def ring_efficiency_of(system, group, stride=1.0, efficiency=None):
     anchor constrains rings inside a node). Dimensionless."""
     f = jnp.result_type(float)
     eff = FLAT_RING_EFFICIENCY if efficiency is None else efficiency
-    members, _, _ = _comm.placement(system, jnp.maximum(jnp.asarray(group, dtype=f), 1.0),
-                                    stride)
+    members, _, _ = _comm.group_tiers(system, jnp.maximum(jnp.asarray(group, dtype=f), 1.0),
+                                      stride)
     crosses = jnp.asarray(False)
     for k, lvl in enumerate(system.levels):
         crosses = crosses | ((members[k] > 1.5) & (lvl.nccl_link > 1.5))
@@ -212,7 +212,7 @@ def per_tensor_collectives(system, op, tensor_elements, group, stride=1.0, elem_
     """Seconds of DeepSpeed's per-tensor ``op`` (``"all_gather"`` or ``"reduce_scatter"``)
     over ``group`` ranks ``stride`` devices apart for tensors of ``tensor_elements``
     elements (``counts`` of each, default 1) in ``elem_bytes`` bytes: :func:`per_tensor_time`
-    of the NCCL time of each call (:func:`jaxmodel.comm.collective_cost`, or ``nccl_times``
+    of the NCCL time of each call (:func:`jaxmodel.comm.collective_time`, or ``nccl_times``
     when the caller has them), where an all-gather skips the tensors below
     :data:`PERSISTENCE_THRESHOLD` (they stay gathered; their gradients are still
     reduce-scattered).
@@ -289,7 +289,7 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
 
     Args:
         system: the :class:`~jaxmodel.types.System` (collectives via
-            :func:`jaxmodel.comm.collective_cost`).
+            :func:`jaxmodel.comm.collective_time`).
         n_params: parameters sharded by ZeRO-3 (per pipeline stage / TP rank when combined
             with model parallelism).
         n_units: FSDP units (wrapped modules) they are split into, uniform.

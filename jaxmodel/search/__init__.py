@@ -8,7 +8,7 @@ Modules: :mod:`~jaxmodel.search.grid` (spec parsing, index arithmetic),
 :mod:`~jaxmodel.search.objectives` (hardware knobs and co-design objectives).
 """
 
-import importlib
+from jaxmodel.process import lazy_exports
 
 # name -> module; modules are imported on first access (pandas and optax load with them)
 _LAZY = {"sweep": "explore", "save": "explore", "codesign": "optimize",
@@ -19,13 +19,4 @@ __all__: list[str] = ["sweep", "save", "codesign", "CodesignResult", "search_par
                       "enumerate_plans", "search_serving"]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"jaxmodel.search.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'jaxmodel.search' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -49,7 +49,7 @@ import numpy as np
 
 from jaxmodel import distributed
 from jaxmodel.batching import DEFAULT_CHUNK, device_mesh, is_static, map_blocks, map_points
-from jaxmodel.search.grid import Grid, leaf_names, resolve
+from jaxmodel.search.grid import Grid, knob_positions, leaf_names
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -165,7 +165,7 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
             static.append(None)
             positions.append(i)
             dynamic.append(jnp.asarray(leaf, dtype=dtype))
-    knob_pos = resolve(g, lookup, static_pos)
+    knob_pos = knob_positions(g, lookup, static_pos)
 
     shapes = [x.shape for x in dynamic]
     bshape = tuple(np.broadcast_shapes(*shapes)) if shapes else ()

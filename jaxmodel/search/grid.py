@@ -248,7 +248,7 @@ def leaf_names(fn: Callable, args: tuple, kwargs: Mapping) -> tuple[dict, list[s
     return lookup, display
 
 
-def resolve(grid: Grid, lookup: Mapping, static_positions: set) -> tuple:
+def knob_positions(grid: Grid, lookup: Mapping, static_positions: set) -> tuple:
     """Leaf position of each grid knob; ``ValueError`` naming an unknown/ambiguous knob."""
     out = []
     known = sorted(k for k, v in lookup.items() if v is not None)

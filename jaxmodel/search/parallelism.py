@@ -381,7 +381,7 @@ def search_parallelism(system: System, model: Model, n_devices: int, global_batc
     if precisions is not None:
         kw["precision"] = jax.tree_util.tree_map(
             lambda x: jnp.asarray(np.asarray(x), f).reshape(1, -1, 1),
-            _precision.stack(precisions))
+            _precision.stack_precisions(precisions))
     # the columns of the table, plans × options with the options varying fastest
     if reps > 1:
         plans = {k: np.repeat(v, reps) for k, v in plans.items()}

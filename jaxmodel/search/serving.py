@@ -246,9 +246,9 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
     par = Parallelism(dp=jnp.asarray(n / (kt[:, 0] * kt[:, 1]), f), tp=jnp.asarray(kt[:, 0], f),
                       pp=jnp.asarray(kt[:, 1], f))
     prec_b = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[kt[:, 2].astype(int)],
-                                                          f), _precision.stack(precs))
+                                                          f), _precision.stack_precisions(precs))
     rt_b = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[kt[:, 3].astype(int)], f),
-                                  _rtp.stack(rts))
+                                  _rtp.stack_runtimes(rts))
     # ---- configurations ------------------------------------------------------------------
     index = {key: k for k, key in enumerate(keys)}
     mb = np.asarray(max_batch, dtype=float)

@@ -46,9 +46,11 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from jaxmodel.parallel.pipeline import stage_layers
 from jaxmodel.types import Array, Model, Parallelism, _register
 from jaxmodel.workload import params as _params
 from jaxmodel.workload.ffn import Gemm, _elementwise
+from jaxmodel.workload.layer import evaluate
 from jaxmodel import precisions as _prec
 
 #: Adaptable modules: the attention projections and the FFN matrices (HF PEFT names
@@ -189,7 +191,6 @@ def adapter_params_per_device(model: Model, par: Parallelism, cfg: LoRA):
     ``r·(d_in' + d_out')`` with the TP split of the module docstring, summed over one average
     layer and the ``⌈L/p⌉`` layers of the most loaded stage (routed experts' adapters split
     over ``ep`` like the experts)."""
-    from jaxmodel.parallel.pipeline import stage_layers
     tp = jnp.maximum(par.tp, 1.0)
     ep = jnp.maximum(par.ep, 1.0)
     total = 0.0
@@ -204,7 +205,6 @@ def adapter_times(dev, model: Model, par: Parallelism, tokens, cfg: LoRA, gemm, 
     module ``[T, d_in']×[d_in', r]`` and ``[T, r]×[r, d_out']`` forward, their input and
     weight gradients backward (timed by the tile search, in the 16-bit dtype of the
     precision's attention, as the adapters are kept in 16 bit)."""
-    from jaxmodel.workload.layer import evaluate
     tp = jnp.maximum(par.tp, 1.0)
     rows = {}
     for i, (m, a, b, _, _, visits) in enumerate(_layer_modules(model, cfg)):
@@ -224,7 +224,6 @@ def frozen_wgrad_times(dev, gemm_rows, gemm, prec):
     """Time of the weight-gradient GEMMs ``dW = Xᵀ·dY`` (``[k, m]×[m, n]``) of a layer's
     weight GEMMs (``batch`` None; the attention products have no weights), s — the part of
     the layer's backward a frozen base skips."""
-    from jaxmodel.workload.layer import evaluate
     rows = {row: [(Gemm(g.k, g.n, g.m), c) for g, c in items if g.batch is None]
             for row, items in gemm_rows.items()}
     rows = {r: v for r, v in rows.items() if v}

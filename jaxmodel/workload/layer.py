@@ -69,7 +69,8 @@ from jaxmodel import batching as _batching
 from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
 from jaxmodel import serving_runtime as _rtp
-from jaxmodel.batching import batched
+from jaxmodel.batching import batch_shape, batched
+from jaxmodel.parallel import plan as _plan
 from jaxmodel.ops import attention as _attention
 from jaxmodel.ops import gemm as _gemm_ops
 from jaxmodel.workload import moe as _moe
@@ -177,7 +178,6 @@ def layer_checks(model: Model, par: Parallelism):
     divided over (or replicated across) ``t`` (Megatron GQA), and ``ep`` dividing the experts
     and ``dp``.
     """
-    from jaxmodel.parallel import plan as _plan      # the plan module imports no workload
     return _plan.structure_checks(_plan.LAYER, _plan.inputs(model, par))
 
 
@@ -805,7 +805,6 @@ def _raise_if_cp(par):
     parallelism is a training dimension (:func:`jaxmodel.parallel.context.cp_layer_times`)."""
     import numpy as np
 
-    from jaxmodel.types import is_concrete
     if is_concrete(par) and bool(np.any(np.asarray(par.cp) > 1.5)):
         raise ValueError(f"layer_breakdown: cp={par.cp}: context parallelism is modelled in "
                          "training only (train_step; jaxmodel.parallel.context."
@@ -814,9 +813,6 @@ def _raise_if_cp(par):
 
 def _raise_if_invalid(model, par):
     """Raise ``ValueError`` for an inconsistent *concrete, unbatched* plan (API edge)."""
-    from jaxmodel.batching import batch_shape
-    from jaxmodel.parallel import plan as _plan
-    from jaxmodel.types import is_concrete
     if not is_concrete(model, par) or batch_shape(model, par) != ():
         return
     with jax.ensure_compile_time_eval():      # concrete even inside an outer jax.jit

@@ -31,6 +31,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jaxmodel.batching import batched
+from jaxmodel.parallel.pipeline import stage_layers
 from jaxmodel.types import Model, Parallelism
 from jaxmodel.workload import moe as _moe
 from jaxmodel.workload.moe import moe_activation_bytes
@@ -133,7 +134,6 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
     Returns:
         dict with ``weights``, ``gradients``, ``optimizer``, ``activations``, ``total``.
     """
-    from jaxmodel.parallel.pipeline import stage_layers
     prec = _prec.precision(precision)
     grad_bytes = prec.grad_bytes if grad_bytes is None else grad_bytes
     dp = jnp.maximum(par.dp, 1.0)
@@ -213,7 +213,6 @@ def cached_tokens_per_layer(model: Model, seq_len):
 
 def kv_cache_bytes_single(model: Model, par: Parallelism, batch, seq_len, dtype_bytes=2.0):
     """Single-configuration body of :func:`kv_cache_bytes`."""
-    from jaxmodel.parallel.pipeline import stage_layers
     layers = stage_layers(model.n_layers, par.pp)[1]      # the most loaded stage, ⌈L/p⌉
     return (batch * cached_tokens_per_layer(model, seq_len) * kv_elements_per_token(model, par)
             * dtype_bytes * layers)

@@ -71,6 +71,8 @@ from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
 from jaxmodel.batching import batched
+from jaxmodel.parallel import plan as _plan
+from jaxmodel.parallel.pipeline import stage_layers
 from jaxmodel.types import Model, Parallelism, System
 from jaxmodel.workload import ffn as _ffn
 from jaxmodel.workload.params import expert_params, expert_tp, n_moe_layers
@@ -160,7 +162,6 @@ def moe_feasibility(model: Model, par: Parallelism):
         >>> jm.reason_name(why)                                # 'experts_not_divisible'
         'experts_not_divisible'
     """
-    from jaxmodel.parallel import plan as _plan      # the plan module imports no workload
     return nx.first_reason([c for c in _plan.structure_checks(_plan.LAYER, _plan.inputs(
         model, par)) if c[1] == "experts_not_divisible"])
 
@@ -311,7 +312,6 @@ def stage_moe_layers(model: Model, par: Parallelism):
     """MoE layers on the first, the most loaded and the last pipeline stage: the stage's
     layers (:func:`jaxmodel.parallel.pipeline.stage_layers`) times the model-wide MoE share
     (counts; ``n_moe/pp`` each when ``pp`` divides the layers)."""
-    from jaxmodel.parallel.pipeline import stage_layers
     share = n_moe_layers(model) / jnp.maximum(model.n_layers, 1.0)
     return tuple(share * x for x in stage_layers(model.n_layers, par.pp))
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jaxmodel.batching import batched
+from jaxmodel.parallel.pipeline import stage_layers
 from jaxmodel.types import Model, Parallelism
 
 
@@ -185,7 +186,6 @@ def stage_params(model: Model, par: Parallelism, mtp: bool = True):
     are split over ``tp`` like a dense FFN, routed ones over ``ep·etp`` (:func:`expert_tp`). ZeRO sharding over
     ``dp`` is applied in :mod:`jaxmodel.workload.memory`, not here.
     """
-    from jaxmodel.parallel.pipeline import stage_layers
     tp, pp, ep = _sanitised_degrees(par)
     etp = expert_tp(par)[0]
     n_moe = n_moe_layers(model)

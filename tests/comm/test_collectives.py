@@ -132,15 +132,15 @@ def test_node_uplink_is_shared():
 
 def test_placement():
     sys4 = hw_db.system("dgx_a100", nodes=4)
-    m, sp, ok = topo.placement(sys4, 16.0, 1.0)
+    m, sp, ok = topo.group_tiers(sys4, 16.0, 1.0)
     assert [float(x) for x in m] == [8, 2] and bool(ok)
-    m, sp, ok = topo.placement(sys4, 4.0, 8.0)
+    m, sp, ok = topo.group_tiers(sys4, 4.0, 8.0)
     assert [float(x) for x in m] == [1, 4] and bool(ok)
-    m, sp, ok = topo.placement(sys4, 4.0, 2.0)
+    m, sp, ok = topo.group_tiers(sys4, 4.0, 2.0)
     assert [float(x) for x in m] == [4, 1] and float(sp[0]) == 2 and bool(ok)
-    assert not bool(topo.placement(sys4, 12.0, 1.0)[2])     # 8 + 4 does not tile
-    assert not bool(topo.placement(sys4, 64.0, 1.0)[2])     # larger than the system
-    assert not bool(topo.placement(sys4, 4.0, 3.0)[2])      # stride does not tile a node
+    assert not bool(topo.group_tiers(sys4, 12.0, 1.0)[2])     # 8 + 4 does not tile
+    assert not bool(topo.group_tiers(sys4, 64.0, 1.0)[2])     # larger than the system
+    assert not bool(topo.group_tiers(sys4, 4.0, 3.0)[2])      # stride does not tile a node
 
 
 # ------------------------------------------------------------------ ranking (Guo et al. §V-C)
@@ -163,7 +163,7 @@ def test_batch_mixing_topologies_and_algorithms_no_nan():
     lvl = jm.NetLevel(size=16.0, topology=topo_codes, bw_per_device=200e9, link_latency=1e-6,
                       in_network_reduction=1.0, chunk_latency=1e-6)
     for op in ("all_reduce", "all_to_all"):
-        t, ok, why = jm.collective_cost(system(lvl), op, 2.0**22, 16.0, algorithm=alg_codes)
+        t, ok, why = jm.collective_time(system(lvl), op, 2.0**22, 16.0, algorithm=alg_codes)
         t, ok = np.asarray(t), np.asarray(ok)
         assert t.shape == (40,) and not np.any(np.isnan(t))
         assert np.all(np.isfinite(t[ok])) and np.all(np.isinf(t[~ok]))
@@ -230,13 +230,13 @@ def test_infeasible_concrete_raises_and_batch_gives_inf():
         jm.collective_latency(hw_db.system("hgx_a100_4gpu"), "allreduce", 1e6, 4)
     with pytest.raises(ValueError, match="algorithm="):
         jm.collective_latency(hw_db.system("hgx_a100_4gpu"), "all_reduce", 1e6, 4, "magic")
-    t, ok, why = jm.collective_cost(hw_db.system("hgx_a100_4gpu"), "all_reduce", 1e6,
+    t, ok, why = jm.collective_time(hw_db.system("hgx_a100_4gpu"), "all_reduce", 1e6,
                                     jnp.array([1.0, 2.0, 3.0, 4.0, 5.0, 2.5]))
     assert np.asarray(ok).tolist() == [True, True, True, True, False, False]
     assert np.asarray(t)[0] == 0.0 and np.all(np.isinf(np.asarray(t)[4:]))
     assert {jm.reason_name(r) for r in np.asarray(why)[4:]} == {"topology_mismatch"}
     bad = system(level("switch", 8, bw_per_device=jnp.array([100e9, 0.0])))
-    t, ok, why = jm.collective_cost(bad, "all_reduce", 1e6, 8.0)
+    t, ok, why = jm.collective_time(bad, "all_reduce", 1e6, 8.0)
     assert np.asarray(ok).tolist() == [True, False] and float(t[1]) == math.inf
     assert jm.reason_name(why[1]) == "invalid_network"
 

@@ -18,13 +18,13 @@ def dev():
 
 def test_wire_and_hbm_bytes_hand_values():
     # ring all-gather over 4 of 1 GB: each device sends 3/4 GB; 2 HBM bytes per wire byte
-    assert float(ov.wire_bytes("all_gather", 1e9, 4.0)) == pytest.approx(0.75e9)
-    assert float(ov.wire_bytes("all_reduce", 1e9, 4.0)) == pytest.approx(1.5e9)
-    assert float(ov.wire_bytes("p2p", 1e9, 2.0)) == pytest.approx(1e9)
+    assert float(ov.ring_send_bytes("all_gather", 1e9, 4.0)) == pytest.approx(0.75e9)
+    assert float(ov.ring_send_bytes("all_reduce", 1e9, 4.0)) == pytest.approx(1.5e9)
+    assert float(ov.ring_send_bytes("p2p", 1e9, 2.0)) == pytest.approx(1e9)
     assert float(ov.comm_hbm_bytes("all_gather", 1e9, 4.0)) == pytest.approx(1.5e9)
     assert float(ov.comm_hbm_bytes("reduce_scatter", 1e9, 4.0)) == pytest.approx(2.25e9)
     with pytest.raises(ValueError, match="unknown op"):
-        ov.wire_bytes("gossip", 1.0, 2.0)
+        ov.ring_send_bytes("gossip", 1.0, 2.0)
 
 
 def test_sm_share(dev):

@@ -129,7 +129,7 @@ def test_search_rows_match_a_flat_evaluation():
     par = jm.Parallelism(**{f: (np.asarray([names[f].index(x) for x in df[f]], float)
                                 if f in names else df[f].to_numpy()) for f in PAR_FIELDS})
     from jaxmodel import precisions as presets
-    prec = presets.stack([presets.precision(p) for p in ("bf16", "fp16")])
+    prec = presets.stack_precisions([presets.precision(p) for p in ("bf16", "fp16")])
     rows = df["precision"].map(idx).to_numpy()
     prec = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[rows]), prec)
     ref = jm.train_step(system, model, par, 8.0, 256.0, precision=prec,
