@@ -67,7 +67,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ACTIVATIONS", "ALGORITHMS", "ALGORITHM_CODES", "ATTENTIONS", "AUTO_ALGORITHM", "ChipletCost",
     "ChipletSystem", "CodesignResult", "DTYPES", "Device", "DeviceCost", "FA_VERSIONS",
-    "InferenceResult", "LAYER_OPS", "LinkTech", "LoRA", "MOE_OPS", "Model", "NetLevel",
+    "InferenceResult", "LAYER_OPS", "LaunchConfig", "LinkTech", "LoRA", "MOE_OPS", "Model", "NetLevel",
     "NetVariant", "OPS", "OfflineResult", "PRESETS", "Parallelism", "Precision", "REASONS",
     "RECIPES", "RECOMPUTE", "RUNTIMES", "Recipe", "Runtime", "SCHEDULES", "SRAMTech",
     "ServingCosts", "ServingResult", "System", "SystemCost", "TCO", "TOPOLOGIES", "TrainResult",
@@ -76,7 +76,7 @@ __all__ = [
     "collective_feasible", "collective_latency", "collective_time", "continuous_batching",
     "device_cost", "die_area", "die_cost", "dies_per_wafer", "dies_per_wafer_grid",
     "dies_per_wafer_smooth", "dies_per_wafer_ttm", "disaggregated", "dvfs", "elementwise_latency",
-    "embedding_latency", "embedding_times", "enumerate_plans", "expert_capacity",
+    "embedding_latency", "embedding_times", "enumerate_plans", "export_plan", "expert_capacity",
     "expert_params_per_device", "flash_attention_latency", "flash_attention_rows",
     "flash_attention_tiles", "gelu_latency", "gemm_latency", "gemm_roofline", "inference",
     "inference_memory", "kv_cache_bytes", "layer_breakdown", "layernorm_latency",

@@ -49,6 +49,12 @@ from jaxmodel.types import ACTIVATIONS, FA_VERSIONS, Model, Parallelism, RECOMPU
 from jaxmodel.types import ZERO3_IMPLS
 from jaxmodel.types import validate_parallelism
 from jaxmodel.precisions import PRESETS as _PRECISIONS
+from jaxmodel.parallel import plan as _plan
+from jaxmodel.parallel.pipeline import stage_layers
+from jaxmodel.parallel.train import train_step
+from jaxmodel.recipes import recipe as _recipe
+from jaxmodel.serving_runtime import scheduler_defaults
+from jaxmodel.workload.params import expert_tp
 
 
 # --------------------------------------------------------------------------------------------
@@ -341,7 +347,6 @@ def _float_plan(par: Parallelism) -> Parallelism:
 
 def _train_defaults() -> dict:
     """The recipe knobs' defaults, read off :func:`jaxmodel.train_step`'s signature."""
-    from jaxmodel.parallel.train import train_step
     params = inspect.signature(train_step).parameters
     return {k: params[k].default for k in ("dp_overlap", "tp_overlap", "precision")}
 
@@ -367,8 +372,6 @@ def train_plan(par: Parallelism, model: Model, global_batch, seq_len, *, precisi
     must pass the model's own rules (:func:`jaxmodel.parallel.plan.raise_if_invalid`).
     ``system`` (optional) gives the node size for the launcher.
     """
-    from jaxmodel.parallel import plan as _plan
-    from jaxmodel.recipes import recipe as _recipe
     where = "export_plan"
     if not isinstance(model, Model):
         raise ValueError(f"{where}: model must be a jaxmodel.Model (hw_db.model(name)), got "
@@ -433,8 +436,6 @@ def _jitted(name: str):
     stage_layers`, :func:`~jaxmodel.workload.params.expert_tp`)."""
     if name not in _JITTED:
         import jax
-        from jaxmodel.parallel.pipeline import stage_layers
-        from jaxmodel.workload.params import expert_tp
         _JITTED.update(stage_layers=jax.jit(stage_layers), expert_tp=jax.jit(expert_tp))
     return _JITTED[name]
 
@@ -982,8 +983,6 @@ def serve_plan(par: Parallelism, model: Model, *, framework: str, max_batch=None
     the model's inference rules (:func:`jaxmodel.parallel.plan.raise_if_invalid`; no
     context parallelism when serving).
     """
-    from jaxmodel.parallel import plan as _plan
-    from jaxmodel.serving_runtime import scheduler_defaults
     where = "export_plan"
     if not isinstance(model, Model):
         raise ValueError(f"{where}: model must be a jaxmodel.Model (hw_db.model(name)), got "
