@@ -199,8 +199,10 @@ class TrainResult:
             ``bubble`` (pipeline fill/drain), ``embedding`` (embedding, LM head, loss and their
             TP collectives), ``optimizer``, ``ep_comm`` (MoE dispatch/combine all-to-all,
             :func:`jaxmodel.workload.moe.alltoall_time`). They sum to ``step_time_s``.
-        memory: dict bytes per device: ``weights``, ``gradients``, ``optimizer``,
-            ``activations``, ``total``.
+        memory: dict bytes per device, the terms of
+            :data:`jaxmodel.workload.memory.TRAIN_MEMORY_TERMS` — ``weights``,
+            ``fp8_weight_cache``, ``gradients``, ``optimizer``, ``activations`` — and
+            ``total``, their sum (:func:`jaxmodel.memory_breakdown` lists them in GiB).
         flops_per_step: model FLOPs of one step (all devices, no recomputation), FLOP.
         achieved_flops_per_device: hardware FLOPs (with the plan's recomputation) / (step
             time · devices), FLOP/s; with full recomputation Megatron's eq. 3 TFLOP/s.
@@ -812,27 +814,36 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     # activations of the s/cp local tokens (:func:`jaxmodel.parallel.context.
     # cp_activation_bytes`, the workload's inventory at cp = 1)
     in_flight = pl.stage_in_flight(par_s.schedule, pp, m, par_s.interleave)
+    # FP8 recipes store their weight-GEMM inputs quantised (:func:`jaxmodel.workload.memory.
+    # quantised_input_delta`, on the s/cp local tokens)
+    act_layer = (_cx.cp_activation_bytes(model_s, par_s, b, seq, cp, dtype_bytes=dtype_bytes)
+                 + _memory.quantised_input_delta(model_s, par_s, b, seq / cp, prec))
     mem = _memory.training_memory.single(
         model_s, dataclasses.replace(par_s, dp=dp * cp), seq, in_flight, grad_bytes, prec,
-        act_per_layer=_cx.cp_activation_bytes(model_s, par_s, b, seq, cp,
-                                              dtype_bytes=dtype_bytes))
+        act_per_layer=act_layer)
     # ZeRO-3 / FSDP: the sharded states plus the units alive unsharded at once (the computing
     # one, the one prefetched — none under DeepSpeed 2021 —, one unsharded gradient unit;
-    # :func:`jaxmodel.parallel.zero.zero3_memory`)
+    # :func:`jaxmodel.parallel.zero.zero3_memory`); the weights and their FP8 caches alike
     units = jnp.maximum(layers, 1.0)
     prefetch = _zero.impl_args(par_s.zero3_impl, par_s.recompute)[0]
-    z3m = [_zero.zero3_memory(n, units, group, dtype_bytes=_prec.training_weight_bytes(prec),
+    w_b, c_b = prec.weight_bytes, _memory.weight_cache_bytes(prec)
+    z3m = [_zero.zero3_memory(n, units, group, dtype_bytes=w_b + c_b,
                               grad_bytes=grad_bytes, prefetch=prefetch,
                               optimizer_bytes=prec.master_bytes + prec.optim_bytes)
            for n, group in ((n_par - n_exp, dp * cp), (n_exp, where.dp_exp_cp.size))]
     z3_on = par_s.zero > 2.5
-    for k in ("weights", "gradients", "optimizer"):
+    z3_w = z3m[0]["weights"] + z3m[1]["weights"]
+    mem["weights"] = jnp.where(z3_on, z3_w * w_b / (w_b + c_b), mem["weights"])
+    mem["fp8_weight_cache"] = jnp.where(z3_on, z3_w * c_b / (w_b + c_b),
+                                        mem["fp8_weight_cache"])
+    for k in ("gradients", "optimizer"):
         mem[k] = jnp.where(z3_on, z3m[0][k] + z3m[1][k], mem[k])
     if finetune is not None:      # frozen base + adapters (:func:`jaxmodel.workload.lora.
-        mem.update(_lora.memory_states(                               # memory_states`)
+        mem.update(_lora.memory_states(                               # memory_states`;
             model_s, dataclasses.replace(par_s, dp=dp * cp), finetune, n_par, prec,
-            grad_bytes))
-    mem["total"] = mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"]
+            grad_bytes))                                              # its weights hold
+        mem["fp8_weight_cache"] = jnp.zeros_like(mem["weights"])      # the base's copies)
+    mem["total"] = sum(mem[k] for k in _memory.TRAIN_MEMORY_TERMS)
     mem_ok = mem["total"] <= _memory.usable_memory(dev.mem_capacity,
                                                    dev.runtime_reserved_bytes)
 
