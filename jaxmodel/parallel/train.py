@@ -701,14 +701,20 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
     else:                                           # per_tensor is 0 in every plan
         ds_d, ds_e = (_finite(u_ag), _finite(u_rs)), (_finite(u_ag_e), _finite(u_rs_e))
 
+    # FSDP2's copy-out / copy-in kernels on the compute stream (:func:`jaxmodel.parallel.
+    # zero.impl_costs`; none for DeepSpeed 2021, whose list-API copies are per tensor)
+    costs = _zero.impl_costs(par_s.zero3_impl, wb, g)
+
     def z3(n, g_unit, r_unit, ds, on, group, stride):
         g_unit, r_unit = (jnp.where(on, jnp.where(per_tensor, d, _finite(x)), 0.0)
                           for x, d in zip((g_unit, r_unit), ds, strict=True))
         z = _zero.zero3_step(system, n, units, window_f / units, window_b / units, group, m,
                              dtype_bytes=wb, grad_comm_bytes=g, stride=stride, net=net,
                              prefetch=prefetch, recompute_gathers=regather,
-                             collective_times=(g_unit, r_unit, 0.0))
-        serial = z["gather"] + z["reduce_scatter"]
+                             collective_times=(g_unit, r_unit, 0.0),
+                             copy_out_bytes=jnp.where(on, costs["copy_out_bytes"], 0.0),
+                             copy_in_bytes=jnp.where(on, costs["copy_in_bytes"], 0.0))
+        serial = z["gather"] + z["reduce_scatter"] + z["copies"]
         return serial, jnp.minimum(z["exposed_comm"] + z["contention"], serial)
 
     ser_d, ovl_d = z3(n_par - n_exp, u_ag, u_rs, ds_d, dp_multi, dp_group, dp_stride)
@@ -824,19 +830,25 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     # ZeRO-3 / FSDP: the sharded states plus the units alive unsharded at once (the computing
     # one, the one prefetched — none under DeepSpeed 2021 —, one unsharded gradient unit;
     # :func:`jaxmodel.parallel.zero.zero3_memory`); the weights and their FP8 caches alike
+    # FSDP2 keeps no 16-bit shard beside the fp32 master and holds the unsharded gradients
+    # beside the reduce-scatter input (:func:`jaxmodel.parallel.zero.impl_costs`); the FP8
+    # caches are sharded and gathered like the weights
     units = jnp.maximum(layers, 1.0)
     prefetch = _zero.impl_args(par_s.zero3_impl, par_s.recompute)[0]
     w_b, c_b = prec.weight_bytes, _memory.weight_cache_bytes(prec)
-    z3m = [_zero.zero3_memory(n, units, group, dtype_bytes=w_b + c_b,
-                              grad_bytes=grad_bytes, prefetch=prefetch,
-                              optimizer_bytes=prec.master_bytes + prec.optim_bytes)
-           for n, group in ((n_par - n_exp, dp * cp), (n_exp, where.dp_exp_cp.size))]
+    costs = _zero.impl_costs(par_s.zero3_impl, w_b, grad_bytes, prec.master_bytes)
+    groups = ((n_par - n_exp, dp * cp), (n_exp, where.dp_exp_cp.size))
+    z3m = [_zero.zero3_memory(n, units, group, dtype_bytes=w_b, grad_bytes=grad_bytes,
+                              prefetch=prefetch,
+                              optimizer_bytes=prec.master_bytes + prec.optim_bytes,
+                              shard_weight_bytes=costs["shard_weight_bytes"],
+                              unsharded_grad_bytes=costs["unsharded_grad_bytes"])
+           for n, group in groups]
+    z3c = [_zero.zero3_memory(n, units, group, dtype_bytes=c_b, prefetch=prefetch)["weights"]
+           for n, group in groups]
     z3_on = par_s.zero > 2.5
-    z3_w = z3m[0]["weights"] + z3m[1]["weights"]
-    mem["weights"] = jnp.where(z3_on, z3_w * w_b / (w_b + c_b), mem["weights"])
-    mem["fp8_weight_cache"] = jnp.where(z3_on, z3_w * c_b / (w_b + c_b),
-                                        mem["fp8_weight_cache"])
-    for k in ("gradients", "optimizer"):
+    mem["fp8_weight_cache"] = jnp.where(z3_on, z3c[0] + z3c[1], mem["fp8_weight_cache"])
+    for k in ("weights", "gradients", "optimizer"):
         mem[k] = jnp.where(z3_on, z3m[0][k] + z3m[1][k], mem[k])
     if finetune is not None:      # frozen base + adapters (:func:`jaxmodel.workload.lora.
         mem.update(_lora.memory_states(                               # memory_states`;
