@@ -136,3 +136,18 @@ def test_train_step_memory_terms_sum_to_total():
     unit = n / float(m.n_layers)
     assert mem["weights"][1] == pytest.approx(2.0 * 2 * unit, rel=1e-9)
     assert mem["fp8_weight_cache"][1] == pytest.approx(2.0 * (n / 8 + 2 * unit), rel=1e-9)
+
+
+def test_predict_prints_the_memory_table(capsys):
+    """``jaxmodel predict train`` prints the terms (GiB) and their total on stderr; a result
+    without the terms prints nothing."""
+    from jaxmodel import cli
+    mem = {k: float(i + 1) * GIB for i, k in enumerate(TRAIN_MEMORY_TERMS)}
+    cli._print_memory_table({"memory": {**mem, "total": 15.0 * GIB},
+                             "memory_capacity_bytes": 80.0 * GIB})
+    err = capsys.readouterr().err
+    for k in TRAIN_MEMORY_TERMS:
+        assert k in err
+    assert "total" in err and "15.00" in err and "80.00" in err
+    cli._print_memory_table({"memory": {"weights": 1.0}})
+    assert capsys.readouterr().err == ""
