@@ -97,8 +97,12 @@ GEMM microbenchmarks), see :func:`sustained_device`.
 **Optimizer**: mixed-precision Adam on the local parameter shard (÷dp from ZeRO-1), a
 memory-bound elementwise kernel moving ``adam_bytes_per_param`` (hw_db/tech/training.toml).
 
-**Memory**: ``training_memory`` with the schedule's in-flight micro-batches; compared
-with ``system.device.mem_capacity`` less ``runtime_reserved_bytes`` (``usable_memory``).
+**Memory**: ``training_memory`` with the schedule's in-flight micro-batches, by term
+(:data:`jaxmodel.workload.memory.TRAIN_MEMORY_TERMS`: weights, Transformer Engine's FP8
+weight caches, gradients, optimizer, activations with FP8-stored GEMM inputs;
+:func:`jaxmodel.memory_breakdown`), ZeRO-3 as FSDP2 holds it
+(:func:`jaxmodel.parallel.zero.impl_costs`); compared with ``system.device.mem_capacity``
+less ``runtime_reserved_bytes`` (``usable_memory``).
 
 **FLOPs, MFU and HFU** (Chowdhery et al. 2022, PaLM, Appendix B; Korthikanti et al. 2023
 §6): the model FLOPs ``F = 72·B·s·l·h²·(1 + s/(6h) + V/(12lh))`` (forward + backward, no
