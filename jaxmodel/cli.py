@@ -493,7 +493,25 @@ def _predict(a) -> Any:
     elif a.phase == "decode":
         head["latency_s"] = res.get("tpot_s")
     res["memory_capacity_bytes"] = float(args[0].device.mem_capacity)
+    if a.phase == "train":
+        _print_memory_table(res)
     return {**head, **res}
+
+
+def _print_memory_table(res: Mapping) -> None:
+    """The training memory per device by term (GiB, :func:`jaxmodel.memory_breakdown`) as a
+    small table on stderr; the JSON on stdout carries the same bytes under ``memory``."""
+    import jaxmodel as jm
+    mem = res.get("memory")
+    if not isinstance(mem, Mapping) or any(k not in mem for k in jm.TRAIN_MEMORY_TERMS):
+        return
+    gib = jm.memory_breakdown({k: float(mem[k]) for k in jm.TRAIN_MEMORY_TERMS})
+    cap = float(res.get("memory_capacity_bytes", 0.0)) / 2**30
+    lines = ["memory per device (GiB):"]
+    lines += [f"  {k:<18s}{float(v):9.2f}" for k, v in gib.items()]
+    if cap > 0:
+        lines.append(f"  {'capacity':<18s}{cap:9.2f}")
+    print("\n".join(lines), file=sys.stderr)
 
 
 SWEEP_KEYS = ("function", "system", "nodes", "device", "model", "parallelism", "par", "args",

@@ -90,7 +90,12 @@ RECIPES = {
     # activations_checkpoint_granularity selective; sequence_parallel True; mcore_gpt with
     # transformer_engine True (TE's fused attention: flash kernels). Dropout differs by model
     # family: hidden_dropout 0.1 in the GPT-3 configs, 0.0 in the Llama and Nemotron ones —
-    # the recipe carries 0 and the GPT-3 rows derive ``dropout="megatron"``.
+    # the recipe carries 0 and the GPT-3 rows derive ``dropout="megatron"``. Memory: the
+    # configs do not set fp8_params, so Transformer Engine keeps the bf16 parameters and
+    # caches their FP8 copy and its transpose across micro-batches
+    # (:func:`jaxmodel.workload.memory.weight_cache_bytes`; ``precision=jm.precision("fp8",
+    # weight_bytes=1)`` for fp8_params), its Linear layers store their inputs in FP8, and
+    # contiguous_grad_buffer holds the bf16 gradients (grad_sync_dtype) of the whole stage.
     "nemo-24.07": Recipe(
         "nemo-24.07",
         step=dict(precision="fp8", dropout="none", grad_bytes=2, dp_overlap=1, tp_overlap=1),
@@ -111,7 +116,9 @@ RECIPES = {
     # torchtitan/config_manager.py): FSDP2 (fully_shard: ZeRO-3, per-module all-gather),
     # bf16 parameters with fp32 gradient reduction (mixed_precision_reduce = float32),
     # activation checkpointing "selective" by default in the Llama configs, SDPA flash
-    # attention, no dropout in the Llama model, no async TP by default.
+    # attention, no dropout in the Llama model, no async TP by default. FSDP2's copy-out /
+    # copy-in kernels, its fp32 shard as the master and its unsharded-gradient buffers follow
+    # from ``zero3_impl="fsdp"`` (:func:`jaxmodel.parallel.zero.impl_costs`).
     "torchtitan": Recipe(
         "torchtitan",
         step=dict(precision="bf16", dropout="none", grad_bytes=4, dp_overlap=1, tp_overlap=0),

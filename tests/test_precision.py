@@ -156,18 +156,19 @@ def test_fp8_serving_memory_below_bf16_by_one_byte_per_parameter_and_half_the_kv
 
 
 def test_training_memory_bytes_per_parameter():
-    """bf16: 2 + 4 + (4 + 8) = 18 B/param; fp8 adds the cached FP8 weight copy (19 B);
-    NVFP4 adds 0.5 + 1/16 B; fp32: 4 + 4 + (0 + 8) = 16 B."""
+    """bf16: 2 + 4 + (4 + 8) = 18 B/param; fp8 adds Transformer Engine's cached FP8 weight
+    copy and its transpose (20 B); NVFP4 adds 2·(0.5 + 1/16) B; fp32: 4 + 4 + (0 + 8) = 16 B."""
     m = hw_db.model("gpt3-13b")
     par = jm.Parallelism(tp=8, pp=1, sp=True, recompute="selective")
     p = float(params_per_device(m, par))
     states = {}
     for name in ("bf16", "fp8", "fp4", "fp32"):
         mem = training_memory(m, par, 2048.0, 1.0, precision=name)
-        states[name] = float(mem["weights"] + mem["gradients"] + mem["optimizer"])
+        states[name] = float(mem["weights"] + mem["fp8_weight_cache"] + mem["gradients"]
+                             + mem["optimizer"])
     assert states["bf16"] == pytest.approx(18 * p, rel=1e-9)
-    assert states["fp8"] == pytest.approx(19 * p, rel=1e-9)
-    assert states["fp4"] == pytest.approx((18 + 0.5 + 1 / 16) * p, rel=1e-9)
+    assert states["fp8"] == pytest.approx(20 * p, rel=1e-9)
+    assert states["fp4"] == pytest.approx((18 + 2 * (0.5 + 1 / 16)) * p, rel=1e-9)
     assert states["fp32"] == pytest.approx(16 * p, rel=1e-9)
     # activations follow act_bytes: fp32 stores 4-byte activations (masks stay 1 byte)
     a16 = float(training_memory(m, par, 2048.0, 1.0, precision="bf16")["activations"])

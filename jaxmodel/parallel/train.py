@@ -97,8 +97,12 @@ GEMM microbenchmarks), see :func:`sustained_device`.
 **Optimizer**: mixed-precision Adam on the local parameter shard (÷dp from ZeRO-1), a
 memory-bound elementwise kernel moving ``adam_bytes_per_param`` (hw_db/tech/training.toml).
 
-**Memory**: ``training_memory`` with the schedule's in-flight micro-batches; compared
-with ``system.device.mem_capacity`` less ``runtime_reserved_bytes`` (``usable_memory``).
+**Memory**: ``training_memory`` with the schedule's in-flight micro-batches, by term
+(:data:`jaxmodel.workload.memory.TRAIN_MEMORY_TERMS`: weights, Transformer Engine's FP8
+weight caches, gradients, optimizer, activations with FP8-stored GEMM inputs;
+:func:`jaxmodel.memory_breakdown`), ZeRO-3 as FSDP2 holds it
+(:func:`jaxmodel.parallel.zero.impl_costs`); compared with ``system.device.mem_capacity``
+less ``runtime_reserved_bytes`` (``usable_memory``).
 
 **FLOPs, MFU and HFU** (Chowdhery et al. 2022, PaLM, Appendix B; Korthikanti et al. 2023
 §6): the model FLOPs ``F = 72·B·s·l·h²·(1 + s/(6h) + V/(12lh))`` (forward + backward, no
@@ -198,8 +202,10 @@ class TrainResult:
             ``bubble`` (pipeline fill/drain), ``embedding`` (embedding, LM head, loss and their
             TP collectives), ``optimizer``, ``ep_comm`` (MoE dispatch/combine all-to-all,
             :func:`jaxmodel.workload.moe.alltoall_time`). They sum to ``step_time_s``.
-        memory: dict bytes per device: ``weights``, ``gradients``, ``optimizer``,
-            ``activations``, ``total``.
+        memory: dict bytes per device, the terms of
+            :data:`jaxmodel.workload.memory.TRAIN_MEMORY_TERMS` — ``weights``,
+            ``fp8_weight_cache``, ``gradients``, ``optimizer``, ``activations`` — and
+            ``total``, their sum (:func:`jaxmodel.memory_breakdown` lists them in GiB).
         flops_per_step: model FLOPs of one step (all devices, no recomputation), FLOP.
         achieved_flops_per_device: hardware FLOPs (with the plan's recomputation) / (step
             time · devices), FLOP/s; with full recomputation Megatron's eq. 3 TFLOP/s.
@@ -698,14 +704,20 @@ def _data_parallel(system, model_s, par_s, where: _plan.Placement, n_par, n_exp,
     else:                                           # per_tensor is 0 in every plan
         ds_d, ds_e = (_finite(u_ag), _finite(u_rs)), (_finite(u_ag_e), _finite(u_rs_e))
 
+    # FSDP2's copy-out / copy-in kernels on the compute stream (:func:`jaxmodel.parallel.
+    # zero.impl_costs`; none for DeepSpeed 2021, whose list-API copies are per tensor)
+    costs = _zero.impl_costs(par_s.zero3_impl, wb, g)
+
     def z3(n, g_unit, r_unit, ds, on, group, stride):
         g_unit, r_unit = (jnp.where(on, jnp.where(per_tensor, d, _finite(x)), 0.0)
                           for x, d in zip((g_unit, r_unit), ds, strict=True))
         z = _zero.zero3_step(system, n, units, window_f / units, window_b / units, group, m,
                              dtype_bytes=wb, grad_comm_bytes=g, stride=stride, net=net,
                              prefetch=prefetch, recompute_gathers=regather,
-                             collective_times=(g_unit, r_unit, 0.0))
-        serial = z["gather"] + z["reduce_scatter"]
+                             collective_times=(g_unit, r_unit, 0.0),
+                             copy_out_bytes=jnp.where(on, costs["copy_out_bytes"], 0.0),
+                             copy_in_bytes=jnp.where(on, costs["copy_in_bytes"], 0.0))
+        serial = z["gather"] + z["reduce_scatter"] + z["copies"]
         return serial, jnp.minimum(z["exposed_comm"] + z["contention"], serial)
 
     ser_d, ovl_d = z3(n_par - n_exp, u_ag, u_rs, ds_d, dp_multi, dp_group, dp_stride)
@@ -811,27 +823,42 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     # activations of the s/cp local tokens (:func:`jaxmodel.parallel.context.
     # cp_activation_bytes`, the workload's inventory at cp = 1)
     in_flight = pl.stage_in_flight(par_s.schedule, pp, m, par_s.interleave)
+    # FP8 recipes store their weight-GEMM inputs quantised (:func:`jaxmodel.workload.memory.
+    # quantised_input_delta`, on the s/cp local tokens)
+    act_layer = (_cx.cp_activation_bytes(model_s, par_s, b, seq, cp, dtype_bytes=dtype_bytes)
+                 + _memory.quantised_input_delta(model_s, par_s, b, seq / cp, prec))
     mem = _memory.training_memory.single(
         model_s, dataclasses.replace(par_s, dp=dp * cp), seq, in_flight, grad_bytes, prec,
-        act_per_layer=_cx.cp_activation_bytes(model_s, par_s, b, seq, cp,
-                                              dtype_bytes=dtype_bytes))
+        act_per_layer=act_layer)
     # ZeRO-3 / FSDP: the sharded states plus the units alive unsharded at once (the computing
     # one, the one prefetched — none under DeepSpeed 2021 —, one unsharded gradient unit;
-    # :func:`jaxmodel.parallel.zero.zero3_memory`)
+    # :func:`jaxmodel.parallel.zero.zero3_memory`); the weights and their FP8 caches alike
+    # FSDP2 keeps no 16-bit shard beside the fp32 master and holds the unsharded gradients
+    # beside the reduce-scatter input (:func:`jaxmodel.parallel.zero.impl_costs`); the FP8
+    # caches are sharded and gathered like the weights
     units = jnp.maximum(layers, 1.0)
     prefetch = _zero.impl_args(par_s.zero3_impl, par_s.recompute)[0]
-    z3m = [_zero.zero3_memory(n, units, group, dtype_bytes=_prec.training_weight_bytes(prec),
-                              grad_bytes=grad_bytes, prefetch=prefetch,
-                              optimizer_bytes=prec.master_bytes + prec.optim_bytes)
-           for n, group in ((n_par - n_exp, dp * cp), (n_exp, where.dp_exp_cp.size))]
+    w_b, c_b = prec.weight_bytes, _memory.weight_cache_bytes(prec)
+    costs = _zero.impl_costs(par_s.zero3_impl, w_b, grad_bytes, prec.master_bytes)
+    groups = ((n_par - n_exp, dp * cp), (n_exp, where.dp_exp_cp.size))
+    z3m = [_zero.zero3_memory(n, units, group, dtype_bytes=w_b, grad_bytes=grad_bytes,
+                              prefetch=prefetch,
+                              optimizer_bytes=prec.master_bytes + prec.optim_bytes,
+                              shard_weight_bytes=costs["shard_weight_bytes"],
+                              unsharded_grad_bytes=costs["unsharded_grad_bytes"])
+           for n, group in groups]
+    z3c = [_zero.zero3_memory(n, units, group, dtype_bytes=c_b, prefetch=prefetch)["weights"]
+           for n, group in groups]
     z3_on = par_s.zero > 2.5
+    mem["fp8_weight_cache"] = jnp.where(z3_on, z3c[0] + z3c[1], mem["fp8_weight_cache"])
     for k in ("weights", "gradients", "optimizer"):
         mem[k] = jnp.where(z3_on, z3m[0][k] + z3m[1][k], mem[k])
     if finetune is not None:      # frozen base + adapters (:func:`jaxmodel.workload.finetune.
-        mem.update(_lora.memory_states(                               # memory_states`)
+        mem.update(_lora.memory_states(                               # memory_states`;
             model_s, dataclasses.replace(par_s, dp=dp * cp), finetune, n_par, prec,
-            grad_bytes))
-    mem["total"] = mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"]
+            grad_bytes))                                              # its weights hold
+        mem["fp8_weight_cache"] = jnp.zeros_like(mem["weights"])      # the base's copies)
+    mem["total"] = sum(mem[k] for k in _memory.TRAIN_MEMORY_TERMS)
     mem_ok = mem["total"] <= _memory.usable_memory(dev.mem_capacity,
                                                    dev.runtime_reserved_bytes)
 

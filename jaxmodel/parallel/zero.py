@@ -61,11 +61,38 @@ gradient's pre-division (``tensor.div_(world_size)`` in stage 3's ``average_tens
 and the copy into the flattened input (2×). Both the latency and the copies grow with ``g``:
 at fixed global batch the compute per device falls as 1/devices while this cost rises.
 
+**FSDP2's copies on the compute stream** (PyTorch ``fully_shard``,
+``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py`` and ``_fsdp_collectives.py``,
+PyTorch 2.4–2.6): a unit is gathered as one flat buffer and then split into its parameters by
+``foreach_all_gather_copy_out`` (``torch.split_with_sizes_copy``), which
+``FSDPParamGroup.wait_for_unshard`` runs on the *current* stream — the compute waits for it:
+it reads and writes the unit's unsharded parameters, ``2·w`` bytes per parameter. Before a
+reduce-scatter, ``foreach_reduce`` copies the unsharded gradients (in the parameter dtype
+``w``) into the flat reduce-scatter input in the reduce dtype (``g``; ``torch.ops.fsdp.
+chunk_cat``) on the current stream as well ("only after the copy-in finishes can we free the
+gradients"), ``w + g`` bytes per parameter; only then does the reduce-scatter stream start.
+Both are memory-bound kernels of ``copy_out_bytes`` / ``copy_in_bytes`` per unit parameter
+(:func:`impl_costs`), timed as the device's memory-bound elementwise kernels
+(:func:`copy_time`, :func:`jaxmodel.ops.elementwise_latency`) and added to the unit's
+compute, so they lengthen the pass whether or not the collectives are hidden.
+
+**FSDP2's memory** (same sources, and ``MixedPrecisionPolicy``): the sharded parameter *is*
+the fp32 master copy (``param_dtype`` applies to the all-gather only: the copy-in casts the
+shard), so no 16-bit shard is kept beside the optimizer's ``master_bytes``
+(``shard_weight_bytes = 0``); in the backward, a unit's unsharded gradients (``w`` bytes per
+parameter) and the reduce-scatter input (``g``) of the unit before, still in flight, are
+alive beside the computing and the prefetched units (``unsharded_grad_bytes = w``). The
+forward's held all-gather output (``wait_for_unshard`` keeps the current unit's flat buffer
+until the next copy-out) is no larger than the backward's unsharded gradient buffer, so the
+backward is the peak. Not modelled: the caching allocator's reserved-but-unused blocks
+(fragmentation across the four streams), which no anchor here measures.
+
 **Implementations** (``Parallelism.zero3_impl``, :data:`jaxmodel.types.ZERO3_IMPLS`;
 :func:`impl_args` maps the code to this module's options; ``jm.train_step`` applies them):
 
-- ``"fsdp"`` (0, the default): PyTorch FSDP (Zhao et al., VLDB 2023) — one flat parameter
-  per unit, prefetched one unit ahead, one gather per backward.
+- ``"fsdp"`` (0, the default): PyTorch FSDP (Zhao et al., VLDB 2023; FSDP2 ``fully_shard``)
+  — one flat parameter per unit, prefetched one unit ahead, one gather per backward, the
+  copy-out and copy-in kernels and the memory above (:func:`impl_costs`).
 - ``"deepspeed"`` (1): DeepSpeed's stage 3 as released in 2021 (Rajbhandari et al., SC'20;
   the ``partition_parameters.py`` / ``stage3.py`` code quoted above): serial
   (``prefetch = 0``), three gathers per layer under full recomputation
@@ -91,12 +118,13 @@ import jax.numpy as jnp
 
 from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
+from jaxmodel import ops as _ops
 from jaxmodel import tech_tables as _tech_tables
 from jaxmodel.parallel import overlap as ov
 from jaxmodel.workload import params as _params
 
 ZERO3_KEYS = ("compute", "exposed_comm", "contention", "gather", "reduce_scatter",
-              "replica_allreduce")
+              "replica_allreduce", "copies")
 
 
 def _collective(system, op, nbytes, group, stride, net):
@@ -258,6 +286,50 @@ def impl_args(zero3_impl, recompute):
     return (jnp.where(ds, 0.0, 1.0), jnp.where(ds & full, 1.0, 0.0), ds)
 
 
+def impl_costs(zero3_impl, weight_bytes=2.0, grad_bytes=4.0, master_bytes=4.0):
+    """Per-parameter byte counts of a ``Parallelism.zero3_impl`` code beyond its collectives
+    (module docstring, "FSDP2's copies" and "FSDP2's memory"), each a bytes-per-unit-parameter
+    count:
+
+    - ``copy_out_bytes``: main-memory bytes of the gather's copy-out on the compute stream —
+      FSDP2 ``2·w`` (read + write the unsharded parameters), DeepSpeed 2021 0 (its list-API
+      copies are in :func:`per_tensor_time`);
+    - ``copy_in_bytes``: bytes of the reduce-scatter's copy-in on the compute stream —
+      FSDP2 ``w + g`` (read the unsharded gradients, write the reduce dtype), DeepSpeed 0;
+    - ``shard_weight_bytes``: bytes per sharded parameter of a low-precision shard kept
+      beside the master — FSDP2 0 where a master copy exists (``master_bytes > 0``: the
+      fp32 shard is the parameter), else ``w``; DeepSpeed ``w`` (its fp16 ``ds_tensor``
+      partitions beside the optimizer's fp32 ones);
+    - ``unsharded_grad_bytes``: bytes per unit parameter of the unsharded gradient buffer
+      alive beside the reduce-scatter input — FSDP2 ``w``, DeepSpeed 0.
+
+    Returns:
+        dict of the four counts (arrays of the broadcast shape).
+    """
+    f = jnp.result_type(float)
+    fsdp = jnp.asarray(zero3_impl, dtype=f) < 0.5
+    w = jnp.asarray(weight_bytes, dtype=f)
+    g = jnp.asarray(grad_bytes, dtype=f)
+    master = jnp.asarray(master_bytes, dtype=f) > 0
+    zero = jnp.zeros_like(w + g)
+    return {"copy_out_bytes": jnp.where(fsdp, 2.0 * w, zero),
+            "copy_in_bytes": jnp.where(fsdp, w + g, zero),
+            "shard_weight_bytes": jnp.where(fsdp & master, zero, w + zero),
+            "unsharded_grad_bytes": jnp.where(fsdp, w + zero, zero)}
+
+
+def copy_time(dev, n_elements, bytes_per_element):
+    """Seconds of a memory-bound copy kernel over ``n_elements`` moving ``bytes_per_element``
+    of main memory each (reads + writes) on ``dev``: :func:`jaxmodel.ops.elementwise_latency`
+    (achievable DRAM bandwidth and its launch floor), 0 where nothing is moved."""
+    n = jnp.asarray(n_elements)
+    b = jnp.asarray(bytes_per_element)
+    on = (n * b) > 0
+    t = _ops.elementwise_latency.single(dev, jnp.where(on, n, 1.0), jnp.where(on, b, 1.0),
+                                        0.0)
+    return jnp.where(on, t, 0.0)
+
+
 def unit_pass_time(t_compute, t_comm, n_units, prefetch=1.0, t_tail=0.0, compute_bytes=0.0,
                    comm_bytes=0.0, share=0.0, dev=None, t_head=None):
     """One pass (forward or backward) over ``n_units`` uniform units whose communication
@@ -284,7 +356,8 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
                dtype_bytes=2.0, grad_comm_bytes=2.0, prefetch=1.0, shard_group=None,
                reduce_every_microbatch=1.0, recompute_gathers=0.0, stride=1.0, channels=None,
                compute_bytes_fwd=0.0, compute_bytes_bwd=0.0,
-               net: _comm.NetVariant = _comm.ANY_NET, collective_times=None):
+               net: _comm.NetVariant = _comm.ANY_NET, collective_times=None,
+               copy_out_bytes=0.0, copy_in_bytes=0.0):
     """Time of the ZeRO-3 / FSDP part of a training step on one device (module docstring).
 
     Args:
@@ -319,13 +392,18 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
         collective_times: ``(gather, reduce_scatter, replica_allreduce)`` seconds per unit
             when the caller has evaluated them already (e.g. in one batched call with its
             other collectives); ``None`` evaluates them here.
+        copy_out_bytes, copy_in_bytes: main-memory bytes per unit parameter of the copy
+            kernels each gather / reduce-scatter runs on the compute stream (FSDP2:
+            :func:`impl_costs`; 0 = none), :func:`copy_time` each, added to the unit's
+            compute.
 
     Returns:
         dict: ``total`` (s, the ZeRO part of the step: all micro-batches' forward and backward
         passes), the components :data:`ZERO3_KEYS` — ``compute`` (standalone compute),
-        ``exposed_comm`` (``total − compute − contention``), ``contention`` (compute
-        slowdown under overlapped collectives), ``gather`` / ``reduce_scatter`` /
-        ``replica_allreduce`` (standalone collective time per step, for reporting) — and
+        ``exposed_comm`` (``total − compute − contention``, the copy kernels included),
+        ``contention`` (compute slowdown under overlapped collectives), ``gather`` /
+        ``reduce_scatter`` / ``replica_allreduce`` (standalone collective time per step, for
+        reporting), ``copies`` (the copy kernels of the step, on the compute stream) — and
         ``feasible`` (the groups fit the network).
     """
     f = jnp.result_type(float)
@@ -353,16 +431,21 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
     h_a = ov.comm_hbm_bytes("all_reduce", ar_bytes, replicas)
 
     regather = 1.0 + jnp.clip(jnp.asarray(recompute_gathers, dtype=f), 0.0, 1.0)
+    # FSDP2's copy-out after every gather and copy-in before every reduce-scatter run on the
+    # compute stream (module docstring): they lengthen the unit's compute
+    t_co = copy_time(dev, p_unit, jnp.asarray(copy_out_bytes, dtype=f))
+    t_ci = copy_time(dev, p_unit, jnp.asarray(copy_in_bytes, dtype=f))
 
     def bwd(with_rs, with_ar):
         comm = regather * g + with_rs * r + with_ar * a
         tail = with_rs * r + with_ar * a
         hb = regather * h_g + with_rs * h_r + with_ar * h_a
-        return unit_pass_time(t_bwd_unit, comm, n, prefetch, tail, compute_bytes_bwd, hb,
+        c_b = t_bwd_unit + regather * t_co + with_rs * t_ci
+        return unit_pass_time(c_b, comm, n, prefetch, tail, compute_bytes_bwd, hb,
                               share, dev, t_head=regather * g)
 
-    t_f, s_f = unit_pass_time(t_fwd_unit, g, n, prefetch, 0.0, compute_bytes_fwd, h_g, share,
-                              dev)
+    t_f, s_f = unit_pass_time(t_fwd_unit + t_co, g, n, prefetch, 0.0, compute_bytes_fwd, h_g,
+                              share, dev)
     every = jnp.clip(jnp.asarray(reduce_every_microbatch, dtype=f), 0.0, 1.0)
     t_b_mid, s_b_mid = bwd(every, 0.0)
     t_b_last, s_b_last = bwd(1.0, 1.0)
@@ -373,21 +456,26 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
     return {"total": total, "compute": compute, "contention": contention,
             "exposed_comm": total - compute - contention,
             "gather": (1.0 + regather) * m * n * g, "reduce_scatter": n_rs * n * r,
-            "replica_allreduce": n * a, "feasible": ok_g & ok_r & ok_a}
+            "replica_allreduce": n * a,
+            "copies": (1.0 + regather) * m * n * t_co + n_rs * n * t_ci,
+            "feasible": ok_g & ok_r & ok_a}
 
 
 def zero3_memory(n_params, n_units, dp, *, shard_group=None, prefetch=1.0, dtype_bytes=2.0,
-                 grad_bytes=4.0, optimizer_bytes=12.0, reduce_every_microbatch=1.0):
+                 grad_bytes=4.0, optimizer_bytes=12.0, reduce_every_microbatch=1.0,
+                 shard_weight_bytes=None, unsharded_grad_bytes=0.0):
     """Model-state memory per device under ZeRO-3 / FSDP, bytes (activations are the
     caller's).
 
     Source: Rajbhandari et al. SC'20 §5 (``(2 + 2 + K)·Ψ / N_d`` with K = 12 for mixed-
-    precision Adam; here weights ``dtype_bytes``, gradients ``grad_bytes``, optimizer
-    ``optimizer_bytes`` per parameter, each divided by the shard group); Zhao et al. VLDB
-    2023 §3.3: the unsharded units alive at once — the computing unit, ``prefetch`` units
-    being gathered, and in the backward one unsharded gradient unit before its
-    reduce-scatter; FSDP ``no_sync`` (``reduce_every_microbatch = 0``) keeps the full
-    unsharded gradients.
+    precision Adam; here weights ``shard_weight_bytes`` (default ``dtype_bytes``),
+    gradients ``grad_bytes``, optimizer ``optimizer_bytes`` per parameter, each divided by
+    the shard group); Zhao et al. VLDB 2023 §3.3: the unsharded units alive at once — the
+    computing unit, ``prefetch`` units being gathered (``dtype_bytes`` each), and in the
+    backward one unsharded gradient unit before its reduce-scatter (the reduce-scatter input
+    in ``grad_bytes`` plus, FSDP2, the unsharded gradients in ``unsharded_grad_bytes``;
+    module docstring, "FSDP2's memory"); FSDP ``no_sync`` (``reduce_every_microbatch = 0``)
+    keeps the full unsharded gradients.
 
     Returns:
         dict bytes: ``weights`` (sharded + gathered units), ``gradients``, ``optimizer``,
@@ -399,14 +487,17 @@ def zero3_memory(n_params, n_units, dp, *, shard_group=None, prefetch=1.0, dtype
     psi = jnp.asarray(n_params, dtype=f)
     unit = psi / jnp.maximum(jnp.asarray(n_units, dtype=f), 1.0)
     live = 1.0 + jnp.maximum(jnp.asarray(prefetch, dtype=f), 0.0)
-    weights = dtype_bytes * (psi / shard + live * unit)
+    w_shard = dtype_bytes if shard_weight_bytes is None else shard_weight_bytes
+    weights = w_shard * psi / shard + dtype_bytes * live * unit
     every = jnp.clip(jnp.asarray(reduce_every_microbatch, dtype=f), 0.0, 1.0)
-    grads = every * grad_bytes * (psi / shard + unit) + (1.0 - every) * grad_bytes * psi
+    grads = (every * (grad_bytes * (psi / shard + unit) + unsharded_grad_bytes * unit)
+             + (1.0 - every) * grad_bytes * psi)
     opt = optimizer_bytes * psi / shard
     return {"weights": weights, "gradients": grads, "optimizer": opt,
             "total": weights + grads + opt}
 
 
-__all__ = ["zero3_step", "zero3_memory", "unit_pass_time", "per_tensor_collectives",
-           "per_tensor_time", "layer_tensors", "ring_efficiency_of", "impl_args", "LIST_API_HBM",
-           "PERSISTENCE_THRESHOLD", "FLAT_RING_EFFICIENCY", "ZERO3_KEYS"]
+__all__ = ["zero3_step", "zero3_memory", "impl_costs", "copy_time", "unit_pass_time",
+           "per_tensor_collectives", "per_tensor_time", "layer_tensors", "ring_efficiency_of",
+           "impl_args", "LIST_API_HBM", "PERSISTENCE_THRESHOLD", "FLAT_RING_EFFICIENCY",
+           "ZERO3_KEYS"]

@@ -9,7 +9,8 @@ use inside other formulas):
   recompute, TP communication), embedding / LM head / loss;
 - :func:`param_count`, :func:`params_per_device`, :func:`model_flops_per_token`;
 - :func:`activation_bytes_per_layer`, :func:`training_memory`, :func:`kv_cache_bytes`,
-  :func:`inference_memory`;
+  :func:`inference_memory`, :func:`memory_breakdown` (a training result's memory terms, GiB;
+  :data:`TRAIN_MEMORY_TERMS`);
 - Mixture-of-Experts (:mod:`jaxmodel.workload.moe`): :func:`expert_capacity`,
   :func:`moe_dims`, :func:`moe_feasibility`, :func:`moe_layer_times`, :func:`alltoall_time`,
   :func:`expert_params_per_device`, :data:`MOE_OPS` (extra layer rows);
@@ -23,8 +24,9 @@ workload → parallel, so this package does not import them).
 
 from jaxmodel.workload.layer import (LAYER_OPS, embedding_times, layer_breakdown,
                                      training_layer_times)
-from jaxmodel.workload.memory import (activation_bytes_per_layer, inference_memory,
-                                      kv_cache_bytes, training_memory)
+from jaxmodel.workload.memory import (TRAIN_MEMORY_TERMS, activation_bytes_per_layer,
+                                      inference_memory, kv_cache_bytes, memory_breakdown,
+                                      training_memory)
 from jaxmodel.workload.moe import (MOE_OPS, alltoall_time, expert_capacity,
                                    expert_params_per_device, moe_dims, moe_feasibility,
                                    moe_layer_fraction, moe_layer_times)
@@ -34,6 +36,7 @@ from jaxmodel.workload.params import model_flops_per_token, param_count, params_
 __all__ = ["LAYER_OPS", "layer_breakdown", "training_layer_times", "embedding_times",
            "param_count", "params_per_device", "model_flops_per_token",
            "activation_bytes_per_layer", "training_memory", "kv_cache_bytes",
+           "memory_breakdown", "TRAIN_MEMORY_TERMS",
            "inference_memory", "MOE_OPS", "expert_capacity", "moe_dims", "moe_feasibility",
            "moe_layer_fraction", "moe_layer_times", "alltoall_time", "expert_params_per_device",
            "LoRA", "lora", "qlora"]

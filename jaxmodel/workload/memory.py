@@ -7,12 +7,14 @@ Sources:
 - mixed-precision Adam: 2 B fp16/bf16 weights + 2 B gradients (4 B with fp32 main gradients, as
   Megatron-LM keeps them) + 12 B optimizer states (fp32 master weights, momentum, variance) per
   parameter (Rajbhandari et al. 2020, ZeRO §3 "K = 12"); with ``precision``: weights
-  ``weight_bytes + weight_copy_bytes`` (FP8 recipes cache an FP8 weight copy), gradients
-  ``grad_bytes``, optimizer ``master_bytes + optim_bytes``;
+  ``weight_bytes``, the low-precision weight caches of Transformer Engine
+  (:func:`weight_cache_bytes`: FP8 data + transpose), gradients ``grad_bytes``, optimizer
+  ``master_bytes + optim_bytes`` — each a term of :func:`memory_breakdown`;
 - ZeRO stages over ``dp`` (Rajbhandari et al. 2020 §5): stage 1 shards optimizer states,
   stage 2 also gradients, stage 3 also the weights;
 - activations per layer: Korthikanti et al. 2022 (MLSys 2023) §4, eqs. 1–2 and Table 2,
-  generalised to GQA, ``d_ff ≠ 4d`` and SwiGLU (see :func:`activation_bytes_per_layer`);
+  generalised to GQA, ``d_ff ≠ 4d`` and SwiGLU, with FP8 recipes' weight-GEMM inputs stored
+  in FP8 (see :func:`activation_bytes_per_layer`);
 - KV cache: ``2 · b · s · h_kv · d_h`` words per layer (Pope et al. 2023 §2); MLA's latent
   ``b · s · (d_c + d_h^R)`` (DeepSeek-V2 §2.1.2); sliding windows cap ``s``.
 
@@ -42,7 +44,7 @@ from jaxmodel import precisions as _prec
 
 @batched
 def activation_bytes_per_layer(model: Model, par: Parallelism, micro_batch, seq_len,
-                               act_bytes=2.0):
+                               act_bytes=2.0, gemm_input_bytes=None):
     """Activation memory one layer stores for the backward pass, bytes per device.
 
     Source: Korthikanti et al. 2022 §4.1 (per-layer inventory, 2-byte activations, 1-byte
@@ -64,31 +66,131 @@ def activation_bytes_per_layer(model: Model, par: Parallelism, micro_batch, seq_
     Precision: the 2-byte activation terms scale with ``act_bytes / 2``; the 1-byte dropout
     masks and FlashAttention's fp32 log-sum-exp do not.
 
+    Quantised GEMM inputs (``gemm_input_bytes``, :func:`stored_gemm_input_bytes`): a
+    Transformer Engine ``Linear`` / ``LayerNormLinear`` running in FP8 saves for its backward
+    the FP8 cast of its input (or its transpose), not the 16-bit tensor (TransformerEngine
+    ``pytorch/module/linear.py`` and ``layernorm_linear.py``, ``_Linear.forward``: the saved
+    ``inputmat`` / ``ln_out`` is the FP8 tensor when ``fp8`` is on; TE 1.x). Four tensors of
+    the inventory are such inputs: the QKV input (the first norm's output) and the FFN input
+    (the second norm's output), ``2·sbd`` each, the ``W_o`` input ``2·sb·d_attn`` and the
+    ``W2`` input ``2·sb·d_ff`` (GELU output; SwiGLU's product). The attention kernel keeps its
+    own 16-bit output for its backward (FlashAttention saves ``O``; TE ``FusedAttnFunc``
+    saves q, k, v, out), so without recomputation an FP8 ``W_o`` input is stored twice (16-bit
+    and FP8); selective recomputation checkpoints the core attention (Megatron-core
+    ``TransformerConfig.recompute_granularity = "selective"``), whose output is then
+    recomputed and only the FP8 copy stays. The norm inputs, Q, K, V and the activation
+    function's input stay 16-bit. Default ``gemm_input_bytes = act_bytes`` (Korthikanti's
+    inventory).
+
     Args:
         micro_batch: sequences per micro-batch (``b``).
         seq_len: sequence length (``s``).
         act_bytes: bytes per stored activation element (2 in Korthikanti et al.).
+        gemm_input_bytes: bytes per stored weight-GEMM input element (default
+            ``act_bytes``).
     """
     w = act_bytes / 2.0
+    g = w if gemm_input_bytes is None else gemm_input_bytes / 2.0
     tp = jnp.maximum(par.tp, 1.0)
     sp = par.sp > 0.5
+    rc = par.recompute
+    flash = par.flash_attention > 0.5
     sb = seq_len * micro_batch
     d = model.d_model
     d_attn = model.n_heads * model.head_dim
     kv_heads = jnp.maximum(model.n_kv_heads / tp, 1.0) * tp   # replicated KV heads count full
     d_kv = kv_heads * model.head_dim
-    replicated = (8.0 * w + 2.0) * sb * d                    # 2 dropout masks of 1 B
-    split = w * sb * (4.0 * d_attn + 4.0 * d_kv + 2.0 * model.ffn_matrices * model.d_ff)
-    scores = jnp.where(par.flash_attention > 0.5,
+    # two norm inputs (4w), QKV and FFN inputs (2g each), 2 dropout masks of 1 B
+    replicated = (4.0 * w + 4.0 * g + 2.0) * sb * d
+    # quantised W_o input: FlashAttention's own 16-bit output too, unless recomputed
+    o_twice = jnp.where(flash & (rc < 0.5) & (g != w), 2.0 * w, 0.0)
+    split = sb * (2.0 * w * d_attn + 4.0 * w * d_kv + (2.0 * g + o_twice) * d_attn
+                  + (2.0 * w * (model.ffn_matrices - 1.0) + 2.0 * g) * model.d_ff)
+    scores = jnp.where(flash,
                        4.0 * model.n_heads * seq_len * micro_batch,
                        (4.0 * w + 1.0) * model.n_heads * seq_len * sb)
-    rc = par.recompute
     scores = jnp.where(rc > 0.5, 0.0, scores)        # selective (and full) recompute
     replicated = jnp.where(sp, replicated / tp, replicated)
     per_layer = (replicated + split / tp + scores / tp
                  + moe_activation_bytes(model, par, micro_batch, seq_len))   # 0 when dense
     full = jnp.where(sp, 2.0 * w * sb * d / tp, 2.0 * w * sb * d)
     return jnp.where(rc > 1.5, full, per_layer)
+
+
+#: The terms of a training step's memory (:func:`training_memory`, ``TrainResult.memory``),
+#: bytes per device; they sum to its ``total`` (:func:`memory_breakdown`).
+TRAIN_MEMORY_TERMS = ("weights", "fp8_weight_cache", "gradients", "optimizer", "activations")
+
+
+def stored_gemm_input_bytes(prec):
+    """Bytes per element of a weight-GEMM input stored for the backward: the quantised word
+    (:func:`jaxmodel.precisions.gemm_word`, block scales included) where the recipe casts
+    every GEMM input (``cast_bytes > 0``: Transformer Engine's FP8 ``Linear`` saves the FP8
+    cast, see :func:`activation_bytes_per_layer`), else ``act_bytes``. Units: bytes."""
+    return jnp.where(prec.cast_bytes > 0, _prec.gemm_word(prec), prec.act_bytes)
+
+
+def weight_cache_bytes(prec):
+    """Bytes per parameter of the low-precision weight copies kept across the micro-batches
+    of a step (0 without a quantised copy, ``weight_copy_bytes = 0``).
+
+    Source: Transformer Engine 1.x ``pytorch/module/base.py``,
+    ``TransformerEngineBaseModule.get_fp8_workspace``: a module whose weights are not FP8
+    keeps an FP8 workspace (``Float8Tensor`` of the weight's shape, 1 B per element) cached
+    under ``cache_name="weight"`` whenever ``is_first_microbatch`` is given, filled by
+    ``cast_transpose_`` with the data *and* its transpose (Hopper's FP8 GEMMs take only the
+    "TN" layout, so the backward's ``dgrad`` GEMM reads the transpose). Megatron-core passes
+    ``is_first_microbatch`` unless ``TransformerConfig.disable_parameter_transpose_cache``
+    (default False: "the parameter transposes are cached for subsequent iterations";
+    ``extensions/transformer_engine.py`` ``TELinear.forward``). With FP8 primary weights
+    (TE ``fp8_model_init``, NeMo ``fp8_params``: ``weight_bytes`` no larger than the copy)
+    the weights are the FP8 data and only the cached transpose is added
+    (``Float8Tensor.transpose_2d(cache=True)``). Per element of a copy: ``weight_copy_bytes``
+    plus the block scales (:func:`jaxmodel.precisions.scale_overhead`).
+
+    Returns: bytes per parameter — ``2·copy`` (data + transpose), ``copy`` (transpose only,
+    FP8 primary weights) or 0.
+    """
+    copy = prec.weight_copy_bytes
+    word = copy + jnp.where(copy > 0, _prec.scale_overhead(prec), 0.0)
+    primary = prec.weight_bytes <= word
+    return jnp.where(copy > 0, jnp.where(primary, word, 2.0 * word), 0.0)
+
+
+def quantised_input_delta(model: Model, par: Parallelism, micro_batch, seq_len, prec):
+    """Bytes per layer and micro-batch by which storing the weight-GEMM inputs in
+    :func:`stored_gemm_input_bytes` changes :func:`activation_bytes_per_layer` (≤ 0 with
+    selective or full recomputation; the term is linear in the tokens, so it applies to any
+    inventory of the same ``seq_len`` local tokens, e.g. context parallelism's). Units: bytes.
+    """
+    base = activation_bytes_per_layer.single(model, par, micro_batch, seq_len, prec.act_bytes)
+    quant = activation_bytes_per_layer.single(model, par, micro_batch, seq_len, prec.act_bytes,
+                                              stored_gemm_input_bytes(prec))
+    return quant - base
+
+
+def memory_breakdown(result) -> dict:
+    """Training memory per device by term, GiB: :data:`TRAIN_MEMORY_TERMS` and ``total``
+    (their sum), from a :class:`jaxmodel.TrainResult` (its ``memory``) or a
+    :func:`training_memory` dict. Each value keeps the batch shape of the result.
+
+    Terms (see :func:`training_memory` for the sources): ``weights`` (the model weights in
+    ``weight_bytes``, ZeRO-3: the shard plus the gathered units), ``fp8_weight_cache`` (the
+    cached low-precision copies, :func:`weight_cache_bytes`), ``gradients`` (the gradient
+    buffer in ``grad_bytes``), ``optimizer`` (master weights + Adam moments, sharded over
+    DP×CP by the distributed optimizer from ZeRO-1), ``activations`` (the in-flight
+    micro-batches' stored activations).
+
+    Raises:
+        ValueError: ``result`` has no memory terms.
+    """
+    mem = getattr(result, "memory", result)
+    if not isinstance(mem, dict) or any(k not in mem for k in TRAIN_MEMORY_TERMS):
+        raise ValueError(f"memory_breakdown: result={type(result).__name__} carries no "
+                         f"training memory terms {TRAIN_MEMORY_TERMS}")
+    out = {k: jnp.asarray(mem[k]) / 2.0 ** 30 for k in TRAIN_MEMORY_TERMS}
+    out["total"] = sum(out[k] for k in TRAIN_MEMORY_TERMS)
+    return out
 
 
 def _stage_in_flight(in_flight):
@@ -105,14 +207,25 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
     """Training memory of the most loaded device (the pipeline stage with the largest total),
     bytes.
 
-    Source: see module docstring. Per parameter of ``precision`` (default ``"bf16"``): weights
-    :func:`jaxmodel.precisions.training_weight_bytes` (2 B; 3 B with FP8's cached weight
-    copy), gradients ``grad_bytes`` (4 B fp32 main gradients as in Megatron), optimizer
-    ``master_bytes + optim_bytes`` (4 + 8 = 12 B) per parameter of
-    :func:`~jaxmodel.workload.params.stage_params`, divided by ``dp`` from ZeRO stage 1
-    (optimizer), 2 (+ gradients), 3 (+ weights). Activations: ``in_flight`` micro-batches
-    (of ``par.micro_batch`` sequences) through the stage's layers, each
-    :func:`activation_bytes_per_layer`. Three stages are evaluated — the first (embedding),
+    Source: see module docstring. Per parameter of ``precision`` (default ``"bf16"``) and of
+    :func:`~jaxmodel.workload.params.stage_params`, the terms :data:`TRAIN_MEMORY_TERMS`:
+
+    - ``weights``: ``weight_bytes`` (2 B: Megatron-core's bf16 parameter buffer,
+      ``distributed/param_and_grad_buffer.py``; 1 B with FP8 primary weights);
+    - ``fp8_weight_cache``: :func:`weight_cache_bytes` (FP8: 2 B, the cached FP8 data and
+      its transpose; 1 B with FP8 primary weights; 0 in 16-bit recipes);
+    - ``gradients``: ``grad_bytes`` (4 B: fp32 main gradients, Megatron's
+      ``accumulate_allreduce_grads_in_fp32``; 2 B where the recipe reduces in bf16, NeMo's
+      ``grad_sync_dtype: bf16``), the contiguous gradient buffer;
+    - ``optimizer``: ``master_bytes + optim_bytes`` (4 + 8 = 12 B: fp32 main parameters and
+      Adam's two moments; Megatron-core ``optimizer/distrib_optimizer.py`` keeps them for
+      the rank's shard of the DP×CP group only — the caller passes ``par.dp`` = DP·CP);
+    - ``activations``: ``in_flight`` micro-batches (of ``par.micro_batch`` sequences)
+      through the stage's layers, each :func:`activation_bytes_per_layer` with the GEMM
+      inputs in :func:`stored_gemm_input_bytes`.
+
+    The model states are divided by ``dp`` from ZeRO stage 1 (optimizer), 2 (+ gradients),
+    3 (+ weights and their caches). Three stages are evaluated — the first (embedding),
     the most loaded middle one (``⌈L/p⌉`` layers) and the last (LM head), see
     :func:`jaxmodel.parallel.pipeline.stage_layers` — and the one with the largest total is
     returned (all three coincide when ``pp`` divides the layers and ``in_flight`` is a scalar).
@@ -132,7 +245,7 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
             :func:`activation_bytes_per_layer`; context parallelism passes its own).
 
     Returns:
-        dict with ``weights``, ``gradients``, ``optimizer``, ``activations``, ``total``.
+        dict with :data:`TRAIN_MEMORY_TERMS` and ``total`` (their sum).
     """
     prec = _prec.precision(precision)
     grad_bytes = prec.grad_bytes if grad_bytes is None else grad_bytes
@@ -142,7 +255,8 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
     dp_exp = jnp.maximum(dp / jnp.maximum(par.ep, 1.0), 1.0)
     if act_per_layer is None:
         act_per_layer = activation_bytes_per_layer.single(model, par, par.micro_batch, seq_len,
-                                                          prec.act_bytes)
+                                                          prec.act_bytes,
+                                                          stored_gemm_input_bytes(prec))
     per_expert_layer = model.n_experts / jnp.maximum(par.ep, 1.0) * _params.expert_params(
         model) / _params.expert_tp(par)[0]
     stages = zip(_params.stage_params(model, par), _moe.stage_moe_layers(model, par),
@@ -156,11 +270,12 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
             return ((params - experts) / jnp.where(on, dp, 1.0)
                     + experts / jnp.where(on, dp_exp, 1.0))
 
-        m = {"weights": _prec.training_weight_bytes(prec) * sharded(2.5),
+        m = {"weights": prec.weight_bytes * sharded(2.5),
+             "fp8_weight_cache": weight_cache_bytes(prec) * sharded(2.5),
              "gradients": grad_bytes * sharded(1.5),
              "optimizer": (prec.master_bytes + prec.optim_bytes) * sharded(0.5),
              "activations": flight * layers * act_per_layer}
-        m["total"] = m["weights"] + m["gradients"] + m["optimizer"] + m["activations"]
+        m["total"] = sum(m[k] for k in TRAIN_MEMORY_TERMS)
         if best is None:
             best = m
         else:

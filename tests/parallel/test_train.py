@@ -160,12 +160,13 @@ def test_zero_memory_sharding(batch):
     assert float(m[1]["gradients"]) == pytest.approx(g * n_par)
     assert float(m[2]["gradients"]) == pytest.approx(g * n_par / dp)
     assert float(m[2]["weights"]) == pytest.approx(2.0 * n_par)
-    # ZeRO-3 / FSDP: the shard plus the units (layers, 4 on this stage) alive unsharded —
-    # the computing one and the prefetched one, one unsharded gradient unit
+    # ZeRO-3 as FSDP2 runs it: the fp32 shard is the master (no 16-bit shard), the units
+    # (layers, 4 on this stage) alive unsharded — the computing one and the prefetched one —
+    # and one unit's reduce-scatter input (g) beside its unsharded gradients (2 B)
     n_par = float(wparams.params_per_device(MODEL, plan("z0")))   # the most loaded stage
     unit = n_par / 4.0
-    assert float(m[3]["weights"]) == pytest.approx(2.0 * (n_par / dp + 2.0 * unit))
-    assert float(m[3]["gradients"]) == pytest.approx(g * (n_par / dp + unit))
+    assert float(m[3]["weights"]) == pytest.approx(2.0 * 2.0 * unit)
+    assert float(m[3]["gradients"]) == pytest.approx(g * (n_par / dp + unit) + 2.0 * unit)
     assert float(m[3]["optimizer"]) == pytest.approx(12.0 * n_par / dp)
     for z in range(4):
         assert float(m[z]["activations"]) == pytest.approx(float(m[0]["activations"]))

@@ -289,3 +289,51 @@ def test_recompute_regathers_every_unit(sys2):
     assert float(jax.grad(lambda c: zero.zero3_step(
         sys2, PSI, N, c, CB, 16.0, 1.0, prefetch=0.0, recompute_gathers=1.0)["total"])(CF)
     ) == pytest.approx(N, rel=1e-9)
+
+
+def test_impl_costs_hand_values():
+    """FSDP2: copy-out 2·w, copy-in w + g, no 16-bit shard beside an fp32 master, unsharded
+    gradients in w; DeepSpeed 2021: none of these, its 16-bit shard kept."""
+    c = zero.impl_costs(jnp.asarray([0.0, 1.0]), 2.0, 4.0, 4.0)
+    np.testing.assert_allclose(c["copy_out_bytes"], [4.0, 0.0])
+    np.testing.assert_allclose(c["copy_in_bytes"], [6.0, 0.0])
+    np.testing.assert_allclose(c["shard_weight_bytes"], [0.0, 2.0])
+    np.testing.assert_allclose(c["unsharded_grad_bytes"], [2.0, 0.0])
+    # fp32 training (no separate master): FSDP keeps the fp32 shard as the weights
+    assert float(zero.impl_costs(0.0, 4.0, 4.0, 0.0)["shard_weight_bytes"]) == 4.0
+
+
+def test_copy_kernels_lengthen_the_unit_compute(sys2):
+    """FSDP2's copy-out (after every gather) and copy-in (before every reduce-scatter) run
+    on the compute stream: given collective times, no contention, one micro-batch,
+    T_f = g + (N−1)·max(c_f + t_o, g) + c_f + t_o and
+    T_b = g + (N−1)·max(c_b + t_o + t_i, g + r) + c_b + t_o + t_i + r, with
+    t the memory-bound elementwise kernel of Ψ/N elements (jm.elementwise_latency)."""
+    dev = sys2.device
+    g, r = 0.004, 0.008
+    t_o = float(jm.elementwise_latency(dev, PSI / N, 4.0, 0.0))
+    t_i = float(jm.elementwise_latency(dev, PSI / N, 6.0, 0.0))
+    assert 0.0 < t_o < t_i < 0.1
+    z = zero.zero3_step(sys2, PSI, N, CF, CB, 16.0, 1.0, channels=0.0,
+                        collective_times=(g, r, 0.0), copy_out_bytes=4.0, copy_in_bytes=6.0)
+    fwd = g + (N - 1) * max(CF + t_o, g) + CF + t_o
+    bwd = g + (N - 1) * max(CB + t_o + t_i, g + r) + CB + t_o + t_i + r
+    assert float(z["total"]) == pytest.approx(fwd + bwd, rel=1e-9)
+    assert float(z["copies"]) == pytest.approx(N * (2 * t_o + t_i), rel=1e-9)
+    assert float(z["compute"]) == pytest.approx(N * (CF + CB))      # the copies are not compute
+    plain = zero.zero3_step(sys2, PSI, N, CF, CB, 16.0, 1.0, channels=0.0,
+                            collective_times=(g, r, 0.0))
+    assert float(plain["copies"]) == 0.0
+    assert float(z["exposed_comm"]) > float(plain["exposed_comm"])
+
+
+def test_fsdp2_memory_hand_values():
+    """FSDP2 (shard_weight_bytes 0, unsharded gradients 2 B): weights are the gathered units
+    only, 2·(1 + 1)·1e8; gradients 4·1e7 (fp32 shard) + (4 + 2)·1e8 (reduce-scatter input and
+    the unsharded gradients of one unit); the optimizer's 12 B include the fp32 master."""
+    m = zero.zero3_memory(1e9, 10.0, 100.0, prefetch=1.0, shard_weight_bytes=0.0,
+                          unsharded_grad_bytes=2.0)
+    assert float(m["weights"]) == pytest.approx(2 * 2e8)
+    assert float(m["gradients"]) == pytest.approx(4e7 + 6e8)
+    assert float(m["optimizer"]) == pytest.approx(1.2e8)
+    assert float(m["total"]) == pytest.approx(4e8 + 6.4e8 + 1.2e8)

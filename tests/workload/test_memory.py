@@ -199,14 +199,15 @@ def test_activation_bytes_follow_the_activation_dtype():
 
 def test_precision_sets_every_tensor_class():
     """Training states per parameter (ZeRO-0): bf16 2 + 4 + (4 + 8) = 18 B; fp8 adds the
-    cached 1-byte weight copy (19 B). Serving: fp8 weights 1 B and a 1-byte KV cache."""
+    cached 1-byte FP8 weight copy and its 1-byte transpose (20 B). Serving: fp8 weights 1 B
+    and a 1-byte KV cache."""
     m = gpt(*KORTHIKANTI["megatron-22B"][:3])
     par = jm.Parallelism(tp=8)
     p = float(params_per_device(m, par))
-    for name, per_param in (("bf16", 18.0), ("fp8", 19.0)):
+    for name, per_param in (("bf16", 18.0), ("fp8", 20.0)):
         mem = training_memory(m, par, SEQ, 1.0, precision=name)
-        assert float(mem["weights"] + mem["gradients"] + mem["optimizer"]) == pytest.approx(
-            per_param * p, rel=1e-12)
+        states = mem["weights"] + mem["fp8_weight_cache"] + mem["gradients"] + mem["optimizer"]
+        assert float(states) == pytest.approx(per_param * p, rel=1e-12)
     bf = inference_memory(m, par, 4, 1000, 24, precision="bf16")
     f8 = inference_memory(m, par, 4, 1000, 24, precision="fp8")
     assert float(f8["weights"]) == pytest.approx(p, rel=1e-12)
