@@ -29,8 +29,11 @@ Array = Any  # a float, an int or a jax array (possibly with a leading batch axi
 
 # Discrete choices, encoded by their position (docs/architecture.md, "Codes").
 TOPOLOGIES = ("ring", "switch", "fully_connected", "mesh2d", "torus2d")
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
-RECOMPUTE = ("none", "selective", "full")
+# "dualpipe": DeepSeek-V3's bidirectional schedule (DeepSeek-AI, "DeepSeek-V3 Technical
+# Report", 2024, §3.2.1). "norm_upproj": its recomputation of RMSNorm and the MLA
+# up-projections only (§3.2.3), with the activations cached as §3.3.3 states.
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "dualpipe")
+RECOMPUTE = ("none", "selective", "full", "norm_upproj")
 # FFN kinds: GELU and ReLU / squared ReLU (two matrices), SwiGLU and GeGLU (gated, three).
 ACTIVATIONS = ("gelu", "swiglu", "geglu", "relu", "relu2")
 # Attention kinds: "gqa" covers multi-head (h_kv = h), grouped-query and multi-query
@@ -91,7 +94,7 @@ def code_of(value: Any, names: Sequence[str], field: str) -> Any:
         >>> code_of(True, RECOMPUTE, "recompute")
         Traceback (most recent call last):
         ...
-        ValueError: recompute=True is not a name: use one of ['none', 'selective', 'full']
+        ValueError: recompute=True is not a name: use one of ['none', 'selective', 'full', 'norm_upproj']
     """
     if isinstance(value, bool):
         raise ValueError(f"{field}={value!r} is not a name: use one of {list(names)}")
@@ -868,8 +871,9 @@ class Parallelism:
         sp: 1 for Megatron sequence parallelism, else 0 (bools accepted).
         micro_batch: sequences per micro-batch.
         interleave: virtual pipeline stages per device (interleaved 1F1B).
-        schedule: code into ``SCHEDULES`` (gpipe, 1f1b, interleaved).
-        recompute: code into ``RECOMPUTE`` (none, selective, full).
+        schedule: code into ``SCHEDULES`` (gpipe, 1f1b, interleaved, dualpipe).
+        recompute: code into ``RECOMPUTE`` (none, selective, full, norm_upproj: DeepSeek-V3's
+            RMSNorm + MLA up-projection recomputation, MLA models only).
         zero: ZeRO stage 0–3.
         flash_attention: attention kernel, a code into ``FA_VERSIONS``: 0 standard,
             1 FlashAttention-1, 2 FlashAttention-2 (names ``"fa1"``/``"fa2"`` and bools

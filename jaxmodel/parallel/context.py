@@ -234,8 +234,11 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
                               net=variant.net))
     attn_core_fwd = jnp.where(par.flash_attention > 0.5, 0.0, attn["fwd"])
     rc = par.recompute
-    recompute = jnp.select([rc < 0.5, rc < 1.5], [jnp.zeros_like(fwd), attn_core_fwd],
-                           fwd + comm + a2a)
+    recompute = jnp.select([rc < 0.5, rc < 1.5, rc < 2.5],
+                           [jnp.zeros_like(fwd), attn_core_fwd, fwd + comm + a2a],
+                           _layer.norm_upproj_recompute(gemm or _layer.default_gemm, dev,
+                                                        model, par, micro_batch * local, rows,
+                                                        prec))
     out = {"fwd": fwd, "bwd": bwd, "recompute": recompute, "tp_comm_fwd": comm,
            "tp_comm_bwd": comm, "ep_comm_fwd": a2a, "ep_comm_bwd": a2a,
            "cp_comm_fwd": attn["comm_fwd"], "cp_comm_bwd": attn["comm_bwd"],
@@ -245,7 +248,8 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
     return {k: jnp.where(ok, v, jnp.inf) for k, v in out.items()}
 
 
-def cp_activation_bytes(model, par, micro_batch, seq_len, cp, mode=RING, dtype_bytes=2.0):
+def cp_activation_bytes(model, par, micro_batch, seq_len, cp, mode=RING, dtype_bytes=2.0,
+                        gemm_bytes=None):
     """Activation memory one layer stores for the backward under CP, bytes per device: the
     per-layer inventory on ``s/cp`` tokens (:func:`jaxmodel.workload.memory.
     activation_bytes_per_layer`; its ``s²`` attention-score term becomes ``(s/cp)·s``) plus
@@ -254,7 +258,8 @@ def cp_activation_bytes(model, par, micro_batch, seq_len, cp, mode=RING, dtype_b
     f = jnp.result_type(float)
     c = jnp.maximum(jnp.asarray(cp, dtype=f), 1.0)
     local = seq_len / c
-    act = _memory.activation_bytes_per_layer.single(model, par, micro_batch, local, dtype_bytes)
+    act = _memory.activation_bytes_per_layer.single(model, par, micro_batch, local, dtype_bytes,
+                                                    gemm_bytes)
     # the s² term computed at s/cp counts (s/cp)²; the local queries see all s keys
     scores_local = jnp.where(
         (par.flash_attention > 0.5) | (par.recompute > 0.5), 0.0,

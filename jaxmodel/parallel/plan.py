@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmodel import numerics as nx
-from jaxmodel.parallel.pipeline import INTERLEAVED
+from jaxmodel.parallel.pipeline import DUALPIPE, INTERLEAVED, NORM_UPPROJ
 
 TRAIN, INFER, LAYER = "train", "infer", "layer"
 SCOPES = (TRAIN, INFER, LAYER)
@@ -132,6 +132,7 @@ class PlanInputs(NamedTuple):
     seq_len: Any
     gen_len: Any
     dtype_bytes: Any
+    attention: Any = 0.0      # model attention code (types.ATTENTIONS; 1 = MLA)
 
 
 _MODEL = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size",
@@ -145,6 +146,7 @@ def inputs(model, par, *, n_devices=float("nan"), batch=1.0, seq_len=1.0, gen_le
     """:class:`PlanInputs` from a model and a plan (pytrees or objects with those fields)."""
     kw = {k: getattr(model, k) for k in _MODEL}
     kw.update({k: getattr(par, k) for k in _PLAN})
+    kw["attention"] = getattr(model, "attention", 0.0)
     return PlanInputs(n_devices=n_devices, batch=batch, seq_len=seq_len, gen_len=gen_len,
                       dtype_bytes=dtype_bytes, **kw)
 
@@ -213,7 +215,7 @@ def _degrees_ok(xp, p):
 
 def _execution_ok(xp, p):
     return (_int_ge1(xp, p.micro_batch) & _int_ge1(xp, p.interleave)
-            & _code(xp, p.schedule, 2) & _code(xp, p.recompute, 2) & _code(xp, p.zero, 3)
+            & _code(xp, p.schedule, 3) & _code(xp, p.recompute, 3) & _code(xp, p.zero, 3)
             & ((p.interleave < 1.5) | (p.schedule == INTERLEAVED)))
 
 
@@ -272,8 +274,8 @@ def _explain_degrees(v):
 def _explain_execution(v):
     bad = [f"{k}={_g(v[k])} must be an integer >= 1" for k in ("micro_batch", "interleave")
            if v[k] < 1 or v[k] != round(v[k])]
-    bad += [f"{k} code {_g(v[k])} must be 0..{hi}" for k, hi in (("schedule", 2),
-                                                                 ("recompute", 2), ("zero", 3))
+    bad += [f"{k} code {_g(v[k])} must be 0..{hi}" for k, hi in (("schedule", 3),
+                                                                 ("recompute", 3), ("zero", 3))
             if v[k] not in range(hi + 1)]
     if not bad:
         bad = [f"interleave={_g(v['interleave'])} needs schedule='interleaved' (got schedule "
@@ -318,6 +320,22 @@ RULES: tuple[Rule, ...] = (
                         | divides(xp, xp.maximum(p.pp, 1.0), p.m)),
          lambda v: (f"the interleaved schedule needs the micro-batch count m = {_g(v['m'])} "
                     f"to be a multiple of pp = {_g(v['pp'])} (Megatron-LM)")),
+    # deepseek-ai/DualPipe, dualpipe/dualpipe.py ``DualPipe.step``: ``num_ranks % 2 == 0``,
+    # ``num_chunks % 2 == 0 and num_chunks >= num_ranks * 2`` (half the micro-batches enter
+    # at each end of the pipeline)
+    Rule("invalid_parallelism", (TRAIN,),
+         lambda xp, p: (p.schedule != DUALPIPE) | divides(xp, 2.0, p.pp),
+         lambda v: f"the dualpipe schedule needs an even pp (got pp={_g(v['pp'])})"),
+    Rule("batch_not_divisible", (TRAIN,),
+         lambda xp, p: ((p.schedule != DUALPIPE) | (divides(xp, 2.0, p.m)
+                                                    & (p.m >= 2.0 * p.pp))),
+         lambda v: (f"the dualpipe schedule needs an even micro-batch count m = {_g(v['m'])} "
+                    f"of at least 2·pp = {_g(2 * v['pp'])} (DualPipe)")),
+    # RMSNorm + MLA up-projection recomputation (DeepSeek-V3 §3.2.3) needs MLA's latents
+    Rule("invalid_parallelism", (TRAIN,),
+         lambda xp, p: (p.recompute != NORM_UPPROJ) | (p.attention > 0.5),
+         lambda v: ("recompute='norm_upproj' recomputes the MLA up-projections: the model "
+                    f"has no multi-head latent attention (attention code {_g(v['attention'])})")),
     Rule("invalid_parallelism", (INFER,), lambda xp, p: p.cp < 1.5,
          lambda v: f"cp={_g(v['cp'])}: context parallelism is modelled in training only"),
     Rule("sequence_not_divisible", (TRAIN, INFER),

@@ -42,7 +42,7 @@ _prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precisio
 
 @batched
 def activation_bytes_per_layer(model: Model, par: Parallelism, micro_batch, seq_len,
-                               act_bytes=2.0):
+                               act_bytes=2.0, gemm_bytes=None):
     """Activation memory one layer stores for the backward pass, bytes per device.
 
     Source: Korthikanti et al. 2022 §4.1 (per-layer inventory, 2-byte activations, 1-byte
@@ -68,6 +68,8 @@ def activation_bytes_per_layer(model: Model, par: Parallelism, micro_batch, seq_
         micro_batch: sequences per micro-batch (``b``).
         seq_len: sequence length (``s``).
         act_bytes: bytes per stored activation element (2 in Korthikanti et al.).
+        gemm_bytes: GEMM input width of the precision, for the ``norm_upproj`` recompute
+            code's FP8-cached inputs (:func:`_norm_upproj`; default ``act_bytes``).
     """
     w = act_bytes / 2.0
     tp = jnp.maximum(par.tp, 1.0)
@@ -88,7 +90,18 @@ def activation_bytes_per_layer(model: Model, par: Parallelism, micro_batch, seq_
     per_layer = (replicated + split / tp + scores / tp
                  + moe_activation_bytes(model, par, micro_batch, seq_len))   # 0 when dense
     full = jnp.where(sp, 2.0 * w * sb * d / tp, 2.0 * w * sb * d)
-    return jnp.where(rc > 1.5, full, per_layer)
+    return jnp.where(rc > 2.5, _norm_upproj(model, tp, sb, act_bytes, gemm_bytes),
+                     jnp.where(rc > 1.5, full, per_layer))
+
+
+def _norm_upproj(model: Model, tp, tokens, act_bytes, gemm_bytes):
+    """The ``norm_upproj`` recompute code's inventory (DeepSeek-V3 §3.2.3, §3.3.3;
+    :func:`jaxmodel.workload.moe.norm_upproj_activation_bytes`): FP8-cached inputs at the
+    GEMM input width ``gemm_bytes`` (default ``act_bytes``), E5M6 (1.5 B) for the attention
+    output when that is below ``act_bytes``, bytes."""
+    g = act_bytes if gemm_bytes is None else gemm_bytes
+    return _moe.norm_upproj_activation_bytes(model, tokens, tp, act_bytes, g,
+                                             jnp.where(g < act_bytes, 1.5, act_bytes))
 
 
 def _stage_in_flight(in_flight):
@@ -143,7 +156,7 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
     dp_exp = jnp.maximum(dp / jnp.maximum(par.ep, 1.0), 1.0)
     if act_per_layer is None:
         act_per_layer = activation_bytes_per_layer.single(model, par, par.micro_batch, seq_len,
-                                                          prec.act_bytes)
+                                                          prec.act_bytes, prec.gemm_bytes)
     per_expert_layer = model.n_experts / jnp.maximum(par.ep, 1.0) * _params.expert_params(
         model) / _params.expert_tp(par)[0]
     stages = zip(_params.stage_params(model, par), _moe.stage_moe_layers(model, par),

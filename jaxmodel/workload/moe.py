@@ -333,7 +333,7 @@ def moe_activation_bytes(model: Model, par: Parallelism, micro_batch, seq_len):
     extra_tokens = dims["slots"] - tokens
     ffn = extra_tokens * (2.0 * model.d_model + 2.0 * model.ffn_matrices * model.expert_d_ff / tp)
     gates = 4.0 * tokens * model.n_experts
-    full = par.recompute > 1.5
+    full = par.recompute > 1.5          # full, or norm_upproj (its own inventory)
     return jnp.where(full, 0.0, moe_layer_fraction(model) * (ffn + gates))
 
 
@@ -427,8 +427,8 @@ def dualpipe_overlap(compute, comm, sm_total, sm_comm):
 
 def norm_upproj_activation_bytes(model: Model, tokens, tp=1.0, act_bytes=2.0, fp8_bytes=1.0,
                                  e5m6_bytes=1.5):
-    """Activations one MLA + MoE layer stores for its backward under DeepSeek-V3's recipe,
-    bytes per device (not yet a recompute code of the step).
+    """Activations one average MLA layer stores for its backward under DeepSeek-V3's
+    recomputation (the ``norm_upproj`` recompute code), bytes per device.
 
     Source: DeepSeek-V3 Technical Report §3.2.3 (RMSNorm and the MLA up-projections
     recomputed in the backward: their outputs are not stored) and §3.3.3 (the input of the
@@ -437,11 +437,15 @@ def norm_upproj_activation_bytes(model: Model, tokens, tp=1.0, act_bytes=2.0, fp
     recomputed). Per token (``T = tokens``): the layer input and the attention's residual
     output, ``2·d`` words; MLA's latents ``d_c' + d_c + d_h^R`` (q_lora_rank, kv_lora_rank,
     qk_rope_head_dim) words, from which the recomputed up-projections rebuild Q, K, V; the
-    attention output ``h·d_v/t`` in E5M6 with FlashAttention's fp32 log-sum-exp ``4·h/t``;
-    the fp32 router scores ``4·E``; per routed copy (``k``) and for the shared experts the
-    FP8 input ``d`` and the FP8 SwiGLU input ``2·d_ff^e``. The routing weight's gradient is
+    attention output ``h·d_v/t`` in E5M6 with FlashAttention's fp32 log-sum-exp ``4·h/t``.
+    FFN, an MoE layer (share ``f`` of the layers, :func:`moe_layer_fraction`): the fp32
+    router scores ``4·E``; per routed copy (``k``) and for the shared experts the FP8 input
+    ``d`` and the FP8 SwiGLU input ``2·d_ff^e/t``; a dense layer (``1 − f``): the FP8 input
+    ``d`` and SwiGLU input ``(ffn_matrices − 1)·d_ff/t``. The routing weight's gradient is
     taken as the row-wise product of the recomputed SwiGLU output and W2's input gradient,
-    so no expert output is stored (an assumption; the report does not say). Units: bytes.
+    so no expert output is stored (an assumption; the report does not say). ``fp8_bytes``:
+    the GEMM input type of the precision (1 under FP8, the activation width otherwise).
+    Units: bytes.
     """
     t = jnp.maximum(tp, 1.0)
     d = model.d_model
@@ -449,6 +453,9 @@ def norm_upproj_activation_bytes(model: Model, tokens, tp=1.0, act_bytes=2.0, fp
     latents = model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
     attn = (2.0 * d + latents) * act_bytes + h * model.v_head_dim * e5m6_bytes + 4.0 * h
     copies = model.top_k + model.n_shared_experts
+    gate = model.ffn_matrices - 1.0
     experts = (4.0 * model.n_experts
-               + copies * (d + 2.0 * model.expert_d_ff / t) * fp8_bytes)
-    return tokens * (attn + experts)
+               + copies * (d + gate * model.expert_d_ff / t) * fp8_bytes)
+    dense = (d + gate * model.d_ff / t) * fp8_bytes
+    f = moe_layer_fraction(model)
+    return tokens * (attn + _safe(f, experts) + _safe(1.0 - f, dense))

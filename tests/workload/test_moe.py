@@ -402,14 +402,17 @@ def test_dualpipe_overlap_and_bubble_by_hand():
 
 
 def test_norm_upproj_activation_bytes_by_hand():
-    """DeepSeek-V3's MoE layer, 4,096 tokens, no TP: per token 2·7168·2 (layer input and
+    """DeepSeek-V3's average layer, 4,096 tokens, no TP: per token 2·7168·2 (layer input and
     residual) + (1536 + 512 + 64)·2 (MLA latents) + 128·128·1.5 (E5M6 attention output) +
-    128·4 (log-sum-exp) + 256·4 (router) + 9·(7168 + 2·2048) (FP8 inputs of 8 routed + 1
-    shared expert and their SwiGLU inputs) = 160,384 B."""
+    128·4 (log-sum-exp) = 57,984 B; an MoE layer (58 of 61) adds 256·4 (router) + 9·(7168 +
+    2·2048) (FP8 inputs of 8 routed + 1 shared expert and their SwiGLU inputs) = 102,400 B,
+    a dense one (3 of 61) 7168 + 2·18432 = 44,032 B (FP8 input and SwiGLU input)."""
     from jaxmodel.workload.moe import norm_upproj_activation_bytes
     ds = hw_db.model("deepseek-v3")
-    per_token = 28672 + 4224 + 24576 + 512 + 1024 + 9 * (7168 + 4096)
-    assert per_token == 160384
+    attn = 28672 + 4224 + 24576 + 512
+    moe, dense = 1024 + 9 * (7168 + 4096), 7168 + 2 * 18432
+    assert (attn, moe, dense) == (57984, 102400, 44032)
+    per_token = attn + 58 / 61 * moe + 3 / 61 * dense
     got = float(norm_upproj_activation_bytes(ds, 4096.0))
     assert got == pytest.approx(4096.0 * per_token, rel=1e-6)
 
