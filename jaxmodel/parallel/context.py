@@ -229,9 +229,9 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
     sync = _layer.tp_collective(system, par, micro_batch * local * model.d_model * dtype_bytes,
                                 variant)
     comm = _layer.tp_syncs(model) * sync
-    a2a = (0.0 * sync if variant.moe is False else
-           _moe.alltoall_time(system, model, par, micro_batch * local, dtype_bytes,
-                              net=variant.net))
+    a2a, a2a_b = ((0.0 * sync, 0.0 * sync) if variant.moe is False else
+                  _moe.alltoall_times(system, model, par, micro_batch * local, dtype_bytes,
+                                      net=variant.net, dispatch_bytes=prec.gemm_bytes))
     attn_core_fwd = jnp.where(par.flash_attention > 0.5, 0.0, attn["fwd"])
     rc = par.recompute
     recompute = jnp.select([rc < 0.5, rc < 1.5, rc < 2.5],
@@ -240,7 +240,7 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
                                                         model, par, micro_batch * local, rows,
                                                         prec))
     out = {"fwd": fwd, "bwd": bwd, "recompute": recompute, "tp_comm_fwd": comm,
-           "tp_comm_bwd": comm, "ep_comm_fwd": a2a, "ep_comm_bwd": a2a,
+           "tp_comm_bwd": comm, "ep_comm_fwd": a2a, "ep_comm_bwd": a2a_b,
            "cp_comm_fwd": attn["comm_fwd"], "cp_comm_bwd": attn["comm_bwd"],
            "cp_contention": attn["contention"]}
     ok, _ = _layer.layer_feasibility(model, par)

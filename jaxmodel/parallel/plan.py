@@ -473,12 +473,17 @@ def placement(system, par) -> Placement:
     hop = jnp.maximum(cross_stride(system, inner), tp * cp)
     dp_exp = jnp.maximum(dp / ep, 1.0)
     multi_cp = cp > 1.5
-    return Placement(tp=Group(tp, 1.0), cp=Group(cp, tp), pp=Group(pp, tp * cp),
-                     dp=Group(dp, inner), ep=Group(ep, jnp.where(ep > dp, 1.0, inner)),
-                     dp_exp=Group(dp_exp, inner * ep),
-                     stage_hop=Group(2.0, hop),
+    # Megatron-core's "tp-cp-ep-dp-pp" (``par.order`` 1): data (and expert) parallelism at
+    # stride tp·cp, the stages tp·cp·dp apart
+    mc = getattr(par, "order", 0.0) > 0.5
+    dp_stride = jnp.where(mc, tp * cp, inner)
+    return Placement(tp=Group(tp, 1.0), cp=Group(cp, tp),
+                     pp=Group(pp, jnp.where(mc, tp * cp * dp, tp * cp)),
+                     dp=Group(dp, dp_stride), ep=Group(ep, jnp.where(ep > dp, 1.0, dp_stride)),
+                     dp_exp=Group(dp_exp, dp_stride * ep),
+                     stage_hop=Group(2.0, jnp.where(mc, tp * cp * dp, hop)),
                      dp_cp=Group(dp * cp, tp),
-                     dp_exp_cp=Group(dp_exp * cp, jnp.where(multi_cp, tp, inner * ep)))
+                     dp_exp_cp=Group(dp_exp * cp, jnp.where(multi_cp, tp, dp_stride * ep)))
 
 
 # --------------------------------------------------------------------------------------------

@@ -216,6 +216,7 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
     table = np.concatenate(blocks)[order].astype(float)
     fields = head + ("recompute", "zero", "flash_attention", "zero3_impl")
     plans = {k: table[:, i] for i, k in enumerate(fields)}
+    plans["order"] = np.zeros(len(table))       # the PTD-P rank order (types.PLACEMENTS)
     assert set(plans) == set(PAR_FIELDS), "Parallelism gained a field: extend the search"
     return plans
 

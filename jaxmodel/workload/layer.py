@@ -959,16 +959,16 @@ def training_layer_single(system: System, model: Model, par: Parallelism, micro_
                          variant)
     comm_fwd = tp_syncs(model) * sync
     comm_bwd = comm_fwd
-    a2a = (0.0 * sync if variant.moe is False else
-           _moe.alltoall_time(system, model, par, micro_batch * seq_len, dtype_bytes,
-                              net=variant.net))
+    a2a, a2a_b = ((0.0 * sync, 0.0 * sync) if variant.moe is False else
+                  _moe.alltoall_times(system, model, par, micro_batch * seq_len, dtype_bytes,
+                                      net=variant.net, dispatch_bytes=prec.gemm_bytes))
     rc = par.recompute
     recompute = jnp.select([rc < 0.5, rc < 1.5, rc < 2.5],
                            [jnp.zeros_like(fwd), attn_core_fwd, fwd + comm_fwd + a2a],
                            norm_upproj_recompute(gemm, dev, model, par, micro_batch * seq_len,
                                                  rows, prec))
     out = {"fwd": fwd, "bwd": bwd, "recompute": recompute, "tp_comm_fwd": comm_fwd,
-           "tp_comm_bwd": comm_bwd, "ep_comm_fwd": a2a, "ep_comm_bwd": a2a}
+           "tp_comm_bwd": comm_bwd, "ep_comm_fwd": a2a, "ep_comm_bwd": a2a_b}
     ok, _ = layer_feasibility(model, par)
     ok = ok & _prec.supported(dev, prec)
     return {k: jnp.where(ok, v, INF) for k, v in out.items()}

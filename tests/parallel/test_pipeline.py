@@ -200,8 +200,9 @@ def test_dualpipe_vmap_matches_loop():
                 + pl.p2p_transfers_on_critical_path(DUAL, p, mm, 1.0)
                 + pl.dualpipe_bubble(p, f, 0.4 * f, 0.2 * f))
 
-    batched = jax.vmap(one)(pp, m, fb)
-    loop = jnp.stack([one(a, b, c) for a, b, c in zip(pp, m, fb)])
+    batched = jax.jit(jax.vmap(one))(pp, m, fb)
+    single = jax.jit(one)
+    loop = jnp.stack([single(a, b, c) for a, b, c in zip(pp, m, fb)])
     np.testing.assert_allclose(np.asarray(batched), np.asarray(loop), rtol=1e-6)
     g = jax.grad(lambda f: pl.dualpipe_bubble(16.0, f, 0.4 * f, 0.2 * f))(1.0)
     assert float(g) == pytest.approx(7.0 * (1.0 + 0.4 - 0.6))
