@@ -50,6 +50,11 @@ at ``tp·cp``, DP at ``tp·cp·pp``. Gradients and ZeRO shards span the combined
 group (:attr:`Placement.dp_cp`), placed as Megatron builds its data-parallel groups: at
 stride ``tp``, directly outside TP·CP (:class:`Placement`).
 
+With ``par.order = 1`` (``"tp_cp_ep_dp_pp"``, Megatron-core's default ``order`` of
+``initialize_model_parallel``, megatron/core/parallel_state.py) data and expert parallelism
+sit at stride ``tp·cp`` and the pipeline stages ``tp·cp·dp`` apart (outermost): DeepSeek-V3's
+64-way EP on 8 nodes (DeepSeek-V3 Technical Report §3.2).
+
 Helpers :func:`is_integer` and :func:`divides` are the ``xp``-generic versions of the
 :mod:`jaxmodel.numerics` ones (those are jnp-only).
 

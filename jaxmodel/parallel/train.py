@@ -31,6 +31,15 @@ stages), each b·s·h·2/t bytes
 (scatter/gather optimisation, PTD-P §4.1; the re-assembling all-gather over TP when SP is off).
 With p > 1 and tied embeddings the first and last stage all-reduce the embedding gradient.
 
+**DualPipe** (``schedule="dualpipe"``; DeepSeek-V3 Technical Report §3.2.1–3.2.2, Table 2;
+deepseek-ai/DualPipe): each rank runs stage ``i`` and ``p−1−i`` (its load per micro-batch the
+mean of the two), the all-to-all and the steady stage transfers hidden behind the paired
+forward/backward chunks with the computation on the SMs left by the communication's 20
+(:func:`_dualpipe`), bubble ``(p/2 − 1)(F&B + B − 3W)``, two copies of the parameters
+(weights and unsharded gradients 2×, ZeRO-sharded states split over both copies' ``2·dp``
+ranks), ``p + 1`` micro-batches in flight. ``recompute="norm_upproj"``: RMSNorm and the MLA
+up-projections recomputed (§3.2.3), the activations of §3.3.3.
+
 **Context parallelism** (``par.cp``, :mod:`jaxmodel.parallel.context`; Liu et al., ICLR
 2024, ring attention; Megatron-core ``--context-parallel-size``): placement tp → cp → pp →
 dp (CP at stride ``tp``, DP at ``tp·cp·pp``, the pipeline spans ``tp·cp·pp`` devices). Every

@@ -289,7 +289,7 @@ def alltoall_times(system: System, model: Model, par: Parallelism, tokens, dtype
     MoE-layer share ``f``. The backward pass repeats both (the gradients travel the same
     way back). 0 when ``ep = 1``.
 
-    Node-limited routing (``model.topk_group > 0``; DeepSeek-V3 §2.1.2, §3.2.2) with the
+    Node-limited routing (``0 < model.topk_group < model.n_group``; DeepSeek-V3 §2.1.2, §3.2.2) with the
     EP group spanning more than one node: :func:`node_limited_alltoall` instead — every token
     crosses InfiniBand once per destination node (at most ``M`` nodes,
     :func:`node_limit`) and is forwarded over NVLink inside it, the dispatch in
@@ -311,7 +311,10 @@ def alltoall_times(system: System, model: Model, par: Parallelism, tokens, dtype
     # node-limited routing over the nodes the group spans (members ``stride`` apart)
     g = jnp.maximum(system.levels[0].size, 1.0)
     nodes = jnp.where(stride >= g, ep, jnp.maximum(ep * stride / g, 1.0))
-    limited = (model.topk_group > 0) & (nodes > 1.5) & (len(system.levels) > 1)
+    # a restriction only where fewer groups than there are may be reached (topk_group =
+    # n_group, as DeepSeek-V2-Lite's 1 of 1, routes freely: the generic all-to-all)
+    limited = ((model.topk_group > 0) & (model.topk_group < model.n_group) & (nodes > 1.5)
+               & (len(system.levels) > 1))
     if len(system.levels) < 2:
         return generic, generic
     w_d = dtype_bytes if dispatch_bytes is None else dispatch_bytes

@@ -164,21 +164,26 @@ def test_dualpipe_code_is_the_schedule_name():
     from jaxmodel.types import RECOMPUTE, SCHEDULES, code_of
     assert code_of("dualpipe", SCHEDULES, "schedule") == DUAL == 3.0
     assert code_of("norm_upproj", RECOMPUTE, "recompute") == pl.NORM_UPPROJ == 3.0
-    assert [bool(pl.is_full_recompute(c)) for c in (0.0, 1.0, 2.0, 3.0)] == [
-        False, False, True, False]
+    full = pl.is_full_recompute(np.array([0.0, 1.0, 2.0, 3.0]))
+    assert np.asarray(full).tolist() == [False, False, True, False]
 
 
 def test_dualpipe_in_flight_and_transfers_by_hand():
-    # Table 2: PP + 1 micro-batch-stages per device (capped by m); every rank alike
-    assert float(pl.in_flight_microbatches(DUAL, 16.0, 120.0, 1.0)) == 17.0
-    assert float(pl.in_flight_microbatches(DUAL, 16.0, 10.0, 1.0)) == 10.0
-    assert [float(x) for x in pl.stage_in_flight(DUAL, 16.0, 120.0, 1.0)] == [17.0] * 3
-    # only the 2·(p − 1) fill/drain hops are exposed; the 2·m steady ones run hidden
-    assert float(pl.p2p_transfers_on_critical_path(DUAL, 16.0, 120.0, 1.0)) == 30.0
-    assert float(pl.dualpipe_hidden_transfers(16.0, 120.0)) == 240.0
-    assert float(pl.dualpipe_hidden_transfers(1.0, 120.0)) == 0.0
-    # bubble (p/2 − 1)(F&B + B − 3W): p = 8, F&B = 5, B = 2, W = 1 → 3 · 4 = 12
-    assert float(pl.dualpipe_bubble(8.0, 5.0, 2.0, 1.0)) == 12.0
+    @jax.jit
+    def values():
+        return jnp.stack([
+            # Table 2: PP + 1 micro-batch-stages per device (capped by m); every rank alike
+            pl.in_flight_microbatches(DUAL, 16.0, 120.0, 1.0),
+            pl.in_flight_microbatches(DUAL, 16.0, 10.0, 1.0),
+            *pl.stage_in_flight(DUAL, 16.0, 120.0, 1.0),
+            # only the 2·(p − 1) fill/drain hops are exposed; the 2·m steady ones hidden
+            pl.p2p_transfers_on_critical_path(DUAL, 16.0, 120.0, 1.0),
+            pl.dualpipe_hidden_transfers(16.0, 120.0), pl.dualpipe_hidden_transfers(1.0, 120.0),
+            # bubble (p/2 − 1)(F&B + B − 3W): p = 8, F&B = 5, B = 2, W = 1 → 3 · 4 = 12
+            pl.dualpipe_bubble(8.0, 5.0, 2.0, 1.0)])
+
+    assert np.asarray(values()).tolist() == [17.0, 10.0, 17.0, 17.0, 17.0, 30.0, 240.0, 0.0,
+                                             12.0]
 
 
 def test_dualpipe_state_factor():
@@ -204,8 +209,6 @@ def test_dualpipe_vmap_matches_loop():
     single = jax.jit(one)
     loop = jnp.stack([single(a, b, c) for a, b, c in zip(pp, m, fb)])
     np.testing.assert_allclose(np.asarray(batched), np.asarray(loop), rtol=1e-6)
-    g = jax.grad(lambda f: pl.dualpipe_bubble(16.0, f, 0.4 * f, 0.2 * f))(1.0)
-    assert float(g) == pytest.approx(7.0 * (1.0 + 0.4 - 0.6))
 
 
 def test_dualpipe_and_norm_upproj_plan_rules():
@@ -217,7 +220,7 @@ def test_dualpipe_and_norm_upproj_plan_rules():
     def failing(model, batch, **kw):
         p = plan.inputs(model, jm.Parallelism(**kw), n_devices=float(
             kw.get("dp", 1) * kw.get("pp", 1)), batch=batch, seq_len=4096.0)
-        return [why for ok, why in plan.structure_checks(plan.TRAIN, p) if not bool(ok)]
+        return [why for ok, why in plan.structure_checks(plan.TRAIN, p, np) if not bool(ok)]
 
     assert failing(ds, 15360.0, dp=128, pp=16, ep=64, schedule="dualpipe",
                    recompute="norm_upproj") == []

@@ -41,9 +41,12 @@ def test_dualpipe_and_norm_upproj_on_a_tiny_moe_by_hand():
     r = jm.train_step(system, model, par, 32, 512, dropout=0.0)
     assert np.asarray(r.feasible).all()
     mem = {k: np.asarray(v) for k, v in r.memory.items()}
-    assert mem["weights"][1] == pytest.approx(2.0 * mem["weights"][0], rel=1e-6)
-    assert mem["gradients"][1] == pytest.approx(2.0 * mem["gradients"][0], rel=1e-6)
-    assert mem["optimizer"][1] == pytest.approx(mem["optimizer"][0], rel=1e-6)
+    # the most loaded stage: 1F1B's first (4 micro-batches in flight), DualPipe's last (all
+    # stages hold 5; the last adds the final norm's 256 weights): equal up to those
+    assert mem["weights"][1] == pytest.approx(2.0 * mem["weights"][0], rel=2e-3)
+    assert mem["gradients"][1] == pytest.approx(2.0 * mem["gradients"][0], rel=2e-3)
+    assert mem["optimizer"][1] == pytest.approx(mem["optimizer"][0], rel=2e-3)
+    assert mem["weights"][1] != pytest.approx(mem["weights"][0], rel=0.5)
     assert mem["activations"][1] == pytest.approx(5.0 / 4.0 * mem["activations"][0], rel=1e-6)
     # 1 layer per stage, 4 micro-batches in flight on the first stage (1F1B), bf16
     want = 4.0 * float(norm_upproj_activation_bytes(model, 512.0, 1.0, 2.0, 2.0, 2.0))
