@@ -6,18 +6,20 @@ its training cluster and a one-node deployment, with breakdowns a reviewer can f
    parallelism 64 spanning 8 nodes, ZeRO-1 data parallelism (no tensor parallelism), FP8
    mixed precision (Transformer Engine recipe of :mod:`jaxmodel.precisions`), sequences of
    4,096 tokens, batch 15,360 (the batch after the ramp-up, §4.2). 61 layers on 16 stages are
-   uneven (:func:`jaxmodel.parallel.pipeline.stage_layers`: 3 | 13 × 4, 3 | 3). The
-   schedule is 1F1B: the report's DualPipe (§3.2.1) overlaps the all-to-all with compute and
-   shrinks the bubble — not a schedule of the step yet, so the step here is an upper bound of
-   DeepSeek's; :func:`dualpipe_estimate` prints what the full-recompute step's compute gives
-   with DualPipe's overlap and bubble and node-limited all-to-all (an estimate beside the
-   model's step). Reported: 1,543 tokens/s per GPU (Table 1, 2.664 M GPU hours for 14.8 T
-   tokens).
-   Activation recomputation: the report recomputes RMSNorm and the MLA up-projections
-   (§3.2.3); ``selective`` is the nearest Megatron mode, ``full`` the fallback when it does
-   not fit. Printed: the plan's stage layout, step time, MFU, the per-step breakdown
-   (compute / recompute / communication per kind / bubble / embedding) and the memory of
-   the most loaded stage (weights, gradients, optimizer states, activations).
+   uneven (:func:`jaxmodel.parallel.pipeline.stage_layers`: 3 | 13 × 4, 3 | 3).
+   Reported: 1,543 tokens/s per GPU (Table 1, 2.664 M GPU hours for 14.8 T tokens).
+   Three plans: Megatron's 1F1B with ``selective`` and with ``full`` recomputation (the
+   nearest Megatron modes, PTD-P rank order), and DeepSeek's own recipe: ``schedule=
+   "dualpipe"`` (§3.2.1: paired forward/backward chunks hiding the all-to-all on 112 of 132
+   SMs, bubble ``(p/2 − 1)(F&B + B − 3W)``, two stage copies per rank, PP+1 micro-batches
+   in flight), ``recompute="norm_upproj"`` (§3.2.3: RMSNorm and MLA up-projections
+   recomputed; §3.3.3: FP8/E5M6-cached activations), Megatron-core's rank order
+   ``"tp-cp-ep-dp-pp"`` (EP 64 on 8 nodes) with the model's node-limited routing
+   (``topk_group`` 4: IB once per destination node, NVLink forwarding, FP8 dispatch).
+   Printed: the plan's stage layout, step time, MFU, tokens/s per GPU against the reported
+   1,543, the per-step breakdown (compute / recompute / communication per kind / bubble /
+   embedding) and the memory of the most loaded stage (weights, gradients, optimizer
+   states, activations).
 2. **Serving** on one 8×H200 node (``dgx_h200``) with the published FP8 weights
    (``quantization_config``: e4m3 blocks of 128×128) and an FP8 latent KV cache, TP 8:
    time to first token, time per output token, memory, and the KV-cache bytes per token of
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 import jaxmodel as jm
@@ -49,13 +50,19 @@ TRAIN = dict(nodes=256, pp=16, ep=64, zero=1, global_batch=15360, seq_len=4096,
 SERVE = dict(batch=32, prompt_len=4096, gen_len=1024, precision="fp8", tp=8)
 
 
-def training(recompute: str):
+#: The three training plans: (name, schedule, recompute, rank order).
+PLANS = (("1f1b_selective", "1f1b", "selective", "tp-cp-pp-dp"),
+         ("1f1b_full", "1f1b", "full", "tp-cp-pp-dp"),
+         ("deepseek_recipe", "dualpipe", "norm_upproj", "tp-cp-ep-dp-pp"))
+
+
+def training(schedule: str, recompute: str, order: str = "tp-cp-pp-dp"):
     model = hw_db.model("deepseek-v3")
     system = hw_db.system("dgx_h800", nodes=TRAIN["nodes"])
     dp = system.n_devices // TRAIN["pp"]
     par = jm.Parallelism(dp=dp, tp=1, pp=TRAIN["pp"], ep=TRAIN["ep"], zero=TRAIN["zero"],
-                         micro_batch=1, schedule="1f1b", recompute=recompute,
-                         flash_attention=True)
+                         micro_batch=1, schedule=schedule, recompute=recompute,
+                         flash_attention=True, order=order)
     r = jm.train_step(system, model, par, TRAIN["global_batch"], TRAIN["seq_len"],
                       precision=TRAIN["precision"], dropout=0.0)
     return model, system, par, r
@@ -67,43 +74,6 @@ def training(recompute: str):
 REPORTED_TOKENS_PER_S_PER_GPU = 14.8e12 / (2.664e6 * 3600.0)
 REPORTED_TOKENS_PER_S = REPORTED_TOKENS_PER_S_PER_GPU * 2048
 
-#: DualPipe's communication SMs (DeepSeek-V3 §3.2.2: 20 of the H800's 132 SMs).
-SM_COMM, SM_TOTAL = 20.0, 132.0
-
-
-def dualpipe_estimate(model, system, par, r):
-    """An estimate outside the model's step (DualPipe is not a schedule code of
-    :func:`jaxmodel.train_step` yet): the full-recompute step's compute of the slowest
-    stage with DeepSeek-V3's own recipe of §3.2 — no full recomputation (its recomputation of
-    RMSNorm and the MLA up-projections is left out: an optimistic bound), the all-to-all of
-    node-limited routing with NVLink forwarding (:func:`jaxmodel.workload.moe.
-    node_limited_alltoall`: at most 4 of the EP group's 8 nodes per token, FP8 dispatch, BF16
-    combine forward, BF16 both backward) and the pipeline transfers hidden behind the paired
-    chunks on 112 of 132 SMs (:func:`jaxmodel.workload.moe.dualpipe_overlap`), the bubble
-    of :func:`jaxmodel.parallel.pipeline.dualpipe_bubble` with ``F = B = W`` a third of a
-    micro-batch's stage compute. Memory is not re-evaluated. Returns tokens/s per GPU and
-    the parts (s)."""
-    from jaxmodel.workload import moe as _moe
-    m = float(r.microbatches)
-    _, most, _ = (float(x) for x in pl.stage_layers(model.n_layers, par.pp))
-    ep_nodes = float(par.ep) / float(system.levels[0].size)
-    T, d, k = TRAIN["seq_len"] * float(par.micro_batch), float(model.d_model), 8.0
-    a2a = (float(_moe.node_limited_alltoall(system, T, d, k, 4.0, ep_nodes, 1.0, 2.0))
-           + float(_moe.node_limited_alltoall(system, T, d, k, 4.0, ep_nodes, 2.0, 2.0)))
-    compute = float(r.breakdown["compute"])
-    comm = m * most * a2a + float(r.breakdown["pp_comm"])
-    slowed, exposed = (float(x) for x in _moe.dualpipe_overlap(compute, comm, SM_TOTAL,
-                                                                SM_COMM))
-    c = slowed / m
-    fwd = compute / m / 3.0
-    bubble = float(pl.dualpipe_bubble(float(par.pp), c, fwd, fwd))
-    rest = sum(float(r.breakdown[x]) for x in ("dp_comm", "optimizer", "embedding"))
-    step = slowed + exposed + bubble + rest
-    parts = {"compute_on_112_SMs": slowed, "all_to_all+pp": comm, "exposed_comm": exposed,
-             "bubble": bubble, "dp+optimizer+embedding": rest, "step": step}
-    return TRAIN["global_batch"] * TRAIN["seq_len"] / step / float(system.n_devices), parts
-
-
 def print_training(model, system, par, r):
     first, most, last = (int(x) for x in pl.stage_layers(model.n_layers, par.pp))
     L, p = int(model.n_layers), int(par.pp)
@@ -111,7 +81,8 @@ def print_training(model, system, par, r):
     print(f"DeepSeek-V3 training on {int(system.n_devices)} H800 ({TRAIN['precision']}): "
           f"dp {int(par.dp)} (ZeRO-{int(par.zero)}) × pp {p} × ep {int(par.ep)}, "
           f"recompute code {int(par.recompute)}, batch {TRAIN['global_batch']} × "
-          f"{TRAIN['seq_len']} tokens, {float(r.microbatches):.0f} micro-batches per replica")
+          f"{TRAIN['seq_len']} tokens, {float(r.microbatches):.0f} micro-batches per replica, "
+          f"schedule code {int(par.schedule)}, rank order code {int(par.order)}")
     print(f"  stages: first {first} layers + embedding | {n_most} × {most}, "
           f"{p - 2 - n_most} × {most - 1} | last {last} layers + LM head + MTP module "
           f"(61 layers; Megatron --decoder-first/last-pipeline-num-layers {first}/{last})")
@@ -119,18 +90,11 @@ def print_training(model, system, par, r):
           f"{float(r.step_time_s):.2f} s, MFU {float(r.mfu):.3f}, "
           f"{float(r.tokens_per_s) / 1e6:.2f} M tokens/s")
     step = float(r.step_time_s)
+    per_gpu = float(r.tokens_per_s) / float(system.n_devices)
     if bool(r.feasible):
-        hidden = float(r.breakdown["ep_comm"]) + float(r.breakdown["recompute"])
-        print(f"  reported: {REPORTED_TOKENS_PER_S / 1e6:.2f} M tokens/s (2.664 M GPU hours "
-              f"for 14.8 T tokens); without the exposed all-to-all (DualPipe overlaps it) "
-              f"and the recomputation (DeepSeek recomputes only norms and up-projections) "
-              f"this step would give {TRAIN['global_batch'] * TRAIN['seq_len'] / (step - hidden) / 1e6:.2f}"
-              f" M tokens/s")
-        per_gpu, parts = dualpipe_estimate(model, system, par, r)
-        print(f"  DualPipe + node-limited all-to-all estimate (outside the step, memory not "
-              f"re-evaluated): {per_gpu:.0f} tokens/s per GPU vs reported "
-              f"{REPORTED_TOKENS_PER_S_PER_GPU:.0f} ({per_gpu / REPORTED_TOKENS_PER_S_PER_GPU - 1:+.0%}); "
-              + ", ".join(f"{k} {v:.2f} s" for k, v in parts.items()))
+        print(f"  {per_gpu:.0f} tokens/s per GPU vs reported "
+              f"{REPORTED_TOKENS_PER_S_PER_GPU:.0f} (2.664 M GPU hours for 14.8 T tokens): "
+              f"{per_gpu / REPORTED_TOKENS_PER_S_PER_GPU - 1:+.1%}")
     print("  step breakdown (slowest stage; s and share):")
     for k, v in r.breakdown.items():
         print(f"    {k:10s} {float(v):8.3f}  {float(v) / step:6.1%}")
@@ -192,11 +156,13 @@ def print_serving(model, system, par, r):
 def main():
     OUT.mkdir(exist_ok=True)
     rows = []
-    for rc in ("selective", "full"):
-        model, system, par, r = training(rc)
+    for name, schedule, rc, order in PLANS:
+        model, system, par, r = training(schedule, rc, order)
         print_training(model, system, par, r)
         print()
-        rows.append({"case": f"train_{rc}", "feasible": bool(r.feasible),
+        rows.append({"case": f"train_{name}", "feasible": bool(r.feasible),
+                     "tokens_per_s_per_gpu": float(r.tokens_per_s) / float(system.n_devices),
+                     "reported_tokens_per_s_per_gpu": REPORTED_TOKENS_PER_S_PER_GPU,
                      "reason": REASONS[int(r.reason)], "step_time_s": float(r.step_time_s),
                      "mfu": float(r.mfu), "memory_gib": float(r.memory_bytes) / GiB,
                      **{f"t_{k}": float(v) for k, v in r.breakdown.items()},

@@ -356,6 +356,8 @@ _HF_KEYS = {
     "moe_d_ff": ("moe_intermediate_size",),
     "first_k_dense": ("first_k_dense_replace",),
     "n_mtp_layers": ("num_nextn_predict_layers",),
+    "n_group": ("n_group",),
+    "topk_group": ("topk_group",),
     "sliding_window": ("sliding_window",),
     "global_every": ("sliding_window_pattern",),
 }
@@ -696,6 +698,7 @@ def model(name_or_config: str | Path | Mapping = "gpt3-175b", strict: bool = Tru
               sliding_window=window, global_every=global_every, qkv_bias=float(qkv_bias),
               parallel_block=float(parallel), n_shared_experts=get("n_shared_experts", 0),
               moe_d_ff=get("moe_d_ff", 0), first_k_dense=get("first_k_dense", 0),
-              n_mtp_layers=get("n_mtp_layers", 0), name=str(name), quantization=quant,
+              n_mtp_layers=get("n_mtp_layers", 0), n_group=get("n_group", 0),
+              topk_group=get("topk_group", 0), name=str(name), quantization=quant,
               serving_precision=serving)
     return validate_model(m, where=where)

@@ -29,8 +29,15 @@ Array = Any  # a float, an int or a jax array (possibly with a leading batch axi
 
 # Discrete choices, encoded by their position (docs/architecture.md, "Codes").
 TOPOLOGIES = ("ring", "switch", "fully_connected", "mesh2d", "torus2d")
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
-RECOMPUTE = ("none", "selective", "full")
+# "dualpipe": DeepSeek-V3's bidirectional schedule (DeepSeek-AI, "DeepSeek-V3 Technical
+# Report", 2024, §3.2.1). "norm_upproj": its recomputation of RMSNorm and the MLA
+# up-projections only (§3.2.3), with the activations cached as §3.3.3 states.
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "dualpipe")
+RECOMPUTE = ("none", "selective", "full", "norm_upproj")
+# Rank orders (innermost first): the PTD-P placement (Narayanan et al., SC'21, §3.2), and
+# Megatron-core's default ``order="tp-cp-ep-dp-pp"`` (megatron/core/parallel_state.py
+# ``initialize_model_parallel``; DeepSeek-V3's 64-way EP on 8 nodes, §3.2), pipeline outermost.
+PLACEMENTS = ("tp_cp_pp_dp", "tp_cp_ep_dp_pp")   # "-" spellings accepted
 # FFN kinds: GELU and ReLU / squared ReLU (two matrices), SwiGLU and GeGLU (gated, three).
 ACTIVATIONS = ("gelu", "swiglu", "geglu", "relu", "relu2")
 # Attention kinds: "gqa" covers multi-head (h_kv = h), grouped-query and multi-query
@@ -91,7 +98,7 @@ def code_of(value: Any, names: Sequence[str], field: str) -> Any:
         >>> code_of(True, RECOMPUTE, "recompute")
         Traceback (most recent call last):
         ...
-        ValueError: recompute=True is not a name: use one of ['none', 'selective', 'full']
+        ValueError: recompute=True is not a name: use one of ['none', 'selective', 'full', 'norm_upproj']
     """
     if isinstance(value, bool):
         raise ValueError(f"{field}={value!r} is not a name: use one of {list(names)}")
@@ -449,13 +456,15 @@ RANGES: dict[str, dict[str, Rule]] = {
         "moe_d_ff": _count(0, 1e8),
         "first_k_dense": _count(0, 1e5),
         "n_mtp_layers": _count(0, 1e3),
+        "n_group": _count(0, 1e5),
+        "topk_group": _count(0, 1e5),
     },
     "Parallelism": {
         "dp": _count(), "tp": _count(), "pp": _count(), "ep": _count(), "cp": _count(),
         "micro_batch": _count(), "interleave": _count(1, 1e4),
         "sp": FLAG, "flash_attention": Rule(0, 2, integer=True, what="code"),  # FA_VERSIONS
         "schedule": _code(SCHEDULES), "recompute": _code(RECOMPUTE), "zero": _code(4),
-        "zero3_impl": _code(ZERO3_IMPLS),
+        "zero3_impl": _code(ZERO3_IMPLS), "order": _code(PLACEMENTS),
     },
     # keyword knobs of train_step / inference / layer_breakdown (scalars)
     "knobs": {
@@ -757,6 +766,10 @@ class Model:
         n_mtp_layers: multi-token-prediction modules (DeepSeek-V3 §2.2, HF
             ``num_nextn_predict_layers``): each a projection ``[2d, d]``, two norms and one
             decoder layer (an MoE layer when the model is MoE), sharing embedding and head.
+        n_group, topk_group: node-limited routing (DeepSeek-V3 §2.1.2, HF ``n_group`` /
+            ``topk_group``): the routed experts form ``n_group`` groups (one per node of the
+            EP group) and a token's top-k experts lie in at most ``topk_group`` of them; 0 =
+            unrestricted routing.
         name: hw_db name (static metadata).
         quantization: how the published weights are stored when the checkpoint ships
             quantised (HF ``quantization_config``), e.g. ``"fp8 e4m3, 128x128 block scales"``
@@ -793,6 +806,8 @@ class Model:
     moe_d_ff: Array = 0.0
     first_k_dense: Array = 0.0
     n_mtp_layers: Array = 0.0
+    n_group: Array = 0.0
+    topk_group: Array = 0.0
     name: str = "custom"
     quantization: str = ""
     serving_precision: str = ""
@@ -868,8 +883,9 @@ class Parallelism:
         sp: 1 for Megatron sequence parallelism, else 0 (bools accepted).
         micro_batch: sequences per micro-batch.
         interleave: virtual pipeline stages per device (interleaved 1F1B).
-        schedule: code into ``SCHEDULES`` (gpipe, 1f1b, interleaved).
-        recompute: code into ``RECOMPUTE`` (none, selective, full).
+        schedule: code into ``SCHEDULES`` (gpipe, 1f1b, interleaved, dualpipe).
+        recompute: code into ``RECOMPUTE`` (none, selective, full, norm_upproj: DeepSeek-V3's
+            RMSNorm + MLA up-projection recomputation, MLA models only).
         zero: ZeRO stage 0–3.
         flash_attention: attention kernel, a code into ``FA_VERSIONS``: 0 standard,
             1 FlashAttention-1, 2 FlashAttention-2 (names ``"fa1"``/``"fa2"`` and bools
@@ -879,6 +895,10 @@ class Parallelism:
         zero3_impl: how ZeRO stage 3 executes, a code into ``ZERO3_IMPLS``: 0 ``"fsdp"``
             (prefetched flat-parameter units, PyTorch FSDP), 1 ``"deepspeed"`` (DeepSpeed
             stage 3 of 2021: serial per-tensor collectives); no effect unless ``zero = 3``.
+        order: rank order, a code into ``PLACEMENTS``: 0 ``"tp_cp_pp_dp"`` (PTD-P: a
+            pipeline's stages on neighbouring devices, data parallelism outermost), 1
+            ``"tp_cp_ep_dp_pp"`` (Megatron-core's default: data and expert parallelism
+            inside, pipeline stages outermost); :func:`jaxmodel.parallel.plan.placement`.
     """
 
     dp: Array = 1.0
@@ -894,12 +914,14 @@ class Parallelism:
     flash_attention: Array = 0.0
     cp: Array = 1.0
     zero3_impl: Array = 0.0
+    order: Array = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "schedule", code_of(self.schedule, SCHEDULES, "schedule"))
         object.__setattr__(self, "recompute", code_of(self.recompute, RECOMPUTE, "recompute"))
         object.__setattr__(self, "zero3_impl",
                            code_of(self.zero3_impl, ZERO3_IMPLS, "zero3_impl"))
+        object.__setattr__(self, "order", code_of(self.order, PLACEMENTS, "order"))
         if isinstance(self.flash_attention, str):
             object.__setattr__(self, "flash_attention",
                                code_of(self.flash_attention, FA_VERSIONS, "flash_attention"))

@@ -33,8 +33,9 @@ def test_every_numeric_field_is_a_leaf():
 
 def test_codes_follow_contract_order():
     assert jm.TOPOLOGIES == ("ring", "switch", "fully_connected", "mesh2d", "torus2d")
-    assert jm.SCHEDULES == ("gpipe", "1f1b", "interleaved")
-    assert jm.RECOMPUTE == ("none", "selective", "full")
+    # the contract's codes keep their numbers; DeepSeek-V3's schedule and recomputation follow
+    assert jm.SCHEDULES == ("gpipe", "1f1b", "interleaved", "dualpipe")
+    assert jm.RECOMPUTE == ("none", "selective", "full", "norm_upproj")
     lvl = jm.NetLevel(size=8, topology="torus2d", bw_per_device=1e11, link_latency=1e-6)
     assert lvl.topology == 4.0
     assert code_of(3.0, jm.TOPOLOGIES, "topology") == 3.0
@@ -128,7 +129,7 @@ def test_default_rule_covers_unlisted_fields():
 @pytest.mark.parametrize("kw,field", [
     (dict(sp=0.5), "sp"), (dict(flash_attention=7), "flash_attention"),
     (dict(tp=0), "tp"), (dict(pp=2.5), "pp"), (dict(zero=4), "zero"),
-    (dict(schedule=3.0), "schedule"), (dict(sp="yes"), "sp"), (dict(micro_batch=-1), "micro_batch"),
+    (dict(schedule=4.0), "schedule"), (dict(sp="yes"), "sp"), (dict(micro_batch=-1), "micro_batch"),
     (dict(zero3_impl=2.0), "zero3_impl"), (dict(zero3_impl=0.5), "zero3_impl"),
 ])
 def test_parallelism_ranges(kw, field):

@@ -228,15 +228,18 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
     sync = _layer.tp_collective(system, par, micro_batch * local * model.d_model * dtype_bytes,
                                 variant)
     comm = _layer.tp_syncs(model) * sync
-    a2a = (0.0 * sync if variant.moe is False else
-           _moe.alltoall_time(system, model, par, micro_batch * local, dtype_bytes,
-                              net=variant.net))
+    a2a, a2a_b = ((0.0 * sync, 0.0 * sync) if variant.moe is False else
+                  _moe.alltoall_times(system, model, par, micro_batch * local, dtype_bytes,
+                                      net=variant.net, dispatch_bytes=prec.gemm_bytes))
     attn_core_fwd = jnp.where(par.flash_attention > 0.5, 0.0, attn["fwd"])
     rc = par.recompute
-    recompute = jnp.select([rc < 0.5, rc < 1.5], [jnp.zeros_like(fwd), attn_core_fwd],
-                           fwd + comm + a2a)
+    recompute = jnp.select([rc < 0.5, rc < 1.5, rc < 2.5],
+                           [jnp.zeros_like(fwd), attn_core_fwd, fwd + comm + a2a],
+                           _layer.norm_upproj_recompute(gemm or _layer.default_gemm, dev,
+                                                        model, par, micro_batch * local, rows,
+                                                        prec))
     out = {"fwd": fwd, "bwd": bwd, "recompute": recompute, "tp_comm_fwd": comm,
-           "tp_comm_bwd": comm, "ep_comm_fwd": a2a, "ep_comm_bwd": a2a,
+           "tp_comm_bwd": comm, "ep_comm_fwd": a2a, "ep_comm_bwd": a2a_b,
            "cp_comm_fwd": attn["comm_fwd"], "cp_comm_bwd": attn["comm_bwd"],
            "cp_contention": attn["contention"]}
     ok, _ = _layer.layer_feasibility(model, par)
@@ -244,7 +247,8 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
     return {k: jnp.where(ok, v, jnp.inf) for k, v in out.items()}
 
 
-def cp_activation_bytes(model, par, micro_batch, seq_len, cp, mode=RING, dtype_bytes=2.0):
+def cp_activation_bytes(model, par, micro_batch, seq_len, cp, mode=RING, dtype_bytes=2.0,
+                        gemm_bytes=None):
     """Activation memory one layer stores for the backward under CP, bytes per device: the
     per-layer inventory on ``s/cp`` tokens (:func:`jaxmodel.workload.memory.
     activation_bytes_per_layer`; its ``s²`` attention-score term becomes ``(s/cp)·s``) plus
@@ -253,7 +257,8 @@ def cp_activation_bytes(model, par, micro_batch, seq_len, cp, mode=RING, dtype_b
     f = jnp.result_type(float)
     c = jnp.maximum(jnp.asarray(cp, dtype=f), 1.0)
     local = seq_len / c
-    act = _memory.activation_bytes_per_layer.single(model, par, micro_batch, local, dtype_bytes)
+    act = _memory.activation_bytes_per_layer.single(model, par, micro_batch, local, dtype_bytes,
+                                                    gemm_bytes)
     # the s² term computed at s/cp counts (s/cp)²; the local queries see all s keys
     scores_local = jnp.where(
         (par.flash_attention > 0.5) | (par.recompute > 0.5), 0.0,

@@ -1,7 +1,7 @@
 """Pipeline-parallel schedules: micro-batches, bubble, in-flight activations, stage transfers.
 
 Single-configuration formulas (scalar leaves); the schedule is a numeric code
-(``types.SCHEDULES``: gpipe=0, 1f1b=1, interleaved=2) selected with ``jnp.where``.
+(``types.SCHEDULES``: gpipe=0, 1f1b=1, interleaved=2, dualpipe=3) selected with ``jnp.where``.
 
 Sources:
     * GPipe: Huang et al., "GPipe", NeurIPS 2019 — all forwards, then all backwards; bubble
@@ -16,6 +16,14 @@ Sources:
       (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
       MLSys 2023, §4.2.3): the L/p layers' activations of p micro-batches times
       (1 + (p−1)/(p·v)), i.e. p + (p−1)/v micro-batch-stages.
+    * DualPipe: DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024), §3.2.1 and Table 2, and
+      its code (deepseek-ai/DualPipe, ``dualpipe/dualpipe.py``): rank ``i`` holds stage ``i``
+      and stage ``p−1−i`` (two copies of the parameters in the pipeline, "2×"), half the
+      micro-batches enter at each end; PP+1 micro-batch-stages of activations in flight;
+      bubble ``(p/2 − 1)(F&B + B − 3W)`` (:func:`dualpipe_bubble`); every forward chunk runs
+      paired with a backward chunk of another micro-batch, each one's all-to-all and stage
+      transfers hidden behind the other's computation (:func:`jaxmodel.workload.moe.
+      dualpipe_overlap`). Needs ``p`` even and ``m ≥ 2p`` even (``DualPipe.step``'s asserts).
 
     * Uneven stages (:func:`stage_layers`, :func:`stage_in_flight`): ``⌊L/p⌋`` or ``⌈L/p⌉``
       layers per stage, the lighter ones at the ends (Megatron-LM
@@ -38,7 +46,16 @@ import jax.numpy as jnp
 
 from jaxmodel.numerics import safe_div
 
-GPIPE, ONE_F_ONE_B, INTERLEAVED = 0.0, 1.0, 2.0
+GPIPE, ONE_F_ONE_B, INTERLEAVED, DUALPIPE = 0.0, 1.0, 2.0, 3.0
+#: Recompute codes (``types.RECOMPUTE``): none, selective, full, norm_upproj (DeepSeek-V3
+#: §3.2.3: RMSNorm and the MLA up-projections recomputed in the backward).
+NO_RECOMPUTE, SELECTIVE, FULL, NORM_UPPROJ = 0.0, 1.0, 2.0, 3.0
+
+
+def is_full_recompute(recompute):
+    """True for the ``full`` recompute code (the whole layer repeated; Korthikanti et al.
+    2023 §5): the one code whose activation inventory is the layer input only."""
+    return jnp.abs(jnp.asarray(recompute) - FULL) < 0.5
 
 
 def n_microbatches(global_batch, dp, micro_batch):
@@ -66,7 +83,8 @@ def in_flight_microbatches(schedule, pp, m, interleave):
 
     In units of "one micro-batch's activations for the L/p layers of one stage":
     GPipe m; 1F1B min(p, m); interleaved p·(1 + (p−1)/(p·v)) = p + (p−1)/v, capped at
-    m·(1 + (p−1)/(p·v)) when m < p (Korthikanti et al. 2023 §4.2.3; PTD-P §2.2).
+    m·(1 + (p−1)/(p·v)) when m < p (Korthikanti et al. 2023 §4.2.3; PTD-P §2.2); DualPipe
+    min(p + 1, m) (DeepSeek-V3 Technical Report, Table 2: "Activation PP+1", per device).
 
     Args:
         schedule: schedule code.
@@ -80,7 +98,9 @@ def in_flight_microbatches(schedule, pp, m, interleave):
     v = effective_interleave(schedule, interleave)
     warm = jnp.minimum(pp, m)
     interleaved = warm * (1.0 + safe_div(pp - 1.0, pp * v, fill=0.0))
-    return jnp.select([schedule == GPIPE, schedule == INTERLEAVED], [m, interleaved], warm)
+    dual = jnp.minimum(pp + 1.0, m)
+    return jnp.select([schedule == GPIPE, schedule == INTERLEAVED, schedule == DUALPIPE],
+                      [m, interleaved, dual], warm)
 
 
 def p2p_bytes(micro_batch, seq_len, d_model, tp, dtype_bytes=2.0):
@@ -120,7 +140,9 @@ def p2p_transfers_on_critical_path(schedule, pp, m, interleave):
     meets the last stage's ``send_backward_recv_forward``) plus the first forward's hop,
     m + 1. GPipe pairs nothing: the first stage sends m activations, then the last sends m
     gradients, each blocking between the sender's computes (forward ``f + m·(f + x)``,
-    backward ``m·(b + x) + b``), 2m. Zero for p = 1. A replay of Megatron-LM's
+    backward ``m·(b + x) + b``), 2m. DualPipe: its steady-state transfers run beside the
+    paired chunks' computation (hidden, :func:`dualpipe_hidden_transfers` of them), only the
+    2·(p−1) fill and drain hops are exposed. Zero for p = 1. A replay of Megatron-LM's
     ``schedules.py`` with these blocking exchanges agrees within a few transfers
     (``tests/parallel/test_pipeline_replay.py``).
 
@@ -129,9 +151,16 @@ def p2p_transfers_on_critical_path(schedule, pp, m, interleave):
     """
     v = effective_interleave(schedule, interleave)
     two = (pp > 1.5) & (pp < 2.5) & (v < 1.5)
-    n = jnp.select([two & (schedule == ONE_F_ONE_B), two & (schedule == GPIPE)],
-                   [m + 1.0, 2.0 * m], 2.0 * (m * v + pp - 1.0))
+    n = jnp.select([two & (schedule == ONE_F_ONE_B), two & (schedule == GPIPE),
+                    schedule == DUALPIPE],
+                   [m + 1.0, 2.0 * m, 2.0 * (pp - 1.0)], 2.0 * (m * v + pp - 1.0))
     return jnp.where(pp > 1.0, n, 0.0)
+
+
+def dualpipe_hidden_transfers(pp, m):
+    """Stage-boundary transfers of a DualPipe step that run beside computation: one
+    activation and one gradient per micro-batch (2·m), counts; 0 for p = 1."""
+    return jnp.where(pp > 1.0, 2.0 * m, 0.0)
 
 
 def bubble_time(schedule, pp, interleave, t_mean):
@@ -196,17 +225,18 @@ def stage_in_flight(schedule, pp, m, interleave):
     middle stage (the most loaded middle stage of :func:`stage_layers` holds ``⌈L/p⌉``
     layers and sits right after the first): GPipe ``m`` each; 1F1B ``min(p − k, m)`` on
     stage ``k`` (PTD-P §2.2.1: stage ``k`` runs ``p − k`` warm-up forwards); interleaved:
-    :func:`in_flight_microbatches` on both (its stages are even). The last stage holds
-    ``min(1, m)`` under 1F1B (``m`` under GPipe).
+    :func:`in_flight_microbatches` on both (its stages are even); DualPipe ``min(p + 1, m)``
+    on every rank (Table 2 of the DeepSeek-V3 report counts it per device). The last stage
+    holds ``min(1, m)`` under 1F1B (``m`` under GPipe).
 
     Returns:
         ``(first, second, last)`` in-flight micro-batch-stages (floats).
     """
     first = in_flight_microbatches(schedule, pp, m, interleave)
     k1 = jnp.where(pp > 1.5, 1.0, 0.0)
-    second = jnp.select([schedule == GPIPE, schedule == INTERLEAVED],
-                        [m, first], jnp.minimum(pp - k1, m))
-    last = jnp.select([schedule == GPIPE, schedule == INTERLEAVED],
+    same = (schedule == INTERLEAVED) | (schedule == DUALPIPE)
+    second = jnp.select([schedule == GPIPE, same], [m, first], jnp.minimum(pp - k1, m))
+    last = jnp.select([schedule == GPIPE, same],
                       [m, first], jnp.minimum(jnp.where(pp > 1.5, 1.0, pp), m))
     return first, second, last
 
@@ -221,6 +251,19 @@ def dualpipe_bubble(pp, fb, b, w):
     ``(p − 1)(F + B)``; ZB1P: ``(p − 1)(F + B − 2W)``; DualPipe: ``(p/2 − 1)(F&B + B −
     3W)``), with ``F&B`` the time of a mutually overlapped forward and backward chunk,
     ``B`` the backward for inputs and ``W`` the backward for weights of one chunk (s);
-    ``p`` even. Not yet a schedule code of the step.
+    ``p`` even.
     """
     return jnp.maximum(pp / 2.0 - 1.0, 0.0) * jnp.maximum(fb + b - 3.0 * w, 0.0)
+
+
+def dualpipe_state_factor(zero_stage_sharding, zero):
+    """Copies of a class of model states a DualPipe rank holds relative to 1F1B, 1 or 2.
+
+    Each rank holds two stages (``i`` and ``p−1−i``; DeepSeek-V3 Technical Report §3.2.1:
+    "DualPipe requires keeping two copies of the model parameters", Table 2 "Parameter
+    2×"), so every stage's parameters live on ``2·dp`` ranks. A state class sharded by ZeRO
+    (``zero ≥ zero_stage_sharding``: 1 optimizer states, 2 gradients, 3 weights; Rajbhandari
+    et al. 2020 §5) is split over those ``2·dp`` ranks and stays at its 1F1B size; an
+    unsharded class is held twice. Count.
+    """
+    return jnp.where(zero >= zero_stage_sharding - 0.5, 1.0, 2.0)

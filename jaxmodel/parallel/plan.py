@@ -50,6 +50,11 @@ at ``tp·cp``, DP at ``tp·cp·pp``. Gradients and ZeRO shards span the combined
 group (:attr:`Placement.dp_cp`), placed as Megatron builds its data-parallel groups: at
 stride ``tp``, directly outside TP·CP (:class:`Placement`).
 
+With ``par.order = 1`` (``"tp_cp_ep_dp_pp"``, Megatron-core's default ``order`` of
+``initialize_model_parallel``, megatron/core/parallel_state.py) data and expert parallelism
+sit at stride ``tp·cp`` and the pipeline stages ``tp·cp·dp`` apart (outermost): DeepSeek-V3's
+64-way EP on 8 nodes (DeepSeek-V3 Technical Report §3.2).
+
 Helpers :func:`xp_is_integer` and :func:`xp_divides` are the ``xp``-generic versions of the
 :mod:`jaxmodel.numerics` ones (those are jnp-only).
 
@@ -68,7 +73,7 @@ from jaxmodel import comm as _comm
 from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
 from jaxmodel.batching import call_batched
-from jaxmodel.parallel.pipeline import INTERLEAVED
+from jaxmodel.parallel.pipeline import DUALPIPE, INTERLEAVED, NORM_UPPROJ
 
 TRAIN, INFER, LAYER = "train", "infer", "layer"
 SCOPES = (TRAIN, INFER, LAYER)
@@ -135,6 +140,7 @@ class PlanInputs(NamedTuple):
     seq_len: Any
     gen_len: Any
     dtype_bytes: Any
+    attention: Any = 0.0      # model attention code (types.ATTENTIONS; 1 = MLA)
 
 
 _MODEL = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size",
@@ -148,6 +154,7 @@ def inputs(model, par, *, n_devices=float("nan"), batch=1.0, seq_len=1.0, gen_le
     """:class:`PlanInputs` from a model and a plan (pytrees or objects with those fields)."""
     kw = {k: getattr(model, k) for k in _MODEL}
     kw.update({k: getattr(par, k) for k in _PLAN})
+    kw["attention"] = getattr(model, "attention", 0.0)
     return PlanInputs(n_devices=n_devices, batch=batch, seq_len=seq_len, gen_len=gen_len,
                       dtype_bytes=dtype_bytes, **kw)
 
@@ -216,7 +223,7 @@ def _degrees_ok(xp, p):
 
 def _execution_ok(xp, p):
     return (_int_ge1(xp, p.micro_batch) & _int_ge1(xp, p.interleave)
-            & _code(xp, p.schedule, 2) & _code(xp, p.recompute, 2) & _code(xp, p.zero, 3)
+            & _code(xp, p.schedule, 3) & _code(xp, p.recompute, 3) & _code(xp, p.zero, 3)
             & ((p.interleave < 1.5) | (p.schedule == INTERLEAVED)))
 
 
@@ -275,8 +282,8 @@ def _explain_degrees(v):
 def _explain_execution(v):
     bad = [f"{k}={_g(v[k])} must be an integer >= 1" for k in ("micro_batch", "interleave")
            if v[k] < 1 or v[k] != round(v[k])]
-    bad += [f"{k} code {_g(v[k])} must be 0..{hi}" for k, hi in (("schedule", 2),
-                                                                 ("recompute", 2), ("zero", 3))
+    bad += [f"{k} code {_g(v[k])} must be 0..{hi}" for k, hi in (("schedule", 3),
+                                                                 ("recompute", 3), ("zero", 3))
             if v[k] not in range(hi + 1)]
     if not bad:
         bad = [f"interleave={_g(v['interleave'])} needs schedule='interleaved' (got schedule "
@@ -321,6 +328,22 @@ RULES: tuple[PlanRule, ...] = (
                         | xp_divides(xp, xp.maximum(p.pp, 1.0), p.m)),
          lambda v: (f"the interleaved schedule needs the micro-batch count m = {_g(v['m'])} "
                     f"to be a multiple of pp = {_g(v['pp'])} (Megatron-LM)")),
+    # deepseek-ai/DualPipe, dualpipe/dualpipe.py ``DualPipe.step``: ``num_ranks % 2 == 0``,
+    # ``num_chunks % 2 == 0 and num_chunks >= num_ranks * 2`` (half the micro-batches enter
+    # at each end of the pipeline)
+    PlanRule("invalid_parallelism", (TRAIN,),
+         lambda xp, p: (p.schedule != DUALPIPE) | xp_divides(xp, 2.0, p.pp),
+         lambda v: f"the dualpipe schedule needs an even pp (got pp={_g(v['pp'])})"),
+    PlanRule("batch_not_divisible", (TRAIN,),
+         lambda xp, p: ((p.schedule != DUALPIPE) | (xp_divides(xp, 2.0, p.m)
+                                                    & (p.m >= 2.0 * p.pp))),
+         lambda v: (f"the dualpipe schedule needs an even micro-batch count m = {_g(v['m'])} "
+                    f"of at least 2·pp = {_g(2 * v['pp'])} (DualPipe)")),
+    # RMSNorm + MLA up-projection recomputation (DeepSeek-V3 §3.2.3) needs MLA's latents
+    PlanRule("invalid_parallelism", (TRAIN,),
+         lambda xp, p: (p.recompute != NORM_UPPROJ) | (p.attention > 0.5),
+         lambda v: ("recompute='norm_upproj' recomputes the MLA up-projections: the model "
+                    f"has no multi-head latent attention (attention code {_g(v['attention'])})")),
     PlanRule("invalid_parallelism", (INFER,), lambda xp, p: p.cp < 1.5,
          lambda v: f"cp={_g(v['cp'])}: context parallelism is modelled in training only"),
     PlanRule("sequence_not_divisible", (TRAIN, INFER),
@@ -458,12 +481,17 @@ def placement(system, par) -> Placement:
     hop = jnp.maximum(cross_stride(system, inner), tp * cp)
     dp_exp = jnp.maximum(dp / ep, 1.0)
     multi_cp = cp > 1.5
-    return Placement(tp=Group(tp, 1.0), cp=Group(cp, tp), pp=Group(pp, tp * cp),
-                     dp=Group(dp, inner), ep=Group(ep, jnp.where(ep > dp, 1.0, inner)),
-                     dp_exp=Group(dp_exp, inner * ep),
-                     stage_hop=Group(2.0, hop),
+    # Megatron-core's "tp-cp-ep-dp-pp" (``par.order`` 1): data (and expert) parallelism at
+    # stride tp·cp, the stages tp·cp·dp apart
+    mc = getattr(par, "order", 0.0) > 0.5
+    dp_stride = jnp.where(mc, tp * cp, inner)
+    return Placement(tp=Group(tp, 1.0), cp=Group(cp, tp),
+                     pp=Group(pp, jnp.where(mc, tp * cp * dp, tp * cp)),
+                     dp=Group(dp, dp_stride), ep=Group(ep, jnp.where(ep > dp, 1.0, dp_stride)),
+                     dp_exp=Group(dp_exp, dp_stride * ep),
+                     stage_hop=Group(2.0, jnp.where(mc, tp * cp * dp, hop)),
                      dp_cp=Group(dp * cp, tp),
-                     dp_exp_cp=Group(dp_exp * cp, jnp.where(multi_cp, tp, inner * ep)))
+                     dp_exp_cp=Group(dp_exp * cp, jnp.where(multi_cp, tp, dp_stride * ep)))
 
 
 # --------------------------------------------------------------------------------------------

@@ -31,6 +31,15 @@ stages), each b·s·h·2/t bytes
 (scatter/gather optimisation, PTD-P §4.1; the re-assembling all-gather over TP when SP is off).
 With p > 1 and tied embeddings the first and last stage all-reduce the embedding gradient.
 
+**DualPipe** (``schedule="dualpipe"``; DeepSeek-V3 Technical Report §3.2.1–3.2.2, Table 2;
+deepseek-ai/DualPipe): each rank runs stage ``i`` and ``p−1−i`` (its load per micro-batch the
+mean of the two), the all-to-all and the steady stage transfers hidden behind the paired
+forward/backward chunks with the computation on the SMs left by the communication's 20
+(:func:`_dualpipe`), bubble ``(p/2 − 1)(F&B + B − 3W)``, two copies of the parameters
+(weights and unsharded gradients 2×, ZeRO-sharded states split over both copies' ``2·dp``
+ranks), ``p + 1`` micro-batches in flight. ``recompute="norm_upproj"``: RMSNorm and the MLA
+up-projections recomputed (§3.2.3), the activations of §3.3.3.
+
 **Context parallelism** (``par.cp``, :mod:`jaxmodel.parallel.context`; Liu et al., ICLR
 2024, ring attention; Megatron-core ``--context-parallel-size``): placement tp → cp → pp →
 dp (CP at stride ``tp``, DP at ``tp·cp·pp``, the pipeline spans ``tp·cp·pp`` devices). Every
@@ -428,8 +437,8 @@ def _finetune_times(system, model, par, b, local, seq_len, out, cfg, gemm, prec,
     out = dict(out)
     out["fwd"] = out["fwd"] + d["fwd"]
     out["bwd"] = out["bwd"] + d["bwd"]
-    out["recompute"] = out["recompute"] + jnp.where(par.recompute > 1.5, d["recompute_full"],
-                                                    0.0)
+    out["recompute"] = out["recompute"] + jnp.where(pl.is_full_recompute(par.recompute),
+                                                    d["recompute_full"], 0.0)
     out["lm_head_bwd"] = out["lm_head_bwd"] + d["lm_head_bwd"]
     out["embed_bwd"] = 0.0 * out["embed_bwd"]
     return out
@@ -554,7 +563,7 @@ def _layer_times(t: dict, rcode, tp_overlap, dev, tp_hbm, hosts, tp) -> _Layer:
     tpf, tpb, epf, epb = t["tp_comm_fwd"], t["tp_comm_bwd"], t["ep_comm_fwd"], t["ep_comm_bwd"]
     # forward, the recomputed forward (full recompute repeats the forward's TP and EP
     # communication, inside ``rc``) and backward, each collective beside its own GEMM
-    full_rc = rcode >= 1.5
+    full_rc = pl.is_full_recompute(rcode)
     rc_tp = jnp.where(full_rc, tpf, 0.0)
     rc_compute = rc - rc_tp - jnp.where(full_rc, epf, 0.0)
     ovl_f, ovl_b = _ov.te_tp_exposed(fwd, bwd, tpf, tpb, hosts[0], hosts[1], tp, dev, tp_hbm)
@@ -564,7 +573,9 @@ def _layer_times(t: dict, rcode, tp_overlap, dev, tp_hbm, hosts, tp) -> _Layer:
     tpf = _blend(tpf, ovl_f, tp_overlap)
     tpb = _blend(tpb, ovl_b, tp_overlap)
     # the bias/dropout/residual kernels the workload's layer omits (see residual_dropout_times)
-    rc = rc + jnp.select([rcode < 0.5, rcode < 1.5], [0.0, t["rd_selective"]], t["rd_fwd"])
+    # (norm_upproj repeats none of them: its recomputation is norms and up-projections)
+    rc = rc + jnp.select([rcode < 0.5, rcode < 1.5, rcode < 2.5],
+                         [0.0, t["rd_selective"], t["rd_fwd"]], 0.0)
     fwd = fwd + t["rd_fwd"]
     bwd = bwd + t["rd_bwd"]
     emb_comm = t["emb_comm_fwd"] + t["emb_comm_bwd"]
@@ -763,13 +774,25 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
         slower = n_k * per_layer + extra_k > slow_n * per_layer + slow_extra
         slow_n = jnp.where(slower, n_k, slow_n)
         slow_extra = jnp.where(slower, extra_k, slow_extra)
+    # DualPipe: a rank holds stage i and stage p−1−i and runs half the micro-batches through
+    # each, so its load per micro-batch is their mean — rank 0 pairs the first and the last
+    # stage, a middle rank two stages of at most ⌈L/p⌉ layers
+    dual = par_s.schedule == pl.DUALPIPE
+    ends_n = 0.5 * (n_first + n_last)
+    ends_extra = 0.5 * (lt.first + lt.last)
+    ends_slower = ends_n * per_layer + ends_extra > n_most * per_layer
+    slow_n = jnp.where(dual, jnp.where(ends_slower & multi_stage, ends_n, n_most), slow_n)
+    slow_extra = jnp.where(dual, jnp.where(ends_slower & multi_stage, ends_extra, 0.0),
+                           slow_extra)
     layer_f = layers * (lt.fwd + lt.tpf + lt.epf)           # forward of one micro-batch
     layer_b = layers * (lt.bwd + lt.rc + lt.tpb + lt.epb)   # backward (+ recompute)
+    # DualPipe keeps two copies of every stage's parameters (pipeline.dualpipe_state_factor)
+    dual_states = jnp.where(dual, 2.0, 1.0)
 
     # ---- data parallelism / ZeRO (and the stage-boundary collectives) ---------------------
     act_bytes = pl.p2p_bytes(b, seq, model_s.d_model, tp, dtype_bytes) / cp   # s/cp tokens
-    n_par = _params.params_per_device.single(model_s, par_s)
-    n_exp = _moe.expert_params_per_device(model_s, par_s)
+    n_par = _params.params_per_device.single(model_s, par_s) * dual_states
+    n_exp = _moe.expert_params_per_device(model_s, par_s) * dual_states
     g_dp, w_dp, n_opt = grad_bytes, prec.weight_bytes, None
     if finetune is not None:
         # LoRA: only the adapters are reduced, gathered (ZeRO-1/2) and updated; ZeRO-3
@@ -791,6 +814,9 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     pp_net_ok = ~multi_stage | dpc.send_ok
     n_p2p = pl.p2p_transfers_on_critical_path(par_s.schedule, pp, m, par_s.interleave)
     bubble = pl.bubble_time(par_s.schedule, pp, par_s.interleave, t_mean)
+    dpipe = _dualpipe(dev, lt, m, slow_n, slow_extra, layers, extra_mean, dpc.per_micro,
+                      pp, _finite(dpc.send) + t_regather)
+    bubble = jnp.where(dual, dpipe["bubble"], bubble)
     # tied embeddings: first and last stage all-reduce the word-embedding gradient (Megatron)
     t_emb_ar = jnp.where(multi_stage & (model_s.tied_embeddings > 0.5),
                          _finite(dpc.emb_allreduce), 0.0)
@@ -799,6 +825,8 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     zero = par_s.zero
     local = (n_par - n_exp) / jnp.where(zero >= 0.5, dp * cp, 1.0) + n_exp / jnp.where(
         zero >= 0.5, where.dp_exp_cp.size, 1.0)
+    # DualPipe under ZeRO: both copies of a stage shard its optimizer states over 2·dp
+    local = local / jnp.where(dual & (zero >= 0.5), 2.0, 1.0)
     if n_opt is not None:
         local = n_opt / jnp.where(zero >= 0.5, dp * cp, 1.0)
     t_opt_raw = _ops.elementwise_latency.single(dev, local, adam_bytes,
@@ -816,6 +844,10 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
         "optimizer": t_opt,
         "ep_comm": m * slow_n * (lt.epf + lt.epb),
     }
+    # DualPipe: compute on the SMs the communication leaves, the all-to-all and the steady
+    # stage transfers hidden behind the paired chunks (only their excess shows)
+    for k in ("compute", "recompute", "embedding", "ep_comm"):
+        breakdown[k] = jnp.where(dual, dpipe[k], breakdown[k])
     step = sum(breakdown[k] for k in BREAKDOWN_KEYS)
 
     # ---- memory -------------------------------------------------------------------------
@@ -853,6 +885,9 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     mem["fp8_weight_cache"] = jnp.where(z3_on, z3c[0] + z3c[1], mem["fp8_weight_cache"])
     for k in ("weights", "gradients", "optimizer"):
         mem[k] = jnp.where(z3_on, z3m[0][k] + z3m[1][k], mem[k])
+    # DualPipe: two stages per rank, ZeRO-sharded classes split over both copies' 2·dp ranks
+    for k, z in (("weights", 3.0), ("gradients", 2.0), ("optimizer", 1.0)):
+        mem[k] = mem[k] * jnp.where(dual, pl.dualpipe_state_factor(z, par_s.zero), 1.0)
     if finetune is not None:      # frozen base + adapters (:func:`jaxmodel.workload.finetune.
         mem.update(_lora.memory_states(                               # memory_states`;
             model_s, dataclasses.replace(par_s, dp=dp * cp), finetune, n_par, prec,
@@ -887,7 +922,14 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     # whose backward recomputation is part of its backward time, as in the layer model)
     attn_rc = jnp.where(par_s.flash_attention > 0.5, 0.0, 4.0 * seq * model_s.n_heads
                         * model_s.head_dim * model_s.n_layers * gb * seq)
-    hw_flops = flops + jnp.select([rcode < 0.5, rcode < 1.5], [0.0, attn_rc], full_rc)
+    # norm_upproj repeats the MLA up-projections (2 FLOPs per weight and token; the norms
+    # and the activation function are not counted as model FLOPs)
+    h = model_s.n_heads
+    upproj = (model_s.q_lora_rank * h * (model_s.qk_nope_head_dim + model_s.qk_rope_head_dim)
+              + model_s.kv_lora_rank * h * (model_s.qk_nope_head_dim + model_s.v_head_dim))
+    upproj_rc = 2.0 * upproj * model_s.n_layers * gb * seq
+    hw_flops = flops + jnp.select([rcode < 0.5, rcode < 1.5, rcode < 2.5],
+                                  [0.0, attn_rc, full_rc], upproj_rc)
     n_dev = dp * tp * pp * cp
     safe_step = jnp.where(feasible & (step > 0), step, 1.0)
     step_time = jnp.where(feasible, step, jnp.inf)
@@ -903,6 +945,43 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
         memory=mem, flops_per_step=jnp.where(structure_ok, flops, 0.0),
         achieved_flops_per_device=achieved, microbatches=jnp.where(structure_ok, m, 0.0),
         hfu=hfu)
+
+
+#: SMs DeepSeek-V3 gives to the all-to-all and pipeline communication beside the paired
+#: DualPipe chunks: 20 of the H800's 132 (DeepSeek-V3 Technical Report §3.2.2).
+DUALPIPE_COMM_SMS = 20.0
+
+
+def _dualpipe(dev, lt: _Layer, m, slow_n, slow_extra, layers, extra_mean, dp_micro, pp,
+              t_send):
+    """The parts of a DualPipe step (DeepSeek-V3 Technical Report §3.2.1–3.2.2, Table 2;
+    deepseek-ai/DualPipe), s: every forward chunk runs paired with a backward chunk of
+    another micro-batch, the all-to-all and the steady stage transfers (one activation and
+    one gradient per micro-batch, :func:`jaxmodel.parallel.pipeline.dualpipe_hidden_transfers`)
+    of each hidden behind the other's computation, which runs on the ``core_count −
+    DUALPIPE_COMM_SMS`` SMs the communication leaves
+    (:func:`jaxmodel.workload.moe.dualpipe_overlap`; the TP collectives stay serial).
+    Returns ``compute``, ``recompute``, ``embedding`` (slowed), ``ep_comm`` (the exposed
+    excess of the communication) and ``bubble`` ``(p/2 − 1)(F&B + B − 3W)``
+    (:func:`jaxmodel.parallel.pipeline.dualpipe_bubble`) on the mean rank with ``F`` its
+    forward chunk, ``B`` its full backward chunk (recomputation included), ``W`` the weight-
+    gradient half of the backward GEMM work (the input and weight gradients have equal FLOPs,
+    Narayanan et al. SC'21 §5.1) and ``F&B = F + B`` plus the pair's exposed communication.
+    """
+    sms = jnp.maximum(dev.core_count, DUALPIPE_COMM_SMS + 1.0)
+    share = sms / (sms - DUALPIPE_COMM_SMS)
+    comm = (m * slow_n * (lt.epf + lt.epb)
+            + pl.dualpipe_hidden_transfers(pp, m) * t_send)
+    work = m * (slow_n * (lt.fwd + lt.bwd + lt.rc) + slow_extra)
+    slowed, exposed = _moe.dualpipe_overlap(work, comm, sms, DUALPIPE_COMM_SMS)
+    f_chunk = layers * (lt.fwd + lt.tpf) * share
+    b_chunk = layers * (lt.bwd + lt.rc + lt.tpb) * share
+    w_chunk = 0.5 * layers * lt.bwd * share
+    fb = f_chunk + b_chunk + (extra_mean + dp_micro) * share + nx.safe_div(exposed, m,
+                                                                           fill=0.0)
+    return {"compute": m * slow_n * (lt.fwd + lt.bwd) * share,
+            "recompute": m * slow_n * lt.rc * share, "embedding": m * slow_extra * share,
+            "ep_comm": exposed, "bubble": pl.dualpipe_bubble(pp, fb, b_chunk, w_chunk)}
 
 
 _train_step_batched = batched(train_step_single)

@@ -84,7 +84,7 @@ def _as_int(x, field: str) -> int:
 
 
 def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
-                    schedules: Sequence = SCHEDULES, recompute: Sequence = RECOMPUTE,
+                    schedules: Sequence = SCHEDULES[:3], recompute: Sequence = RECOMPUTE[:3],
                     zero: Sequence[int] = (0, 1, 2, 3), sp: Sequence[bool] = (False, True),
                     flash_attention: Sequence = (False, "fa2"),
                     max_tp: int | None = None, max_pp: int | None = None,
@@ -119,7 +119,8 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
     Args:
         model: concrete model (counts are read as integers).
         n_devices, global_batch: integers.
-        schedules, recompute: names or codes to consider.
+        schedules, recompute: names or codes to consider (default the Megatron ones;
+            ``"dualpipe"`` and ``"norm_upproj"`` when named).
         zero, sp, flash_attention: options to consider (attention kernels as codes or
             names of ``FA_VERSIONS``; default standard attention and FlashAttention-2, the
             kernel of today's training stacks; ``True`` is FlashAttention-1).
@@ -219,6 +220,7 @@ def enumerate_plans(model: Model, n_devices: int, global_batch: int, *,
     table = np.concatenate(blocks)[order].astype(float)
     fields = head + ("recompute", "zero", "flash_attention", "zero3_impl")
     plans = {k: table[:, i] for i, k in enumerate(fields)}
+    plans["order"] = np.zeros(len(table))       # the PTD-P rank order (types.PLACEMENTS)
     assert set(plans) == set(PAR_FIELDS), "Parallelism gained a field: extend the search"
     return plans
 

@@ -912,6 +912,27 @@ def fp32_cross_entropy(dev, tokens, vocab, dtype_bytes=2.0):
 # --------------------------------------------------------------------------------------------
 # training layer
 # --------------------------------------------------------------------------------------------
+def norm_upproj_recompute(gemm, dev, model: Model, par: Parallelism, tokens, rows,
+                          precision=None):
+    """Forward work DeepSeek-V3's recomputation repeats in one layer's backward, s.
+
+    Source: DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024), §3.2.3 ("recomputing all
+    RMSNorm operations and MLA up-projections during back-propagation") and §3.3.3 (the
+    SwiGLU output recomputed from its cached input): the two layer norms (``rows``'
+    ``layernorm_mha`` and ``layernorm_ffn`` forward times), the FFN activation (``act``) and
+    the MLA up-projections ``[T, d_c']×[d_c', h/t·(d_h + d_h^R)]`` (queries) and ``[T,
+    d_c]×[d_c, h/t·(d_h + d_v)]`` (keys and values) of :func:`mla_projections` (the GEMMs
+    of its ``qkv`` row after the down projections), timed by ``gemm`` in the precision's
+    GEMM type. ``rows``: the layer's evaluated rows (:func:`evaluate`). The latent norms of
+    MLA (``[T, d_c']`` and ``[T, d_c]``, a few percent of the main ones) are not counted.
+    """
+    sh = shard(model, par)
+    qkv = mla_projections(model, sh, tokens)["qkv"]
+    up = {"qkv": [qkv[1], qkv[4]]}         # query up (when compressed), key/value up
+    t_up = evaluate(gemm, dev, up, {}, precision=precision)["qkv"][0]
+    return (rows["layernorm_mha"][0] + rows["layernorm_ffn"][0] + rows["act"][0] + t_up)
+
+
 def training_layer_single(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
                           gemm: GemmFn | None = None, dtype_bytes=None,
                           variant: Variant = ANY, precision=None):
@@ -933,14 +954,16 @@ def training_layer_single(system: System, model: Model, par: Parallelism, micro_
                          variant)
     comm_fwd = tp_syncs(model) * sync
     comm_bwd = comm_fwd
-    a2a = (0.0 * sync if variant.moe is False else
-           _moe.alltoall_time(system, model, par, micro_batch * seq_len, dtype_bytes,
-                              net=variant.net))
+    a2a, a2a_b = ((0.0 * sync, 0.0 * sync) if variant.moe is False else
+                  _moe.alltoall_times(system, model, par, micro_batch * seq_len, dtype_bytes,
+                                      net=variant.net, dispatch_bytes=prec.gemm_bytes))
     rc = par.recompute
-    recompute = jnp.select([rc < 0.5, rc < 1.5], [jnp.zeros_like(fwd), attn_core_fwd],
-                           fwd + comm_fwd + a2a)
+    recompute = jnp.select([rc < 0.5, rc < 1.5, rc < 2.5],
+                           [jnp.zeros_like(fwd), attn_core_fwd, fwd + comm_fwd + a2a],
+                           norm_upproj_recompute(gemm, dev, model, par, micro_batch * seq_len,
+                                                 rows, prec))
     out = {"fwd": fwd, "bwd": bwd, "recompute": recompute, "tp_comm_fwd": comm_fwd,
-           "tp_comm_bwd": comm_bwd, "ep_comm_fwd": a2a, "ep_comm_bwd": a2a}
+           "tp_comm_bwd": comm_bwd, "ep_comm_fwd": a2a, "ep_comm_bwd": a2a_b}
     ok, _ = layer_feasibility(model, par)
     ok = ok & _prec.supported(dev, prec)
     return {k: jnp.where(ok, v, INF) for k, v in out.items()}

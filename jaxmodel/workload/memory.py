@@ -88,6 +88,8 @@ def activation_bytes_per_layer(model: Model, par: Parallelism, micro_batch, seq_
         act_bytes: bytes per stored activation element (2 in Korthikanti et al.).
         gemm_input_bytes: bytes per stored weight-GEMM input element (default
             ``act_bytes``).
+            The ``norm_upproj`` recompute code's FP8-cached inputs take the same width
+            (:func:`_norm_upproj`).
     """
     w = act_bytes / 2.0
     g = w if gemm_input_bytes is None else gemm_input_bytes / 2.0
@@ -114,7 +116,18 @@ def activation_bytes_per_layer(model: Model, par: Parallelism, micro_batch, seq_
     per_layer = (replicated + split / tp + scores / tp
                  + moe_activation_bytes(model, par, micro_batch, seq_len))   # 0 when dense
     full = jnp.where(sp, 2.0 * w * sb * d / tp, 2.0 * w * sb * d)
-    return jnp.where(rc > 1.5, full, per_layer)
+    return jnp.where(rc > 2.5, _norm_upproj(model, tp, sb, act_bytes, gemm_input_bytes),
+                     jnp.where(rc > 1.5, full, per_layer))
+
+
+def _norm_upproj(model: Model, tp, tokens, act_bytes, gemm_bytes):
+    """The ``norm_upproj`` recompute code's inventory (DeepSeek-V3 §3.2.3, §3.3.3;
+    :func:`jaxmodel.workload.moe.norm_upproj_activation_bytes`): FP8-cached inputs at the
+    GEMM input width ``gemm_bytes`` (default ``act_bytes``), E5M6 (1.5 B) for the attention
+    output when that is below ``act_bytes``, bytes."""
+    g = act_bytes if gemm_bytes is None else gemm_bytes
+    return _moe.norm_upproj_activation_bytes(model, tokens, tp, act_bytes, g,
+                                             jnp.where(g < act_bytes, 1.5, act_bytes))
 
 
 #: The terms of a training step's memory (:func:`training_memory`, ``TrainResult.memory``),

@@ -79,7 +79,8 @@ from jaxmodel.workload.params import expert_params, expert_tp, n_moe_layers
 
 __all__ = ["MOE_OPS", "moe_layer_fraction", "expert_capacity", "moe_dims",
            "moe_feasibility", "grouped_gemm", "grouped_extra_output", "ffn_rows", "alltoall_time", "expert_params_per_device",
-           "moe_activation_bytes", "moe_layer_times", "node_limited_alltoall",
+           "moe_activation_bytes", "moe_layer_times", "node_limited_alltoall", "node_limit",
+           "alltoall_times",
            "dualpipe_overlap", "norm_upproj_activation_bytes"]
 
 #: Extra per-layer rows of an MoE model (zero for dense models), after ``LAYER_OPS``.
@@ -271,15 +272,30 @@ def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, b
 
 
 def alltoall_time(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0,
-                  dropless=False, net: _comm.NetVariant = _comm.ANY_NET):
-    """Dispatch + combine all-to-all of one average layer (forward), seconds.
+                  dropless=False, net: _comm.NetVariant = _comm.ANY_NET, dispatch_bytes=None):
+    """:func:`alltoall_times`' forward (dispatch in ``dispatch_bytes``), seconds."""
+    return alltoall_times(system, model, par, tokens, dtype_bytes, dropless, net,
+                          dispatch_bytes)[0]
+
+
+def alltoall_times(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0,
+                   dropless=False, net: _comm.NetVariant = _comm.ANY_NET, dispatch_bytes=None):
+    """Dispatch + combine all-to-all of one average layer, ``(forward, backward)`` seconds.
 
     Guo et al. eq. 3 (``T_A2A = E·C·D·precision / BW_A2A``) through the network model: two
     all-to-alls (dispatch, combine) of :func:`moe_dims`' ``a2a_bytes`` over the ``ep`` group,
     whose members are ``tp·pp`` devices apart (TP innermost, then PP, then DP; DeepSpeed-TED
-    takes the EP group from the data-parallel ranks), weighted by the MoE-layer share ``f``.
-    The backward pass repeats both (the gradients travel the same way back). 0 when
-    ``ep = 1``.
+    takes the EP group from the data-parallel ranks; ``tp`` apart under Megatron-core's
+    order, ``par.order = 1``, :func:`jaxmodel.parallel.plan.placement`), weighted by the
+    MoE-layer share ``f``. The backward pass repeats both (the gradients travel the same
+    way back). 0 when ``ep = 1``.
+
+    Node-limited routing (``0 < model.topk_group < model.n_group``; DeepSeek-V3 §2.1.2, §3.2.2) with the
+    EP group spanning more than one node: :func:`node_limited_alltoall` instead — every token
+    crosses InfiniBand once per destination node (at most ``M`` nodes,
+    :func:`node_limit`) and is forwarded over NVLink inside it, the dispatch in
+    ``dispatch_bytes`` per element (FP8 in DeepSeek-V3, §3.3.3; default ``dtype_bytes``),
+    the combine in ``dtype_bytes``; no capacity padding (DeepSeek-V3 drops no tokens, §2.1.2).
     """
     f = moe_layer_fraction(model)
     dims = moe_dims(model, par, tokens, dtype_bytes, dropless)
@@ -288,10 +304,39 @@ def alltoall_time(system: System, model: Model, par: Parallelism, tokens, dtype_
     group = jnp.where(multi, ep, 2.0)      # double-where: never evaluate a group of 1
     # DP-drawn group at stride tp·pp; folded over TP ranks (ep > dp): neighbours, stride 1
     stride = jnp.where(ep > jnp.maximum(par.dp, 1.0), 1.0,
-                       jnp.maximum(par.tp, 1.0) * jnp.maximum(par.pp, 1.0))
+                       jnp.maximum(par.tp, 1.0) * jnp.where(
+                           getattr(par, "order", 0.0) > 0.5, 1.0, jnp.maximum(par.pp, 1.0)))
     t = _comm.collective_latency.single(system, "all_to_all", dims["a2a_bytes"], group, "auto",
                                         stride, net)
-    return jnp.where(multi, _safe(f, 2.0 * t), 0.0)
+    generic = jnp.where(multi, _safe(f, 2.0 * t), 0.0)
+    # node-limited routing over the nodes the group spans (members ``stride`` apart)
+    g = jnp.maximum(system.levels[0].size, 1.0)
+    nodes = jnp.where(stride >= g, ep, jnp.maximum(ep * stride / g, 1.0))
+    # a restriction only where fewer groups than there are may be reached (topk_group =
+    # n_group, as DeepSeek-V2-Lite's 1 of 1, routes freely: the generic all-to-all)
+    limited = ((model.topk_group > 0) & (model.topk_group < model.n_group) & (nodes > 1.5)
+               & (len(system.levels) > 1))
+    if len(system.levels) < 2:
+        return generic, generic
+    w_d = dtype_bytes if dispatch_bytes is None else dispatch_bytes
+    out = []
+    for w in (w_d, dtype_bytes):          # forward dispatch, backward (gradients) in dtype
+        t_nl = node_limited_alltoall(system, tokens / expert_tp(par)[1], model.d_model,
+                                     model.top_k, node_limit(model, nodes), nodes, w,
+                                     dtype_bytes)
+        out.append(jnp.where(multi & limited, _safe(f, t_nl), generic))
+    return tuple(out)
+
+
+def node_limit(model: Model, ep_nodes):
+    """Nodes a token's routed experts reach at most, ``M`` (count): DeepSeek-V3 §2.1.2 sends
+    each token to at most ``topk_group`` of the ``n_group`` expert groups, one group per node
+    of its 8-node EP group (``n_group = 8``); with the EP group spanning ``N`` nodes each group
+    covers ``max(N/n_group, 1)`` of them, so ``M = min(topk_group · max(N/n_group, 1), N,
+    k)`` (never more nodes than the ``k`` routed experts)."""
+    per_group = jnp.maximum(nx.safe_div(ep_nodes, model.n_group, fill=1.0), 1.0)
+    return jnp.minimum(jnp.minimum(model.topk_group * per_group, ep_nodes),
+                       jnp.maximum(model.top_k, 1.0))
 
 
 def expert_params_per_device(model: Model, par: Parallelism):
@@ -333,7 +378,7 @@ def moe_activation_bytes(model: Model, par: Parallelism, micro_batch, seq_len):
     extra_tokens = dims["slots"] - tokens
     ffn = extra_tokens * (2.0 * model.d_model + 2.0 * model.ffn_matrices * model.expert_d_ff / tp)
     gates = 4.0 * tokens * model.n_experts
-    full = par.recompute > 1.5
+    full = par.recompute > 1.5          # full, or norm_upproj (its own inventory)
     return jnp.where(full, 0.0, moe_layer_fraction(model) * (ffn + gates))
 
 
@@ -427,8 +472,8 @@ def dualpipe_overlap(compute, comm, sm_total, sm_comm):
 
 def norm_upproj_activation_bytes(model: Model, tokens, tp=1.0, act_bytes=2.0, fp8_bytes=1.0,
                                  e5m6_bytes=1.5):
-    """Activations one MLA + MoE layer stores for its backward under DeepSeek-V3's recipe,
-    bytes per device (not yet a recompute code of the step).
+    """Activations one average MLA layer stores for its backward under DeepSeek-V3's
+    recomputation (the ``norm_upproj`` recompute code), bytes per device.
 
     Source: DeepSeek-V3 Technical Report §3.2.3 (RMSNorm and the MLA up-projections
     recomputed in the backward: their outputs are not stored) and §3.3.3 (the input of the
@@ -437,11 +482,15 @@ def norm_upproj_activation_bytes(model: Model, tokens, tp=1.0, act_bytes=2.0, fp
     recomputed). Per token (``T = tokens``): the layer input and the attention's residual
     output, ``2·d`` words; MLA's latents ``d_c' + d_c + d_h^R`` (q_lora_rank, kv_lora_rank,
     qk_rope_head_dim) words, from which the recomputed up-projections rebuild Q, K, V; the
-    attention output ``h·d_v/t`` in E5M6 with FlashAttention's fp32 log-sum-exp ``4·h/t``;
-    the fp32 router scores ``4·E``; per routed copy (``k``) and for the shared experts the
-    FP8 input ``d`` and the FP8 SwiGLU input ``2·d_ff^e``. The routing weight's gradient is
+    attention output ``h·d_v/t`` in E5M6 with FlashAttention's fp32 log-sum-exp ``4·h/t``.
+    FFN, an MoE layer (share ``f`` of the layers, :func:`moe_layer_fraction`): the fp32
+    router scores ``4·E``; per routed copy (``k``) and for the shared experts the FP8 input
+    ``d`` and the FP8 SwiGLU input ``2·d_ff^e/t``; a dense layer (``1 − f``): the FP8 input
+    ``d`` and SwiGLU input ``(ffn_matrices − 1)·d_ff/t``. The routing weight's gradient is
     taken as the row-wise product of the recomputed SwiGLU output and W2's input gradient,
-    so no expert output is stored (an assumption; the report does not say). Units: bytes.
+    so no expert output is stored (an assumption; the report does not say). ``fp8_bytes``:
+    the GEMM input type of the precision (1 under FP8, the activation width otherwise).
+    Units: bytes.
     """
     t = jnp.maximum(tp, 1.0)
     d = model.d_model
@@ -449,6 +498,9 @@ def norm_upproj_activation_bytes(model: Model, tokens, tp=1.0, act_bytes=2.0, fp
     latents = model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
     attn = (2.0 * d + latents) * act_bytes + h * model.v_head_dim * e5m6_bytes + 4.0 * h
     copies = model.top_k + model.n_shared_experts
+    gate = model.ffn_matrices - 1.0
     experts = (4.0 * model.n_experts
-               + copies * (d + 2.0 * model.expert_d_ff / t) * fp8_bytes)
-    return tokens * (attn + experts)
+               + copies * (d + gate * model.expert_d_ff / t) * fp8_bytes)
+    dense = (d + gate * model.d_ff / t) * fp8_bytes
+    f = moe_layer_fraction(model)
+    return tokens * (attn + _safe(f, experts) + _safe(1.0 - f, dense))

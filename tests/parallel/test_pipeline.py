@@ -152,3 +152,83 @@ def test_train_step_uneven_stages_slowest_stage():
     assert step[0] < step[1]
     w = np.asarray(r.memory["weights"])
     assert w[0] == pytest.approx(w[1], rel=1e-9)
+
+
+# --------------------------------------------------------------------------------------------
+# DualPipe (DeepSeek-V3 Technical Report §3.2.1, Table 2; deepseek-ai/DualPipe)
+# --------------------------------------------------------------------------------------------
+DUAL = pl.DUALPIPE
+
+
+def test_dualpipe_code_is_the_schedule_name():
+    from jaxmodel.types import RECOMPUTE, SCHEDULES, code_of
+    assert code_of("dualpipe", SCHEDULES, "schedule") == DUAL == 3.0
+    assert code_of("norm_upproj", RECOMPUTE, "recompute") == pl.NORM_UPPROJ == 3.0
+    full = pl.is_full_recompute(np.array([0.0, 1.0, 2.0, 3.0]))
+    assert np.asarray(full).tolist() == [False, False, True, False]
+
+
+def test_dualpipe_in_flight_and_transfers_by_hand():
+    @jax.jit
+    def values():
+        return jnp.stack([
+            # Table 2: PP + 1 micro-batch-stages per device (capped by m); every rank alike
+            pl.in_flight_microbatches(DUAL, 16.0, 120.0, 1.0),
+            pl.in_flight_microbatches(DUAL, 16.0, 10.0, 1.0),
+            *pl.stage_in_flight(DUAL, 16.0, 120.0, 1.0),
+            # only the 2·(p − 1) fill/drain hops are exposed; the 2·m steady ones hidden
+            pl.p2p_transfers_on_critical_path(DUAL, 16.0, 120.0, 1.0),
+            pl.dualpipe_hidden_transfers(16.0, 120.0), pl.dualpipe_hidden_transfers(1.0, 120.0),
+            # bubble (p/2 − 1)(F&B + B − 3W): p = 8, F&B = 5, B = 2, W = 1 → 3 · 4 = 12
+            pl.dualpipe_bubble(8.0, 5.0, 2.0, 1.0)])
+
+    assert np.asarray(values()).tolist() == [17.0, 10.0, 17.0, 17.0, 17.0, 30.0, 240.0, 0.0,
+                                             12.0]
+
+
+def test_dualpipe_state_factor():
+    # ZeRO-1: optimizer states sharded over both copies' 2·dp ranks; weights and
+    # gradients held twice (two stages per rank)
+    f = [float(pl.dualpipe_state_factor(z, 1.0)) for z in (3.0, 2.0, 1.0)]
+    assert f == [2.0, 2.0, 1.0]
+    assert float(pl.dualpipe_state_factor(1.0, 0.0)) == 2.0
+    assert float(pl.dualpipe_state_factor(3.0, 3.0)) == 1.0
+
+
+def test_dualpipe_vmap_matches_loop():
+    pp = jnp.array([2.0, 4.0, 8.0, 16.0])
+    m = jnp.array([4.0, 9.0, 16.0, 120.0])
+    fb = jnp.array([1.0, 2.0, 3.0, 0.5])
+
+    def one(p, mm, f):
+        return (pl.in_flight_microbatches(DUAL, p, mm, 1.0)
+                + pl.p2p_transfers_on_critical_path(DUAL, p, mm, 1.0)
+                + pl.dualpipe_bubble(p, f, 0.4 * f, 0.2 * f))
+
+    batched = jax.jit(jax.vmap(one))(pp, m, fb)
+    single = jax.jit(one)
+    loop = jnp.stack([single(a, b, c) for a, b, c in zip(pp, m, fb)])
+    np.testing.assert_allclose(np.asarray(batched), np.asarray(loop), rtol=1e-6)
+
+
+def test_dualpipe_and_norm_upproj_plan_rules():
+    import hw_db
+    import jaxmodel as jm
+    from jaxmodel.parallel import plan
+    ds, llama = hw_db.model("deepseek-v3"), hw_db.model("llama2-7b")
+
+    def failing(model, batch, **kw):
+        p = plan.inputs(model, jm.Parallelism(**kw), n_devices=float(
+            kw.get("dp", 1) * kw.get("pp", 1)), batch=batch, seq_len=4096.0)
+        return [why for ok, why in plan.structure_checks(plan.TRAIN, p, np) if not bool(ok)]
+
+    assert failing(ds, 15360.0, dp=128, pp=16, ep=64, schedule="dualpipe",
+                   recompute="norm_upproj") == []
+    assert failing(ds, 15360.0, dp=128, pp=15, ep=64,
+                   schedule="dualpipe") == ["invalid_parallelism"]            # odd pp
+    assert failing(ds, 128.0 * 30, dp=128, pp=16, ep=64,
+                   schedule="dualpipe") == ["batch_not_divisible"]            # m = 30 < 32
+    assert failing(ds, 128.0 * 33, dp=128, pp=16, ep=64,
+                   schedule="dualpipe") == ["batch_not_divisible"]            # m odd
+    assert failing(llama, 64.0, dp=8, pp=2,
+                   recompute="norm_upproj") == ["invalid_parallelism"]        # no MLA

@@ -387,6 +387,38 @@ def test_node_limited_alltoall_by_hand():
                                                      * float(nvl.efficiency)), rel=1e-5)
 
 
+def test_node_limit_by_hand():
+    """DeepSeek-V3 §2.1.2: 8 groups, at most 4 per token; the EP group on 8 nodes → 4 nodes,
+    on 2 nodes → 2 (never more than the group spans), on 64 nodes (each group 8 nodes) →
+    min(4·8, 64, k = 8) = 8 (never more than the routed experts)."""
+    ds = hw_db.model("deepseek-v3")
+    assert (float(ds.n_group), float(ds.topk_group)) == (8.0, 4.0)
+    assert [float(moe.node_limit(ds, n)) for n in (8.0, 2.0, 64.0)] == [4.0, 2.0, 8.0]
+
+
+@pytest.mark.slow
+def test_node_limited_dispatch_replaces_the_capacity_alltoall():
+    """The EP group over 2 nodes of a DGX H800 pair (ep 8 at stride 2): the layer's
+    all-to-all is :func:`node_limited_alltoall`'s, FP8 dispatch forward, BF16 backward;
+    without ``topk_group`` it is the capacity all-to-all."""
+    system = hw_db.system("dgx_h800", nodes=2)
+    tiny = jm.Model(n_layers=2, d_model=256, n_heads=4, n_kv_heads=4, head_dim=64, d_ff=512,
+                    vocab_size=1024, activation="swiglu", n_experts=8.0, top_k=2.0,
+                    n_group=4.0, topk_group=2.0)
+    par = jm.Parallelism(dp=8, pp=2, ep=8)
+    T = 1024.0
+    fwd, bwd = moe.alltoall_times(system, tiny, par, T, 2.0, dispatch_bytes=1.0)
+    # 8 members 2 apart span 2 nodes; M = min(2·max(2/4, 1), 2, 2) = 2
+    want_f = float(moe.node_limited_alltoall(system, T, 256.0, 2.0, 2.0, 2.0, 1.0, 2.0))
+    want_b = float(moe.node_limited_alltoall(system, T, 256.0, 2.0, 2.0, 2.0, 2.0, 2.0))
+    assert float(fwd) == pytest.approx(want_f, rel=1e-6)
+    assert float(bwd) == pytest.approx(want_b, rel=1e-6) and want_b > want_f
+    free = dataclasses.replace(tiny, topk_group=0.0)
+    f0, b0 = moe.alltoall_times(system, free, par, T, 2.0, dispatch_bytes=1.0)
+    assert float(f0) == pytest.approx(float(moe.alltoall_time(system, free, par, T, 2.0)))
+    assert float(f0) == float(b0) != pytest.approx(want_f)
+
+
 def test_dualpipe_overlap_and_bubble_by_hand():
     from jaxmodel.parallel.pipeline import dualpipe_bubble
     from jaxmodel.workload.moe import dualpipe_overlap
@@ -402,14 +434,17 @@ def test_dualpipe_overlap_and_bubble_by_hand():
 
 
 def test_norm_upproj_activation_bytes_by_hand():
-    """DeepSeek-V3's MoE layer, 4,096 tokens, no TP: per token 2·7168·2 (layer input and
+    """DeepSeek-V3's average layer, 4,096 tokens, no TP: per token 2·7168·2 (layer input and
     residual) + (1536 + 512 + 64)·2 (MLA latents) + 128·128·1.5 (E5M6 attention output) +
-    128·4 (log-sum-exp) + 256·4 (router) + 9·(7168 + 2·2048) (FP8 inputs of 8 routed + 1
-    shared expert and their SwiGLU inputs) = 160,384 B."""
+    128·4 (log-sum-exp) = 57,984 B; an MoE layer (58 of 61) adds 256·4 (router) + 9·(7168 +
+    2·2048) (FP8 inputs of 8 routed + 1 shared expert and their SwiGLU inputs) = 102,400 B,
+    a dense one (3 of 61) 7168 + 2·18432 = 44,032 B (FP8 input and SwiGLU input)."""
     from jaxmodel.workload.moe import norm_upproj_activation_bytes
     ds = hw_db.model("deepseek-v3")
-    per_token = 28672 + 4224 + 24576 + 512 + 1024 + 9 * (7168 + 4096)
-    assert per_token == 160384
+    attn = 28672 + 4224 + 24576 + 512
+    moe, dense = 1024 + 9 * (7168 + 4096), 7168 + 2 * 18432
+    assert (attn, moe, dense) == (57984, 102400, 44032)
+    per_token = attn + 58 / 61 * moe + 3 / 61 * dense
     got = float(norm_upproj_activation_bytes(ds, 4096.0))
     assert got == pytest.approx(4096.0 * per_token, rel=1e-6)
 
