@@ -55,7 +55,7 @@ RANKS = {
     "jaxmodel.serving": 5.5,
     "jaxmodel.search": 6,
     "jaxmodel": 7,
-    "jaxmodel.cli": 8, "jaxmodel.demo": 8, "jaxmodel.plots": 8,
+    "jaxmodel.cli": 8, "jaxmodel.demo": 8, "jaxmodel.plots": 8, "jaxmodel.ui": 8,
 }
 
 
