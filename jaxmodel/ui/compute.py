@@ -4,8 +4,8 @@ Every function here takes the page's form as a flat mapping of strings (the URL'
 view can be shared) and answers with plain Python (numbers, strings, lists, dicts). The numbers
 are those of the public functions called with the same inputs — :func:`jaxmodel.train_step`,
 :func:`jaxmodel.inference`, :func:`jaxmodel.tco`, :func:`jaxmodel.search_parallelism`,
-:func:`jaxmodel.search_serving` — built by the command line's own helpers
-(:func:`jaxmodel.cli.build_call`), so the page, the CLI and the library agree.
+:func:`jaxmodel.search_serving` — with the library's defaults (``dp`` = the devices left by
+``tp·pp·cp``), so the page and the library agree.
 
 Bad input raises :class:`FormError` naming the form field and the value it got.
 
@@ -155,10 +155,32 @@ def _system(form: Mapping):
         raise FormError("nodes", str(e)) from None
 
 
+def parallelism(spec: Mapping, n_devices: float):
+    """A validated :class:`jaxmodel.Parallelism` from the form's degrees; ``dp`` defaults to
+    the devices left, ``n_devices / (tp·pp·cp)`` (every other field: the library's
+    default)."""
+    import jaxmodel as jm
+    kw = dict(spec)
+    if "dp" not in kw:
+        tp, pp, cp = (float(kw.get(k, 1)) for k in ("tp", "pp", "cp"))
+        dp = n_devices / (tp * pp * cp)
+        if dp < 1 or dp != round(dp):
+            raise FormError("tp", f"tp·pp·cp = {tp:g}·{pp:g}·{cp:g} does not divide the "
+                            f"{n_devices:g} devices (dp would be {dp:g}); change tp/pp/cp "
+                            "or nodes")
+        kw["dp"] = dp
+    try:
+        return jm.validate_parallelism(jm.Parallelism(**kw), "parallelism")
+    except ValueError as e:
+        msg = str(e)
+        field = next((k for k in kw if f".{k}" in msg or f" {k} " in msg or f"'{k}'" in msg),
+                     "tp")
+        raise FormError(field, msg) from None
+
+
 def question(form: Mapping, body: Mapping | None = None) -> Question:
     """The public call a Predict form asks for (raises :class:`FormError` on bad input)."""
     import jaxmodel as jm
-    from jaxmodel.cli import _default_tp, build_parallelism
     phase = _choice(form, "phase", PHASES, DEFAULTS["phase"])
     system = _system(form)
     model = _model(form, body)
@@ -177,14 +199,7 @@ def question(form: Mapping, body: Mapping | None = None) -> Question:
         if str(sp).lower() not in ("0", "1", "true", "false", "on", "off"):
             raise FormError("sp", f"expected on/off, got {sp!r}")
         par_spec["sp"] = str(sp).lower() in ("1", "true", "on")
-    par_spec = _default_tp(system, model, par_spec)
-    try:
-        par = build_parallelism(par_spec, float(system.n_devices))
-    except ValueError as e:
-        msg = str(e)
-        field = next((k for k in ("tp", "pp", "cp", "dp") if f" {k}" in msg or f"'{k}'" in msg),
-                     "tp")
-        raise FormError(field, msg.removeprefix("parallelism: ")) from None
+    par = parallelism(par_spec, float(system.n_devices))
     work = {k: _number(form, k, DEFAULTS[k], integer=True) for k in WORKLOAD[phase]}
     kwargs: dict = {}
     prec = _choice(form, "precision", sorted(jm.PRESETS))
@@ -212,14 +227,42 @@ HEADLINE = {"train": ("step_time_s", "tokens_per_s", "mfu", "memory_bytes"),
 
 
 def _plain(x):
-    from jaxmodel.cli import to_jsonable
-    return to_jsonable(x)
+    """Plain-Python view of a result pytree: dicts of floats (``"inf"`` for infinities, JSON
+    has none), the reason code as its name (:data:`jaxmodel.REASONS`)."""
+    from jaxmodel.numerics import reason_name
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        out = {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        if isinstance(out.get("reason"), (int, float)):
+            out["reason"] = reason_name(out["reason"])
+        return out
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, (str, type(None))):
+        return x
+    a = np.asarray(x)
+    if a.dtype == bool:
+        return a.tolist()
+    if a.ndim == 0 and np.issubdtype(a.dtype, np.number):
+        return int(a) if np.issubdtype(a.dtype, np.integer) else _finite(a)
+    if np.issubdtype(a.dtype, np.number):
+        return [_plain(v) for v in a]
+    return str(x)
 
 
 def _explain(res: Mapping, q: Question) -> str | None:
-    from jaxmodel.cli import explain_infeasible
-    res = dict(res, memory_capacity_bytes=float(q.system.device.mem_capacity))
-    return explain_infeasible(res)
+    """One line for an infeasible answer: its reason, and the memory it needs when that is
+    the reason."""
+    if res.get("feasible") is not False:
+        return None
+    msg = f"infeasible: {res.get('reason')}"
+    mem = res.get("memory_bytes")
+    if res.get("reason") == "out_of_memory" and isinstance(mem, float):
+        msg += (f" (needs {mem / 2**30:.1f} GiB per device of "
+                f"{float(q.system.device.mem_capacity) / 2**30:.1f} GiB: raise tp or pp, "
+                "use ZeRO or recompute, or a smaller micro batch)")
+    return msg
 
 
 def predict(form: Mapping, body: Mapping | None = None) -> dict:
