@@ -9,6 +9,7 @@ import threading
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 
 from jaxmodel.ui import compute, server
@@ -109,3 +110,30 @@ def test_pareto_mask_by_hand():
 def test_csv_of_rows():
     text = server.to_csv([{"a": 1, "b": None}, {"a": 2, "c": "x"}])
     assert text == "a,b,c\n1,,\n2,,x\n"
+
+
+@pytest.mark.slow
+def test_whatif_and_predict_equal_the_library():
+    """The What-if answer at the slider and the Predict headline are jm.inference's numbers
+    for the same inputs (the network knob moved), one batched call of 256 points."""
+    import dataclasses
+
+    import hw_db
+    import jaxmodel as jm
+    form = {"system": "hgx_a100_4gpu", "model": "gpt2-small", "phase": "inference",
+            "tp": "4", "batch": "4", "prompt_len": "256", "gen_len": "16",
+            "sweep": "level0_bw", "k_level0_bw": "120"}
+    out = compute.whatif(form)
+    assert len(out["x"]) == compute.SWEEP_POINTS and 120.0 in out["x"]
+    system = hw_db.system("hgx_a100_4gpu")
+    lvl = dataclasses.replace(system.levels[0], bw_per_device=120e9)
+    slow = dataclasses.replace(system, levels=(lvl,) + tuple(system.levels[1:]))
+    want = jm.inference(slow, hw_db.model("gpt2-small"), jm.Parallelism(tp=4), 4, 256, 16)
+    assert out["at"]["ttft_s"] == pytest.approx(float(want.ttft_s), rel=1e-6)
+    assert out["at"]["tpot_s"] == pytest.approx(float(want.tpot_s), rel=1e-6)
+    # more link bandwidth never slows the step (the curve is monotone)
+    tpot = np.asarray(out["curves"]["tpot_s"], dtype=float)
+    assert (np.diff(tpot) <= 1e-12 * tpot[:-1]).all()
+    base = compute.predict({k: v for k, v in form.items() if not k.startswith(("sweep", "k_"))})
+    plain = jm.inference(system, hw_db.model("gpt2-small"), jm.Parallelism(tp=4), 4, 256, 16)
+    assert base["headline"]["ttft_s"] == pytest.approx(float(plain.ttft_s), rel=1e-6)
