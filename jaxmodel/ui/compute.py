@@ -22,14 +22,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from jaxmodel.types import FA_VERSIONS, RECOMPUTE, SCHEDULES
+
 # --------------------------------------------------------------------------------------------
 # form fields
 # --------------------------------------------------------------------------------------------
 PHASES = ("train", "inference")
 PAR_INT = ("dp", "tp", "pp", "ep", "cp", "micro_batch", "interleave", "zero")
-PAR_CHOICE = {"schedule": ("gpipe", "1f1b", "interleaved"),
-              "recompute": ("none", "selective", "full"),
-              "flash_attention": ("standard", "fa1", "fa2")}
+PAR_CHOICE = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "flash_attention": FA_VERSIONS}
 WORKLOAD = {"train": ("global_batch", "seq_len"),
             "inference": ("batch", "prompt_len", "gen_len")}
 DEFAULTS = {"phase": "train", "system": "dgx_a100", "nodes": "1", "model": "gpt3-13b",
@@ -191,6 +191,10 @@ def question(form: Mapping, body: Mapping | None = None) -> Question:
         if v is not None:
             par_spec[k] = v
     for k, choices in PAR_CHOICE.items():
+        code = _get(form, k)        # a search row carries the code: 0, 1, 2 (types.py order)
+        if isinstance(code, (str, int, float)) and str(code).replace(".0", "").isdigit() \
+                and int(float(code)) < len(choices):
+            form = {**form, k: choices[int(float(code))]}
         v = _choice(form, k, choices)
         if v is not None:
             par_spec[k] = v
