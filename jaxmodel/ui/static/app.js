@@ -137,10 +137,10 @@ function kvTable(obj) {
 }
 function stackedBar(div, parts, title, unit, scale) {
   if (!window.Plotly) { $(div).textContent = "charts need the plotly package (pip install jaxmodel[ui])"; return; }
-  const traces = Object.entries(parts).filter(([, v]) => typeof v === "number" && v > 0).map(([k, v]) =>
+  const traces = Object.entries(parts).filter(([k, v]) => k !== "total" && typeof v === "number" && v > 0).map(([k, v]) =>
     ({type: "bar", orientation: "h", name: k, y: [title], x: [v * scale], hovertemplate: `${k}: %{x:.4g} ${unit}<extra></extra>`}));
-  Plotly.react(div, traces, {barmode: "stack", title: {text: title, font: {size: 14}}, margin: {l: 90, r: 10, t: 40, b: 40},
-    xaxis: {title: unit}, legend: {orientation: "h", y: -0.3, font: {size: 10}}}, {displaylogo: false, responsive: true});
+  Plotly.react(div, traces, {barmode: "stack", title: {text: title, font: {size: 14}}, margin: {l: 20, r: 10, t: 40, b: 40},
+    xaxis: {title: {text: unit}}, yaxis: {showticklabels: false}, legend: {orientation: "h", y: -0.3, font: {size: 10}}}, {displaylogo: false, responsive: true});
 }
 async function runPredict() {
   clearErrors(); writeURL();
@@ -194,6 +194,7 @@ async function requestWhatif() {
   const t0 = performance.now();
   try {
     lastWhatif = await api("whatif", whatifValues(), withModel());
+    $("#status").textContent = "what-if";
     $("#w-time").textContent = `answered in ${((performance.now() - t0) / 1000).toFixed(2)} s`;
     drawWhatif();
   } catch (e) { showError(e.message, e.field); }
@@ -212,7 +213,7 @@ function drawWhatif() {
   Plotly.react("chart-whatif", [
     {x: r.x, y, mode: "lines", name: m},
     {x: [r.value], y: [num(r.at[m]) * scale], mode: "markers", marker: {size: 11, color: "#d33"}, name: "slider"}],
-    {margin: {t: 20, l: 70, r: 10, b: 50}, xaxis: {title: `${r.label} (${r.unit})`}, yaxis: {title: `${m} (${UNITS[m] || ""})`}, showlegend: false},
+    {margin: {t: 20, l: 70, r: 10, b: 50}, xaxis: {title: {text: `${r.label} (${r.unit})`}}, yaxis: {title: {text: `${m} (${UNITS[m] || ""})`}}, showlegend: false},
     {displaylogo: false, responsive: true});
 }
 
@@ -237,7 +238,7 @@ async function runSearch() {
         mode: "markers", type: "scatter", name, marker: {color, size: name === "Pareto front" ? 10 : 6}});
       const el = $("#chart-front");
       Plotly.react(el, [tr(rest, "other", "#9ab"), tr(front, "Pareto front", "#e63")],
-        {margin: {t: 20, l: 70, r: 10, b: 50}, xaxis: {title: x}, yaxis: {title: y + (ys !== 1 ? " (GiB)" : "")}, hovermode: "closest"},
+        {margin: {t: 20, l: 70, r: 10, b: 50}, xaxis: {title: {text: x}}, yaxis: {title: {text: y + (ys !== 1 ? " (GiB)" : "")}}, hovermode: "closest"},
         {displaylogo: false, responsive: true});
       el.removeAllListeners && el.removeAllListeners("plotly_click");
       el.on("plotly_click", (ev) => pick(ev.points[0].customdata));
@@ -281,7 +282,7 @@ async function runCompare() {
       const comps = [...new Set(r.plans.flatMap((p) => Object.keys(p.breakdown)))];
       const names = r.plans.map((p, i) => `#${i + 1}`);
       Plotly.react("chart-compare", comps.map((c) => ({type: "bar", name: c, x: names, y: r.plans.map((p) => p.breakdown[c] || 0)})),
-        {barmode: "stack", margin: {t: 20, l: 60, r: 10, b: 40}, yaxis: {title: "s"}, legend: {font: {size: 10}}}, {displaylogo: false, responsive: true});
+        {barmode: "stack", margin: {t: 20, l: 60, r: 10, b: 40}, yaxis: {title: {text: "s"}}, legend: {font: {size: 10}}}, {displaylogo: false, responsive: true});
     }
   } catch (e) { showError(e.message, e.field); }
 }
