@@ -131,9 +131,9 @@ async function api(name, values, body) {
 function withModel(values) { return uploaded ? {model_config: uploaded} : null; }
 
 // ---- Predict
-function kvTable(obj) {
+function kvTable(obj, prefix = "v-") {
   return "<table class='kv'>" + Object.entries(obj).map(([k, v]) =>
-    `<tr><td>${k}</td><td class="num" id="v-${k}">${fmt(v, k)}</td></tr>`).join("") + "</table>";
+    `<tr><td>${k}</td><td class="num" id="${prefix}${k}">${fmt(v, k)}</td></tr>`).join("") + "</table>";
 }
 function stackedBar(div, parts, title, unit, scale) {
   if (!window.Plotly) { $(div).textContent = "charts need the plotly package (pip install jaxmodel[ui])"; return; }
@@ -245,24 +245,18 @@ async function runSearch() {
     }
   } catch (e) { showError(e.message, e.field); }
 }
-async function pick(i) {
+function pick(i) {
   const r = lastSearch, row = r.rows[i];
   $$("#search-table tr").forEach((t) => t.classList.toggle("sel", t.dataset.i == i));
   const box = $("#search-pick");
-  box.innerHTML = `<b>chosen point #${i + 1}</b>` + kvTable(Object.fromEntries(Object.entries(row).filter(([, v]) => v !== null)));
+  box.innerHTML = `<b>chosen point #${i + 1}</b><div id="pick-breakdown" style="height:300px"></div>` +
+    kvTable(Object.fromEntries(Object.entries(row).filter(([, v]) => v !== null)), "pick-");
   box.dataset.row = i;
-  if (r.kind === "train") {
-    const f = {...searchValues(), phase: "train"};
-    delete f.kind; delete f.n_devices; delete f.top;
-    for (const k of ["dp", "tp", "pp", "cp", "ep", "micro_batch", "interleave", "zero", "schedule", "recompute", "flash_attention", "precision"])
-      if (row[k] !== undefined && row[k] !== null) f[k] = String(row[k]);
-    if (row.sp !== undefined && row.sp !== null) f.sp = row.sp ? "1" : "0";
-    try {
-      const p = await api("predict", f, withModel());
-      const d = document.createElement("div"); d.id = "pick-breakdown"; d.style.height = "300px"; box.appendChild(d);
-      stackedBar(d, p.breakdown, "time per step of this plan", "s", 1);
-    } catch (e) { showError(e.message, e.field); }
-  }
+  // the row's own breakdown (the search's numbers for this plan): breakdown.* columns
+  const parts = {};
+  for (const [k, v] of Object.entries(row)) if (k.startsWith("breakdown.") && typeof v === "number") parts[k.slice(10)] = v;
+  if (!Object.keys(parts).length) for (const k of ["ttft_s", "tpot_s"]) if (typeof row[k] === "number") parts[k] = row[k];
+  stackedBar("pick-breakdown", parts, r.kind === "train" ? "time per step of this plan" : "latencies of this deployment", "s", 1);
 }
 
 // ---- Compare
