@@ -99,14 +99,6 @@ def test_sweep_points_hold_the_slider_value():
     assert 3.3 in xs and xs[0] == 1.0 and xs[-1] == 4.0
 
 
-def test_pareto_mask_by_hand():
-    # (x, y) both maximised: (3,1) (2,2) (1,3) on the front; (1,1) and (2,1) dominated;
-    # an infinite point never on it
-    x = [3, 2, 1, 1, 2, float("inf")]
-    y = [1, 2, 3, 1, 1, 5]
-    assert compute.pareto_mask(x, y).tolist() == [True, True, True, False, False, False]
-
-
 def test_csv_of_rows():
     text = server.to_csv([{"a": 1, "b": None}, {"a": 2, "c": "x"}])
     assert text == "a,b,c\n1,,\n2,,x\n"

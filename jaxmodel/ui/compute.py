@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from jaxmodel.numerics import pareto_mask
 from jaxmodel.types import FA_VERSIONS, RECOMPUTE, SCHEDULES
 
 # --------------------------------------------------------------------------------------------
@@ -434,27 +435,12 @@ def _frame_rows(df) -> list[dict]:
     return rows
 
 
-def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Points not dominated when both ``x`` and ``y`` are to be maximised (non-finite points
-    never on the front)."""
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    ok = np.isfinite(x) & np.isfinite(y)
-    out = np.zeros(x.shape, dtype=bool)
-    idx = np.flatnonzero(ok)
-    order = idx[np.lexsort((-y[idx], -x[idx]))]
-    best = -np.inf
-    for j in order:
-        if y[j] > best:
-            out[j] = True
-            best = y[j]
-    return out
-
-
 def search(form: Mapping, body: Mapping | None = None) -> dict:
     """The Search page: ``kind=train`` ranks :func:`jaxmodel.search_parallelism`'s plans
-    (front: tokens/s against memory headroom), ``kind=serve`` runs
-    :func:`jaxmodel.search_serving` (front: tokens/s per device against tokens/s per user)."""
+    (front: most tokens/s for the least memory per device,
+    :func:`jaxmodel.numerics.pareto_mask`), ``kind=serve`` runs
+    :func:`jaxmodel.search_serving` (its own front: tokens/s per GPU against tokens/s per
+    user)."""
     import jaxmodel as jm
     kind = _choice(form, "kind", ("train", "serve"), "train")
     system = _system(form)
@@ -470,10 +456,8 @@ def search(form: Mapping, body: Mapping | None = None) -> dict:
         n_eval = df.attrs.get("n_evaluated")
         df = df[df["feasible"].astype(bool)] if "feasible" in df.columns else df
         df = df.head(top).reset_index(drop=True)
-        cap = float(system.device.mem_capacity)
-        x = np.asarray(df["tokens_per_s"], dtype=float)
-        y = cap - np.asarray(df["memory_bytes"], dtype=float)
-        df["pareto"] = pareto_mask(x, y)
+        df["pareto"] = pareto_mask(np.asarray(df["memory_bytes"], dtype=float),
+                                   np.asarray(df["tokens_per_s"], dtype=float))
         axes = {"x": "tokens_per_s", "y": "memory_bytes"}
     else:
         isl = _number(form, "isl", 1024, integer=True)
@@ -492,9 +476,9 @@ def search(form: Mapping, body: Mapping | None = None) -> dict:
                                precision=precs, runtime=rts, full=True, progress=False,
                                disaggregated=_get(form, "disagg", "1") in ("1", "on", "true"))
         n_eval = df.attrs.get("n_evaluated")
-        df = df.sort_values(["pareto", "tokens_per_s_per_device"], ascending=False,
+        df = df.sort_values(["pareto", "throughput_per_gpu"], ascending=False,
                             kind="stable").head(top).reset_index(drop=True)
-        axes = {"x": "tokens_per_s_per_user", "y": "tokens_per_s_per_device"}
+        axes = {"x": "tokens_per_s_per_user", "y": "throughput_per_gpu"}
     return {"kind": kind, "system": system.name, "model": model.name, "n_devices": n,
             "n_evaluated": n_eval, "axes": axes, "columns": list(df.columns),
             "rows": _frame_rows(df)}
