@@ -129,3 +129,13 @@ def test_whatif_and_predict_equal_the_library():
     base = compute.predict({k: v for k, v in form.items() if not k.startswith(("sweep", "k_"))})
     plain = jm.inference(system, hw_db.model("gpt2-small"), jm.Parallelism(tp=4), 4, 256, 16)
     assert base["headline"]["ttft_s"] == pytest.approx(float(plain.ttft_s), rel=1e-6)
+
+
+def test_search_form_errors_name_the_field():
+    """Serving-search limits must be positive numbers; names are checked before any work."""
+    for form, field in [({"kind": "serve", "ttft_slo": "-1"}, "ttft_slo"),
+                        ({"kind": "serve", "precisions": "bf16,fp3"}, "precisions"),
+                        ({"kind": "dance"}, "kind")]:
+        with pytest.raises(compute.FormError) as e:
+            compute.search({"model": "gpt2-small", "system": "dgx_h100", **form})
+        assert e.value.field == field

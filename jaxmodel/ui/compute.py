@@ -462,8 +462,9 @@ def search(form: Mapping, body: Mapping | None = None) -> dict:
     else:
         isl = _number(form, "isl", 1024, integer=True)
         osl = _number(form, "osl", 256, integer=True)
-        ttft = _number(form, "ttft_slo", float("inf"))
-        tpot = _number(form, "tpot_slo", float("inf"))
+        ttft = _number(form, "ttft_slo")              # empty: no limit
+        tpot = _number(form, "tpot_slo")
+        ttft, tpot = (float("inf") if v is None else v for v in (ttft, tpot))
         precs = [p for p in str(_get(form, "precisions", "bf16")).split(",") if p]
         rts = [r for r in str(_get(form, "runtimes", "trtllm")).split(",") if r]
         for p in precs:
