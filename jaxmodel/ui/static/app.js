@@ -135,11 +135,11 @@ function kvTable(obj, prefix = "v-") {
   return "<table class='kv'>" + Object.entries(obj).map(([k, v]) =>
     `<tr><td>${k}</td><td class="num" id="${prefix}${k}">${fmt(v, k)}</td></tr>`).join("") + "</table>";
 }
-function stackedBar(div, parts, title, unit, scale) {
+function stackedBar(div, parts, title, unit, scale, mode = "stack") {
   if (!window.Plotly) { $(div).textContent = "charts need the plotly package (pip install jaxmodel[ui])"; return; }
   const traces = Object.entries(parts).filter(([k, v]) => k !== "total" && typeof v === "number" && v > 0).map(([k, v]) =>
     ({type: "bar", orientation: "h", name: k, y: [title], x: [v * scale], hovertemplate: `${k}: %{x:.4g} ${unit}<extra></extra>`}));
-  Plotly.react(div, traces, {barmode: "stack", title: {text: title, font: {size: 14}}, margin: {l: 20, r: 10, t: 40, b: 40},
+  Plotly.react(div, traces, {barmode: mode, title: {text: title, font: {size: 14}}, margin: {l: 20, r: 10, t: 40, b: 40},
     xaxis: {title: {text: unit}}, yaxis: {showticklabels: false}, legend: {orientation: "h", y: -0.3, font: {size: 10}}}, {displaylogo: false, responsive: true});
 }
 async function runPredict() {
@@ -256,7 +256,9 @@ function pick(i) {
   const parts = {};
   for (const [k, v] of Object.entries(row)) if (k.startsWith("breakdown.") && typeof v === "number") parts[k.slice(10)] = v;
   if (!Object.keys(parts).length) for (const k of ["ttft_s", "tpot_s"]) if (typeof row[k] === "number") parts[k] = row[k];
-  stackedBar("pick-breakdown", parts, r.kind === "train" ? "time per step of this plan" : "latencies of this deployment", "s", 1);
+  // training: the step's parts add up (stacked); serving: TTFT and TPOT side by side
+  stackedBar("pick-breakdown", parts, r.kind === "train" ? "time per step of this plan" : "latencies of this deployment", "s", 1,
+    r.kind === "train" ? "stack" : "group");
 }
 
 // ---- Compare
