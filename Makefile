@@ -9,20 +9,24 @@ PY     := $(VENV)/bin/python
 UV     := $(VENV)/bin/uv
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all experiments clean
+.PHONY: demo test test-all experiments clean ui
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv --without-pip $(VENV)
 	test -x $(UV) || $(PYTHON) -m pip --python $(PY) install --quiet uv \
 		|| { $(PY) -m ensurepip --default-pip >/dev/null && $(PY) -m pip install --quiet uv; } \
 		|| true
-	{ test -x $(UV) && $(UV) pip install --quiet --python $(PY) -e ".[test]"; } \
-		|| { $(PY) -m ensurepip --default-pip >/dev/null && $(PY) -m pip install --quiet -e ".[test]"; } \
+	{ test -x $(UV) && $(UV) pip install --quiet --python $(PY) -e ".[test,ui]"; } \
+		|| { $(PY) -m ensurepip --default-pip >/dev/null && $(PY) -m pip install --quiet -e ".[test,ui]"; } \
 		|| { echo "could not install the dependencies into $(VENV) with uv or pip (see above; pip needs python3's ensurepip, e.g. the python3-venv package)" >&2; exit 1; }
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m jaxmodel.demo --out demo_out
+
+# the browser explorer on http://127.0.0.1:8765/ (Ctrl-C stops it)
+ui: $(STAMP)
+	$(VENV)/bin/jaxmodel ui
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2

@@ -844,6 +844,28 @@ def _distributed_parser(sub) -> None:
         p.set_defaults(func=_cmd_distributed(p.get_default("func")))
 
 
+# --------------------------------------------------------------------------------------------
+# ui: the browser explorer
+# --------------------------------------------------------------------------------------------
+def _cmd_ui(a) -> Any:
+    """Serve the explorer (jaxmodel.ui) on 127.0.0.1 until Ctrl-C."""
+    from jaxmodel.ui import serve
+    if not 0 <= a.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {a.port}")
+    serve(a.host, a.port, open_browser=a.open, quiet=not a.verbose)
+    return {"ui": "stopped"}
+
+
+def _ui_parser(add) -> None:
+    p = add("ui", "the browser explorer: Predict, What-if sliders, Search fronts, Compare "
+            "(a local web app)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 = any free)")
+    p.add_argument("--open", action="store_true", help="open it in the default browser")
+    p.add_argument("--verbose", action="store_true", help="log every request")
+    p.set_defaults(func=_cmd_ui, table=False)
+
+
 EXAMPLES = {
     "list": "jaxmodel list models",
     "predict": "jaxmodel predict prefill --system hgx_a100_4gpu --model llama2-13b --tp 4 "
@@ -857,6 +879,7 @@ EXAMPLES = {
              "--osl 1000 --precision fp8 --runtime trtllm_v1",
     "serve-search": "jaxmodel serve-search --system dgx_h100 --model llama3-8b --isl 1024 "
                     "--osl 256 --ttft-slo 1.0 --tpot-slo 0.05 --runtime trtllm,vllm --quiet",
+    "ui": "jaxmodel ui --port 8765 --open",
 }
 
 
@@ -1060,6 +1083,7 @@ def parser() -> argparse.ArgumentParser:
     _serve_parser(add)
     _serve_search_parser(add)
     _export_parser(add)
+    _ui_parser(add)
     _distributed_parser(sub)
     return top
 

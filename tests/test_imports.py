@@ -63,7 +63,7 @@ RANKS = {
     "jaxmodel.serving": 5.5, "jaxmodel.export": 5.5,
     "jaxmodel.search": 6,
     "jaxmodel": 7,
-    "jaxmodel.cli": 8, "jaxmodel.demo": 8, "jaxmodel.plots": 8,
+    "jaxmodel.cli": 8, "jaxmodel.demo": 8, "jaxmodel.plots": 8, "jaxmodel.ui": 8,
 }
 
 
