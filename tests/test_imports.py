@@ -89,7 +89,8 @@ def _resolve(name: str, mods: dict) -> str | None:
 
 #: Modules that may import modules of ours inside functions: the applications (their
 #: subcommands load what they use) and the search package (pandas / optax load on first use).
-LATE_IMPORTS_ALLOWED = ("jaxmodel.cli", "jaxmodel.demo", "jaxmodel.plots", "jaxmodel.search")
+LATE_IMPORTS_ALLOWED = ("jaxmodel.cli", "jaxmodel.demo", "jaxmodel.plots", "jaxmodel.search",
+                        "jaxmodel.ui")
 
 
 def _module_level(tree: ast.Module):
