@@ -36,6 +36,7 @@ from jaxmodel.serving import (OfflineResult, ServingCosts, ServingResult,  # noq
                               serving_costs, slo_throughput)
 
 from jaxmodel.recipes import RECIPES, Recipe, recipe  # noqa: E402
+from jaxmodel.explain import bottleneck, sensitivity  # noqa: E402
 
 __version__ = "0.1.0"
 

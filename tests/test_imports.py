@@ -25,6 +25,7 @@ rank  layer
 5     ``jaxmodel.cost`` (area, chiplet, device, TCO, micro-architecture)
 5.5   ``jaxmodel.serving`` (serving systems in steady state, on ``parallel.inference``)
 6     ``jaxmodel.search`` (sweeps, parallelism search, co-design)
+6.5   ``jaxmodel.explain`` (elasticities and bottleneck view over any of the above)
 7     ``jaxmodel`` (the package façade re-exporting the public API)
 8     ``jaxmodel.cli``, ``jaxmodel.demo``, ``jaxmodel.plots`` (applications and reports)
 ====  =================================================================================
@@ -54,6 +55,7 @@ RANKS = {
     "jaxmodel.cost": 5,
     "jaxmodel.serving": 5.5,
     "jaxmodel.search": 6,
+    "jaxmodel.explain": 6.5,
     "jaxmodel": 7,
     "jaxmodel.cli": 8, "jaxmodel.demo": 8, "jaxmodel.plots": 8,
 }

@@ -1,0 +1,332 @@
+"""Why and what if: elasticities of a metric with respect to every continuous hardware knob,
+checked against one-sided finite differences, and the bottleneck view of a step.
+
+**Elasticity** (the log-log derivative, e.g. Sydsæter & Hammond, "Essential Mathematics for
+Economic Analysis", §7.7): ``ε = d ln f / d ln x = (x / f)·∂f/∂x``, dimensionless. ``ε = −1``
+for a step time means the time halves when the knob doubles (fully bound by it); ``ε = 0`` means
+the knob does not matter at this point. :func:`sensitivity` writes every selected leaf ``x_i``
+of a config pytree as ``x_i·exp(u_i)`` and takes ``jax.jacrev`` of ``ln f`` at ``u = 0``: one
+reverse-mode pass per metric gives the elasticities with respect to all knobs at once.
+
+**Kinks.** The model is piecewise smooth: the GEMM tile search is a masked minimum over a
+fixed grid of mappings (the derivative is the winning mapping's, envelope theorem), NCCL's
+algorithm/protocol choice and ``max``-type overlaps switch branches, and feasibility rules
+are steps. At a switch the derivative is one-sided. :func:`sensitivity` evaluates, in one
+vmapped call, the forward and backward differences ``(ln f(x·e^{±h}) − ln f(x)) / (±h)`` of
+every knob and flags the knob (``kink``) when they disagree by more than
+``kink_tol·max(1, |ε|)`` — the point sits within a relative step ``h`` of a switch, and
+``elasticity`` then describes one side only (the finite differences give both).
+
+**Bottleneck view** (:func:`bottleneck`): a result's time breakdown grouped into compute-,
+memory-, communication-, bubble- and overhead-bound seconds; the grouping of each breakdown
+key is listed in :data:`TRAIN_GROUPS` and :func:`bottleneck`.
+
+**Knobs** (:func:`knobs`): every leaf of a ``Device`` or ``NetLevel`` inside the config whose
+admissible range (:data:`jaxmodel.types.RANGES`) is continuous — not a count, code or flag —,
+whose value is finite and positive (an elasticity at 0 is 0 by definition; ``0``/``-1``
+values are sentinels), except the data-format and area-only fields in :data:`NOT_KNOBS`.
+
+Units: elasticities are dimensionless; values are in the fields' SI units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmodel.types import Device, NetLevel, System, rule_of
+
+__all__ = ["sensitivity", "knobs", "bottleneck", "ranked", "TRAIN_GROUPS", "GROUPS",
+           "NOT_KNOBS"]
+
+#: Fields that are not continuous hardware knobs: data formats and datasheet ratios between
+#: dtypes (``matrix_ratio_*``), the element size of the vector unit, the cost of one ``exp``,
+#: the process node (area model only), the packet format of a link and NCCL's link class
+#: and channel count (codes and counts the range table does not list as such).
+NOT_KNOBS = frozenset({"vector_dtype_bytes", "exp_flops", "process_node_nm", "flit_bytes",
+                       "header_bytes", "max_payload_bytes", "nccl_link", "nccl_channels",
+                       "in_network_reduction"})
+
+#: The five groups of :func:`bottleneck`.
+GROUPS = ("compute", "memory", "communication", "bubble", "overhead")
+
+#: Group of each key of ``jm.train_step(...).breakdown`` (:data:`jaxmodel.parallel.train.
+#: BREAKDOWN_KEYS`): layer forward/backward, recomputation and the embedding/LM-head/loss
+#: stage extras are GEMM-dominated (compute); the optimizer step is an elementwise
+#: main-memory-bound kernel; exposed TP/DP/PP/EP collectives are communication; pipeline
+#: fill and drain is the bubble.
+TRAIN_GROUPS = {"compute": "compute", "recompute": "compute", "embedding": "compute",
+                "optimizer": "memory", "tp_comm": "communication", "dp_comm": "communication",
+                "pp_comm": "communication", "ep_comm": "communication", "bubble": "bubble"}
+
+# per-layer operators of the inference breakdown that are collectives
+_COMM_OPS = ("allreduce_mha", "allreduce_ffn", "moe_alltoall")
+
+
+# --------------------------------------------------------------------------------------------
+# knobs
+# --------------------------------------------------------------------------------------------
+def _is_knob(cls, field: str, value) -> bool:
+    if field in NOT_KNOBS or field.startswith("matrix_ratio_"):
+        return False
+    rule = rule_of(cls, field)
+    if rule.integer or rule.what in ("code", "flag"):
+        return False
+    try:
+        v = float(value)
+    except (TypeError, ValueError):     # batched or traced leaves are not knobs of one point
+        return False
+    return math.isfinite(v) and v > 0
+
+
+def _walk(obj, prefix: str):
+    """``(name, owner, field)`` for every Device/NetLevel data field below ``obj``."""
+    if isinstance(obj, (Device, NetLevel)):
+        for f in dataclasses.fields(obj):
+            if f.name != "name":
+                yield f"{prefix}{f.name}", obj, f.name
+    elif isinstance(obj, System):
+        yield from _walk(obj.device, f"{prefix}device.")
+        for i, lvl in enumerate(obj.levels):
+            yield from _walk(lvl, f"{prefix}levels[{i}].")
+    elif isinstance(obj, (tuple, list)):
+        for i, x in enumerate(obj):
+            yield from _walk(x, f"{prefix}[{i}].")
+    elif isinstance(obj, Mapping):
+        for k, x in obj.items():
+            yield from _walk(x, f"{prefix}{k}.")
+
+
+def knobs(config) -> list[str]:
+    """Names of the continuous hardware knobs of ``config`` (a System, Device, NetLevel or a
+    tuple/dict of them), e.g. ``"device.freq_hz"``, ``"levels[1].bw_per_device"``."""
+    return [n for n, o, f in _walk(config, "") if _is_knob(type(o), f, getattr(o, f))]
+
+
+def _get(config, name: str):
+    for n, o, f in _walk(config, ""):
+        if n == name:
+            return getattr(o, f)
+    raise ValueError(f"sensitivity: wrt={name!r} is not a field of the config "
+                     f"(knobs: {', '.join(knobs(config)[:8])}, ...)")
+
+
+def _set_all(config, values: Mapping[str, Any]):
+    """``config`` with the fields named in ``values`` replaced (pure; traced values fine)."""
+    def rebuild(obj, prefix):
+        if isinstance(obj, (Device, NetLevel)):
+            upd = {f.name: values[prefix + f.name] for f in dataclasses.fields(obj)
+                   if prefix + f.name in values}
+            return dataclasses.replace(obj, **upd) if upd else obj
+        if isinstance(obj, System):
+            return dataclasses.replace(
+                obj, device=rebuild(obj.device, prefix + "device."),
+                levels=tuple(rebuild(lvl, f"{prefix}levels[{i}].")
+                             for i, lvl in enumerate(obj.levels)))
+        if isinstance(obj, (tuple, list)):
+            return type(obj)(rebuild(x, f"{prefix}[{i}].") for i, x in enumerate(obj))
+        if isinstance(obj, Mapping):
+            return {k: rebuild(x, f"{prefix}{k}.") for k, x in obj.items()}
+        return obj
+    return rebuild(config, "")
+
+
+# --------------------------------------------------------------------------------------------
+# sensitivity
+# --------------------------------------------------------------------------------------------
+def _as_metrics(out) -> dict:
+    if isinstance(out, Mapping):
+        return {str(k): v for k, v in out.items()}
+    return {"f": out}
+
+
+def _safe_log(v):
+    """``ln v`` where ``v`` is finite and positive, else 0 (double-where: finite gradient)."""
+    ok = jnp.isfinite(v) & (v > 0)
+    return jnp.where(ok, jnp.log(jnp.where(ok, v, 1.0)), 0.0), ok
+
+
+@dataclasses.dataclass(frozen=True)
+class _Compiled:
+    fn: Callable
+    names: tuple
+
+
+_CACHE: dict = {}
+
+
+def _compiled(fn, config, names, h):
+    """The jitted answer for ``fn`` over ``names`` (cached on the function, the knob names,
+    the config's structure and the step)."""
+    key = (fn, names, jax.tree_util.tree_structure(config), h)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+
+    def metrics_at(cfg, x0, u):
+        vals = {n: x0[i] * jnp.exp(u[i]) for i, n in enumerate(names)}
+        return {k: jnp.asarray(v, dtype=u.dtype)
+                for k, v in _as_metrics(fn(_set_all(cfg, vals))).items()}
+
+    def answer(cfg, x0):
+        k = len(names)
+        u0 = jnp.zeros(k, dtype=x0.dtype)
+
+        def log_metrics(u):
+            return {m: _safe_log(v)[0] for m, v in metrics_at(cfg, x0, u).items()}
+        jac = jax.jacrev(log_metrics)(u0)
+        # base point and the 2k one-sided steps in one vmapped call
+        eye = jnp.eye(k, dtype=x0.dtype) * h
+        us = jnp.concatenate([u0[None], eye, -eye], axis=0)
+        vals = jax.vmap(lambda u: metrics_at(cfg, x0, u))(us)
+        out = {}
+        for m, v in vals.items():
+            f0, fp, fm = v[0], v[1:k + 1], v[k + 1:]
+            # ln of the ratio (not a difference of logs: float32 keeps its relative
+            # precision in the ratio, not in ln f itself)
+            ok0 = _safe_log(f0)[1]
+            safe0 = jnp.where(ok0, f0, 1.0)
+            lp, okp = _safe_log(fp / safe0)
+            lm, okm = _safe_log(safe0 / fm)
+            ok = ok0 & okp & okm
+            fwd = jnp.where(ok, lp / h, 0.0)
+            bwd = jnp.where(ok, lm / h, 0.0)
+            out[m] = dict(value=f0, feasible=ok0, elasticity=jnp.where(ok0, jac[m], 0.0),
+                          fd_forward=fwd, fd_backward=bwd, fd_ok=ok)
+        return out
+
+    hit = _Compiled(jax.jit(answer), names)
+    _CACHE[key] = hit
+    return hit
+
+
+def sensitivity(fn: Callable, config, wrt: Sequence[str] | None = None, *,
+                step: float | None = None, kink_tol: float = 0.02):
+    """Elasticities ``d ln metric / d ln knob`` of ``fn(config)`` with respect to every
+    continuous hardware knob, with a one-sided finite-difference check (module docstring).
+
+    Args:
+        fn: a pure JAX function of one configuration, ``fn(config) -> scalar`` or a dict of
+            scalars (several metrics: one reverse pass each). Reuse the same function object
+            across calls: its compiled answer is cached.
+        config: a :class:`jaxmodel.System` (or Device, NetLevel, or a tuple/dict of them)
+            with scalar leaves.
+        wrt: knob names (:func:`knobs` spelling, e.g. ``"device.mem_bw"``); default all.
+        step: relative step ``h`` of the finite differences (``x·e^{±h}``); default 1e-3
+            in float32, 1e-4 in float64.
+        kink_tol: the one-sided differences disagreeing by more than
+            ``kink_tol·max(1, |ε|)`` flags the knob as sitting at a kink.
+
+    Returns:
+        ``pandas.DataFrame``, one row per (metric, knob), ranked by ``|elasticity|`` within
+        each metric: ``metric, knob, value`` (the knob, SI), ``elasticity``, ``fd_forward``,
+        ``fd_backward``, ``fd_central``, ``kink`` (bool), ``metric_value``, ``feasible``.
+        Infeasible or non-positive metrics give ``feasible=False`` and elasticities 0 (never
+        NaN). ``attrs["metrics"]`` maps each metric to its value.
+
+    Raises:
+        ValueError: an unknown ``wrt`` name, a knob that is not a positive finite scalar,
+            or a non-positive ``step``.
+
+    Example:
+        >>> s = jm.sensitivity(lambda sy: jm.gemm_latency(sy.device, 4096, 4096, 4096),
+        ...                    hw_db.system("dgx_a100"))
+        >>> s.iloc[0][["knob", "elasticity"]].tolist()
+        ['device.freq_hz', -0.93]
+    """
+    import pandas as pd
+    names = tuple(knobs(config) if wrt is None else wrt)
+    for n in names:
+        v = _get(config, n)
+        if np.ndim(v) != 0 or not np.isfinite(float(v)) or float(v) <= 0:
+            raise ValueError(f"sensitivity: knob {n}={v!r} must be a positive finite scalar")
+    if not names:
+        raise ValueError("sensitivity: the config has no continuous knob")
+    x64 = jax.config.jax_enable_x64
+    dtype = jnp.float64 if x64 else jnp.float32
+    h = float(step) if step is not None else (1e-4 if x64 else 1e-3)
+    if not (h > 0 and math.isfinite(h)):
+        raise ValueError(f"sensitivity: step={step!r} must be positive")
+    x0 = jnp.asarray([float(_get(config, n)) for n in names], dtype=dtype)
+    out = jax.device_get(_compiled(fn, config, names, h).fn(config, x0))
+    rows = []
+    for m, d in out.items():
+        eps = np.asarray(d["elasticity"], dtype=float)
+        fwd, bwd = np.asarray(d["fd_forward"], float), np.asarray(d["fd_backward"], float)
+        kink = np.abs(fwd - bwd) > kink_tol * np.maximum(1.0, np.abs(eps))
+        kink &= np.asarray(d["fd_ok"], bool)
+        for i, n in enumerate(names):
+            rows.append(dict(metric=m, knob=n, value=float(x0[i]), elasticity=float(eps[i]),
+                             fd_forward=float(fwd[i]), fd_backward=float(bwd[i]),
+                             fd_central=0.5 * float(fwd[i] + bwd[i]), kink=bool(kink[i]),
+                             metric_value=float(d["value"]), feasible=bool(d["feasible"])))
+    df = pd.DataFrame(rows)
+    df["_rank"] = -df["elasticity"].abs()
+    df = (df.sort_values(["metric", "_rank"], kind="stable").drop(columns="_rank")
+          .reset_index(drop=True))
+    order = {m: i for i, m in enumerate(out)}
+    df = df.sort_values("metric", key=lambda s: s.map(order), kind="stable").reset_index(
+        drop=True)
+    df.attrs["metrics"] = {m: float(d["value"]) for m, d in out.items()}
+    return df
+
+
+def ranked(df, metric: str | None = None, top: int | None = None):
+    """Rows of one metric of a :func:`sensitivity` table, largest ``|elasticity|`` first."""
+    metric = metric or df["metric"].iloc[0]
+    sub = df[df["metric"] == metric]
+    return sub if top is None else sub.head(top)
+
+
+# --------------------------------------------------------------------------------------------
+# bottleneck view
+# --------------------------------------------------------------------------------------------
+def bottleneck(result, model=None) -> dict:
+    """Seconds of a step (or request) grouped by what bounds them (:data:`GROUPS`).
+
+    Training (:class:`~jaxmodel.parallel.train.TrainResult`, one step): the breakdown keys
+    per :data:`TRAIN_GROUPS`; they sum to ``step_time_s``.
+
+    Inference (:class:`~jaxmodel.parallel.inference.InferenceResult`, one request batch,
+    ``ttft + (gen − 1)·tpot`` not known here, so per phase: the keys are prefixed
+    ``prefill``/``decode`` and give one prefill and one decode step): the per-layer
+    collectives (``allreduce_*``, ``moe_alltoall``) × layers and the pipeline hops are
+    communication; the runtime's ``step_overhead`` and ``request_setup`` are overhead; the
+    other layer operators, embedding and LM head are compute in the prefill (GEMMs over all
+    prompt tokens: arithmetic intensity ≈ tokens, far above the ridge point of any device)
+    and memory in the decode (one token per sequence reads all weights and the KV cache:
+    Pope et al., "Efficiently Scaling Transformer Inference", MLSys 2023, §2.1; LLMCompass
+    §IV-A). ``model`` gives the layer count (default: inferred as
+    ``prefill_layers / prefill.total`` when the breakdown has it).
+
+    Returns:
+        dict ``group -> seconds`` (training) or ``{"prefill": {...}, "decode": {...}}``.
+    """
+    bd = {k: float(np.asarray(v)) for k, v in result.breakdown.items()
+          if np.ndim(v) == 0 and not k.startswith("memory.")}
+    if "decode_layers" not in bd:
+        out = {g: 0.0 for g in GROUPS}
+        for k, v in bd.items():
+            out[TRAIN_GROUPS.get(k, "compute")] += v
+        return out
+    per_layer_total = bd.get("prefill.total", 0.0)
+    if model is not None:
+        n_layers = float(np.asarray(model.n_layers))
+    else:
+        n_layers = bd["prefill_layers"] / per_layer_total if per_layer_total > 0 else 0.0
+    views = {}
+    for ph, bound in (("prefill", "compute"), ("decode", "memory")):
+        g = {k: 0.0 for k in GROUPS}
+        comm = sum(bd.get(f"{ph}.{op}", 0.0) for op in _COMM_OPS) * n_layers
+        g["communication"] = comm + bd.get(f"pp_comm_{ph}", 0.0)
+        g[bound] = (bd[f"{ph}_layers"] - comm + bd.get(f"embedding_{ph}", 0.0)
+                    + bd.get(f"head_{ph}", 0.0))
+        g["overhead"] = bd.get("step_overhead", 0.0) + (
+            bd.get("request_setup", 0.0) if ph == "prefill" else 0.0)
+        views[ph] = g
+    return views
