@@ -36,7 +36,8 @@ from jaxmodel.serving import (OfflineResult, ServingCosts, ServingResult,  # noq
                               serving_costs, slo_throughput)
 
 from jaxmodel.recipes import RECIPES, Recipe, recipe  # noqa: E402
-from jaxmodel.explain import bottleneck, sensitivity  # noqa: E402
+from jaxmodel.energy import inference_energy, train_energy  # noqa: E402
+from jaxmodel.explain import bottleneck, explain_serve, explain_train, sensitivity  # noqa: E402,E501
 
 __version__ = "0.1.0"
 

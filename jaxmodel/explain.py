@@ -32,6 +32,8 @@ Units: elasticities are dimensionless; values are in the fields' SI units.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -39,14 +41,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmodel import energy as _energy
+from jaxmodel.cost.area import AREA_FIELDS as _AREA_FIELDS, area_fields as _area_fields
+from jaxmodel.cost.tco import tco as _tco
+from jaxmodel.parallel import train as _train
+from jaxmodel.parallel.inference import inference_single as _inference_single
 from jaxmodel.types import Device, NetLevel, System, rule_of
+from jaxmodel.workload import layer as _layer
+from jaxmodel.parallel import context as _cx
+from jaxmodel import runtime_profile as _rtp
+_prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
 
-__all__ = ["sensitivity", "knobs", "bottleneck", "ranked", "TRAIN_GROUPS", "GROUPS",
-           "NOT_KNOBS"]
+__all__ = ["sensitivity", "knobs", "bottleneck", "ranked", "explain_train", "explain_serve",
+           "Explanation", "TRAIN_GROUPS", "GROUPS", "NOT_KNOBS"]
 
 #: Fields that are not continuous hardware knobs: data formats and datasheet ratios between
 #: dtypes (``matrix_ratio_*``), the element size of the vector unit, the cost of one ``exp``,
-#: the process node (area model only), the packet format of a link and NCCL's link class
+#: the process node and the area model's die inventory (``cost.area.AREA_FIELDS``: capital
+#: cost only), the packet format of a link and NCCL's link class
 #: and channel count (codes and counts the range table does not list as such).
 NOT_KNOBS = frozenset({"vector_dtype_bytes", "exp_flops", "process_node_nm", "flit_bytes",
                        "header_bytes", "max_payload_bytes", "nccl_link", "nccl_channels",
@@ -72,7 +84,7 @@ _COMM_OPS = ("allreduce_mha", "allreduce_ffn", "moe_alltoall")
 # knobs
 # --------------------------------------------------------------------------------------------
 def _is_knob(cls, field: str, value) -> bool:
-    if field in NOT_KNOBS or field.startswith("matrix_ratio_"):
+    if field in NOT_KNOBS or field.startswith("matrix_ratio_") or field in _AREA_FIELDS:
         return False
     rule = rule_of(cls, field)
     if rule.integer or rule.what in ("code", "flag"):
@@ -160,30 +172,32 @@ class _Compiled:
 _CACHE: dict = {}
 
 
-def _compiled(fn, config, names, h):
+def _compiled(fn, config, names, h, args, has_aux):
     """The jitted answer for ``fn`` over ``names`` (cached on the function, the knob names,
-    the config's structure and the step)."""
-    key = (fn, names, jax.tree_util.tree_structure(config), h)
+    the structures of the config and the extra arguments, the step)."""
+    key = (fn, names, jax.tree_util.tree_structure((config, args)), h, has_aux)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
 
-    def metrics_at(cfg, x0, u):
+    def metrics_at(cfg, x0, u, extra):
         vals = {n: x0[i] * jnp.exp(u[i]) for i, n in enumerate(names)}
-        return {k: jnp.asarray(v, dtype=u.dtype)
-                for k, v in _as_metrics(fn(_set_all(cfg, vals))).items()}
+        out = fn(_set_all(cfg, vals), *extra)
+        out, aux = out if has_aux else (out, None)
+        return {k: jnp.asarray(v, dtype=u.dtype) for k, v in _as_metrics(out).items()}, aux
 
-    def answer(cfg, x0):
+    def answer(cfg, x0, extra):
         k = len(names)
         u0 = jnp.zeros(k, dtype=x0.dtype)
 
         def log_metrics(u):
-            return {m: _safe_log(v)[0] for m, v in metrics_at(cfg, x0, u).items()}
-        jac = jax.jacrev(log_metrics)(u0)
-        # base point and the 2k one-sided steps in one vmapped call
+            m, aux = metrics_at(cfg, x0, u, extra)
+            return {name: _safe_log(v)[0] for name, v in m.items()}, aux
+        jac, aux = jax.jacrev(log_metrics, has_aux=True)(u0)
+        # the 2k one-sided steps in one vmapped call (the base point is the jacrev's)
         eye = jnp.eye(k, dtype=x0.dtype) * h
         us = jnp.concatenate([u0[None], eye, -eye], axis=0)
-        vals = jax.vmap(lambda u: metrics_at(cfg, x0, u))(us)
+        vals = jax.vmap(lambda u: metrics_at(cfg, x0, u, extra)[0])(us)
         out = {}
         for m, v in vals.items():
             f0, fp, fm = v[0], v[1:k + 1], v[k + 1:]
@@ -198,7 +212,7 @@ def _compiled(fn, config, names, h):
             bwd = jnp.where(ok, lm / h, 0.0)
             out[m] = dict(value=f0, feasible=ok0, elasticity=jnp.where(ok0, jac[m], 0.0),
                           fd_forward=fwd, fd_backward=bwd, fd_ok=ok)
-        return out
+        return out, aux
 
     hit = _Compiled(jax.jit(answer), names)
     _CACHE[key] = hit
@@ -206,7 +220,8 @@ def _compiled(fn, config, names, h):
 
 
 def sensitivity(fn: Callable, config, wrt: Sequence[str] | None = None, *,
-                step: float | None = None, kink_tol: float = 0.02):
+                step: float | None = None, kink_tol: float = 0.02, args: tuple = (),
+                has_aux: bool = False):
     """Elasticities ``d ln metric / d ln knob`` of ``fn(config)`` with respect to every
     continuous hardware knob, with a one-sided finite-difference check (module docstring).
 
@@ -221,6 +236,10 @@ def sensitivity(fn: Callable, config, wrt: Sequence[str] | None = None, *,
             in float32, 1e-4 in float64.
         kink_tol: the one-sided differences disagreeing by more than
             ``kink_tol·max(1, |ε|)`` flags the knob as sitting at a kink.
+        args: further pytree arguments, ``fn(config, *args)`` (traced, not differentiated:
+            a model, a plan, batch sizes — calls differing only in them share one compile).
+        has_aux: ``fn`` returns ``(metrics, aux)``; ``aux`` (any pytree, at the given
+            point) is returned in ``attrs["aux"]``.
 
     Returns:
         ``pandas.DataFrame``, one row per (metric, knob), ranked by ``|elasticity|`` within
@@ -253,7 +272,8 @@ def sensitivity(fn: Callable, config, wrt: Sequence[str] | None = None, *,
     if not (h > 0 and math.isfinite(h)):
         raise ValueError(f"sensitivity: step={step!r} must be positive")
     x0 = jnp.asarray([float(_get(config, n)) for n in names], dtype=dtype)
-    out = jax.device_get(_compiled(fn, config, names, h).fn(config, x0))
+    out, aux = jax.device_get(_compiled(fn, config, names, h, tuple(args), has_aux).fn(
+        config, x0, tuple(args)))
     rows = []
     for m, d in out.items():
         eps = np.asarray(d["elasticity"], dtype=float)
@@ -273,6 +293,8 @@ def sensitivity(fn: Callable, config, wrt: Sequence[str] | None = None, *,
     df = df.sort_values("metric", key=lambda s: s.map(order), kind="stable").reset_index(
         drop=True)
     df.attrs["metrics"] = {m: float(d["value"]) for m, d in out.items()}
+    if has_aux:
+        df.attrs["aux"] = aux
     return df
 
 
@@ -330,3 +352,101 @@ def bottleneck(result, model=None) -> dict:
             bd.get("request_setup", 0.0) if ph == "prefill" else 0.0)
         views[ph] = g
     return views
+
+
+# --------------------------------------------------------------------------------------------
+# training and serving answers
+# --------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """One explain answer.
+
+    Attributes:
+        table: the :func:`sensitivity` DataFrame (metric, knob, elasticity, checks).
+        metrics: dict metric -> value at the point.
+        bottleneck: :func:`bottleneck` of the point (seconds by group; per phase for serving).
+        power_w: mean board power per device, W; ``power_limited``: the activities ask for
+            more than TDP (:mod:`jaxmodel.energy`).
+        feasible, reason: the point's feasibility and reason code.
+    """
+
+    table: Any
+    metrics: dict
+    bottleneck: dict
+    power_w: float
+    power_limited: bool
+    feasible: bool
+    reason: int
+
+
+@functools.lru_cache(maxsize=None)
+def _train_fn(variant, context):
+    def f(system, model, par, gb, seq, prec):
+        r = _train.train_step_single(system, model, par, gb, seq, precision=prec,
+                                     variant=variant, context=context)
+        e = _energy.train_energy(system, model, par, r, prec)
+        n = system.n_devices
+        t = _tco.single(system, r.tokens_per_s, power_w_per_device=e.power_w)
+        metrics = {"step_time_s": r.step_time_s, "tokens_per_s_per_gpu": r.tokens_per_s / n,
+                   "usd_per_mtok": t.usd_per_million_tokens,
+                   "joules_per_token": e.joules_per_token}
+        return metrics, (r, e)
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def _serve_fn(variant):
+    def f(system, model, par, batch, isl, osl, prec, rt):
+        r = _inference_single(system, model, par, batch, isl, osl, precision=prec,
+                              runtime=rt, variant=variant)
+        e = _energy.inference_energy(system, model, par, r, batch, isl, osl, prec)
+        n = system.n_devices
+        t = _tco.single(system, r.tokens_per_s, power_w_per_device=e.power_w)
+        metrics = {"ttft_s": r.ttft_s, "tpot_s": r.tpot_s,
+                   "tokens_per_s_per_gpu": r.tokens_per_s / n,
+                   "usd_per_mtok": t.usd_per_million_tokens,
+                   "joules_per_token": e.joules_per_token}
+        return metrics, (r, e)
+    return f
+
+
+def _with_area(system: System) -> System:
+    return dataclasses.replace(system, device=_area_fields(system.device))
+
+
+def _answer(df, model) -> Explanation:
+    r, e = df.attrs.pop("aux")
+    return Explanation(table=df, metrics=df.attrs["metrics"], bottleneck=bottleneck(r, model),
+                       power_w=float(e.power_w), power_limited=bool(e.power_limited),
+                       feasible=bool(r.feasible), reason=int(r.reason))
+
+
+def explain_train(system: System, model, par, global_batch, seq_len, *, precision=None,
+                  wrt: Sequence[str] | None = None, **kw) -> Explanation:
+    """Elasticities of a training step's time, tokens/s per GPU, TCO per million tokens
+    (:func:`jaxmodel.tco` with the modelled board power) and energy per token
+    (:func:`jaxmodel.energy.train_energy`) with respect to every hardware knob, and its
+    bottleneck view. The step is ``jm.train_step``'s single-configuration body
+    (:func:`jaxmodel.parallel.train.train_step_single`, overlap settings at their defaults).
+    ``kw`` goes to :func:`sensitivity`."""
+    prec = _prec.resolve(precision)
+    variant = _layer.variant_of(model, par, system)
+    fn = _train_fn(variant, _cx.context_flag(par))
+    df = sensitivity(fn, _with_area(system), wrt, has_aux=True,
+                     args=(model, par, float(global_batch), float(seq_len), prec), **kw)
+    return _answer(df, model)
+
+
+def explain_serve(system: System, model, par, batch, prompt_len, gen_len, *, precision=None,
+                  runtime=None, wrt: Sequence[str] | None = None, **kw) -> Explanation:
+    """Elasticities of serving one request batch (``jm.inference``'s single-configuration
+    body): TTFT, TPOT, output tokens/s per GPU, TCO per million tokens and energy per
+    generated token (:func:`jaxmodel.energy.inference_energy`), and the bottleneck view of
+    its prefill and decode. ``kw`` goes to :func:`sensitivity`."""
+    prec = _prec.resolve(precision)
+    rt = _rtp.runtime_arg(runtime)
+    variant = _layer.variant_of(model, par, system)
+    df = sensitivity(_serve_fn(variant), _with_area(system), wrt, has_aux=True,
+                     args=(model, par, float(batch), float(prompt_len), float(gen_len), prec,
+                           rt), **kw)
+    return _answer(df, model)

@@ -22,6 +22,7 @@ rank  layer
       split with them, so they sit below it)
 3     ``jaxmodel.workload`` (layer op lists, memory, MoE)
 4     ``jaxmodel.parallel`` (pipeline, training step, inference, GEMM tables)
+4.5   ``jaxmodel.energy`` (device power and energy per token of a step or a request batch)
 5     ``jaxmodel.cost`` (area, chiplet, device, TCO, micro-architecture)
 5.5   ``jaxmodel.serving`` (serving systems in steady state, on ``parallel.inference``)
 6     ``jaxmodel.search`` (sweeps, parallelism search, co-design)
@@ -52,6 +53,7 @@ RANKS = {
     "jaxmodel.parallel.plan": 2.7, "jaxmodel.parallel.pipeline": 2.7,
     "jaxmodel.workload": 3,
     "jaxmodel.parallel": 4,
+    "jaxmodel.energy": 4.5,
     "jaxmodel.cost": 5,
     "jaxmodel.serving": 5.5,
     "jaxmodel.search": 6,
