@@ -140,3 +140,64 @@ def test_bottleneck_of_inference_phases():
     assert g["decode"] == pytest.approx({"compute": 0.0, "memory": 5.0 - 1.0 + 0.05,
                                          "communication": 1.01, "bubble": 0.0,
                                          "overhead": 0.07})
+
+
+def test_cli_explain_rejects_a_training_phase_for_serve(capsys):
+    from jaxmodel.cli import main
+    assert main(["explain", "serve", "train", "--model", "gpt2-small"]) == 2
+    assert "phase" in capsys.readouterr().err
+
+
+def _check_against_fd(x):
+    t = x.table
+    vals = t[["elasticity", "fd_forward", "fd_backward", "metric_value"]].to_numpy()
+    assert not pd_isnan(vals).any()
+    ok = ~t["kink"] & t["feasible"]
+    err = (t.elasticity - t.fd_central).abs()[ok]
+    tol = 0.01 * (t.fd_central.abs()[ok]).clip(lower=0.05)
+    assert (err <= tol).all(), t[ok][err > tol][["metric", "knob", "elasticity", "fd_central"]]
+    return int(ok.sum()), len(t)
+
+
+def pd_isnan(a):
+    return ~np.isfinite(np.asarray(a, dtype=float))
+
+
+@pytest.mark.slow
+def test_serving_elasticities_agree_with_central_differences(float32):
+    """GPT-2-small served on 4 A100 (TP 4): random batches, prompt lengths and device clocks;
+    away from kinks every elasticity of TTFT, TPOT, tokens/s per GPU, USD/Mtok and J/token
+    equals the central difference to 1 % (float32, the library's precision)."""
+    rng = np.random.default_rng(11)
+    sy, m, par = hw_db.system("hgx_a100_4gpu"), hw_db.model("gpt2-small"), jm.Parallelism(tp=4)
+    agree = total = 0
+    for _ in range(6):
+        dev = dataclasses.replace(sy.device, freq_hz=float(rng.uniform(0.8e9, 1.6e9)),
+                                  mem_bw=float(rng.uniform(1e12, 3e12)))
+        x = jm.explain_serve(dataclasses.replace(sy, device=dev), m, par,
+                             float(rng.integers(1, 64)), float(rng.integers(64, 1024)), 64.0)
+        assert x.feasible
+        a, n = _check_against_fd(x)
+        agree += a
+        total += n
+    assert agree >= 0.7 * total
+    # an out-of-memory point: infeasible, every number finite, elasticities 0
+    x = jm.explain_serve(sy, m, par, 1e6, 1024.0, 1024.0)
+    assert not x.feasible
+    assert (x.table["elasticity"] == 0).all()
+    assert np.isfinite(x.table[["elasticity", "fd_forward", "fd_backward"]].to_numpy()).all()
+
+
+@pytest.mark.slow
+def test_training_elasticities_agree_with_central_differences():
+    """GPT-2-small training on 8 A100 (DP 8), float64: a few random global batches."""
+    sy, m, par = hw_db.system("dgx_a100"), hw_db.model("gpt2-small"), jm.Parallelism(dp=8)
+    for gb in (8.0, 64.0, 256.0):
+        x = jm.explain_train(sy, m, par, gb, 1024.0)
+        assert x.feasible
+        a, n = _check_against_fd(x)
+        assert a >= 0.7 * n
+        assert sum(x.bottleneck.values()) == pytest.approx(x.metrics["step_time_s"], rel=1e-6)
+        # the step is never faster than its compute: the clock has a negative elasticity
+        e = x.table.set_index(["metric", "knob"])["elasticity"]
+        assert e["step_time_s", "device.freq_hz"] < -0.1
