@@ -147,8 +147,9 @@ def device_power(dev: Device, duty, mem_bytes_per_s, link_bytes_per_s, clock=1.0
     room = jnp.maximum(dev.tdp_w - idle - p_m - p_l, 0.0)
     denom = pc1 * a
     ok = limited & (denom > 0)
-    phi = jnp.where(ok, jnp.cbrt(nx.safe_div(room, jnp.where(ok, denom, 1.0), fill=0.0)),
-                    clock)
+    # cube root of a positive floor: finite derivative where no room is left
+    ratio = jnp.maximum(nx.safe_div(room, jnp.where(ok, denom, 1.0), fill=0.0), 1e-9)
+    phi = jnp.where(ok, jnp.cbrt(ratio), clock)
     return dict(power_w=jnp.minimum(total, dev.tdp_w), uncapped_w=total,
                 power_limited=limited, clock_fraction=jnp.minimum(phi, clock),
                 idle=idle, compute=p_c, memory=p_m, link=p_l)
