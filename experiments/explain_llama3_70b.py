@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import time
 
-import pandas as pd
+from jaxmodel.batching import ONE_SHOT_COMPILE_OPTIONS, add_xla_flags
 
-import hw_db
-import jaxmodel as jm
-from jaxmodel.plots import sensitivity_plot
+add_xla_flags(ONE_SHOT_COMPILE_OPTIONS)   # before JAX starts: one-shot graphs compile faster
 
-from common import OUT
+import pandas as pd  # noqa: E402
+
+import hw_db  # noqa: E402
+import jaxmodel as jm  # noqa: E402
+from jaxmodel.plots import sensitivity_plot  # noqa: E402
+
+from common import OUT  # noqa: E402
 
 MODEL = hw_db.model("llama3-70b")
 TRAIN_PAR = jm.Parallelism(dp=2, tp=8, pp=4, sp=True, recompute="selective",

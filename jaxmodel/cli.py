@@ -512,8 +512,8 @@ def _energy_lines(a, args, kwargs, raw, spec) -> dict:
         w = spec["args"]
         e = jm.inference_energy(system, model, par, raw, float(w["batch"]),
                                 float(w["prompt_len"]), float(w["gen_len"]), prec)
-    return {"joules_per_token": float(e.joules_per_token), "power_w_per_gpu": float(e.power_w),
-            "power_limited": bool(e.power_limited)}
+    return to_jsonable({"joules_per_token": e.joules_per_token, "power_w_per_gpu": e.power_w,
+                        "power_limited": e.power_limited})
 
 
 SWEEP_KEYS = ("function", "system", "nodes", "device", "model", "parallelism", "par", "args",
@@ -867,6 +867,7 @@ def _explain_text(x, top: int) -> str:
 
 
 def _cmd_explain(a) -> Any:
+    _predict_xla_flags()
     import jaxmodel as jm
     phase = a.phase or ("train" if a.what == "predict" else "inference")
     if a.what == "serve" and phase == "train":
