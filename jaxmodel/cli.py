@@ -511,7 +511,8 @@ def _energy_lines(a, args, kwargs, raw, spec) -> dict:
     else:
         w = spec["args"]
         e = jm.inference_energy(system, model, par, raw, float(w["batch"]),
-                                float(w["prompt_len"]), float(w["gen_len"]), prec)
+                                float(w["prompt_len"]), float(w["gen_len"]), prec,
+                                kwargs.get("runtime"))
     return to_jsonable({"joules_per_token": e.joules_per_token, "power_w_per_gpu": e.power_w,
                         "power_limited": e.power_limited})
 

@@ -28,9 +28,10 @@ tensor cores, main memory and the off-device links, at most the board power limi
 caps its power at TDP and the clock falls to ``φ`` with
 ``P_idle + P_c1·a·φ³ + P_mem + P_link = TDP`` (:func:`device_power` returns it as
 ``clock_fraction``). Training already runs at ``φ_s`` (``jaxmodel.parallel.train.
-sustained_device``), so a training step is at or under TDP by construction; inference runs at
-``freq_hz``, and a compute-bound prefill is then reported ``power_limited`` (its time is not
-re-evaluated at the lower clock — the energy is ``TDP × time``, a lower bound).
+sustained_device``), so a training step is at or under TDP by construction, as is serving
+with a runtime that runs at the sustained clock (TensorRT-LLM, vLLM presets); eager serving
+runs at ``freq_hz``, and a compute-bound prefill is then reported ``power_limited`` (its time
+is not re-evaluated at the lower clock — the energy is ``TDP × time``, a lower bound).
 
 This reproduces the measured pattern of Patel et al., "Characterizing Power Management
 Opportunities for LLMs in the Cloud" (ASPLOS 2024, §4): training and prompt (prefill) phases
@@ -66,6 +67,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmodel import numerics as nx
+from jaxmodel import runtime_profile as _rtp
 from jaxmodel.parallel import pipeline as _pl
 from jaxmodel.types import Device, System
 from jaxmodel.workload import params as _params
@@ -213,13 +215,19 @@ def train_energy(system: System, model, par, result, precision=None) -> Energy:
 
 
 def inference_energy(system: System, model, par, result, batch, prompt_len, gen_len,
-                     precision=None) -> Energy:
+                     precision=None, runtime=None) -> Energy:
     """Power and energy of serving one request batch (``result = jm.inference(...)`` with
     the same arguments; pure, differentiable): a prefill of ``ttft`` and ``gen_len − 1``
     decode steps of ``tpot``. ``power_w`` is the time-weighted mean over both phases;
-    ``joules_per_token`` is per generated token; ``clock_fraction`` that of the prefill."""
+    ``joules_per_token`` is per generated token; ``clock_fraction`` that of the prefill.
+    ``runtime``: the one given to ``jm.inference`` — a runtime with ``sustained_clock``
+    (TensorRT-LLM, vLLM presets) ran the device at ``sustained_clock_fraction``, the eager
+    default at ``freq_hz``."""
     prec = _prec.resolve(precision)
     dev = system.device
+    rt = _rtp.runtime_arg(runtime)
+    phi = 1.0 if rt is None else jnp.where(
+        rt.sustained_clock > 0.5, jnp.clip(dev.sustained_clock_fraction, 1e-3, 1.0), 1.0)
     ok = jnp.asarray(result.feasible)
     n = system.n_devices
     bd = result.breakdown
@@ -239,13 +247,13 @@ def inference_energy(system: System, model, par, result, batch, prompt_len, gen_
                 + _finite(bd.get(f"pp_comm_{ph}", 0.0)))
 
     pre_flops = batch * isl * fwd(isl) / n
-    pre = device_power(dev, nx.safe_div(pre_flops / ttft, peak, fill=0.0),
+    pre = device_power(dev, nx.safe_div(pre_flops / ttft, peak * phi, fill=0.0),
                        (weights + kv_full * isl / (isl + osl)) / ttft,
-                       comm("prefill") * link_rate / ttft)
+                       comm("prefill") * link_rate / ttft, clock=phi)
     dec_flops = batch * fwd(ctx) / n
-    dec = device_power(dev, nx.safe_div(dec_flops / tpot, peak, fill=0.0),
+    dec = device_power(dev, nx.safe_div(dec_flops / tpot, peak * phi, fill=0.0),
                        (weights + kv_full * ctx / (isl + osl)) / tpot,
-                       comm("decode") * link_rate / tpot)
+                       comm("decode") * link_rate / tpot, clock=phi)
     t_dec = (osl - 1.0) * tpot
     total_t = ttft + t_dec
     e_dev = pre["power_w"] * ttft + dec["power_w"] * t_dec

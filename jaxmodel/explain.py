@@ -399,7 +399,7 @@ def _serve_fn(variant):
     def f(system, model, par, batch, isl, osl, prec, rt):
         r = _inference_single(system, model, par, batch, isl, osl, precision=prec,
                               runtime=rt, variant=variant)
-        e = _energy.inference_energy(system, model, par, r, batch, isl, osl, prec)
+        e = _energy.inference_energy(system, model, par, r, batch, isl, osl, prec, rt)
         n = system.n_devices
         t = _tco.single(system, r.tokens_per_s, power_w_per_device=e.power_w)
         metrics = {"ttft_s": r.ttft_s, "tpot_s": r.tpot_s,
