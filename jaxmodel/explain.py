@@ -252,11 +252,11 @@ def sensitivity(fn: Callable, config, wrt: Sequence[str] | None = None, *,
         ValueError: an unknown ``wrt`` name, a knob that is not a positive finite scalar,
             or a non-positive ``step``.
 
-    Example:
-        >>> s = jm.sensitivity(lambda sy: jm.gemm_latency(sy.device, 4096, 4096, 4096),
-        ...                    hw_db.system("dgx_a100"))
-        >>> s.iloc[0][["knob", "elasticity"]].tolist()
-        ['device.freq_hz', -0.93]
+    Example (a toy time: 1e12/mem_bw + 1e9/freq_hz = 0.49 + 0.71 on an A100):
+        >>> s = jm.sensitivity(lambda sy: 1e12 / sy.device.mem_bw + 1e9 / sy.device.freq_hz,
+        ...                    hw_db.system("dgx_a100"), wrt=["device.mem_bw", "device.freq_hz"])
+        >>> s[["knob", "elasticity"]].round(2).values.tolist()
+        [['device.freq_hz', -0.59], ['device.mem_bw', -0.41]]
     """
     import pandas as pd
     names = tuple(knobs(config) if wrt is None else wrt)
