@@ -61,6 +61,8 @@ from jaxmodel.serving import (OfflineResult, ServingCosts, ServingResult,  # noq
 
 from jaxmodel.recipes import RECIPES, Recipe, recipe  # noqa: E402
 from jaxmodel.export import LaunchConfig, export_plan  # noqa: E402
+from jaxmodel.energy import inference_energy, train_energy  # noqa: E402
+from jaxmodel.explain import bottleneck, explain_serve, explain_train, sensitivity  # noqa: E402,E501
 
 __version__ = "0.1.0"
 
@@ -68,29 +70,31 @@ __version__ = "0.1.0"
 __all__ = [
     "ACTIVATIONS", "ALGORITHMS", "ALGORITHM_CODES", "ATTENTIONS", "AUTO_ALGORITHM", "ChipletCost",
     "ChipletSystem", "CodesignResult", "DTYPES", "Device", "DeviceCost", "FA_VERSIONS",
-    "InferenceResult", "LAYER_OPS", "LaunchConfig", "LinkTech", "LoRA", "MOE_OPS", "Model", "NetLevel",
-    "NetVariant", "OPS", "OfflineResult", "PRESETS", "Parallelism", "Precision", "REASONS",
-    "RECIPES", "RECOMPUTE", "RUNTIMES", "Recipe", "Runtime", "SCHEDULES", "SRAMTech",
-    "ServingCosts", "ServingResult", "System", "SystemCost", "TCO", "TOPOLOGIES", "TRAIN_MEMORY_TERMS", "TrainResult",
-    "UArchBudgets", "UArchTech", "activation_bytes_per_layer", "add_latency", "algorithm_code",
-    "alltoall_time", "chiplet_cost", "chiplet_system_cost", "codesign", "collective_cost",
-    "collective_feasible", "collective_latency", "collective_time", "continuous_batching",
-    "device_cost", "die_area", "die_cost", "dies_per_wafer", "dies_per_wafer_grid",
-    "dies_per_wafer_smooth", "dies_per_wafer_ttm", "disaggregated", "dvfs", "elementwise_latency",
-    "embedding_latency", "embedding_times", "enumerate_plans", "export_plan", "expert_capacity",
-    "expert_params_per_device", "flash_attention_latency", "flash_attention_rows",
-    "flash_attention_tiles", "gelu_latency", "gemm_latency", "gemm_roofline", "inference",
-    "inference_memory", "kv_cache_bytes", "layer_breakdown", "layernorm_latency",
-    "load_chiplet_system", "load_deepflow_config", "load_library", "lora", "memory_breakdown", "model_flops_per_token",
-    "moe_dims", "moe_feasibility", "moe_layer_fraction", "moe_layer_times",
-    "negative_binomial_yield", "net_variant_of", "offline_throughput", "ops_feasible",
-    "param_count", "params_per_device", "precision", "qlora", "reason_name", "recipe",
-    "reticle_utilization", "rmsnorm_latency", "rope_latency", "runtime_of", "save",
-    "search_parallelism", "search_serving", "serving_costs", "silu_mul_latency", "slo_throughput",
-    "softmax_latency", "sram_area", "stack_precisions", "standard_attention_latency", "sweep",
-    "system_cost", "systolic_cycles", "tco", "train_step", "training_layer_times",
-    "training_memory", "uarch", "validate_device", "validate_device_for_ops", "validate_model",
-    "validate_parallelism", "validate_precision", "validate_system",
+    "InferenceResult", "LAYER_OPS", "LaunchConfig", "LinkTech", "LoRA", "MOE_OPS", "Model",
+    "NetLevel", "NetVariant", "OPS", "OfflineResult", "PRESETS", "Parallelism", "Precision",
+    "REASONS", "RECIPES", "RECOMPUTE", "RUNTIMES", "Recipe", "Runtime", "SCHEDULES", "SRAMTech",
+    "ServingCosts", "ServingResult", "System", "SystemCost", "TCO", "TOPOLOGIES",
+    "TRAIN_MEMORY_TERMS", "TrainResult", "UArchBudgets", "UArchTech",
+    "activation_bytes_per_layer", "add_latency", "algorithm_code", "alltoall_time", "bottleneck",
+    "chiplet_cost", "chiplet_system_cost", "codesign", "collective_cost", "collective_feasible",
+    "collective_latency", "collective_time", "continuous_batching", "device_cost", "die_area",
+    "die_cost", "dies_per_wafer", "dies_per_wafer_grid", "dies_per_wafer_smooth",
+    "dies_per_wafer_ttm", "disaggregated", "dvfs", "elementwise_latency", "embedding_latency",
+    "embedding_times", "enumerate_plans", "expert_capacity", "expert_params_per_device",
+    "explain_serve", "explain_train", "export_plan", "flash_attention_latency",
+    "flash_attention_rows", "flash_attention_tiles", "gelu_latency", "gemm_latency",
+    "gemm_roofline", "inference", "inference_energy", "inference_memory", "kv_cache_bytes",
+    "layer_breakdown", "layernorm_latency", "load_chiplet_system", "load_deepflow_config",
+    "load_library", "lora", "memory_breakdown", "model_flops_per_token", "moe_dims",
+    "moe_feasibility", "moe_layer_fraction", "moe_layer_times", "negative_binomial_yield",
+    "net_variant_of", "offline_throughput", "ops_feasible", "param_count", "params_per_device",
+    "precision", "qlora", "reason_name", "recipe", "reticle_utilization", "rmsnorm_latency",
+    "rope_latency", "runtime_of", "save", "search_parallelism", "search_serving", "sensitivity",
+    "serving_costs", "silu_mul_latency", "slo_throughput", "softmax_latency", "sram_area",
+    "stack_precisions", "standard_attention_latency", "sweep", "system_cost", "systolic_cycles",
+    "tco", "train_energy", "train_step", "training_layer_times", "training_memory", "uarch",
+    "validate_device", "validate_device_for_ops", "validate_model", "validate_parallelism",
+    "validate_precision", "validate_system",
 ]
 
 # Heavy optional dependencies (pandas, optax, matplotlib, tqdm) are imported inside the

@@ -28,7 +28,7 @@ import numpy as np
 from jaxmodel.numerics import pareto_mask  # noqa: F401  (public here too)
 
 __all__ = ["figure", "save", "pareto_mask", "pareto_plot", "breakdown_plot", "roofline_plot",
-           "heatmap_plot", "serving_plot"]
+           "heatmap_plot", "serving_plot", "sensitivity_plot"]
 
 
 def figure(figsize=(6.4, 4.4)):
@@ -214,4 +214,27 @@ def serving_plot(df, x: str = "tokens_per_s_per_user", y: str = "throughput_per_
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     ax.set_title(title or "serving deployments")
+    return save(fig, path)
+
+
+def sensitivity_plot(table, top: int = 10, title: str | None = None, path=None):
+    """Horizontal bars of the largest elasticities of each metric of a
+    :func:`jaxmodel.sensitivity` table (one panel per metric); knobs at a kink are hatched."""
+    metrics = list(dict.fromkeys(table["metric"]))
+    fig = figure((6.8, 1.2 + 0.32 * top * len(metrics)))
+    axes = fig.subplots(len(metrics), 1, squeeze=False)[:, 0]
+    for ax, m in zip(axes, metrics):
+        sub = table[table["metric"] == m].head(top)[::-1]
+        colors = ["tab:red" if e > 0 else "tab:blue" for e in sub["elasticity"]]
+        bars = ax.barh(sub["knob"], sub["elasticity"], color=colors)
+        for b, k in zip(bars, sub["kink"]):
+            if k:
+                b.set_hatch("//")
+        ax.axvline(0.0, color="k", lw=0.6)
+        ax.set_title(m, fontsize=9)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(alpha=0.3, axis="x")
+    axes[-1].set_xlabel("elasticity d ln metric / d ln knob")
+    if title:
+        fig.suptitle(title)
     return save(fig, path)

@@ -192,6 +192,12 @@ class Device:
             bytes: memory the driver withholds from ``mem_capacity`` and the runtime context
             with its loaded library kernels (hw_db; the plan-dependent communicator buffers
             are not included; :func:`jaxmodel.workload.memory.usable_memory`).
+        idle_power_w: board power with a CUDA context and no kernel running, W; −1 =
+            ``jaxmodel.energy.IDLE_TDP_SHARE`` × ``tdp_w`` (:mod:`jaxmodel.energy`).
+        mem_energy_per_byte: main-memory access energy, J/byte (default HBM2's 3.9 pJ/bit,
+            O'Connor et al., MICRO 2017).
+        link_energy_per_byte: off-device link (SerDes) energy, J/byte (default 6.5 pJ/bit,
+            :mod:`jaxmodel.energy`).
     """
 
     freq_hz: Array
@@ -274,6 +280,10 @@ class Device:
     global_buffer_reuse_fraction: Array = 0.0
     sustained_clock_fraction: Array = 1.0
     runtime_reserved_bytes: Array = 0.0
+    # Power model (jaxmodel.energy; values and sources in hw_db/devices/*.toml)
+    idle_power_w: Array = -1.0
+    mem_energy_per_byte: Array = 3.12e-11
+    link_energy_per_byte: Array = 5.2e-11
 
     @property
     def peak_matrix_flops(self) -> Array:
@@ -407,6 +417,9 @@ RANGES: dict[str, dict[str, Rule]] = {
         "mem_protocol": Rule(0, 3, integer=True, special=AREA_SENTINEL, what="code"),
         "link_protocol": Rule(0, 4, integer=True, special=AREA_SENTINEL, what="code"),
         "runtime_reserved_bytes": _real(0, 2.0 ** 50, "B"),
+        "idle_power_w": _real(0.0, 1e6, "W", special=(-1.0,)),   # -1 = share of TDP
+        "mem_energy_per_byte": _real(0.0, 1e-8),               # J/B: 0 .. 1.25 nJ/bit
+        "link_energy_per_byte": _real(0.0, 1e-8),              # J/B
     },
     "NetLevel": {
         "size": _count(1, 1e7),

@@ -28,10 +28,12 @@ rank  layer
       split with them, so they sit below it)
 3     ``jaxmodel.workload`` (layer op lists, memory, MoE)
 4     ``jaxmodel.parallel`` (pipeline, training step, inference, GEMM tables)
+4.5   ``jaxmodel.energy`` (device power and energy per token of a step or a request batch)
 5     ``jaxmodel.cost`` (area, chiplet, device, TCO, micro-architecture)
 5.5   ``jaxmodel.serving`` (serving systems in steady state, on ``parallel.inference_step``),
       ``jaxmodel.export`` (a plan as a framework's launch command)
 6     ``jaxmodel.search`` (sweeps, parallelism search, co-design)
+6.5   ``jaxmodel.explain`` (elasticities and bottleneck view over any of the above)
 7     ``jaxmodel`` (the package façade re-exporting the public API)
 8     ``jaxmodel.cli``, ``jaxmodel.demo``, ``jaxmodel.plots`` (applications and reports)
 ====  =================================================================================
@@ -59,9 +61,11 @@ RANKS = {
     "jaxmodel.parallel.plan": 2.7, "jaxmodel.parallel.pipeline": 2.7,
     "jaxmodel.workload": 3,
     "jaxmodel.parallel": 4,
+    "jaxmodel.energy": 4.5,
     "jaxmodel.cost": 5,
     "jaxmodel.serving": 5.5, "jaxmodel.export": 5.5,
     "jaxmodel.search": 6,
+    "jaxmodel.explain": 6.5,
     "jaxmodel": 7,
     "jaxmodel.cli": 8, "jaxmodel.demo": 8, "jaxmodel.plots": 8, "jaxmodel.ui": 8,
 }

@@ -1,7 +1,9 @@
 """Total cost of ownership: capital amortised over a lifetime + energy.
 
 ``usd_per_hour = capex / (lifetime·8760 h) + P·PUE·price/1000``, with
-``P = n_devices · (TDP·utilization + host share)`` W. Derived: USD per million generated tokens
+``P = n_devices · (TDP·utilization + host share)`` W, or with the workload's modelled board
+power (:mod:`jaxmodel.energy`) in place of ``TDP·utilization`` when ``power_w_per_device`` is
+given. Derived: USD per million generated tokens
 (``usd_per_hour / (3600·tokens_per_s) · 1e6``) and USD per training run
 (``usd_per_hour · run_time_s / 3600``). Defaults and their sources: ``hw_db/tech/datacenter.toml``
 (lifetime, PUE, electricity price, host power). Guo et al. §VI names TCO as the extension of its
@@ -63,7 +65,7 @@ def _default(key):
 
 def _tco_single(system: System, tokens_per_s=0.0, run_time_s=0.0, capex_usd=-1.0,
                 lifetime_years=-1.0, pue=-1.0, usd_per_kwh=-1.0, utilization=-1.0,
-                include_yield: bool = True) -> TCO:
+                include_yield: bool = True, power_w_per_device=-1.0) -> TCO:
     pick = lambda v, k: jnp.where(v > 0, v, _default(k))  # noqa: E731
     life = pick(lifetime_years, "lifetime_years")
     pue_ = pick(pue, "pue")
@@ -78,7 +80,9 @@ def _tco_single(system: System, tokens_per_s=0.0, run_time_s=0.0, capex_usd=-1.0
           & jnp.isfinite(n))
     tdp = sanitize(system.device.tdp_w, ok, 0.0)
     n = sanitize(n, ok, 0.0)
-    power = n * (tdp * util + _default("host_power_w_per_device"))
+    # the modelled board power of the workload (jaxmodel.energy) where given, else TDP·util
+    board = jnp.where(power_w_per_device > 0, power_w_per_device, tdp * util)
+    power = n * (board + _default("host_power_w_per_device"))
     capex_h = capex / (life * HOURS_PER_YEAR)
     energy_h = where_feasible(ok, power / 1000.0 * pue_ * price)
     per_hour = capex_h + energy_h
@@ -100,7 +104,7 @@ _tco_batched = batched(_tco_single)
 
 def tco(system: System, tokens_per_s=0.0, run_time_s=0.0, *, capex_usd=-1.0,
         lifetime_years=-1.0, pue=-1.0, usd_per_kwh=-1.0, utilization=-1.0,
-        include_yield: bool = True) -> TCO:
+        include_yield: bool = True, power_w_per_device=-1.0) -> TCO:
     """Total cost of ownership of a system (capital + energy), USD.
 
     Args:
@@ -112,6 +116,9 @@ def tco(system: System, tokens_per_s=0.0, run_time_s=0.0, *, capex_usd=-1.0,
         capex_usd: system price; ≤ 0 uses :func:`jaxmodel.system_cost` (manufacturing cost).
         lifetime_years, pue, usd_per_kwh, utilization: ≤ 0 uses ``hw_db/tech/datacenter.toml``.
         include_yield: see :func:`jaxmodel.device_cost`.
+        power_w_per_device: board power per device while running, W, e.g.
+            ``jaxmodel.energy.train_energy(...).power_w`` (the activity-dependent power
+            model); ≤ 0 (default) uses ``tdp_w × utilization``.
 
     Returns:
         :class:`TCO`. All inputs may be batched arrays; the result is differentiable.
@@ -121,7 +128,8 @@ def tco(system: System, tokens_per_s=0.0, run_time_s=0.0, *, capex_usd=-1.0,
     """
     sys_ = dataclasses.replace(system, device=area_fields(system.device))
     return _tco_batched(sys_, tokens_per_s, run_time_s, capex_usd, lifetime_years, pue,
-                        usd_per_kwh, utilization, include_yield=include_yield)
+                        usd_per_kwh, utilization, include_yield=include_yield,
+                        power_w_per_device=power_w_per_device)
 
 
 tco.single = _tco_single
