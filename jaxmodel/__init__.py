@@ -34,6 +34,7 @@ from jaxmodel.cost import *  # noqa: F401,F403,E402
 from jaxmodel.serving import (OfflineResult, ServingCosts, ServingResult,  # noqa: E402
                               continuous_batching, disaggregated, offline_throughput,
                               serving_costs, slo_throughput)
+from jaxmodel.speculative import Speculative, expected_tokens  # noqa: E402
 
 from jaxmodel.recipes import RECIPES, Recipe, recipe  # noqa: E402
 
