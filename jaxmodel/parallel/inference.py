@@ -343,13 +343,13 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     if rt is None and spec is None:
         head_c, head_g = _lm_head_parts(system, model, par, mb, gemm, dtype_s, variant)
         head_pre = head_dec = head_c + head_g
+        step = 0.0
+        setup = 0.0
     elif rt is None:
         head_c, head_g = jax.vmap(lambda n: _lm_head_parts(system, model, par, n, gemm,
                                                            dtype_s, variant))(
             jnp.stack([mb, mb * per_step]))
         head_pre, head_dec = head_c[0] + head_g[0], head_c[1] + head_g[1]
-        step = 0.0
-        setup = 0.0
         step = 0.0
         setup = 0.0
     else:
