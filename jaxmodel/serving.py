@@ -987,9 +987,10 @@ def slo_throughput_from_costs(costs: ServingCosts, isl, osl, *, ttft_p99_s, tpot
 def slo_throughput_single(system: System, model: Model, par: Parallelism, isl, osl,
                           ttft_p99_s, tpot_p99_s, max_batch, chunk, block_tokens,
                           mem_fraction, precision=None, runtime=None,
-                          variant: Variant = ANY) -> ServingResult:
+                          variant: Variant = ANY, speculative=None) -> ServingResult:
     """Single-configuration body of :func:`slo_throughput`."""
-    costs = serving_costs_single(system, model, par, isl, osl, precision, runtime, variant)
+    costs = serving_costs_single(system, model, par, isl, osl, precision, runtime, variant,
+                                 speculative)
     return slo_throughput_from_costs(
         costs, isl, osl, ttft_p99_s=ttft_p99_s, tpot_p99_s=tpot_p99_s, max_batch=max_batch,
         chunk=chunk, dp=par.dp, pp=par.pp, n_gpus=_n_gpus(par), block_tokens=block_tokens,
@@ -998,15 +999,16 @@ def slo_throughput_single(system: System, model: Model, par: Parallelism, isl, o
 
 @batched
 def _slo_throughput(system, model, par, isl, osl, ttft_p99_s, tpot_p99_s, max_batch, chunk,
-                    block_tokens, mem_fraction, precision, runtime, variant):
+                    block_tokens, mem_fraction, precision, runtime, variant,
+                    speculative=None):
     return slo_throughput_single(system, model, par, isl, osl, ttft_p99_s, tpot_p99_s,
                                  max_batch, chunk, block_tokens, mem_fraction, precision,
-                                 runtime, variant)
+                                 runtime, variant, speculative)
 
 
 def slo_throughput(system: System, model: Model, par: Parallelism, isl, osl, *, ttft_p99_s,
                    tpot_p99_s, precision=None, runtime="vllm_v1", max_batch=None, chunk=None,
-                   block_tokens=None, mem_fraction=None) -> ServingResult:
+                   block_tokens=None, mem_fraction=None, speculative=None) -> ServingResult:
     """Throughput at the highest Poisson arrival rate meeting tail limits on the time to
     first token and the time per output token (see :func:`slo_throughput_from_costs`).
 
@@ -1017,6 +1019,8 @@ def slo_throughput(system: System, model: Model, par: Parallelism, isl, osl, *, 
             (:func:`jaxmodel.runtime_profile.scheduler_defaults`: ``max_batch``, ``chunk``
             for chunked prefill, ``block_tokens``, ``mem_fraction``) fill the settings not
             given.
+        speculative: None or a :class:`jaxmodel.Speculative` (as
+            :func:`continuous_batching`).
 
     Returns:
         :class:`ServingResult` at that rate (``capacity_rps`` the unbounded-queue rate; the
@@ -1037,7 +1041,7 @@ def slo_throughput(system: System, model: Model, par: Parallelism, isl, osl, *, 
     return _slo_throughput(system, model, par, isl, osl, ttft_p99_s, tpot_p99_s,
                            s["max_batch"], s["chunk"], s["block_tokens"], s["mem_fraction"],
                            _prec_arg(precision), _rtp.runtime_arg(runtime),
-                           variant_of(model, par, system))
+                           variant_of(model, par, system), _spec_arg(speculative))
 
 
 slo_throughput.single = slo_throughput_single

@@ -126,3 +126,15 @@ def test_inference_with_mtp_and_draft_model():
     rd = jm.inference(system, model, par, 8, 512, 128, runtime="trtllm", speculative=d)
     assert bool(rd.feasible)
     assert float(rd.breakdown["spec.draft_step"]) > float(br["spec.draft_step"])
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--draft-model", "llama3.2-1b"], "--draft-model"),
+    (["--speculative", "draft_model"], "--draft-model"),
+    (["--speculative", "mtp", "--accept", "1.5"], "accept="),
+    (["--speculative", "eagle", "--draft-k", "-2"], "k=")])
+def test_serve_cli_speculative_errors(argv, msg, capsys):
+    from jaxmodel import cli
+    assert cli.main(["serve", "offline", "--system", "hgx_a100_4gpu"] + argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxmodel: error:") and msg in err and "Traceback" not in err
