@@ -392,9 +392,11 @@ V1_MOE = ("Llama 4 Scout", "Llama 4 Maverick", "Qwen3-235B-A22B")
 #: attention and dense weights replicated, experts ``E/ep`` per GPU, tokens dispatched to
 #: the experts' GPUs by all-to-all. ``"tp"`` (default) runs them with the experts split over
 #: the TP ranks, no EP, no attention DP. The published deployment (``--moe-ep``) predicts
-#: Maverick no better (the replicated attention and dense weights shrink the KV pool to ~90
-#: sequences per GPU; the model's step stays ~2.5× faster than measured), so the default
-#: keeps the figures of the TP deployment until the missing mechanism is found.
+#: no better: at ISL/OSL 128/2048, 1000/1000, 5000/500 Maverick +147/+160/+107 % (TP: +154/
+#: +117/+46 %), Scout +107/+102/+72 % (TP: +63/+47/+19 %); the replicated attention and
+#: dense weights shrink the KV pool (Maverick ~90, Scout ~210 sequences per GPU) yet the
+#: model's iteration stays 2-2.5× faster than measured, so the default keeps the TP
+#: deployment's figures until the missing mechanism is found.
 V1_MOE_DEPLOY = "tp"
 
 
