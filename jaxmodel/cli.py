@@ -739,7 +739,7 @@ def _serve_parser(add) -> None:
     _hardware_args(p)
     g = p.add_argument_group("parallelism (default: tp = GPUs per node when it divides the "
                              "heads, pp = 1, dp = the devices left)")
-    for f in ("dp", "tp", "pp"):
+    for f in ("dp", "tp", "pp", "ep"):
         g.add_argument(f"--{f}", type=float, dest=f, default=None)
     p.add_argument("--isl", type=float, default=1024, help="prompt tokens per request")
     p.add_argument("--osl", type=float, default=256, help="output tokens per request")
@@ -754,6 +754,15 @@ def _serve_parser(add) -> None:
     p.add_argument("--chunk", type=float, help="slo: chunked-prefill tokens (0 = off)")
     p.add_argument("--ttft-p99", type=float, dest="ttft_p99", help="slo: p99 TTFT limit, s")
     p.add_argument("--tpot-p99", type=float, dest="tpot_p99", help="slo: p99 TPOT limit, s")
+    s = p.add_argument_group("speculative decoding (jaxmodel.speculative)")
+    s.add_argument("--speculative", choices=["mtp", "eagle", "draft_model"],
+                   help="proposer of draft tokens (default: none)")
+    s.add_argument("--draft-k", type=float, dest="draft_k", default=1.0,
+                   help="draft tokens per verification step (default 1)")
+    s.add_argument("--accept", type=float, default=0.8,
+                   help="per-token acceptance rate in [0, 1] (default 0.8)")
+    s.add_argument("--draft-model", dest="draft_model",
+                   help="hw_db model of the draft (--speculative draft_model)")
     p.set_defaults(func=cmd_serve, table=False)
 
 
@@ -763,12 +772,21 @@ def cmd_serve(a) -> Any:
         v = getattr(a, name)
         if not (v >= 1 and v == int(v)):
             raise ValueError(f"--{name} must be an integer >= 1, got {v:g}")
-    spec = {"model": a.model, "parallelism": {f: getattr(a, f) for f in ("dp", "tp", "pp")
-                                              if getattr(a, f) is not None}}
+    spec = {"model": a.model, "parallelism": {f: getattr(a, f) for f in ("dp", "tp", "pp",
+                                                                          "ep")
+                                              if getattr(a, f, None) is not None}}
     for k in ("system", "nodes", "device"):
         if getattr(a, k, None) is not None:
             spec[k] = getattr(a, k)
     kw = dict(precision=a.precision, runtime=a.runtime, max_batch=a.max_batch)
+    if (getattr(a, "speculative", None) == "draft_model") != (
+            getattr(a, "draft_model", None) is not None):
+        raise ValueError("--draft-model goes with --speculative draft_model (and only with it)")
+    if getattr(a, "speculative", None):
+        import hw_db
+        kw["speculative"] = jm.Speculative(
+            a.speculative, k=a.draft_k, accept=a.accept,
+            draft=hw_db.model(a.draft_model) if a.draft_model else None)
     if a.mode == "offline":
         if a.ttft_p99 is not None or a.tpot_p99 is not None or a.chunk is not None:
             raise ValueError("--ttft-p99/--tpot-p99/--chunk apply to 'serve slo'")
@@ -784,9 +802,14 @@ def cmd_serve(a) -> Any:
     spec["args"] = {"isl": a.isl, "osl": a.osl}
     args, _ = build_call(fn, spec)
     res = to_jsonable(fn(*args, **kw))
-    return {"mode": a.mode, "system": args[0].name, "model": args[1].name,
-            "parallelism": to_jsonable(args[2]), "isl": a.isl, "osl": a.osl,
-            "runtime": a.runtime, **res}
+    out = {"mode": a.mode, "system": args[0].name, "model": args[1].name,
+           "parallelism": to_jsonable(args[2]), "isl": a.isl, "osl": a.osl,
+           "runtime": a.runtime, **res}
+    if "speculative" in kw:
+        from jaxmodel.speculative import tokens_per_step
+        out["speculative"] = {"method": a.speculative, "k": a.draft_k, "accept": a.accept,
+                              "tokens_per_step": float(tokens_per_step(kw["speculative"]))}
+    return out
 
 
 def cmd_codesign(a) -> Any:

@@ -148,6 +148,23 @@ PRESETS: dict[str, dict[str, Any]] = {
     # (cast: read 2 B, write 0.5 B), attention in BF16, FP8 KV cache when serving.
     "fp4": dict(gemm_dtype="fp4", attn_dtype="bf16", gemm_bytes=0.5, kv_bytes=1.0,
                 weight_copy_bytes=0.5, cast_bytes=2.5, scale_block=16.0, scale_bytes=1.0),
+    # Serving presets of the two FP4 block formats as TensorRT-LLM / vLLM deploy them on
+    # Blackwell. NVFP4 ("Introducing NVFP4", NVIDIA 2025; TensorRT-LLM ``QuantAlgo.NVFP4``,
+    # ModelOpt ``nvidia/*-FP4`` checkpoints): E2M1 elements, one E4M3 (1 B) scale per 16
+    # elements (the per-tensor FP32 scale is negligible): 0.5 + 1/16 B per weight; FP8 KV.
+    "nvfp4": dict(gemm_dtype="fp4", attn_dtype="bf16", gemm_bytes=0.5, kv_bytes=1.0,
+                  weight_copy_bytes=0.5, cast_bytes=2.5, scale_block=16.0, scale_bytes=1.0),
+    # NVFP4 weights and an NVFP4 KV cache (TensorRT-LLM "NVFP4 KV Cache",
+    # ``KvCacheConfig(dtype="nvfp4")``, Blackwell only): the cache holds E2M1 elements plus
+    # one E4M3 scale per 16, 0.5 + 1/16 = 0.5625 B per element.
+    "nvfp4kv": dict(gemm_dtype="fp4", attn_dtype="bf16", gemm_bytes=0.5, kv_bytes=0.5625,
+                      weight_copy_bytes=0.5, cast_bytes=2.5, scale_block=16.0,
+                      scale_bytes=1.0),
+    # MXFP4 (OCP Microscaling v1.0 §5: 32 E2M1 elements share one E8M0 (1 B) scale): 0.5 +
+    # 1/32 B per weight; FP4 GEMMs on Blackwell's block-scaled tensor cores (vLLM / TensorRT-LLM
+    # gpt-oss MXFP4 checkpoints), FP8 KV cache.
+    "mxfp4": dict(gemm_dtype="fp4", attn_dtype="bf16", gemm_bytes=0.5, kv_bytes=1.0,
+                  weight_copy_bytes=0.5, cast_bytes=2.5, scale_block=32.0, scale_bytes=1.0),
     # INT8 W8A8 (SmoothQuant): int8 GEMMs, per-token activation quantisation (read 2, write
     # 1 B), FP16 attention and KV cache.
     "int8": dict(gemm_dtype="int8", attn_dtype="fp16", gemm_bytes=1.0,
@@ -178,7 +195,7 @@ def precision(value: Any = None, **overrides) -> Precision:
     """
     return from_preset(Precision, value, overrides, PRESETS, {
         "float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "e4m3": "fp8",
-        "nvfp4": "fp4", "mxfp4": "fp4", "w8a8": "int8", "awq": "w4a16", "gptq": "w4a16"},
+        "w8a8": "int8", "awq": "w4a16", "gptq": "w4a16"},
         "bf16", "precision")
 
 

@@ -56,10 +56,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmodel import precisions as _precisions, serving_runtime as _rtp
+from jaxmodel import speculative as _spec
 from jaxmodel.batching import batched
 from jaxmodel.numerics import INF, REASONS, first_reason, reason_name
 from jaxmodel.parallel.inference_step import inference_single
-from jaxmodel.types import Model, Parallelism, System
+from jaxmodel.types import Model, Parallelism, System, is_concrete
 from jaxmodel.workload.layer import ANY, Variant, variant_of
 from jaxmodel.workload.memory import usable_memory
 
@@ -98,6 +99,11 @@ class ServingCosts:
         reserved_bytes: memory the runtime holds besides the tensors
             (``Device.runtime_reserved_bytes``), bytes.
         feasible, reason: the plan's rules (memory excluded; see :func:`kv_capacity_seqs`).
+        spec_k: draft tokens per step of speculative decoding (0 = none); a decode sequence
+            then costs ``1 + spec_k`` verified tokens per iteration (``step_s`` is the whole
+            iteration: drafts + verification).
+        spec_tokens: tokens a decode sequence emits per iteration (Leviathan et al. 2023
+            eq. 1; 1 = none).
     """
 
     step_s: jax.Array
@@ -111,6 +117,8 @@ class ServingCosts:
     feasible: jax.Array
     reason: jax.Array
     reserved_bytes: jax.Array = 0.0
+    spec_k: jax.Array = 0.0
+    spec_tokens: jax.Array = 1.0
 
 
 @_register
@@ -163,13 +171,18 @@ class ServingResult:
 # 1. cost table
 # --------------------------------------------------------------------------------------------
 def serving_costs_single(system: System, model: Model, par: Parallelism, isl, osl,
-                         precision=None, runtime=None, variant: Variant = ANY) -> ServingCosts:
+                         precision=None, runtime=None, variant: Variant = ANY,
+                         speculative=None) -> ServingCosts:
     """Single-configuration body of :func:`serving_costs`.
 
     ``par.dp`` replicas each carry ``N`` sequences: :func:`jaxmodel.inference` runs at batch
     ``N·dp`` (``memory_rule=False``: the KV capacity is checked by the serving model), once
     per grid point (one trace, vmapped). ``variant`` (static): the code paths the inputs need
     (:func:`jaxmodel.workload.layer.variant_of`; ``ANY`` traces every one).
+    ``speculative`` (:class:`jaxmodel.Speculative`): ``step_s`` is then one speculative
+    iteration (``breakdown["spec.step"]``: ``k`` drafts + verification of ``1 + k`` tokens
+    per sequence) and the table carries ``spec_k`` and ``spec_tokens``; the KV bytes per
+    token include the proposer's cache.
     """
     f = jnp.result_type(float)
     grid = jnp.asarray(TOKEN_GRID, f)
@@ -179,7 +192,8 @@ def serving_costs_single(system: System, model: Model, par: Parallelism, isl, os
     rt = _rtp.runtime_arg(runtime)
     r = jax.vmap(lambda n: inference_single(system, model, par, n * dp, isl, osl,
                                             memory_rule=False, precision=precision,
-                                            runtime=rt, variant=variant))(grid)
+                                            runtime=rt, variant=variant,
+                                            speculative=speculative))(grid)
     br = r.breakdown
     n_layers = model.n_layers
     attn = n_layers * sum(br[f"decode.{k}"] for k in _ATTN_OPS)
@@ -189,8 +203,16 @@ def serving_costs_single(system: System, model: Model, par: Parallelism, isl, os
     # a static session's per-request engine set-up (``Runtime.context_layer_overhead_s``) is
     # not paid by an in-flight batcher, which runs each iteration as one engine step
     prefill = r.ttft_s[0] - jnp.where(ok, br["request_setup"][0], 0.0)
+    if speculative is None:
+        step, k_d, e_tok = r.tpot_s, 0.0 * isl, 1.0 + 0.0 * isl
+    else:
+        step = br["spec.step"]
+        k_d = _spec.draft_len(speculative) + 0.0 * isl
+        e_tok = _spec.tokens_per_step(speculative) + 0.0 * isl
+        ctx = ctx + k_d
     return ServingCosts(
-        step_s=r.tpot_s, attn_s=jnp.where(ok, attn, INF), prefill_s=prefill,
+        spec_k=k_d, spec_tokens=e_tok,
+        step_s=step, attn_s=jnp.where(ok, attn, INF), prefill_s=prefill,
         prefill_attn_s=jnp.where(ok, pre_attn, INF),
         weights_bytes=br["memory.weights"][0],
         kv_bytes_per_token=br["memory.kv_cache"][0] / ctx,
@@ -201,12 +223,14 @@ def serving_costs_single(system: System, model: Model, par: Parallelism, isl, os
 
 
 @batched
-def _serving_costs(system, model, par, isl, osl, precision, runtime, variant):
-    return serving_costs_single(system, model, par, isl, osl, precision, runtime, variant)
+def _serving_costs(system, model, par, isl, osl, precision, runtime, variant,
+                   speculative=None):
+    return serving_costs_single(system, model, par, isl, osl, precision, runtime, variant,
+                                speculative)
 
 
 def serving_costs(system: System, model: Model, par: Parallelism, isl, osl, precision=None,
-                  runtime=None) -> ServingCosts:
+                  runtime=None, speculative=None) -> ServingCosts:
     """Per-iteration cost table of one replica of ``par`` serving prompts of ``isl`` tokens
     and ``osl`` output tokens (means), from :func:`jaxmodel.inference` (module docstring,
     step 1). ``precision``/``runtime`` as in :func:`jaxmodel.inference`.
@@ -218,7 +242,8 @@ def serving_costs(system: System, model: Model, par: Parallelism, isl, osl, prec
         (8,)
     """
     return _serving_costs(system, model, par, isl, osl, _prec_arg(precision),
-                          _rtp.runtime_arg(runtime), variant_of(model, par, system))
+                          _rtp.runtime_arg(runtime), variant_of(model, par, system),
+                          _spec_arg(speculative))
 
 
 serving_costs.single = serving_costs_single
@@ -226,6 +251,14 @@ serving_costs.single = serving_costs_single
 
 def _prec_arg(precision):
     return _precisions.resolve(precision, None)
+
+
+def _spec_arg(speculative):
+    """A validated :class:`jaxmodel.Speculative` or None (:mod:`jaxmodel.speculative`)."""
+    s = _spec.speculative_arg(speculative)
+    if s is not None and is_concrete(s):
+        _spec.validate_speculative(s)
+    return s
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,7 +316,7 @@ def kv_capacity_seqs(costs: ServingCosts, isl, osl, block_tokens=BLOCK_TOKENS,
             - costs.weights_bytes - frac * costs.act_bytes)
     block_bytes = block_tokens * jnp.maximum(costs.kv_bytes_per_token, 1e-30)
     blocks = jnp.floor(jnp.maximum(free, 0.0) / block_bytes)
-    per_seq = jnp.ceil((isl + osl) / block_tokens)
+    per_seq = jnp.ceil((isl + osl + costs.spec_k) / block_tokens)
     return jax.lax.stop_gradient(jnp.floor(blocks / jnp.maximum(per_seq, 1.0)))
 
 
@@ -359,31 +392,36 @@ def aggregated_capacity(costs: ServingCosts, isl, osl, max_batch, pp, chunk=0.0,
     ``λ = B_max / (osl·T(B_max/pp) + B_max·t_prefill/pp)`` (each request's decode share of a
     replica plus its prefill). With chunks of ``C`` tokens: the smaller of the rate that fills
     ``B_max`` and the rate at which the prompt tokens fill every chunk (see
-    :func:`continuous_batching_from_costs`).
+    :func:`continuous_batching_from_costs`). With speculative decoding in its iteration
+    counts (``osl/E`` iterations, ``isl/(1 + k)`` prompt slots).
     """
     chunked = chunk > 0
     bmax = jnp.minimum(max_batch, kv_capacity_seqs(
         costs, isl, osl, block_tokens, mem_fraction, jnp.where(chunked, chunk, isl)))
-    delta = _chunk_attention_delta(costs, isl)
+    width = 1.0 + costs.spec_k
+    isl_w = isl / width                     # prompt slots
+    osl = osl / costs.spec_tokens           # decode iterations
+    delta = _chunk_attention_delta(costs, isl, width)
     plain = bmax / (osl * step_time(costs, bmax / pp) + bmax * costs.prefill_s / pp)
-    m_b = bmax * (osl + isl) / (osl * pp)
-    by_batch = bmax / (osl * step_time(costs, m_b) + bmax * isl * delta / pp)
-    c = jnp.maximum(chunk, 1.0)
-    m_c = c * (osl + isl) / isl
+    m_b = bmax * (osl + isl_w) / (osl * pp)
+    by_batch = bmax / (osl * step_time(costs, m_b) + bmax * isl_w * delta / pp)
+    c = jnp.maximum(chunk, 1.0) / width
+    m_c = c * (osl + isl_w) / isl_w
     it_c = step_time(costs, m_c) + c * delta
-    by_chunk = pp * c / (isl * it_c)
+    by_chunk = pp * c / (isl_w * it_c)
     cap = jnp.where(chunked, jnp.minimum(by_batch, by_chunk), plain)
     return jnp.where(bmax >= 1.0, jnp.maximum(cap, 0.0), 0.0)
 
 
-def _chunk_attention_delta(costs: ServingCosts, isl):
-    """Correction per prompt token of a mixed iteration, s: the table charges a chunk token
-    as a decode sequence's attention (reading a whole cache); it costs the prompt token's
-    share of the prompt's own causal attention instead (Sarathi-Serve §4.2: chunks attend to
-    the prompt's earlier chunks). Decode attention per sequence: the slope of ``attn_s``
-    over the last two grid points (launch overheads excluded)."""
+def _chunk_attention_delta(costs: ServingCosts, isl, width=1.0):
+    """Correction per prompt slot of ``width`` tokens (1 without speculation; ``1 + k``
+    with, :func:`offline_from_costs`) of a mixed iteration, s: the table charges a slot as a
+    decode sequence's attention (reading a whole cache); it costs the prompt tokens' share
+    of the prompt's own causal attention instead (Sarathi-Serve §4.2: chunks attend to the
+    prompt's earlier chunks). Decode attention per sequence: the slope of ``attn_s`` over
+    the last two grid points (launch overheads excluded)."""
     per_seq = (costs.attn_s[-1] - costs.attn_s[-2]) / (TOKEN_GRID[-1] - TOKEN_GRID[-2])
-    return costs.prefill_attn_s / jnp.maximum(isl, 1.0) - per_seq
+    return width * costs.prefill_attn_s / jnp.maximum(isl, 1.0) - per_seq
 
 
 def continuous_batching_from_costs(costs: ServingCosts, isl, osl, rate, max_batch, *,
@@ -416,11 +454,20 @@ def continuous_batching_from_costs(costs: ServingCosts, isl, osl, rate, max_batc
     Feasible when the plan is (``costs``), one request's KV fits, and the queue is bounded
     (``B <= min(max_batch, KV capacity)``, ``ρ < 1``, a fixed point exists).
     Throughput per device ``rate·osl/n_gpus``.
+
+    Speculative decoding (``costs.spec_k``, ``costs.spec_tokens``): as in
+    :func:`offline_from_costs`, the iteration counts use ``osl/E`` decode iterations and
+    ``isl/(1 + k)`` prompt slots (chunks of ``C/(1 + k)`` slots), and a token's time is the
+    iteration's divided by ``E``.
     """
     f = jnp.result_type(float)
     isl, osl, rate, max_batch, dp, pp, n_gpus, chunk = (jnp.asarray(x, f) for x in (
         isl, osl, rate, max_batch, dp, pp, n_gpus, chunk))
     chunked = chunk > 0
+    width = 1.0 + costs.spec_k
+    e_tok = costs.spec_tokens
+    osl_i = osl / e_tok                       # decode iterations per request
+    isl_s = isl / width                       # prompt slots per request
     lam = rate / jnp.maximum(dp, 1.0)
     pp = jnp.maximum(pp, 1.0)
     kv = kv_capacity_seqs(costs, isl, osl, block_tokens, mem_fraction,
@@ -434,10 +481,10 @@ def continuous_batching_from_costs(costs: ServingCosts, isl, osl, rate, max_batc
     rho = lam * t_p / pp
     rho_ok = rho < 1.0
     stall = jnp.where(rho_ok, 1.0 - rho, 1.0)
-    m_u, ex_u = _fixed_point(costs, lam * osl / (pp * stall))
+    m_u, ex_u = _fixed_point(costs, lam * osl_i / (pp * stall))
     b_u = m_u * pp
     t_u = step_time(costs, m_u)
-    tpot_u = t_u / stall
+    tpot_u = t_u / (stall * e_tok)
     wait_u = md1_wait(lam, t_p / pp)
     ttft_u = t_p + wait_u + stall * t_u / (2.0 * pp)
     ok_u = rho_ok & ex_u
@@ -445,21 +492,21 @@ def continuous_batching_from_costs(costs: ServingCosts, isl, osl, rate, max_batc
     # TPOT) prefills of t_p/pp each (normal approximation of the count's 99th percentile)
     n_st = lam * osl * tpot_u
     ttft99_u = ttft_u - wait_u + wait_quantile(wait_u, rho)
-    tpot99_u = t_u + (n_st + Z99 * jnp.sqrt(jnp.maximum(n_st, 0.0))) * t_p / (
-        pp * jnp.maximum(osl, 1.0))
+    tpot99_u = (t_u + (n_st + Z99 * jnp.sqrt(jnp.maximum(n_st, 0.0))) * t_p / (
+        pp * jnp.maximum(osl_i, 1e-9))) / e_tok
 
     # chunked prefill
-    c = jnp.maximum(chunk, 1.0)
-    delta = _chunk_attention_delta(costs, isl)
-    den = 1.0 - lam * isl * delta / pp
+    c = jnp.maximum(chunk, 1.0) / width       # chunk slots
+    delta = _chunk_attention_delta(costs, isl, width)
+    den = 1.0 - lam * isl_s * delta / pp
     den_ok = den > 0
     den = jnp.where(den_ok, den, 1.0)
-    m_c, ex_c = _fixed_point(costs, lam * (osl + isl) / (pp * den))
+    m_c, ex_c = _fixed_point(costs, lam * (osl_i + isl_s) / (pp * den))
     t_c = step_time(costs, m_c) / den
-    b_c = lam * osl * t_c
-    cbar = lam * isl * t_c / pp
+    b_c = lam * osl_i * t_c
+    cbar = lam * isl_s * t_c / pp
     t_full = step_time(costs, m_c - cbar + c) + c * delta     # an iteration with a full chunk
-    service = jnp.ceil(isl / c) * t_full
+    service = jnp.ceil(isl_s / c) * t_full
     util_ok = (cbar < c) & (lam * service / pp < 1.0)
     wait_c = md1_wait(lam / pp, service)
     ttft_c = wait_c + service + t_c / 2.0
@@ -473,18 +520,21 @@ def continuous_batching_from_costs(costs: ServingCosts, isl, osl, rate, max_batc
         (kv >= 1.0, "out_of_memory"),
         (bounded, "rate_above_capacity")])
     return _finish(feasible, reason, jnp.where(chunked, ttft_c, ttft_u),
-                   jnp.where(chunked, t_c, tpot_u), batch, jnp.where(chunked, t_c, t_u),
+                   jnp.where(chunked, t_c / e_tok, tpot_u), batch,
+                   jnp.where(chunked, t_c, t_u),
                    rate * osl / jnp.maximum(n_gpus, 1.0), cap, kv, ttft_slo_s, tpot_slo_s,
-                   jnp.where(chunked, ttft99_c, ttft99_u), jnp.where(chunked, t_c, tpot99_u))
+                   jnp.where(chunked, ttft99_c, ttft99_u),
+                   jnp.where(chunked, t_c / e_tok, tpot99_u))
 
 
 def continuous_batching_single(system: System, model: Model, par: Parallelism, isl, osl,
                                rate, max_batch=256.0, chunk=0.0, block_tokens=BLOCK_TOKENS,
                                mem_fraction=MEM_FRACTION, ttft_slo_s=INF, tpot_slo_s=INF,
                                precision=None, runtime=None,
-                               variant: Variant = ANY) -> ServingResult:
+                               variant: Variant = ANY, speculative=None) -> ServingResult:
     """Single-configuration body of :func:`continuous_batching`."""
-    costs = serving_costs_single(system, model, par, isl, osl, precision, runtime, variant)
+    costs = serving_costs_single(system, model, par, isl, osl, precision, runtime, variant,
+                                 speculative)
     return continuous_batching_from_costs(
         costs, isl, osl, rate, max_batch, dp=par.dp, pp=par.pp,
         n_gpus=jnp.maximum(par.dp, 1.0) * jnp.maximum(par.tp, 1.0) * jnp.maximum(par.pp, 1.0)
@@ -494,17 +544,18 @@ def continuous_batching_single(system: System, model: Model, par: Parallelism, i
 
 @batched
 def _continuous_batching(system, model, par, isl, osl, rate, max_batch, chunk, block_tokens,
-                         mem_fraction, ttft_slo_s, tpot_slo_s, precision, runtime, variant):
+                         mem_fraction, ttft_slo_s, tpot_slo_s, precision, runtime, variant,
+                         speculative=None):
     return continuous_batching_single(system, model, par, isl, osl, rate, max_batch, chunk,
                                       block_tokens, mem_fraction, ttft_slo_s, tpot_slo_s,
-                                      precision, runtime, variant)
+                                      precision, runtime, variant, speculative)
 
 
 def continuous_batching(system: System, model: Model, par: Parallelism, isl, osl, rate,
                         max_batch=256, chunk=0, *, block_tokens=BLOCK_TOKENS,
                         mem_fraction=MEM_FRACTION, ttft_slo_s=float("inf"),
                         tpot_slo_s=float("inf"), precision=None,
-                        runtime="vllm") -> ServingResult:
+                        runtime="vllm", speculative=None) -> ServingResult:
     """Steady state of continuous batching (optionally with chunked prefill) on ``system``.
 
     Args:
@@ -520,6 +571,8 @@ def continuous_batching(system: System, model: Model, par: Parallelism, isl, osl
             weights + KV cache.
         ttft_slo_s, tpot_slo_s: limits for ``meets_slo`` / ``goodput_per_gpu``.
         precision, runtime: as :func:`jaxmodel.inference` (default runtime ``"vllm"``).
+        speculative: None or a :class:`jaxmodel.Speculative` (as :func:`jaxmodel.inference`;
+            the iteration model of :func:`continuous_batching_from_costs`).
 
     Returns:
         :class:`ServingResult` (see :func:`continuous_batching_from_costs` for the model).
@@ -533,7 +586,7 @@ def continuous_batching(system: System, model: Model, par: Parallelism, isl, osl
     return _continuous_batching(system, model, par, isl, osl, rate, max_batch, chunk,
                                 block_tokens, mem_fraction, ttft_slo_s, tpot_slo_s,
                                 _prec_arg(precision), _rtp.runtime_arg(runtime),
-                                variant_of(model, par, system))
+                                variant_of(model, par, system), _spec_arg(speculative))
 
 
 continuous_batching.single = continuous_batching_single
@@ -728,7 +781,7 @@ def kv_capacity_of_free(costs: ServingCosts, isl, osl, block_tokens, free_fracti
             - costs.weights_bytes - frac * costs.act_bytes) * free_fraction
     block_bytes = block_tokens * jnp.maximum(costs.kv_bytes_per_token, 1e-30)
     blocks = jnp.floor(jnp.maximum(free, 0.0) / block_bytes)
-    per_seq = jnp.ceil((isl + osl) / block_tokens)
+    per_seq = jnp.ceil((isl + osl + costs.spec_k) / block_tokens)
     return jax.lax.stop_gradient(jnp.floor(blocks / jnp.maximum(per_seq, 1.0)))
 
 
@@ -754,6 +807,14 @@ def offline_from_costs(costs: ServingCosts, isl, osl, *, max_batch, max_tokens, 
 
     KV capacity: ``kv_of_free`` 0 as vLLM (:func:`kv_capacity_seqs` with the activation
     working set of ``max_tokens`` tokens), 1 as TensorRT-LLM (:func:`kv_capacity_of_free`).
+
+    Speculative decoding (``costs.spec_k = k > 0``, ``costs.spec_tokens = E``): the table is
+    in *slots*, one decode sequence's iteration (``1 + k`` verified tokens and its drafts); a
+    request passes ``osl/E`` decode iterations and its prompt is ``isl/(1 + k)`` slots (a
+    prompt token costs the verifier's GEMMs of one of the ``1 + k`` tokens; its attention
+    correction is ``(1 + k)·δ`` per slot). The formulas above hold with ``isl → isl/(1+k)``,
+    ``osl → osl/E`` in the iteration counts, ``max_tokens → max_tokens/(1 + k)`` slots and
+    ``osl`` output tokens per request; ``tpot_s = T_it/E``. ``k = 0`` is the formula above.
     Units: tokens, s, tokens/s.
     """
     f = jnp.result_type(float)
@@ -765,14 +826,18 @@ def offline_from_costs(costs: ServingCosts, isl, osl, *, max_batch, max_tokens, 
     kv_t = kv_capacity_of_free(costs, isl, osl, block_tokens, mem_fraction, frac_tokens)
     kv = jnp.where(kv_of_free > 0.5, kv_t, kv_v)
     bmax = jnp.minimum(max_batch, kv)
-    share = isl / jnp.maximum(isl + osl, 1.0)
-    m = jnp.minimum(bmax * (isl + osl) / (jnp.maximum(osl, 1.0) * pp), max_tokens)
+    width = 1.0 + costs.spec_k                   # tokens one decode slot verifies
+    isl_s = isl / width                          # prompt slots
+    osl_i = osl / costs.spec_tokens              # decode iterations
+    share = isl_s / jnp.maximum(isl_s + osl_i, 1e-9)
+    m = jnp.minimum(bmax * (isl_s + osl_i) / (jnp.maximum(osl_i, 1e-9) * pp),
+                    max_tokens / width)
     m = jnp.maximum(m, 1.0)
-    delta = _chunk_attention_delta(costs, isl)
+    delta = _chunk_attention_delta(costs, isl, width)
     t_it = step_time(costs, m) + m * share * delta
     ok_t = t_it > 0
     safe_t = jnp.where(ok_t, t_it, 1.0)
-    rps = dp * pp * m / (jnp.maximum(isl + osl, 1.0) * safe_t)
+    rps = dp * pp * m / (jnp.maximum(isl_s + osl_i, 1e-9) * safe_t)
     feasible, reason = _combine([costs], [(kv >= 1.0, "out_of_memory")])
     feasible = feasible & ok_t
 
@@ -782,7 +847,8 @@ def offline_from_costs(costs: ServingCosts, isl, osl, *, max_batch, max_tokens, 
         throughput_per_gpu=gate(rps * osl / jnp.maximum(n_gpus, 1.0), 0.0),
         requests_per_s=gate(rps, 0.0), batch=gate(m * pp * (1.0 - share), 0.0),
         tokens_per_iteration=gate(m, 0.0), iteration_s=gate(t_it, INF),
-        tpot_s=gate(t_it, INF), kv_capacity_seqs=kv, feasible=feasible, reason=reason)
+        tpot_s=gate(t_it / costs.spec_tokens, INF), kv_capacity_seqs=kv, feasible=feasible,
+        reason=reason)
 
 
 def _n_gpus(par: Parallelism):
@@ -793,9 +859,10 @@ def _n_gpus(par: Parallelism):
 def offline_throughput_single(system: System, model: Model, par: Parallelism, isl, osl,
                               max_batch, max_tokens, block_tokens, mem_fraction, kv_of_free,
                               precision=None, runtime=None,
-                              variant: Variant = ANY) -> OfflineResult:
+                              variant: Variant = ANY, speculative=None) -> OfflineResult:
     """Single-configuration body of :func:`offline_throughput`."""
-    costs = serving_costs_single(system, model, par, isl, osl, precision, runtime, variant)
+    costs = serving_costs_single(system, model, par, isl, osl, precision, runtime, variant,
+                                 speculative)
     return offline_from_costs(costs, isl, osl, max_batch=max_batch, max_tokens=max_tokens,
                               dp=par.dp, pp=par.pp, n_gpus=_n_gpus(par),
                               block_tokens=block_tokens, mem_fraction=mem_fraction,
@@ -804,10 +871,11 @@ def offline_throughput_single(system: System, model: Model, par: Parallelism, is
 
 @batched
 def _offline_throughput(system, model, par, isl, osl, max_batch, max_tokens, block_tokens,
-                        mem_fraction, kv_of_free, precision, runtime, variant):
+                        mem_fraction, kv_of_free, precision, runtime, variant,
+                        speculative=None):
     return offline_throughput_single(system, model, par, isl, osl, max_batch, max_tokens,
                                      block_tokens, mem_fraction, kv_of_free, precision,
-                                     runtime, variant)
+                                     runtime, variant, speculative)
 
 
 def _scheduler_args(runtime, **given):
@@ -827,7 +895,8 @@ def _scheduler_args(runtime, **given):
 
 def offline_throughput(system: System, model: Model, par: Parallelism, isl, osl, *,
                        precision=None, runtime="trtllm_v1", max_batch=None, max_tokens=None,
-                       block_tokens=None, mem_fraction=None) -> OfflineResult:
+                       block_tokens=None, mem_fraction=None,
+                       speculative=None) -> OfflineResult:
     """Offline (all requests queued) throughput of in-flight batching on ``system``
     (trtllm-bench ``throughput``, MLPerf Inference Offline; see :func:`offline_from_costs`).
 
@@ -841,6 +910,7 @@ def offline_throughput(system: System, model: Model, par: Parallelism, isl, osl,
             ``max_num_seqs``).
         max_tokens: tokens per iteration (``max_num_tokens`` / ``max_num_batched_tokens``).
         block_tokens: KV block, tokens. mem_fraction: the KV pool's share of memory.
+        speculative: None or a :class:`jaxmodel.Speculative` (:func:`offline_from_costs`).
 
     Example:
         >>> r = jm.offline_throughput(hw_db.system("dgx_h100"), hw_db.model("llama3-8b"),
@@ -853,7 +923,7 @@ def offline_throughput(system: System, model: Model, par: Parallelism, isl, osl,
     return _offline_throughput(system, model, par, isl, osl, s["max_batch"], s["max_tokens"],
                                s["block_tokens"], s["mem_fraction"], s["kv_of_free"],
                                _prec_arg(precision), _rtp.runtime_arg(runtime),
-                               variant_of(model, par, system))
+                               variant_of(model, par, system), _spec_arg(speculative))
 
 
 offline_throughput.single = offline_throughput_single
@@ -914,9 +984,10 @@ def slo_throughput_from_costs(costs: ServingCosts, isl, osl, *, ttft_p99_s, tpot
 def slo_throughput_single(system: System, model: Model, par: Parallelism, isl, osl,
                           ttft_p99_s, tpot_p99_s, max_batch, chunk, block_tokens,
                           mem_fraction, precision=None, runtime=None,
-                          variant: Variant = ANY) -> ServingResult:
+                          variant: Variant = ANY, speculative=None) -> ServingResult:
     """Single-configuration body of :func:`slo_throughput`."""
-    costs = serving_costs_single(system, model, par, isl, osl, precision, runtime, variant)
+    costs = serving_costs_single(system, model, par, isl, osl, precision, runtime, variant,
+                                 speculative)
     return slo_throughput_from_costs(
         costs, isl, osl, ttft_p99_s=ttft_p99_s, tpot_p99_s=tpot_p99_s, max_batch=max_batch,
         chunk=chunk, dp=par.dp, pp=par.pp, n_gpus=_n_gpus(par), block_tokens=block_tokens,
@@ -925,15 +996,16 @@ def slo_throughput_single(system: System, model: Model, par: Parallelism, isl, o
 
 @batched
 def _slo_throughput(system, model, par, isl, osl, ttft_p99_s, tpot_p99_s, max_batch, chunk,
-                    block_tokens, mem_fraction, precision, runtime, variant):
+                    block_tokens, mem_fraction, precision, runtime, variant,
+                    speculative=None):
     return slo_throughput_single(system, model, par, isl, osl, ttft_p99_s, tpot_p99_s,
                                  max_batch, chunk, block_tokens, mem_fraction, precision,
-                                 runtime, variant)
+                                 runtime, variant, speculative)
 
 
 def slo_throughput(system: System, model: Model, par: Parallelism, isl, osl, *, ttft_p99_s,
                    tpot_p99_s, precision=None, runtime="vllm_v1", max_batch=None, chunk=None,
-                   block_tokens=None, mem_fraction=None) -> ServingResult:
+                   block_tokens=None, mem_fraction=None, speculative=None) -> ServingResult:
     """Throughput at the highest Poisson arrival rate meeting tail limits on the time to
     first token and the time per output token (see :func:`slo_throughput_from_costs`).
 
@@ -944,6 +1016,8 @@ def slo_throughput(system: System, model: Model, par: Parallelism, isl, osl, *, 
             (:func:`jaxmodel.serving_runtime.scheduler_defaults`: ``max_batch``, ``chunk``
             for chunked prefill, ``block_tokens``, ``mem_fraction``) fill the settings not
             given.
+        speculative: None or a :class:`jaxmodel.Speculative` (as
+            :func:`continuous_batching`).
 
     Returns:
         :class:`ServingResult` at that rate (``capacity_rps`` the unbounded-queue rate; the
@@ -964,7 +1038,7 @@ def slo_throughput(system: System, model: Model, par: Parallelism, isl, osl, *, 
     return _slo_throughput(system, model, par, isl, osl, ttft_p99_s, tpot_p99_s,
                            s["max_batch"], s["chunk"], s["block_tokens"], s["mem_fraction"],
                            _prec_arg(precision), _rtp.runtime_arg(runtime),
-                           variant_of(model, par, system))
+                           variant_of(model, par, system), _spec_arg(speculative))
 
 
 slo_throughput.single = slo_throughput_single

@@ -60,6 +60,7 @@ import numpy as np
 from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
 from jaxmodel import serving_runtime as _rtp
+from jaxmodel import speculative as _spec
 from jaxmodel.batching import batch_shape, batched
 from jaxmodel.numerics import INF, first_reason, reason_name
 from jaxmodel.parallel import plan as _plan
@@ -67,7 +68,9 @@ from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_ar
                             validate_knobs)
 from jaxmodel.workload.layer import (ANY, LAYER_OPS, Variant, default_gemm, layer_times,
                                      runtime_inputs, variant_of)
-from jaxmodel.workload.memory import inference_memory_single, usable_memory
+from jaxmodel.workload.memory import (inference_memory_single, kv_cache_bytes_single,
+                                      usable_memory)
+from jaxmodel.workload.params import params_per_device
 from jaxmodel.workload.moe import MOE_OPS
 from jaxmodel import precisions as _prec
 
@@ -200,10 +203,74 @@ def _plan_inputs(system, model, par, batch, prompt_len, gen_len, dtype_bytes):
 _COMM_OPS = ("allreduce_mha", "allreduce_ffn", "moe_alltoall")
 
 
+def _draft_costs(system, model, par, mb, b, prompt, gen, k, spec, gemm, prec, rt, dtype_s,
+                 one_tok, pre, at):
+    """``(prefill_s, step_s, memory)`` of the proposer of speculative decoding
+    (:mod:`jaxmodel.speculative`) for ``mb`` sequences per micro-batch, ``b`` per replica.
+
+    - MTP / EAGLE head (DeepSeek-V3 §2.2; Li et al. 2024 §4.1): a draft token is the
+      projection ``[mb, 2d]×[2d, d/t]``, one decoder layer of the model's kind at one new
+      token against the mean context (``one_tok``), the embedding lookup and the shared LM
+      head; ``k`` of them per step. The prompt passes the projection and the layer once
+      (filling the head's KV cache). Memory: one module's weights
+      (:func:`jaxmodel.workload.params.mtp_params` split as the model's layers) and one
+      layer's KV cache.
+    - draft model (Leviathan et al. 2023 §3): ``k`` decode steps of the draft model (all its
+      layers at one token, embedding, LM head) on the same TP group, and its prefill of the
+      prompt; its weights and KV cache. The draft runs under the target's ``par`` (its plan
+      is not checked separately).
+
+    Seconds and bytes per device.
+    """
+    gemm_f = gemm or default_gemm
+    d = model.d_model
+    tp = jnp.maximum(par.tp, 1.0)
+    dec_sys = at(True)
+    lookup, ar = _embedding_parts(dec_sys, model, par, mb, dtype_s)
+    head_c, head_g = _lm_head_parts(dec_sys, model, par, mb, gemm, dtype_s)
+    proj1 = gemm_f(system.device, mb, d / tp, 2.0 * d, 1.0, dtype_s)
+    projp = gemm_f(system.device, mb * prompt, d / tp, 2.0 * d, 1.0, dtype_s)
+    head_step = one_tok["total"] + proj1 + lookup + ar + head_c + head_g
+    head_pre = pre["total"] + projp
+    ctx = prompt + gen + k
+    w_word = _prec.serving_weight_bytes(prec)
+    one = dataclasses.replace(model, n_mtp_layers=1.0)
+    head_w = w_word * (params_per_device.single(one, par, True)
+                       - params_per_device.single(model, par, False))
+    head_kv = kv_cache_bytes_single(model, par, b, ctx, prec.kv_bytes) / jnp.maximum(
+        model.n_layers, 1.0)
+    is_head = spec.method > 1.5
+    pre_s = jnp.where(is_head, head_pre, 0.0)
+    step_s = jnp.where(is_head, k * head_step, 0.0)
+    mem_w = jnp.where(is_head, head_w, 0.0)
+    mem_kv = jnp.where(is_head, head_kv, 0.0)
+    if spec.draft is not None:
+        dm = spec.draft
+        is_dm = jnp.abs(spec.method - 1.0) < 0.5
+        f = jnp.result_type(float)
+        st = jax.vmap(lambda s, kv: layer_times(system, dm, par, mb, s, "decode", kv, gemm,
+                                                precision=prec, runtime=rt))(
+            jnp.stack([prompt, jnp.ones_like(prompt)]),
+            jnp.stack([jnp.zeros_like(prompt), prompt + 0.5 * gen]).astype(f))
+        lk_p, ar_p = _embedding_parts(at(False), dm, par, mb * prompt, dtype_s)
+        lk_d, ar_d = _embedding_parts(dec_sys, dm, par, mb, dtype_s)
+        hc_p, hg_p = _lm_head_parts(at(False), dm, par, mb, gemm, dtype_s)
+        hc_d, hg_d = _lm_head_parts(dec_sys, dm, par, mb, gemm, dtype_s)
+        dm_pre = dm.n_layers * st["total"][0] + lk_p + ar_p + hc_p + hg_p
+        dm_step = dm.n_layers * st["total"][1] + lk_d + ar_d + hc_d + hg_d
+        dm_w = w_word * params_per_device.single(dm, par, False)
+        dm_kv = kv_cache_bytes_single(dm, par, b, ctx, prec.kv_bytes)
+        pre_s = jnp.where(is_dm, dm_pre, pre_s)
+        step_s = jnp.where(is_dm, k * dm_step, step_s)
+        mem_w = jnp.where(is_dm, dm_w, mem_w)
+        mem_kv = jnp.where(is_dm, dm_kv, mem_kv)
+    return pre_s, step_s, {"weights": mem_w, "kv_cache": mem_kv}
+
+
 def inference_single(system: System, model: Model, par: Parallelism, batch, prompt_len,
                      gen_len, gemm=None, dtype_bytes=None, kv_samples: int = KV_SAMPLES,
                      variant: Variant = ANY, memory_rule: bool = True, precision=None,
-                     runtime=None, micro_batches=1.0):
+                     runtime=None, micro_batches=1.0, speculative=None):
     """Single-configuration body of :func:`inference` (use inside other formulas).
 
     ``memory_rule=False`` (static) leaves out the last rule, ``out_of_memory``: the times of a
@@ -235,17 +302,27 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     # samples share one traced layer, vmapped over (new tokens, cached tokens).
     span = jnp.maximum(gen - 2.0, 0.0)
     kvs = [prompt + span * (i + 0.5) / kv_samples for i in range(kv_samples)]
-    new_tokens = jnp.stack([prompt] + [jnp.ones_like(prompt)] * kv_samples)
-    cached = jnp.stack([jnp.zeros_like(prompt)] + kvs)
+    spec = speculative
+    # speculative decoding: each decode step verifies 1 + k tokens per sequence, and one
+    # more lane times a single-token step of a draft head's layer (MTP / EAGLE)
+    k_d = 0.0 if spec is None else _spec.draft_len(spec)
+    per_step = 1.0 + k_d
+    lanes_new = [prompt] + [per_step * jnp.ones_like(prompt)] * kv_samples
+    lanes_kv = [jnp.zeros_like(prompt)] + kvs
+    if spec is not None:
+        lanes_new.append(jnp.ones_like(prompt))
+        lanes_kv.append(prompt + 0.5 * span)
+    new_tokens = jnp.stack(lanes_new)
+    cached = jnp.stack(lanes_kv)
     rt = _rtp.runtime_arg(runtime)
     steps = jax.vmap(lambda s, kv: layer_times(system, model, par, mb, s, "decode", kv, gemm,
                                                variant=variant, precision=prec,
                                                runtime=rt))(new_tokens, cached)
     pre = {k: v[0] for k, v in steps.items()}
-    dec = {k: jnp.mean(v[1:]) for k, v in steps.items()}
+    dec = {k: jnp.mean(v[1:1 + kv_samples]) for k, v in steps.items()}
 
-    # embedding and stage hops of the prompt and of one decode token: one trace, vmapped
-    tokens = jnp.stack([mb * prompt, mb])
+    # embedding and stage hops of the prompt and of one decode step: one trace, vmapped
+    tokens = jnp.stack([mb * prompt, mb * per_step])
     is_decode = jnp.asarray([False, True])
 
     def at(decode):       # the system with the runtime's kernel overheads of that phase
@@ -262,14 +339,22 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     emb = lookup + emb_ar
     emb_pre, emb_dec = emb[0], emb[1]
     hop_pre, hop_dec = hops[0], hops[1]
-    if rt is None:
+    if rt is None and spec is None:
         head_c, head_g = _lm_head_parts(system, model, par, mb, gemm, dtype_s, variant)
         head_pre = head_dec = head_c + head_g
         step = 0.0
         setup = 0.0
+    elif rt is None:
+        head_c, head_g = jax.vmap(lambda n: _lm_head_parts(system, model, par, n, gemm,
+                                                           dtype_s, variant))(
+            jnp.stack([mb, mb * per_step]))
+        head_pre, head_dec = head_c[0] + head_g[0], head_c[1] + head_g[1]
+        step = 0.0
+        setup = 0.0
     else:
-        head_c, head_g = jax.vmap(lambda d: _lm_head_parts(at(d), model, par, mb, gemm,
-                                                           dtype_s, variant))(is_decode)
+        head_c, head_g = jax.vmap(lambda n, d: _lm_head_parts(at(d), model, par, n, gemm,
+                                                              dtype_s, variant))(
+            jnp.stack([mb, mb * per_step]), is_decode)
         head_pre, head_dec = head_c[0] + head_g[0], head_c[1] + head_g[1]
         step = rt.step_overhead_s
         setup = rt.context_layer_overhead_s * n_layers / pp
@@ -281,13 +366,28 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
                                            head_pre, pp), 0.0)       # double-where: 0·inf
     slot_dec = jnp.where(many, _stage_slot(n_layers * dec["total"] / pp, hop1[1], emb_dec,
                                            head_dec, pp), 0.0)
+    if spec is not None:
+        draft_pre, draft_dec, draft_mem = _draft_costs(
+            system, model, par, mb, b, prompt, gen, k_d, spec, gemm, prec, rt, dtype_s,
+            {k: v[-1] for k, v in steps.items()}, pre, at)
+        first_pre, slot_pre = first_pre + draft_pre, slot_pre + draft_pre
+        first_dec, slot_dec = first_dec + draft_dec, slot_dec + draft_dec
     ttft = jnp.where(many, first_pre + (n_mb - 1.0) * slot_pre, first_pre) + step + setup
     tpot = jnp.where(many, jnp.maximum(first_dec, n_mb * slot_dec), first_dec) + step
+    if spec is not None:
+        # one iteration (k drafts + a verification over 1 + k tokens) emits E tokens
+        spec_step = tpot
+        spec_tokens = _spec.tokens_per_step(spec)
+        tpot = spec_step / spec_tokens
     total = ttft + (gen - 1.0) * tpot
 
     # the runtime's attention kernel decides whether the prefill keeps the score matrix
     par_mem = par if rt is None else runtime_inputs(dev, par, variant, rt, False)[1]
-    mem = inference_memory_single(model, par_mem, b, prompt, gen, precision=prec)
+    # speculation: the target's cache also holds the k draft positions of a step
+    mem = inference_memory_single(model, par_mem, b, prompt, gen + k_d, precision=prec)
+    if spec is not None:
+        mem = {**mem, "weights": mem["weights"] + draft_mem["weights"],
+               "kv_cache": mem["kv_cache"] + draft_mem["kv_cache"]}
     # every micro-batch's KV cache stays resident; the prefill working set is one micro-batch's
     acts = jnp.where(many, mem["activations"] * (mb / b), mem["activations"])
     mem = {**mem, "activations": acts, "total": mem["weights"] + mem["kv_cache"] + acts}
@@ -319,6 +419,9 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
         "embedding_prefill": emb_pre, "embedding_decode": emb_dec,
         "head_prefill": head_pre, "head_decode": head_dec,
         "step_overhead": step + 0.0 * ttft, "request_setup": setup + 0.0 * ttft})
+    if spec is not None:
+        breakdown.update({"spec.step": spec_step, "spec.draft_prefill": draft_pre,
+                          "spec.draft_step": draft_dec, "spec.tokens_per_step": spec_tokens})
     breakdown = {k: gate(v) for k, v in breakdown.items()}
     breakdown.update({f"memory.{k}": v for k, v in mem.items()})
     safe_total = jnp.where(feasible & (total > 0), total, 1.0)
@@ -330,15 +433,15 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
 
 @batched
 def _inference(system, model, par, batch, prompt_len, gen_len, gemm, precision, variant,
-               runtime, micro_batches):
+               runtime, micro_batches, speculative=None):
     return inference_single(system, model, par, batch, prompt_len, gen_len, gemm,
                             variant=variant, precision=precision, runtime=runtime,
-                            micro_batches=micro_batches)
+                            micro_batches=micro_batches, speculative=speculative)
 
 
 def inference(system: System, model: Model, par: Parallelism, batch, prompt_len, gen_len,
               gemm=None, dtype_bytes=None, precision=None, runtime=None,
-              micro_batches=1.0) -> InferenceResult:
+              micro_batches=1.0, speculative=None) -> InferenceResult:
     """Latency, throughput and memory of serving ``batch`` requests (see module docstring).
 
     Args:
@@ -361,6 +464,14 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
         micro_batches: micro-batches each replica's ``batch/dp`` sequences are split into
             (``>= 1``, clipped to the sequences; 1 = the whole batch as one, today's
             latency-optimal pipeline). See the module docstring.
+        speculative: None, or a :class:`jaxmodel.Speculative` (draft model, MTP or EAGLE
+            heads, ``k`` drafts, acceptance ``α``; :mod:`jaxmodel.speculative`): every decode
+            step is ``k`` draft steps plus a verification over ``1 + k`` tokens per
+            sequence and emits ``E = (1 − α^{k+1})/(1 − α)`` tokens (Leviathan et al. 2023
+            eq. 1), so ``tpot_s`` = step / ``E``; ``ttft_s`` adds the proposer's prefill;
+            memory adds the proposer's weights and KV cache and ``k`` positions per
+            sequence of the target's cache. ``breakdown["spec.step"]`` is the step,
+            ``"spec.tokens_per_step"`` ``E``.
 
     Returns:
         :class:`InferenceResult`; batch axes of the inputs lead every field.
@@ -393,8 +504,11 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
     rt = _rtp.runtime_arg(runtime)
     if rt is not None and is_concrete(rt):
         _rtp.validate_runtime(rt, where="inference")
+    spec = _spec.speculative_arg(speculative)
+    if spec is not None and is_concrete(spec):
+        _spec.validate_speculative(spec, where="inference")
     return _inference(system, model, par, batch, prompt_len, gen_len, gemm, prec,
-                      variant_of(model, par, system), rt, micro_batches)
+                      variant_of(model, par, system), rt, micro_batches, spec)
 
 
 inference.single = inference_single

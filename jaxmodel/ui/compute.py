@@ -371,7 +371,7 @@ def whatif(form: Mapping, body: Mapping | None = None) -> dict:
     One batched call of the public function over :data:`SWEEP_POINTS` values of the swept
     knob (the others at their sliders), the slider's own value among them; the price knob
     sweeps :func:`jaxmodel.tco` over the system's capital cost (``price · devices``) at the
-    predicted throughput. Costs per million tokens follow :mod:`jaxmodel.cost.tco`
+    predicted throughput. Costs per million tokens follow :mod:`jaxmodel.cost.ownership`
     (capital over the lifetime + energy at the datacenter defaults of ``hw_db/tech``).
     """
     import jaxmodel as jm
