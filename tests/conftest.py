@@ -7,13 +7,22 @@
   ``float32`` fixture where it matters;
 - jaxmodel's persistent compilation cache (jaxmodel.process) stays off: the suite tests the
   code, not executables cached by an earlier run, and writes nothing into the user's home.
-  Setting ``JAXMODEL_CACHE_DIR`` (or JAX's own ``JAX_COMPILATION_CACHE_DIR``) opts back in.
+  Setting ``JAXMODEL_CACHE_DIR`` (or JAX's own ``JAX_COMPILATION_CACHE_DIR``) opts back in;
+- XLA:CPU compiles with the command line's one-shot options
+  (:data:`jaxmodel.batching.ONE_SHOT_COMPILE_OPTIONS`: the elemental emitters, LLVM level 0),
+  as ``jaxmodel predict`` does: the suite's graphs are compiled once and run once, and these
+  options take about 60 % of the compile time (the same HLO passes, no fast-math in either).
+  Flags the user set in ``XLA_FLAGS`` are kept.
 """
 
 import os
 
 if not os.environ.get("JAXMODEL_CACHE_DIR"):
     os.environ.setdefault("JAXMODEL_NO_CACHE", "1")
+
+from jaxmodel.batching import ONE_SHOT_COMPILE_OPTIONS, add_xla_flags, xla_knows  # noqa: E402
+
+add_xla_flags(ONE_SHOT_COMPILE_OPTIONS, accept=xla_knows)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

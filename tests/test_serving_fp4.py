@@ -1,14 +1,12 @@
 """FP4 serving precisions (NVFP4 / MXFP4 weights, NVFP4 KV cache): block-scale bytes against
 hand values, the devices' FP4 tensor rates, and a device without FP4 made infeasible."""
 
-import importlib
-
 import numpy as np
 import pytest
 
 import hw_db
 import jaxmodel as jm
-_prec = importlib.import_module("jaxmodel.precision")  # the module; jm.precision is a function
+from jaxmodel import precisions as _prec
 
 
 def test_block_scale_bytes_hand_values():
