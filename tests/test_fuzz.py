@@ -31,7 +31,7 @@ import jaxmodel as jm
 from jaxmodel import numerics as nx
 
 SEED = 20_26_11_24
-N_DEVICES = 100_000       # operators and cost model
+N_DEVICES = 50_000        # operators and cost model (62,500 with the overflowing quarter)
 N_PLANS = 1_000           # layer / inference / training (dense and MoE mixed)
 N_GRAD = 1_024            # gradient points of the operators and the cost model
 N_GRAD_PLANS = 64         # gradient points through the layer and inference models

@@ -243,6 +243,7 @@ def test_call_batched_many_equals_the_calls_one_by_one():
     np.testing.assert_array_equal(both[1]["u"], np.tile(np.asarray(b["u"]), 2))
 
 
+@pytest.mark.slow   # two subprocesses; the default suite shards in tests/test_export_cache.py
 def test_multi_device_sharding_matches_one_device():
     """Four host devices: map_points shards over them (shard_map in the jaxpr), and
     call_batched and sweep give the same numbers as a single device."""
