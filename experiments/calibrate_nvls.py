@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -25,9 +24,7 @@ import jaxmodel as jm
 import hw_db
 from jaxmodel.comm import anchors, nccl
 
-ROOT = Path(__file__).resolve().parent.parent
-ANCHORS = next(p for p in (ROOT.parent / "shared" / "anchors", ROOT / "shared" / "anchors")
-               if p.exists())
+from common import ANCHORS  # noqa: E402
 STEPS = 2.0
 
 

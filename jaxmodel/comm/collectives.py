@@ -923,8 +923,11 @@ def collective_time(system: System, op: str, nbytes, group_size, algorithm: str 
 
     Example:
         >>> t, ok, why = jm.collective_time(hw_db.system("tpuv3_8"), "all_reduce", 2**20, 7)
-        >>> bool(ok), jm.reason_name(why)        # (False, 'topology_mismatch')
+        >>> bool(ok), jm.reason_name(why)        # 7 of the ring's 8 cores: a line of 7
         (True, 'ok')
+        >>> t, ok, why = jm.collective_time(hw_db.system("tpuv3_8"), "all_reduce", 2**20, 9)
+        >>> float(t), bool(ok), jm.reason_name(why)   # more members than the system has
+        (inf, False, 'topology_mismatch')
     """
     _canonical(op, algorithm)
     return _cost_batched(system, op, nbytes, group_size, algorithm, stride,
