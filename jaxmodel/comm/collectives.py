@@ -43,7 +43,10 @@ Algorithm model (one tier, ``m`` members, buffer ``n``; ``B`` = ``bw_per_device 
                     gives the same ``(m−1)/m · n / B``.
 ==================  =========================================================================
 
-All-reduce = reduce-scatter + all-gather for ring, halving_doubling, direct and 2d. A group
+The algorithms are the ordered registry of :mod:`jaxmodel.comm.algorithms` (one phase
+function and one ``register_algorithm`` line each; the registry order gives the public codes
+of ``ALGORITHM_CODES``). All-reduce = reduce-scatter + all-gather for ring, halving_doubling,
+direct and 2d. A group
 spanning tiers uses the hierarchical composition: reduce-scatter on every inner tier,
 all-reduce on the outermost tier the group reaches (on ``n / Π inner members``), all-gather back
 down. ``"hierarchical"`` is accepted as a name for ``"auto"`` (the composition is always
@@ -98,28 +101,35 @@ import numpy as np
 from jaxmodel.batching import batched
 from jaxmodel.comm import nccl
 from jaxmodel.comm import topology as topo
+from jaxmodel.comm.algorithms import (ALGORITHM_REGISTRY, OPS, AlgorithmSpec, algorithm_index,
+                                      algorithm_names, auto_algorithms, level_algorithm_times,
+                                      register_algorithm)
+from jaxmodel.comm.algorithms import pipelined as _pipelined
 from jaxmodel.comm.link import overhead_factor
 from jaxmodel.numerics import INF, first_reason, reason_name, safe_div
 from jaxmodel.types import TOPOLOGIES, System, is_concrete, static_flag, validate_args
 
 __all__ = ["OPS", "ALGORITHMS", "ALGORITHM_CODES", "AUTO_ALGORITHM", "algorithm_code",
            "collective_latency", "collective_time", "collective_cost", "collective_feasible",
-           "level_algorithm_times", "NetVariant", "ANY_NET", "net_variant_of"]
+           "level_algorithm_times", "NetVariant", "ANY_NET", "net_variant_of",
+           "ALGORITHM_REGISTRY", "AlgorithmSpec", "register_algorithm"]
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "p2p")
-ALGORITHMS = ("ring", "halving_doubling", "direct", "2d", "tree", "in_network")
+#: The algorithm names registered at import (:mod:`jaxmodel.comm.algorithms`), in code order.
+ALGORITHMS = algorithm_names()
 _ALIASES = {"rabenseifner": "halving_doubling", "recursive_halving_doubling": "halving_doubling",
             "hd": "halving_doubling", "mesh2d": "2d", "2d_mesh": "2d", "torus": "2d",
             "nvls": "in_network", "sharp": "in_network", "double_binary_tree": "tree",
             "hierarchical": "auto"}
 # Guo et al. §III-D: ring → ring, switch → Rabenseifner, fully connected → direct, 2D → 2D.
-AUTO_ALGORITHM = {"ring": "ring", "switch": "halving_doubling", "fully_connected": "direct",
-                  "mesh2d": "2d", "torus2d": "2d"}
-_AUTO_INDEX = tuple(float(ALGORITHMS.index(AUTO_ALGORITHM[t])) for t in
-                    ("ring", "switch", "fully_connected", "mesh2d", "torus2d"))
-
-
+AUTO_ALGORITHM = auto_algorithms()
+#: Public codes: ``auto`` = 0, ``best`` = 1, then the registry (ring = 2 ... in_network = 7).
 ALGORITHM_CODES = ("auto", "best") + ALGORITHMS
+
+
+def _codes() -> tuple:
+    """The codes of the live registry (``ALGORITHM_CODES`` plus any algorithm registered
+    after import)."""
+    return ("auto", "best") + algorithm_names()
 
 
 class NetVariant(NamedTuple):
@@ -199,50 +209,46 @@ def _static_code(x):
 
 
 def _nccl_candidates(op: str, inr) -> tuple:
-    """Indices into ``ALGORITHMS`` among which NCCL's tuner chooses for ``op`` (ring; tree for
-    all-reduce; NVLS / CollNet where in-network reduction may be on)."""
-    names = ["ring"] + (["tree"] if op == "all_reduce" else [])
-    names += ["in_network"] if inr is not False and op in _INR_OPS else []
-    return tuple(ALGORITHMS.index(a) for a in names)
+    """Registry indices among which NCCL's tuner chooses for ``op`` (the algorithms with
+    NCCL's protocol model listing ``op``: ring; tree for all-reduce; NVLS / CollNet where
+    in-network reduction may be on)."""
+    return tuple(i for i, s in enumerate(ALGORITHM_REGISTRY.values())
+                 if s.protocols is not None and op in s.nccl_ops
+                 and not (s.needs_in_network and inr is False))
 
 
-_INR_OPS = ("all_reduce", "reduce_scatter", "all_gather")
 _SIMPLE = float(nccl.PROTOCOLS.index("simple"))
 
 
 def _needed_algorithms(op: str, algorithm, topology, inr, nccl=False) -> tuple | None:
-    """Indices into ``ALGORITHMS`` that can decide ``op``'s time on a tier of the static
-    ``topology`` (``None`` = all). ``auto`` needs the seed's algorithm only (NCCL tiers: the
-    tuner's candidates); a named one also needs the auto fallback; ``best`` every algorithm
-    applicable to the topology."""
+    """Registry indices that can decide ``op``'s time on a tier of the static ``topology``
+    (``None`` = all). ``auto`` needs the seed's algorithm only (NCCL tiers: the tuner's
+    candidates); a named one also needs the auto fallback; ``best`` every algorithm whose
+    ``static_ok`` admits the topology."""
     if topology is None or nccl is None or not isinstance(algorithm, str):
         return None
     if op == "all_to_all":
-        return (ALGORITHMS.index("direct"),)
+        return (algorithm_index("direct"),)
     autos = (_nccl_candidates(op, inr) if nccl and op not in ("p2p",)
-             else (ALGORITHMS.index(AUTO_ALGORITHM[topology]),))
+             else (algorithm_index(auto_algorithms()[topology]),))
     auto = autos[0]
     if algorithm == "auto":
         return autos
     if algorithm == "best":
-        grid = topology in ("mesh2d", "torus2d")
-        tree_ok = op in ("all_reduce", "broadcast")
-        keep = [ALGORITHMS.index(a) for a in ("ring", "halving_doubling", "direct")]
-        keep += [ALGORITHMS.index("2d")] if grid else []
-        keep += [ALGORITHMS.index("tree")] if tree_ok else []
-        keep += ([ALGORITHMS.index("in_network")] if topology == "switch" and inr is not False
-                 else [])
+        keep = [i for i, s in enumerate(ALGORITHM_REGISTRY.values())
+                if s.static_ok(op, topology, inr)]
         return tuple(sorted(set(keep) | set(autos)))
-    return tuple(sorted({auto, *autos, ALGORITHMS.index(algorithm)}))
+    return tuple(sorted({auto, *autos, algorithm_index(algorithm)}))
 
 
 def algorithm_code(algorithm) -> float:
     """Numeric code of an algorithm name (its index in ``ALGORITHM_CODES``).
 
-    ``auto`` = 0, ``best`` = 1, then ``ALGORITHMS`` in order (ring = 2 ... in_network = 7).
+    ``auto`` = 0, ``best`` = 1, then the registry in order (ring = 2 ... in_network = 7; an
+    algorithm appended with :func:`register_algorithm` gets the next code).
     Codes let a batch vary the algorithm: pass an array of codes as ``algorithm``.
     """
-    return float(ALGORITHM_CODES.index(_canonical("all_reduce", algorithm)[1]))
+    return float(_codes().index(_canonical("all_reduce", algorithm)[1]))
 
 
 def _canonical(op: str, algorithm) -> tuple[str, object]:
@@ -252,379 +258,25 @@ def _canonical(op: str, algorithm) -> tuple[str, object]:
         if isinstance(algorithm, bool) or algorithm is None:
             raise ValueError(f"algorithm={algorithm!r} must be a name or a numeric code")
         if is_concrete(algorithm):
-            codes = np.asarray(algorithm, dtype=float)
-            bad = (codes < 0) | (codes > len(ALGORITHM_CODES) - 1) | (codes != np.round(codes))
+            codes, names = np.asarray(algorithm, dtype=float), _codes()
+            bad = (codes < 0) | (codes > len(names) - 1) | (codes != np.round(codes))
             if np.any(bad):
                 raise ValueError(f"algorithm code(s) {codes[bad].tolist()} are not in "
-                                 f"0..{len(ALGORITHM_CODES) - 1} ({list(ALGORITHM_CODES)})")
+                                 f"0..{len(names) - 1} ({list(names)})")
         return op.lower(), algorithm
     a = algorithm.lower().replace("-", "_")
     a = _ALIASES.get(a, a)
-    if a not in ALGORITHM_CODES:
+    if a not in _codes():
         raise ValueError(f"algorithm={algorithm!r} is not one of "
-                         f"{[*ALGORITHM_CODES, *sorted(_ALIASES)]}")
+                         f"{[*_codes(), *sorted(_ALIASES)]}")
     return op.lower(), a
-
-
-def _log2(x):
-    return jnp.log2(jnp.maximum(x, 1.0))
-
-
-def _dim_load(c, closed):
-    """Busiest-link load of an all-to-all along one dimension of ``c`` members, in units of
-    one member-to-member message: ``c²/8`` on a bidirectional ring, ``⌊c/2⌋·⌈c/2⌉`` on a line."""
-    return jnp.where(closed, c * c / 8.0, jnp.floor(c / 2.0) * jnp.ceil(c / 2.0))
-
-
-def _pipelined(lat, bwt, steps, chunk_latency):
-    """``lat + bwt + S·c + 2·√(S·c·bwt)`` = ``lat + (√(S·c) + √bwt)²``.
-
-    Optimally chunked pipeline (Bar-Noy & Kipnis 1994; Träff & Ripke 2008 for pipelined
-    collectives): ``k`` chunks through ``S`` sequential steps, each chunk paying an overhead
-    ``c`` (synchronisation, flag polling, kernel loop), cost ``(S + k − 1)(c + bwt/k)``, minimal
-    at ``k* = √((S−1)·bwt / c)``. Its cross term makes the achieved bandwidth ramp up with
-    message size, as measured (NCCL). ``c = 0`` gives the seed's ``lat + bwt`` exactly; the
-    double-where keeps the gradient finite there.
-    """
-    x = steps * chunk_latency * bwt
-    ok = x > 0
-    root = jnp.where(ok, jnp.sqrt(jnp.where(ok, x, 1.0)), 0.0)
-    return lat + bwt + steps * chunk_latency + 2.0 * root
-
-
-def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topology=None,
-                          in_network=None, algorithms=None, nccl_tier=None):
-    """Times of every algorithm and op on one tier, s (no base latency).
-
-    Args:
-        level: the :class:`~jaxmodel.types.NetLevel`.
-        m: members of the group joined by this tier.
-        n: buffer size at this tier, bytes (NCCL convention, see module docstring).
-        spacing: distance between consecutive members in tier positions (ring/grid hops).
-        sharers: devices of one lower-tier unit communicating at this tier at the same time
-            (they share ``bw_per_node`` when it is set).
-        ops: the ops to evaluate (static; fewer ops trace faster).
-        topology: static topology name of the tier (``None``: read ``level.topology``);
-            must equal ``level.topology`` (see :class:`NetVariant`).
-        in_network: static in-network-reduction flag (``None``: read the level).
-        algorithms: static indices into ``ALGORITHMS`` to evaluate (``None``: all); the
-            others report ``+inf`` and not applicable.
-        nccl_tier: static NCCL link class (``None``: read ``level.nccl_link``; −1 = not an
-            NCCL tier).
-
-    Returns:
-        ``(times, applicable, ok)``: ``times[op]`` an array of shape ``(4, len(ALGORITHMS))``
-        (+inf where not applicable): row 0 the executed time with the protocol NCCL's tuner
-        picks for that algorithm, row 1 the executed time with the fastest protocol, row 2
-        the tuner's own predicted time (+inf off NCCL tiers and for algorithms NCCL does not
-        choose among), row 3 the index into ``nccl.PROTOCOLS`` of the tuner's protocol.
-        Off NCCL tiers all algorithms use the Simple protocol (rows 0 = 1).
-        ``applicable[op]`` the bool array over algorithms, ``ok`` False when the group
-        shape does not fit a 2D tier. ``m = 1`` gives zero time for every algorithm.
-    """
-    f = jnp.result_type(float)
-    if topology is None:
-        t = level.topology
-        is_ring, is_sw, is_fc = topo._is(t, topo.RING), topo._is(t, topo.SWITCH), topo._is(
-            t, topo.FULLY_CONNECTED)
-        is_mesh, is_torus = topo._is(t, topo.MESH2D), topo._is(t, topo.TORUS2D)
-        is_grid = is_mesh | is_torus
-    else:   # Python bools: the where/select below fold, unused branches are not traced
-        is_ring, is_sw, is_fc, is_mesh, is_torus = (topology == name for name in TOPOLOGIES)
-        is_grid = is_mesh or is_torus
-    wanted = set(range(len(ALGORITHMS)) if algorithms is None else algorithms)
-
-    per_dev = level.bw_per_device
-    node_cap = safe_div(level.bw_per_node, jnp.maximum(sharers, 1.0), fill=jnp.inf)
-    per_dev = jnp.where(level.bw_per_node > 0, jnp.minimum(per_dev, node_cap), per_dev)
-    raw_B = per_dev * level.efficiency
-    B = jnp.where(raw_B > 0, raw_B, 1.0)
-    b = topo.link_bw(level, B)
-    lat, d_r, cl = level.link_latency, level.switch_latency, level.chunk_latency
-    sp = jnp.maximum(spacing, 1.0)
-    m = jnp.maximum(jnp.asarray(m, dtype=f), 1.0)
-    n = jnp.maximum(jnp.asarray(n, dtype=f), 0.0)
-    one = jnp.ones_like(m)
-    active = m > 1.5
-
-    # ---- group shape: a 1 x m line on a ring, an r x c sub-grid on a 2D tier ----------------
-    if is_grid is False:
-        R, C, shape_ok, r, c = 1.0, level.size, jnp.asarray(True), one, m
-    else:
-        R, C, grid_ok = topo.level_grid(level)
-        r_grid = topo.grid_rows(m, max_rows=R)
-        c_grid = m / r_grid
-        shape_ok = jnp.where(is_grid, grid_ok & (c_grid <= C + 1e-9), True)
-        r = jnp.where(is_grid, r_grid, 1.0)
-        c = jnp.where(is_grid, c_grid, m)
-    closed_x = jnp.where(is_ring, jnp.abs(m * sp - level.size) < 0.5,
-                         is_torus & (jnp.abs(c - C) < 0.5))
-    closed_y = is_torus & (jnp.abs(r - R) < 0.5)
-    hop = lat * sp                                    # latency between consecutive members
-    sw_hop = 2.0 * lat + d_r                          # device -> switch -> device
-
-    ovh_memo = {}
-
-    def ovh(key):
-        """Packet overhead factor of the per-step message: ``"u"`` = n/m, ``"half"`` = n/2,
-        ``"2d"`` = n/(2c), ``"n"`` = the whole buffer (memoised: tracing cost)."""
-        if key not in ovh_memo:
-            msg = {"u": n / m, "half": n / 2.0, "2d": n / (2.0 * c), "n": n}[key]
-            ovh_memo[key] = overhead_factor(level, msg)
-        return ovh_memo[key]
-
-    def sel(sw, fc, other):
-        if is_sw is True:       # static switch tier: fold (fewer traced operations)
-            return sw
-        return jnp.where(is_sw, sw, jnp.where(is_fc, fc, other))
-
-    # Each algorithm below is (latency, bandwidth time, sequential steps) of one phase. They
-    # are built lazily so that tracing only pays for the ops requested.
-    memo = {}
-
-    def lazy(fn):
-        def get():
-            if fn.__name__ not in memo:
-                memo[fn.__name__] = fn()
-            return memo[fn.__name__]
-        return get
-
-    line_like = is_ring | (is_grid & (r < 1.5))
-    ring_bw_1d = jnp.where(closed_x, 2.0 * b, b)
-    ring_step_1d = jnp.where(closed_x, hop, hop * (m - 1.0))
-    if is_sw is True:
-        ring_bw, ring_step = B, sw_hop
-    else:
-        ring_bw = jnp.select([is_sw, is_fc, line_like], [B, (m - 1.0) * b, ring_bw_1d], 2.0 * b)
-        ring_step = jnp.select([is_sw, is_fc, line_like], [sw_hop, lat, ring_step_1d], hop)
-    u = n / m
-    diam = jnp.where(closed_x, jnp.floor(c / 2.0), c - 1.0) + jnp.where(
-        closed_y, jnp.floor(r / 2.0), r - 1.0)
-    if is_sw is False or in_network is False:
-        inr = False
-    elif is_sw is True and in_network is True:
-        inr = True
-    else:
-        inr = is_sw & (level.in_network_reduction > 0.5)
-    depth = jnp.ceil(_log2(m) - 1e-9)
-    tree_bw = B if is_sw is True else jnp.where(is_sw, B, b)
-
-    @lazy
-    def ring():
-        # reduce-scatter (= all-gather)
-        return ((m - 1.0) * ring_step, (m - 1.0) / m * n * ovh("u") / ring_bw, m - 1.0)
-
-    @lazy
-    def hd():
-        # Rabenseifner; power-of-two core p' = 2^floor(log2 m), one extra step otherwise.
-        # Rings/grids: dimension X (c members) then Y (r) on n / c; step k spans 2^k hops.
-        p2 = 2.0 ** jnp.floor(_log2(m) + 1e-9)
-        extra = jnp.where(m - p2 > 0.5, 1.0, 0.0)
-        steps = jnp.floor(_log2(m) + 1e-9)
-        o_hd = ovh("half")
-        hd_lat = sel(steps * sw_hop, steps * lat, ((c - 1.0) + (r - 1.0)) * hop)
-        hd_bwt = sel((p2 - 1.0) / p2 * n * o_hd / B, (p2 - 1.0) / p2 * n * o_hd / b,
-                     (_log2(c) * n / 2.0 + _log2(r) * n / (2.0 * c)) * o_hd / b)
-        hd_lat = hd_lat + extra * sel(sw_hop, lat, hop)
-        hd_bwt = hd_bwt + extra * n / 2.0 * o_hd / jnp.where(is_sw, B, b)
-        return (hd_lat, hd_bwt, steps + extra)
-
-    @lazy
-    def direct():
-        # one step, n/m to each of the m-1 others; the busiest link sets the time
-        x_load = _dim_load(c, closed_x) * r * u
-        y_load = _dim_load(r, closed_y) * c * u
-        return (sel(sw_hop, lat, diam * hop),
-                sel((m - 1.0) * u * ovh("u") / B, u * ovh("u") / b,
-                    jnp.maximum(x_load, y_load) * ovh("u") / b), one)
-
-    @lazy
-    def two_d():
-        # Kumar & Jouppi: halves X-then-Y and Y-then-X, concurrently
-        bw_x = jnp.where(closed_x, 2.0 * b, b)
-        bw_y = jnp.where(closed_y, 2.0 * b, b)
-        step_x = jnp.where(closed_x, 1.0, c - 1.0)
-        step_y = jnp.where(closed_y, 1.0, r - 1.0)
-        load_x = (c - 1.0) / c * (n / 2.0 + n / (2.0 * r))
-        load_y = (r - 1.0) / r * (n / 2.0 + n / (2.0 * c))
-        return (((c - 1.0) * step_x + (r - 1.0) * step_y) * hop,
-                jnp.maximum(load_x / bw_x, load_y / bw_y) * ovh("2d"),
-                (c - 1.0) + (r - 1.0))
-
-    @lazy
-    def inr_rs():
-        # NVLS reduce-scatter / all-gather: one switch round trip
-        return (sw_hop, (m - 1.0) / m * n * ovh("u") / B, one)
-
-    @lazy
-    def tree_hop():
-        # double binary tree edge: one switch round trip, one link, or h_avg ring/grid hops
-        if is_sw is True:
-            return sw_hop
-        h_avg = jnp.where(closed_x, c / 4.0, (c + 1.0) / 3.0) + jnp.where(
-            r > 1.5, jnp.where(closed_y, r / 4.0, (r + 1.0) / 3.0), 0.0)
-        return sel(sw_hop, lat, hop * jnp.maximum(h_avg, 1.0))
-
-    def twice(x):
-        return (2.0 * x[0], 2.0 * x[1], 2.0 * x[2])
-
-    nothing = (0.0 * one, 0.0 * one, one)
-    false_ = jnp.asarray(False)
-
-    if nccl_tier is None:
-        is_nccl, link = level.nccl_link > -0.5, level.nccl_link
-    else:
-        is_nccl, link = nccl_tier > -0.5, nccl_tier
-
-    # NCCL's tuner sees its own bus bandwidth (``nccl_bw``: ring graph channels x bwIntra, no
-    # packet overhead) where the level gives it; else the executed one. NCCL models the tree
-    # and NVLS algorithms with their own graphs (``graphs[NCCL_ALGO_TREE]``,
-    # ``graphs[NCCL_ALGO_NVLS]``: ``busBw = nChannels x bw``, tuning.cc
-    # ``ncclTopoTuneModel``); on an NVSwitch tier they reach the same channels x bwIntra, so
-    # the ring graph's bandwidth stands for all three (an approximation). The rescaling
-    # ``bwt · B / B_t`` below assumes the algorithm's bandwidth time is at ``B`` (switch tiers:
-    # ring, tree and in-network all run at ``B``), so ``nccl_bw`` applies on switch tiers only.
-    has_tb = (level.nccl_bw > 0) & is_sw
-    B_t = jnp.where(has_tb, level.nccl_bw, B)
-
-    def protocols(name, op, part):
-        """(executed at the tuner's protocol, executed at the fastest, tuner time) of one
-        NCCL algorithm: NCCL's per-protocol latency and bandwidth factor
-        (:mod:`jaxmodel.comm.nccl`) on this algorithm's bandwidth time; the per-chunk
-        overhead ``chunk_latency`` applies to Simple only (LL/LL128 carry a flag per line).
-        The tuner's time uses NCCL's bandwidth ``nccl_bw`` where set."""
-        _, bwt, steps = (jnp.asarray(a, dtype=f) for a in part)
-        lat_p = nccl.latency(name, op, m, link)
-        f_p = nccl.bw_factor(name, op, link, level.nvls_efficiency)
-        # the same bandwidth time at the tuner's bandwidth, without the packet overhead of
-        # this (op, algorithm)'s message: the whole buffer for the tree and every broadcast
-        # (``table``), n/m for the ring and in-network reduce-scatter / all-gather / all-reduce
-        key = "n" if (name == "tree" or op == "broadcast") else "u"
-        bwt_t = bwt * B / B_t / jnp.where(has_tb, ovh(key), 1.0)
-        if name == "in_network":         # NVLS / CollNet: Simple only
-            def nvls(x):
-                if op != "all_reduce":
-                    return x / f_p[2]
-                # NVLS all-reduce (NVLink tiers) at NCCL's bandwidth, capped at the link's
-                # (nccl.nvls_allreduce_factor); CollNet (network tiers) as above
-                return jnp.where(link > 1.5, x / f_p[2],
-                                 x * nccl.nvls_allreduce_factor(level.nvls_efficiency))
-
-            # where the level gives NVLS its own executed bandwidth (nvls_bw > 0): the whole
-            # buffer once each way at it (nccl.nvls_allreduce_time; bwt is the (m-1)/m · n / B
-            # of this part) and its own per-chunk latency
-            own = (level.nvls_bw > 0) & (link < 1.5) & (op == "all_reduce")
-            t_nvls = (jnp.where(own, nccl.nvls_allreduce_time(
-                bwt, m, B, jnp.where(own, level.nvls_bw, 1.0)), nvls(bwt))
-                if op == "all_reduce" else nvls(bwt))
-            exe = _pipelined(lat_p[2], t_nvls, steps, jnp.where(own, level.nvls_chunk_latency, cl))
-            # the tuner keeps NCCL's own NVLS model (it chooses by it; executed at nvls_bw)
-            return exe, exe, lat_p[2] + nvls(bwt_t), _SIMPLE + 0.0 * exe
-
-        def proto_bwt(x, bw):
-            """Per-protocol bandwidth time: NCCL's factors, LL's bus bandwidth capped at
-            llMaxBw."""
-            ll = jnp.where(level.ll_max_bw > 0,
-                           x * bw / jnp.where(level.ll_max_bw > 0, level.ll_max_bw, 1.0), 0.0)
-            return jnp.maximum(x / f_p, jnp.stack([ll, 0.0 * ll, 0.0 * ll]))
-
-        bwt_p = proto_bwt(bwt, B)
-        tune_p = proto_bwt(bwt_t, B_t)
-        # executed LL128 at the level's measured fraction of Simple (tuner: NCCL's 0.92)
-        ll128_x = jnp.stack([jnp.ones_like(cl),
-                             nccl.ll128_executed(level.ll128_efficiency) + 0.0 * cl,
-                             jnp.ones_like(cl)])
-        cl_p = jnp.stack([0.0 * cl, 0.0 * cl, cl + 0.0 * one])
-        bwt_x = bwt_p / ll128_x
-        if name == "ring":
-            # Simple: the channels' loads and stores bound the ring (executed time only)
-            t_copy = nccl.copy_time(op, n, m, level.nccl_channels, level.channel_copy_bw)
-            bwt_x = jnp.maximum(bwt_x, jnp.stack([0.0 * t_copy, 0.0 * t_copy, t_copy]))
-        # small messages run on fewer channels (executed time only; NCCL's tuner ignores it)
-        exe = _pipelined(lat_p, bwt_x
-                         * nccl.channel_factor(name, n, m, level.nccl_channels), steps, cl_p)
-        if op == "all_reduce" and name == "tree":     # tuner-only corrections (NCCL)
-            tune = lat_p + tune_p / nccl.tree_correction(n)
-        elif op == "all_reduce":
-            tune = lat_p * nccl.ring_plateau(link) + tune_p
-        else:
-            tune = lat_p + tune_p
-        k = jnp.argmin(tune)
-        return exe[k], jnp.min(exe), tune[k], k.astype(f)
-
-    def finish(algs, app, op):
-        """``algs``: one thunk per algorithm returning (latency, bandwidth time, steps);
-        only the wanted and possibly applicable ones are traced."""
-        keep = [i for i in range(len(algs)) if i in wanted and app[i] is not False]
-        app = [jnp.asarray(a) if i in keep else false_ for i, a in enumerate(app)]
-        if keep:
-            parts = [algs[i]() for i in keep]
-            simple = _pipelined(*(jnp.stack([jnp.asarray(a[j], dtype=f) for a in parts])
-                                  for j in range(3)), cl)
-            x = jnp.stack([simple, simple, INF * jnp.ones_like(simple),
-                           _SIMPLE * jnp.ones_like(simple)])
-            if is_nccl is not False:
-                cols = []
-                for j, i in enumerate(keep):
-                    if ALGORITHMS[i] in ("ring", "tree", "in_network"):
-                        cols.append(jnp.stack(protocols(ALGORITHMS[i], op, parts[j])))
-                    else:
-                        cols.append(x[:, j])
-                x = (jnp.stack(cols, axis=1) if is_nccl is True
-                     else jnp.where(is_nccl, jnp.stack(cols, axis=1), x))
-            mask = jnp.stack([app[i] for i in keep])
-            x = jnp.where(mask, x, INF)
-            x = jnp.where(active, x, jnp.where(mask, 0.0, INF))
-        x_all = [INF * jnp.ones(4, dtype=f)] * len(algs)
-        for j, i in enumerate(keep):
-            x_all[i] = x[:, j]
-        return jnp.stack(x_all, axis=1), jnp.stack(app)
-
-    def table(op):
-        if op in ("reduce_scatter", "all_gather"):
-            return finish([ring, hd, direct, two_d, lambda: nothing, inr_rs],
-                          [True, True, True, is_grid, False, inr], op)
-        if op == "all_reduce":
-            return finish([lambda: twice(ring()), lambda: twice(hd()), lambda: twice(direct()),
-                           lambda: twice(two_d()),
-                           lambda: (2.0 * depth * tree_hop(), 2.0 * n * ovh("n") / tree_bw,
-                                    2.0 * depth),
-                           lambda: (2.0 * sw_hop, (m - 1.0) / m * n * ovh("u") / B,
-                                    2.0 * one)],
-                          [True, True, True, is_grid, True, inr], op)
-        if op == "all_to_all":
-            t_d = _pipelined(*direct(), cl)
-            t_d = jnp.where(active, t_d, 0.0)
-            idx = jnp.arange(len(ALGORITHMS))
-            row = jnp.where(idx == 2, t_d, INF)
-            return (jnp.stack([row, row, INF * jnp.ones_like(row), _SIMPLE + 0.0 * row]),
-                    idx == 2)
-        if op == "broadcast":
-            # pipelined chain (ring); scatter + all-gather (hd, direct, 2d)
-            return finish([lambda: ((m - 1.0) * ring_step,
-                                    n * ovh("n") / jnp.where(is_fc, b, ring_bw), m - 1.0),
-                           lambda: twice(hd()), lambda: twice(direct()),
-                           lambda: twice(two_d()),
-                           lambda: (depth * tree_hop(), n * ovh("n") / tree_bw, depth),
-                           lambda: (sw_hop, n * ovh("n") / B, one)],
-                          [True, True, True, is_grid, True, inr], op)
-        # p2p: every algorithm is the same single message
-        t_p = _pipelined(sel(sw_hop, lat, hop), n * ovh("n") / jnp.where(is_sw, B, b), one, cl)
-        t_p = jnp.where(active, t_p, 0.0)
-        row = jnp.broadcast_to(t_p, (len(ALGORITHMS),))
-        return (jnp.stack([row, row, INF * jnp.ones_like(row), _SIMPLE + 0.0 * row]),
-                jnp.ones(len(ALGORITHMS), dtype=bool))
-
-    out = {op: table(op) for op in ops}
-    times = {k: v[0] for k, v in out.items()}
-    apps = {k: v[1] for k, v in out.items()}
-    return times, apps, shape_ok | ~active
 
 
 def _choose(times, app, level, algorithm, static_topology=None, nccl_tier=None):
     """Pick one algorithm's time on a tier: auto, best (min) or a named one.
 
-    ``times``: the ``(4, len(ALGORITHMS))`` array of :func:`level_algorithm_times`. ``auto``
+    ``times``: the ``(4, A)`` array of :func:`level_algorithm_times` (``A`` registered
+    algorithms). ``auto``
     on an NCCL tier (``level.nccl_link >= 0``) is the executed time of the algorithm and
     protocol with the smallest tuner time (NCCL ``getAlgoInfo``: argmin over its own cost
     model); elsewhere Guo et al.'s choice per topology. ``best`` is the fastest executed
@@ -645,15 +297,16 @@ def _choose(times, app, level, algorithm, static_topology=None, nccl_tier=None):
         auto = jnp.where(use, nccl_auto, auto)
     times = exe
     if isinstance(algorithm, str):
-        code = ALGORITHM_CODES.index(algorithm)
+        code = _codes().index(algorithm)
         if code == 0:
             return auto, jnp.asarray(True)
         if code == 1:
             return jnp.min(fastest), jnp.asarray(True)
         i = code - 2
         return jnp.where(app[i], times[i], auto), app[i]
-    code = jnp.clip(jnp.round(jnp.asarray(algorithm)), 0, len(ALGORITHM_CODES) - 1)
-    i = jnp.clip(code - 2, 0, len(ALGORITHMS) - 1).astype(jnp.int32)
+    n_alg = len(ALGORITHM_REGISTRY)
+    code = jnp.clip(jnp.round(jnp.asarray(algorithm)), 0, n_alg + 1)
+    i = jnp.clip(code - 2, 0, n_alg - 1).astype(jnp.int32)
     named_ok = app[i]
     named = jnp.where(named_ok, times[i], auto)
     t = jnp.select([code < 0.5, code < 1.5], [auto, jnp.min(fastest)], named)
@@ -663,12 +316,14 @@ def _choose(times, app, level, algorithm, static_topology=None, nccl_tier=None):
 
 def _guo_auto(times, topology, static_topology=None):
     """Guo et al. §III-D's algorithm per topology (ring → ring, switch → Rabenseifner, fully
-    connected → direct, 2D → 2D); the fastest where that one is not applicable."""
+    connected → direct, 2D → 2D; ``AlgorithmSpec.auto_for``); the fastest where that one is
+    not applicable."""
+    autos = auto_algorithms()
     if static_topology is not None:
-        auto = times[ALGORITHMS.index(AUTO_ALGORITHM[static_topology])]
+        auto = times[algorithm_index(autos[static_topology])]
     else:
-        auto_idx = jnp.asarray(_AUTO_INDEX)[jnp.clip(jnp.round(topology), 0, 4).astype(
-            jnp.int32)]
+        auto_idx = jnp.asarray(tuple(float(algorithm_index(autos[t])) for t in TOPOLOGIES))[
+            jnp.clip(jnp.round(topology), 0, len(TOPOLOGIES) - 1).astype(jnp.int32)]
         auto = times[auto_idx.astype(jnp.int32)]
     return jnp.where(jnp.isfinite(auto), auto, jnp.min(times))  # e.g. all-to-all: direct only
 
@@ -794,9 +449,9 @@ def _flat_ring_override(system, n, members, inner, g, algorithm, net, total, f):
             all_nccl = all_nccl & (~active | (lvl.nccl_link > -0.5))
     multi = (n_active > 1.5) & all_nccl
     ring_t, best_t = _flat_ring(system, n, members, inner, g, net, f)
-    ring_code = float(ALGORITHM_CODES.index("ring"))
+    ring_code = float(_codes().index("ring"))
     if isinstance(algorithm, str):
-        code = float(ALGORITHM_CODES.index(algorithm))
+        code = float(_codes().index(algorithm))
         if code == 1.0:
             return jnp.where(multi, jnp.minimum(best_t, total), total)
         if code in (0.0, ring_code):
@@ -867,8 +522,9 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
                                                 topology=st, in_network=net.inr(k),
                                                 algorithms=algs, nccl_tier=nl)
         shape_ok = shape_ok & ok
+        specs = list(ALGORITHM_REGISTRY.values())
         if op == "p2p" or (algs is not None and not any(
-                ALGORITHMS[i] in ("ring", "tree", "in_network") for i in algs)):
+                specs[i].protocols is not None for i in algs)):
             # no NCCL algorithm timed: the tuner row is +inf (no tuner choice); static, so
             # no min over a constant row broadcast to the batch is traced (XLA would fold it)
             nt = False
