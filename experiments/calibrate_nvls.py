@@ -7,8 +7,11 @@ NVLink tier with ``nvls_bw > 0``) is ``lat + (√(S·c) + √(o·n / nvls_bw))²
 (``hwLat[NVLINK][NVLS][SIMPLE]``, :func:`jaxmodel.comm.nccl.latency`), ``S = 2`` steps
 (multimem reduce, multimem store), ``o`` the NVLink packet overhead of the level, ``c`` the
 per-chunk overhead. Both constants are fitted by a grid on the mean absolute relative error
-over every row (1 MiB - 8 GiB); the leave-one-size-out error refits without each row. The
-closed form is checked against ``jaxmodel.collective_latency(..., algorithm="in_network")``.
+over every row (1 MiB - 8 GiB); the leave-one-size-out error refits without each row. Every
+row ran NVLS: the run used NCCL 2.18.5 (Azure AI-benchmarking-guide, ND H100 v5 results,
+"NVLS algorithm"), whose tuner gives NVLS no latency
+(:data:`jaxmodel.comm.anchors.NCCL_8XH100_LEVEL`). The closed form is checked against
+``jaxmodel.collective_latency(..., algorithm="in_network")``.
 
 Run: ``PYTHONPATH=. .venv/bin/python experiments/calibrate_nvls.py`` (about a minute).
 """

@@ -440,6 +440,7 @@ RANGES: dict[str, dict[str, Rule]] = {
         "nccl_bw": _real(1e6, 1e15, "B/s", special=(0.0,)),   # 0 = the executed bandwidth
         "nvls_bw": _real(1e6, 1e15, "B/s", special=(0.0,)),   # 0 = NVLS at the ring's
         "nvls_chunk_latency": LATENCY,
+        "nccl_nvls_latency": _real(0.0, 1.0, "s", special=(-1.0,)),   # -1 = NCCL 2.30.7's
     },
     "Model": {
         "n_layers": _count(1, 1e5),
@@ -655,6 +656,12 @@ class NetLevel:
             (:func:`jaxmodel.comm.collectives._pipelined`), s, where ``nvls_bw > 0``: the
             multimem kernels' synchronisation per chunk through the switch. Calibration
             constant.
+        nccl_nvls_latency: the NVLS latency NCCL's tuner assumes on an NVLink tier
+            (``hwLat[NVLINK][NVLS][SIMPLE]``, ``src/graph/tuning.cc``) in the NCCL version
+            the system runs, s; −1 (default) = NCCL 2.30.7's 25 µs
+            (:data:`jaxmodel.comm.nccl.NVLS_TUNER_LATENCY`: 0 in NCCL 2.17–2.18, 23 µs in
+            2.19–2.20). Only the tuner's choice reads it; the executed NVLS latency stays
+            NCCL 2.30.7's table value.
     """
 
     size: Array
@@ -680,6 +687,7 @@ class NetLevel:
     nccl_bw: Array = 0.0
     nvls_bw: Array = 0.0
     nvls_chunk_latency: Array = 0.0
+    nccl_nvls_latency: Array = -1.0
 
     def __post_init__(self):
         object.__setattr__(self, "topology", code_of(self.topology, TOPOLOGIES, "topology"))

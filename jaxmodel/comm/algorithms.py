@@ -424,7 +424,9 @@ def in_network_protocols(t, op, part):
     (:func:`jaxmodel.comm.nccl.nvls_allreduce_factor`); where the level gives NVLS its own
     executed bandwidth (``nvls_bw > 0``) the whole buffer once each way at it
     (:func:`jaxmodel.comm.nccl.nvls_allreduce_time`) with its own per-chunk latency. The
-    tuner keeps NCCL's own NVLS model (it chooses by it)."""
+    tuner keeps NCCL's own NVLS model (it chooses by it), with the NVLS latency of the
+    system's NCCL release (``nccl_nvls_latency``, :func:`jaxmodel.comm.nccl.nvls_tuner_latency`:
+    NCCL 2.18 modelled none, so it ran NVLS at every size)."""
     f, level, link = t.f, t.level, t.link
     _, bwt, steps = (jnp.asarray(a, dtype=f) for a in part)
     lat_p = nccl.latency("in_network", op, t.m, link)
@@ -443,7 +445,9 @@ def in_network_protocols(t, op, part):
         bwt, t.m, t.B, jnp.where(own, level.nvls_bw, 1.0)), nvls(bwt))
         if op == "all_reduce" else nvls(bwt))
     exe = pipelined(lat_p[2], t_nvls, steps, jnp.where(own, level.nvls_chunk_latency, t.cl))
-    return exe, exe, lat_p[2] + nvls(bwt_t), _SIMPLE + 0.0 * exe
+    # the tuner's NVLS latency is that of the system's NCCL release (nccl_nvls_latency)
+    return (exe, exe, nccl.nvls_tuner_latency(link, level.nccl_nvls_latency) + nvls(bwt_t),
+            _SIMPLE + 0.0 * exe)
 
 
 # ---- the registry (order = public codes; append new algorithms at the end) -----------------

@@ -13,7 +13,8 @@ Sources (see the READMEs in the anchor folders):
 - ``network/nccl_allreduce_busbw_8xA100.csv``: nccl-tests bus bandwidth on 8xA100 (Azure ND
   A100 v4), sizes >= 64 KiB; latency = size / algbw, algbw = busbw · n / (2(n − 1)).
 - ``network/nccl_allreduce_busbw_8xH100.csv``: nccl-tests bus bandwidth on one 8xH100 SXM
-  NVSwitch node (Azure ND H100 v5), 1 MiB - 8 GiB, converted as above.
+  NVSwitch node (Azure ND H100 v5, NCCL 2.18.5), 1 MiB - 8 GiB, converted as above; its
+  ``level`` entry sets the tuner's NVLS latency of that release.
 - ``network/allreduce_kernel_times_A100.csv``: vidur kernel times (median) on A100 DGX nodes.
 - ``network/allreduce_kernel_times_H100.csv``: vidur kernel times (median) on one H100 DGX
   node, 2/4/8 GPUs, 2 KiB - 64 MiB.
@@ -21,13 +22,14 @@ Sources (see the READMEs in the anchor folders):
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 __all__ = ["load_all", "a100x4", "tpuv3", "nccl_8xa100", "nccl_8xh100", "vidur", "vidur_h100", "mixed_modes",
-           "subset"]
+           "subset", "NCCL_8XH100_LEVEL", "system_of"]
 
 
 def _pack(name, system, nodes, group, nbytes, seconds):
@@ -61,14 +63,24 @@ def nccl_8xa100(root: Path, min_bytes: float = 65536):
     return _pack("nccl_8xa100", "dgx_a100", 1, n, d.size_bytes, d.size_bytes / algbw)
 
 
+#: NCCL release of the Azure ND H100 v5 nccl-tests run (Azure AI-benchmarking-guide, "Azure
+#: Results/ND_H100_v5_results.md": NCCL 2.18.5, "NCCL AllReduce (NVLS algorithm)"): its tuner
+#: gives NVLS no latency on NVLink (NCCL 2.18 src/graph/tuning.cc hwLat NVLS = 0), so it runs
+#: NVLS at 1 MiB too, where NCCL 2.30.7 (NVLS 25 us) runs ring LL.
+NCCL_8XH100_LEVEL = {"nccl_nvls_latency": 0.0}
+
+
 def nccl_8xh100(root: Path, min_bytes: float = 2**20):
     """nccl-tests all-reduce on one 8xH100 SXM node (Azure ND H100 v5), converted from bus
-    bandwidth as :func:`nccl_8xa100`."""
+    bandwidth as :func:`nccl_8xa100`. ``level`` holds the NetLevel fields of the measured
+    NCCL release (:data:`NCCL_8XH100_LEVEL`) for the innermost tier."""
     d = pd.read_csv(Path(root) / "network" / "nccl_allreduce_busbw_8xH100.csv")
     d = d[d.size_bytes >= min_bytes]
     n = d.gpus.to_numpy(dtype=float)
     algbw = d.busbw_GBps.to_numpy() * 1e9 * n / (2.0 * (n - 1.0))
-    return _pack("nccl_8xh100", "dgx_h100", 1, n, d.size_bytes, d.size_bytes / algbw)
+    ds = _pack("nccl_8xh100", "dgx_h100", 1, n, d.size_bytes, d.size_bytes / algbw)
+    ds["level"] = dict(NCCL_8XH100_LEVEL)
+    return ds
 
 
 def vidur(root: Path, which: str = "single_node"):
@@ -107,6 +119,16 @@ def vidur_h100(root: Path, min_bytes: float = 0.0):
     out["seconds_min"] = d.time_min_ms.to_numpy(dtype=float) * 1e-3
     out["seconds_max"] = d.time_max_ms.to_numpy(dtype=float) * 1e-3
     return out
+
+
+def system_of(ds, system):
+    """``system`` with the data set's ``level`` fields (the measured NCCL release, e.g.
+    :data:`NCCL_8XH100_LEVEL`) on its innermost tier; ``system`` itself where it has none."""
+    fields = ds.get("level")
+    if not fields:
+        return system
+    levels = (dataclasses.replace(system.levels[0], **fields),) + tuple(system.levels[1:])
+    return dataclasses.replace(system, levels=levels)
 
 
 def subset(ds, keep):

@@ -74,8 +74,9 @@ executed time only), and a Simple ring is also bound by its channels' loads and 
 (:func:`jaxmodel.comm.nccl.copy_time`, ``channel_copy_bw``; executed time only). ``"auto"`` is
 NCCL's tuner (``getAlgoInfo``): the argmin over ``(a, p)`` of NCCL's own predicted time
 ``lat(a, p) + bandwidth time`` at NCCL's own bus bandwidth (``nccl_bw`` where the level gives
-it, without packet overhead) — a code chosen inside the traced graph — and the executed time of
-that choice; ``"best"`` the minimum executed time over every algorithm and protocol. A
+it, without packet overhead; NVLS at the tuner latency of the system's NCCL release,
+``NetLevel.nccl_nvls_latency``) — a code chosen inside the traced graph — and the executed
+time of that choice; ``"best"`` the minimum executed time over every algorithm and protocol. A
 hierarchical all-reduce composes per tier (NVLS reduce-scatter inside the node + tree or
 ring across nodes ≈ NCCL's NVLS-tree). Tiers with ``nccl_link = −1`` (TPU ICI, the LLMCompass
 fully connected node) keep Guo et al.'s per-topology choice with one (Simple) protocol.

@@ -25,7 +25,12 @@ Latency (µs in NCCL, seconds here) per algorithm on one tier of ``m`` ranks:
   inside a node (NCCL's intra-node tree is a chain) and ``log2 m`` across nodes;
 - NVLS / CollNet (in-network reduction, Simple only): ``hwLat[link][nvls][simple]`` (NVLink
   SHARP) or ``hwLat[net][collnet_direct][simple]`` (SHARP on the network switches); NVLS's
-  all-reduce bandwidth is the link's (:func:`nvls_allreduce_factor`).
+  all-reduce bandwidth is the link's (:func:`nvls_allreduce_factor`). The tuner's NVLS
+  latency changed between releases (0 in 2.17–2.18, 23 µs in 2.19–2.20, 25 µs since 2.21,
+  :data:`NVLS_TUNER_LATENCY`); a level running an older release sets ``nccl_nvls_latency``
+  (:func:`nvls_tuner_latency`). Other differences of older tuners (ring LL bus bandwidth
+  ×1/4 for all-reduce before 2.21, the NVLS bus-to-algorithm ratio 5/6 before 2.28) are not
+  modelled.
 
 The tuner (not the executed time) also scales the tree all-reduce bandwidth by
 ``treeCorrectionFactor[p][log2(n/64)]`` and the Simple ring all-reduce latency across nodes by
@@ -60,7 +65,8 @@ from jaxmodel.numerics import smooth_ceil_div
 __all__ = ["PROTOCOLS", "LL128_FACTOR", "NVLINK", "PCI", "NET", "BASE_LAT", "HW_LAT", "latency",
            "bw_factor",
            "NVLINK_BW_PER_LINK", "TREE_CORRECTION", "tree_correction", "ring_plateau",
-           "channel_factor", "nvls_allreduce_factor", "nvls_allreduce_time", "copy_bytes", "copy_time"]
+           "channel_factor", "nvls_allreduce_factor", "nvls_allreduce_time", "copy_bytes",
+           "copy_time", "NVLS_TUNER_LATENCY", "nvls_tuner_latency"]
 
 PROTOCOLS = ("ll", "ll128", "simple")
 NVLINK, PCI, NET = 0.0, 1.0, 2.0
@@ -77,6 +83,10 @@ HW_LAT = {
     "collnet": ((0.0, 0.0, 3.7), (0.0, 0.0, 3.7), (0.0, 0.0, 31.0)),
     "nvls": ((0.0, 0.0, 25.0), (0.0, 0.0, 0.0), (0.0, 0.0, 18.0)),
 }
+# hwLat[NVLINK][NVLS][SIMPLE] (s) by NCCL release, src/graph/tuning.cc: 0 in 2.17.1 and
+# 2.18.1-2.18.5 (NVLS then modelled without latency, so the tuner ran NVLS at every size it
+# was enabled for), 23 us in 2.19.1-2.20.5, 25 us from 2.21.5 (through 2.30.7, HW_LAT above).
+NVLS_TUNER_LATENCY = {"2.17-2.18": 0.0, "2.19-2.20": 23e-6, "2.21-2.30": 25e-6}
 # tuning.cc ncclTopoTuneModel: LL128 bus bandwidth = 0.92 (~120/128) of Simple's (ring; tree
 # inside a node 0.92 · 7/9). A NetLevel's ``ll128_efficiency`` replaces it in executed times.
 LL128_FACTOR = 0.92
@@ -289,6 +299,17 @@ def latency(alg: str, op: str, m, link):
         return _where(link > 1.5, _by_link(HW_LAT["collnet"], link),
                       _by_link(HW_LAT["nvls"], link))
     raise ValueError(f"no NCCL latency for algorithm {alg!r}")
+
+
+def nvls_tuner_latency(link, nccl_nvls_latency):
+    """NCCL's tuner latency of in-network reduction on a tier, s: ``nccl_nvls_latency`` (the
+    ``NetLevel`` field: the NVLS latency of the NCCL release the system runs,
+    :data:`NVLS_TUNER_LATENCY`) on NVLink/PCIe tiers where it is set (>= 0), else NCCL
+    2.30.7's :func:`latency` (NVLS 25 µs; CollNet on a network tier 31 µs)."""
+    f = jnp.result_type(float)
+    table = latency("in_network", "all_reduce", 2.0, link)[2]
+    v = jnp.asarray(nccl_nvls_latency, dtype=f)
+    return jnp.where((v >= 0) & (jnp.asarray(link, dtype=f) < 1.5), v, table)
 
 
 def bw_factor(alg: str, op: str, link, nvls_efficiency=1.0):
