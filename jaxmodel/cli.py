@@ -59,49 +59,17 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-_PAR_FIELDS = ("dp", "tp", "pp", "sp", "ep", "micro_batch", "interleave", "schedule",
-               "recompute", "zero", "flash_attention", "cp", "zero3_impl")
+from jaxmodel.plan_io import (DEFAULT_MODEL, DEFAULT_SYSTEM, HINTS, PAR_CHOICES,  # noqa: F401
+                              build_parallelism, explain_infeasible, to_jsonable)
+from jaxmodel.plan_io import PAR_FIELDS as _PAR_FIELDS
+from jaxmodel.plan_io import default_tp as _default_tp
+from jaxmodel.plan_io import load_system as _load_system
+from jaxmodel.plan_io import reason_label as _reason_name
 
 
 # --------------------------------------------------------------------------------------------
 # Output helpers
 # --------------------------------------------------------------------------------------------
-def to_jsonable(obj: Any) -> Any:
-    """Plain-Python view of a result pytree (dataclasses, NamedTuples, dicts, arrays)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        if "reason" in out and isinstance(out["reason"], int):
-            out["reason_code"] = out["reason"]
-            out["reason"] = _reason_name(out["reason"])
-        return out
-    if hasattr(obj, "_asdict"):
-        return {k: to_jsonable(v) for k, v in obj._asdict().items()}
-    if isinstance(obj, Mapping):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, (str, type(None))):
-        return obj
-    arr = np.asarray(obj)
-    if arr.dtype == bool:
-        return arr.tolist()
-    if np.issubdtype(arr.dtype, np.integer):
-        return arr.tolist()
-    if np.issubdtype(arr.dtype, np.number):
-        vals = arr.astype(float)
-        if vals.ndim == 0:
-            v = float(vals)
-            return v if math.isfinite(v) else ("inf" if v > 0 else "-inf" if v < 0 else None)
-        return [to_jsonable(v) for v in vals]
-    return str(obj)
-
-
-def _reason_name(code) -> str:
-    from jaxmodel.numerics import REASONS
-    c = int(code)
-    return REASONS[c] if 0 <= c < len(REASONS) else f"code_{c}"
-
-
 def _is_frame(data) -> bool:
     """True for a pandas DataFrame, without importing pandas (a command that returns a frame
     has imported it)."""
@@ -182,70 +150,6 @@ def check_out_path(out: str | None, table: bool) -> None:
 # --------------------------------------------------------------------------------------------
 # Building arguments
 # --------------------------------------------------------------------------------------------
-DEFAULT_SYSTEM = "dgx_a100"
-DEFAULT_MODEL = "gpt3-13b"
-
-
-def _load_system(name: str | None, nodes: int | None, device: str | None):
-    """A system from a hw_db name/TOML (``nodes`` scales it), or one ``device`` alone."""
-    import hw_db
-    from jaxmodel.types import System
-    if name and device:
-        raise ValueError(f"give either a system ({name!r}) or a device ({device!r}), not both")
-    if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int)):
-        raise ValueError(f"nodes must be an integer >= 1, got {nodes!r}")
-    if name:
-        return hw_db.system(name, nodes=nodes)
-    if device:
-        if nodes not in (None, 1):
-            raise ValueError(f"nodes={nodes} needs a system, not a single device")
-        return System(device=hw_db.device(device), levels=(), name=f"1x{device}")
-    return hw_db.system(DEFAULT_SYSTEM if DEFAULT_SYSTEM in hw_db.names("system")
-                        else hw_db.names("system")[0], nodes=nodes)
-
-
-def build_parallelism(values: Mapping, n_devices: float | None = None):
-    """A :class:`jaxmodel.Parallelism` from a mapping; ``dp`` defaults to the devices left."""
-    import jaxmodel as jm
-    from jaxmodel.types import check_value, rule_of
-    if not isinstance(values, Mapping):
-        raise ValueError(f"parallelism must be a table of {list(_PAR_FIELDS)}, got {values!r}")
-    for k in values:
-        if k not in _PAR_FIELDS:
-            import difflib
-            close = difflib.get_close_matches(str(k), _PAR_FIELDS, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ValueError(f"parallelism: unknown field '{k}'{hint}; known: "
-                             f"{list(_PAR_FIELDS)}")
-    kw = {k: v for k, v in values.items() if v is not None}
-    for k in ("tp", "pp", "cp"):
-        if k in kw:
-            check_value("parallelism", k, kw[k], rule_of(jm.Parallelism, k))
-    if "dp" not in kw and n_devices is not None:
-        tp, pp, cp = float(kw.get("tp", 1)), float(kw.get("pp", 1)), float(kw.get("cp", 1))
-        dp = float(n_devices) / (tp * pp * cp)
-        if dp < 1 or dp != round(dp):
-            raise ValueError(f"parallelism: tp·pp·cp = {tp:g}·{pp:g}·{cp:g} does not divide "
-                             f"the {float(n_devices):g} devices (dp would be {dp:g}); change "
-                             "tp/pp/cp or the system's nodes")
-        kw["dp"] = dp
-    return jm.validate_parallelism(jm.Parallelism(**kw), "parallelism")
-
-
-def _default_tp(system, model, par_spec: Mapping) -> dict:
-    """Fill ``tp`` when not given: the innermost network tier (TP inside a node, Megatron-LM)
-    when it divides the heads, else 1; ``pp`` defaults to 1."""
-    spec = dict(par_spec)
-    if "tp" not in spec and system.levels:
-        node = float(system.levels[0].size)
-        h, kv = float(model.n_heads), float(model.n_kv_heads)
-        pp = float(spec.get("pp", 1)) * float(spec.get("cp", 1))
-        if node > 1 and h % node == 0 and (kv % node == 0 or node % kv == 0) and (
-                "dp" not in spec or float(spec["dp"]) * node * pp == float(system.n_devices)):
-            spec["tp"] = node
-    return spec
-
-
 def build_call(fn, spec: Mapping) -> tuple[tuple, dict]:
     """Positional/keyword arguments for ``fn`` from a sweep/predict spec (see module doc)."""
     import hw_db
@@ -315,39 +219,6 @@ def _public_fn(name: str):
 
 
 # --------------------------------------------------------------------------------------------
-# Infeasible answers: say why and what to change
-# --------------------------------------------------------------------------------------------
-HINTS = {
-    "out_of_memory": "raise --tp or --pp, use --zero 1..3 or --recompute selective/full, "
-                     "lower --micro-batch (train) or --batch (inference), or add --nodes",
-    "devices_mismatch": "--dp·--tp·--pp·--cp must equal the system's devices (leave --dp out "
-                        "to derive it)",
-    "heads_not_divisible": "choose --tp dividing the model's attention heads",
-    "layers_not_divisible": "choose --pp (and --interleave) dividing the model's layers",
-    "batch_not_divisible": "make --global-batch a multiple of dp·--micro-batch",
-    "sequence_not_divisible": "make --seq-len a multiple of --tp, or drop --sp",
-    "experts_not_divisible": "choose --ep dividing the experts and dp·tp",
-    "topology_mismatch": "the group does not fit the network: change --tp/--pp or --nodes",
-    "buffer_too_small": "the device's buffers are too small for any GEMM tile",
-    "invalid_parallelism": "degrees must be integers >= 1",
-    "invalid_workload": "batch and sequence lengths must be integers >= 1",
-}
-
-
-def explain_infeasible(result: Mapping) -> str | None:
-    """``None`` when a predicted result is feasible, else a one-line explanation."""
-    if result.get("feasible", True) is not False:
-        return None
-    why = result.get("reason", "?")
-    msg = f"infeasible: {why}"
-    if why == "out_of_memory" and isinstance(result.get("memory_bytes"), (int, float)):
-        msg += f" (needs {result['memory_bytes'] / 2**30:.1f} GiB per device"
-        cap = result.get("memory_capacity_bytes")
-        msg += f" of {cap / 2**30:.1f} GiB)" if isinstance(cap, (int, float)) else ")"
-    return f"{msg}; {HINTS.get(why, 'change the plan')}"
-
-
-# --------------------------------------------------------------------------------------------
 # Subcommands
 # --------------------------------------------------------------------------------------------
 def cmd_list(a) -> Any:
@@ -383,11 +254,11 @@ def _par_args(p: argparse.ArgumentParser):
                         "ring attention")
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism")
     g.add_argument("--flash-attention", nargs="?", const="fa1", default=None,
-                   choices=["standard", "fa1", "fa2"], dest="flash_attention",
+                   choices=list(PAR_CHOICES["flash_attention"]), dest="flash_attention",
                    help="attention kernel (alone: fa1, FlashAttention-1)")
-    g.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"])
-    g.add_argument("--recompute", choices=["none", "selective", "full"])
-    g.add_argument("--zero3-impl", choices=["fsdp", "deepspeed"], dest="zero3_impl",
+    g.add_argument("--schedule", choices=list(PAR_CHOICES["schedule"]))
+    g.add_argument("--recompute", choices=list(PAR_CHOICES["recompute"]))
+    g.add_argument("--zero3-impl", choices=list(PAR_CHOICES["zero3_impl"]), dest="zero3_impl",
                    help="how ZeRO-3 runs: fsdp (prefetched units, default) or deepspeed "
                         "(DeepSpeed 2021: serial per-tensor collectives)")
 
