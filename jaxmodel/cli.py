@@ -47,7 +47,6 @@ stderr with the option to change, and exits with status 1.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import inspect
 import io
 import json
