@@ -186,6 +186,12 @@ class LaunchConfig:
         flags: flag or config key -> value (``True`` for a switch), in emission order.
         files: file name -> contents that the command reads (TOML, YAML); empty if none.
         notes: what the export assumed or left to the user (one sentence each).
+
+    Example:
+        >>> cfg = LaunchConfig("vllm", "v0.11.0", ("vllm", "serve", "my model", "-tp", "2"),
+        ...                    {"-tp": 2}, {})
+        >>> cfg.command
+        "vllm serve 'my model' -tp 2"
     """
     framework: str
     version: str
