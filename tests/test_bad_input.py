@@ -143,6 +143,9 @@ def test_public_functions_and_loader_name_the_field(tmp_path):
     dev = hw_db.device("a100_80gb")
     with pytest.raises(ValueError, match=r"'mem_channels' = 0\.0"):
         jm.gemm_latency(dataclasses.replace(dev, mem_channels=0.0), 64, 64, 64)
+    for op in (jm.softmax_latency, jm.layernorm_latency, jm.rmsnorm_latency):
+        with pytest.raises(ValueError, match=rf"{op.__name__}: Device: field 'freq_hz' = 1410"):
+            op(dataclasses.replace(dev, freq_hz=1410.0), 64, 64)
     with pytest.raises(ValueError, match=r"'mem_bw_efficiency' = 1e-09"):
         jm.layer_breakdown(hw_db.system("dgx_a100").__class__(
             device=dataclasses.replace(dev, mem_bw_efficiency=1e-9), levels=()),
