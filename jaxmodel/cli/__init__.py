@@ -42,6 +42,12 @@ Both kinds ship in ``examples/`` (``sweep_inference.toml``, ``codesign.toml``).
 Errors in the arguments or the files print ``jaxmodel: error: ...`` and exit with status 2
 (no traceback); a prediction that is infeasible (e.g. out of memory) is printed, explained on
 stderr with the option to change, and exits with status 1.
+
+Modules: :mod:`~jaxmodel.cli.common` (output, specs, shared options, help examples), one per
+group of subcommands (:mod:`~jaxmodel.cli.predict`, :mod:`~jaxmodel.cli.search`,
+:mod:`~jaxmodel.cli.serve`, :mod:`~jaxmodel.cli.launch`, :mod:`~jaxmodel.cli.explain`), and
+here the parser and :func:`main`; ``python -m jaxmodel.cli`` runs it. The helpers the
+explorer shares live one layer down, in :mod:`jaxmodel.plan_io`.
 """
 
 from __future__ import annotations
