@@ -37,7 +37,8 @@ rank  layer
 6.5   ``jaxmodel.explain`` (elasticities and bottleneck view over any of the above)
 7     ``jaxmodel`` (the package façade re-exporting the public API)
 7.5   ``jaxmodel.plan_io`` (the applications' shared helpers: plans in, JSON-ready answers out)
-8     ``jaxmodel.cli``, ``jaxmodel.demo``, ``jaxmodel.plots`` (applications and reports)
+8     ``jaxmodel.cli``, ``jaxmodel.demo``, ``jaxmodel.plots`` (applications and reports),
+      ``jaxmodel.__main__`` (``python -m jaxmodel``)
 ====  =================================================================================
 """
 
@@ -70,6 +71,7 @@ RANKS = {
     "jaxmodel.explain": 6.5,
     "jaxmodel": 7, "jaxmodel.plan_io": 7.5,
     "jaxmodel.cli": 8, "jaxmodel.demo": 8, "jaxmodel.plots": 8, "jaxmodel.ui": 8,
+    "jaxmodel.__main__": 8,
 }
 
 
