@@ -36,21 +36,24 @@ jax.config.update("jax_enable_x64", False)
 #: Test modules whose every test runs in float64: they compare the model with hand-derived
 #: values or finite differences at float64 tolerances (relative 1e-9 .. 1e-6). Paths relative
 #: to ``tests/``. Every other module runs in float32 (the library default) unless a test is
-#: marked ``float64``.
+#: marked ``float64``. Checked with ``JAXMODEL_TEST_FLOAT32=1`` on a sample: cost/*,
+#: workload/test_params, ops/test_attention, search/test_sweep, search/test_codesign and
+#: comm/test_collectives fail in float32 (hand values, finite differences); the modules
+#: that passed whole (ops/test_vector, test_systolic, test_fa_occupancy, test_mutation,
+#: test_numerics_batching) left the list. A module's tests may move to per-test markers.
 FLOAT64_MODULES = frozenset((
     "comm/test_collectives.py", "comm/test_nccl.py",
     "cost/test_area.py", "cost/test_chiplet.py", "cost/test_device.py", "cost/test_uarch.py",
     "cost/test_wafer.py",
-    "ops/test_attention.py", "ops/test_fa_occupancy.py", "ops/test_gemm.py",
-    "ops/test_llama_ops.py", "ops/test_systolic.py", "ops/test_vector.py",
+    "ops/test_attention.py", "ops/test_gemm.py", "ops/test_llama_ops.py",
     "parallel/test_context.py", "parallel/test_gemm_table.py", "parallel/test_inference.py",
     "parallel/test_moe_training.py", "parallel/test_overlap.py", "parallel/test_pipeline.py",
     "parallel/test_pipeline_dualpipe.py", "parallel/test_plan.py", "parallel/test_train.py",
     "parallel/test_train_cp.py", "parallel/test_zero.py", "parallel/test_zero_impl.py",
     "search/test_codesign.py", "search/test_objectives.py", "search/test_serving_fast.py",
     "search/test_sweep.py",
-    "test_energy.py", "test_explain.py", "test_models.py", "test_mutation.py",
-    "test_numerics_batching.py", "test_precision.py", "test_serving.py",
+    "test_energy.py", "test_explain.py", "test_models.py", "test_precision.py",
+    "test_serving.py",
     "test_serving_fp4.py", "test_serving_runtime.py", "test_serving_speculative.py",
     "workload/test_layer.py", "workload/test_lora.py", "workload/test_memory.py",
     "workload/test_memory_breakdown.py", "workload/test_moe.py", "workload/test_params.py",
@@ -65,6 +68,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    """Mark the tests of :data:`FLOAT64_MODULES` ``float64``; ``JAXMODEL_TEST_FLOAT32=1``
+    skips that (every test in float32: how to find the module tests that still need
+    float64)."""
+    if os.environ.get("JAXMODEL_TEST_FLOAT32") == "1":
+        return
     for item in items:
         rel = os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/")
         if rel in FLOAT64_MODULES:
