@@ -47,7 +47,12 @@ def reason_code(name: str) -> int:
 
 
 def reason_name(code) -> str:
-    """Name of a (concrete) reason code."""
+    """Name of a (concrete) reason code.
+
+    Example:
+        >>> reason_name(0), reason_name(1)
+        ('ok', 'invalid_device')
+    """
     return REASONS[int(code)]
 
 

@@ -420,6 +420,16 @@ RANGES: dict[str, dict[str, Rule]] = {
         "idle_power_w": _real(0.0, 1e6, "W", special=(-1.0,)),   # -1 = share of TDP
         "mem_energy_per_byte": _real(0.0, 1e-8),               # J/B: 0 .. 1.25 nJ/bit
         "link_energy_per_byte": _real(0.0, 1e-8),              # J/B
+        # dense tensor rate of a format over the FP16 rate: 0 = no tensor-core path; shipped
+        # 0 .. 4 (B200 FP4 dense = 4 x FP16 dense, NVIDIA Blackwell datasheet); 64 = six
+        # halvings of the word below FP16, more than any format has
+        **{f"matrix_ratio_{t}": _real(0.0, 64.0) for t in ("fp32", "tf32", "bf16", "fp16",
+                                                             "fp8", "fp4", "int8")},
+        "matmul_efficiency": _real(0.01, 1.0),        # shipped 0.91; < 1 % is no tensor core
+        "matmul_bw_efficiency": _real(0.01, 1.0, special=(0.0,)),   # 0 = mem_bw_efficiency
+        # the sustained clock is at least the idle clock: A100 210 of 1410 MHz (0.15), H100
+        # 345 of 1980 MHz (nvidia-smi -q -d SUPPORTED_CLOCKS); shipped 0.65 .. 1
+        "sustained_clock_fraction": _real(0.1, 1.0),
     },
     "NetLevel": {
         "size": _count(1, 1e7),
@@ -427,7 +437,7 @@ RANGES: dict[str, dict[str, Rule]] = {
         "bw_per_device": BANDWIDTH,
         "link_latency": LATENCY,
         "switch_latency": LATENCY,
-        "efficiency": FRACTION,
+        "efficiency": _real(0.01, 1.0),               # shipped 0.82 .. 1; < 1 % is no link
         "base_latency": LATENCY,
         "flit_bytes": _real(0, 65536, "B", lo_open=True),
         "header_bytes": _real(0, 65536, "B"),
@@ -441,6 +451,10 @@ RANGES: dict[str, dict[str, Rule]] = {
         "nvls_bw": _real(1e6, 1e15, "B/s", special=(0.0,)),   # 0 = NVLS at the ring's
         "nvls_chunk_latency": LATENCY,
         "nccl_nvls_latency": _real(0.0, 1.0, "s", special=(-1.0,)),   # -1 = NCCL 2.30.7's
+        "nccl_link": Rule(0, 2, integer=True, special=(-1.0,), what="code"),  # -1 = not NCCL
+        "nvls_efficiency": _real(0.01, 1.0),          # shipped 0.74 .. 0.85
+        "nccl_channels": _count(0, 1024),             # 0 = all; NCCL's MAXCHANNELS is 32/64
+        "launch_floor": LATENCY,
     },
     "Model": {
         "n_layers": _count(1, 1e5),

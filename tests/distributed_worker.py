@@ -105,7 +105,7 @@ SCENARIOS = {"local": _local, "sweep": _sweep, "sweep_tiny": _sweep_tiny, "misma
 def main(out_dir: str, names: str) -> None:
     jm.distributed.initialize()
     jax.config.update("jax_numpy_rank_promotion", "raise")
-    jax.config.update("jax_enable_x64", True)       # as tests/conftest.py
+    jax.config.update("jax_enable_x64", False)      # as tests/conftest.py (float32)
     results = {}
     for name in names.split(","):
         try:

@@ -36,7 +36,9 @@ rank  layer
 6     ``jaxmodel.search`` (sweeps, parallelism search, co-design)
 6.5   ``jaxmodel.explain`` (elasticities and bottleneck view over any of the above)
 7     ``jaxmodel`` (the package façade re-exporting the public API)
-8     ``jaxmodel.cli``, ``jaxmodel.demo``, ``jaxmodel.plots`` (applications and reports)
+7.5   ``jaxmodel.plan_io`` (the applications' shared helpers: plans in, JSON-ready answers out)
+8     ``jaxmodel.cli``, ``jaxmodel.demo``, ``jaxmodel.plots`` (applications and reports),
+      ``jaxmodel.__main__`` (``python -m jaxmodel``)
 ====  =================================================================================
 """
 
@@ -67,8 +69,9 @@ RANKS = {
     "jaxmodel.serving": 5.5, "jaxmodel.export": 5.5,
     "jaxmodel.search": 6,
     "jaxmodel.explain": 6.5,
-    "jaxmodel": 7,
+    "jaxmodel": 7, "jaxmodel.plan_io": 7.5,
     "jaxmodel.cli": 8, "jaxmodel.demo": 8, "jaxmodel.plots": 8, "jaxmodel.ui": 8,
+    "jaxmodel.__main__": 8,
 }
 
 

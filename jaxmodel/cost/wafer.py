@@ -105,6 +105,10 @@ def dies_per_wafer(x, y, diameter, edge_exclusion, scribe, mode: str = "exact",
 
     In ``"exact"`` mode the value is the grid count and the gradient is that of the closed form
     (straight-through), so d cost / d area stays informative.
+
+    Example:
+        >>> float(dies_per_wafer(26.0, 33.0, 300.0, 3.0, 0.1))   # mm: a reticle-sized die
+        64.0
     """
     smooth = dies_per_wafer_smooth(x, y, diameter, edge_exclusion, scribe)
     if mode == "smooth":
@@ -140,6 +144,10 @@ def negative_binomial_yield(area, defect_density, alpha):
         area: defect-sensitive (critical) area, mm².
         defect_density: defects per mm².
         alpha: clustering factor.
+
+    Example:
+        >>> float(negative_binomial_yield(100.0, 0.001, 3.0))   # 1 cm², 0.1 defects/cm²
+        0.906
     """
     a = jnp.maximum(alpha, 1e-6)
     return jnp.power(1.0 + jnp.maximum(area, 0.0) * defect_density / a, -a)

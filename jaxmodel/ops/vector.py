@@ -12,6 +12,7 @@ forces it. Each adds its per-kernel overhead (``dev.<op>_overhead_s``) when ``ov
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax.numpy as jnp
@@ -20,12 +21,25 @@ import numpy as np
 from jaxmodel import numerics as nx
 from jaxmodel.batching import batched
 from jaxmodel.ops.gemm import _f, _rates, device_feasible
+from jaxmodel.types import validate_args
 
 SOFTMAX_SPLITS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 SOFTMAX_L1_ROWS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 _SM_GRID = np.asarray(list(itertools.product(SOFTMAX_SPLITS, SOFTMAX_L1_ROWS, (0.0, 1.0))),
                       dtype=np.float64).T                      # (3, 108): splits, rows, dbuf
 
+
+
+def _validated(fn):
+    """A public operator that first checks a concrete single device (the API edge:
+    :func:`jaxmodel.types.validate_args`, a ``ValueError`` naming the field and value, as
+    :func:`jaxmodel.gemm_latency` does); batches and traced devices pass unchecked (infeasible
+    points give ``+inf``). ``.single`` stays the raw single-configuration function."""
+    @functools.wraps(fn)
+    def wrapper(dev, *args, **kwargs):
+        validate_args(dev, where=fn.__name__)
+        return fn(dev, *args, **kwargs)
+    return wrapper
 
 def _row_op_inputs(dev, rows, cols):
     """``(ok, word, M, N)`` of a row-wise vector operator on ``[rows × cols]`` (single config):
@@ -81,6 +95,7 @@ def _softmax_single(dev, rows, cols, overhead=True):
     return jnp.where(ok & ~jnp.isnan(t), t, jnp.inf)
 
 
+@_validated
 @batched
 def softmax_latency(dev, rows, cols, overhead=True):
     """Softmax over the last axis of a ``[rows × cols]`` tensor, seconds.
@@ -141,6 +156,7 @@ def _layernorm_single(dev, rows, cols, overhead=True):
     return jnp.where(ok & ~jnp.isnan(t), t, jnp.inf)   # overflow of absurd fields: +inf
 
 
+@_validated
 @batched
 def layernorm_latency(dev, rows, cols, overhead=True):
     """LayerNorm over the last axis of a ``[rows × cols]`` tensor, seconds.
@@ -181,6 +197,7 @@ def _gelu_single(dev, n, overhead=True):
     return jnp.where(ok & ~jnp.isnan(t), t, jnp.inf)   # overflow of absurd fields: +inf
 
 
+@_validated
 @batched
 def gelu_latency(dev, n, overhead=True):
     """Tanh-approximate GELU over ``n`` elements, seconds.
@@ -213,6 +230,7 @@ def _elementwise_single(dev, n_elements, bytes_per_element_moved, flops_per_elem
     return jnp.where(ok, t, jnp.inf)
 
 
+@_validated
 @batched
 def elementwise_latency(dev, n_elements, bytes_per_element_moved, flops_per_element,
                         overhead=True):
@@ -355,6 +373,7 @@ def _rmsnorm_single(dev, rows, cols, dtype_bytes=2.0, overhead=True):
     return jnp.where((rows > 0) & (cols > 0), t, jnp.inf)
 
 
+@_validated
 @batched
 def rmsnorm_latency(dev, rows, cols, dtype_bytes=2, overhead=True):
     """RMSNorm over the last axis of ``[rows × cols]`` (Zhang & Sennrich, "Root Mean Square
@@ -393,6 +412,7 @@ def _rope_single(dev, tokens, heads, kv_heads, head_dim, dtype_bytes=2.0, overhe
     return jnp.where((tokens > 0) & (heads > 0) & (head_dim > 0) & (kv_heads >= 0), t, jnp.inf)
 
 
+@_validated
 @batched
 def rope_latency(dev, tokens, heads, kv_heads, head_dim, dtype_bytes=2, overhead=True):
     """Rotary position embedding of the query and key heads (Su et al., "RoFormer", 2021,
@@ -428,6 +448,7 @@ def _silu_mul_single(dev, n, dtype_bytes=2.0, overhead=True, rows=None):
     return jnp.where(n > 0, t, jnp.inf)
 
 
+@_validated
 @batched
 def silu_mul_latency(dev, n, dtype_bytes=2, overhead=True, rows=None):
     """SwiGLU activation ``silu(gate)·up`` over ``n`` output elements (Shazeer, "GLU Variants
@@ -459,6 +480,7 @@ def _add_single(dev, n, dtype_bytes=2.0, overhead=True):
     return jnp.where(n > 0, t, jnp.inf)
 
 
+@_validated
 @batched
 def add_latency(dev, n, dtype_bytes=2, overhead=True):
     """Residual add ``y = a + b`` over ``n`` elements, seconds.
@@ -494,6 +516,7 @@ def _embedding_single(dev, tokens, hidden, dtype_bytes=2.0, overhead=True):
     return jnp.where((tokens > 0) & (hidden > 0), t, jnp.inf)
 
 
+@_validated
 @batched
 def embedding_latency(dev, tokens, hidden, dtype_bytes=2, overhead=True):
     """Embedding lookup of ``tokens`` rows of width ``hidden``, seconds.

@@ -23,14 +23,16 @@ from typing import Any, Mapping
 import numpy as np
 
 from jaxmodel.numerics import pareto_mask
-from jaxmodel.types import FA_VERSIONS, RECOMPUTE, SCHEDULES
+from jaxmodel.plan_io import PAR_CHOICES, build_parallelism, explain_infeasible
+from jaxmodel.plan_io import json_float as _finite
+from jaxmodel.plan_io import to_jsonable as _plain
 
 # --------------------------------------------------------------------------------------------
 # form fields
 # --------------------------------------------------------------------------------------------
 PHASES = ("train", "inference")
 PAR_INT = ("dp", "tp", "pp", "ep", "cp", "micro_batch", "interleave", "zero")
-PAR_CHOICE = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "flash_attention": FA_VERSIONS}
+PAR_CHOICE = {k: PAR_CHOICES[k] for k in ("schedule", "recompute", "flash_attention")}
 WORKLOAD = {"train": ("global_batch", "seq_len"),
             "inference": ("batch", "prompt_len", "gen_len")}
 DEFAULTS = {"phase": "train", "system": "dgx_a100", "nodes": "1", "model": "gpt3-13b",
@@ -157,24 +159,14 @@ def _system(form: Mapping):
 
 
 def parallelism(spec: Mapping, n_devices: float):
-    """A validated :class:`jaxmodel.Parallelism` from the form's degrees; ``dp`` defaults to
-    the devices left, ``n_devices / (tp·pp·cp)`` (every other field: the library's
-    default)."""
-    import jaxmodel as jm
-    kw = dict(spec)
-    if "dp" not in kw:
-        tp, pp, cp = (float(kw.get(k, 1)) for k in ("tp", "pp", "cp"))
-        dp = n_devices / (tp * pp * cp)
-        if dp < 1 or dp != round(dp):
-            raise FormError("tp", f"tp·pp·cp = {tp:g}·{pp:g}·{cp:g} does not divide the "
-                            f"{n_devices:g} devices (dp would be {dp:g}); change tp/pp/cp "
-                            "or nodes")
-        kw["dp"] = dp
+    """A validated :class:`jaxmodel.Parallelism` from the form's degrees
+    (:func:`jaxmodel.plan_io.build_parallelism`: ``dp`` defaults to the devices left,
+    ``n_devices / (tp·pp·cp)``); a bad value is a :class:`FormError` naming its field."""
     try:
-        return jm.validate_parallelism(jm.Parallelism(**kw), "parallelism")
+        return build_parallelism(spec, n_devices)
     except ValueError as e:
         msg = str(e)
-        field = next((k for k in kw if f".{k}" in msg or f" {k} " in msg or f"'{k}'" in msg),
+        field = next((k for k in spec if f".{k}" in msg or f" {k} " in msg or f"'{k}'" in msg),
                      "tp")
         raise FormError(field, msg) from None
 
@@ -231,43 +223,11 @@ HEADLINE = {"train": ("step_time_s", "tokens_per_s", "mfu", "memory_bytes"),
             "inference": ("ttft_s", "tpot_s", "total_s", "tokens_per_s", "memory_bytes")}
 
 
-def _plain(x):
-    """Plain-Python view of a result pytree: dicts of floats (``"inf"`` for infinities, JSON
-    has none), the reason code as its name (:data:`jaxmodel.REASONS`)."""
-    from jaxmodel.numerics import reason_name
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        out = {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
-        if isinstance(out.get("reason"), (int, float)):
-            out["reason"] = reason_name(out["reason"])
-        return out
-    if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, (str, type(None))):
-        return x
-    a = np.asarray(x)
-    if a.dtype == bool:
-        return a.tolist()
-    if a.ndim == 0 and np.issubdtype(a.dtype, np.number):
-        return int(a) if np.issubdtype(a.dtype, np.integer) else _finite(a)
-    if np.issubdtype(a.dtype, np.number):
-        return [_plain(v) for v in a]
-    return str(x)
-
-
 def _explain(res: Mapping, q: Question) -> str | None:
-    """One line for an infeasible answer: its reason, and the memory it needs when that is
-    the reason."""
-    if res.get("feasible") is not False:
-        return None
-    msg = f"infeasible: {res.get('reason')}"
-    mem = res.get("memory_bytes")
-    if res.get("reason") == "out_of_memory" and isinstance(mem, float):
-        msg += (f" (needs {mem / 2**30:.1f} GiB per device of "
-                f"{float(q.system.device.mem_capacity) / 2**30:.1f} GiB: raise tp or pp, "
-                "use ZeRO or recompute, or a smaller micro batch)")
-    return msg
+    """One line for an infeasible answer: its reason, the memory it needs when that is the
+    reason, and what to change (:func:`jaxmodel.plan_io.explain_infeasible`)."""
+    return explain_infeasible(
+        {**res, "memory_capacity_bytes": float(q.system.device.mem_capacity)}, options=False)
 
 
 def predict(form: Mapping, body: Mapping | None = None) -> dict:
@@ -412,11 +372,6 @@ def whatif(form: Mapping, body: Mapping | None = None) -> dict:
             "curves": {k: [_finite(y) for y in m] for k, m in metrics.items()},
             "feasible": [bool(f) for f in feasible], "at": at,
             "at_feasible": bool(feasible[i])}
-
-
-def _finite(x) -> float | str:
-    x = float(x)
-    return x if math.isfinite(x) else ("inf" if x > 0 else "-inf" if x < 0 else None)
 
 
 def whatif_rows(result: Mapping) -> list[dict]:

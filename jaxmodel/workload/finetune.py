@@ -104,6 +104,11 @@ def lora(rank=16.0, modules=MODULES, base=None) -> LoRA:
 
     Raises:
         ValueError: an unknown module or base name, or a rank below 1.
+
+    Example:
+        >>> cfg = lora(16, "q,v")
+        >>> float(cfg.rank), float(cfg.q), float(cfg.k)
+        (16.0, 1.0, 0.0)
     """
     if isinstance(modules, str):
         modules = MODULES if modules == "all" else tuple(

@@ -51,7 +51,8 @@ def test_training_layer_fa2_faster_than_fa1_for_llama3_70b_tp8():
     assert times[1.0] > 1.5 * times[2.0]
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("dtype", [jnp.float32, pytest.param(jnp.float64,
+                                                         marks=pytest.mark.float64)])
 def test_fa2_gqa_backward_parallel_per_query_head(dtype):
     """Dao 2023 §3.1: under GQA the backward runs one thread block per (key block, query
     head), so its GEMM time equals multi-head attention's with as many query heads (same
