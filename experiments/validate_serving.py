@@ -397,6 +397,35 @@ V1_MOE = ("Llama 4 Scout", "Llama 4 Maverick", "Qwen3-235B-A22B")
 #: dense weights shrink the KV pool (Maverick ~90, Scout ~210 sequences per GPU) yet the
 #: model's iteration stays 2-2.5× faster than measured, so the default keeps the TP
 #: deployment's figures until the missing mechanism is found.
+#:
+#: Mechanisms checked against these rows (MAPE Scout / Maverick / Qwen3-235B, TP deployment
+#: 49 / 115 / 19 % unless stated), none adopted:
+#:
+#: - KV cache in BF16: trtllm-bench keeps the checkpoint's KV dtype (``kv_cache_dtype
+#:   "auto"``, tensorrt_llm/bench/benchmark/utils/general.py ``get_settings``). Scout 4.7 %,
+#:   Maverick 36 %; but TensorRT-LLM's accuracy tests assert an FP8 KV cache for the
+#:   Maverick FP8 checkpoint (tests/integration/defs/accuracy/test_llm_api_pytorch.py,
+#:   ``TestLlama4MaverickInstruct.test_fp8``), and the Scout FP8 checkpoint's KV dtype is
+#:   recorded both ways there (references/mmlu.yaml: FP8 weights only; a chunked-prefill test:
+#:   FP8 KV); the same reference lists Llama-3.3-70B FP8 without KV quantisation while its
+#:   rows fit only with an FP8 cache (BF16: 24 % instead of 8 %). Not identified.
+#: - Decode attention by the per-query-head kernel (``Runtime.attention`` 2; Llama-4's 5 query
+#:   heads per KV head read the cache 5×): Scout 26 % (every row under), Maverick 31 %. Not
+#:   sourced for TensorRT-LLM v1.0 (its XQA JIT kernels take head groups up to 32).
+#: - Attention DP × EP (above), with an eager-iteration host floor per layer (TensorRT-LLM
+#:   replays CUDA graphs under attention DP only when every rank is generation-only with the
+#:   same batch, ``PyTorchModelEngine._maybe_get_cuda_graph``), closed-form estimate on the
+#:   cost tables: fitted on the MoE rows ≈ 1.26 ms per layer, 24 / 15 / 34 % (leave-one-model-
+#:   out 24 / 20 / 35 %); the prefill-heavy rows (2048/128, 5000/500) stay 58-69 % over.
+#: - trtllm-bench's ``max_batch_size`` / ``max_num_tokens`` heuristic
+#:   (tensorrt_llm/bench/build/tuning.py ``calc_engine_setting``): above the KV capacity on
+#:   every row, so it does not bind.
+#: - Tile padding of the grouped expert GEMM (SM90 grouped tiles are 128 or 256 rows,
+#:   cpp/tensorrt_llm/kernels/cutlass_kernels/cutlass_heuristic.cpp): at most a few ms per
+#:   iteration for Maverick's ~9 tokens per expert, and it would slow Qwen3, already under.
+#:
+#: ``iteration_implied_ms`` in the output: the iteration time at the model's batch that
+#: would reproduce the measured throughput (``iteration_ms`` × predicted / measured).
 V1_MOE_DEPLOY = "tp"
 
 
@@ -507,6 +536,8 @@ def main_v1():
     table["batch"] = np.asarray(r_pre.batch)
     table["kv_capacity_seqs"] = np.asarray(r_pre.kv_capacity_seqs)
     table["iteration_ms"] = 1e3 * np.asarray(r_pre.iteration_s)
+    table["iteration_implied_ms"] = table["iteration_ms"] * table["pred_per_gpu"] / table[
+        "output_tokens_per_s_per_gpu_derived"]
     table["feasible"] = np.asarray(r_pre.feasible)
     pd.set_option("display.width", 200)
     print(table.round(1).to_string())
