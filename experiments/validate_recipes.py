@@ -14,8 +14,10 @@ published plan. Settings assumed where the tables are silent, printed per row:
   for Llama and Nemotron (``dropout="megatron"`` / ``"none"``); MLPerf GPT-3 runs without
   dropout (its ``megatron_gpt_config.yaml``);
 - schedule: interleaved 1F1B where VP > 1, 1F1B where PP > 1;
-- SFT: full-parameter training of the packed 4096-token sequences (the same step as
-  pre-training); LoRA: ``jm.lora(32)`` — NeMo's ``peft.lora_tuning.adapter_dim`` default;
+- SFT: full-parameter training of the packed 4096-token sequences under
+  ``recipe="nemo-24.07-sft"`` (NeMo-Framework-Launcher 24.07 ``examples/peft/llama/h100/*.sh``:
+  ``fp8_params``, bf16 distributed-Adam states, no recomputation; the scripts' VP — 20 for
+  70B, 10 for 13B — is not in the table and not applied); LoRA: ``jm.lora(32)`` — NeMo's ``peft.lora_tuning.adapter_dim`` default;
 - Nemotron-4 340B: its launcher config (``nemotron/nemotron_340b.yaml``) sets
   ``activations_checkpoint_granularity: null`` (no recompute) and ``optim.dtype: bf16``
   (``mcore_distributed_optim``): Adam's two moments in bf16, 4 B per parameter instead of 8;
@@ -105,7 +107,8 @@ def evaluate(row):
     par = jm.Parallelism(dp=n // (tp * pp * cp), tp=tp, pp=pp, cp=cp, micro_batch=row["mb"],
                          interleave=vp, schedule=schedule)
     finetune = jm.lora(32) if row["task"] == "LoRA" else None
-    rcp = jm.recipe("nemo-24.07", dropout=row["dropout"])
+    rcp = jm.recipe("nemo-24.07-sft" if row["task"] == "SFT" else "nemo-24.07",
+                    dropout=row["dropout"])
     if "recompute" in row:
         rcp = rcp.with_(recompute=row["recompute"])
     if "optim_bytes" in row:
