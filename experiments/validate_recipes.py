@@ -8,7 +8,8 @@ published TP/PP/VP/micro-batch of each submission).
 Every pre-training row runs ``jm.train_step(..., recipe="nemo-24.07")`` (:mod:`jaxmodel.
 recipes`: FP8 hybrid, Transformer Engine TP overlap, distributed Adam = ZeRO-1 with
 overlapped bf16 gradient sync and 16-bit master remainders, no recomputation as the 24.07
-configs set, sequence parallelism, TE fused attention) on its published plan. Settings assumed where the tables are silent, printed per row:
+configs set, sequence parallelism, TE fused attention) on its published plan. Settings
+assumed where the tables are silent, printed per row:
 
 - dropout: the NeMo-Framework-Launcher configs set ``hidden_dropout`` 0.1 for GPT-3 and 0.0
   for Llama and Nemotron (``dropout="megatron"`` / ``"none"``); MLPerf GPT-3 runs without

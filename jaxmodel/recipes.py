@@ -176,7 +176,8 @@ RECIPES = {
 
 def recipe(name_or_recipe, **overrides) -> Recipe:
     """The named :class:`Recipe` (``"nemo-24.07"``, ``"nemo-24.07-sft"``,
-    ``"megatron-2021"``, ``"torchtitan"``, ``"deepspeed"``), optionally with settings replaced (:meth:`Recipe.with_`).
+    ``"megatron-2021"``, ``"torchtitan"``, ``"deepspeed"``), optionally with settings
+    replaced (:meth:`Recipe.with_`).
 
     Raises:
         ValueError: an unknown name (the message lists the known ones) or override key.

@@ -110,8 +110,8 @@ memory-bound elementwise kernel moving ``adam_bytes_per_param`` (hw_db/tech/trai
 (:data:`jaxmodel.workload.memory.TRAIN_MEMORY_TERMS`: weights, Transformer Engine's FP8
 weight caches, gradients, optimizer, activations with FP8-stored GEMM inputs and, on the
 last stage, the loss's logits and their fp32 copy; :func:`jaxmodel.memory_breakdown`),
-ZeRO-3 as FSDP2 holds it (:func:`jaxmodel.parallel.zero.impl_costs`); compared with ``system.device.mem_capacity``
-less ``runtime_reserved_bytes`` (``usable_memory``).
+ZeRO-3 as FSDP2 holds it (:func:`jaxmodel.parallel.zero.impl_costs`); compared with
+``system.device.mem_capacity`` less ``runtime_reserved_bytes`` (``usable_memory``).
 
 **FLOPs, MFU and HFU** (Chowdhery et al. 2022, PaLM, Appendix B; Korthikanti et al. 2023
 §6): the model FLOPs ``F = 72·B·s·l·h²·(1 + s/(6h) + V/(12lh))`` (forward + backward, no
