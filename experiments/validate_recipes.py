@@ -5,21 +5,26 @@ pre-training, SFT and LoRA rows with their TP/PP/CP/VP, micro-batch, global batc
 sequence length) and ``mlperf_v31_v40_gpt3_175b_h100.csv`` (MLLOG run times and the
 published TP/PP/VP/micro-batch of each submission).
 
-Every row runs ``jm.train_step(..., recipe="nemo-24.07")`` (:mod:`jaxmodel.recipes`: FP8
-hybrid, Transformer Engine TP overlap, distributed Adam = ZeRO-1 with overlapped bf16
-gradient sync, selective recompute, sequence parallelism, TE fused attention) on its
-published plan. Settings assumed where the tables are silent, printed per row:
+Every pre-training row runs ``jm.train_step(..., recipe="nemo-24.07")`` (:mod:`jaxmodel.
+recipes`: FP8 hybrid, Transformer Engine TP overlap, distributed Adam = ZeRO-1 with
+overlapped bf16 gradient sync and 16-bit master remainders, no recomputation as the 24.07
+configs set, sequence parallelism, TE fused attention) on its published plan. Settings
+assumed where the tables are silent, printed per row:
 
 - dropout: the NeMo-Framework-Launcher configs set ``hidden_dropout`` 0.1 for GPT-3 and 0.0
   for Llama and Nemotron (``dropout="megatron"`` / ``"none"``); MLPerf GPT-3 runs without
   dropout (its ``megatron_gpt_config.yaml``);
 - schedule: interleaved 1F1B where VP > 1, 1F1B where PP > 1;
-- SFT: full-parameter training of the packed 4096-token sequences (the same step as
-  pre-training); LoRA: ``jm.lora(32)`` — NeMo's ``peft.lora_tuning.adapter_dim`` default;
-- Nemotron-4 340B: its launcher config (``nemotron/nemotron_340b.yaml``) sets
-  ``activations_checkpoint_granularity: null`` (no recompute) and ``optim.dtype: bf16``
-  (``mcore_distributed_optim``): Adam's two moments in bf16, 4 B per parameter instead of 8;
-  the fp32 master copy is kept (the config is silent on it);
+- SFT: full-parameter training of the packed 4096-token sequences under
+  ``recipe="nemo-24.07-sft"`` (NeMo-Framework-Launcher 24.07 ``examples/peft/llama/h100/*.sh``:
+  ``fp8_params``, bf16 distributed-Adam states, no recomputation), with the scripts' VP (20
+  for 70B, 10 for 13B; blank in the table, :data:`SFT_VP`); LoRA: ``jm.lora(32)`` — NeMo's
+  ``peft.lora_tuning.adapter_dim`` default;
+- Nemotron-4 340B: its 24.07 launcher config (``nemotron/nemotron_340b.yaml``) sets
+  ``activations_checkpoint_granularity: selective`` and ``optim.dtype: bf16`` for
+  ``distributed_fused_adam``: with the optimizer dtype equal to the bf16 model dtype NeMo's
+  ``setup_optimization`` sets ``store_params=False`` (the bf16 parameters are the master: 0
+  B) and Adam's two moments are bf16 (4 B per parameter instead of 8);
 - MLPerf rows with no VP in the table: VP 12, the v3.0 NVIDIA configuration
   (``experiments/validate_mlperf.py``).
 
@@ -54,6 +59,13 @@ MODELS = {"GPT3-5B": "gpt3-5b", "GPT3-20B": "gpt3-20b", "GPT3-175B": "gpt3-175b"
           "Nemotron-22B": "nemotron3-22b", "Nemotron-340B": "nemotron4-340b"}
 
 
+#: VP of the SFT rows, blank in the table: NeMo-Framework-Launcher 24.07
+#: ``examples/peft/llama/h100/70b_2node.sh`` (16 GPUs, TP 4, PP 4, micro-batch 1, global batch
+#: 32: the table's plan) and ``13b_1node.sh`` (8 GPUs, TP 1, PP 4) set
+#: ``virtual_pipeline_model_parallel_size`` 20 and 10; ``7b_1node.sh`` has no pipeline
+SFT_VP = {"LLAMA2-70B": 20, "LLAMA2-13B": 10}
+
+
 def _int(x, default=1):
     return default if pd.isna(x) or x == "" else int(x)
 
@@ -68,18 +80,21 @@ def rows(quick=False):
             continue
         name = MODELS[r["model"]]
         assumed = []
+        vp = _int(r["vp"])
         if _int(r["cp"], 0) == 0:
-            assumed.append("cp=1,vp=1 (blank)")
+            vp = SFT_VP.get(r["model"], 1) if r["task"] == "SFT" else 1
+            assumed.append(f"cp=1,vp={vp} (blank{'; example script' if vp > 1 else ''})")
         out.append(dict(source="nemo-24.07", label=f"{r['model']} {r['task']}", task=r["task"],
                         model=name, gpus=int(r["num_gpus"]), gb=int(r["global_batch_size"]),
                         mb=int(r["micro_batch_size"]), seq=int(r["seq_len"]), tp=int(r["tp"]),
-                        pp=int(r["pp"]), cp=_int(r["cp"]), vp=_int(r["vp"]),
+                        pp=int(r["pp"]), cp=_int(r["cp"]), vp=vp,
                         measured=float(r["tokens_per_s_per_gpu"]),
                         dropout="megatron" if name.startswith("gpt3") else "none",
                         assumed=assumed))
         if name == "nemotron4-340b":
-            out[-1].update(recompute="none", optim_bytes=4.0)
-            assumed.append("no recompute, bf16 Adam moments (nemotron_340b.yaml)")
+            out[-1].update(recompute="selective", optim_bytes=4.0, master_bytes=0.0)
+            assumed.append("selective recompute, bf16 Adam states, no master copy "
+                           "(nemotron_340b.yaml)")
     ml = pd.read_csv(ANCHORS / "mlperf_v31_v40_gpt3_175b_h100.csv")
     for _, r in ml.iterrows():
         if pd.isna(r["tp"]) or quick:
@@ -105,13 +120,14 @@ def evaluate(row):
     par = jm.Parallelism(dp=n // (tp * pp * cp), tp=tp, pp=pp, cp=cp, micro_batch=row["mb"],
                          interleave=vp, schedule=schedule)
     finetune = jm.lora(32) if row["task"] == "LoRA" else None
-    rcp = jm.recipe("nemo-24.07", dropout=row["dropout"])
+    rcp = jm.recipe("nemo-24.07-sft" if row["task"] == "SFT" else "nemo-24.07",
+                    dropout=row["dropout"])
     if "recompute" in row:
         rcp = rcp.with_(recompute=row["recompute"])
     if "optim_bytes" in row:
-        import dataclasses
-        rcp = rcp.with_(precision=dataclasses.replace(jm.precision(rcp.step["precision"]),
-                                                      optim_bytes=row["optim_bytes"]))
+        rcp = rcp.with_(precision=jm.precision(rcp.step["precision"],
+                                               optim_bytes=row["optim_bytes"],
+                                               master_bytes=row["master_bytes"]))
     r = jm.train_step(system, hw_db.model(row["model"]), par, row["gb"], row["seq"],
                       recipe=rcp, finetune=finetune)
     rec = dict(row, assumed="; ".join(row["assumed"]),

@@ -22,6 +22,7 @@ import dataclasses
 from types import MappingProxyType
 from typing import Mapping
 
+from jaxmodel.precisions import precision as _precision
 from jaxmodel.types import Parallelism
 
 #: train_step keyword arguments a recipe may set
@@ -78,29 +79,64 @@ class Recipe:
         return dataclasses.replace(par, **self.plan)
 
 
-_NEMO_LAUNCHER = ("NVIDIA NeMo-Framework-Launcher, launcher_scripts/conf/training/gpt3/"
-                  "175b_fp8_performance.yaml and 20b.yaml, nemotron/nemotron_22b.yaml "
-                  "(NeMo 24.0x releases)")
+_NEMO_LAUNCHER = ("NVIDIA NeMo-Framework-Launcher 24.07, launcher_scripts/conf/training/gpt3/"
+                  "5b.yaml, 20b.yaml, 175b_fp8.yaml, llama/llama2_70b.yaml, nemotron/"
+                  "nemotron_22b.yaml; NeMo 24.07 nemo/collections/nlp/models/language_modeling/"
+                  "megatron_base_model.py (setup_optimization)")
+_NEMO_SFT = ("NVIDIA NeMo-Framework-Launcher 24.07, examples/peft/llama/h100/70b_2node.sh, "
+             "13b_1node.sh, 7b_1node.sh and launcher_scripts/conf/peft/llama/sft.yaml; NeMo "
+             "24.07 megatron_base_model.py (setup_optimization); NVIDIA Apex "
+             "apex/contrib/optimizers/distributed_fused_adam.py (DistributedFusedAdam)")
+
+#: NeMo's distributed Adam with fp32 optimizer states on a bf16 model (the pre-training
+#: configs leave ``optim.dtype`` at its fp32 default): ``setup_optimization`` sets
+#: ``store_params=False, store_param_remainders=True`` when the optimizer dtype is fp32 and
+#: the model dtype bf16, so Apex ``DistributedFusedAdam`` keeps, per parameter of its shard,
+#: the low 16 bits of the fp32 master value (the bf16 model parameter holds the high 16) —
+#: 2 B instead of a 4 B fp32 copy — beside fp32 ``exp_avg`` and ``exp_avg_sq`` (8 B).
+NEMO_FP8 = _precision("fp8", master_bytes=2.0)
+
+#: NeMo 24.07's SFT runs (``examples/peft/llama/h100/*.sh`` with ``conf/peft/llama/sft.yaml``):
+#: ``fp8_params=true`` — Transformer Engine's ``fp8_model_init``: the model parameters are
+#: FP8 (1 B; only their transpose is cached, :func:`jaxmodel.workload.memory.
+#: weight_cache_bytes`) — and ``optim.dtype: bf16``: with FP8 parameters
+#: ``setup_optimization`` sets ``store_params=True``, so ``DistributedFusedAdam`` keeps its
+#: shard of the parameters in the optimizer dtype (bf16, 2 B) beside bf16 ``exp_avg`` and
+#: ``exp_avg_sq`` (2 + 2 B); ``grad_sync_dtype: bf16`` with ``contiguous_grad_buffer``.
+NEMO_SFT_FP8 = _precision("fp8", weight_bytes=1.0, master_bytes=2.0, optim_bytes=4.0)
 
 RECIPES = {
-    # NeMo 24.07 performance configs: fp8 True with fp8_hybrid (E4M3 forward, E5M2
-    # gradients: Transformer Engine's HYBRID format); ub_tp_comm_overlap True (TE userbuffer
-    # TP overlap); optim distributed_fused_adam (optimizer states sharded over DP: ZeRO-1)
-    # with overlap_grad_sync and overlap_param_sync True and grad_sync_dtype bf16;
-    # activations_checkpoint_granularity selective; sequence_parallel True; mcore_gpt with
-    # transformer_engine True (TE's fused attention: flash kernels). Dropout differs by model
-    # family: hidden_dropout 0.1 in the GPT-3 configs, 0.0 in the Llama and Nemotron ones —
-    # the recipe carries 0 and the GPT-3 rows derive ``dropout="megatron"``. Memory: the
-    # configs do not set fp8_params, so Transformer Engine keeps the bf16 parameters and
-    # caches their FP8 copy and its transpose across micro-batches
-    # (:func:`jaxmodel.workload.memory.weight_cache_bytes`; ``precision=jm.precision("fp8",
-    # weight_bytes=1)`` for fp8_params), its Linear layers store their inputs in FP8, and
+    # NeMo 24.07 pre-training configs (NeMo-Framework-Launcher 24.07 conf/training): fp8
+    # True with fp8_hybrid (E4M3 forward, E5M2 gradients: Transformer Engine's HYBRID
+    # format); ub_tp_comm_overlap True (TE userbuffer TP overlap); optim
+    # distributed_fused_adam (optimizer states sharded over DP: ZeRO-1) with
+    # overlap_grad_sync and overlap_param_sync True and grad_sync_dtype bf16, fp32 states
+    # with 16-bit master remainders (:data:`NEMO_FP8`); activations_checkpoint_granularity
+    # null (no recomputation) in the GPT-3 5B/20B/175B, Llama 2/3 and Nemotron 8B/22B
+    # configs; sequence_parallel True; mcore_gpt with transformer_engine True (TE's fused
+    # attention: flash kernels). Dropout differs by model family: hidden_dropout 0.1 in the
+    # GPT-3 configs, 0.0 in the Llama and Nemotron ones — the recipe carries 0 and the GPT-3
+    # rows derive ``dropout="megatron"``. Memory: the pre-training configs do not set
+    # fp8_params, so Transformer Engine keeps the bf16 parameters and caches their FP8 copy
+    # and its transpose across micro-batches (:func:`jaxmodel.workload.memory.
+    # weight_cache_bytes`), its Linear layers store their inputs in FP8, and
     # contiguous_grad_buffer holds the bf16 gradients (grad_sync_dtype) of the whole stage.
     "nemo-24.07": Recipe(
         "nemo-24.07",
-        step=dict(precision="fp8", dropout="none", grad_bytes=2, dp_overlap=1, tp_overlap=1),
-        plan=dict(recompute="selective", zero=1, flash_attention="fa2", sp=True),
+        step=dict(precision=NEMO_FP8, dropout="none", grad_bytes=2, dp_overlap=1,
+                  tp_overlap=1),
+        plan=dict(recompute="none", zero=1, flash_attention="fa2", sp=True),
         source=_NEMO_LAUNCHER),
+    # NeMo 24.07 supervised fine-tuning (full parameters, packed sequences): the pre-training
+    # recipe with fp8_params and bf16 optimizer states (:data:`NEMO_SFT_FP8`);
+    # activations_checkpoint_granularity null, sequence_parallel true and
+    # ub_tp_comm_overlap true with TP > 1 (the 70B script), hidden_dropout 0.0.
+    "nemo-24.07-sft": Recipe(
+        "nemo-24.07-sft",
+        step=dict(precision=NEMO_SFT_FP8, dropout="none", grad_bytes=2, dp_overlap=1,
+                  tp_overlap=1),
+        plan=dict(recompute="none", zero=1, flash_attention="fa2", sp=True),
+        source=_NEMO_SFT),
     # Megatron-LM as published in 2021 (Narayanan et al., SC'21, "Efficient Large-Scale
     # Language Model Training on GPU Clusters Using Megatron-LM"): fp16/bf16 mixed precision
     # with fp32 gradient all-reduce after the backward (no overlap), no TP overlap, full
@@ -139,8 +175,9 @@ RECIPES = {
 
 
 def recipe(name_or_recipe, **overrides) -> Recipe:
-    """The named :class:`Recipe` (``"nemo-24.07"``, ``"megatron-2021"``, ``"torchtitan"``,
-    ``"deepspeed"``), optionally with settings replaced (:meth:`Recipe.with_`).
+    """The named :class:`Recipe` (``"nemo-24.07"``, ``"nemo-24.07-sft"``,
+    ``"megatron-2021"``, ``"torchtitan"``, ``"deepspeed"``), optionally with settings
+    replaced (:meth:`Recipe.with_`).
 
     Raises:
         ValueError: an unknown name (the message lists the known ones) or override key.

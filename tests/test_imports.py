@@ -12,12 +12,12 @@ the module-level graph with those package initialisations has no cycle either.
 rank  layer
 ====  =================================================================================
 0     ``jaxmodel.types``, ``jaxmodel.numerics``, ``jaxmodel.process``,
-      ``jaxmodel.tech_tables``, ``jaxmodel.recipes``, ``jaxmodel.anchors``,
+      ``jaxmodel.tech_tables``, ``jaxmodel.anchors``,
       ``jaxmodel.serving_runtime`` (pytrees, NaN-free helpers, process settings, the sourced
-      ``hw_db/tech`` tables read by path, the frameworks' named settings, the anchors' folder,
-      the serving runtimes' presets)
+      ``hw_db/tech`` tables read by path, the anchors' folder, the serving runtimes' presets)
 0.5   ``jaxmodel.precisions`` (numeric formats: a config pytree over ``types``),
       ``jaxmodel.speculative`` (speculative-decoding proposers: a config pytree over ``types``)
+0.6   ``jaxmodel.recipes`` (the frameworks' named settings, their precisions included)
 1     ``jaxmodel.batching`` (the API edge every formula module decorates with),
       ``jaxmodel.distributed`` (shares and gathers of a multi-process job)
 2     ``jaxmodel.ops``, ``jaxmodel.comm`` (one device; the network)
@@ -55,8 +55,8 @@ PACKAGES = ("jaxmodel", "hw_db")
 
 RANKS = {
     "jaxmodel.types": 0, "jaxmodel.numerics": 0, "jaxmodel.process": 0,
-    "jaxmodel.tech_tables": 0, "jaxmodel.anchors": 0, "jaxmodel.recipes": 0,
-    "jaxmodel.precisions": 0.5, "jaxmodel.speculative": 0.5,
+    "jaxmodel.tech_tables": 0, "jaxmodel.anchors": 0,
+    "jaxmodel.precisions": 0.5, "jaxmodel.speculative": 0.5, "jaxmodel.recipes": 0.6,
     "jaxmodel.serving_runtime": 0,
     "jaxmodel.batching": 1, "jaxmodel.distributed": 1,
     "jaxmodel.ops": 2, "jaxmodel.comm": 2,

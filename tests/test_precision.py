@@ -202,6 +202,28 @@ def test_layer_fp8_halves_weight_gemms_keeps_attention():
     assert float(f8["total"]) < float(bf["total"])
 
 
+def test_fp8_backward_transposes_the_saved_weight_gemm_inputs():
+    """Per-tensor FP8 (Transformer Engine 1.x) transposes each weight GEMM's saved FP8 input
+    ``[m, k]`` for its weight gradient: read + write 1 B per element, one elementwise kernel;
+    block-scaled recipes do not (hand difference of the two backward quantise times)."""
+    from jaxmodel.ops import elementwise_latency
+    from jaxmodel.workload.layer import Gemm, quantize_times
+    dev = hw_db.device("h100_sxm")
+    rows = {"w2": [(Gemm(4096.0, 1024.0, 2048.0), 1.0)]}
+    f8 = jm.precision("fp8")
+    blocked = jm.precision("fp8", scale_block=32.0, scale_bytes=1.0)
+
+    @jax.jit
+    def run(dev):
+        return (quantize_times(dev, rows, f8, True)[1]
+                - quantize_times(dev, rows, blocked, True)[1],
+                elementwise_latency.single(dev, 4096.0 * 2048.0, 2.0, 0.0, overhead=True),
+                quantize_times(dev, rows, jm.precision("bf16"), True)[1])
+    diff, hand, bf16 = run(dev)
+    assert float(diff) == pytest.approx(float(hand), rel=1e-6)
+    assert float(bf16) == 0.0
+
+
 @pytest.mark.slow
 def test_unsupported_precision_is_infeasible_with_its_reason():
     a100 = one_device("a100_80gb")

@@ -108,10 +108,10 @@ memory-bound elementwise kernel moving ``adam_bytes_per_param`` (hw_db/tech/trai
 
 **Memory**: ``training_memory`` with the schedule's in-flight micro-batches, by term
 (:data:`jaxmodel.workload.memory.TRAIN_MEMORY_TERMS`: weights, Transformer Engine's FP8
-weight caches, gradients, optimizer, activations with FP8-stored GEMM inputs;
-:func:`jaxmodel.memory_breakdown`), ZeRO-3 as FSDP2 holds it
-(:func:`jaxmodel.parallel.zero.impl_costs`); compared with ``system.device.mem_capacity``
-less ``runtime_reserved_bytes`` (``usable_memory``).
+weight caches, gradients, optimizer, activations with FP8-stored GEMM inputs and, on the
+last stage, the loss's logits and their fp32 copy; :func:`jaxmodel.memory_breakdown`),
+ZeRO-3 as FSDP2 holds it (:func:`jaxmodel.parallel.zero.impl_costs`); compared with
+``system.device.mem_capacity`` less ``runtime_reserved_bytes`` (``usable_memory``).
 
 **FLOPs, MFU and HFU** (Chowdhery et al. 2022, PaLM, Appendix B; Korthikanti et al. 2023
 §6): the model FLOPs ``F = 72·B·s·l·h²·(1 + s/(6h) + V/(12lh))`` (forward + backward, no
@@ -405,13 +405,19 @@ def stage_times_single(system: System, model: Model, par: Parallelism, seq_len,
     rd = residual_dropout_times(system.device, model, par, b, local, dropout, prec.act_bytes,
                                 kv_len=seq_len)
     out.update({k: et[k] for k in STAGE_KEYS[7:13]})
-    # dropout = 2 (Megatron-LM 2021): the cross entropy runs on fp32 logits
+    # the vocab-parallel cross entropy runs on fp32 logits, one kernel per line, in every
+    # Megatron release: Megatron-LM 2021 ``vocab_parallel_cross_entropy(output.float(), ..)``
+    # and Megatron-core (0.5-0.8, NeMo 24.0x) ``tensor_parallel/cross_entropy.py``,
+    # ``VocabParallelCrossEntropy.calculate_logits_max`` (``vocab_parallel_logits.float()``,
+    # max), ``calculate_predicted_logits`` (subtract, exp ``out=``, sum),
+    # ``calculate_cross_entropy_loss`` (``exp_logits.div_``), backward ``mul_`` and the
+    # cast's backward: :func:`jaxmodel.workload.layer.fp32_cross_entropy`'s kernels
+    # (Megatron-core's ``cross_entropy_loss_fusion`` fuses some of them: not modelled)
     ce_f, ce_b = _layer.fp32_cross_entropy(system.device, b * local,
                                            model.vocab_size / jnp.maximum(par.tp, 1.0),
                                            prec.act_bytes)
     legacy = dropout > 1.5
-    out.update(loss_fwd=jnp.where(legacy, ce_f, out["loss_fwd"]),
-               loss_bwd=jnp.where(legacy, ce_b, out["loss_bwd"]),
+    out.update(loss_fwd=ce_f, loss_bwd=ce_b,
                grad_accum=jnp.where(legacy, _layer.grad_accumulation(
                    system.device, model, par, prec.weight_bytes), 0.0))
     out.update(emb_comm_fwd=et["comm_fwd"], emb_comm_bwd=et["comm_bwd"], rd_fwd=rd[0],
@@ -859,9 +865,12 @@ def _compose(prep: Prep, times, dp_overlap, grad_bytes, adam_bytes_per_param, pr
     # quantised_input_delta`, on the s/cp local tokens)
     act_layer = (_cx.cp_activation_bytes(model_s, par_s, b, seq, cp, dtype_bytes=dtype_bytes)
                  + _memory.quantised_input_delta(model_s, par_s, b, seq / cp, prec))
+    # the last stage's loss holds one micro-batch's logits and their fp32 copy
+    # (:func:`jaxmodel.workload.memory.loss_logits_bytes`, the s/cp local tokens)
     mem = _memory.training_memory.single(
         model_s, dataclasses.replace(par_s, dp=dp * cp), seq, in_flight, grad_bytes, prec,
-        act_per_layer=act_layer)
+        act_per_layer=act_layer,
+        last_stage_extra=_memory.loss_logits_bytes(model_s, par_s, b * seq / cp, dtype_bytes))
     # ZeRO-3 / FSDP: the sharded states plus the units alive unsharded at once (the computing
     # one, the one prefetched — none under DeepSpeed 2021 —, one unsharded gradient unit;
     # :func:`jaxmodel.parallel.zero.zero3_memory`); the weights and their FP8 caches alike

@@ -242,6 +242,13 @@ FWD_CAST_ROWS = ("wo",)
 #: Weight-GEMM rows whose output gradient gets its own cast-transpose kernel (W1's is fused
 #: with the activation backward, dGELU-cast-transpose, in LayerNormMLP).
 BWD_CAST_ROWS = ("qkv", "wo", "w2")
+#: Weight-GEMM rows whose saved FP8 input is transposed for the weight-gradient GEMM under
+#: per-tensor scaling (Hopper's FP8 GEMMs take only the "TN" layout): Transformer Engine 1.x
+#: ``_LayerNormLinear.backward`` / ``_LayerNormMLP.backward`` ``tex.fp8_transpose`` of
+#: ``ln_out_total`` (QKV, W1) and of ``gelu_out`` (W2), ``_Linear`` (W_o) the
+#: ``fp8_cast_transpose_fused`` of its input (forward) or ``fp8_transpose`` of the gathered
+#: input (backward, sequence parallelism); TE v1.9 ``pytorch/module/*.py``.
+BWD_TRANSPOSE_ROWS = ("qkv", "wo", "w1", "w2")
 
 
 def quantize_times(dev, gemm_rows, prec, backward=False):
@@ -253,12 +260,16 @@ def quantize_times(dev, gemm_rows, prec, backward=False):
     GEMM input ``[m, k]`` for :data:`FWD_CAST_ROWS`, ``cast_bytes`` per element; backward: a
     cast-transpose of the output gradient ``[m, n]`` for :data:`BWD_CAST_ROWS`, reading the
     16-bit gradient and writing the low-precision tensor and its transpose
-    (``2·cast_bytes − act_bytes`` per element). Memory-bound elementwise kernels
-    (:func:`jaxmodel.ops.elementwise_latency`, ~3 FLOP per element: amax, scale, convert).
-    0 when ``cast_bytes = 0``.
+    (``2·cast_bytes − act_bytes`` per element), and under per-tensor scaling
+    (``scale_block = 0``) a transpose of each weight GEMM's saved low-precision input
+    ``[m, k]`` for its weight-gradient GEMM (:data:`BWD_TRANSPOSE_ROWS`: read and write the
+    GEMM word, ``2·gemm_bytes`` per element). Memory-bound elementwise kernels
+    (:func:`jaxmodel.ops.elementwise_latency`, ~3 FLOP per element: amax, scale, convert;
+    0 for a transpose). 0 when ``cast_bytes = 0``.
     """
     on = prec.cast_bytes > 0
     bwd_bytes = 2.0 * prec.cast_bytes - prec.act_bytes
+    per_tensor = on & (prec.scale_block <= 0)
     fwd = 0.0
     bwd = 0.0
     for row, items in gemm_rows.items():
@@ -270,6 +281,10 @@ def quantize_times(dev, gemm_rows, prec, backward=False):
                 fwd = fwd + weighted(c, _elementwise(dev, g.m * g.k, prec.cast_bytes, 3.0))
             if backward and row in BWD_CAST_ROWS:
                 bwd = bwd + weighted(c, _elementwise(dev, g.m * g.n, bwd_bytes, 3.0))
+            if backward and row in BWD_TRANSPOSE_ROWS:
+                ct = jnp.where(per_tensor, c, 0.0)
+                bwd = bwd + weighted(ct, _elementwise(dev, g.m * g.k,
+                                                      2.0 * prec.gemm_bytes, 0.0))
     return jnp.asarray(fwd), jnp.asarray(bwd)
 
 

@@ -216,7 +216,7 @@ def _stage_in_flight(in_flight):
 
 @batched
 def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_bytes=None,
-                    precision=None, act_per_layer=None):
+                    precision=None, act_per_layer=None, last_stage_extra=0.0):
     """Training memory of the most loaded device (the pipeline stage with the largest total),
     bytes.
 
@@ -256,6 +256,9 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
             its ``act_bytes``.
         act_per_layer: activation bytes of one layer and micro-batch (default
             :func:`activation_bytes_per_layer`; context parallelism passes its own).
+        last_stage_extra: bytes the last stage holds beside its layers' activations at its
+            peak (counted in its ``activations``; e.g. the loss's fp32 logits,
+            :func:`loss_logits_bytes`), default 0.
 
     Returns:
         dict with :data:`TRAIN_MEMORY_TERMS` and ``total`` (their sum).
@@ -275,7 +278,8 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
     stages = zip(_params.stage_params(model, par), _moe.stage_moe_layers(model, par),
                  stage_layers(model.n_layers, par.pp), _stage_in_flight(in_flight))
     best = None
-    for params, n_moe, layers, flight in stages:
+    extras = (0.0, 0.0, last_stage_extra)
+    for (params, n_moe, layers, flight), extra in zip(stages, extras):
         experts = n_moe * per_expert_layer
 
         def sharded(stage):
@@ -287,7 +291,7 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
              "fp8_weight_cache": weight_cache_bytes(prec) * sharded(2.5),
              "gradients": grad_bytes * sharded(1.5),
              "optimizer": (prec.master_bytes + prec.optim_bytes) * sharded(0.5),
-             "activations": flight * layers * act_per_layer}
+             "activations": flight * layers * act_per_layer + extra}
         m["total"] = sum(m[k] for k in TRAIN_MEMORY_TERMS)
         if best is None:
             best = m
@@ -295,6 +299,25 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
             more = m["total"] > best["total"]
             best = {k: jnp.where(more, m[k], best[k]) for k in m}
     return best
+
+
+def loss_logits_bytes(model: Model, par: Parallelism, tokens, act_bytes=2.0):
+    """Peak bytes of the language-model loss on the last pipeline stage, one micro-batch of
+    ``tokens`` local tokens: the ``[tokens, V/t]`` logits in ``act_bytes`` and their fp32
+    copy, ``(act_bytes + 4)·tokens·V/t``.
+
+    Source: Megatron-core (0.5–0.8) ``tensor_parallel/cross_entropy.py``:
+    ``VocabParallelCrossEntropy.calculate_logits_max`` casts the vocab-parallel logits to
+    float32 (``vocab_parallel_logits.float()``), the exponentials and the softmax are
+    computed in place in that copy (``torch.exp(..., out=exp_logits)``, ``exp_logits.div_``)
+    and saved for the backward, which turns them into the gradient in place and casts it
+    back to the logits' type. The 16-bit logits stay referenced by the model's forward until
+    the loss returns; the fp32 copy lives until the micro-batch's backward, which under 1F1B
+    follows on the last stage before the next forward, so one micro-batch's worth is alive
+    at a time. Megatron-LM 2021 (``vocab_parallel_cross_entropy(output.float(), labels)``)
+    holds the same. Units: bytes.
+    """
+    return (act_bytes + 4.0) * tokens * model.vocab_size / jnp.maximum(par.tp, 1.0)
 
 
 def usable_memory(mem_capacity, reserved_bytes, utilization=1.0):

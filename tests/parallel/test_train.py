@@ -22,6 +22,7 @@ from jaxmodel.numerics import reason_code
 from jaxmodel.parallel import pipeline as pl
 from jaxmodel.parallel import plan as pplan
 from jaxmodel.parallel import train as tr
+from jaxmodel.workload import memory as wmemory
 from jaxmodel.workload import params as wparams
 
 B, S = 32.0, 512.0
@@ -149,9 +150,10 @@ def test_zero_memory_sharding(batch):
     (Rajbhandari et al. SC'20 §5; Zhao et al. VLDB 2023 §3.3 for the gathered units)."""
     m = {z: batch[f"z{z}"].memory for z in range(4)}
     dp = 4.0
-    # the first of the 2 stages has the largest total (its in-flight activations): its layers
-    # and the embedding, without the last stage's final layernorm
-    n_par = float(wparams.stage_params(MODEL, plan("z0"))[0])
+    # the last of the 2 stages has the largest total: one micro-batch in flight (the first
+    # holds two) but the loss's logits and their fp32 copy (memory.loss_logits_bytes); its
+    # layers, the final layernorm and the (tied) output layer
+    n_par = float(wparams.stage_params(MODEL, plan("z0"))[2])
     g = tr.CONSTANTS["main_grad_bytes"]
     assert float(m[0]["optimizer"]) == pytest.approx(12.0 * n_par)
     assert float(m[0]["gradients"]) == pytest.approx(g * n_par)
@@ -185,16 +187,19 @@ def test_recompute_modes(batch):
 
 def test_schedules(batch):
     base, gpipe, inter = batch["base"], batch["gpipe"], batch["inter2"]
-    # GPipe and 1F1B share the bubble (PTD-P §2.2.1); GPipe holds all m micro-batches
+    # GPipe and 1F1B share the bubble (PTD-P §2.2.1); GPipe holds all m micro-batches on
+    # every stage, so its last one (with the loss's logits) is the peak
     assert float(gpipe.step_time_s) == pytest.approx(float(base.step_time_s))
     m, p = B / 2, 4.0
     acts_1f1b = float(base.memory["activations"])
-    assert float(gpipe.memory["activations"]) == pytest.approx(acts_1f1b * m / p)
-    # interleaving divides the bubble by v and holds p(1 + (p−1)/(p·v)) micro-batches
+    logits = float(wmemory.loss_logits_bytes(MODEL, plan("gpipe"), S))
+    assert float(gpipe.memory["activations"]) == pytest.approx(acts_1f1b * m / p + logits)
+    # interleaving divides the bubble by v and holds p(1 + (p−1)/(p·v)) micro-batches on
+    # every stage (pipeline.stage_in_flight), the last one with the loss's logits too
     assert float(inter.breakdown["bubble"]) == pytest.approx(
         float(base.breakdown["bubble"]) / 2.0)
     assert float(inter.memory["activations"]) == pytest.approx(
-        acts_1f1b * (1 + (p - 1) / (p * 2)))
+        acts_1f1b * (1 + (p - 1) / (p * 2)) + logits)
     # ... at the price of twice the steady-state stage transfers (the tied-embedding
     # gradient all-reduce is once per step in both)
     emb = coll("all_reduce", tr.CONSTANTS["main_grad_bytes"] * 32000.0 * 1024.0 / 2, 2, 2)

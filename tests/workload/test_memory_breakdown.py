@@ -11,8 +11,8 @@ import jaxmodel as jm  # noqa: F401  (import before hw_db)
 import hw_db
 from jaxmodel.workload.memory import (TRAIN_MEMORY_TERMS, activation_bytes_per_layer,
                                       memory_breakdown, quantised_input_delta,
-                                      stored_gemm_input_bytes, training_memory,
-                                      weight_cache_bytes)
+                                      loss_logits_bytes, stored_gemm_input_bytes,
+                                      training_memory, weight_cache_bytes)
 
 GIB = 2.0 ** 30
 # a small GPT-style model: h = 1024, a = 16 heads (MHA), d_ff = 4h, 8 layers, V = 32000
@@ -103,6 +103,25 @@ def test_fp8_wo_input_stored_twice_without_recompute():
     assert float(quantised_input_delta(m, full, b, s, jm.precision("fp8"))) == 0.0
     assert float(stored_gemm_input_bytes(jm.precision("fp8"))) == 1.0
     assert float(stored_gemm_input_bytes(jm.precision("w4a16"))) == 2.0   # weights only
+
+
+def test_loss_logits_on_the_last_stage_only():
+    """The loss's 16-bit logits and their fp32 copy, ``(2 + 4)·tokens·V/t`` (hand value), are
+    added to the last stage's activations: with one stage they raise the total by exactly
+    that; with four under 1F1B (the first stage holds 4 micro-batches, the last one) the
+    first stage stays the peak."""
+    par = jm.Parallelism(tp=2, pp=1, sp=True, micro_batch=1)
+    extra = float(loss_logits_bytes(SMALL, par, 2048.0))
+    assert extra == 6.0 * 2048 * 16000
+    mem = training_memory.single
+    a = mem(SMALL, par, 2048.0, 1.0)
+    b = mem(SMALL, par, 2048.0, 1.0, last_stage_extra=extra)
+    assert float(b["activations"] - a["activations"]) == pytest.approx(extra, rel=1e-6)
+    assert float(b["total"] - a["total"]) == pytest.approx(extra, rel=1e-6)
+    p4 = jm.Parallelism(tp=2, pp=4, sp=True, micro_batch=1)
+    c = mem(SMALL, p4, 2048.0, (4.0, 3.0, 1.0))
+    d = mem(SMALL, p4, 2048.0, (4.0, 3.0, 1.0), last_stage_extra=extra)
+    assert float(d["total"]) == float(c["total"])
 
 
 def test_activation_gradient_and_vmap_over_gemm_input_bytes():
