@@ -201,3 +201,35 @@ def test_training_elasticities_agree_with_central_differences():
         # the step is never faster than its compute: the clock has a negative elasticity
         e = x.table.set_index(["metric", "knob"])["elasticity"]
         assert e["step_time_s", "device.freq_hz"] < -0.1
+
+
+def test_batch_matches_the_single_point_answers(dgx):
+    """sensitivity_batch (lax.map over points of the per-point jacrev + vmapped steps)
+    equals sensitivity point by point on the kinked roofline, kinks included."""
+    rng = np.random.default_rng(5)
+    cfgs = []
+    for _ in range(6):
+        dev = dataclasses.replace(dgx.device, freq_hz=float(rng.uniform(0.5e9, 2e9)),
+                                  mem_bw=float(rng.uniform(0.5e12, 4e12)))
+        cfgs.append({"s": dataclasses.replace(dgx, device=dev),
+                     "w": jnp.asarray([10 ** rng.uniform(9, 13), 10 ** rng.uniform(6, 10)])})
+    d = dgx.device          # the last point sits exactly at the compute/memory switch
+    cfgs[-1] = {"s": dgx, "w": jnp.asarray([float(d.peak_matrix_flops * d.matmul_efficiency)
+                                            * 1e-3, float(d.mem_bw * d.mem_bw_efficiency)
+                                            * 1e-3])}
+    b = ex.sensitivity_batch(_roofline, cfgs, wrt=WRT, batch_size=4)
+    assert b["knobs"] == WRT and b["step"] == 1e-4
+    for p, cfg in enumerate(cfgs):
+        s = ex.sensitivity(_roofline, cfg, wrt=WRT).set_index(["metric", "knob"])
+        for m in ("time", "rate"):
+            for i, k in enumerate(WRT):
+                for col in ("elasticity", "fd_forward", "fd_backward", "fd_central"):
+                    assert b[m][col][p, i] == pytest.approx(s.loc[(m, k), col], rel=1e-9,
+                                                            abs=1e-9)
+                assert b[m]["kink"][p, i] == s.loc[(m, k), "kink"]
+    assert b["time"]["kink"][-1, 0] and b["time"]["kink"][-1, 1]
+    with pytest.raises(ValueError, match="point 1: knob s.device.mem_bw"):
+        ex.sensitivity_batch(_roofline, [cfgs[0], {"s": dataclasses.replace(
+            dgx, device=dataclasses.replace(d, mem_bw=-1.0)), "w": cfgs[0]["w"]}], wrt=WRT)
+    with pytest.raises(ValueError, match="batch_size"):
+        ex.sensitivity_batch(_roofline, cfgs, wrt=WRT, batch_size=0)
