@@ -195,18 +195,22 @@ def _point_answer(fn, names, h, has_aux):
         out, aux = out if has_aux else (out, None)
         return {k: jnp.asarray(v, dtype=u.dtype) for k, v in _as_metrics(out).items()}, aux
 
-    def answer(cfg, x0, extra):
-        k = len(names)
-        u0 = jnp.zeros(k, dtype=x0.dtype)
-
+    def grad(cfg, x0, extra):
+        """The Jacobian of the log metrics at ``u = 0`` (one reverse pass per metric)."""
         def log_metrics(u):
             m, aux = metrics_at(cfg, x0, u, extra)
             return {name: _safe_log(v)[0] for name, v in m.items()}, aux
-        jac, aux = jax.jacrev(log_metrics, has_aux=True)(u0)
-        # the 2k one-sided steps in one vmapped call (the base point is the jacrev's)
+        return jax.jacrev(log_metrics, has_aux=True)(jnp.zeros(len(names), dtype=x0.dtype))
+
+    def steps(cfg, x0, extra):
+        """The metrics at the base point and the ``2k`` one-sided steps, one vmapped call."""
+        k = len(names)
         eye = jnp.eye(k, dtype=x0.dtype) * h
-        us = jnp.concatenate([u0[None], eye, -eye], axis=0)
-        vals = jax.vmap(lambda u: metrics_at(cfg, x0, u, extra)[0])(us)
+        us = jnp.concatenate([jnp.zeros((1, k), dtype=x0.dtype), eye, -eye], axis=0)
+        return jax.vmap(lambda u: metrics_at(cfg, x0, u, extra)[0])(us)
+
+    def combine(jac, vals):
+        k = len(names)
         out = {}
         for m, v in vals.items():
             f0, fp, fm = v[0], v[1:k + 1], v[k + 1:]
@@ -221,8 +225,13 @@ def _point_answer(fn, names, h, has_aux):
             bwd = jnp.where(ok, lm / h, 0.0)
             out[m] = dict(value=f0, feasible=ok0, elasticity=jnp.where(ok0, jac[m], 0.0),
                           fd_forward=fwd, fd_backward=bwd, fd_ok=ok)
-        return out, aux
+        return out
 
+    def answer(cfg, x0, extra):
+        jac, aux = grad(cfg, x0, extra)
+        return combine(jac, steps(cfg, x0, extra)), aux
+
+    answer.parts = (grad, steps, combine)
     return answer
 
 
@@ -378,12 +387,16 @@ def sensitivity_batch(fn: Callable, configs: Sequence, wrt: Sequence[str] | None
            int(batch_size))
     run = _BATCH_CACHE.get(key)
     if run is None:
-        answer = _point_answer(fn, names, h, has_aux)
+        grad, steps, combine = _point_answer(fn, names, h, has_aux).parts
         bs = int(batch_size)
-
-        def run(c, x, e):
-            return jax.lax.map(lambda t: answer(*t)[0], (c, x, e), batch_size=bs)
-        run = _BATCH_CACHE[key] = jax.jit(run)
+        # two compiled maps (the reverse pass, the forward steps): each graph is about half
+        # of the single-point answer's, which bounds the compiler's memory
+        g = jax.jit(lambda c, x, e: jax.lax.map(lambda t: grad(*t)[0], (c, x, e),
+                                                batch_size=bs))
+        f = jax.jit(lambda c, x, e: jax.lax.map(lambda t: steps(*t), (c, x, e),
+                                                batch_size=bs))
+        comb = jax.jit(jax.vmap(combine))
+        run = _BATCH_CACHE[key] = lambda c, x, e: comb(g(c, x, e), f(c, x, e))
     out = jax.device_get(run(cfgs, jnp.asarray(x0, dtype=dtype), ext))
     res: dict = {"knobs": list(names), "step": h}
     for m, d in out.items():

@@ -233,3 +233,29 @@ def test_batch_matches_the_single_point_answers(dgx):
             dgx, device=dataclasses.replace(d, mem_bw=-1.0)), "w": cfgs[0]["w"]}], wrt=WRT)
     with pytest.raises(ValueError, match="batch_size"):
         ex.sensitivity_batch(_roofline, cfgs, wrt=WRT, batch_size=0)
+
+
+@pytest.mark.slow
+def test_validate_sensitivity_reduced(tmp_path):
+    """experiments/validate_sensitivity.py on 24 random serving points (every knob scaled
+    0.5–2×, float64): no NaN, and away from kinks every elasticity equals the central
+    difference to 1 % (floor 0.05)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    exp = Path(__file__).resolve().parents[1] / "experiments"
+    sys.path.insert(0, str(exp))
+    try:
+        spec = importlib.util.spec_from_file_location("validate_sensitivity",
+                                                      exp / "validate_sensitivity.py")
+        vs = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(vs)
+        df, s = vs.main(["--points", "24", "--families", "serve", "--chunk", "24",
+                         "--seed", "3", "--out", str(tmp_path / "vs")])
+    finally:
+        sys.path.remove(str(exp))
+    tot = s.iloc[-1]
+    assert int(tot.nan) == 0
+    assert int(tot.compared) >= 0.5 * int(tot.pairs)
+    assert float(tot.pct_within) >= 99.0
+    assert (tmp_path / "vs.csv").is_file() and (tmp_path / "vs.png").is_file()
