@@ -55,8 +55,9 @@ import pandas as pd  # noqa: E402
 
 import hw_db  # noqa: E402
 import jaxmodel as jm  # noqa: E402
+from jaxmodel import energy as en  # noqa: E402
 from jaxmodel import explain as ex  # noqa: E402
-from jaxmodel.types import Device, NetLevel, rule_of  # noqa: E402
+from jaxmodel.types import rule_of  # noqa: E402
 
 from common import OUT, figure, save  # noqa: E402
 
@@ -97,9 +98,25 @@ def _scaled(system, rng):
 KNOBS: set = set()
 
 
+def _base(name):
+    """The hw_db system with sentinel values made explicit (the idle power a device does not
+    give is :data:`jaxmodel.energy.IDLE_TDP_SHARE` × TDP): the same knobs on every system."""
+    sy = hw_db.system(name)
+    dev = sy.device
+    if float(dev.idle_power_w) < 0:
+        dev = dataclasses.replace(dev, idle_power_w=float(en.idle_power(dev)))
+    return dataclasses.replace(sy, device=dev)
+
+
+def _knobs():
+    """Knobs of every system of :data:`SYSTEMS` (their intersection, in the first's order)."""
+    per = [ex.knobs(_base(s)) for s in SYSTEMS]
+    return [k for k in per[0] if all(k in p for p in per[1:])]
+
+
 def _draw(family, n, rng):
     systems, models, pars, work = [], [], [], []
-    base = {s: hw_db.system(s) for s in SYSTEMS}
+    base = {s: _base(s) for s in SYSTEMS}
     names = []
     for _ in range(n):
         s = SYSTEMS[rng.integers(len(SYSTEMS))]
@@ -118,7 +135,7 @@ def _draw(family, n, rng):
 
 
 def _call(family, systems, models, pars, work, batch_size):
-    kw = dict(step=STEP, kink_tol=KINK_TOL, batch_size=batch_size)
+    kw = dict(wrt=_knobs(), step=STEP, kink_tol=KINK_TOL, batch_size=batch_size)
     if family == "train":
         return ex.explain_train_batch(systems, models, pars, [w[0] for w in work],
                                       [w[1] for w in work], **kw)
@@ -241,7 +258,7 @@ def main(argv=None):
                          "instead of computing")
     a = ap.parse_args(argv)
     rng = np.random.default_rng(a.seed)
-    KNOBS.update(ex.knobs(hw_db.system(SYSTEMS[0])))
+    KNOBS.update(_knobs())
     fams = [f for f in a.families.split(",") if f]
     frames = []
     if a.merge:
