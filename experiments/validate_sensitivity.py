@@ -134,8 +134,8 @@ def _draw(family, n, rng):
     return names, systems, models, pars, work
 
 
-def _call(family, systems, models, pars, work, batch_size):
-    kw = dict(wrt=_knobs(), step=STEP, kink_tol=KINK_TOL, batch_size=batch_size)
+def _call(family, systems, models, pars, work, batch_size, mode="rev"):
+    kw = dict(wrt=_knobs(), step=STEP, kink_tol=KINK_TOL, batch_size=batch_size, mode=mode)
     if family == "train":
         return ex.explain_train_batch(systems, models, pars, [w[0] for w in work],
                                       [w[1] for w in work], **kw)
@@ -144,7 +144,7 @@ def _call(family, systems, models, pars, work, batch_size):
                                   runtime="trtllm", **kw)
 
 
-def run_family(family, n, rng, batch_size, chunk):
+def run_family(family, n, rng, batch_size, chunk, mode="rev"):
     """The family's ``n`` points in chunks of ``chunk`` (one shape: one compile; the last
     chunk is padded with its first point); prints the compile and per-point run times."""
     names, systems, models, pars, work = _draw(family, n, rng)
@@ -155,7 +155,8 @@ def run_family(family, n, rng, batch_size, chunk):
         idx += [idx[0]] * (chunk - len(idx))
         t0 = time.perf_counter()
         parts.append(_call(family, [systems[i] for i in idx], [models[i] for i in idx],
-                           [pars[i] for i in idx], [work[i] for i in idx], batch_size))
+                           [pars[i] for i in idx], [work[i] for i in idx], batch_size,
+                           mode))
         times.append(time.perf_counter() - t0)
         print(f"  {family}: points {lo}..{min(lo + chunk, n) - 1} in {times[-1]:.0f} s",
               flush=True)
@@ -250,6 +251,8 @@ def main(argv=None):
     ap.add_argument("--points", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--chunk", type=int, default=50)
+    ap.add_argument("--mode", choices=("rev", "fwd"), default="rev",
+                    help="derivative mode of the batch (rev = jm.sensitivity's reverse mode)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--families", default="train,serve")
     ap.add_argument("--out", default=str(OUT / "validate_sensitivity"))
@@ -269,7 +272,7 @@ def main(argv=None):
             frames.append(d)
     for i, fam in enumerate([] if a.merge else fams):
         n = a.points // len(fams) + (1 if i < a.points % len(fams) else 0)
-        df, wall = run_family(fam, n, rng, a.batch_size, min(a.chunk, n))
+        df, wall = run_family(fam, n, rng, a.batch_size, min(a.chunk, n), a.mode)
         print(f"{fam}: {n} points x {df.knob.nunique()} knobs x {df.metric.nunique()} "
               f"metrics in {wall:.0f} s (compile included)")
         df["point"] = fam + ":" + df["point"].astype(str)

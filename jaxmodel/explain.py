@@ -195,12 +195,14 @@ def _point_answer(fn, names, h, has_aux):
         out, aux = out if has_aux else (out, None)
         return {k: jnp.asarray(v, dtype=u.dtype) for k, v in _as_metrics(out).items()}, aux
 
-    def grad(cfg, x0, extra):
-        """The Jacobian of the log metrics at ``u = 0`` (one reverse pass per metric)."""
+    def grad(cfg, x0, extra, mode="rev"):
+        """The Jacobian of the log metrics at ``u = 0``: one reverse pass per metric, or
+        (``mode="fwd"``) one forward-mode pass per knob."""
         def log_metrics(u):
             m, aux = metrics_at(cfg, x0, u, extra)
             return {name: _safe_log(v)[0] for name, v in m.items()}, aux
-        return jax.jacrev(log_metrics, has_aux=True)(jnp.zeros(len(names), dtype=x0.dtype))
+        jac = jax.jacrev if mode == "rev" else jax.jacfwd
+        return jac(log_metrics, has_aux=True)(jnp.zeros(len(names), dtype=x0.dtype))
 
     def steps(cfg, x0, extra):
         """The metrics at the base point and the ``2k`` one-sided steps, one vmapped call."""
@@ -325,7 +327,7 @@ _BATCH_CACHE: dict = {}
 def sensitivity_batch(fn: Callable, configs: Sequence, wrt: Sequence[str] | None = None, *,
                       step: float | None = None, kink_tol: float = 0.02,
                       args: list | tuple = (), has_aux: bool = False,
-                      batch_size: int = 8) -> dict:
+                      batch_size: int = 8, mode: str = "rev") -> dict:
     """:func:`sensitivity` of many points in one compiled call: the points' configs (and
     arguments) are stacked on a leading axis and ``jax.lax.map(..., batch_size=...)`` runs
     the per-point answer — one ``jax.jacrev`` and the ``2k`` one-sided steps vmapped —
@@ -341,6 +343,9 @@ def sensitivity_batch(fn: Callable, configs: Sequence, wrt: Sequence[str] | None
             one per point (stacked like the configs: models and plans may vary when their
             static variants agree).
         batch_size: points evaluated together inside the map.
+        mode: ``"rev"`` (reverse mode, as :func:`sensitivity`) or ``"fwd"`` (forward mode,
+            ``jax.jacfwd``: one pass per knob, no transposed graph — a smaller compile; the
+            same derivative, the model having no custom derivative rules).
 
     Returns:
         dict: ``knobs`` (names), ``step`` (``h``), and per metric a dict of NumPy arrays
@@ -355,6 +360,8 @@ def sensitivity_batch(fn: Callable, configs: Sequence, wrt: Sequence[str] | None
     configs = list(configs)
     if not configs:
         raise ValueError("sensitivity_batch: configs is empty")
+    if mode not in ("rev", "fwd"):
+        raise ValueError(f"sensitivity_batch: mode={mode!r} must be 'rev' or 'fwd'")
     if int(batch_size) < 1:
         raise ValueError(f"sensitivity_batch: batch_size={batch_size!r} must be >= 1")
     names = tuple(knobs(configs[0]) if wrt is None else wrt)
@@ -384,14 +391,14 @@ def sensitivity_batch(fn: Callable, configs: Sequence, wrt: Sequence[str] | None
     cfgs = jax.tree_util.tree_map(stack, *configs)
     ext = jax.tree_util.tree_map(stack, *extras)
     key = (fn, names, jax.tree_util.tree_structure((configs[0], extras[0])), h, has_aux,
-           int(batch_size))
+           int(batch_size), mode)
     run = _BATCH_CACHE.get(key)
     if run is None:
         grad, steps, combine = _point_answer(fn, names, h, has_aux).parts
         bs = int(batch_size)
         # two compiled maps (the reverse pass, the forward steps): each graph is about half
         # of the single-point answer's, which bounds the compiler's memory
-        g = jax.jit(lambda c, x, e: jax.lax.map(lambda t: grad(*t)[0], (c, x, e),
+        g = jax.jit(lambda c, x, e: jax.lax.map(lambda t: grad(*t, mode=mode)[0], (c, x, e),
                                                 batch_size=bs))
         f = jax.jit(lambda c, x, e: jax.lax.map(lambda t: steps(*t), (c, x, e),
                                                 batch_size=bs))

@@ -228,6 +228,8 @@ def test_batch_matches_the_single_point_answers(dgx):
                                                             abs=1e-9)
                 assert b[m]["kink"][p, i] == s.loc[(m, k), "kink"]
     assert b["time"]["kink"][-1, 0] and b["time"]["kink"][-1, 1]
+    f = ex.sensitivity_batch(_roofline, cfgs, wrt=WRT, batch_size=4, mode="fwd")
+    np.testing.assert_allclose(f["time"]["elasticity"], b["time"]["elasticity"], rtol=1e-12)
     with pytest.raises(ValueError, match="point 1: knob s.device.mem_bw"):
         ex.sensitivity_batch(_roofline, [cfgs[0], {"s": dataclasses.replace(
             dgx, device=dataclasses.replace(d, mem_bw=-1.0)), "w": cfgs[0]["w"]}], wrt=WRT)
