@@ -17,6 +17,12 @@ every knob and flags the knob (``kink``) when they disagree by more than
 ``kink_tol·max(1, |ε|)`` — the point sits within a relative step ``h`` of a switch, and
 ``elasticity`` then describes one side only (the finite differences give both).
 
+**Many points** (:func:`sensitivity_batch`, :func:`explain_train_batch`,
+:func:`explain_serve_batch`): the per-point answer — the reverse pass and the ``2k`` vmapped
+steps, compiled as two graphs — mapped over stacked points with ``jax.lax.map(batch_size=
+...)`` (the gradient is mapped, not differentiated through the map); one compile serves all
+points of one static variant.
+
 **Bottleneck view** (:func:`bottleneck`): a result's time breakdown grouped into compute-,
 memory-, communication-, bubble- and overhead-bound seconds; the grouping of each breakdown
 key is listed in :data:`TRAIN_GROUPS` and :func:`bottleneck`.
