@@ -144,9 +144,10 @@ def _call(family, systems, models, pars, work, batch_size, mode="rev"):
                                   runtime="trtllm", **kw)
 
 
-def run_family(family, n, rng, batch_size, chunk, mode="rev"):
+def run_family(family, n, rng, batch_size, chunk, mode="rev", partial=None):
     """The family's ``n`` points in chunks of ``chunk`` (one shape: one compile; the last
-    chunk is padded with its first point); prints the compile and per-point run times."""
+    chunk is padded with its first point); prints the compile and per-point run times and,
+    with ``partial`` (a path), writes the pairs done so far after each chunk."""
     names, systems, models, pars, work = _draw(family, n, rng)
     t_start = time.perf_counter()
     parts, times = [], []
@@ -160,14 +161,23 @@ def run_family(family, n, rng, batch_size, chunk, mode="rev"):
         times.append(time.perf_counter() - t0)
         print(f"  {family}: points {lo}..{min(lo + chunk, n) - 1} in {times[-1]:.0f} s",
               flush=True)
-    out = {"knobs": parts[0]["knobs"]}
-    for m in parts[0]:
-        if m not in ("knobs", "step"):
-            out[m] = {c: np.concatenate([p[m][c] for p in parts])[:n] for c in parts[0][m]}
+        if partial is not None:
+            done = min(lo + chunk, n)
+            _frame(family, done, parts, names[:done], models[:done]).to_csv(partial,
+                                                                             index=False)
     wall = time.perf_counter() - t_start
     run = (sum(times[1:]) / (len(times) - 1) / chunk) if len(times) > 1 else float("nan")
     print(f"  {family}: first chunk (compile + run) {times[0]:.0f} s; then {run:.2f} s per "
           "point", flush=True)
+    return _frame(family, n, parts, names, models), wall
+
+
+def _frame(family, n, parts, names, models):
+    """One row per (point, metric, knob) of the first ``n`` points of the chunks."""
+    out = {"knobs": parts[0]["knobs"]}
+    for m in parts[0]:
+        if m not in ("knobs", "step"):
+            out[m] = {c: np.concatenate([p[m][c] for p in parts])[:n] for c in parts[0][m]}
     knobs = out["knobs"]
     frames = []
     for m, d in out.items():
@@ -183,7 +193,7 @@ def run_family(family, n, rng, batch_size, chunk, mode="rev"):
             elasticity=d["elasticity"].ravel(), fd_forward=d["fd_forward"].ravel(),
             fd_backward=d["fd_backward"].ravel(), fd_central=d["fd_central"].ravel(),
             fd_ok=d["fd_ok"].ravel())))
-    return pd.concat(frames, ignore_index=True), wall
+    return pd.concat(frames, ignore_index=True)
 
 
 def classify(df):
@@ -267,12 +277,14 @@ def main(argv=None):
     if a.merge:
         for path in a.merge:
             d = pd.read_csv(path, keep_default_na=False, na_values=[""])
-            d["kink"] = d["kink"].fillna("")
+            if "kink" in d:
+                d["kink"] = d["kink"].fillna("")
             d["point"] = d["family"] + ":" + d["point"].astype(str)
             frames.append(d)
     for i, fam in enumerate([] if a.merge else fams):
         n = a.points // len(fams) + (1 if i < a.points % len(fams) else 0)
-        df, wall = run_family(fam, n, rng, a.batch_size, min(a.chunk, n), a.mode)
+        df, wall = run_family(fam, n, rng, a.batch_size, min(a.chunk, n), a.mode,
+                              partial=a.out + f"_{fam}.partial.csv")
         print(f"{fam}: {n} points x {df.knob.nunique()} knobs x {df.metric.nunique()} "
               f"metrics in {wall:.0f} s (compile included)")
         df["point"] = fam + ":" + df["point"].astype(str)
