@@ -271,9 +271,10 @@ def test_validate_sensitivity_reduced_agrees(reduced_validation):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known: the batched reverse pass gives NaN elasticities "
-                   "for the clock, vector, L2 and HBM knobs at about 19 % of random serving "
-                   "points (all metrics at once; the finite differences are finite)")
+@pytest.mark.xfail(strict=True, reason="known: the batched reverse pass (sensitivity_batch) "
+                   "gives NaN elasticities for the clock, vector, L2 and HBM knobs at about "
+                   "19 % of random serving points (all metrics at once; the finite "
+                   "differences, and the single-point jm.explain_serve, are finite)")
 def test_validate_sensitivity_reduced_has_no_nan(reduced_validation):
     df, s, _ = reduced_validation
     assert int(s.iloc[-1].nan) == 0
