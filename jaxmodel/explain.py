@@ -17,6 +17,12 @@ every knob and flags the knob (``kink``) when they disagree by more than
 ``kink_tol·max(1, |ε|)`` — the point sits within a relative step ``h`` of a switch, and
 ``elasticity`` then describes one side only (the finite differences give both).
 
+**Many points** (:func:`sensitivity_batch`, :func:`explain_train_batch`,
+:func:`explain_serve_batch`): the per-point answer — the reverse pass and the ``2k`` vmapped
+steps, compiled as two graphs — mapped over stacked points with ``jax.lax.map(batch_size=
+...)`` (the gradient is mapped, not differentiated through the map); one compile serves all
+points of one static variant.
+
 **Bottleneck view** (:func:`bottleneck`): a result's time breakdown grouped into compute-,
 memory-, communication-, bubble- and overhead-bound seconds; the grouping of each breakdown
 key is listed in :data:`TRAIN_GROUPS` and :func:`bottleneck`.
@@ -51,7 +57,8 @@ from jaxmodel.parallel import context as _cx
 from jaxmodel import serving_runtime as _rtp
 from jaxmodel import precisions as _prec
 
-__all__ = ["sensitivity", "knobs", "bottleneck", "ranked", "explain_train", "explain_serve",
+__all__ = ["sensitivity", "sensitivity_batch", "knobs", "bottleneck", "ranked",
+           "explain_train", "explain_serve", "explain_train_batch", "explain_serve_batch",
            "Explanation", "TRAIN_GROUPS", "GROUPS", "NOT_KNOBS"]
 
 #: Fields that are not continuous hardware knobs: data formats and datasheet ratios between
@@ -178,25 +185,40 @@ def _compiled(fn, config, names, h, args, has_aux):
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
+    hit = _Compiled(jax.jit(_point_answer(fn, names, h, has_aux)), names)
+    _CACHE[key] = hit
+    return hit
 
+
+def _point_answer(fn, names, h, has_aux):
+    """``answer(cfg, x0, extra) -> (per-metric dict, aux)`` of one point: the elasticities
+    (one ``jax.jacrev`` of the log metrics at ``u = 0``) and the ``2k`` one-sided steps
+    ``x·e^{±h}`` in one vmapped call (pure; jitted by :func:`sensitivity`, mapped over points
+    by :func:`sensitivity_batch`)."""
     def metrics_at(cfg, x0, u, extra):
         vals = {n: x0[i] * jnp.exp(u[i]) for i, n in enumerate(names)}
         out = fn(_set_all(cfg, vals), *extra)
         out, aux = out if has_aux else (out, None)
         return {k: jnp.asarray(v, dtype=u.dtype) for k, v in _as_metrics(out).items()}, aux
 
-    def answer(cfg, x0, extra):
-        k = len(names)
-        u0 = jnp.zeros(k, dtype=x0.dtype)
-
+    def grad(cfg, x0, extra, mode="rev"):
+        """The Jacobian of the log metrics at ``u = 0``: one reverse pass per metric, or
+        (``mode="fwd"``) one forward-mode pass per knob."""
         def log_metrics(u):
             m, aux = metrics_at(cfg, x0, u, extra)
             return {name: _safe_log(v)[0] for name, v in m.items()}, aux
-        jac, aux = jax.jacrev(log_metrics, has_aux=True)(u0)
-        # the 2k one-sided steps in one vmapped call (the base point is the jacrev's)
+        jac = jax.jacrev if mode == "rev" else jax.jacfwd
+        return jac(log_metrics, has_aux=True)(jnp.zeros(len(names), dtype=x0.dtype))
+
+    def steps(cfg, x0, extra):
+        """The metrics at the base point and the ``2k`` one-sided steps, one vmapped call."""
+        k = len(names)
         eye = jnp.eye(k, dtype=x0.dtype) * h
-        us = jnp.concatenate([u0[None], eye, -eye], axis=0)
-        vals = jax.vmap(lambda u: metrics_at(cfg, x0, u, extra)[0])(us)
+        us = jnp.concatenate([jnp.zeros((1, k), dtype=x0.dtype), eye, -eye], axis=0)
+        return jax.vmap(lambda u: metrics_at(cfg, x0, u, extra)[0])(us)
+
+    def combine(jac, vals):
+        k = len(names)
         out = {}
         for m, v in vals.items():
             f0, fp, fm = v[0], v[1:k + 1], v[k + 1:]
@@ -211,11 +233,20 @@ def _compiled(fn, config, names, h, args, has_aux):
             bwd = jnp.where(ok, lm / h, 0.0)
             out[m] = dict(value=f0, feasible=ok0, elasticity=jnp.where(ok0, jac[m], 0.0),
                           fd_forward=fwd, fd_backward=bwd, fd_ok=ok)
-        return out, aux
+        return out
 
-    hit = _Compiled(jax.jit(answer), names)
-    _CACHE[key] = hit
-    return hit
+    def answer(cfg, x0, extra):
+        jac, aux = grad(cfg, x0, extra)
+        return combine(jac, steps(cfg, x0, extra)), aux
+
+    answer.parts = (grad, steps, combine)
+    return answer
+
+
+def _kinks(eps, fwd, bwd, fd_ok, kink_tol):
+    """Knobs whose one-sided differences disagree by more than ``kink_tol·max(1, |ε|)``."""
+    kink = np.abs(fwd - bwd) > kink_tol * np.maximum(1.0, np.abs(eps))
+    return kink & np.asarray(fd_ok, bool)
 
 
 def sensitivity(fn: Callable, config, wrt: Sequence[str] | None = None, *,
@@ -277,8 +308,7 @@ def sensitivity(fn: Callable, config, wrt: Sequence[str] | None = None, *,
     for m, d in out.items():
         eps = np.asarray(d["elasticity"], dtype=float)
         fwd, bwd = np.asarray(d["fd_forward"], float), np.asarray(d["fd_backward"], float)
-        kink = np.abs(fwd - bwd) > kink_tol * np.maximum(1.0, np.abs(eps))
-        kink &= np.asarray(d["fd_ok"], bool)
+        kink = _kinks(eps, fwd, bwd, d["fd_ok"], kink_tol)
         for i, n in enumerate(names):
             rows.append(dict(metric=m, knob=n, value=float(x0[i]), elasticity=float(eps[i]),
                              fd_forward=float(fwd[i]), fd_backward=float(bwd[i]),
@@ -295,6 +325,105 @@ def sensitivity(fn: Callable, config, wrt: Sequence[str] | None = None, *,
     if has_aux:
         df.attrs["aux"] = aux
     return df
+
+
+_BATCH_CACHE: dict = {}
+
+
+def sensitivity_batch(fn: Callable, configs: Sequence, wrt: Sequence[str] | None = None, *,
+                      step: float | None = None, kink_tol: float = 0.02,
+                      args: list | tuple = (), has_aux: bool = False,
+                      batch_size: int = 8, mode: str = "rev") -> dict:
+    """:func:`sensitivity` of many points in one compiled call: the points' configs (and
+    arguments) are stacked on a leading axis and ``jax.lax.map(..., batch_size=...)`` runs
+    the per-point answer — one ``jax.jacrev`` and the ``2k`` one-sided steps vmapped —
+    ``batch_size`` points at a time (the gradient is mapped, never a gradient of the map).
+
+    Args:
+        fn: as for :func:`sensitivity` (``has_aux``: its ``aux`` is dropped here).
+        configs: a sequence of single-point configs of one structure (a Device's ``name``
+            is static metadata: give the points one name).
+        wrt: knob names; default :func:`knobs` of the first point. Every point must have a
+            positive finite value for each.
+        args: one tuple of further arguments shared by all points, or a list of tuples,
+            one per point (stacked like the configs: models and plans may vary when their
+            static variants agree).
+        batch_size: points evaluated together inside the map.
+        mode: ``"rev"`` (reverse mode, as :func:`sensitivity`) or ``"fwd"`` (forward mode,
+            ``jax.jacfwd``: one pass per knob, no transposed graph — a smaller compile; the
+            same derivative, the model having no custom derivative rules).
+
+    Returns:
+        dict: ``knobs`` (names), ``step`` (``h``), and per metric a dict of NumPy arrays
+        ``value [N]``, ``feasible [N]``, ``elasticity``, ``fd_forward``, ``fd_backward``,
+        ``fd_central``, ``fd_ok``, ``kink`` (each ``[N, k]``). Infeasible points give
+        elasticities and differences 0. Known defect: on serving points (``explain_serve_
+        batch``) the mapped derivative is NaN for the clock, vector, L2 and HBM knobs at
+        about a fifth of random points, where the single-point :func:`sensitivity` is
+        finite (``experiments/validate_sensitivity.py``); the differences are finite.
+
+    Raises:
+        ValueError: no point, an unknown knob or a non-positive knob value (naming the
+            point and the knob), a non-positive ``step`` or ``batch_size``.
+    """
+    configs = list(configs)
+    if not configs:
+        raise ValueError("sensitivity_batch: configs is empty")
+    if mode not in ("rev", "fwd"):
+        raise ValueError(f"sensitivity_batch: mode={mode!r} must be 'rev' or 'fwd'")
+    if int(batch_size) < 1:
+        raise ValueError(f"sensitivity_batch: batch_size={batch_size!r} must be >= 1")
+    names = tuple(knobs(configs[0]) if wrt is None else wrt)
+    if not names:
+        raise ValueError("sensitivity_batch: the config has no continuous knob")
+    x64 = jax.config.jax_enable_x64
+    dtype = jnp.float64 if x64 else jnp.float32
+    h = float(step) if step is not None else (1e-4 if x64 else 1e-3)
+    if not (h > 0 and math.isfinite(h)):
+        raise ValueError(f"sensitivity_batch: step={step!r} must be positive")
+    x0 = np.empty((len(configs), len(names)))
+    for p, c in enumerate(configs):
+        for i, n in enumerate(names):
+            v = _get(c, n)
+            if np.ndim(v) != 0 or not np.isfinite(float(v)) or float(v) <= 0:
+                raise ValueError(f"sensitivity_batch: point {p}: knob {n}={v!r} must be a "
+                                 "positive finite scalar")
+            x0[p, i] = float(v)
+    if isinstance(args, list):
+        if len(args) != len(configs):
+            raise ValueError(f"sensitivity_batch: args has {len(args)} entries for "
+                             f"{len(configs)} points")
+        extras = [tuple(a) for a in args]
+    else:
+        extras = [tuple(args)] * len(configs)
+    stack = lambda *xs: jnp.asarray(np.stack([np.asarray(x, dtype=float) for x in xs]))  # noqa: E731
+    cfgs = jax.tree_util.tree_map(stack, *configs)
+    ext = jax.tree_util.tree_map(stack, *extras)
+    key = (fn, names, jax.tree_util.tree_structure((configs[0], extras[0])), h, has_aux,
+           int(batch_size), mode)
+    run = _BATCH_CACHE.get(key)
+    if run is None:
+        grad, steps, combine = _point_answer(fn, names, h, has_aux).parts
+        bs = int(batch_size)
+        # two compiled maps (the reverse pass, the forward steps): each graph is about half
+        # of the single-point answer's, which bounds the compiler's memory
+        g = jax.jit(lambda c, x, e: jax.lax.map(lambda t: grad(*t, mode=mode)[0], (c, x, e),
+                                                batch_size=bs))
+        f = jax.jit(lambda c, x, e: jax.lax.map(lambda t: steps(*t), (c, x, e),
+                                                batch_size=bs))
+        comb = jax.jit(jax.vmap(combine))
+        run = _BATCH_CACHE[key] = lambda c, x, e: comb(g(c, x, e), f(c, x, e))
+    out = jax.device_get(run(cfgs, jnp.asarray(x0, dtype=dtype), ext))
+    res: dict = {"knobs": list(names), "step": h}
+    for m, d in out.items():
+        eps = np.asarray(d["elasticity"], float)
+        fwd, bwd = np.asarray(d["fd_forward"], float), np.asarray(d["fd_backward"], float)
+        res[m] = dict(value=np.asarray(d["value"], float),
+                      feasible=np.asarray(d["feasible"], bool), elasticity=eps,
+                      fd_forward=fwd, fd_backward=bwd, fd_central=0.5 * (fwd + bwd),
+                      fd_ok=np.asarray(d["fd_ok"], bool),
+                      kink=_kinks(eps, fwd, bwd, d["fd_ok"], kink_tol))
+    return res
 
 
 def ranked(df, metric: str | None = None, top: int | None = None):
@@ -410,7 +539,14 @@ def _serve_fn(variant):
 
 
 def _with_area(system: System) -> System:
-    return dataclasses.replace(system, device=_area_fields(system.device))
+    """The system with its device's derived constants made explicit before differentiating:
+    the area model's die inventory (by name) and the silicon's dynamic power where it is
+    derived from TDP (``-1``; :func:`jaxmodel.energy.dynamic_power`), so that a what-if of
+    ``tdp_w`` moves the power cap only."""
+    dev = _area_fields(system.device)
+    if float(np.asarray(dev.dynamic_power_w)) < 0:
+        dev = dataclasses.replace(dev, dynamic_power_w=float(_energy.dynamic_power(dev)))
+    return dataclasses.replace(system, device=dev)
 
 
 def _answer(df, model) -> Explanation:
@@ -449,3 +585,58 @@ def explain_serve(system: System, model, par, batch, prompt_len, gen_len, *, pre
                      args=(model, par, float(batch), float(prompt_len), float(gen_len), prec,
                            rt), **kw)
     return _answer(df, model)
+
+
+def _one_variant(what, values):
+    vs = set(values)
+    if len(vs) != 1:
+        raise ValueError(f"{what}: the points need one static variant (sequence parallelism, "
+                         f"TP > 1, MoE, FlashAttention, topologies, ...), got {len(vs)}")
+    return vs.pop()
+
+
+def _renamed(x, name="batch"):
+    """``x`` with its ``name`` metadata replaced (stacked points share one structure)."""
+    if isinstance(x, System):
+        return dataclasses.replace(x, name=name, device=dataclasses.replace(x.device,
+                                                                             name=name))
+    return dataclasses.replace(x, name=name)
+
+
+def explain_train_batch(systems: Sequence[System], models, pars, global_batch, seq_len, *,
+                        precision=None, wrt: Sequence[str] | None = None, **kw) -> dict:
+    """:func:`explain_train`'s elasticities and finite differences at many points in one
+    compiled call (:func:`sensitivity_batch`; no bottleneck view). ``models``, ``pars``,
+    ``global_batch`` and ``seq_len`` are one value each or one per point; the points must
+    share one static variant (:func:`jaxmodel.workload.layer.variant_of`). ``kw`` goes to
+    :func:`sensitivity_batch`."""
+    n = len(systems)
+    per = lambda v: list(v) if isinstance(v, (list, tuple)) else [v] * n  # noqa: E731
+    models, pars, gbs, seqs = per(models), per(pars), per(global_batch), per(seq_len)
+    prec = _prec.resolve(precision)
+    variant = _one_variant("explain_train_batch", (
+        _layer.variant_of(m, p, s) for s, m, p in zip(systems, models, pars)))
+    context = _one_variant("explain_train_batch", (_cx.context_flag(p) for p in pars))
+    return sensitivity_batch(
+        _train_fn(variant, context), [_renamed(_with_area(s)) for s in systems], wrt,
+        has_aux=True, args=[(_renamed(m), p, float(g), float(q), prec)
+                            for m, p, g, q in zip(models, pars, gbs, seqs)], **kw)
+
+
+def explain_serve_batch(systems: Sequence[System], models, pars, batch, prompt_len, gen_len,
+                        *, precision=None, runtime=None, wrt: Sequence[str] | None = None,
+                        **kw) -> dict:
+    """:func:`explain_serve`'s elasticities and finite differences at many points in one
+    compiled call (as :func:`explain_train_batch`)."""
+    n = len(systems)
+    per = lambda v: list(v) if isinstance(v, (list, tuple)) else [v] * n  # noqa: E731
+    models, pars = per(models), per(pars)
+    bs, isl, osl = per(batch), per(prompt_len), per(gen_len)
+    prec = _prec.resolve(precision)
+    rt = _rtp.runtime_arg(runtime)
+    variant = _one_variant("explain_serve_batch", (
+        _layer.variant_of(m, p, s) for s, m, p in zip(systems, models, pars)))
+    return sensitivity_batch(
+        _serve_fn(variant), [_renamed(_with_area(s)) for s in systems], wrt, has_aux=True,
+        args=[(_renamed(m), p, float(b), float(i), float(o), prec, rt)
+              for m, p, b, i, o in zip(models, pars, bs, isl, osl)], **kw)

@@ -198,6 +198,10 @@ class Device:
             O'Connor et al., MICRO 2017).
         link_energy_per_byte: off-device link (SerDes) energy, J/byte (default 6.5 pJ/bit,
             :mod:`jaxmodel.energy`).
+        dynamic_power_w: switching power of the chip running a dense GEMM at the full clock
+            ``freq_hz`` (full tensor duty), W: a property of the silicon (C·V²·f), not of the
+            board limit ``tdp_w``, which only caps it; −1 = derived from ``tdp_w`` and
+            ``sustained_clock_fraction`` (:func:`jaxmodel.energy.dynamic_power`).
     """
 
     freq_hz: Array
@@ -284,6 +288,7 @@ class Device:
     idle_power_w: Array = -1.0
     mem_energy_per_byte: Array = 3.12e-11
     link_energy_per_byte: Array = 5.2e-11
+    dynamic_power_w: Array = -1.0
 
     @property
     def peak_matrix_flops(self) -> Array:
@@ -430,6 +435,7 @@ RANGES: dict[str, dict[str, Rule]] = {
         # the sustained clock is at least the idle clock: A100 210 of 1410 MHz (0.15), H100
         # 345 of 1980 MHz (nvidia-smi -q -d SUPPORTED_CLOCKS); shipped 0.65 .. 1
         "sustained_clock_fraction": _real(0.1, 1.0),
+        "dynamic_power_w": _real(0.0, 1e6, "W", special=(-1.0,)),  # -1 = from TDP
     },
     "NetLevel": {
         "size": _count(1, 1e7),

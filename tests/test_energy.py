@@ -124,3 +124,28 @@ def test_gpt3_training_energy_within_published_range():
     assert 60.0 < float(e.power_w) <= 400.0
     print(f"GPT-3 175B on 1024 A100: {float(e.joules_per_token):.3f} J/token, "
           f"{float(e.power_w):.0f} W per GPU")
+
+
+def test_tdp_caps_the_power_but_never_raises_it(h100):
+    """The silicon's dynamic power is the device's, not TDP's: at a fixed clock and activity,
+    raising tdp_w leaves the power unchanged (derivative 0) and lowering it below the demand
+    caps the power at TDP; the on-chip memories switch with the busy share (DeepFlow split)."""
+    phi = float(h100.sustained_clock_fraction)
+    pd1 = float(en.dynamic_power(h100))
+    assert pd1 == pytest.approx(620.0 / phi ** 3, rel=1e-5)
+    # hand-derived: 40 % tensor duty, 90 % busy at the sustained clock, 1 TB/s HBM
+    p = en.device_power(h100, 0.4, 1e12, 0.0, clock=phi, busy=0.9)
+    act = en.MAC_SHARE * 0.4 + en.SRAM_SHARE * 0.9
+    assert en.MAC_SHARE == pytest.approx(0.3745 / 0.7888, rel=1e-6)
+    assert float(p["uncapped_w"]) == pytest.approx(80.0 + pd1 * phi ** 3 * act + 31.2, rel=1e-6)
+
+    def watts(tdp):
+        return en.device_power(dataclasses.replace(h100, tdp_w=tdp), 0.4, 1e12, 0.0,
+                               clock=phi, busy=0.9)["power_w"]
+    for tdp in (700.0, 900.0):
+        assert float(watts(tdp)) == pytest.approx(float(p["uncapped_w"]), rel=1e-9)
+        assert float(jax.grad(watts)(tdp)) == 0.0
+    assert float(watts(300.0)) == 300.0 and float(jax.grad(watts)(300.0)) == 1.0
+    # a device that gives none derives it from its TDP and sustained clock
+    custom = dataclasses.replace(h100, dynamic_power_w=-1.0)
+    assert float(en.dynamic_power(custom)) == pytest.approx(pd1, rel=1e-5)

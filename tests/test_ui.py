@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -139,3 +140,71 @@ def test_search_form_errors_name_the_field():
         with pytest.raises(compute.FormError) as e:
             compute.search({"model": "gpt2-small", "system": "dgx_h100", **form})
         assert e.value.field == field
+
+
+def _fake_explanation(calls):
+    """A stand-in for jm.explain_serve (no JAX work): records its arguments and answers a
+    small table in the library's format."""
+    import pandas as pd
+    from jaxmodel.explain import Explanation
+
+    def fake(*args, **kwargs):
+        calls.append((args, kwargs))
+        rows = [dict(metric=m, knob=k, value=v, elasticity=e, fd_forward=e, fd_backward=e,
+                     fd_central=e, kink=k == "device.freq_hz", metric_value=mv, feasible=True)
+                for m, mv, knobs in (
+                    ("ttft_s", 0.5, [("device.freq_hz", 1.4e9, -0.61),
+                                     ("device.mem_bw", 2e12, -0.12)]),
+                    ("tpot_s", 0.01, [("device.mem_bw", 2e12, -0.51),
+                                      ("levels[0].bw_per_device", 3e11, -0.1),
+                                      ("device.freq_hz", 1.4e9, -0.03)]))
+                for k, v, e in knobs]
+        bn = {ph: {"compute": 0.3, "memory": 0.1, "communication": 0.05, "bubble": 0.0,
+                   "overhead": 0.01} for ph in ("prefill", "decode")}
+        return Explanation(table=pd.DataFrame(rows), metrics={"ttft_s": 0.5, "tpot_s": 0.01},
+                           bottleneck=bn, power_w=321.0, power_limited=False, feasible=True,
+                           reason=0)
+    return fake
+
+
+def test_sensitivities_card_endpoint(url, monkeypatch):
+    """/api/explain answers the Predict form's sensitivities with jm.explain_serve's table:
+    the top knobs per metric, the bottleneck view and the power; the library is called with
+    the form's system, model, plan and workload; the CSV has one row per shown knob."""
+    import jaxmodel as jm
+    calls: list = []
+    monkeypatch.setattr(jm, "explain_serve", _fake_explanation(calls))
+    q = ("phase=inference&system=dgx_h100&model=llama3-8b&tp=8&batch=4&prompt_len=256"
+         "&gen_len=16&runtime=trtllm&top=2")
+    status, _, body = _get(url + "/api/explain?sync=1&" + q)
+    assert status == 200, body
+    r = json.loads(body)
+    (args, kwargs), = calls
+    assert args[0].name == "dgx_h100" and args[1].name == "llama3-8b"
+    assert float(args[2].tp) == 8 and args[3:] == (4.0, 256.0, 16.0)
+    assert kwargs == {"runtime": "trtllm"}
+    assert [k["knob"] for k in r["metrics"]["tpot_s"]["knobs"]] == [
+        "device.mem_bw", "levels[0].bw_per_device"]                     # top=2
+    assert r["metrics"]["ttft_s"]["knobs"][0] == {
+        "knob": "device.freq_hz", "elasticity": -0.61, "kink": True, "fd_forward": -0.61,
+        "fd_backward": -0.61, "value": 1.4e9}
+    assert r["metrics"]["ttft_s"]["value"] == 0.5 and r["power_w"] == 321.0
+    assert set(r["bottleneck"]) == {"prefill", "decode"} and r["reason"] == "ok"
+    assert r["knobs_total"] == 3
+    # a background job by default (the page polls it), the CSV synchronously
+    status, _, body = _get(url + "/api/explain?" + q)
+    assert status == 200
+    job = json.loads(body)["job"]
+    for _ in range(200):            # the job ends while the stand-in is still in place
+        st = json.loads(_get(f"{url}/api/job/{job}")[2])
+        if st["state"] in ("done", "error"):
+            break
+        time.sleep(0.01)
+    assert st["state"] == "done" and st["result"]["metrics"] == r["metrics"]
+    status, ctype, body = _get(url + "/api/explain?format=csv&" + q)
+    assert status == 200 and ctype == "text/csv"
+    lines = body.decode().splitlines()
+    assert lines[0].startswith("section,metric,knob,elasticity") and len(lines) == 1 + 4 + 10
+    # bad input names the field before any work
+    status, _, body = _get(url + "/api/explain?sync=1&phase=inference&tp=x")
+    assert status == 400 and json.loads(body)["field"] == "tp"

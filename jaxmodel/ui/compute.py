@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jaxmodel.numerics import pareto_mask
+from jaxmodel.numerics import pareto_mask, reason_name
 from jaxmodel.plan_io import PAR_CHOICES, build_parallelism, explain_infeasible
 from jaxmodel.plan_io import json_float as _finite
 from jaxmodel.plan_io import to_jsonable as _plain
@@ -258,6 +258,57 @@ def predict_rows(result: Mapping) -> list[dict]:
         rows += [{"section": sec, "name": k, "value": v}
                  for k, v in (result.get(sec) or {}).items()]
     rows.append({"section": "headline", "name": "feasible", "value": result.get("feasible")})
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# sensitivities: the Predict page's card, computed on demand (a background job)
+# --------------------------------------------------------------------------------------------
+#: Knobs shown per metric in the sensitivities card (largest |elasticity| first).
+SENS_TOP = 8
+
+
+def sensitivities(form: Mapping, body: Mapping | None = None) -> dict:
+    """The Predict form's sensitivities card: :func:`jaxmodel.explain_train` /
+    :func:`jaxmodel.explain_serve` for the same inputs — per metric its value and the
+    :data:`SENS_TOP` knobs with the largest ``|d ln metric / d ln knob|`` (with the kink
+    flag and both one-sided differences), the bottleneck view (seconds per group; per phase
+    for serving) and the modelled board power. ``top`` (form) changes how many knobs."""
+    import jaxmodel as jm
+    q = question(form, body)
+    top = int(_number(form, "top", SENS_TOP, integer=True))
+    if q.phase == "train":
+        x = jm.explain_train(*q.args, **q.kwargs)
+    else:
+        x = jm.explain_serve(*q.args, **q.kwargs)
+    t = x.table
+    metrics = {}
+    for m, value in x.metrics.items():
+        sub = t[t["metric"] == m].head(top)
+        metrics[m] = {"value": _finite(value), "knobs": [
+            {"knob": r.knob, "elasticity": _finite(r.elasticity), "kink": bool(r.kink),
+             "fd_forward": _finite(r.fd_forward), "fd_backward": _finite(r.fd_backward),
+             "value": _finite(r.value)} for r in sub.itertuples()]}
+    bn = x.bottleneck
+    views = bn if "prefill" in bn else {"step": bn}
+    return {"phase": q.phase, "system": q.system.name, "model": q.model.name,
+            "feasible": bool(x.feasible), "reason": reason_name(x.reason), "metrics": metrics,
+            "bottleneck": {ph: {k: _finite(v) for k, v in g.items()}
+                           for ph, g in views.items()},
+            "power_w": _finite(x.power_w), "power_limited": bool(x.power_limited),
+            "knobs_total": int(t["knob"].nunique())}
+
+
+def sensitivity_rows(result: Mapping) -> list[dict]:
+    """A sensitivities answer as CSV rows: one ``(metric, knob, elasticity, ...)`` row per
+    shown knob, then the bottleneck seconds."""
+    rows = [{"section": "elasticity", "metric": m, "knob": k["knob"],
+             "elasticity": k["elasticity"], "kink": k["kink"], "fd_forward": k["fd_forward"],
+             "fd_backward": k["fd_backward"], "knob_value": k["value"],
+             "metric_value": d["value"]}
+            for m, d in result["metrics"].items() for k in d["knobs"]]
+    rows += [{"section": f"bottleneck.{ph}", "metric": g, "elasticity": None, "metric_value": v}
+             for ph, view in result["bottleneck"].items() for g, v in view.items()]
     return rows
 
 

@@ -15,7 +15,7 @@ Routes (``GET`` with the form in the query, or ``POST`` with a JSON body ``{"for
     /static/app.js            the page's script; /static/plotly.min.js Plotly's bundle
     /api/options              names of systems, models, precisions, runtimes, knobs
     /api/knobs                the what-if knobs of a system and their current values
-    /api/predict|whatif|search|compare
+    /api/predict|whatif|search|compare|explain
                               start the work as a job: {"job": id}; ``sync=1`` answers at
                               once; ``format=csv`` answers with a CSV file (a download)
     /api/job/<id>             {"state": "running", "elapsed_s": ...} | {"state": "done",
@@ -147,6 +147,7 @@ API: dict[str, tuple[Callable, Callable | None]] = {
     "search": (compute.search, lambda r: r["rows"]),
     "compare": (_compare, compute.compare_rows),
     "knobs": (_knobs, None),
+    "explain": (compute.sensitivities, compute.sensitivity_rows),
 }
 
 

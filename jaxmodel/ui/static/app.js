@@ -65,6 +65,7 @@ function writeURL() {
   const cq = {};
   plans.forEach((p, i) => { for (const [k, v] of Object.entries(p)) cq[`p${i + 1}.${k}`] = v; });
   $("#csv-compare").href = "/api/compare?" + new URLSearchParams({...cq, format: "csv"});
+  $("#csv-sens").href = "/api/explain?" + new URLSearchParams({...formValues(), format: "csv"});
 }
 function readURL() {
   const q = new URLSearchParams(location.search);
@@ -154,9 +155,43 @@ async function runPredict() {
     stackedBar("chart-breakdown", r.breakdown, r.phase === "train" ? "time per step" : "time", "s", 1);
     if (Object.keys(r.memory).length) stackedBar("chart-memory", r.memory, "memory per device", "GiB", 1 / 2 ** 30);
     else $("#chart-memory").innerHTML = "";
-    if (r.sensitivities) $("#sens-body").innerHTML = kvTable(r.sensitivities);
     $("#status").textContent = "predicted";
   } catch (e) { showError(e.message, e.field); }
+}
+
+// ---- Sensitivities (the Predict page's card): jm.explain_train / jm.explain_serve on demand
+let sens = null;
+async function runSensitivities() {
+  clearErrors(); writeURL();
+  try {
+    sens = await api("explain", formValues(), withModel());
+    const sel = $("#sens-metric"), keep = sel.value;
+    fill("#sens-metric", Object.keys(sens.metrics));
+    if (keep && sens.metrics[keep]) sel.value = keep;
+    drawSensitivities();
+    $("#status").textContent = "explained";
+  } catch (e) { showError(e.message, e.field); }
+}
+function drawSensitivities() {
+  if (!sens) return;
+  const m = $("#sens-metric").value || Object.keys(sens.metrics)[0], d = sens.metrics[m];
+  $("#sens-body").innerHTML = `<div class="muted">${m} = ${fmt(d.value, m)}; board power ` +
+    `${sens.power_w.toFixed(0)} W per device${sens.power_limited ? " (power-limited)" : ""}` +
+    `${sens.feasible ? "" : "; infeasible: " + sens.reason}; the ${d.knobs.length} of ` +
+    `${sens.knobs_total} knobs with the largest |elasticity| (* = at a kink: one-sided)</div>`;
+  if (!window.Plotly) { $("#chart-sens").textContent = "charts need the plotly package (pip install jaxmodel[ui])"; return; }
+  const ks = [...d.knobs].reverse();
+  Plotly.react("chart-sens", [{type: "bar", orientation: "h", x: ks.map((k) => k.elasticity),
+    y: ks.map((k) => k.knob + (k.kink ? " *" : "")),
+    marker: {color: ks.map((k) => (k.elasticity < 0 ? "#2a7" : "#c44"))},
+    hovertemplate: "%{y}: %{x:.3f}<extra></extra>"}],
+    {title: {text: `d ln ${m} / d ln knob`, font: {size: 14}}, margin: {l: 260, r: 10, t: 40, b: 40},
+     xaxis: {zeroline: true}}, {displaylogo: false, responsive: true});
+  const groups = ["compute", "memory", "communication", "bubble", "overhead"], views = Object.keys(sens.bottleneck);
+  Plotly.react("chart-bottleneck", groups.map((g) => ({type: "bar", orientation: "h", name: g, y: views,
+    x: views.map((v) => sens.bottleneck[v][g] || 0), hovertemplate: `${g}: %{x:.4g} s<extra></extra>`})),
+    {barmode: "stack", title: {text: "bottleneck (s)", font: {size: 14}}, margin: {l: 70, r: 10, t: 40, b: 40},
+     legend: {orientation: "h", y: -0.4, font: {size: 10}}}, {displaylogo: false, responsive: true});
 }
 
 // ---- What-if
@@ -311,6 +346,8 @@ async function start() {
   readURL(); phaseVisibility(); drawPlans();
   $$("nav a").forEach((a) => a.addEventListener("click", (ev) => { ev.preventDefault(); show(a.dataset.page); }));
   $("#run-predict").addEventListener("click", runPredict);
+  $("#run-sens").addEventListener("click", runSensitivities);
+  $("#sens-metric").addEventListener("change", drawSensitivities);
   $("#run-search").addEventListener("click", runSearch);
   $("#run-compare").addEventListener("click", runCompare);
   $("#add-plan").addEventListener("click", () => { if (plans.length < 4) plans.push(formValues()); drawPlans(); writeURL(); });
