@@ -447,7 +447,7 @@ def in_network_protocols(t, op, part):
     exe = pipelined(lat_p[2], t_nvls, steps, jnp.where(own, level.nvls_chunk_latency, t.cl))
     # the tuner's NVLS latency is that of the system's NCCL release (nccl_nvls_latency)
     return (exe, exe, nccl.nvls_tuner_latency(link, level.nccl_nvls_latency) + nvls(bwt_t),
-            _SIMPLE + 0.0 * exe)
+            jnp.full_like(exe, _SIMPLE))
 
 
 # ---- the registry (order = public codes; append new algorithms at the end) -----------------
@@ -518,7 +518,7 @@ def _all_to_all_table(t):
     t_d = jnp.where(t.active, t_d, 0.0)
     idx = jnp.arange(len(ALGORITHM_REGISTRY))
     row = jnp.where(idx == d, t_d, INF)
-    return (jnp.stack([row, row, INF * jnp.ones_like(row), _SIMPLE + 0.0 * row]), idx == d)
+    return (jnp.stack([row, row, INF * jnp.ones_like(row), jnp.full_like(row, _SIMPLE)]), idx == d)
 
 
 def _p2p_table(t):
@@ -527,7 +527,7 @@ def _p2p_table(t):
                     t.one, t.cl)
     t_p = jnp.where(t.active, t_p, 0.0)
     row = jnp.broadcast_to(t_p, (len(ALGORITHM_REGISTRY),))
-    return (jnp.stack([row, row, INF * jnp.ones_like(row), _SIMPLE + 0.0 * row]),
+    return (jnp.stack([row, row, INF * jnp.ones_like(row), jnp.full_like(row, _SIMPLE)]),
             jnp.ones(len(ALGORITHM_REGISTRY), dtype=bool))
 
 

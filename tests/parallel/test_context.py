@@ -128,6 +128,7 @@ def test_float32(float32, sys2):
     assert r["fwd"].dtype == jnp.float32 and np.isfinite(float(r["fwd"]))
 
 
+@pytest.mark.slow
 def test_attention_core_splits_as_the_ring_runs_it(model):
     """The attention of s/cp local queries is cp causal FlashAttention calls of s/cp × s/cp
     (1/cp of the causal work), not one s/cp × s call (the short-query shape of a KV-cache

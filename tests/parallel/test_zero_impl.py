@@ -124,6 +124,7 @@ def test_vmap_matches_loop(batch):
         assert float(r.memory_bytes) == pytest.approx(float(batch.memory_bytes[i]), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_without_zero3_the_option_changes_nothing():
     p = jm.Parallelism(dp=DP, micro_batch=MB, recompute="full", zero=1)
     a, b = step(p), step(dataclasses.replace(p, zero3_impl=1.0))
