@@ -290,18 +290,11 @@ def sensitivity(fn: Callable, config, wrt: Sequence[str] | None = None, *,
     """
     import pandas as pd
     names = tuple(knobs(config) if wrt is None else wrt)
-    for n in names:
-        v = _get(config, n)
-        if np.ndim(v) != 0 or not np.isfinite(float(v)) or float(v) <= 0:
-            raise ValueError(f"sensitivity: knob {n}={v!r} must be a positive finite scalar")
+    values = [_knob_value(config, n, "sensitivity") for n in names]
     if not names:
         raise ValueError("sensitivity: the config has no continuous knob")
-    x64 = jax.config.jax_enable_x64
-    dtype = jnp.float64 if x64 else jnp.float32
-    h = float(step) if step is not None else (1e-4 if x64 else 1e-3)
-    if not (h > 0 and math.isfinite(h)):
-        raise ValueError(f"sensitivity: step={step!r} must be positive")
-    x0 = jnp.asarray([float(_get(config, n)) for n in names], dtype=dtype)
+    dtype, h = _step_size(step, "sensitivity")
+    x0 = jnp.asarray(values, dtype=dtype)
     out, aux = jax.device_get(_compiled(fn, config, names, h, tuple(args), has_aux).fn(
         config, x0, tuple(args)))
     rows = []
@@ -325,6 +318,25 @@ def sensitivity(fn: Callable, config, wrt: Sequence[str] | None = None, *,
     if has_aux:
         df.attrs["aux"] = aux
     return df
+
+
+def _knob_value(config, name: str, where: str) -> float:
+    """The knob's value, which must be a positive finite scalar (elasticities are taken in
+    log space); ``where`` prefixes the error."""
+    v = _get(config, name)
+    if np.ndim(v) != 0 or not np.isfinite(float(v)) or float(v) <= 0:
+        raise ValueError(f"{where}: knob {name}={v!r} must be a positive finite scalar")
+    return float(v)
+
+
+def _step_size(step, where: str):
+    """``(dtype, h)``: the float width in use and the log-space step (1e-4 in float64, 1e-3
+    in float32 unless given)."""
+    x64 = jax.config.jax_enable_x64
+    h = float(step) if step is not None else (1e-4 if x64 else 1e-3)
+    if not (h > 0 and math.isfinite(h)):
+        raise ValueError(f"{where}: step={step!r} must be positive")
+    return (jnp.float64 if x64 else jnp.float32), h
 
 
 _BATCH_CACHE: dict = {}
@@ -376,19 +388,9 @@ def sensitivity_batch(fn: Callable, configs: Sequence, wrt: Sequence[str] | None
     names = tuple(knobs(configs[0]) if wrt is None else wrt)
     if not names:
         raise ValueError("sensitivity_batch: the config has no continuous knob")
-    x64 = jax.config.jax_enable_x64
-    dtype = jnp.float64 if x64 else jnp.float32
-    h = float(step) if step is not None else (1e-4 if x64 else 1e-3)
-    if not (h > 0 and math.isfinite(h)):
-        raise ValueError(f"sensitivity_batch: step={step!r} must be positive")
-    x0 = np.empty((len(configs), len(names)))
-    for p, c in enumerate(configs):
-        for i, n in enumerate(names):
-            v = _get(c, n)
-            if np.ndim(v) != 0 or not np.isfinite(float(v)) or float(v) <= 0:
-                raise ValueError(f"sensitivity_batch: point {p}: knob {n}={v!r} must be a "
-                                 "positive finite scalar")
-            x0[p, i] = float(v)
+    dtype, h = _step_size(step, "sensitivity_batch")
+    x0 = np.asarray([[_knob_value(c, n, f"sensitivity_batch: point {p}") for n in names]
+                     for p, c in enumerate(configs)], dtype=float)
     if isinstance(args, list):
         if len(args) != len(configs):
             raise ValueError(f"sensitivity_batch: args has {len(args)} entries for "
