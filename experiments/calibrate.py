@@ -23,14 +23,18 @@ Anchors (``shared/anchors/``, see each folder's README):
   the sustained microbenchmarks); the model-free ratio to the short-run PyTorch 8192³ of
   ``llmcompass_measured/matmul_A100.csv`` is printed beside it (the power-limited clock).
 
-Devices without kernel anchors (:func:`fit_microbench`): H100 SXM, H200 and GB200 get their
+Devices without kernel anchors (:func:`fit_microbench`): H100 SXM and H200 get their
 ``sustained_clock_fraction`` from their sustained cuBLASLt FP8 GEMMs (the A100 procedure
 above, on the three largest shapes; the other shapes are held out and printed) and their
 ``mem_bw_efficiency`` from STREAM Triad where it was run (H100, H200); their
 ``matmul_efficiency``, ``matmul_wave_latency_s`` and ``matmul_kernel_overhead_s`` are
 transferred from the A100 (sustained runs alone measure only the product of clock and
-main-loop efficiency). FP8 is the only dtype measured on all three, so the clock fraction is
-an FP8 (highest-power) value, conservative for 16-bit GEMMs. Transfers:
+main-loop efficiency). FP8 is the only dtype measured on the Hopper parts, so their clock
+fraction is an FP8 value. GB200 has FP8 and FP4 rows, and one clock cannot give both (FP4
+reaches 0.76 of its datasheet peak, FP8 0.58): its clock is fitted on the FP4 rows and the FP8
+rows give the executed ``matrix_ratio_fp8`` of the tensor-wide scaled FP8 kernels
+(:data:`KERNEL_RATIOS`); the printout has leave-one-shape-out and leave-one-dtype-out errors.
+Transfers:
 ``a100_40gb`` takes every ``a100_80gb`` kernel constant (same GA100 die, clocks, HBM2e memory
 system and software); ``h800`` the H100's, ``b200`` GB200's (:data:`MICROBENCH_TRANSFERS`,
 each with its reason); the other devices keep the defaults (library constants 1.0 / 0, kernel
@@ -495,23 +499,43 @@ def sustained_clock_fraction(anchor_dir: Path, dev) -> tuple[float, str]:
 # ------------------------------------------------------------------------------------------
 # Devices without kernel anchors: sustained cuBLASLt GEMMs and STREAM (microbenchmarks)
 # ------------------------------------------------------------------------------------------
-# device -> (microbenchmark GPU, GEMM dtype): the rows of gpu_microbenchmarks.csv it is fitted
-# on. FP8 only: it is the only dtype measured on every one of them (GB200's FP4 rows are
-# printed as a check, see :func:`fit_microbench`).
+# device -> (microbenchmark GPU, GEMM dtype whose rows set the sustained clock). FP8 on the
+# Hopper parts (the only dtype measured there). GB200: FP4, whose rows reach the higher share
+# of their datasheet peak (7.6 of 10 PFLOP/s against FP8's 2.9 of 5), so the clock is at least
+# what they show; the FP8 rows' shortfall is the FP8 kernel (:data:`KERNEL_RATIOS`).
 MICROBENCH_DEVICES = {"h100_sxm": ("H100", "FP8"), "h200": ("H200", "FP8"),
-                      "gb200": ("GB200", "FP8")}
+                      "gb200": ("GB200", "FP4")}
+# device -> dtypes whose executed tensor rate is fitted against the clock dtype's rows: the
+# device's ``matrix_ratio_<dtype>`` becomes the rate those kernels reach relative to the 16-bit
+# peak at the same clock (the datasheet ratio times the measured-over-predicted throughput on
+# the three largest shapes), see :func:`fit_kernel_ratio`.
+KERNEL_RATIOS = {"gb200": {"FP8": 2.0}}
+# the datasheet ratio each fit starts from (GB200 NVL72 datasheet, per GPU: FP8 5,000 / BF16
+# 2,500 dense TFLOP/s): the device file holds the executed value after a --write
 # device -> (fitted device, why the transfer holds)
 MICROBENCH_TRANSFERS = {
     "h800": ("h100_sxm", "same GH100 silicon, clocks, 700 W board power and HBM3 memory "
                          "system as H100 SXM (H800 differs in NVLink and FP64 only)"),
-    "b200": ("gb200", "same Blackwell GPU and software; no B200 microbenchmarks. The HGX B200 "
-                      "runs at 1000 W against 1200 W in GB200, so its power-limited clock "
-                      "fraction is at most GB200's: an optimistic estimate"),
+    "b200": ("gb200", "same Blackwell GPU and software; no B200 microbenchmarks. The fraction "
+                      "of the datasheet clock is transferred: NVIDIA quotes each part's peak at "
+                      "its own board limit (2.25 PFLOP/s dense 16-bit at 1000 W, HGX B200 "
+                      "datasheet; 2.5 at 1200 W, GB200 NVL72 datasheet), so the datasheet clocks "
+                      "already differ by 0.90; the power model's cube law (jaxmodel.energy: "
+                      "P_dyn ~ f^3, Weste & Harris, CMOS VLSI Design, 4th ed., sec. 5.1) with "
+                      "idle 0.13 TDP puts the 1000 W part's power-limited clock at "
+                      "(870 / 1044 W)^(1/3) = 0.941 of GB200's: the transferred fraction is "
+                      "within 5 % of it, on the slow side"),
 }
 _WORD = {"FP16": 2.0, "FP8": 1.0, "FP4": 0.5}
 _RATIO = {"FP16": "matrix_ratio_fp16", "FP8": "matrix_ratio_fp8", "FP4": "matrix_ratio_fp4"}
-SUSTAINED_SHAPES_FP8 = ("m=16384 n=16384 k=16384", "m=32768 n=32768 k=32768",
-                        "m=6144 n=12288 k=12288")
+
+
+def largest_shapes(g: pd.DataFrame, n: int = 3) -> tuple:
+    """The ``n`` shapes of ``g`` with the most multiply-accumulates (m·n·k): > 99 % of those
+    kernels' time is main loop, so they measure the clock × main-loop rate (on the FP8 rows of
+    H100/H200/GB200: 16384³, 32768³ and 6144×12288×12288; on GB200's FP4 rows: 8192³, 16384³,
+    32768³)."""
+    return tuple(g.assign(f=g.m * g.n * g.k).sort_values("f")["shape"].values[-n:])
 
 
 def microbench_gemms(anchor_dir: Path, gpu: str, dtype: str) -> pd.DataFrame:
@@ -535,7 +559,61 @@ def predict_microbench(dev, g: pd.DataFrame, dtype: str, clock: float = 1.0) -> 
                                       rate_scale=float(getattr(dev, _RATIO[dtype]))))
 
 
-def fit_microbench(anchor_dir: Path, dev, gpu: str, dtype: str, a100) -> tuple:
+def _clock_and_ratios(dev, rows: dict, dtype: str, ratios=None, drop=()) -> dict:
+    """``sustained_clock_fraction`` from the ``dtype`` rows and the executed
+    ``matrix_ratio_<r>`` of each dtype ``r`` in ``ratios`` (``rows``: dtype -> rows of
+    :func:`microbench_gemms`; shapes in ``drop`` left out), each on the three largest shapes
+    (:func:`largest_shapes`): clock = mean of measured / predicted-at-full-clock throughput;
+    ratio = datasheet ratio (``ratios``: dtype -> datasheet ratio) × mean of measured /
+    predicted at that clock."""
+    def fit(g, d, dt, clock):
+        g = g[~g["shape"].isin(drop)]
+        big = g[g["shape"].isin(largest_shapes(g))]
+        model = 2.0 * big.m * big.n * big.k / predict_microbench(d, big, dt, clock) / 1e12
+        return float(np.mean(big.tflops.values / model.values)), big, model
+
+    ratios = ratios or {}
+    dev = dataclasses.replace(dev, **{_RATIO[r]: v for r, v in ratios.items()})
+    frac, big, model = fit(rows[dtype], dev, dtype, 1.0)
+    out = {"sustained_clock_fraction": frac, "_big": {dtype: (big, model)}}
+    d = dataclasses.replace(dev, sustained_clock_fraction=frac)
+    for r, sheet in ratios.items():
+        x, big_r, model_r = fit(rows[r], d, r, frac)
+        out[_RATIO[r]] = sheet * x
+        out["_big"][r] = (big_r, model_r)
+    return out
+
+
+def _predict_dtype(dev, vals: dict, g: pd.DataFrame, dtype: str) -> np.ndarray:
+    d = dataclasses.replace(dev, **{k: v for k, v in vals.items() if not k.startswith("_")})
+    return predict_microbench(d, g, dtype, vals["sustained_clock_fraction"])
+
+
+def cross_validate_microbench(dev, rows: dict, dtype: str, ratios=None) -> dict:
+    """Held-out MAPE (%) of the cuBLASLt rows: leave one shape out (every dtype's row of that
+    shape predicted with the constants refitted on the other shapes), and, with two or more
+    dtypes, leave one dtype out (its rows predicted at the datasheet ratio and the clock fitted
+    on the other dtype alone: what the rows of one dtype say about another)."""
+    shapes = sorted(set().union(*[set(g["shape"]) for g in rows.values()]))
+    ape = []
+    for s in shapes:
+        vals = _clock_and_ratios(dev, rows, dtype, ratios, drop=(s,))
+        for dt, g in rows.items():
+            h = g[g["shape"] == s]
+            if len(h):
+                ape += list(np.abs(_predict_dtype(dev, vals, h, dt) / h.measured_s.values - 1))
+    out = {"leave-one-shape-out": float(np.mean(ape)) * 100}
+    if ratios:
+        for held in rows:
+            fit_on = next(dt for dt in rows if dt != held)
+            sheet = dataclasses.replace(dev, **{_RATIO[r]: v for r, v in ratios.items()})
+            vals = _clock_and_ratios(sheet, rows, fit_on)
+            out[f"{held} from {fit_on} alone"] = mape(
+                _predict_dtype(sheet, vals, rows[held], held), rows[held].measured_s.values)
+    return out
+
+
+def fit_microbench(anchor_dir: Path, dev, gpu: str, dtype: str, a100, ratios=None) -> tuple:
     """The sustained-clock and library-GEMM constants of a device without kernel anchors.
 
     1. ``matmul_efficiency``, ``matmul_wave_latency_s``, ``matmul_kernel_overhead_s``:
@@ -543,44 +621,91 @@ def fit_microbench(anchor_dir: Path, dev, gpu: str, dtype: str, a100) -> tuple:
        GEMM cannot be separated from the clock on sustained runs alone (only their product is
        measured), and a six-to-nine-row set does not pin the small-GEMM constants
        (printed: their leave-one-shape-out error).
-    2. ``sustained_clock_fraction`` = mean over the three largest shapes of measured /
+    2. ``sustained_clock_fraction`` = mean over the three largest ``dtype`` shapes of measured /
        predicted-at-full-clock throughput (model-free of the small-GEMM constants there:
        > 99 % of those kernels' time is main loop) — the procedure of
        :func:`sustained_clock_fraction` on the A100.
-    3. ``mem_bw_efficiency`` = STREAM Triad / datasheet bandwidth where STREAM was run.
+    3. For each dtype in ``ratios`` (:data:`KERNEL_RATIOS`): the executed
+       ``matrix_ratio_<dtype>``, its datasheet ratio × the same ratio on its own three largest
+       shapes at that clock.
+    4. ``mem_bw_efficiency`` = STREAM Triad / datasheet bandwidth where STREAM was run.
 
-    Returns ``(values, sources, per-row table)``."""
-    g = microbench_gemms(anchor_dir, gpu, dtype)
+    Returns ``(values, sources, per-row table, cross-validated MAPEs)``."""
+    ratios = ratios or {}
+    rows = {dt: microbench_gemms(anchor_dir, gpu, dt) for dt in (dtype, *ratios)}
     kw = {k: float(getattr(a100, k)) for k in ("matmul_efficiency", "matmul_wave_latency_s",
                                                "matmul_kernel_overhead_s")}
     dev = dataclasses.replace(dev, **kw)
-    big = g[g["shape"].isin(SUSTAINED_SHAPES_FP8)]
-    model = 2.0 * big.m * big.n * big.k / predict_microbench(dev, big, dtype) / 1e12
-    ratios = big.tflops.values / model.values
-    frac = float(np.mean(ratios))
-    pred = predict_microbench(dev, g, dtype, frac)
-    err = np.abs(pred / g.measured_s.values - 1.0) * 100
-    parts = ", ".join(f"{s.replace(' ', ',')}: {m}/{p:.0f}" for s, m, p in
-                      zip(big["shape"], big.tflops, model))
+    fit = _clock_and_ratios(dev, rows, dtype, ratios)
+    frac = fit["sustained_clock_fraction"]
+    tables, err_all = [], {}
+    for dt, g in rows.items():
+        pred = _predict_dtype(dev, fit, g, dt)
+        err = np.abs(pred / g.measured_s.values - 1.0) * 100
+        err_all[dt] = (err, g["shape"].isin(largest_shapes(g)).values)
+        tables.append(g.assign(dtype=dt, predicted_tflops=2.0 * g.m * g.n * g.k / pred / 1e12,
+                               ape=err))
+    table = pd.concat(tables, ignore_index=True)
+    cv = cross_validate_microbench(dev, rows, dtype, ratios)
+    n_all = len(table)
+    ape_all = table.ape.mean()
+    cv_txt = "; ".join(f"{k} {v:.1f} %" for k, v in cv.items())
+
+    def parts(dt):
+        big, model = fit["_big"][dt]
+        return ", ".join(f"{s.replace(' ', ',')}: {m}/{p:.0f}" for s, m, p in
+                         zip(big["shape"], big.tflops, model))
+
+    each = "; ".join(f"{dt} {e.mean():.1f} % (its three largest {e[big].mean():.1f} %)"
+                     for dt, (e, big) in err_all.items())
+    fit_txt = (f"all {n_all} {gpu} cuBLASLt GEMM rows ({'+'.join(rows)}) at these constants: "
+               f"MAPE {ape_all:.1f} % in sample ({each}); cross-validated: {cv_txt}")
+    clock_why = (
+        f"the board power limit ({float(dev.tdp_w):.0f} W) holds the clock below the "
+        f"datasheet's under dense tensor-core load, as on the A100 (NVIDIA quotes Rpeak at the "
+        f"clock sustainable at the power limit, 1305 of 1410 MHz on A100: G. Lockwood, 'Peak "
+        f"FLOPS' notes)")
+    if ratios:
+        clock_why += (
+            f"; fitted on {dtype}, whose rows reach the larger share of their datasheet peak: "
+            f"one clock serves every dtype, and a lower share of another dtype's kernels is "
+            f"that kernel's (its executed matrix_ratio)")
+    else:
+        clock_why += (f"; fitted on {dtype} only, so a conservative value for 16-bit GEMMs, "
+                      f"which draw less power per clock")
     src = {"sustained_clock_fraction": (
         f"calibrated (experiments/calibrate.py): sustained cuBLASLt {dtype} throughput after "
         f"10,000 warm-up iterations (shared/anchors/microbench, {gpu}) over the GEMM model's "
-        f"full-clock throughput on the three largest shapes ({parts} TFLOP/s), mean "
-        f"{frac:.3f} ({frac * float(dev.freq_hz) / 1e9:.2f} GHz): the board power limit "
-        f"({float(dev.tdp_w):.0f} W) holds the clock below the datasheet's under dense "
-        f"tensor-core load, as on the A100 (NVIDIA quotes Rpeak at the clock sustainable at "
-        f"the power limit, 1305 of 1410 MHz on A100: G. Lockwood, 'Peak FLOPS' notes); "
-        f"all {len(g)} {gpu} {dtype} GEMM rows at this fraction: MAPE {err.mean():.1f} % "
-        f"(the three used {err[g['shape'].isin(SUSTAINED_SHAPES_FP8).values].mean():.1f} %, "
-        f"the others are held out); fitted on {dtype} only, so a conservative value for "
-        f"16-bit GEMMs, which draw less power per clock")}
+        f"full-clock throughput on the three largest shapes ({parts(dtype)} TFLOP/s), mean "
+        f"{frac:.3f} ({frac * float(dev.freq_hz) / 1e9:.2f} GHz): {clock_why}; {fit_txt}")}
+    for r, sheet in ratios.items():
+        field = _RATIO[r]
+        src[field] = (
+            f"calibrated (experiments/calibrate.py): the executed {r} tensor rate relative to "
+            f"the 16-bit peak at the same clock (datasheet {sheet:g}) = {sheet:g} x mean "
+            f"measured / predicted {r} throughput on the three largest shapes at the "
+            f"{dtype}-fitted clock {frac:.3f} ({parts(r)} TFLOP/s) = "
+            f"{fit[field]:.3f}. The benchmark (Azure AI benchmarking guide: superbench "
+            f"cublaslt_gemm, microsoft/superbenchmark cublaslt_utils.cc) runs {r} E4M3 x E4M3 "
+            f"with one tensor-wide scale per operand, FP16 output and fast accumulation, the "
+            f"first cuBLASLt heuristic (the guide's FP4 rows run block-scaled kernels: "
+            f"Blackwell's tensor cores take FP4 only with block scales, cuBLAS 12.8+ "
+            f"CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 / VEC32_UE8M0). One clock cannot give "
+            f"both rows: the FP4 kernels reach 0.76 of their datasheet peak, the FP8 ones 0.58 "
+            f"of theirs; NVIDIA's own cuBLAS 12.9 measurements show FP4 matmuls up to 2.3x FP8 "
+            f"on Blackwell at a datasheet ratio of 2 (NVIDIA technical blog, 'Boosting Matrix "
+            f"Multiplication Speed and Flexibility with NVIDIA cuBLAS 12.9', 2025): tensor-wide "
+            f"FP8 kernels below the block-scaled FP4 ones' share of peak. Transformer Engine's "
+            f"per-tensor (delayed) scaling calls the same tensor-wide FP8 kernel family, so FP8 "
+            f"training GEMMs keep this rate; block-scaled MXFP8 kernels are not measured. "
+            f"block-scaled MXFP8 kernels are not measured. {fit_txt}")
     for k in kw:
         src[k] = (f"transferred from a100_80gb (experiments/calibrate.py): no short-run "
                   f"{gpu} GEMM anchors, so the main-loop fraction is not separable from the "
                   f"sustained clock and the small-GEMM constants are kept as fitted on the "
-                  f"A100 kernel anchors; {gpu} {dtype} cuBLASLt MAPE with them "
-                  f"{err.mean():.1f} %")
-    vals = dict(kw, sustained_clock_fraction=frac)
+                  f"A100 kernel anchors; {fit_txt}")
+    vals = dict(kw, sustained_clock_fraction=frac,
+                **{_RATIO[r]: round(fit[_RATIO[r]], 4) for r in ratios})
     mb = pd.read_csv(anchor_dir / "microbench" / "gpu_microbenchmarks.csv")
     triad = mb[(mb.gpu == gpu) & (mb.benchmark == "hbm_stream") & (mb.shape_or_op == "Triad")]
     if len(triad):
@@ -591,8 +716,7 @@ def fit_microbench(anchor_dir: Path, dev, gpu: str, dtype: str, a100) -> tuple:
             f"(shared/anchors/microbench, {gpu}) / {float(dev.mem_bw) / 1e12:.2f} TB/s "
             f"datasheet peak; on A100 the same ratio (0.83) sits close to the "
             f"operator-anchor calibration (0.88, a100_80gb.toml)")
-    table = g.assign(predicted_tflops=2.0 * g.m * g.n * g.k / pred / 1e12, ape=err)
-    return vals, src, table
+    return vals, src, table, cv
 
 
 # ------------------------------------------------------------------------------------------
@@ -756,18 +880,17 @@ def calibrate_microbench(anchors: Path, a100, write: bool):
     of the devices without kernel anchors; print the per-shape fit; write the TOMLs."""
     fitted = {}
     for name, (gpu, dtype) in MICROBENCH_DEVICES.items():
-        vals, src, table = fit_microbench(anchors, hw_db.device(name), gpu, dtype, a100)
+        vals, src, table, cv = fit_microbench(anchors, hw_db.device(name), gpu, dtype, a100,
+                                              KERNEL_RATIOS.get(name))
         fitted[name] = (vals, src)
-        print(f"\n== {name}: cuBLASLt {gpu} {dtype} at sustained clock fraction "
-              f"{vals['sustained_clock_fraction']:.3f} ==")
-        print(table[["shape", "tflops", "predicted_tflops", "ape"]].round(1)
+        extra = "".join(f", executed {k} {v:.3f}" for k, v in vals.items()
+                        if k.startswith("matrix_ratio_"))
+        print(f"\n== {name}: cuBLASLt {gpu} at sustained clock fraction "
+              f"{vals['sustained_clock_fraction']:.3f} (fitted on {dtype}){extra} ==")
+        print(table[["dtype", "shape", "tflops", "predicted_tflops", "ape"]].round(1)
               .to_string(index=False))
-        if gpu == "GB200":     # a check only: FP4 rows at the FP8-fitted clock
-            g4 = microbench_gemms(anchors, gpu, "FP4")
-            p4 = predict_microbench(dataclasses.replace(hw_db.device(name), **vals), g4, "FP4",
-                                    vals["sustained_clock_fraction"])
-            print(f"   FP4 rows at that clock: MAPE {mape(p4, g4.measured_s.values):.1f} % "
-                  f"(signed median {np.median(p4 / g4.measured_s.values - 1) * 100:+.1f} %)")
+        print(f"   MAPE in sample {table.ape.mean():.1f} %; cross-validated: "
+              + "; ".join(f"{k} {v:.1f} %" for k, v in cv.items()))
         if write:
             set_fields(name, vals, src)
     for name, (base, why) in MICROBENCH_TRANSFERS.items():
