@@ -254,3 +254,24 @@ def test_gb200_constants_give_both_cublaslt_dtypes(anchors):
     b200 = hw_db.device("b200")   # transferred: same silicon and kernels
     assert float(b200.sustained_clock_fraction) == float(dev.sustained_clock_fraction)
     assert float(b200.matrix_ratio_fp8) == float(dev.matrix_ratio_fp8)
+
+
+def test_gb200_nvl72_hosts_racks_and_mlperf_sizes():
+    """GB200 NVL72: hosts of 4 GPUs, 18 hosts in one NVLink domain, racks over InfiniBand (one
+    NIC per GPU, an NCCL network tier); with 16 trays per rack in the job, 512-2,496 GPUs are
+    whole racks and a 64-GPU replica (TP 4 x PP 8 x CP 2) stays inside one NVLink domain."""
+    from jaxmodel.comm.topology import group_tiers
+    nvl = hw_db.system("gb200_nvl72", nodes=2)
+    assert [float(lv.size) for lv in nvl.levels] == [4.0, 18.0, 2.0]
+    assert float(nvl.n_devices) == 144
+    host, rack, ib = nvl.levels
+    assert float(host.bw_per_device) == float(rack.bw_per_device) == 900e9
+    assert float(ib.bw_per_device) == 50e9 and float(ib.nccl_link) == 2.0
+    assert float(host.nccl_link) == float(rack.nccl_link) == 0.0
+    for racks, gpus in ((8, 512), (39, 2496)):
+        assert float(hw_db.system("gb200_nvl72_64gpu", nodes=racks).n_devices) == gpus
+    s = hw_db.system("gb200_nvl72_64gpu", nodes=8)
+    members, _, ok = group_tiers(s, 64.0, 1.0)          # one replica: TP x PP x CP
+    assert bool(ok) and [float(m) for m in members] == [4.0, 16.0, 1.0]
+    members, _, ok = group_tiers(s, 8.0, 64.0)          # its data-parallel group
+    assert bool(ok) and [float(m) for m in members] == [1.0, 1.0, 8.0]

@@ -120,7 +120,7 @@ def test_new_systems_load():
     assert float(h800.levels[0].bw_per_device) == 200e9       # 400 GB/s bidirectional
     assert float(h800.n_devices) == 16
     nvl = hw_db.system("gb200_nvl72")
-    assert float(nvl.levels[0].size) == 72
+    assert float(nvl.levels[0].size * nvl.levels[1].size) == 72    # 18 hosts x 4 GPUs
     assert nvl.device.name == "gb200"
 
 

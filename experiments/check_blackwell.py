@@ -1,0 +1,64 @@
+"""A check of the Blackwell constants on a run they were not fitted on: MLPerf Training v4.1
+GPT-3 175B on 64 B200 (NVIDIA, ``b200_n8_preview_nemo``, 8 × HGX B200).
+
+The run (MLCommons ``training_results_v4.1``, ``NVIDIA/results/b200_n8_preview_nemo/gpt3/
+result_{0,1,2}.txt`` and ``NVIDIA/benchmarks/gpt3/implementations/b200_n8_preview_nemo/
+config_DGXB200_8x8x1024x4x8_mbs2_cg.sh``): TP 4, PP 8, interleaved pipeline 6, micro-batch 2,
+global batch 2,048 sequences of 2,048 tokens (MLLOG ``global_batch_size``,
+``max_sequence_length``), FP8 (``config_fp8.sh``, Transformer Engine), TP communication
+overlapped (userbuffers), cuDNN fused attention, layer CUDA graphs. Each of the three runs
+trained 1,207,959,552 tokens (MLLOG ``train_samples``) in 11,552.2 / 11,624.3 / 11,633.4 s
+from ``run_start`` to ``run_stop``: 104,105 tokens/s on the mean time. The plan is modelled as
+``validate_mlperf.py`` models the H100 rows of the same benchmark (sequence parallelism,
+selective recompute, distributed optimizer with overlapped gradient and parameter sync,
+no dropout) on ``dgx_b200`` with 8 nodes.
+
+Nothing is fitted here: the B200 constants are transferred from the GB200 cuBLASLt
+microbenchmarks (``experiments/calibrate.py``). The measured time includes evaluation and
+logging inside ``run_start..run_stop``, which the model does not see.
+
+Usage: ``python experiments/check_blackwell.py``
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import jaxmodel as jm  # noqa: E402,I001  (imported before hw_db: the package wires hw_db up)
+import hw_db  # noqa: E402
+
+#: run_start..run_stop of the three runs, s; tokens per run (MLLOG, see the module docstring)
+RUN_SECONDS = (11552.193, 11624.299, 11633.398)
+TOKENS_PER_RUN = 1_207_959_552
+
+
+def main() -> dict:
+    measured = TOKENS_PER_RUN / (sum(RUN_SECONDS) / len(RUN_SECONDS))
+    system = hw_db.system("dgx_b200", nodes=8)
+    par = jm.Parallelism(dp=2, tp=4, pp=8, sp=True, micro_batch=2, interleave=6,
+                         schedule="interleaved", recompute="selective", zero=1,
+                         flash_attention=False)
+    r = jm.train_step(system, hw_db.model("gpt3-175b"), par, 2048, 2048, precision="fp8",
+                      dropout=0.0, grad_bytes=2.0, dp_overlap=1.0, tp_overlap=1.0)
+    pred = float(r.tokens_per_s)
+    dev = system.device
+    out = {"measured_tokens_per_s": measured, "predicted_tokens_per_s": pred,
+           "err_pct": 100.0 * (pred / measured - 1.0), "feasible": bool(r.feasible),
+           "memory_gib": float(r.memory_bytes) / 2 ** 30, "step_s": float(r.step_time_s),
+           **{f"{k}_s": float(v) for k, v in r.breakdown.items()}}
+    print(f"GPT-3 175B, 64 B200, MLPerf Training v4.1: measured {measured:,.0f} tokens/s, "
+          f"predicted {pred:,.0f} ({out['err_pct']:+.1f} %), feasible {out['feasible']}, "
+          f"{out['memory_gib']:.1f} GiB")
+    print("step breakdown (s): " + ", ".join(f"{k} {float(v):.2f}"
+                                             for k, v in r.breakdown.items()))
+    print(f"B200: sustained clock fraction {float(dev.sustained_clock_fraction):.3f}, executed "
+          f"FP8 ratio {float(dev.matrix_ratio_fp8):.3f} (experiments/calibrate.py)")
+    return out
+
+
+if __name__ == "__main__":
+    main()
