@@ -426,11 +426,24 @@ def in_network_protocols(t, op, part):
     (:func:`jaxmodel.comm.nccl.nvls_allreduce_time`) with its own per-chunk latency. The
     tuner keeps NCCL's own NVLS model (it chooses by it), with the NVLS latency of the
     system's NCCL release (``nccl_nvls_latency``, :func:`jaxmodel.comm.nccl.nvls_tuner_latency`:
-    NCCL 2.18 modelled none, so it ran NVLS at every size)."""
+    NCCL 2.18 modelled none, so it ran NVLS at every size).
+
+    CollNet (SHARP on the InfiniBand switches, a network tier with ``in_network_reduction``):
+    each GPU sends its share up once and receives the result once (the ``(m−1)/m · n`` of
+    :func:`in_network_phase`), at NCCL 2.30.7's CollNetDirect bus bandwidth factor, the
+    level's ``nvls_efficiency`` there (``src/graph/tuning.cc``, ``ncclTopoTuneModel``: busBw ×
+    0.85 where the minimum compute capability is ≥ 9.0, divided by ``1 + (r − 1)/2`` for
+    ``r`` GPUs per NIC; 1 = the default, no factor), and NCCL's CollNetDirect network latency
+    ``hwLat[NET][COLLNET_DIRECT][SIMPLE]`` = 31 µs (:func:`jaxmodel.comm.nccl.latency`). NVIDIA
+    SHARP (Scalable Hierarchical Aggregation and Reduction Protocol) documentation: the
+    switches reduce the streams of their ports and multicast the result back, so the data
+    crosses each link once per direction instead of the ring's ``2(m−1)/m`` times."""
     f, level, link = t.f, t.level, t.link
     _, bwt, steps = (jnp.asarray(a, dtype=f) for a in part)
     lat_p = nccl.latency("in_network", op, t.m, link)
     f_p = nccl.bw_factor("in_network", op, link, level.nvls_efficiency)
+    # CollNet on a network tier: the level's factor (NCCL's 0.85 on sm90+ where set)
+    f_p = f_p * jnp.where(link > 1.5, level.nvls_efficiency, 1.0)
     bwt_t = bwt * t.B / t.B_t / jnp.where(t.has_tb, t.ovh("n" if op == "broadcast" else "u"),
                                           1.0)
 

@@ -567,3 +567,26 @@ def test_nccl_218_tuner_runs_nvls_at_1mib():
     assert float(t_new[2, inr]) - float(t_old[2, inr]) == pytest.approx(25e-6, rel=1e-5)
     # CollNet on a network tier keeps NCCL 2.30.7's latency
     assert float(nccl.nvls_tuner_latency(2.0, 0.0)) == pytest.approx(31e-6)
+
+
+def test_collnet_bandwidth_hand_derived():
+    """SHARP (CollNet) on a network tier: each GPU's share crosses its NIC once each way,
+    ``(m−1)/m · n`` at NCCL 2.30.7's CollNetDirect factor (``nvls_efficiency`` there: 0.85 on
+    sm90+), so 1 GiB more on 16 ranks costs 15/16 · 2^30 / (0.85 · 25 GB/s) — half the ring's
+    ``2(m−1)/m`` traffic; the factor 1 (default) is NCCL's model without the sm90 term."""
+    ib = nvswitch(16, inr=1.0, nccl_link=2.0, bw_per_device=25e9, ll_max_bw=20.4e9)
+
+    def t(lvl, n, alg="in_network"):
+        return float(coll.collective_latency.single(system(lvl), "all_reduce", n, 16.0,
+                                                    algorithm=alg))
+
+    n1, n2 = 2.0**30, 2.0**31
+    for eff in (0.85, 1.0):
+        lvl = dataclasses.replace(ib, nvls_efficiency=eff)
+        assert t(lvl, n2) - t(lvl, n1) == pytest.approx(15 / 16 * (n2 - n1) / (eff * 25e9),
+                                                        rel=1e-4)
+    ring = t(ib, n2, "ring") - t(ib, n1, "ring")
+    assert ring == pytest.approx(2 * 15 / 16 * (n2 - n1) / 25e9, rel=1e-3)
+    # without in-network reduction the factor touches nothing (NCCL's ring / tree)
+    off = dataclasses.replace(ib, in_network_reduction=0.0)
+    assert t(off, n1, "auto") == t(dataclasses.replace(off, nvls_efficiency=0.5), n1, "auto")
