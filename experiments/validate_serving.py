@@ -52,7 +52,9 @@ architecture). One constant is fitted, ``Runtime.step_overhead_s`` of ``"trtllm_
 steps) minimising the MAPE of output tokens/s per GPU, in closed form on the cost tables
 (a shift of every iteration time); in sample on the dense models' rows and
 leave-one-model-out (the preset keeps the value ``hw_db/tech/runtime.toml`` records, with
-why). Outputs ``experiments/out/validate_serving_v1.csv`` and ``.png``
+why). Llama-4's chunked-attention layers decode by TensorRT-LLM's MMHA fallback
+(``Runtime.chunked_attention``; XQA rejects chunked attention on Hopper: see
+:data:`V1_MOE_DEPLOY`). Outputs ``experiments/out/validate_serving_v1.csv`` and ``.png``
 (predicted vs measured per model).
 
 Run: ``python experiments/validate_serving.py`` (a few minutes on CPU; ``--v1`` runs the
@@ -391,15 +393,38 @@ V1_MOE = ("Llama 4 Scout", "Llama 4 Maverick", "Qwen3-235B-A22B")
 #: replicas, DeepSpeed-TED's layout): each GPU serves its own sequences' attention with the
 #: attention and dense weights replicated, experts ``E/ep`` per GPU, tokens dispatched to
 #: the experts' GPUs by all-to-all. ``"tp"`` (default) runs them with the experts split over
-#: the TP ranks, no EP, no attention DP. The published deployment (``--moe-ep``) predicts
-#: no better: at ISL/OSL 128/2048, 1000/1000, 5000/500 Maverick +147/+160/+107 % (TP: +154/
-#: +117/+46 %), Scout +107/+102/+72 % (TP: +63/+47/+19 %); the replicated attention and
-#: dense weights shrink the KV pool (Maverick ~90, Scout ~210 sequences per GPU) yet the
-#: model's iteration stays 2-2.5× faster than measured, so the default keeps the TP
-#: deployment's figures until the missing mechanism is found.
+#: the TP ranks, no EP, no attention DP. The published deployment (``--moe-ep``) fits Scout
+#: better and Qwen3 far worse (MAPE Scout / Maverick / Qwen3-235B: TP 15.3 / 44.2 / 19.2 %,
+#: all rows 17.0 %; attention DP × EP 7.8 / 47.6 / 103.6 %, all rows 27.6 %: the replicated
+#: attention and dense weights leave Maverick ~90 sequences per GPU (TP: ~145), Scout ~210
+#: (TP: ~240), while Qwen3's 4 KV heads, duplicated over 8 TP ranks under TP, hold 1.75×
+#: the sequences once each rank keeps its own: ~205 per GPU against ~118), so the default
+#: keeps the TP deployment.
 #:
-#: Mechanisms checked against these rows (MAPE Scout / Maverick / Qwen3-235B, TP deployment
-#: 49 / 115 / 19 % unless stated), none adopted:
+#: Adopted: Llama-4's chunked-attention layers (36 of 48; ``Model.attention_chunk``) decode
+#: by the per-query-head kernel, ``Runtime.chunked_attention`` of ``"trtllm_v1"``: XQA
+#: rejects chunked attention (TensorRT-LLM cpp/tensorrt_llm/kernels/
+#: decoderMaskedMultiheadAttention/decoderXQAImplJIT/kernelUtils.cpp, ``supportConfigCommon``)
+#: and Hopper falls back to MMHA; the release notes of 0.21 list "a known performance
+#: regression (only affect LLaMA4 model) on Hopper", fixed by pull request 6306 (XQA when
+#: ``max_seq_len`` < the chunk), cherry-picked to release/1.0 in September 2025 (pull
+#: request 7681); perf-overview.md of 0.21 kept the 0.20 Llama-4 table for this reason, and
+#: its Maverick H100 rows (128/4096 11,163, 1000/2000 10,556 tokens/s) sit 1.7× / 1.15×
+#: above the v1.0 ones (6,744 / 9,151): the longer the decode phase, the larger the loss, as
+#: the 5× cache reads of the fallback predict. MAPE (TP deployment) Scout 49.3 → 15.3 %
+#: (leave-one-model-out 17.5 %), Maverick 114.7 → 44.2 % (39.2 %), Qwen3 and the dense
+#: models unchanged (no chunked layers); all rows 31.7 → 17.0 %. Nothing fitted.
+#:
+#: Maverick stays over-predicted, most at short contexts (128/2048 +75 %, 128/4096 +69 %,
+#: 1000/1000 +50 %, 5000/500 +6 %): at the modelled batch the measured iteration is 1.75 /
+#: 1.69 / 1.50 / 1.06× the modelled one (``iteration_implied_ms``), 8-46 ms more per
+#: iteration, growing with the batch (452 → 1243 sequences) rather than with the context;
+#: Scout, with the same attention, is within -27..-7 % (TP). The missing cost is specific to
+#: Maverick's layout (128 experts of which ~9 tokens each at these batches, TP 8, the dense
+#: layers) and not identified.
+#:
+#: Mechanisms checked against these rows before the chunked-attention kernel (MAPE Scout /
+#: Maverick / Qwen3-235B, TP deployment 49 / 115 / 19 % unless stated), not adopted:
 #:
 #: - KV cache in BF16: trtllm-bench keeps the checkpoint's KV dtype (``kv_cache_dtype
 #:   "auto"``, tensorrt_llm/bench/benchmark/utils/general.py ``get_settings``). Scout 4.7 %,
@@ -409,9 +434,10 @@ V1_MOE = ("Llama 4 Scout", "Llama 4 Maverick", "Qwen3-235B-A22B")
 #:   recorded both ways there (references/mmlu.yaml: FP8 weights only; a chunked-prefill test:
 #:   FP8 KV); the same reference lists Llama-3.3-70B FP8 without KV quantisation while its
 #:   rows fit only with an FP8 cache (BF16: 24 % instead of 8 %). Not identified.
-#: - Decode attention by the per-query-head kernel (``Runtime.attention`` 2; Llama-4's 5 query
-#:   heads per KV head read the cache 5×): Scout 26 % (every row under), Maverick 31 %. Not
-#:   sourced for TensorRT-LLM v1.0 (its XQA JIT kernels take head groups up to 32).
+#: - Decode attention by the per-query-head kernel on every layer (``Runtime.attention`` 2):
+#:   Scout 26 % (every row under), Maverick 31 %; the global (NoPE) layers carry no chunk
+#:   and keep XQA (tensorrt_llm/_torch/models/modeling_llama.py, ``Llama4DecoderLayer``),
+#:   hence the chunked layers only (above).
 #: - Attention DP × EP (above), with an eager-iteration host floor per layer (TensorRT-LLM
 #:   replays CUDA graphs under attention DP only when every rank is generation-only with the
 #:   same batch, ``PyTorchModelEngine._maybe_get_cuda_graph``), closed-form estimate on the

@@ -360,6 +360,7 @@ _HF_KEYS = {
     "topk_group": ("topk_group",),
     "sliding_window": ("sliding_window",),
     "global_every": ("sliding_window_pattern",),
+    "attention_chunk": ("attention_chunk_size",),
 }
 # Keys that change compute, memory or communication and are modelled (read by ``model``).
 HF_MODELLED_KEYS = frozenset(k for keys in _HF_KEYS.values() for k in keys) | {
@@ -699,6 +700,7 @@ def model(name_or_config: str | Path | Mapping = "gpt3-175b", strict: bool = Tru
               parallel_block=float(parallel), n_shared_experts=get("n_shared_experts", 0),
               moe_d_ff=get("moe_d_ff", 0), first_k_dense=get("first_k_dense", 0),
               n_mtp_layers=get("n_mtp_layers", 0), n_group=get("n_group", 0),
-              topk_group=get("topk_group", 0), name=str(name), quantization=quant,
+              topk_group=get("topk_group", 0), attention_chunk=get("attention_chunk", 0),
+              name=str(name), quantization=quant,
               serving_precision=serving)
     return validate_model(m, where=where)

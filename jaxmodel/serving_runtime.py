@@ -42,6 +42,21 @@ Fields and what they change (:func:`device_for`, :func:`jaxmodel.workload.layer.
   TensorRT-LLM's XQA kernel, v0.7+; vLLM PagedAttention); 2 as 1 but the decode kernel runs
   one thread block per (sequence, query head), reading the KV head's cache once per query
   head (TensorRT-LLM's masked multi-head attention before XQA: v0.5-0.6 on GQA models).
+- ``chunked_attention``: 1 decodes the chunked-attention layers of a model
+  (``Model.attention_chunk > 0``: Llama-4's local layers) by the per-query-head kernel of
+  ``attention`` 2 whatever ``attention`` says for the other layers. TensorRT-LLM's XQA
+  generation kernels reject chunked attention (``supportConfigCommon`` in
+  ``cpp/tensorrt_llm/kernels/decoderMaskedMultiheadAttention/decoderXQAImplJIT/
+  kernelUtils.cpp``: "chunked attention is not supported yet"), so on Hopper those layers
+  fall back to the masked multi-head attention kernel (MMHA), one thread block per (sequence,
+  query head); TensorRT-LLM pull request 6306 ("Improve Llama4 performance for small
+  max_seqlen cases": "XQA does not support chunked attention at the moment, while MMHA
+  supports chunked attention but is slower") keeps XQA when ``max_seq_len`` is below the
+  chunk; it reached release/1.0 as a cherry-pick (pull request 7681, September 2025), the
+  known issue of release 0.21 ("a known performance regression (only affect LLaMA4 model)
+  on Hopper") until then. Global (NoPE) layers carry no chunk and keep XQA
+  (``tensorrt_llm/_torch/models/modeling_llama.py``, ``Llama4DecoderLayer``:
+  ``attention_chunk_size`` only where ``no_rope_layers[i]`` is 1).
 - ``sustained_clock``: 1 runs the device at its sustained clock (``freq_hz`` ×
   ``sustained_clock_fraction``, the power-limited clock under back-to-back load, derived in
   hw_db from sustained cuBLASLt throughput), as a serving benchmark or a loaded server runs;
@@ -79,7 +94,8 @@ from jaxmodel import tech_tables as _tech_tables
 from jaxmodel.types import Array, _register, from_preset, stack_configs
 
 #: Flag fields (0/1 numeric leaves).
-FLAGS = ("kernel_floor", "cuda_graph", "fuse_norm", "fuse_act", "fuse_rope", "sustained_clock")
+FLAGS = ("kernel_floor", "cuda_graph", "fuse_norm", "fuse_act", "fuse_rope", "sustained_clock",
+         "chunked_attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +113,7 @@ class Runtime:
             GQA-packed split-KV decode kernel, 2 = the same prefill and a per-query-head
             decode kernel.
         sustained_clock: 1 = the device at its sustained (power-limited) clock.
+        chunked_attention: 1 = chunked-attention layers decode by the per-query-head kernel.
         step_overhead_s: host time per forward step not overlapped with the GPU, s.
         context_layer_overhead_s: host time per decoder layer before a request's context
             step (once per request), s.
@@ -112,6 +129,7 @@ class Runtime:
     sustained_clock: Array = 0.0
     step_overhead_s: Array = 0.0
     context_layer_overhead_s: Array = 0.0
+    chunked_attention: Array = 0.0
     name: str = "custom"
 
 
@@ -184,12 +202,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     # (kernel floors); generation-only iterations replay CUDA graphs (``cuda_graph_config``);
     # residual add + RMSNorm fused (FlashInfer ``fused_add_rmsnorm``), SwiGLU a separate
     # fused silu·mul(+quantise) kernel, RoPE inside the attention op (``TrtllmAttention``),
-    # FMHA context and XQA generation kernels, sustained clock. step_overhead_s:
+    # FMHA context and XQA generation kernels (MMHA on chunked-attention layers:
+    # ``chunked_attention``, the Hopper build the perf-overview rows ran), sustained clock.
+    # step_overhead_s:
     # [tensorrt_llm_v1] of hw_db/tech/runtime.toml, fitted on the DGX H100 rows of
     # shared/anchors/inference/trtllm_v1_perf_overview_h100.csv (offline throughput; the
     # fit does not survive leave-one-model-out, so 0 is kept: see its source).
     "trtllm_v1": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=0.0,
                       fuse_rope=1.0, attention=1.0, sustained_clock=1.0,
+                      chunked_attention=1.0,
                       step_overhead_s=_CAL.get("tensorrt_llm_v1", {}).get(
                           "step_overhead_s", 0.0)),
     # vLLM >= 0.10, V1 engine: piecewise CUDA graphs over every iteration (torch.compile

@@ -492,6 +492,7 @@ RANGES: dict[str, dict[str, Rule]] = {
         "n_mtp_layers": _count(0, 1e3),
         "n_group": _count(0, 1e5),
         "topk_group": _count(0, 1e5),
+        "attention_chunk": _count(0, 1e9),
     },
     "Parallelism": {
         "dp": _count(), "tp": _count(), "pp": _count(), "ep": _count(), "cp": _count(),
@@ -811,6 +812,12 @@ class Model:
             ``topk_group``): the routed experts form ``n_group`` groups (one per node of the
             EP group) and a token's top-k experts lie in at most ``topk_group`` of them; 0 =
             unrestricted routing.
+        attention_chunk: the local layers attend within fixed chunks of this many tokens
+            (Llama-4 iRoPE, HF ``attention_chunk_size``: a token attends to the tokens of its
+            own chunk) rather than a sliding window; 0 = sliding window or none. The model
+            times a chunk by its upper bound, ``sliding_window`` (the same value); the flag
+            decides which decode kernel a serving runtime runs on those layers
+            (:class:`jaxmodel.serving_runtime.Runtime` ``chunked_attention``).
         name: hw_db name (static metadata).
         quantization: how the published weights are stored when the checkpoint ships
             quantised (HF ``quantization_config``), e.g. ``"fp8 e4m3, 128x128 block scales"``
@@ -849,6 +856,7 @@ class Model:
     n_mtp_layers: Array = 0.0
     n_group: Array = 0.0
     topk_group: Array = 0.0
+    attention_chunk: Array = 0.0
     name: str = "custom"
     quantization: str = ""
     serving_precision: str = ""

@@ -11,9 +11,13 @@ layers and a global NoPE layer every fourth. Scout: 16 experts in every layer
 ``intermediate_size_mlp`` 16384.
 """
 
+import jax.numpy as jnp
 import pytest
 
 import hw_db
+import jaxmodel as jm
+from jaxmodel.workload import layer as _layer
+from jaxmodel.workload import moe as _moe
 from jaxmodel.workload.params import n_moe_layers, param_count
 
 D, L, V, FF_E, FF_DENSE = 5120, 48, 202_048, 8192, 16_384
@@ -52,3 +56,53 @@ def test_llama4_configs_match_the_hf_config(name, experts, moe_layers):
     active = moe_layers * moe + (L - moe_layers) * (ATTN + NORMS + 3 * D * FF_DENSE) + V * D
     assert float(param_count(m, active=True)) == pytest.approx(active, rel=1e-4)
     assert float(param_count(m, active=True)) + V * D == pytest.approx(17e9, rel=0.06)
+
+
+# --------------------------------------------------------------------------------------------
+# one decode iteration of Llama-4 Maverick under TP 8 (TensorRT-LLM's MoE-TP default): the
+# weights streamed and the FLOPs of the model's GEMM rows against a hand count
+# --------------------------------------------------------------------------------------------
+def _rows_weights_flops(rows):
+    """(weight elements, FLOPs) of weight-GEMM rows ``[(Gemm, count)]`` (batched products,
+    i.e. attention scores, excluded)."""
+    w = f = 0.0
+    for g, c in rows:
+        if g.batch is None:
+            w += float(c) * float(g.k) * float(g.n)
+            f += float(c) * 2.0 * float(g.m) * float(g.n) * float(g.k)
+    return w, f
+
+
+def test_maverick_tp8_decode_step_weights_and_flops_hand_count():
+    """Per GPU, one decode iteration of ``T`` sequences (one new token each; the tokens are
+    replicated over the TP group): every MoE layer streams its active routed experts
+    (``E·(1 − (1 − 1/E)^T)`` of 128 under top-1), each split 8 ways (gate+up ``5120 × 2·1024``,
+    down ``1024 × 5120``), the shared expert (same width, split 8 ways) and the router
+    ``5120 × 128``; every dense layer its SwiGLU FFN of 16384 split 8 ways; every layer the
+    attention projections (q, o: 5 of 40 heads, k, v: 1 of 8 KV heads, 128 wide). FLOPs are
+    ``2·rows·weights`` per GEMM, the routed experts' rows being the ``T`` routed copies."""
+    m = hw_db.model("llama4-maverick")
+    dev = hw_db.system("dgx_h100").device
+    par = jm.Parallelism(tp=8.0)
+    sh = _layer.shard(m, par)
+    T = 1024.0
+    gemms, _ = _moe.ffn_rows(dev, m, par, sh, jnp.asarray(T), 1.0, False, dropless=True)
+    proj = {**_layer.qkv_projection(sh, T), **_layer.output_projection(sh, T)}
+    w_ffn, f_ffn = _rows_weights_flops([r for k in ("w1", "w2", "moe_router")
+                                        for r in gemms[k]])
+    w_att, f_att = _rows_weights_flops([r for k in proj for r in proj[k]])
+    # the model's rows are one average layer: x 48
+    w_ffn, f_ffn, w_att, f_att = (48.0 * x for x in (w_ffn, f_ffn, w_att, f_att))
+
+    active = 128.0 * (1.0 - (1.0 - 1.0 / 128.0) ** T)          # 127.96 of 128
+    expert = 3 * D * (FF_E // 8)                               # one expert's TP slice
+    moe_w = 24 * (active * expert + expert + D * 128)          # routed, shared, router
+    dense_w = 24 * 3 * D * (FF_DENSE // 8)
+    assert w_ffn == pytest.approx(moe_w + dense_w, rel=1e-6)
+    # FP8: ~48.3 GB of routed experts per GPU and iteration, 0.38 GB shared, 0.75 GB dense
+    assert 24 * active * expert / 1e9 == pytest.approx(48.3, abs=0.1)
+    moe_f = 24 * 2 * T * (expert + expert + D * 128)           # one routed copy + shared
+    assert f_ffn == pytest.approx(moe_f + 2 * T * dense_w, rel=1e-6)
+    att_w = 48 * D * (5 * 128 + 2 * 128 + 5 * 128)
+    assert w_att == pytest.approx(att_w, rel=1e-6)
+    assert f_att == pytest.approx(2 * T * att_w, rel=1e-6)

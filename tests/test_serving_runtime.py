@@ -6,6 +6,8 @@ GEMMs are timed by the roofline + per-kernel overhead hook (fast compiles); the 
 overhead it adds is the device field the runtime swaps.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,11 +60,16 @@ def test_presets_and_names():
     assert jm.RUNTIMES["trtllm_v06"]["context_layer_overhead_s"] == cal["context_layer_overhead_s"]
     assert float(jm.runtime_of("vllm").context_layer_overhead_s) == 0.0
     leaves = jax.tree_util.tree_leaves(trt)
-    assert len(leaves) == 9        # name is static metadata
+    assert len(leaves) == 10       # name is static metadata
     # today's runtimes: TensorRT-LLM v1.0 (PyTorch backend), vLLM V1, SGLang
     v1 = jm.runtime_of("trtllm_v1")
     assert v1.name == "trtllm_v1" and float(v1.kernel_floor) == 1.0
     assert float(v1.fuse_act) == 0.0 and float(v1.attention) == 1.0
+    assert float(v1.chunked_attention) == 1.0            # MMHA on chunked layers (Hopper)
+    assert all(float(jm.runtime_of(n).chunked_attention) == 0.0
+               for n in ("trtllm", "vllm", "vllm_v1", "sglang", "pytorch"))
+    with pytest.raises(ValueError, match="chunked_attention"):
+        rtp.validate_runtime(jm.Runtime(chunked_attention=2.0))
     assert float(v1.step_overhead_s) == rtp.calibration()["tensorrt_llm_v1"]["step_overhead_s"]
     for name in ("vllm_v1", "sglang"):
         rt = rtp.validate_runtime(jm.runtime_of(name))
@@ -234,3 +241,27 @@ def test_float32(float32):
                      runtime="trtllm")
     assert r.tpot_s.dtype == jnp.float32
     assert np.isfinite(float(r.tpot_s)) and bool(r.feasible)
+
+
+def test_chunked_layers_decode_by_the_per_query_head_kernel_under_trtllm_v1():
+    """Llama-4 Scout (36 chunked layers of 48, attention_chunk 8192) under ``trtllm_v1``: the
+    average decode layer's attention is 1/4 the GQA-packed kernel (global NoPE layers, XQA)
+    and 3/4 the per-query-head kernel (chunked layers, MMHA), below the chunk where chunk and
+    full attention attend the same keys; a model without chunks keeps the packed kernel;
+    the per-query-head kernel reads the cache of each of the 5 query heads of a KV head."""
+    scout = hw_db.model("llama4-scout")
+    flat = dataclasses.replace(scout, attention_chunk=0.0)       # same layers, no chunks
+    v1 = jm.runtime_of("trtllm_v1")
+    packed = jm.runtime_of("trtllm_v1", chunked_attention=0.0)
+    per_head = jm.runtime_of("trtllm_v1", chunked_attention=0.0, attention=2.0)
+    par = jm.Parallelism(tp=4)
+
+    def attn(m, rt):
+        t = layer_times(SYSTEM, m, par, 64.0, 1.0, "decode", 2047.0, roofline_gemm,
+                        runtime=rt)
+        return float(t["qk"] + t["av"] + t["softmax"])
+
+    a_v1, a_packed, a_head = attn(scout, v1), attn(scout, packed), attn(scout, per_head)
+    assert a_v1 == pytest.approx(0.25 * a_packed + 0.75 * a_head, rel=1e-6)
+    assert a_head > 3.0 * a_packed                 # K and V read 5 times instead of once
+    assert attn(flat, v1) == pytest.approx(a_packed, rel=1e-6)

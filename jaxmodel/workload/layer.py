@@ -547,7 +547,9 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
     ``runtime`` (a :class:`jaxmodel.serving_runtime.Runtime`, serving only; None = eager, as
     LLMCompass) applies its fusions: ``fuse_norm`` times each norm as one streaming kernel
     (:func:`jaxmodel.ops.rmsnorm_latency`'s bandwidth model), ``fuse_act`` drops the ``act``
-    kernel (GEMM epilogue), ``fuse_rope`` drops the RoPE kernel (QKV epilogue).
+    kernel (GEMM epilogue), ``fuse_rope`` drops the RoPE kernel (QKV epilogue); its
+    ``attention`` 2 or, on chunked-attention layers (``model.attention_chunk``),
+    ``chunked_attention`` runs decode attention by the per-query-head kernel.
     """
     prec = _prec.resolve(precision, dtype_bytes)
     dtype_bytes = prec.act_bytes
@@ -571,9 +573,13 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
         # local (sliding-window) layers attend min(kv, window) keys: the average layer mixes
         # both cores by the share of local layers
         share = _params.n_local_layers(model) / jnp.maximum(model.n_layers, 1.0)
+        # chunked local layers under a runtime whose GQA decode kernel rejects chunks
+        # (Runtime.chunked_attention): the per-query-head kernel there
+        share_win = share_kv if runtime is None else share_kv & ~(
+            (runtime.chunked_attention > 0.5) & (model.attention_chunk > 0))
         win_g, win_v = attention_core(adev, core_sh, batch, seq_len,
                                       _params.attended_keys(model, kv_seq, True), attn_word,
-                                      training, par.flash_attention, variant.flash, share_kv)
+                                      training, par.flash_attention, variant.flash, share_win)
         core_g = {row: [(g, (1.0 - share) * c) for g, c in core_g[row]]
                   + [(g, share * c) for g, c in win_g[row]] for row in core_g}
         core_v = {row: tuple((1.0 - share) * a + share * b
