@@ -16,7 +16,9 @@ network, finite times), then memory. Every result is finite with ``feasible=True
 ``+inf`` with ``feasible=False`` and the reason of the first failing rule.
 
 - ``ttft_s``: embedding of the prompt + all layers in prefill + ``pp − 1`` hops + LM head on the
-  last position (``[b, d]×[d, V/t]``), an all-gather of the logits and a softmax over them.
+  last position (``[b, d]×[d, V/t]``), an all-gather of the logits and a softmax over them
+  (the embedding and head of :mod:`jaxmodel.workload.embedding`, shared with training: the
+  head GEMM runs at the precision's higher-precision dtype, ``attn_dtype``).
 - ``tpot_s``: one decode step (one new token per sequence) averaged over the KV growth: the
   mean of ``KV_SAMPLES`` steps at KV lengths evenly spaced (midpoints) over the decode phase
   (``prompt_len … prompt_len + gen_len − 2`` cached tokens; the latency is close to affine in
@@ -58,7 +60,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmodel import comm as _comm
-from jaxmodel import ops as _ops
 from jaxmodel import serving_runtime as _rtp
 from jaxmodel import speculative as _spec
 from jaxmodel.batching import batch_shape, batched
@@ -66,6 +67,7 @@ from jaxmodel.numerics import INF, first_reason, reason_name
 from jaxmodel.parallel import plan as _plan
 from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_args,
                             validate_knobs)
+from jaxmodel.workload.embedding import serving_embedding, serving_head
 from jaxmodel.workload.layer import (ANY, LAYER_OPS, Variant, default_gemm, layer_times,
                                      runtime_inputs, variant_of)
 from jaxmodel.workload.memory import (inference_memory_single, kv_cache_bytes_single,
@@ -113,65 +115,6 @@ class InferenceResult:
 jax.tree_util.register_dataclass(
     InferenceResult,
     data_fields=[f.name for f in dataclasses.fields(InferenceResult)], meta_fields=[])
-
-
-def _elementwise(dev, n, bytes_moved, flops):
-    return _ops.elementwise_latency.single(dev, n, bytes_moved, flops, overhead=True)
-
-
-def _tp_group(system: System, par: Parallelism, kind: str, nbytes, variant: Variant, like):
-    """Collective ``kind`` of ``nbytes`` over the ``t`` TP ranks, s; 0 when ``t = 1`` (the
-    group is never evaluated at size 1: double-where) or when ``variant`` rules TP out."""
-    if variant.tp is False:
-        return 0.0 * like
-    multi = par.tp > 1.5
-    t = _comm.collective_latency.single(system, kind, nbytes, jnp.where(multi, par.tp, 2.0),
-                                        net=variant.net)
-    return jnp.where(multi, t, 0.0)
-
-
-def _embedding_parts(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0,
-                     variant: Variant = ANY):
-    """``(lookup_s, all_reduce_s)`` of :func:`embedding_time`."""
-    lookup = _elementwise(system.device, tokens * model.d_model, 2.0 * dtype_bytes, 0.0)
-    return lookup, _tp_group(system, par, "all_reduce", tokens * model.d_model * dtype_bytes,
-                             variant, lookup)
-
-
-def embedding_time(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0,
-                   variant: Variant = ANY):
-    """Vocab-parallel embedding of ``tokens`` rows, s.
-
-    Megatron (Shoeybi et al. 2019 §3): each TP rank looks up its vocabulary slice (read + write
-    one ``d``-row per token, memory-bound) and an all-reduce over ``t`` combines the
-    ``[tokens, d]`` result.
-    """
-    lookup, ar = _embedding_parts(system, model, par, tokens, dtype_bytes, variant)
-    return lookup + ar
-
-
-def _lm_head_parts(system: System, model: Model, par: Parallelism, batch, gemm=None,
-                   dtype_bytes=2.0, variant: Variant = ANY):
-    """``(gemm_and_softmax_s, all_gather_s)`` of :func:`lm_head_time`."""
-    gemm = gemm or default_gemm
-    dev = system.device
-    vocab = model.vocab_size / jnp.maximum(par.tp, 1.0)
-    head = gemm(dev, batch, vocab, model.d_model, 1.0, dtype_bytes)
-    head = head + _ops.softmax_latency.single(dev, batch, vocab, overhead=True)
-    return head, _tp_group(system, par, "all_gather", batch * model.vocab_size * dtype_bytes,
-                           variant, head)
-
-
-def lm_head_time(system: System, model: Model, par: Parallelism, batch, gemm=None,
-                 dtype_bytes=2.0, variant: Variant = ANY):
-    """LM head on the last position of ``batch`` sequences and sampling, s.
-
-    GEMM ``[b, d]×[d, V/t]`` (vocab-parallel), an all-gather of the ``[b, V]`` logits over
-    ``t`` and a softmax over ``[b, V/t]``. The same in prefill (only the last prompt position
-    produces a token) and in every decode step.
-    """
-    head, gather = _lm_head_parts(system, model, par, batch, gemm, dtype_bytes, variant)
-    return head + gather
 
 
 def _pp_hop(system: System, par: Parallelism, nbytes, net=_comm.ANY_NET):
@@ -226,8 +169,8 @@ def _draft_costs(system, model, par, mb, b, prompt, gen, k, spec, gemm, prec, rt
     d = model.d_model
     tp = jnp.maximum(par.tp, 1.0)
     dec_sys = at(True)
-    lookup, ar = _embedding_parts(dec_sys, model, par, mb, dtype_s)
-    head_c, head_g = _lm_head_parts(dec_sys, model, par, mb, gemm, dtype_s)
+    lookup, ar = serving_embedding(dec_sys, model, par, mb, dtype_s)
+    head_c, head_g = serving_head(dec_sys, model, par, mb, gemm, prec)
     proj1 = gemm_f(system.device, mb, d / tp, 2.0 * d, 1.0, dtype_s)
     projp = gemm_f(system.device, mb * prompt, d / tp, 2.0 * d, 1.0, dtype_s)
     head_step = one_tok["total"] + proj1 + lookup + ar + head_c + head_g
@@ -252,10 +195,10 @@ def _draft_costs(system, model, par, mb, b, prompt, gen, k, spec, gemm, prec, rt
                                                 precision=prec, runtime=rt))(
             jnp.stack([prompt, jnp.ones_like(prompt)]),
             jnp.stack([jnp.zeros_like(prompt), prompt + 0.5 * gen]).astype(f))
-        lk_p, ar_p = _embedding_parts(at(False), dm, par, mb * prompt, dtype_s)
-        lk_d, ar_d = _embedding_parts(dec_sys, dm, par, mb, dtype_s)
-        hc_p, hg_p = _lm_head_parts(at(False), dm, par, mb, gemm, dtype_s)
-        hc_d, hg_d = _lm_head_parts(dec_sys, dm, par, mb, gemm, dtype_s)
+        lk_p, ar_p = serving_embedding(at(False), dm, par, mb * prompt, dtype_s)
+        lk_d, ar_d = serving_embedding(dec_sys, dm, par, mb, dtype_s)
+        hc_p, hg_p = serving_head(at(False), dm, par, mb, gemm, prec)
+        hc_d, hg_d = serving_head(dec_sys, dm, par, mb, gemm, prec)
         dm_pre = dm.n_layers * st["total"][0] + lk_p + ar_p + hc_p + hg_p
         dm_step = dm.n_layers * st["total"][1] + lk_d + ar_d + hc_d + hg_d
         dm_w = w_word * params_per_device.single(dm, par, False)
@@ -331,7 +274,7 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
         return dataclasses.replace(system, device=runtime_inputs(dev, par, variant, rt,
                                                                  decode)[0])
 
-    lookup, emb_ar = jax.vmap(lambda n, d: _embedding_parts(at(d), model, par, n, dtype_s,
+    lookup, emb_ar = jax.vmap(lambda n, d: serving_embedding(at(d), model, par, n, dtype_s,
                                                             variant))(tokens, is_decode)
     hop1 = jax.vmap(lambda n: _pp_hop(system, par, n * model.d_model * dtype_s,
                                       variant.net))(tokens)
@@ -340,20 +283,20 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     emb_pre, emb_dec = emb[0], emb[1]
     hop_pre, hop_dec = hops[0], hops[1]
     if rt is None and spec is None:
-        head_c, head_g = _lm_head_parts(system, model, par, mb, gemm, dtype_s, variant)
+        head_c, head_g = serving_head(system, model, par, mb, gemm, prec, variant)
         head_pre = head_dec = head_c + head_g
         step = 0.0
         setup = 0.0
     elif rt is None:
-        head_c, head_g = jax.vmap(lambda n: _lm_head_parts(system, model, par, n, gemm,
-                                                           dtype_s, variant))(
+        head_c, head_g = jax.vmap(lambda n: serving_head(system, model, par, n, gemm, prec,
+                                                         variant))(
             jnp.stack([mb, mb * per_step]))
         head_pre, head_dec = head_c[0] + head_g[0], head_c[1] + head_g[1]
         step = 0.0
         setup = 0.0
     else:
-        head_c, head_g = jax.vmap(lambda n, d: _lm_head_parts(at(d), model, par, n, gemm,
-                                                              dtype_s, variant))(
+        head_c, head_g = jax.vmap(lambda n, d: serving_head(at(d), model, par, n, gemm, prec,
+                                                            variant))(
             jnp.stack([mb, mb * per_step]), is_decode)
         head_pre, head_dec = head_c[0] + head_g[0], head_c[1] + head_g[1]
         step = rt.step_overhead_s
