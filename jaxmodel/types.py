@@ -615,6 +615,31 @@ def validate_device(dev: Device, where: str = "Device") -> Device:
     return dev
 
 
+#: Concrete checks of a device that the models above ``types`` need, each ``check(dev, where)``
+#: raising ``ValueError`` that names the field and value: the operator models register theirs
+#: on import (:mod:`jaxmodel.ops.feasibility`: some GEMM tile of the search grid fits the
+#: buffers), so a loader that depends on ``types`` alone (``hw_db``) still rejects a device no
+#: model can run (importing ``jaxmodel.types`` runs the package's ``__init__`` first, which
+#: imports the operator models).
+DEVICE_CHECKS: list = []
+
+
+def register_device_check(check):
+    """Add ``check(dev, where)`` to :data:`DEVICE_CHECKS` (once); returns ``check``."""
+    if check not in DEVICE_CHECKS:
+        DEVICE_CHECKS.append(check)
+    return check
+
+
+def validate_device_usable(dev: Device, where: str = "Device") -> Device:
+    """:func:`validate_device` (field ranges) and then every registered
+    :data:`DEVICE_CHECKS` (the buffers fit a GEMM tile); returns ``dev``."""
+    validate_device(dev, where)
+    for check in DEVICE_CHECKS:
+        check(dev, where)
+    return dev
+
+
 # --------------------------------------------------------------------------------------------
 # Network and system
 # --------------------------------------------------------------------------------------------
