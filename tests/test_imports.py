@@ -11,7 +11,8 @@ the module-level graph with those package initialisations has no cycle either.
 ====  =================================================================================
 rank  layer
 ====  =================================================================================
-0     ``jaxmodel.types``, ``jaxmodel.numerics``, ``jaxmodel.process``,
+0     ``jaxmodel.types`` (with ``jaxmodel.codes`` and ``jaxmodel.ranges``),
+      ``jaxmodel.numerics``, ``jaxmodel.process``,
       ``jaxmodel.tech_tables``, ``jaxmodel.anchors``,
       ``jaxmodel.serving_runtime`` (pytrees, NaN-free helpers, process settings, the sourced
       ``hw_db/tech`` tables read by path, the anchors' folder, the serving runtimes' presets),
@@ -55,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("jaxmodel", "hw_db")
 
 RANKS = {
-    "jaxmodel.types": 0, "jaxmodel.numerics": 0, "jaxmodel.process": 0,
+    "jaxmodel.types": 0, "jaxmodel.codes": 0, "jaxmodel.ranges": 0, "jaxmodel.numerics": 0, "jaxmodel.process": 0,
     "jaxmodel.tech_tables": 0, "jaxmodel.anchors": 0,
     "jaxmodel.precisions": 0.5, "jaxmodel.speculative": 0.5, "jaxmodel.recipes": 0.6,
     "jaxmodel.serving_runtime": 0,
