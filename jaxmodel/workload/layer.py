@@ -59,6 +59,7 @@ Units: seconds, bytes, FLOP.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -153,26 +154,37 @@ def mla_core_shard(model: Model, sh: Shard, absorbed=False) -> Shard:
     return sh._replace(kv_heads=sh.heads, group=jnp.ones_like(sh.heads), head_dim=qk)
 
 
+class FlashChoice(NamedTuple):
+    """Which attention kernel :func:`attention_core` times: ``code`` (``par.flash_attention``:
+    0 standard, 1 FA-1, 2 FA-2; may be traced), ``static`` (:attr:`Variant.flash`) and
+    ``share_kv`` (Flash-Decoding's shared KV heads)."""
+
+    code: Any = 0.0
+    static: bool | None = None
+    share_kv: Any = True
+
+
 def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, backward=False,
-                   flash=0.0, flash_static: bool | None = None, share_kv=True):
+                   kernel: FlashChoice = FlashChoice()):
     """Scores, softmax and weighted sum of standard (unfused) attention, or FlashAttention.
 
     Source: LLMCompass §III-C / notes §2: ``Q·Kᵀ`` and ``A·V`` as batched GEMMs (one product per
     sequence and KV head, the query group folded into M), softmax over ``[b·h/t·s, s_kv]``.
     Softmax backward ``dx = y·(dy − Σ dy·y)`` reads ``y, dy`` and writes ``dx`` (3 words,
     4 FLOP per element; memory-bound).
-    ``flash`` (``par.flash_attention``: 1 FA-1, 2 FA-2) replaces the three kernels by one fused
-    kernel (:func:`jaxmodel.ops.flash_attention_latency`, Guo et al. eq. 1, causal), its time
-    spread over the same rows (:func:`jaxmodel.ops.attention.flash_attention_rows`).
-    ``flash_static`` (:attr:`Variant.flash`): ``False`` traces the standard kernels only,
+    ``kernel.code`` (``par.flash_attention``: 1 FA-1, 2 FA-2) replaces the three kernels by one
+    fused kernel (:func:`jaxmodel.ops.flash_attention_latency`, Guo et al. eq. 1, causal), its
+    time spread over the same rows (:func:`jaxmodel.ops.attention.flash_attention_rows`).
+    ``kernel.static`` (:attr:`Variant.flash`): ``False`` traces the standard kernels only,
     ``True`` FlashAttention only, ``None`` both (selected per configuration).
-    ``share_kv``: FlashAttention decode reads each KV head once for its query group
+    ``kernel.share_kv``: FlashAttention decode reads each KV head once for its query group
     (Flash-Decoding; :func:`jaxmodel.ops.attention.flash_attention_rows`), else once per
     query head.
 
     Returns:
         ``(gemm_rows, vector_rows)`` with rows ``qk``, ``av`` and ``softmax``.
     """
+    flash, flash_static, share_kv = kernel
     nb = batch * sh.kv_heads
     m = seq_len * sh.group
     rows = batch * sh.heads * seq_len
@@ -264,15 +276,16 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
         core_sh = mla_core_shard(model, sh, absorbed) if variant.mla else sh
     adev = _prec.scaled_device(dev, prec.attn_dtype)
     share_kv = True if runtime is None else runtime.attention < 1.5
+    kernel = FlashChoice(par.flash_attention, variant.flash, share_kv)
     core_g, core_v = attention_core(adev, core_sh, batch, seq_len, kv_seq, attn_word,
-                                    training, par.flash_attention, variant.flash, share_kv)
+                                    training, kernel)
     if variant.window is not False:
         # local (sliding-window) layers attend min(kv, window) keys: the average layer mixes
         # both cores by the share of local layers
         share = _params.n_local_layers(model) / jnp.maximum(model.n_layers, 1.0)
         win_g, win_v = attention_core(adev, core_sh, batch, seq_len,
                                       _params.attended_keys(model, kv_seq, True), attn_word,
-                                      training, par.flash_attention, variant.flash, share_kv)
+                                      training, kernel)
         core_g = {row: [(g, (1.0 - share) * c) for g, c in core_g[row]]
                   + [(g, share * c) for g, c in win_g[row]] for row in core_g}
         core_v = {row: tuple((1.0 - share) * a + share * b
@@ -336,10 +349,34 @@ def runtime_inputs(dev, par: Parallelism, variant: Variant, rt, decode):
     return dev, par, variant
 
 
-def _inference_graph(system: System, model: Model, par: Parallelism, batch, seq_len, phase,
-                     kv_len, variant: Variant, prec, runtime):
+class Work(NamedTuple):
+    """The workload of one inference layer: ``batch`` sequences of ``seq_len`` new tokens
+    each in ``phase`` (``"prefill"`` or ``"decode"``, static) against ``kv_len`` cached
+    tokens (counts)."""
+
+    batch: Any
+    seq_len: Any
+    phase: str
+    kv_len: Any
+
+
+class LayerOptions(NamedTuple):
+    """How :func:`layer_breakdown`'s batched body times a layer: the GEMM function, the
+    precision, the static :class:`Variant`, the serving runtime and the static GEMM shapes
+    (:func:`static_gemm_shapes`, or None)."""
+
+    gemm: Any
+    precision: Any
+    variant: Variant
+    runtime: Any
+    shapes: Any = None
+
+
+def _inference_graph(system: System, model: Model, par: Parallelism, work: Work,
+                     variant: Variant, prec, runtime):
     """``(dev, par, variant, gemm_rows, vector_rows)`` of one prefill or decode layer
     (:func:`layer_graph` under the serving runtime's inputs, :func:`runtime_inputs`)."""
+    batch, seq_len, phase, kv_len = work
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
     dev = system.device
@@ -357,12 +394,11 @@ def _inference_graph(system: System, model: Model, par: Parallelism, batch, seq_
 
 
 
-def _gemm_shape_table(system, model, par, batch, seq_len, phase, kv_len, variant, precision,
-                      runtime):
+def _gemm_shape_table(system, model, par, work: Work, variant, precision, runtime):
     """``[G, 4]``: ``(m, n, k, batch)`` of every GEMM :func:`evaluate` times in one inference
     layer, in its order (batch 1 for the weight GEMMs)."""
-    _, _, _, gemms, _ = _inference_graph(system, model, par, batch, seq_len, phase, kv_len,
-                                         variant, _prec.resolve(precision), runtime)
+    _, _, _, gemms, _ = _inference_graph(system, model, par, work, variant,
+                                         _prec.resolve(precision), runtime)
     plain, multi = _gemm_entries(gemms, False)
     rows = [jnp.stack([jnp.asarray(x, dtype=jnp.result_type(float)) for x in
                        (g.m, g.n, g.k, 1.0 if g.batch is None else g.batch)])
@@ -373,10 +409,9 @@ def _gemm_shape_table(system, model, par, batch, seq_len, phase, kv_len, variant
 _shape_table = _batching.jit_leaves(_gemm_shape_table)
 
 
-def static_gemm_shapes(system: System, model: Model, par: Parallelism, batch, seq_len,
-                       phase="prefill", kv_len=0.0, variant: Variant = ANY, precision=None,
-                       runtime=None):
-    """The GEMM shapes of one inference layer as static strings (``"m,n,k,batch"``, in
+def static_gemm_shapes(system: System, model: Model, par: Parallelism, work: Work,
+                       variant: Variant = ANY, precision=None, runtime=None):
+    """The GEMM shapes of one inference layer (``work``: :class:`Work`) as static strings (``"m,n,k,batch"``, in
     :func:`evaluate`'s order) for a sweep over hardware: None unless the inputs they depend
     on (``model``, ``par``, ``batch``, ``seq_len``, ``kv_len``, ``runtime``) are concrete
     single values and ``system`` carries a batch axis (a single configuration keeps the
@@ -388,7 +423,7 @@ def static_gemm_shapes(system: System, model: Model, par: Parallelism, batch, se
     (exact: the same minimum), and GEMVs by their path alone. The shapes become part of the
     compilation key, so the numbers of another model compile again.
     """
-    inputs = (model, par, batch, seq_len, kv_len, precision, runtime)
+    inputs = (model, par, work.batch, work.seq_len, work.kv_len, precision, runtime)
     leaves = [x for x in jax.tree_util.tree_leaves(inputs) if not _batching.is_static(x)]
     if not is_concrete(*inputs) or any(np.size(x) != 1 for x in leaves):
         return None
@@ -397,8 +432,7 @@ def static_gemm_shapes(system: System, model: Model, par: Parallelism, batch, se
         return None
     unit = jax.tree_util.tree_map(lambda x: x if _batching.is_static(x) else 1.0, system)
     with jax.ensure_compile_time_eval():
-        table = _shape_table(unit, model, par, batch, seq_len, phase, kv_len, variant,
-                             precision, runtime)
+        table = _shape_table(unit, model, par, work, variant, precision, runtime)
     if not is_concrete(table):
         return None
     return tuple(",".join(repr(float(v)) for v in row) for row in np.asarray(table))
@@ -413,8 +447,8 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     gemm = gemm or default_gemm
     prec = _prec.resolve(precision, dtype_bytes)
     dtype_bytes = prec.act_bytes
-    dev, par, variant, gemms, vectors = _inference_graph(system, model, par, batch, seq_len,
-                                                         phase, kv_len, variant, prec, runtime)
+    dev, par, variant, gemms, vectors = _inference_graph(
+        system, model, par, Work(batch, seq_len, phase, kv_len), variant, prec, runtime)
     rows = evaluate(gemm, dev, gemms, vectors, precision=prec, attn_word=prec.kv_bytes,
                     shapes=shapes)
     out = {k: v[0] for k, v in rows.items()}
@@ -440,10 +474,10 @@ LAYER_CHUNK = 1024
 
 
 @batched(chunk=LAYER_CHUNK)
-def _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm, precision,
-                     variant, runtime, shapes=None):
-    return layer_times(system, model, par, batch, seq_len, phase, kv_len, gemm,
-                       variant=variant, precision=precision, runtime=runtime, shapes=shapes)
+def _layer_breakdown(system, model, par, work: Work, opts: LayerOptions):
+    return layer_times(system, model, par, work.batch, work.seq_len, work.phase, work.kv_len,
+                       opts.gemm, variant=opts.variant, precision=opts.precision,
+                       runtime=opts.runtime, shapes=opts.shapes)
 
 
 def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_len,
@@ -501,10 +535,10 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
     prec = _prec.resolve(precision, dtype_bytes)
     variant = variant_of(model, par, system)
     rt = _rtp.runtime_arg(runtime)
-    shapes = static_gemm_shapes(system, model, par, batch, seq_len, phase, kv_len, variant,
-                                prec, rt)
-    return _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm, prec,
-                            variant, rt, shapes)
+    work = Work(batch, seq_len, phase, kv_len)
+    shapes = static_gemm_shapes(system, model, par, work, variant, prec, rt)
+    return _layer_breakdown(system, model, par, work, LayerOptions(gemm, prec, variant, rt,
+                                                                   shapes))
 
 
 layer_breakdown.single = layer_times
