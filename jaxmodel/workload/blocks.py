@@ -255,8 +255,8 @@ def _gemm_entries(gemm_rows, backward):
             [e for e in entries if e[3].batch is not None])
 
 
-def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=None, backward=False, *,
-             precision=None, attn_word=None, shapes=None):
+def evaluate(gemm, dev, gemm_rows, vector_rows, backward=False, *, precision=None,
+             attn_word=None, shapes=None):
     """Time a layer's rows: ``{row: (fwd_s, bwd_s)}``.
 
     Weight GEMMs (``batch`` None) run at the tensor-core rate of ``precision.gemm_dtype``
@@ -270,14 +270,13 @@ def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=None, backward=False
         gemm: GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s``.
         gemm_rows: ``{row: [(Gemm, count), ...]}``.
         vector_rows: ``{row: (fwd_s, bwd_s)}`` already timed.
-        dtype_bytes: legacy bytes per element (see :func:`jaxmodel.precisions.resolve`).
         backward: also time the gradient GEMMs (else ``bwd_s = 0`` for GEMM rows).
         precision: a :class:`jaxmodel.Precision` or preset name (default ``"bf16"``).
         attn_word: bytes per element of the attention products (default ``act_bytes``).
         shapes: optional static shapes of the GEMMs (:func:`static_gemm_shapes`): each GEMM
             timed once per distinct shape by a search pruned to it.
     """
-    prec = _prec.resolve(precision, dtype_bytes)
+    prec = _prec.resolve(precision)
     w_gemm = _prec.gemm_word(prec)
     w_attn = prec.act_bytes if attn_word is None else attn_word
     dev_gemm = _prec.scaled_device(dev, prec.gemm_dtype)

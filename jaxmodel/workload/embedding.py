@@ -101,11 +101,12 @@ def loss_grad_time(dev, tokens, vocab, dtype_bytes):
 
 
 def embedding_single(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
-                     gemm: GemmFn | None = None, dtype_bytes=None, variant: Variant = ANY,
-                     precision=None):
-    """Single-configuration body of :func:`embedding_times`."""
+                     gemm: GemmFn | None = None, variant: Variant = ANY, precision=None):
+    """Single-configuration body of :func:`embedding_times` (``precision``: a
+    :class:`jaxmodel.Precision` or a preset name; the legacy ``dtype_bytes`` is resolved at
+    the API edge)."""
     dev = system.device
-    prec = _prec.resolve(precision, dtype_bytes)
+    prec = _prec.resolve(precision)
     dtype_bytes = prec.act_bytes
     tokens = micro_batch * seq_len
     vocab = vocab_shard(model, par)

@@ -580,12 +580,13 @@ def norm_upproj_recompute(gemm, dev, model: Model, par: Parallelism, tokens, row
 
 
 def training_layer_single(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
-                          gemm: GemmFn | None = None, dtype_bytes=None,
-                          variant: Variant = ANY, precision=None):
-    """Single-configuration body of :func:`training_layer_times`."""
+                          gemm: GemmFn | None = None, variant: Variant = ANY, precision=None):
+    """Single-configuration body of :func:`training_layer_times` (``precision``: a
+    :class:`jaxmodel.Precision` or a preset name; the legacy ``dtype_bytes`` is resolved at
+    the API edge)."""
     gemm = gemm or default_gemm
     dev = system.device
-    prec = _prec.resolve(precision, dtype_bytes)
+    prec = _prec.resolve(precision)
     dtype_bytes = prec.act_bytes
     gemms, vectors = layer_graph(dev, model, par, micro_batch, seq_len, seq_len,
                                  training=True, variant=variant, precision=prec)
