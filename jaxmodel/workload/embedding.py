@@ -16,9 +16,10 @@ The pieces, each a single-configuration formula:
   dtype (``attn_dtype``) on activation words (Transformer Engine keeps the output layer in
   BF16 under its FP8 recipes — NVIDIA Transformer Engine documentation, "Using FP8 with
   Transformer Engine": only ``te.Linear``-family modules run FP8, the output layer of
-  Megatron-core's ``GPTModel`` is a plain ``ColumnParallelLinear``; a quantised serving
-  checkpoint keeps ``lm_head`` unquantised — TensorRT-LLM / ModelOpt exclude it from
-  quantisation by default);
+  Megatron-core's ``GPTModel`` (``megatron/core/models/gpt/gpt_model.py``) is a plain
+  ``tensor_parallel.ColumnParallelLinear``; a quantised serving checkpoint keeps ``lm_head``
+  unquantised — NVIDIA TensorRT Model Optimizer, ``modelopt/torch/quantization/config.py``:
+  ``_default_disabled_quantizer_cfg`` disables the ``*lm_head*`` quantizers of every preset);
 - :func:`lm_head_times` — the head GEMM (and its two gradient GEMMs in training) by the layer's
   GEMM timing (:func:`jaxmodel.workload.blocks.evaluate`) at :func:`head_precision`;
 - :func:`logits_softmax` — the softmax over the ``V/t`` logits of each row (the loss forward
