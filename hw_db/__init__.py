@@ -36,10 +36,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from jaxmodel.ops import validate_device_for_ops
-from jaxmodel.tech_tables import load_toml
+from hw_db._toml import load_toml
 from jaxmodel.types import (Device, Model, NetLevel, System, check_value, rule_of,
-                            validate_model, validate_system)
+                            validate_device_usable, validate_model, validate_system)
 
 ROOT = Path(__file__).resolve().parent
 _KINDS = {"device": ("devices", ".toml"), "system": ("systems", ".toml"),
@@ -181,8 +180,9 @@ def _device_from_table(path: Path, table: Mapping, name: str) -> Device:
 
 
 def _validate(dev: Device, where: str) -> Device:
-    """Field ranges (types.validate_device) and buffers large enough for the smallest tile."""
-    return validate_device_for_ops(dev, where=where)
+    """Field ranges (types.validate_device) and the checks the models register (the buffers
+    large enough for the smallest GEMM tile, :func:`jaxmodel.types.validate_device_usable`)."""
+    return validate_device_usable(dev, where=where)
 
 
 def _name_of(path: Path, data: Mapping) -> str:

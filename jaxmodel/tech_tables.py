@@ -2,17 +2,18 @@
 
 Every TOML value is ``{value, source}``; :func:`read` strips the source after checking it is
 present (a missing source or a non-finite number raises ``ValueError`` naming the file and
-key). Any layer may read these files: hw_db's own loaders sit above ``jaxmodel.types``, so
-this module locates the data without importing hw_db.
+key). Any layer may read these files: the files are parsed by hw_db's TOML reader
+(:mod:`hw_db._toml`, which imports nothing of the project), the tables located by path.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import tomllib
 from pathlib import Path
 from typing import Any
+
+from hw_db._toml import load_toml
 
 TECH = Path(__file__).resolve().parents[1] / "hw_db" / "tech"
 
@@ -33,17 +34,6 @@ def _strip(path: Path, key: str, entry: Any):
         return {k: _strip(path, f"{key}.{k}", v) for k, v in entry.items()}
     raise ValueError(f"{path}: field '{key}' must be a table {{value = ..., source = ...}}, "
                      f"got {entry!r}")
-
-
-def load_toml(path: Path) -> dict:
-    """Parse a TOML file; a syntax error or an unreadable file names the file."""
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: malformed TOML: {e}") from None
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read: {e.strerror}") from None
 
 
 def read(path: Path) -> dict:

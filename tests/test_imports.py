@@ -11,19 +11,21 @@ the module-level graph with those package initialisations has no cycle either.
 ====  =================================================================================
 rank  layer
 ====  =================================================================================
-0     ``jaxmodel.types``, ``jaxmodel.numerics``, ``jaxmodel.process``,
+0     ``jaxmodel.types`` (with ``jaxmodel.codes`` and ``jaxmodel.ranges``),
+      ``jaxmodel.numerics``, ``jaxmodel.process``,
       ``jaxmodel.tech_tables``, ``jaxmodel.anchors``,
       ``jaxmodel.serving_runtime`` (pytrees, NaN-free helpers, process settings, the sourced
-      ``hw_db/tech`` tables read by path, the anchors' folder, the serving runtimes' presets)
+      ``hw_db/tech`` tables read by path, the anchors' folder, the serving runtimes' presets),
+      ``hw_db._toml`` (hw_db's TOML reader: imports nothing of ours)
+0.1   ``hw_db`` — the data and its loaders: they build and validate ``types`` objects and
+      import nothing else of ours (the operator models' device checks reach them through
+      ``types.register_device_check``); its *files* are data any layer may read by path
 0.5   ``jaxmodel.precisions`` (numeric formats: a config pytree over ``types``),
       ``jaxmodel.speculative`` (speculative-decoding proposers: a config pytree over ``types``)
 0.6   ``jaxmodel.recipes`` (the frameworks' named settings, their precisions included)
 1     ``jaxmodel.batching`` (the API edge every formula module decorates with),
       ``jaxmodel.distributed`` (shares and gathers of a multi-process job)
 2     ``jaxmodel.ops``, ``jaxmodel.comm`` (one device; the network)
-2.5   ``hw_db`` — its *files* are data that any layer may read by path
-      (``hw_db/tech/*.toml``); its *package* is the loader layer: it builds ``types``
-      objects and validates devices against ``ops``, so it sits just above them
 2.7   ``jaxmodel.parallel.plan``, ``jaxmodel.parallel.pipeline`` (the plan's rules, the
       placement of its groups and the schedules' counts: the workload checks its layer
       split with them, so they sit below it)
@@ -54,13 +56,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("jaxmodel", "hw_db")
 
 RANKS = {
-    "jaxmodel.types": 0, "jaxmodel.numerics": 0, "jaxmodel.process": 0,
+    "jaxmodel.types": 0, "jaxmodel.codes": 0, "jaxmodel.ranges": 0, "jaxmodel.numerics": 0, "jaxmodel.process": 0,
     "jaxmodel.tech_tables": 0, "jaxmodel.anchors": 0,
     "jaxmodel.precisions": 0.5, "jaxmodel.speculative": 0.5, "jaxmodel.recipes": 0.6,
     "jaxmodel.serving_runtime": 0,
     "jaxmodel.batching": 1, "jaxmodel.distributed": 1,
     "jaxmodel.ops": 2, "jaxmodel.comm": 2,
-    "hw_db": 2.5,
+    "hw_db": 0.1, "hw_db._toml": 0,
     "jaxmodel.parallel.plan": 2.7, "jaxmodel.parallel.pipeline": 2.7,
     "jaxmodel.workload": 3,
     "jaxmodel.parallel": 4,
@@ -207,9 +209,16 @@ def test_graph_is_read():
     g = _graph()
     assert "jaxmodel.batching" in g["jaxmodel.ops.gemm"]
     assert "jaxmodel.types" in g["hw_db"]
-    assert "jaxmodel.ops" in g["hw_db"]
+    assert "hw_db._toml" in g["jaxmodel.tech_tables"]
     assert "jaxmodel.search.grid" in g["jaxmodel.search.explore"]
     assert sum(len(v) for v in g.values()) > 100
+
+
+def test_hw_db_imports_only_types():
+    """The loaders depend on the pytrees alone (and on their own TOML reader)."""
+    g = _graph()
+    assert g["hw_db"] == {"jaxmodel.types", "hw_db._toml"}
+    assert g["hw_db._toml"] == set()
 
 
 def test_no_upward_import():

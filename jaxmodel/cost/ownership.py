@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
@@ -63,14 +63,27 @@ def _default(key):
     return tech.table("datacenter")["operation"][key]
 
 
+class Operation(NamedTuple):
+    """The data-centre operating assumptions of :func:`tco` (each ≤ 0: the value of
+    ``hw_db/tech/datacenter.toml``): service life, years; power usage effectiveness; price of
+    electricity, USD/kWh; average utilisation (fraction of TDP drawn)."""
+
+    lifetime_years: Any = -1.0
+    pue: Any = -1.0
+    usd_per_kwh: Any = -1.0
+    utilization: Any = -1.0
+
+
 def _tco_single(system: System, tokens_per_s=0.0, run_time_s=0.0, capex_usd=-1.0,
-                lifetime_years=-1.0, pue=-1.0, usd_per_kwh=-1.0, utilization=-1.0,
-                include_yield: bool = True, power_w_per_device=-1.0) -> TCO:
+                operation: Operation = Operation(), include_yield: bool = True,
+                power_w_per_device=-1.0) -> TCO:
+    """Single-configuration body of :func:`tco` (the operating assumptions as one
+    :class:`Operation`)."""
     pick = lambda v, k: jnp.where(v > 0, v, _default(k))  # noqa: E731
-    life = pick(lifetime_years, "lifetime_years")
-    pue_ = pick(pue, "pue")
-    price = pick(usd_per_kwh, "usd_per_kwh")
-    util = pick(utilization, "utilization")
+    life = pick(operation.lifetime_years, "lifetime_years")
+    pue_ = pick(operation.pue, "pue")
+    price = pick(operation.usd_per_kwh, "usd_per_kwh")
+    util = pick(operation.utilization, "utilization")
     built = _system_cost_single(system, include_yield).total_usd
     capex = jnp.where(capex_usd > 0, capex_usd, built)
     n = system.n_devices
@@ -127,9 +140,9 @@ def tco(system: System, tokens_per_s=0.0, run_time_s=0.0, *, capex_usd=-1.0,
         token rate and ``usd_per_run`` is 0 without a positive run time.
     """
     sys_ = dataclasses.replace(system, device=area_fields(system.device))
-    return _tco_batched(sys_, tokens_per_s, run_time_s, capex_usd, lifetime_years, pue,
-                        usd_per_kwh, utilization, include_yield=include_yield,
-                        power_w_per_device=power_w_per_device)
+    return _tco_batched(sys_, tokens_per_s, run_time_s, capex_usd,
+                        Operation(lifetime_years, pue, usd_per_kwh, utilization),
+                        include_yield=include_yield, power_w_per_device=power_w_per_device)
 
 
 tco.single = _tco_single

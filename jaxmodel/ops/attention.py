@@ -131,71 +131,74 @@ def _level_time(hbm_bytes, l2_bytes, dram_bw, l2_bw):
                        nx.safe_div(l2_bytes, l2_bw, fill=jnp.inf))
 
 
-def _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None, causal=1.0,
-                  dropout=0.0, version=1.0, dtype_bytes=2.0, overhead=True):
-    """Single-configuration body of :func:`flash_attention_latency`.
+def _pick(a1, a2):
+    """The two FlashAttention versions along a length-2 axis: ``a1`` (FA-1), ``a2`` (FA-2)."""
+    return jnp.where(jnp.asarray([False, True]), a2, a1)
 
-    Both versions are evaluated along a length-2 axis (FA-1, FA-2) in one trace and the one
-    named by the ``version`` code is returned.
-    """
-    kv_heads = heads if kv_heads is None else kv_heads
-    ok = (_device_ok(dev) & (batch > 0) & (heads > 0) & (kv_heads > 0) & (q_len > 0)
-          & (kv_len > 0) & (head_dim > 0) & (dtype_bytes > 0))
-    b, h, hk, nq, nkv, d = (nx.sanitize(x, x > 0) for x in
-                            (batch, heads, kv_heads, q_len, kv_len, head_dim))
-    w = nx.sanitize(dtype_bytes, dtype_bytes > 0)
-    freq, dram, l2bw, vec_core, cores = _rates(dev)      # per-cycle rates
-    dram_bw, l2_bw = dram * freq, l2bw * freq            # bytes/s
+
+def _flash_work(dev, dims, w, causal):
+    """Work decomposition of both versions (length-2 leaves) of the problem ``dims = (b, h,
+    h_kv, n_q, n_kv, d)``: units (FA-1 per head, FA-2 per KV head), their query rows, the
+    ``B_r × B_c`` blocks, block pairs per unit under the causal mask, thread blocks forward /
+    backward and their waves over the cores."""
+    b, h, hk, nq, nkv, d = dims
+    cores = _rates(dev)[4]
     g = jnp.maximum(h / hk, 1.0)
-    drop = jnp.where(dropout > 0, 1.0, 0.0)
-    v2 = jnp.asarray([False, True])                      # the version axis: FA-1, FA-2
-
-    def pick(a1, a2):
-        return jnp.where(v2, a2, a1)
-
-    # ---- work decomposition ---------------------------------------------------------------
-    units = pick(b * h, b * hk)                          # FA-1 per head, FA-2 per KV head
-    rows = pick(nq, g * nq)                              # query rows of one unit
+    units = _pick(b * h, b * hk)
+    rows = _pick(nq, g * nq)                             # query rows of one unit
     br, bc = flash_attention_tiles(dev, d, rows, nkv, w)
-    br = pick(br, jnp.clip(bc, 1.0, jnp.maximum(rows, 1.0)))   # FA-2: B×d tiles (seed)
+    br = _pick(br, jnp.clip(bc, 1.0, jnp.maximum(rows, 1.0)))   # FA-2: B×d tiles (seed)
     t_r, t_c = nx.ceil_div(rows, br), nx.ceil_div(nkv, bc)
     f = jnp.where(causal > 0.5, jnp.clip(1.0 - (nq - bc) / (2.0 * nkv), 0.0, 1.0), 1.0)
-    pairs = f * t_r * t_c                                # block pairs per unit
     # FA-2: a thread block per query block (fwd) / key block (bwd); Flash-Decoding splits the
     # keys when the query blocks alone cannot fill the cores. FA-1: one per unit.
-    split = pick(1.0, jnp.clip(jnp.floor(nx.safe_div(cores, units * t_r, fill=1.0)), 1.0, t_c))
-    items_f = pick(units, units * t_r * split)
+    split = _pick(1.0, jnp.clip(jnp.floor(nx.safe_div(cores, units * t_r, fill=1.0)), 1.0, t_c))
+    items_f = _pick(units, units * t_r * split)
     # FA-2 backward (§3.1 GQA): one thread block per (key block, query head), g per KV head
-    items_b = pick(units, units * g * t_c)
-    waves_f, waves_b = nx.ceil_div(items_f, cores), nx.ceil_div(items_b, cores)
+    items_b = _pick(units, units * g * t_c)
+    return dict(g=g, units=units, rows=rows, br=br, bc=bc, t_r=t_r, t_c=t_c, f=f,
+                pairs=f * t_r * t_c, split=split, items_f=items_f, items_b=items_b,
+                waves_f=nx.ceil_div(items_f, cores), waves_b=nx.ceil_div(items_b, cores))
 
-    # ---- t_GEMM: S = Q·Kᵀ and O = P·V per block pair (bwd: S, dP, dV, dQ, dK) ---------------
+
+def _flash_compute(dev, k, d, dropout):
+    """``t_GEMM`` (``S = Q·Kᵀ`` and ``O = P·V`` per block pair; backward S, dP, dV, dQ, dK)
+    and ``t_pt-reduc-ops`` on the vector units of both versions, s."""
+    freq, _, _, vec_core, _ = _rates(dev)
+    br, bc, units, pairs = k["br"], k["bc"], k["units"], k["pairs"]
     c_qk = _block_cycles(dev, br, bc, d)                 # [B_r×d]·[d×B_c]
     c_pv = _block_cycles(dev, br, d, bc)                 # [B_r×B_c]·[B_c×d]
     c_kt = _block_cycles(dev, bc, d, br)                 # dK, dV: [B_c×B_r]·[B_r×d]
-    per_item_f = pairs * units / items_f
-    per_item_b = pairs * units / items_b
-    gemm_qk = waves_f * per_item_f * c_qk / freq
-    gemm_pv = waves_f * per_item_f * c_pv / freq
-    gemm_qk_b = waves_b * per_item_b * (c_qk + c_pv + c_kt) / freq   # S, dQ, dK
-    gemm_pv_b = waves_b * per_item_b * (c_qk + c_kt) / freq          # dP, dV
-
-    # ---- t_pt-reduc-ops on the vector units -------------------------------------------------
+    per_item_f = pairs * units / k["items_f"]
+    per_item_b = pairs * units / k["items_b"]
+    waves_f, waves_b = k["waves_f"], k["waves_b"]
+    out = {"gemm_qk": waves_f * per_item_f * c_qk / freq,
+           "gemm_pv": waves_f * per_item_f * c_pv / freq,
+           "gemm_qk_bwd": waves_b * per_item_b * (c_qk + c_pv + c_kt) / freq,   # S, dQ, dK
+           "gemm_pv_bwd": waves_b * per_item_b * (c_qk + c_kt) / freq}          # dP, dV
+    drop = jnp.where(dropout > 0, 1.0, 0.0)
     exp = dev.exp_flops
-    per_out = pick(_PT_PER_OUT[1], _PT_PER_OUT[2])
-    per_row = pick(_PT_PER_ROW[1][0] * exp + _PT_PER_ROW[1][1],
-                   _PT_PER_ROW[2][0] * exp + _PT_PER_ROW[2][1])
+    per_out = _pick(_PT_PER_OUT[1], _PT_PER_OUT[2])
+    per_row = _pick(_PT_PER_ROW[1][0] * exp + _PT_PER_ROW[1][1],
+                    _PT_PER_ROW[2][0] * exp + _PT_PER_ROW[2][1])
     pt_pair = (br * bc * (exp + _PT_PER_SCORE + drop * _DROPOUT_FLOP) + br * d * per_out
                + br * per_row)
     # FA-1 computes D_i = rowsum(dO_i∘O_i) per pair; FA-2 in a pre-processing kernel
     pt_pair_b = (br * bc * (exp + _PT_BWD_PER_SCORE + drop * _DROPOUT_FLOP)
-                 + pick(2.0 * br * d, 0.0))
+                 + _pick(2.0 * br * d, 0.0))
     pt = waves_f * per_item_f * pt_pair / vec_core / freq
-    pt_b = waves_b * per_item_b * pt_pair_b / vec_core / freq
     # FA-2 normalises O = diag(ℓ)^-1·O once at the end (FA-1 every step)
-    pt = pt + pick(0.0, waves_f * (rows * d / t_r) / vec_core / freq)
+    out["pointwise"] = pt + _pick(0.0, waves_f * (k["rows"] * d / k["t_r"]) / vec_core / freq)
+    out["pointwise_bwd"] = waves_b * per_item_b * pt_pair_b / vec_core / freq
+    return out
 
-    # ---- HBM / global-buffer traffic per unit (bytes) ---------------------------------------
+
+def _flash_traffic(dev, k, nkv, d, w):
+    """HBM / global-buffer traffic of both versions per pass: bytes loaded and stored
+    (``hbm_*``) and their times (``load``, ``store``; backward ``*_bwd``), s and bytes."""
+    freq, dram, l2bw, _, cores = _rates(dev)
+    dram_bw, l2_bw = dram * freq, l2bw * freq            # bytes/s
+    g, units, rows, t_r, t_c, f = (k[x] for x in ("g", "units", "rows", "t_r", "t_c", "f"))
     qo = rows * d * w                                   # Q (or O, dO) of one unit
     kv = nkv * d * w                                    # K (or V) of one unit
     st = rows * _STAT_BYTES                             # one fp32 statistic of one unit
@@ -204,62 +207,85 @@ def _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None, cau
     # FA-1 Alg. 1: K, V once; Q_i, O_i, ℓ_i, m_i loaded and O_i, ℓ_i, m_i stored per pair; O,
     # ℓ, m initialised in HBM. FA-2: Q_i stays on chip, K_j, V_j streamed per pair, O and the
     # log-sum-exp stored once.
-    ld_all = pick(2.0 * kv + r1 * (2.0 * qo + 2.0 * st), qo + r2 * 2.0 * kv)
-    st_all = pick((r1 + 1.0) * (qo + 2.0 * st), qo + st)
+    ld_all = _pick(2.0 * kv + r1 * (2.0 * qo + 2.0 * st), qo + r2 * 2.0 * kv)
+    st_all = _pick((r1 + 1.0) * (qo + 2.0 * st), qo + st)
     ld_min = qo + 2.0 * kv
-    st_min = pick(qo + 2.0 * st, qo + st)
-    live = pick(jnp.minimum(units, cores), jnp.minimum(units, nx.ceil_div(cores, t_r * split)))
-    ws = live * pick(2.0 * qo + 2.0 * st, 2.0 * kv)
+    st_min = _pick(qo + 2.0 * st, qo + st)
+    live = _pick(jnp.minimum(units, cores),
+                 jnp.minimum(units, nx.ceil_div(cores, t_r * k["split"])))
+    ws = live * _pick(2.0 * qo + 2.0 * st, 2.0 * kv)
     # FA-1 Alg. 4: K, V once; Q_i, O_i, dO_i, dQ_i, ℓ_i, m_i per pair, dQ_i stored per pair;
     # dK, dV once. FA-2: pre-processing D = rowsum(dO∘O) (reads dO, O, writes D); the loop over
     # key blocks streams Q_i, dO_i, L_i, D_i and read-modify-writes dQ_i (fp32); dK, dV once;
     # dQ converted fp32 -> w (reads dq32, writes qo). Under GQA each of the g query heads
     # reads K, V and writes its own dK, dV; a sum kernel reads the g copies, writes dK, dV.
     pre = 2.0 * qo + st
-    grouped = pick(0.0, jnp.where(g > 1.0, 1.0, 0.0))
-    kv_ld = pick(2.0 * kv, 2.0 * g * kv * (1.0 + grouped))
-    kv_st = pick(2.0 * kv, 2.0 * g * kv + grouped * 2.0 * kv)
-    ld_all_b = pick(2.0 * kv + r1 * (4.0 * qo + 2.0 * st),
-                    pre + kv_ld + r1 * (2.0 * qo + 2.0 * st + dq32) + dq32)
-    st_all_b = pick(r1 * qo + 2.0 * kv, st + r1 * dq32 + kv_st + qo)
-    ld_min_b = pick(2.0 * kv + 3.0 * qo + 2.0 * st, pre + kv_ld + 2.0 * qo + 2.0 * st + dq32)
-    st_min_b = pick(qo + 2.0 * kv, st + dq32 + kv_st + qo)
-    live_b = pick(jnp.minimum(units, cores), jnp.minimum(units * g, nx.ceil_div(cores, t_c)))
-    ws_b = live_b * pick(4.0 * qo + 2.0 * st, (2.0 * qo + 2.0 * st + dq32) / g)
+    grouped = _pick(0.0, jnp.where(g > 1.0, 1.0, 0.0))
+    kv_ld = _pick(2.0 * kv, 2.0 * g * kv * (1.0 + grouped))
+    kv_st = _pick(2.0 * kv, 2.0 * g * kv + grouped * 2.0 * kv)
+    ld_all_b = _pick(2.0 * kv + r1 * (4.0 * qo + 2.0 * st),
+                     pre + kv_ld + r1 * (2.0 * qo + 2.0 * st + dq32) + dq32)
+    st_all_b = _pick(r1 * qo + 2.0 * kv, st + r1 * dq32 + kv_st + qo)
+    ld_min_b = _pick(2.0 * kv + 3.0 * qo + 2.0 * st, pre + kv_ld + 2.0 * qo + 2.0 * st + dq32)
+    st_min_b = _pick(qo + 2.0 * kv, st + dq32 + kv_st + qo)
+    live_b = _pick(jnp.minimum(units, cores), jnp.minimum(units * g, nx.ceil_div(cores, t_c)))
+    ws_b = live_b * _pick(4.0 * qo + 2.0 * st, (2.0 * qo + 2.0 * st + dq32) / g)
     l2_cap = dev.global_buffer_bytes
     fits, fits_b = ws <= l2_cap, ws_b <= l2_cap
     hbm_ld = units * jnp.where(fits, ld_min, ld_all)
     hbm_st = units * jnp.where(fits, st_min, st_all)
     hbm_ld_b = units * jnp.where(fits_b, ld_min_b, ld_all_b)
     hbm_st_b = units * jnp.where(fits_b, st_min_b, st_all_b)
-    load = _level_time(hbm_ld, units * ld_all, dram_bw, l2_bw)
-    store = _level_time(hbm_st, units * st_all, dram_bw, l2_bw)
-    load_b = _level_time(hbm_ld_b, units * ld_all_b, dram_bw, l2_bw)
-    store_b = _level_time(hbm_st_b, units * st_all_b, dram_bw, l2_bw)
+    return {"load": _level_time(hbm_ld, units * ld_all, dram_bw, l2_bw),
+            "store": _level_time(hbm_st, units * st_all, dram_bw, l2_bw),
+            "load_bwd": _level_time(hbm_ld_b, units * ld_all_b, dram_bw, l2_bw),
+            "store_bwd": _level_time(hbm_st_b, units * st_all_b, dram_bw, l2_bw),
+            "hbm_bytes": hbm_ld + hbm_st, "hbm_bytes_bwd": hbm_ld_b + hbm_st_b,
+            "grouped": grouped}
 
+
+def _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None, causal=1.0,
+                  dropout=0.0, version=1.0, dtype_bytes=2.0, overhead=True):
+    """Single-configuration body of :func:`flash_attention_latency`.
+
+    Both versions are evaluated along a length-2 axis (FA-1, FA-2) in one trace
+    (:func:`_flash_work`, :func:`_flash_compute`, :func:`_flash_traffic`) and the one named
+    by the ``version`` code is returned.
+    """
+    kv_heads = heads if kv_heads is None else kv_heads
+    ok = (_device_ok(dev) & (batch > 0) & (heads > 0) & (kv_heads > 0) & (q_len > 0)
+          & (kv_len > 0) & (head_dim > 0) & (dtype_bytes > 0))
+    b, h, hk, nq, nkv, d = (nx.sanitize(x, x > 0) for x in
+                            (batch, heads, kv_heads, q_len, kv_len, head_dim))
+    w = nx.sanitize(dtype_bytes, dtype_bytes > 0)
+    k = _flash_work(dev, (b, h, hk, nq, nkv, d), w, causal)
+    c = _flash_compute(dev, k, d, dropout)
+    m = _flash_traffic(dev, k, nkv, d, w)
     ov = dev.matmul_overhead_s if overhead else 0.0
     res = {
-        "load": load, "gemm": gemm_qk + gemm_pv, "pointwise": pt, "store": store,
-        "overhead": pick(1.0, 1.0) * ov,                    # one forward kernel
-        "gemm_qk": gemm_qk, "gemm_pv": gemm_pv,
-        "load_bwd": load_b, "gemm_bwd": gemm_qk_b + gemm_pv_b, "pointwise_bwd": pt_b,
+        "load": m["load"], "gemm": c["gemm_qk"] + c["gemm_pv"], "pointwise": c["pointwise"],
+        "store": m["store"],
+        "overhead": _pick(1.0, 1.0) * ov,                    # one forward kernel
+        "gemm_qk": c["gemm_qk"], "gemm_pv": c["gemm_pv"],
+        "load_bwd": m["load_bwd"], "gemm_bwd": c["gemm_qk_bwd"] + c["gemm_pv_bwd"],
+        "pointwise_bwd": c["pointwise_bwd"],
         # FA-2: pre, main, convert (+ the dK, dV group sum under GQA)
-        "store_bwd": store_b, "overhead_bwd": pick(1.0, 3.0 + grouped) * ov,
-        "gemm_qk_bwd": gemm_qk_b, "gemm_pv_bwd": gemm_pv_b,
-        "hbm_bytes": hbm_ld + hbm_st, "hbm_bytes_bwd": hbm_ld_b + hbm_st_b,
-        "flops": 4.0 * units * pairs * br * bc * d,
-        "flops_bwd": 10.0 * units * pairs * br * bc * d,
-        "block_rows": br, "block_cols": bc * jnp.ones_like(br),
+        "store_bwd": m["store_bwd"], "overhead_bwd": _pick(1.0, 3.0 + m["grouped"]) * ov,
+        "gemm_qk_bwd": c["gemm_qk_bwd"], "gemm_pv_bwd": c["gemm_pv_bwd"],
+        "hbm_bytes": m["hbm_bytes"], "hbm_bytes_bwd": m["hbm_bytes_bwd"],
+        "flops": 4.0 * k["units"] * k["pairs"] * k["br"] * k["bc"] * d,
+        "flops_bwd": 10.0 * k["units"] * k["pairs"] * k["br"] * k["bc"] * d,
+        "block_rows": k["br"], "block_cols": k["bc"] * jnp.ones_like(k["br"]),
     }
     res["fwd"] = res["load"] + res["gemm"] + res["pointwise"] + res["store"] + res["overhead"]
     res["bwd"] = (res["load_bwd"] + res["gemm_bwd"] + res["pointwise_bwd"] + res["store_bwd"]
                   + res["overhead_bwd"])
     use2 = version > 1.5
-    out = {k: jnp.where(use2, x[1], x[0]) for k, x in res.items()}
-    for k in ("load", "gemm", "pointwise", "store", "overhead", "gemm_qk", "gemm_pv",
-              "load_bwd", "gemm_bwd", "pointwise_bwd", "store_bwd", "overhead_bwd",
-              "gemm_qk_bwd", "gemm_pv_bwd", "fwd", "bwd"):
-        out[k] = jnp.where(ok, out[k], jnp.inf)
+    out = {key: jnp.where(use2, x[1], x[0]) for key, x in res.items()}
+    for key in ("load", "gemm", "pointwise", "store", "overhead", "gemm_qk", "gemm_pv",
+                "load_bwd", "gemm_bwd", "pointwise_bwd", "store_bwd", "overhead_bwd",
+                "gemm_qk_bwd", "gemm_pv_bwd", "fwd", "bwd"):
+        out[key] = jnp.where(ok, out[key], jnp.inf)
     out["total"] = out["fwd"] + out["bwd"]
     return out
 

@@ -28,7 +28,7 @@ import numpy as np
 from jaxmodel import numerics as nx
 from jaxmodel.batching import batched
 from jaxmodel.ops.gemm import _device_ok, min_global_bytes, min_local_bytes, tile_fits
-from jaxmodel.types import validate_device
+from jaxmodel.types import register_device_check, validate_device
 
 
 def _ops_feasible_single(dev):
@@ -81,6 +81,15 @@ def validate_device_for_ops(dev, where: str = "Device"):
         ValueError: Device: field 'local_buffer_bytes' = 1024.0 is too small for any GEMM tile ...
     """
     validate_device(dev, where)
+    return check_tiles(dev, where)
+
+
+@register_device_check
+def check_tiles(dev, where: str = "Device"):
+    """The buffer part of :func:`validate_device_for_ops` on a device whose field ranges are
+    valid: raise ``ValueError`` naming the binding buffer field unless some GEMM tile of the
+    search grid fits (registered with :func:`jaxmodel.types.register_device_check`, so the
+    hw_db loaders apply it). Returns ``dev``."""
     d = _numpy_device(dev)
     with np.errstate(invalid="ignore"):      # the rules in numpy: no dispatch, no compile
         fits = _device_ok(d, np)[..., 0] & tile_fits(d, xp=np)

@@ -53,6 +53,7 @@ import functools
 import importlib
 import itertools
 import weakref
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -64,201 +65,9 @@ from jaxmodel.ops.systolic import pipelined_fold_cycles
 from jaxmodel.ops.systolic import systolic_cycles  # noqa: F401  (inlined below; the reference)
 from jaxmodel.types import validate_args
 
-# ------------------------------------------------------------------------------------------
-# Static candidate grid (independent of the problem shape; clipped to it at run time).
-# Each candidate is (L2 m, L2 n, L2 k, L1 m = n in systolic-array sizes). LLMCompass's
-# heuristic-GPU grid (l2_M ∈ 64..2048, l2_N ∈ {M/2, M, 2M}, l2_K ≈ K/{1,2,4,8},
-# l1 ∈ {32..256}) is replaced by 160 candidates chosen by greedy forward selection from a
-# 1,400-point product grid (L2 m 64..4096, n/m 1/4..4, L2 k 128..16384, L1 1..16 arrays) on
-# random devices × LLM GEMM shapes: experiments/select_gemm_grid.py (held-out: the best of
-# the 160 is on average 0.55 % slower than the best of all 1,400, p95 2.5 %). Each tiling is
-# crossed with the L1 k-tiles L1_TK into one flat axis of mappings (:func:`_mappings`). The
-# k-tile cannot be pruned or put in closed form without changing the minimum: the largest
-# k-tile that fits is on average 16 % slower than the best (a smaller one splits k over more
-# cores), and keeping only the mappings that ever win on 40,000 random problems still needs
-# 973 of the 1,292 (select_gemm_grid.py).
-# ------------------------------------------------------------------------------------------
-GRID_CANDIDATES = (
-    (512, 128, 128, 4),
-    (512, 512, 128, 16),
-    (512, 1024, 128, 2),
-    (512, 2048, 128, 2),
-    (1024, 256, 128, 2),
-    (1024, 1024, 128, 1),
-    (1024, 4096, 128, 1),
-    (1024, 4096, 128, 2),
-    (2048, 512, 128, 2),
-    (2048, 2048, 128, 1),
-    (4096, 8192, 128, 2),
-    (4096, 8192, 128, 4),
-    (4096, 16384, 128, 1),
-    (128, 512, 256, 2),
-    (256, 128, 256, 2),
-    (256, 256, 256, 2),
-    (256, 1024, 256, 1),
-    (512, 512, 256, 2),
-    (512, 2048, 256, 2),
-    (512, 2048, 256, 4),
-    (1024, 256, 256, 16),
-    (1024, 1024, 256, 2),
-    (2048, 8192, 256, 1),
-    (4096, 8192, 256, 2),
-    (4096, 16384, 256, 1),
-    (4096, 16384, 256, 4),
-    (4096, 16384, 256, 8),
-    (256, 256, 512, 2),
-    (256, 256, 512, 4),
-    (256, 256, 512, 8),
-    (256, 1024, 512, 2),
-    (512, 512, 512, 2),
-    (512, 1024, 512, 4),
-    (512, 2048, 512, 4),
-    (1024, 2048, 512, 2),
-    (2048, 512, 512, 4),
-    (2048, 2048, 512, 1),
-    (2048, 4096, 512, 2),
-    (4096, 4096, 512, 1),
-    (4096, 16384, 512, 1),
-    (4096, 16384, 512, 2),
-    (256, 256, 1024, 2),
-    (256, 512, 1024, 1),
-    (256, 512, 1024, 2),
-    (256, 512, 1024, 4),
-    (256, 1024, 1024, 4),
-    (512, 512, 1024, 2),
-    (512, 512, 1024, 4),
-    (512, 512, 1024, 8),
-    (512, 1024, 1024, 4),
-    (512, 1024, 1024, 8),
-    (512, 2048, 1024, 2),
-    (512, 2048, 1024, 4),
-    (1024, 1024, 1024, 2),
-    (1024, 1024, 1024, 8),
-    (1024, 2048, 1024, 1),
-    (1024, 2048, 1024, 8),
-    (1024, 4096, 1024, 1),
-    (1024, 4096, 1024, 8),
-    (1024, 4096, 1024, 16),
-    (2048, 1024, 1024, 1),
-    (2048, 2048, 1024, 2),
-    (2048, 4096, 1024, 2),
-    (2048, 8192, 1024, 4),
-    (2048, 8192, 1024, 16),
-    (4096, 8192, 1024, 2),
-    (4096, 16384, 1024, 1),
-    (128, 256, 2048, 2),
-    (128, 512, 2048, 1),
-    (128, 512, 2048, 2),
-    (256, 256, 2048, 2),
-    (256, 512, 2048, 1),
-    (256, 512, 2048, 2),
-    (256, 512, 2048, 16),
-    (256, 1024, 2048, 2),
-    (256, 1024, 2048, 4),
-    (512, 256, 2048, 8),
-    (512, 512, 2048, 2),
-    (512, 512, 2048, 4),
-    (512, 512, 2048, 8),
-    (512, 1024, 2048, 1),
-    (512, 1024, 2048, 4),
-    (512, 1024, 2048, 16),
-    (1024, 256, 2048, 2),
-    (1024, 1024, 2048, 8),
-    (1024, 2048, 2048, 2),
-    (1024, 4096, 2048, 4),
-    (2048, 1024, 2048, 16),
-    (4096, 2048, 2048, 8),
-    (4096, 2048, 2048, 16),
-    (4096, 16384, 2048, 1),
-    (128, 256, 4096, 4),
-    (128, 512, 4096, 2),
-    (256, 256, 4096, 2),
-    (256, 256, 4096, 4),
-    (256, 512, 4096, 2),
-    (256, 1024, 4096, 1),
-    (256, 1024, 4096, 4),
-    (512, 256, 4096, 1),
-    (512, 512, 4096, 4),
-    (512, 1024, 4096, 8),
-    (512, 1024, 4096, 16),
-    (512, 2048, 4096, 2),
-    (1024, 512, 4096, 4),
-    (1024, 1024, 4096, 4),
-    (1024, 1024, 4096, 8),
-    (2048, 8192, 4096, 1),
-    (2048, 8192, 4096, 8),
-    (4096, 4096, 4096, 4),
-    (256, 128, 8192, 4),
-    (256, 256, 8192, 2),
-    (256, 256, 8192, 4),
-    (256, 256, 8192, 16),
-    (256, 512, 8192, 2),
-    (512, 512, 8192, 8),
-    (512, 1024, 8192, 4),
-    (1024, 1024, 8192, 2),
-    (1024, 1024, 8192, 8),
-    (1024, 2048, 8192, 2),
-    (1024, 4096, 8192, 1),
-    (1024, 4096, 8192, 8),
-    (2048, 1024, 8192, 8),
-    (2048, 2048, 8192, 4),
-    (2048, 2048, 8192, 16),
-    (4096, 1024, 8192, 8),
-    (4096, 8192, 8192, 2),
-    (64, 32, 16384, 8),
-    (64, 256, 16384, 1),
-    (64, 256, 16384, 2),
-    (128, 32, 16384, 2),
-    (128, 64, 16384, 8),
-    (128, 256, 16384, 2),
-    (256, 64, 16384, 1),
-    (256, 64, 16384, 2),
-    (256, 128, 16384, 16),
-    (256, 256, 16384, 1),
-    (256, 512, 16384, 4),
-    (512, 128, 16384, 2),
-    (512, 256, 16384, 2),
-    (512, 512, 16384, 1),
-    (512, 512, 16384, 2),
-    (512, 512, 16384, 4),
-    (512, 1024, 16384, 4),
-    (512, 1024, 16384, 8),
-    (512, 2048, 16384, 8),
-    (1024, 256, 16384, 4),
-    (1024, 512, 16384, 2),
-    (1024, 512, 16384, 8),
-    (1024, 1024, 16384, 4),
-    (1024, 1024, 16384, 8),
-    (1024, 2048, 16384, 1),
-    (1024, 2048, 16384, 2),
-    (1024, 2048, 16384, 16),
-    (2048, 512, 16384, 4),
-    (2048, 512, 16384, 8),
-    (2048, 1024, 16384, 2),
-    (2048, 4096, 16384, 16),
-    (4096, 1024, 16384, 16),
-    (4096, 2048, 16384, 16),
-    (4096, 4096, 16384, 16),
-)
-L0_SPLIT_M = (1.0, 2.0, 4.0)          # lanes along m; the rest (lanes / i) along n
-L1_TK = (1.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0)  # L1 k-tile candidates
+from jaxmodel.ops.gemm_grid import (GRID, GRID_CANDIDATES, L0_SPLIT_M, L1_TK,  # noqa: F401
+                                     N_CANDIDATES, _mappings)
 
-
-
-def _mappings(tilings, l1_tk):
-    """(5, C) mappings: every tiling × every L1 k-tile, where k-tiles at or above the tiling's
-    L2 k-tile are merged into the smallest of them (``tk = min(l1_k, TK)`` and ``TK ≤`` the L2
-    k-tile, so they give the same mapping: the merge is exact)."""
-    rows = []
-    for tm, tn, tk2, t1 in tilings:
-        ks = [k for k in l1_tk if k < tk2]
-        ks += [min(k for k in l1_tk if k >= tk2)] if max(l1_tk) >= tk2 else []
-        rows += [(tm, tn, tk2, t1, k) for k in ks]
-    return np.asarray(rows, dtype=np.float64).T
-
-
-GRID = _mappings(GRID_CANDIDATES, L1_TK)    # (5, C): L2 m, n, k, L1 m = n (arrays), L1 k
-N_CANDIDATES = GRID.shape[1]
 
 
 # Smallest tiles of the grid (device-level feasibility check, fp16): the L2 working set in
@@ -764,10 +573,23 @@ def _one_gemm_seconds(dev, m, n, k, word, soft, searched=None):
     return combine_parts(m, n, *gemm_parts(dev, m, n, k, word, soft, searched))
 
 
-def _gemm_single(dev, m, n, k, batch=1.0, dtype_bytes=2.0, overhead=True, soft=None,
-                 merged=True, searched=None):
-    """Single-config GEMM latency (see :func:`gemm_latency`); ``searched``: the tile
-    searches of static shapes already done (:func:`gemm_latencies`)."""
+class GemmMode(NamedTuple):
+    """How :func:`_gemm_single` times a kernel (static choices and the soft-min temperature).
+
+    ``overhead``: ``True`` the eager per-call overhead, ``"kernel"`` the device-side floor,
+    ``False`` none; ``soft``: ``None`` (hard min over mappings) or a relative temperature;
+    ``merged``: also try LLMCompass's merged ``BatchedMatmul`` form when ``batch > 1``."""
+
+    overhead: Any = True
+    soft: Any = None
+    merged: bool = True
+
+
+def _gemm_single(dev, m, n, k, batch=1.0, dtype_bytes=2.0, mode: GemmMode = GemmMode(),
+                 searched=None):
+    """Single-config GEMM latency (see :func:`gemm_latency`) timed as ``mode`` says;
+    ``searched``: the tile searches of static shapes already done (:func:`gemm_latencies`)."""
+    overhead, soft, merged = mode
     ok = (device_feasible(dev) & (m > 0) & (n > 0) & (k > 0) & (batch > 0)
           & (dtype_bytes > 0))
     word = nx.sanitize(dtype_bytes, dtype_bytes > 0)
@@ -794,8 +616,8 @@ def _gemm_single(dev, m, n, k, batch=1.0, dtype_bytes=2.0, overhead=True, soft=N
 
 
 @batched
-def _gemm_batched(dev, m, n, k, batch, dtype_bytes, overhead, soft, merged):
-    return _gemm_single(dev, m, n, k, batch, dtype_bytes, overhead, soft, merged)
+def _gemm_batched(dev, m, n, k, batch, dtype_bytes, mode):
+    return _gemm_single(dev, m, n, k, batch, dtype_bytes, mode)
 
 
 def _is_one(x):
@@ -847,7 +669,7 @@ def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
     """
     validate_args(dev, where="gemm_latency")      # a concrete single device: clear errors
     return _gemm_batched(_at_rate(dev, rate_scale), m, n, k, batch, dtype_bytes,
-                         _overhead_mode(overhead), soft, not _is_one(batch))
+                         GemmMode(_overhead_mode(overhead), soft, not _is_one(batch)))
 
 
 def _overhead_mode(overhead):
@@ -858,8 +680,7 @@ def _overhead_mode(overhead):
 def _gemm_latency_single(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
                          rate_scale=1.0):
     return _gemm_single(_at_rate(dev, rate_scale), m, n, k, batch, dtype_bytes,
-                        _overhead_mode(overhead), soft,
-                        not _is_one(batch))
+                        GemmMode(_overhead_mode(overhead), soft, not _is_one(batch)))
 
 
 gemm_latency.single = _gemm_latency_single
@@ -883,7 +704,7 @@ def gemm_latencies(dev, shapes, dtype_bytes=2.0, overhead=True):
               for kk in ((k,) if b == 1.0 else (k, b * k))]
     searched = _static_search(dev, wanted, word) if wanted else {}
     mode = _overhead_mode(overhead)
-    return [_gemm_single(dev, m, n, k, b, dtype_bytes, mode, None, b != 1.0, searched)
+    return [_gemm_single(dev, m, n, k, b, dtype_bytes, GemmMode(mode, None, b != 1.0), searched)
             for m, n, k, b in shapes]
 
 

@@ -323,8 +323,8 @@ def resident_bytes(dev, reused_bytes, footprint_bytes):
     return jnp.maximum(reused_bytes, 0.0) * share
 
 
-def _stream_seconds(dev, nbytes, flops, bw_efficiency, overhead_s, overhead=True,
-                    chain_s=0.0, reused_bytes=0.0, footprint_bytes=0.0):
+def _stream_seconds(dev, nbytes, flops, family: str, overhead=True, chain_s=0.0,
+                    reused_bytes=0.0, footprint_bytes=0.0):
     """One memory-bound kernel: ``floor_combine(max(transfer, flops / vector FLOP/s,
     chain_s), floor_f)``, s, with ``transfer = (bytes − r) / (mem_bw · η_f) + r / L2 BW``.
 
@@ -334,7 +334,10 @@ def _stream_seconds(dev, nbytes, flops, bw_efficiency, overhead_s, overhead=True
     in LLMCompass's preset) instead of main memory; ``r = 0`` (all bytes from main memory)
     where ``dev.global_buffer_reuse_fraction`` is 0.
 
-    ``floor_f`` (``overhead_s``) is the family's shortest kernel duration (launch, one memory
+    ``family`` names the kernel family whose device fields apply: ``η_f`` =
+    ``dev.<family>_bw_efficiency``, ``floor_f`` = ``dev.<family>_overhead_s``.
+
+    ``floor_f`` is the family's shortest kernel duration (launch, one memory
     round trip, the block reductions of one wave of thread blocks), measured by kernel timers;
     it partly overlaps the kernel's own transfers (:func:`floor_combine`): the measured times
     stay near it until the data take longer (e.g. RMSNorm on A100: 5 µs from 1 to ~200
@@ -349,6 +352,7 @@ def _stream_seconds(dev, nbytes, flops, bw_efficiency, overhead_s, overhead=True
     (:func:`_row_chain_seconds`), a third lower bound.
     """
     ok = device_feasible(dev) & (nbytes >= 0) & (flops >= 0)
+    bw_efficiency = getattr(dev, f"{family}_bw_efficiency")
     eff = jnp.where(bw_efficiency > 0, bw_efficiency, dev.mem_bw_efficiency)
     nb = jnp.maximum(nbytes, 0.0)
     res = jnp.minimum(resident_bytes(dev, reused_bytes, footprint_bytes), nb)
@@ -357,7 +361,7 @@ def _stream_seconds(dev, nbytes, flops, bw_efficiency, overhead_s, overhead=True
     compute = nx.safe_div(jnp.maximum(flops, 0.0), dev.peak_vector_flops, fill=jnp.inf)
     t = jnp.maximum(jnp.maximum(mem, compute), chain_s)
     if overhead:
-        t = floor_combine(t, overhead_s)
+        t = floor_combine(t, getattr(dev, f"{family}_overhead_s"))
     return jnp.where(ok, t, jnp.inf)
 
 
@@ -368,8 +372,7 @@ def _rmsnorm_single(dev, rows, cols, dtype_bytes=2.0, overhead=True):
     n = jnp.maximum(rows, 0.0) * jnp.maximum(cols, 0.0)
     nbytes = (3.0 * n + cols) * dtype_bytes
     chain = _row_chain_seconds(dev, rows, 2.0 * nx.ceil_div(cols, ROW_BLOCK_THREADS))
-    t = _stream_seconds(dev, nbytes, RMSNORM_FLOPS * n, dev.rmsnorm_bw_efficiency,
-                        dev.rmsnorm_overhead_s, overhead, chain)
+    t = _stream_seconds(dev, nbytes, RMSNORM_FLOPS * n, "rmsnorm", overhead, chain)
     return jnp.where((rows > 0) & (cols > 0), t, jnp.inf)
 
 
@@ -407,8 +410,7 @@ def _rope_single(dev, tokens, heads, kv_heads, head_dim, dtype_bytes=2.0, overhe
     nbytes = (2.0 * n + tok * head_dim) * dtype_bytes
     pairs = 0.5 * (jnp.maximum(heads, 0.0) + jnp.maximum(kv_heads, 0.0)) * head_dim
     chain = _row_chain_seconds(dev, tok, nx.ceil_div(pairs, ROPE_BLOCK_THREADS))
-    t = _stream_seconds(dev, nbytes, ROPE_FLOPS * n, dev.rope_bw_efficiency,
-                        dev.rope_overhead_s, overhead, chain)
+    t = _stream_seconds(dev, nbytes, ROPE_FLOPS * n, "rope", overhead, chain)
     return jnp.where((tokens > 0) & (heads > 0) & (head_dim > 0) & (kv_heads >= 0), t, jnp.inf)
 
 
@@ -444,7 +446,7 @@ def _silu_mul_single(dev, n, dtype_bytes=2.0, overhead=True, rows=None):
         cols = nx.safe_div(n_, rows, fill=0.0)
         chain = _row_chain_seconds(dev, rows, nx.ceil_div(cols, ROW_BLOCK_THREADS))
     t = _stream_seconds(dev, 3.0 * n_ * dtype_bytes, (dev.exp_flops + 5.0) * n_,
-                        dev.silu_mul_bw_efficiency, dev.silu_mul_overhead_s, overhead, chain)
+                        "silu_mul", overhead, chain)
     return jnp.where(n > 0, t, jnp.inf)
 
 
@@ -474,8 +476,7 @@ silu_mul_latency.single = _silu_mul_single
 
 def _add_single(dev, n, dtype_bytes=2.0, overhead=True):
     n_ = jnp.maximum(n, 0.0)
-    t = _stream_seconds(dev, 3.0 * n_ * dtype_bytes, n_, dev.add_bw_efficiency,
-                        dev.add_overhead_s, overhead, 0.0, n_ * dtype_bytes,
+    t = _stream_seconds(dev, 3.0 * n_ * dtype_bytes, n_, "add", overhead, 0.0, n_ * dtype_bytes,
                         3.0 * n_ * dtype_bytes)
     return jnp.where(n > 0, t, jnp.inf)
 
@@ -511,8 +512,7 @@ add_latency.single = _add_single
 def _embedding_single(dev, tokens, hidden, dtype_bytes=2.0, overhead=True):
     tok = jnp.maximum(tokens, 0.0)
     nbytes = 2.0 * tok * jnp.maximum(hidden, 0.0) * dtype_bytes + 8.0 * tok
-    t = _stream_seconds(dev, nbytes, 0.0 * tok, dev.embedding_bw_efficiency,
-                        dev.embedding_overhead_s, overhead)
+    t = _stream_seconds(dev, nbytes, 0.0 * tok, "embedding", overhead)
     return jnp.where((tokens > 0) & (hidden > 0), t, jnp.inf)
 
 

@@ -16,7 +16,9 @@ network, finite times), then memory. Every result is finite with ``feasible=True
 ``+inf`` with ``feasible=False`` and the reason of the first failing rule.
 
 - ``ttft_s``: embedding of the prompt + all layers in prefill + ``pp − 1`` hops + LM head on the
-  last position (``[b, d]×[d, V/t]``), an all-gather of the logits and a softmax over them.
+  last position (``[b, d]×[d, V/t]``), an all-gather of the logits and a softmax over them
+  (the embedding and head of :mod:`jaxmodel.workload.embedding`, shared with training: the
+  head GEMM runs at the precision's higher-precision dtype, ``attn_dtype``).
 - ``tpot_s``: one decode step (one new token per sequence) averaged over the KV growth: the
   mean of ``KV_SAMPLES`` steps at KV lengths evenly spaced (midpoints) over the decode phase
   (``prompt_len … prompt_len + gen_len − 2`` cached tokens; the latency is close to affine in
@@ -52,13 +54,13 @@ Units: seconds, bytes, tokens/s.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxmodel import comm as _comm
-from jaxmodel import ops as _ops
 from jaxmodel import serving_runtime as _rtp
 from jaxmodel import speculative as _spec
 from jaxmodel.batching import batch_shape, batched
@@ -66,6 +68,7 @@ from jaxmodel.numerics import INF, first_reason, reason_name
 from jaxmodel.parallel import plan as _plan
 from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_args,
                             validate_knobs)
+from jaxmodel.workload.embedding import serving_embedding, serving_head
 from jaxmodel.workload.layer import (ANY, LAYER_OPS, Variant, default_gemm, layer_times,
                                      runtime_inputs, variant_of)
 from jaxmodel.workload.memory import (inference_memory_single, kv_cache_bytes_single,
@@ -115,65 +118,6 @@ jax.tree_util.register_dataclass(
     data_fields=[f.name for f in dataclasses.fields(InferenceResult)], meta_fields=[])
 
 
-def _elementwise(dev, n, bytes_moved, flops):
-    return _ops.elementwise_latency.single(dev, n, bytes_moved, flops, overhead=True)
-
-
-def _tp_group(system: System, par: Parallelism, kind: str, nbytes, variant: Variant, like):
-    """Collective ``kind`` of ``nbytes`` over the ``t`` TP ranks, s; 0 when ``t = 1`` (the
-    group is never evaluated at size 1: double-where) or when ``variant`` rules TP out."""
-    if variant.tp is False:
-        return 0.0 * like
-    multi = par.tp > 1.5
-    t = _comm.collective_latency.single(system, kind, nbytes, jnp.where(multi, par.tp, 2.0),
-                                        net=variant.net)
-    return jnp.where(multi, t, 0.0)
-
-
-def _embedding_parts(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0,
-                     variant: Variant = ANY):
-    """``(lookup_s, all_reduce_s)`` of :func:`embedding_time`."""
-    lookup = _elementwise(system.device, tokens * model.d_model, 2.0 * dtype_bytes, 0.0)
-    return lookup, _tp_group(system, par, "all_reduce", tokens * model.d_model * dtype_bytes,
-                             variant, lookup)
-
-
-def embedding_time(system: System, model: Model, par: Parallelism, tokens, dtype_bytes=2.0,
-                   variant: Variant = ANY):
-    """Vocab-parallel embedding of ``tokens`` rows, s.
-
-    Megatron (Shoeybi et al. 2019 §3): each TP rank looks up its vocabulary slice (read + write
-    one ``d``-row per token, memory-bound) and an all-reduce over ``t`` combines the
-    ``[tokens, d]`` result.
-    """
-    lookup, ar = _embedding_parts(system, model, par, tokens, dtype_bytes, variant)
-    return lookup + ar
-
-
-def _lm_head_parts(system: System, model: Model, par: Parallelism, batch, gemm=None,
-                   dtype_bytes=2.0, variant: Variant = ANY):
-    """``(gemm_and_softmax_s, all_gather_s)`` of :func:`lm_head_time`."""
-    gemm = gemm or default_gemm
-    dev = system.device
-    vocab = model.vocab_size / jnp.maximum(par.tp, 1.0)
-    head = gemm(dev, batch, vocab, model.d_model, 1.0, dtype_bytes)
-    head = head + _ops.softmax_latency.single(dev, batch, vocab, overhead=True)
-    return head, _tp_group(system, par, "all_gather", batch * model.vocab_size * dtype_bytes,
-                           variant, head)
-
-
-def lm_head_time(system: System, model: Model, par: Parallelism, batch, gemm=None,
-                 dtype_bytes=2.0, variant: Variant = ANY):
-    """LM head on the last position of ``batch`` sequences and sampling, s.
-
-    GEMM ``[b, d]×[d, V/t]`` (vocab-parallel), an all-gather of the ``[b, V]`` logits over
-    ``t`` and a softmax over ``[b, V/t]``. The same in prefill (only the last prompt position
-    produces a token) and in every decode step.
-    """
-    head, gather = _lm_head_parts(system, model, par, batch, gemm, dtype_bytes, variant)
-    return head + gather
-
-
 def _pp_hop(system: System, par: Parallelism, nbytes, net=_comm.ANY_NET):
     """Point-to-point transfer of ``nbytes`` across a stage boundary, s.
 
@@ -203,10 +147,34 @@ def _plan_inputs(system, model, par, batch, prompt_len, gen_len, dtype_bytes):
 _COMM_OPS = ("allreduce_mha", "allreduce_ffn", "moe_alltoall")
 
 
-def _draft_costs(system, model, par, mb, b, prompt, gen, k, spec, gemm, prec, rt, dtype_s,
-                 one_tok, pre, at):
+class _Ctx(NamedTuple):
+    """What the pieces of one inference configuration share (single configuration; built by
+    :func:`inference_single`)."""
+
+    system: System
+    model: Model
+    par: Parallelism
+    prec: Any            # the resolved Precision
+    rt: Any              # the serving Runtime, or None (eager, as LLMCompass)
+    variant: Variant
+    gemm: Any            # the GEMM function, or None (the tile search)
+    mb: Any              # sequences per micro-batch
+    b: Any               # sequences per replica
+    prompt: Any          # prompt tokens per sequence (>= 1)
+    gen: Any             # generated tokens per sequence (>= 1)
+    dtype_s: Any         # bytes per activation word
+
+    def at(self, decode):
+        """The system with the runtime's kernel overheads of that phase."""
+        if self.rt is None:
+            return self.system
+        return dataclasses.replace(self.system, device=runtime_inputs(
+            self.system.device, self.par, self.variant, self.rt, decode)[0])
+
+
+def _draft_costs(c: _Ctx, k, spec, one_tok, pre):
     """``(prefill_s, step_s, memory)`` of the proposer of speculative decoding
-    (:mod:`jaxmodel.speculative`) for ``mb`` sequences per micro-batch, ``b`` per replica.
+    (:mod:`jaxmodel.speculative`) for ``c.mb`` sequences per micro-batch, ``c.b`` per replica.
 
     - MTP / EAGLE head (DeepSeek-V3 §2.2; Li et al. 2024 §4.1): a draft token is the
       projection ``[mb, 2d]×[2d, d/t]``, one decoder layer of the model's kind at one new
@@ -222,22 +190,23 @@ def _draft_costs(system, model, par, mb, b, prompt, gen, k, spec, gemm, prec, rt
 
     Seconds and bytes per device.
     """
-    gemm_f = gemm or default_gemm
+    model, par, prec, mb, prompt, dtype_s = c.model, c.par, c.prec, c.mb, c.prompt, c.dtype_s
+    gemm_f = c.gemm or default_gemm
     d = model.d_model
     tp = jnp.maximum(par.tp, 1.0)
-    dec_sys = at(True)
-    lookup, ar = _embedding_parts(dec_sys, model, par, mb, dtype_s)
-    head_c, head_g = _lm_head_parts(dec_sys, model, par, mb, gemm, dtype_s)
-    proj1 = gemm_f(system.device, mb, d / tp, 2.0 * d, 1.0, dtype_s)
-    projp = gemm_f(system.device, mb * prompt, d / tp, 2.0 * d, 1.0, dtype_s)
+    dec_sys = c.at(True)
+    lookup, ar = serving_embedding(dec_sys, model, par, mb, dtype_s)
+    head_c, head_g = serving_head(dec_sys, model, par, mb, c.gemm, prec)
+    proj1 = gemm_f(c.system.device, mb, d / tp, 2.0 * d, 1.0, dtype_s)
+    projp = gemm_f(c.system.device, mb * prompt, d / tp, 2.0 * d, 1.0, dtype_s)
     head_step = one_tok["total"] + proj1 + lookup + ar + head_c + head_g
     head_pre = pre["total"] + projp
-    ctx = prompt + gen + k
+    ctx = prompt + c.gen + k
     w_word = _prec.serving_weight_bytes(prec)
     one = dataclasses.replace(model, n_mtp_layers=1.0)
     head_w = w_word * (params_per_device.single(one, par, True)
                        - params_per_device.single(model, par, False))
-    head_kv = kv_cache_bytes_single(model, par, b, ctx, prec.kv_bytes) / jnp.maximum(
+    head_kv = kv_cache_bytes_single(model, par, c.b, ctx, prec.kv_bytes) / jnp.maximum(
         model.n_layers, 1.0)
     is_head = spec.method > 1.5
     pre_s = jnp.where(is_head, head_pre, 0.0)
@@ -248,23 +217,122 @@ def _draft_costs(system, model, par, mb, b, prompt, gen, k, spec, gemm, prec, rt
         dm = spec.draft
         is_dm = jnp.abs(spec.method - 1.0) < 0.5
         f = jnp.result_type(float)
-        st = jax.vmap(lambda s, kv: layer_times(system, dm, par, mb, s, "decode", kv, gemm,
-                                                precision=prec, runtime=rt))(
+        st = jax.vmap(lambda s, kv: layer_times(c.system, dm, par, mb, s, "decode", kv, c.gemm,
+                                                precision=prec, runtime=c.rt))(
             jnp.stack([prompt, jnp.ones_like(prompt)]),
-            jnp.stack([jnp.zeros_like(prompt), prompt + 0.5 * gen]).astype(f))
-        lk_p, ar_p = _embedding_parts(at(False), dm, par, mb * prompt, dtype_s)
-        lk_d, ar_d = _embedding_parts(dec_sys, dm, par, mb, dtype_s)
-        hc_p, hg_p = _lm_head_parts(at(False), dm, par, mb, gemm, dtype_s)
-        hc_d, hg_d = _lm_head_parts(dec_sys, dm, par, mb, gemm, dtype_s)
+            jnp.stack([jnp.zeros_like(prompt), prompt + 0.5 * c.gen]).astype(f))
+        lk_p, ar_p = serving_embedding(c.at(False), dm, par, mb * prompt, dtype_s)
+        lk_d, ar_d = serving_embedding(dec_sys, dm, par, mb, dtype_s)
+        hc_p, hg_p = serving_head(c.at(False), dm, par, mb, c.gemm, prec)
+        hc_d, hg_d = serving_head(dec_sys, dm, par, mb, c.gemm, prec)
         dm_pre = dm.n_layers * st["total"][0] + lk_p + ar_p + hc_p + hg_p
         dm_step = dm.n_layers * st["total"][1] + lk_d + ar_d + hc_d + hg_d
         dm_w = w_word * params_per_device.single(dm, par, False)
-        dm_kv = kv_cache_bytes_single(dm, par, b, ctx, prec.kv_bytes)
+        dm_kv = kv_cache_bytes_single(dm, par, c.b, ctx, prec.kv_bytes)
         pre_s = jnp.where(is_dm, dm_pre, pre_s)
         step_s = jnp.where(is_dm, k * dm_step, step_s)
         mem_w = jnp.where(is_dm, dm_w, mem_w)
         mem_kv = jnp.where(is_dm, dm_kv, mem_kv)
     return pre_s, step_s, {"weights": mem_w, "kv_cache": mem_kv}
+
+
+def _layer_steps(c: _Ctx, kv_samples: int, spec):
+    """One decoder layer at every lane, ``(steps, k_d, per_step)``: the prefill (``s_kv =
+    s``: the decode formula with no cache), ``kv_samples`` decode steps at KV lengths evenly
+    spaced (midpoints) over the decode phase, each verifying ``1 + k_d`` tokens under
+    speculative decoding, and then one single-token lane of a draft head's layer; one traced
+    layer vmapped over (new tokens, cached tokens)."""
+    prompt = c.prompt
+    span = jnp.maximum(c.gen - 2.0, 0.0)
+    kvs = [prompt + span * (i + 0.5) / kv_samples for i in range(kv_samples)]
+    # speculative decoding: each decode step verifies 1 + k tokens per sequence, and one
+    # more lane times a single-token step of a draft head's layer (MTP / EAGLE)
+    k_d = 0.0 if spec is None else _spec.draft_len(spec)
+    per_step = 1.0 + k_d
+    lanes_new = [prompt] + [per_step * jnp.ones_like(prompt)] * kv_samples
+    lanes_kv = [jnp.zeros_like(prompt)] + kvs
+    if spec is not None:
+        lanes_new.append(jnp.ones_like(prompt))
+        lanes_kv.append(prompt + 0.5 * span)
+    steps = jax.vmap(lambda s, kv: layer_times(c.system, c.model, c.par, c.mb, s, "decode", kv,
+                                               c.gemm, variant=c.variant, precision=c.prec,
+                                               runtime=c.rt))(jnp.stack(lanes_new),
+                                                              jnp.stack(lanes_kv))
+    return steps, k_d, per_step
+
+
+def _ends(c: _Ctx, per_step, spec):
+    """The embedding, the ``pp − 1`` stage hops and the LM head of the prompt and of one
+    decode step (index 0 / 1 of ``lookup``, ``emb_ar``, ``hop1``), with the runtime's step
+    and per-layer set-up overheads, s."""
+    model, par, mb = c.model, c.par, c.mb
+    tokens = jnp.stack([mb * c.prompt, mb * per_step])
+    is_decode = jnp.asarray([False, True])
+    lookup, emb_ar = jax.vmap(lambda n, d: serving_embedding(c.at(d), model, par, n, c.dtype_s,
+                                                             c.variant))(tokens, is_decode)
+    hop1 = jax.vmap(lambda n: _pp_hop(c.system, par, n * model.d_model * c.dtype_s,
+                                      c.variant.net))(tokens)
+    hops = (jnp.maximum(par.pp, 1.0) - 1.0) * hop1
+    emb = lookup + emb_ar
+    e = {"lookup": lookup, "emb_ar": emb_ar, "hop1": hop1, "emb_pre": emb[0],
+         "emb_dec": emb[1], "hop_pre": hops[0], "hop_dec": hops[1], "step": 0.0, "setup": 0.0}
+    if c.rt is None and spec is None:
+        head_c, head_g = serving_head(c.system, model, par, mb, c.gemm, c.prec, c.variant)
+        e["head_pre"] = e["head_dec"] = head_c + head_g
+    elif c.rt is None:
+        head_c, head_g = jax.vmap(lambda n: serving_head(c.system, model, par, n, c.gemm,
+                                                         c.prec, c.variant))(
+            jnp.stack([mb, mb * per_step]))
+        e["head_pre"], e["head_dec"] = head_c[0] + head_g[0], head_c[1] + head_g[1]
+    else:
+        head_c, head_g = jax.vmap(lambda n, d: serving_head(c.at(d), model, par, n, c.gemm,
+                                                            c.prec, c.variant))(
+            jnp.stack([mb, mb * per_step]), is_decode)
+        e["head_pre"], e["head_dec"] = head_c[0] + head_g[0], head_c[1] + head_g[1]
+        e["step"] = c.rt.step_overhead_s
+        e["setup"] = c.rt.context_layer_overhead_s * model.n_layers / jnp.maximum(par.pp, 1.0)
+    e["head_c"], e["head_g"] = head_c, head_g
+    return e
+
+
+def _memory(c: _Ctx, k_d, many, draft_mem):
+    """Memory per device (:func:`jaxmodel.workload.memory.inference_memory`): the runtime's
+    attention kernel decides whether the prefill keeps the score matrix; speculation adds the
+    ``k`` draft positions of a step to the target's cache and the proposer's weights and
+    cache; every micro-batch's KV cache stays resident, the prefill working set is one
+    micro-batch's. Bytes."""
+    par_mem = c.par if c.rt is None else runtime_inputs(c.system.device, c.par, c.variant,
+                                                        c.rt, False)[1]
+    mem = inference_memory_single(c.model, par_mem, c.b, c.prompt, c.gen + k_d,
+                                  precision=c.prec)
+    if draft_mem is not None:
+        mem = {**mem, "weights": mem["weights"] + draft_mem["weights"],
+               "kv_cache": mem["kv_cache"] + draft_mem["kv_cache"]}
+    acts = jnp.where(many, mem["activations"] * (c.mb / c.b), mem["activations"])
+    return {**mem, "activations": acts, "total": mem["weights"] + mem["kv_cache"] + acts}
+
+
+def _rules(c: _Ctx, checks, pre, dec, e, mem, memory_rule: bool):
+    """``(feasible, reason)``: the plan's ``"infer"`` rules (structure, device, network,
+    precision, finite times), then memory unless ``memory_rule`` is False."""
+    structure_ok, _ = first_reason(checks)
+    compute = ([x[k] for x in (pre, dec) for k in LAYER_OPS + MOE_OPS if k not in _COMM_OPS]
+               + [e["lookup"][0], e["lookup"][1], jnp.sum(e["head_c"])])
+    rules = (checks + _plan.system_checks(_plan.INFER, c.system, c.par, structure_ok,
+                                          word=_prec.widest_gemm_word(c.prec, kv_cache=True),
+                                          compute=compute)
+             + [(_prec.supported(c.system.device, c.prec), "precision_unsupported")]
+             + _plan.finite_checks(
+                 compute,
+                 [x[k] for x in (pre, dec) for k in _COMM_OPS]
+                 + [e["emb_ar"][0], e["emb_ar"][1], jnp.sum(e["head_g"]), e["hop_pre"],
+                    e["hop_dec"]]))
+    if memory_rule:
+        dev = c.system.device
+        rules = rules + [(mem["total"] <= usable_memory(dev.mem_capacity,
+                                                        dev.runtime_reserved_bytes),
+                          "out_of_memory")]
+    return first_reason(rules)
 
 
 def inference_single(system: System, model: Model, par: Parallelism, batch, prompt_len,
@@ -278,102 +346,42 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     every other rule still applies. ``runtime``: a :class:`jaxmodel.Runtime`, a preset name
     or None (eager, as LLMCompass). ``micro_batches``: see :func:`inference`.
     """
-    dev = system.device
     prec = _prec.resolve(precision, dtype_bytes)
-    dtype_bytes = prec.act_bytes
     f = jnp.result_type(float)
     batch, prompt_len, gen_len, dtype_bytes = (jnp.asarray(x, dtype=f) for x in (
-        batch, prompt_len, gen_len, dtype_bytes))
+        batch, prompt_len, gen_len, prec.act_bytes))
     checks = _plan.structure_checks(_plan.INFER, _plan_inputs(
         system, model, par, batch, prompt_len, gen_len, dtype_bytes))
-    structure_ok, _ = first_reason(checks)
-    dp = jnp.maximum(par.dp, 1.0)
-    b = jnp.maximum(batch / dp, 1.0)            # sequences per replica
+    b = jnp.maximum(batch / jnp.maximum(par.dp, 1.0), 1.0)    # sequences per replica
     n_mb = jnp.clip(jnp.asarray(micro_batches, dtype=f), 1.0, b)
     many = n_mb > 1.5
-    mb = b / n_mb                               # sequences per micro-batch
-    prompt = jnp.maximum(prompt_len, 1.0)
     gen = jnp.maximum(gen_len, 1.0)
-    dtype_s = jnp.where(dtype_bytes > 0, dtype_bytes, 2.0)
+    c = _Ctx(system, model, par, prec, _rtp.runtime_arg(runtime), variant, gemm, b / n_mb, b,
+             jnp.maximum(prompt_len, 1.0), gen, jnp.where(dtype_bytes > 0, dtype_bytes, 2.0))
     n_layers = model.n_layers
     pp = jnp.maximum(par.pp, 1.0)
-
-    # Prefill is the decode formula with no cache (s_kv = s): the prefill and the decode
-    # samples share one traced layer, vmapped over (new tokens, cached tokens).
-    span = jnp.maximum(gen - 2.0, 0.0)
-    kvs = [prompt + span * (i + 0.5) / kv_samples for i in range(kv_samples)]
     spec = speculative
-    # speculative decoding: each decode step verifies 1 + k tokens per sequence, and one
-    # more lane times a single-token step of a draft head's layer (MTP / EAGLE)
-    k_d = 0.0 if spec is None else _spec.draft_len(spec)
-    per_step = 1.0 + k_d
-    lanes_new = [prompt] + [per_step * jnp.ones_like(prompt)] * kv_samples
-    lanes_kv = [jnp.zeros_like(prompt)] + kvs
-    if spec is not None:
-        lanes_new.append(jnp.ones_like(prompt))
-        lanes_kv.append(prompt + 0.5 * span)
-    new_tokens = jnp.stack(lanes_new)
-    cached = jnp.stack(lanes_kv)
-    rt = _rtp.runtime_arg(runtime)
-    steps = jax.vmap(lambda s, kv: layer_times(system, model, par, mb, s, "decode", kv, gemm,
-                                               variant=variant, precision=prec,
-                                               runtime=rt))(new_tokens, cached)
+    steps, k_d, per_step = _layer_steps(c, kv_samples, spec)
     pre = {k: v[0] for k, v in steps.items()}
     dec = {k: jnp.mean(v[1:1 + kv_samples]) for k, v in steps.items()}
-
-    # embedding and stage hops of the prompt and of one decode step: one trace, vmapped
-    tokens = jnp.stack([mb * prompt, mb * per_step])
-    is_decode = jnp.asarray([False, True])
-
-    def at(decode):       # the system with the runtime's kernel overheads of that phase
-        if rt is None:
-            return system
-        return dataclasses.replace(system, device=runtime_inputs(dev, par, variant, rt,
-                                                                 decode)[0])
-
-    lookup, emb_ar = jax.vmap(lambda n, d: _embedding_parts(at(d), model, par, n, dtype_s,
-                                                            variant))(tokens, is_decode)
-    hop1 = jax.vmap(lambda n: _pp_hop(system, par, n * model.d_model * dtype_s,
-                                      variant.net))(tokens)
-    hops = (pp - 1.0) * hop1
-    emb = lookup + emb_ar
-    emb_pre, emb_dec = emb[0], emb[1]
-    hop_pre, hop_dec = hops[0], hops[1]
-    if rt is None and spec is None:
-        head_c, head_g = _lm_head_parts(system, model, par, mb, gemm, dtype_s, variant)
-        head_pre = head_dec = head_c + head_g
-        step = 0.0
-        setup = 0.0
-    elif rt is None:
-        head_c, head_g = jax.vmap(lambda n: _lm_head_parts(system, model, par, n, gemm,
-                                                           dtype_s, variant))(
-            jnp.stack([mb, mb * per_step]))
-        head_pre, head_dec = head_c[0] + head_g[0], head_c[1] + head_g[1]
-        step = 0.0
-        setup = 0.0
-    else:
-        head_c, head_g = jax.vmap(lambda n, d: _lm_head_parts(at(d), model, par, n, gemm,
-                                                              dtype_s, variant))(
-            jnp.stack([mb, mb * per_step]), is_decode)
-        head_pre, head_dec = head_c[0] + head_g[0], head_c[1] + head_g[1]
-        step = rt.step_overhead_s
-        setup = rt.context_layer_overhead_s * n_layers / pp
+    e = _ends(c, per_step, spec)
 
     # one micro-batch through the whole pipeline, and the busiest stage's slot per micro-batch
-    first_pre = n_layers * pre["total"] + hop_pre + emb_pre + head_pre
-    first_dec = n_layers * dec["total"] + hop_dec + emb_dec + head_dec
-    slot_pre = jnp.where(many, _stage_slot(n_layers * pre["total"] / pp, hop1[0], emb_pre,
-                                           head_pre, pp), 0.0)       # double-where: 0·inf
-    slot_dec = jnp.where(many, _stage_slot(n_layers * dec["total"] / pp, hop1[1], emb_dec,
-                                           head_dec, pp), 0.0)
+    first_pre = n_layers * pre["total"] + e["hop_pre"] + e["emb_pre"] + e["head_pre"]
+    first_dec = n_layers * dec["total"] + e["hop_dec"] + e["emb_dec"] + e["head_dec"]
+    slot_pre = jnp.where(many, _stage_slot(n_layers * pre["total"] / pp, e["hop1"][0],
+                                           e["emb_pre"], e["head_pre"], pp), 0.0)  # 0·inf
+    slot_dec = jnp.where(many, _stage_slot(n_layers * dec["total"] / pp, e["hop1"][1],
+                                           e["emb_dec"], e["head_dec"], pp), 0.0)
+    draft_mem = None
     if spec is not None:
         draft_pre, draft_dec, draft_mem = _draft_costs(
-            system, model, par, mb, b, prompt, gen, k_d, spec, gemm, prec, rt, dtype_s,
-            {k: v[-1] for k, v in steps.items()}, pre, at)
+            c, k_d, spec, {k: v[-1] for k, v in steps.items()}, pre)
         first_pre, slot_pre = first_pre + draft_pre, slot_pre + draft_pre
         first_dec, slot_dec = first_dec + draft_dec, slot_dec + draft_dec
-    ttft = jnp.where(many, first_pre + (n_mb - 1.0) * slot_pre, first_pre) + step + setup
-    tpot = jnp.where(many, jnp.maximum(first_dec, n_mb * slot_dec), first_dec) + step
+    ttft = jnp.where(many, first_pre + (n_mb - 1.0) * slot_pre, first_pre) + e["step"] \
+        + e["setup"]
+    tpot = jnp.where(many, jnp.maximum(first_dec, n_mb * slot_dec), first_dec) + e["step"]
     if spec is not None:
         # one iteration (k drafts + a verification over 1 + k tokens) emits E tokens
         spec_step = tpot
@@ -381,31 +389,8 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
         tpot = spec_step / spec_tokens
     total = ttft + (gen - 1.0) * tpot
 
-    # the runtime's attention kernel decides whether the prefill keeps the score matrix
-    par_mem = par if rt is None else runtime_inputs(dev, par, variant, rt, False)[1]
-    # speculation: the target's cache also holds the k draft positions of a step
-    mem = inference_memory_single(model, par_mem, b, prompt, gen + k_d, precision=prec)
-    if spec is not None:
-        mem = {**mem, "weights": mem["weights"] + draft_mem["weights"],
-               "kv_cache": mem["kv_cache"] + draft_mem["kv_cache"]}
-    # every micro-batch's KV cache stays resident; the prefill working set is one micro-batch's
-    acts = jnp.where(many, mem["activations"] * (mb / b), mem["activations"])
-    mem = {**mem, "activations": acts, "total": mem["weights"] + mem["kv_cache"] + acts}
-    compute = ([x[k] for x in (pre, dec) for k in LAYER_OPS + MOE_OPS if k not in _COMM_OPS]
-               + [lookup[0], lookup[1], jnp.sum(head_c)])
-    rules = (checks + _plan.system_checks(_plan.INFER, system, par, structure_ok,
-                                               word=_prec.widest_gemm_word(prec, kv_cache=True),
-                                               compute=compute)
-             + [(_prec.supported(dev, prec), "precision_unsupported")]
-             + _plan.finite_checks(
-                 compute,
-                 [x[k] for x in (pre, dec) for k in _COMM_OPS]
-                 + [emb_ar[0], emb_ar[1], jnp.sum(head_g), hop_pre, hop_dec]))
-    if memory_rule:
-        rules = rules + [(mem["total"] <= usable_memory(dev.mem_capacity,
-                                                        dev.runtime_reserved_bytes),
-                          "out_of_memory")]
-    feasible, reason = first_reason(rules)
+    mem = _memory(c, k_d, many, draft_mem)
+    feasible, reason = _rules(c, checks, pre, dec, e, mem, memory_rule)
 
     def gate(x):
         return jnp.where(feasible, x, INF)
@@ -415,10 +400,10 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     breakdown.update({f"decode.{k}": dec[k] for k in rows})
     breakdown.update({
         "prefill_layers": n_layers * pre["total"], "decode_layers": n_layers * dec["total"],
-        "pp_comm_prefill": hop_pre, "pp_comm_decode": hop_dec,
-        "embedding_prefill": emb_pre, "embedding_decode": emb_dec,
-        "head_prefill": head_pre, "head_decode": head_dec,
-        "step_overhead": step + 0.0 * ttft, "request_setup": setup + 0.0 * ttft})
+        "pp_comm_prefill": e["hop_pre"], "pp_comm_decode": e["hop_dec"],
+        "embedding_prefill": e["emb_pre"], "embedding_decode": e["emb_dec"],
+        "head_prefill": e["head_pre"], "head_decode": e["head_dec"],
+        "step_overhead": e["step"] + 0.0 * ttft, "request_setup": e["setup"] + 0.0 * ttft})
     if spec is not None:
         breakdown.update({"spec.step": spec_step, "spec.draft_prefill": draft_pre,
                           "spec.draft_step": draft_dec, "spec.tokens_per_step": spec_tokens})
@@ -431,12 +416,25 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
         memory_bytes=mem["total"], feasible=feasible, reason=reason, breakdown=breakdown)
 
 
+class _Options(NamedTuple):
+    """The options of one :func:`inference` call, passed through the batched body as one
+    argument: the GEMM function, the precision, the static variant, the runtime, the
+    micro-batches and the speculative proposer."""
+
+    gemm: Any
+    precision: Any
+    variant: Variant
+    runtime: Any
+    micro_batches: Any
+    speculative: Any
+
+
 @batched
-def _inference(system, model, par, batch, prompt_len, gen_len, gemm, precision, variant,
-               runtime, micro_batches, speculative=None):
-    return inference_single(system, model, par, batch, prompt_len, gen_len, gemm,
-                            variant=variant, precision=precision, runtime=runtime,
-                            micro_batches=micro_batches, speculative=speculative)
+def _inference(system, model, par, batch, prompt_len, gen_len, opts: _Options):
+    return inference_single(system, model, par, batch, prompt_len, gen_len, opts.gemm,
+                            variant=opts.variant, precision=opts.precision,
+                            runtime=opts.runtime, micro_batches=opts.micro_batches,
+                            speculative=opts.speculative)
 
 
 def inference(system: System, model: Model, par: Parallelism, batch, prompt_len, gen_len,
@@ -507,8 +505,9 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
     spec = _spec.speculative_arg(speculative)
     if spec is not None and is_concrete(spec):
         _spec.validate_speculative(spec, where="inference")
-    return _inference(system, model, par, batch, prompt_len, gen_len, gemm, prec,
-                      variant_of(model, par, system), rt, micro_batches, spec)
+    return _inference(system, model, par, batch, prompt_len, gen_len,
+                      _Options(gemm, prec, variant_of(model, par, system), rt, micro_batches,
+                               spec))
 
 
 inference.single = inference_single

@@ -142,6 +142,88 @@ def _bounds_arrays(init: Mapping, bounds: Mapping):
     return keys, np.array(lo), np.array(hi), np.array(x0)
 
 
+def _adam_run(loss_u, learning_rate, steps):
+    """``run(u_init) -> (u_last, (values, iterates, evaluations))``: projected Adam on the
+    normalised knobs ``u`` in ``[0, 1]`` (Kingma & Ba, "Adam", ICLR 2015; optax)."""
+    import optax   # imported here: ``import jaxmodel`` stays fast
+    opt = optax.adam(learning_rate)
+
+    def run(u_init):
+        def step(carry, _):
+            u, state = carry
+            val, g = jax.value_and_grad(loss_u)(u)
+            g = jnp.where(jnp.isfinite(g), g, 0.0)
+            upd, state = opt.update(g, state, u)
+            u_new = jnp.clip(optax.apply_updates(u, upd), 0.0, 1.0)
+            return (u_new, state), (val, u, jnp.int32(1))
+        (u_last, _), hist = jax.lax.scan(step, (u_init, opt.init(u_init)), None,
+                                         length=steps)
+        return u_last, hist
+    return run
+
+
+def _lbfgs_run(loss_u, steps):
+    """``run(u_init)`` as :func:`_adam_run` with L-BFGS and its zoom line search (Nocedal &
+    Wright, "Numerical Optimization", 2006, Alg. 7.5; optax ``lbfgs``) on ``w =
+    logit(u)``: the box becomes unconstrained; the evaluations count the line search."""
+    import optax   # imported here: ``import jaxmodel`` stays fast
+    opt = optax.lbfgs()
+    to_u = jax.nn.sigmoid
+
+    def loss_w(w):
+        return loss_u(to_u(w))
+
+    vg = optax.value_and_grad_from_state(loss_w)
+
+    def run(u_init):
+        w_init = jnp.log(jnp.clip(u_init, 1e-4, 1 - 1e-4)) - jnp.log1p(
+            -jnp.clip(u_init, 1e-4, 1 - 1e-4))
+
+        def step(carry, _):
+            w, state = carry
+            val, g = vg(w, state=state)
+            g = jnp.where(jnp.isfinite(g), g, 0.0)
+            upd, state = opt.update(g, state, w, value=val, grad=g, value_fn=loss_w)
+            w_new = optax.apply_updates(w, upd)
+            n_ls = optax.tree_utils.tree_get(state, "num_linesearch_steps")
+            return (w_new, state), (val, to_u(w), jnp.asarray(n_ls, jnp.int32) + 1)
+        (w_last, _), hist = jax.lax.scan(step, (w_init, opt.init(w_init)), None,
+                                         length=steps)
+        return to_u(w_last), hist
+    return run
+
+
+def _x_batch(fn, keys, dtype, width):
+    """``f(x_rows) -> values``: ``fn`` on rows of knob values in real units, jitted once and
+    run in blocks of the fixed size ``width`` (one compiled shape); non-finite values are
+    ``+inf``."""
+    def at_x(x):
+        v = jnp.asarray(fn({k: x[i] for i, k in enumerate(keys)}), dtype)
+        return jnp.where(jnp.isfinite(v), v, jnp.inf)
+    jitted = jax.jit(jax.vmap(at_x))
+    return lambda x_rows: map_blocks(
+        jitted, jnp.asarray(np.asarray(x_rows, dtype=float), dtype), width=width,
+        progress=False).astype(float)
+
+
+def _rounded_candidates(xs, lo, hi, int_idx):
+    """Designs to evaluate exactly after rounding: for each row of ``xs`` (real units), every
+    combination of the floor and ceiling of its integer knobs ``int_idx`` (clipped to the
+    bounds ``exp(lo) … exp(hi)``), the other knobs as they are; duplicates removed."""
+    cands = []
+    for x in xs:
+        options = []
+        for i in range(len(x)):
+            if i in int_idx:
+                a, b = math.ceil(math.exp(lo[i]) - 1e-9), math.floor(math.exp(hi[i]) + 1e-9)
+                opts = {min(max(math.floor(x[i]), a), b), min(max(math.ceil(x[i]), a), b)}
+                options.append(sorted(opts))
+            else:
+                options.append([x[i]])
+        cands.extend(itertools.product(*options))
+    return np.unique(np.asarray(cands, dtype=float), axis=0)
+
+
 def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
              bounds: Mapping[str, Sequence[float]], steps: int = 200, *,
              optimizer: str = "adam", learning_rate: float = 0.05, n_starts: int = 1,
@@ -189,7 +271,6 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
     steps, n_starts = int(steps), int(n_starts)
     if steps < 1 or n_starts < 1:
         raise ValueError(f"codesign: steps and n_starts must be >= 1, got {steps}, {n_starts}")
-    import optax   # imported here: ``import jaxmodel`` stays fast
     dtype = jnp.result_type(float)
     lo_j, span_j = jnp.asarray(lo, dtype), jnp.asarray(hi - lo, dtype)
 
@@ -205,45 +286,8 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
     rng = np.random.default_rng(seed)
     starts = np.concatenate([u0[None], rng.uniform(0, 1, (n_starts - 1, len(keys)))])
     starts = jnp.asarray(starts, dtype)
-
-    if optimizer == "adam":
-        opt = optax.adam(learning_rate)
-
-        def run(u_init):
-            def step(carry, _):
-                u, state = carry
-                val, g = jax.value_and_grad(loss_u)(u)
-                g = jnp.where(jnp.isfinite(g), g, 0.0)
-                upd, state = opt.update(g, state, u)
-                u_new = jnp.clip(optax.apply_updates(u, upd), 0.0, 1.0)
-                return (u_new, state), (val, u, jnp.int32(1))
-            (u_last, _), hist = jax.lax.scan(step, (u_init, opt.init(u_init)), None,
-                                             length=steps)
-            return u_last, hist
-    else:
-        opt = optax.lbfgs()
-        to_u = jax.nn.sigmoid
-
-        def loss_w(w):
-            return loss_u(to_u(w))
-
-        vg = optax.value_and_grad_from_state(loss_w)
-
-        def run(u_init):
-            w_init = jnp.log(jnp.clip(u_init, 1e-4, 1 - 1e-4)) - jnp.log1p(
-                -jnp.clip(u_init, 1e-4, 1 - 1e-4))
-
-            def step(carry, _):
-                w, state = carry
-                val, g = vg(w, state=state)
-                g = jnp.where(jnp.isfinite(g), g, 0.0)
-                upd, state = opt.update(g, state, w, value=val, grad=g, value_fn=loss_w)
-                w_new = optax.apply_updates(w, upd)
-                n_ls = optax.tree_utils.tree_get(state, "num_linesearch_steps")
-                return (w_new, state), (val, to_u(w), jnp.asarray(n_ls, jnp.int32) + 1)
-            (w_last, _), hist = jax.lax.scan(step, (w_init, opt.init(w_init)), None,
-                                             length=steps)
-            return to_u(w_last), hist
+    run = (_adam_run(loss_u, learning_rate, steps) if optimizer == "adam"
+           else _lbfgs_run(loss_u, steps))
 
     with stage(f"codesign: {steps} {optimizer} steps x {n_starts} start(s)"):
         share, keep = distributed.local_rows(n_starts)   # this process's starts
@@ -262,16 +306,7 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
     # 55.99999, which changes ceil(tiles / cores) in the tile search.
     width = max(n_starts, 2 * len(keys), 8)
 
-    def x_batch_fn(fn):
-        def at_x(x):
-            v = jnp.asarray(fn({k: x[i] for i, k in enumerate(keys)}), dtype)
-            return jnp.where(jnp.isfinite(v), v, jnp.inf)
-        jitted = jax.jit(jax.vmap(at_x))
-        return lambda x_rows: map_blocks(
-            jitted, jnp.asarray(np.asarray(x_rows, dtype=float), dtype), width=width,
-            progress=False).astype(float)
-
-    objective_batch = x_batch_fn(objective)
+    objective_batch = _x_batch(objective, keys, dtype, width)
     x_final = np.exp(lo + np.clip(np.asarray(u_last, dtype=float), 0, 1) * (hi - lo))
     x_init = np.asarray([min(max(float(init[k]), math.exp(lo[i])), math.exp(hi[i]))
                          if k in init else math.exp(x0[i]) for i, k in enumerate(keys)])
@@ -289,19 +324,8 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
     per_start_best = all_us[np.argmin(all_vals, axis=0), np.arange(n_starts)]
     xs = np.exp(lo + np.clip(per_start_best, 0, 1) * (hi - lo))
     int_idx = [keys.index(k) for k in integer]
-    cands = []
-    for x in xs:
-        options = []
-        for i in range(len(keys)):
-            if i in int_idx:
-                a, b = math.ceil(math.exp(lo[i]) - 1e-9), math.floor(math.exp(hi[i]) + 1e-9)
-                opts = {min(max(math.floor(x[i]), a), b), min(max(math.ceil(x[i]), a), b)}
-                options.append(sorted(opts))
-            else:
-                options.append([x[i]])
-        cands.extend(itertools.product(*options))
-    cands = np.unique(np.asarray(cands, dtype=float), axis=0)
-    exact_batch = objective_batch if exact is None else x_batch_fn(exact)
+    cands = _rounded_candidates(xs, lo, hi, int_idx)
+    exact_batch = objective_batch if exact is None else _x_batch(exact, keys, dtype, width)
     with stage(f"codesign: {len(cands)} rounded candidate(s)"
                + (f", pattern search ({int(polish)} evaluations)" if polish > 0 else "")):
         cand_vals = np.asarray(exact_batch(cands))

@@ -6,7 +6,8 @@ use inside other formulas):
 
 - :func:`layer_breakdown` — per-op seconds of one layer (LLMCompass rows, :data:`LAYER_OPS`);
 - :func:`training_layer_times`, :func:`embedding_times` — training graph (fwd, bwd,
-  recompute, TP communication), embedding / LM head / loss;
+  recompute, TP communication), embedding / LM head / loss (:mod:`jaxmodel.workload.embedding`,
+  whose head and lookup serve inference too);
 - :func:`param_count`, :func:`params_per_device`, :func:`model_flops_per_token`;
 - :func:`activation_bytes_per_layer`, :func:`training_memory`, :func:`kv_cache_bytes`,
   :func:`inference_memory`, :func:`memory_breakdown` (a training result's memory terms, GiB;
@@ -22,8 +23,8 @@ use inside other formulas):
 workload → parallel, so this package does not import them).
 """
 
-from jaxmodel.workload.layer import (LAYER_OPS, embedding_times, layer_breakdown,
-                                     training_layer_times)
+from jaxmodel.workload.embedding import embedding_times
+from jaxmodel.workload.layer import LAYER_OPS, layer_breakdown, training_layer_times
 from jaxmodel.workload.memory import (TRAIN_MEMORY_TERMS, activation_bytes_per_layer,
                                       inference_memory, kv_cache_bytes, memory_breakdown,
                                       training_memory)

@@ -59,296 +59,37 @@ Units: seconds, bytes, FLOP.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxmodel import batching as _batching
-from jaxmodel import comm as _comm
 from jaxmodel import ops as _ops
 from jaxmodel import serving_runtime as _rtp
-from jaxmodel.batching import batch_shape, batched
-from jaxmodel.parallel import plan as _plan
+from jaxmodel.batching import batched
 from jaxmodel.ops import attention as _attention
-from jaxmodel.ops import gemm as _gemm_ops
 from jaxmodel.workload import moe as _moe
 from jaxmodel.workload.ffn import Gemm, _elementwise, ffn_block  # noqa: F401
 from jaxmodel.workload import params as _params
-from jaxmodel.numerics import INF, first_reason, weighted
+from jaxmodel.numerics import INF, first_reason
 from jaxmodel.types import (Model, Parallelism, System, is_concrete, static_flag,
                             validate_args)
 from jaxmodel import precisions as _prec
+# the building blocks, the embedding / LM head / loss and the Megatron-LM 2021 kernels live
+# in their own modules; their names stay importable from here
+from jaxmodel.workload.blocks import (  # noqa: F401
+    ANY, GemmFn, Shard, Variant, _gemm_entries, default_gemm, evaluate, layer_checks, layer_feasibility,
+    quantize_times, raise_if_invalid, shard, tp_collective, tp_syncs, variant_of,
+    zero3_calls_flag)
+from jaxmodel.workload.embedding import (embedding_single, embedding_times,  # noqa: F401
+                                         fp32_cross_entropy)
+from jaxmodel.workload.megatron2021 import grad_accumulation, megatron2021_kernels  # noqa: F401
 
 #: The 12 per-op rows of LLMCompass's layer breakdown, in the order of its CSVs.
 LAYER_OPS = ("qkv", "qk", "av", "wo", "w1", "w2", "softmax", "layernorm_mha",
              "layernorm_ffn", "act", "allreduce_mha", "allreduce_ffn")
-
-GemmFn = Callable  # (dev, m, n, k, batch, dtype_bytes) -> seconds, one kernel incl. overhead
-
-
-def default_gemm(dev, m, n, k, batch=1.0, dtype_bytes=2.0):
-    """GEMM latency by the ops tile search, per-kernel overhead included (s).
-
-    ``C[m, n] = A[m, k]·B[k, n]``, ``batch`` independent products. Wraps
-    :func:`jaxmodel.ops.gemm_latency` (LLMCompass §III-B mapper).
-    """
-    return _ops.gemm_latency.single(dev, m, n, k, batch=batch, dtype_bytes=dtype_bytes,
-                                    overhead=True)
-
-
-class Shard(NamedTuple):
-    """Per-device dimensions of one layer under tensor parallelism (counts)."""
-
-    tp: jnp.ndarray        # tensor-parallel degree (sanitised >= 1)
-    heads: jnp.ndarray     # query heads per device, h/t
-    kv_heads: jnp.ndarray  # KV heads per device, max(h_kv/t, 1)
-    group: jnp.ndarray     # query heads per KV head on a device
-    head_dim: jnp.ndarray
-    d_model: jnp.ndarray
-    d_ff: jnp.ndarray      # FFN width per device, d_ff/t
-    ffn_in: jnp.ndarray    # W1 output width per device: (ffn_matrices - 1)·d_ff/t
-
-
-def shard(model: Model, par: Parallelism) -> Shard:
-    """Megatron TP split of one layer (Shoeybi et al. 2019 §3): heads and the FFN width over t.
-
-    Degrees are sanitised (``t >= 1``) so infeasible plans still give finite numbers; callers
-    flag them through :func:`layer_feasibility`.
-    """
-    tp = jnp.maximum(par.tp, 1.0)
-    heads = model.n_heads / tp
-    kv_heads = jnp.maximum(model.n_kv_heads / tp, 1.0)
-    d_ff = model.d_ff / tp
-    return Shard(tp=tp, heads=heads, kv_heads=kv_heads, group=heads / kv_heads,
-                 head_dim=model.head_dim, d_model=model.d_model, d_ff=d_ff,
-                 ffn_in=(model.ffn_matrices - 1.0) * d_ff)
-
-
-class Variant(NamedTuple):
-    """Static switches of the op graph, fixed at the API edge from concrete inputs.
-
-    ``None`` keeps both branches and selects per configuration with ``jnp.where`` (what a
-    traced caller gets, e.g. a formula calling ``.single`` inside a sweep); ``True`` /
-    ``False`` trace one branch only, which compiles and runs faster. :func:`variant_of`
-    derives the flags from concrete ``model`` / ``par`` (a batch mixing both settings gets
-    ``None``). Passed through ``@batched`` as static (its leaves are bools).
-    """
-
-    sp: bool | None = None    # sequence parallelism: RS + AG (True) or all-reduce (False)
-    tp: bool | None = None    # tensor parallelism t > 1 anywhere: TP collectives needed
-    moe: bool | None = None   # any MoE layer (n_experts > 1): MoE FFN / all-to-all branches
-    flash: bool | None = None  # FlashAttention anywhere: the fused attention branch
-    net: _comm.NetVariant = _comm.ANY_NET  # static topologies of the system's tiers
-    mla: bool | None = None    # multi-head latent attention: the MLA projections / core
-    window: bool | None = None  # sliding-window layers: a second, windowed attention core
-    zero3_calls: bool | None = None  # DeepSpeed's per-tensor ZeRO-3 calls (zero 3, impl 1)
-
-
-ANY = Variant()
-
-
-def variant_of(model: Model, par: Parallelism, system: System | None = None) -> Variant:
-    """The :class:`Variant` of concrete inputs (``ANY`` under tracing); with ``system``
-    also its tiers' static topologies (:func:`jaxmodel.comm.net_variant_of`)."""
-    return Variant(sp=static_flag(par.sp, lambda a: a > 0.5),
-                   tp=static_flag(par.tp, lambda a: a > 1.5),
-                   moe=static_flag(model.n_experts, lambda a: a > 1.5),
-                   flash=static_flag(par.flash_attention, lambda a: a > 0.5),
-                   net=_comm.net_variant_of(system),
-                   mla=static_flag(model.attention, lambda a: a > 0.5),
-                   window=static_flag(model.sliding_window, lambda a: a > 0.5),
-                   zero3_calls=zero3_calls_flag(par))
-
-
-def zero3_calls_flag(par: Parallelism) -> bool | None:
-    """Whether concrete plans run ZeRO-3 as DeepSpeed 2021 did (``zero = 3`` and
-    ``zero3_impl = "deepspeed"``): True (all), False (none) or None (mixed or traced)."""
-    if not (is_concrete(par.zero) and is_concrete(par.zero3_impl)):
-        return None
-    z, impl = np.broadcast_arrays(np.asarray(par.zero, float), np.asarray(par.zero3_impl, float))
-    return static_flag((z > 2.5) & (impl > 0.5), lambda a: a > 0.5)
-
-
-def layer_checks(model: Model, par: Parallelism):
-    """Checks of one layer's split as ``[(ok, reason_name), ...]`` (see ``numerics.REASONS``):
-    the ``"layer"`` rules of the plan (:mod:`jaxmodel.parallel.plan`) — positive model
-    dimensions, integer degrees ``>= 1``, ``t`` dividing the query heads with the KV heads
-    divided over (or replicated across) ``t`` (Megatron GQA), and ``ep`` dividing the experts
-    and ``dp``.
-    """
-    return _plan.structure_checks(_plan.LAYER, _plan.inputs(model, par))
-
-
-def layer_feasibility(model: Model, par: Parallelism):
-    """``(feasible, reason)`` of :func:`layer_checks` (first failing check wins)."""
-    return first_reason(layer_checks(model, par))
-
-
-# --------------------------------------------------------------------------------------------
-# building blocks (single configuration)
-#
-# A block returns its GEMMs as shapes, ``{row: [(Gemm, count), ...]}``, and its other kernels
-# as times, ``{row: (fwd_s, bwd_s)}``. :func:`evaluate` then times every GEMM of the layer (and,
-# for training, its two gradient GEMMs) in ONE vmapped call per kind, so the tile search is
-# traced and compiled once per layer instead of once per kernel.
-# --------------------------------------------------------------------------------------------
-def _grads(g: Gemm):
-    """The two gradient GEMMs of ``C = A·B``: ``dA = dC·Bᵀ`` ``[m,n]×[n,k]`` and
-    ``dB = Aᵀ·dC`` ``[k,m]×[m,n]`` (Narayanan et al. 2021 Appendix: backward = 2× forward)."""
-    return (Gemm(g.m, g.k, g.n, g.batch), Gemm(g.k, g.n, g.m, g.batch))
-
-
-def _time_gemms(gemm, dev, shapes, batched_kind, dtype_bytes, static=None):
-    """Times of the GEMMs ``shapes`` (one vmapped call), or, with ``static`` (their
-    ``(m, n, k, batch)`` as positive Python numbers, :func:`static_gemm_shapes`), once per
-    distinct static shape: the default GEMM model then searches the tiles of all of them
-    at once, pruned to each shape (:func:`jaxmodel.ops.gemm.gemm_latencies`), and takes the
-    GEMV path alone where ``m`` or ``n`` is 1. A traced shape that differs from its static
-    one (beyond float rounding) gives ``+inf``, never a wrong time."""
-    if not shapes:
-        return []
-    if static is not None and all(min(st) > 0 for st in static):
-        distinct = list(dict.fromkeys(static))
-        if gemm is default_gemm:
-            times = _gemm_ops.gemm_latencies(dev, distinct, dtype_bytes, overhead=True)
-        else:
-            times = [gemm(dev, m, n, k, b, dtype_bytes) for m, n, k, b in distinct]
-        timed = dict(zip(distinct, times))
-        out = []
-        for g, st in zip(shapes, static):
-            traced = [g.m, g.n, g.k] + ([g.batch] if batched_kind else [])
-            same = jnp.all(jnp.stack([jnp.abs(x - v) <= 1e-6 * abs(v)
-                                      for x, v in zip(traced, st)]))
-            out.append(jnp.where(same, timed[st], INF))
-        return out
-    dtype = jnp.result_type(float)
-    mnk = [jnp.stack([jnp.asarray(getattr(g, f), dtype=dtype) for g in shapes])
-           for f in ("m", "n", "k")]
-    if batched_kind:
-        bs = jnp.stack([jnp.asarray(g.batch, dtype=dtype) for g in shapes])
-        times = jax.vmap(lambda m, n, k, b: gemm(dev, m, n, k, b, dtype_bytes))(*mnk, bs)
-    else:
-        # batch=1.0 as a Python float lets the ops skip the merged-batch alternative
-        times = jax.vmap(lambda m, n, k: gemm(dev, m, n, k, 1.0, dtype_bytes))(*mnk)
-    return [times[i] for i in range(len(shapes))]
-
-
-#: Weight-GEMM rows whose forward input gets its own quantisation kernel (the attention output
-#: feeding ``W_o``); the inputs of QKV / W1 / W2 come from a layernorm or the activation,
-#: which Transformer Engine's LayerNormLinear / LayerNormMLP fuse the cast into.
-FWD_CAST_ROWS = ("wo",)
-#: Weight-GEMM rows whose output gradient gets its own cast-transpose kernel (W1's is fused
-#: with the activation backward, dGELU-cast-transpose, in LayerNormMLP).
-BWD_CAST_ROWS = ("qkv", "wo", "w2")
-#: Weight-GEMM rows whose saved FP8 input is transposed for the weight-gradient GEMM under
-#: per-tensor scaling (Hopper's FP8 GEMMs take only the "TN" layout): Transformer Engine 1.x
-#: ``_LayerNormLinear.backward`` / ``_LayerNormMLP.backward`` ``tex.fp8_transpose`` of
-#: ``ln_out_total`` (QKV, W1) and of ``gelu_out`` (W2), ``_Linear`` (W_o) the
-#: ``fp8_cast_transpose_fused`` of its input (forward) or ``fp8_transpose`` of the gathered
-#: input (backward, sequence parallelism); TE v1.9 ``pytorch/module/*.py``.
-BWD_TRANSPOSE_ROWS = ("qkv", "wo", "w1", "w2")
-
-
-def quantize_times(dev, gemm_rows, prec, backward=False):
-    """The precision recipe's quantisation kernels of a layer's weight GEMMs, ``(fwd_s, bwd_s)``.
-
-    Source: Transformer Engine documentation ("FP8 primer": per-tensor delayed scaling, the
-    amax of each tensor reduced inside its cast kernel) and Micikevicius et al., "FP8 Formats
-    for Deep Learning", 2022, §4 (FP8 GEMM inputs scaled per tensor). Forward: a cast of the
-    GEMM input ``[m, k]`` for :data:`FWD_CAST_ROWS`, ``cast_bytes`` per element; backward: a
-    cast-transpose of the output gradient ``[m, n]`` for :data:`BWD_CAST_ROWS`, reading the
-    16-bit gradient and writing the low-precision tensor and its transpose
-    (``2·cast_bytes − act_bytes`` per element), and under per-tensor scaling
-    (``scale_block = 0``) a transpose of each weight GEMM's saved low-precision input
-    ``[m, k]`` for its weight-gradient GEMM (:data:`BWD_TRANSPOSE_ROWS`: read and write the
-    GEMM word, ``2·gemm_bytes`` per element). Memory-bound elementwise kernels
-    (:func:`jaxmodel.ops.elementwise_latency`, ~3 FLOP per element: amax, scale, convert;
-    0 for a transpose). 0 when ``cast_bytes = 0``.
-    """
-    on = prec.cast_bytes > 0
-    bwd_bytes = 2.0 * prec.cast_bytes - prec.act_bytes
-    per_tensor = on & (prec.scale_block <= 0)
-    fwd = 0.0
-    bwd = 0.0
-    for row, items in gemm_rows.items():
-        for g, count in items:
-            if g.batch is not None:
-                continue
-            c = jnp.where(on & (count > 0), count, 0.0)
-            if row in FWD_CAST_ROWS:
-                fwd = fwd + weighted(c, _elementwise(dev, g.m * g.k, prec.cast_bytes, 3.0))
-            if backward and row in BWD_CAST_ROWS:
-                bwd = bwd + weighted(c, _elementwise(dev, g.m * g.n, bwd_bytes, 3.0))
-            if backward and row in BWD_TRANSPOSE_ROWS:
-                ct = jnp.where(per_tensor, c, 0.0)
-                bwd = bwd + weighted(ct, _elementwise(dev, g.m * g.k,
-                                                      2.0 * prec.gemm_bytes, 0.0))
-    return jnp.asarray(fwd), jnp.asarray(bwd)
-
-
-def _gemm_entries(gemm_rows, backward):
-    """The GEMMs :func:`evaluate` times, ``(plain, multi)``: lists of ``(row, count,
-    direction, Gemm)`` for the weight GEMMs and the batched (attention) products, forward
-    (direction 0) and, with ``backward``, the two gradient GEMMs (direction 1) of each."""
-    entries = []   # (row, count, direction, Gemm)
-    for row, items in gemm_rows.items():
-        for g, count in items:
-            entries.append((row, count, 0, g))
-            if backward:
-                for gb in _grads(g):
-                    entries.append((row, count, 1, gb))
-    return ([e for e in entries if e[3].batch is None],
-            [e for e in entries if e[3].batch is not None])
-
-
-def evaluate(gemm, dev, gemm_rows, vector_rows, dtype_bytes=None, backward=False, *,
-             precision=None, attn_word=None, shapes=None):
-    """Time a layer's rows: ``{row: (fwd_s, bwd_s)}``.
-
-    Weight GEMMs (``batch`` None) run at the tensor-core rate of ``precision.gemm_dtype``
-    (the device passed to ``gemm`` has ``sa_mac_per_cycle`` scaled by
-    :func:`jaxmodel.precisions.matrix_ratio`) on :func:`jaxmodel.precisions.gemm_word` bytes
-    per element; the batched attention products at ``attn_dtype``'s rate on ``attn_word``
-    bytes (default ``act_bytes``). With a quantising recipe (``cast_bytes > 0``) a row
-    ``"quantize"`` holds :func:`quantize_times`.
-
-    Args:
-        gemm: GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s``.
-        gemm_rows: ``{row: [(Gemm, count), ...]}``.
-        vector_rows: ``{row: (fwd_s, bwd_s)}`` already timed.
-        dtype_bytes: legacy bytes per element (see :func:`jaxmodel.precisions.resolve`).
-        backward: also time the gradient GEMMs (else ``bwd_s = 0`` for GEMM rows).
-        precision: a :class:`jaxmodel.Precision` or preset name (default ``"bf16"``).
-        attn_word: bytes per element of the attention products (default ``act_bytes``).
-        shapes: optional static shapes of the GEMMs (:func:`static_gemm_shapes`): each GEMM
-            timed once per distinct shape by a search pruned to it.
-    """
-    prec = _prec.resolve(precision, dtype_bytes)
-    w_gemm = _prec.gemm_word(prec)
-    w_attn = prec.act_bytes if attn_word is None else attn_word
-    dev_gemm = _prec.scaled_device(dev, prec.gemm_dtype)
-    dev_attn = _prec.scaled_device(dev, prec.attn_dtype)
-    plain, multi = _gemm_entries(gemm_rows, backward)
-    st = _parse_shapes(shapes) if shapes is not None else None
-    if st is not None and len(st) != len(plain) + len(multi):
-        raise ValueError(f"{len(st)} static GEMM shapes for {len(plain) + len(multi)} GEMMs")
-    times = (_time_gemms(gemm, dev_gemm, [e[3] for e in plain], False, w_gemm,
-                         None if st is None else st[:len(plain)])
-             + _time_gemms(gemm, dev_attn, [e[3] for e in multi], True, w_attn,
-                           None if st is None else st[len(plain):]))
-    out = {row: [0.0, 0.0] for row in gemm_rows}
-    for (row, count, direction, _), t in zip(plain + multi, times):
-        # counts may be arrays (MoE share, FlashAttention switch); a zero count adds exactly 0
-        out[row][direction] = out[row][direction] + weighted(count, t)
-    out = {row: (jnp.asarray(f), jnp.asarray(b)) for row, (f, b) in out.items()}
-    for row, (f, b) in vector_rows.items():     # a row may have GEMM and vector parts
-        gf, gb = out.get(row, (0.0, 0.0))
-        out[row] = (jnp.asarray(gf + f), jnp.asarray(gb + b))
-    if not (isinstance(prec.cast_bytes, (int, float)) and prec.cast_bytes == 0):
-        out["quantize"] = quantize_times(dev, gemm_rows, prec, backward)
-    return out
 
 
 def qkv_projection(sh: Shard, tokens, fused=False):
@@ -413,26 +154,37 @@ def mla_core_shard(model: Model, sh: Shard, absorbed=False) -> Shard:
     return sh._replace(kv_heads=sh.heads, group=jnp.ones_like(sh.heads), head_dim=qk)
 
 
+class FlashChoice(NamedTuple):
+    """Which attention kernel :func:`attention_core` times: ``code`` (``par.flash_attention``:
+    0 standard, 1 FA-1, 2 FA-2; may be traced), ``static`` (:attr:`Variant.flash`) and
+    ``share_kv`` (Flash-Decoding's shared KV heads)."""
+
+    code: Any = 0.0
+    static: bool | None = None
+    share_kv: Any = True
+
+
 def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, backward=False,
-                   flash=0.0, flash_static: bool | None = None, share_kv=True):
+                   kernel: FlashChoice = FlashChoice()):
     """Scores, softmax and weighted sum of standard (unfused) attention, or FlashAttention.
 
     Source: LLMCompass §III-C / notes §2: ``Q·Kᵀ`` and ``A·V`` as batched GEMMs (one product per
     sequence and KV head, the query group folded into M), softmax over ``[b·h/t·s, s_kv]``.
     Softmax backward ``dx = y·(dy − Σ dy·y)`` reads ``y, dy`` and writes ``dx`` (3 words,
     4 FLOP per element; memory-bound).
-    ``flash`` (``par.flash_attention``: 1 FA-1, 2 FA-2) replaces the three kernels by one fused
-    kernel (:func:`jaxmodel.ops.flash_attention_latency`, Guo et al. eq. 1, causal), its time
-    spread over the same rows (:func:`jaxmodel.ops.attention.flash_attention_rows`).
-    ``flash_static`` (:attr:`Variant.flash`): ``False`` traces the standard kernels only,
+    ``kernel.code`` (``par.flash_attention``: 1 FA-1, 2 FA-2) replaces the three kernels by one
+    fused kernel (:func:`jaxmodel.ops.flash_attention_latency`, Guo et al. eq. 1, causal), its
+    time spread over the same rows (:func:`jaxmodel.ops.attention.flash_attention_rows`).
+    ``kernel.static`` (:attr:`Variant.flash`): ``False`` traces the standard kernels only,
     ``True`` FlashAttention only, ``None`` both (selected per configuration).
-    ``share_kv``: FlashAttention decode reads each KV head once for its query group
+    ``kernel.share_kv``: FlashAttention decode reads each KV head once for its query group
     (Flash-Decoding; :func:`jaxmodel.ops.attention.flash_attention_rows`), else once per
     query head.
 
     Returns:
         ``(gemm_rows, vector_rows)`` with rows ``qk``, ``av`` and ``softmax``.
     """
+    flash, flash_static, share_kv = kernel
     nb = batch * sh.kv_heads
     m = seq_len * sh.group
     rows = batch * sh.heads * seq_len
@@ -489,47 +241,6 @@ def layernorm(dev, sh: Shard, par: Parallelism, tokens, dtype_bytes=2.0, backwar
     return fwd, bwd
 
 
-def tp_collective(system: System, par: Parallelism, nbytes, variant: Variant = ANY):
-    """One Megatron TP synchronisation point on a ``[b·s, d]`` activation of ``nbytes`` (s).
-
-    Without SP: an all-reduce over the ``t`` devices (Shoeybi et al. 2019, the ``g``/``f``
-    operators); with SP: a reduce-scatter and an all-gather of the same buffer (Korthikanti
-    et al. 2022 §4.2.2, same bandwidth cost). ``nbytes`` is the full per-device buffer (NCCL
-    convention), passed to :func:`jaxmodel.comm.collective_latency`. Zero when ``t = 1``.
-    ``variant`` (static) skips the collectives a configuration cannot need.
-    """
-    if variant.tp is False:
-        return 0.0 * nbytes
-    tp = par.tp
-    multi = tp > 1.5
-    group = jnp.where(multi, tp, 2.0)      # double-where: never evaluate a group of 1
-    if variant.sp is not True:
-        ar = _comm.collective_latency.single(system, "all_reduce", nbytes, group,
-                                             net=variant.net)
-    if variant.sp is not False:
-        rs = _comm.collective_latency.single(system, "reduce_scatter", nbytes, group,
-                                             net=variant.net)
-        ag = _comm.collective_latency.single(system, "all_gather", nbytes, group,
-                                             net=variant.net)
-    if variant.sp is None:
-        t = jnp.where(par.sp > 0.5, rs + ag, ar)
-    else:
-        t = rs + ag if variant.sp else ar
-    return jnp.where(multi, t, 0.0)
-
-
-def tp_syncs(model: Model):
-    """Tensor-parallel synchronisation points of one layer per pass (count): 2 for the
-    sequential block (the attention and the MLP each end in a row-parallel GEMM whose
-    partial sums are all-reduced — Megatron's ``g``/``f`` pair, Shoeybi et al. 2019 §3 — or,
-    under SP, reduce-scattered and all-gathered again), 1 for a parallel attention + MLP
-    block (GPT-J, Falcon, GPT-NeoX, PaLM): both branches read the same input and their
-    row-parallel outputs are summed locally before a single all-reduce in the forward pass,
-    and their input gradients before a single one in the backward pass (Black et al. 2022,
-    "GPT-NeoX-20B", §2.1.3 "Parallel Attention + FF Layers"; Chowdhery et al. 2022, "PaLM",
-    §2 "Parallel Layers"; Megatron-LM's and GPT-NeoX's parallel-residual layers)."""
-    return 2.0 - jnp.clip(model.parallel_block, 0.0, 1.0)
-
 
 def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dtype_bytes=None,
                 training=False, variant: Variant = ANY, *, precision=None, attn_word=None,
@@ -567,8 +278,9 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
         core_sh = mla_core_shard(model, sh, absorbed) if variant.mla else sh
     adev = _prec.scaled_device(dev, prec.attn_dtype)
     share_kv = True if runtime is None else runtime.attention < 1.5
+    kernel = FlashChoice(par.flash_attention, variant.flash, share_kv)
     core_g, core_v = attention_core(adev, core_sh, batch, seq_len, kv_seq, attn_word,
-                                    training, par.flash_attention, variant.flash, share_kv)
+                                    training, kernel)
     if variant.window is not False:
         # local (sliding-window) layers attend min(kv, window) keys: the average layer mixes
         # both cores by the share of local layers
@@ -579,7 +291,8 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
             (runtime.chunked_attention > 0.5) & (model.attention_chunk > 0))
         win_g, win_v = attention_core(adev, core_sh, batch, seq_len,
                                       _params.attended_keys(model, kv_seq, True), attn_word,
-                                      training, par.flash_attention, variant.flash, share_win)
+                                      training, FlashChoice(par.flash_attention, variant.flash,
+                                                            share_win))
         core_g = {row: [(g, (1.0 - share) * c) for g, c in core_g[row]]
                   + [(g, share * c) for g, c in win_g[row]] for row in core_g}
         core_v = {row: tuple((1.0 - share) * a + share * b
@@ -643,10 +356,34 @@ def runtime_inputs(dev, par: Parallelism, variant: Variant, rt, decode):
     return dev, par, variant
 
 
-def _inference_graph(system: System, model: Model, par: Parallelism, batch, seq_len, phase,
-                     kv_len, variant: Variant, prec, runtime):
+class Work(NamedTuple):
+    """The workload of one inference layer: ``batch`` sequences of ``seq_len`` new tokens
+    each in ``phase`` (``"prefill"`` or ``"decode"``, static) against ``kv_len`` cached
+    tokens (counts)."""
+
+    batch: Any
+    seq_len: Any
+    phase: str
+    kv_len: Any
+
+
+class LayerOptions(NamedTuple):
+    """How :func:`layer_breakdown`'s batched body times a layer: the GEMM function, the
+    precision, the static :class:`Variant`, the serving runtime and the static GEMM shapes
+    (:func:`static_gemm_shapes`, or None)."""
+
+    gemm: Any
+    precision: Any
+    variant: Variant
+    runtime: Any
+    shapes: Any = None
+
+
+def _inference_graph(system: System, model: Model, par: Parallelism, work: Work,
+                     variant: Variant, prec, runtime):
     """``(dev, par, variant, gemm_rows, vector_rows)`` of one prefill or decode layer
     (:func:`layer_graph` under the serving runtime's inputs, :func:`runtime_inputs`)."""
+    batch, seq_len, phase, kv_len = work
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase={phase!r} must be 'prefill' or 'decode'")
     dev = system.device
@@ -663,17 +400,12 @@ def _inference_graph(system: System, model: Model, par: Parallelism, batch, seq_
     return dev, par, variant, gemms, vectors
 
 
-def _parse_shapes(shapes):
-    """:func:`static_gemm_shapes`' strings as ``(m, n, k, batch)`` tuples of floats."""
-    return tuple(tuple(float(v) for v in row.split(",")) for row in shapes)
 
-
-def _gemm_shape_table(system, model, par, batch, seq_len, phase, kv_len, variant, precision,
-                      runtime):
+def _gemm_shape_table(system, model, par, work: Work, variant, precision, runtime):
     """``[G, 4]``: ``(m, n, k, batch)`` of every GEMM :func:`evaluate` times in one inference
     layer, in its order (batch 1 for the weight GEMMs)."""
-    _, _, _, gemms, _ = _inference_graph(system, model, par, batch, seq_len, phase, kv_len,
-                                         variant, _prec.resolve(precision), runtime)
+    _, _, _, gemms, _ = _inference_graph(system, model, par, work, variant,
+                                         _prec.resolve(precision), runtime)
     plain, multi = _gemm_entries(gemms, False)
     rows = [jnp.stack([jnp.asarray(x, dtype=jnp.result_type(float)) for x in
                        (g.m, g.n, g.k, 1.0 if g.batch is None else g.batch)])
@@ -684,10 +416,9 @@ def _gemm_shape_table(system, model, par, batch, seq_len, phase, kv_len, variant
 _shape_table = _batching.jit_leaves(_gemm_shape_table)
 
 
-def static_gemm_shapes(system: System, model: Model, par: Parallelism, batch, seq_len,
-                       phase="prefill", kv_len=0.0, variant: Variant = ANY, precision=None,
-                       runtime=None):
-    """The GEMM shapes of one inference layer as static strings (``"m,n,k,batch"``, in
+def static_gemm_shapes(system: System, model: Model, par: Parallelism, work: Work,
+                       variant: Variant = ANY, precision=None, runtime=None):
+    """The GEMM shapes of one inference layer (``work``: :class:`Work`) as static strings (``"m,n,k,batch"``, in
     :func:`evaluate`'s order) for a sweep over hardware: None unless the inputs they depend
     on (``model``, ``par``, ``batch``, ``seq_len``, ``kv_len``, ``runtime``) are concrete
     single values and ``system`` carries a batch axis (a single configuration keeps the
@@ -699,7 +430,7 @@ def static_gemm_shapes(system: System, model: Model, par: Parallelism, batch, se
     (exact: the same minimum), and GEMVs by their path alone. The shapes become part of the
     compilation key, so the numbers of another model compile again.
     """
-    inputs = (model, par, batch, seq_len, kv_len, precision, runtime)
+    inputs = (model, par, work.batch, work.seq_len, work.kv_len, precision, runtime)
     leaves = [x for x in jax.tree_util.tree_leaves(inputs) if not _batching.is_static(x)]
     if not is_concrete(*inputs) or any(np.size(x) != 1 for x in leaves):
         return None
@@ -708,8 +439,7 @@ def static_gemm_shapes(system: System, model: Model, par: Parallelism, batch, se
         return None
     unit = jax.tree_util.tree_map(lambda x: x if _batching.is_static(x) else 1.0, system)
     with jax.ensure_compile_time_eval():
-        table = _shape_table(unit, model, par, batch, seq_len, phase, kv_len, variant,
-                             precision, runtime)
+        table = _shape_table(unit, model, par, work, variant, precision, runtime)
     if not is_concrete(table):
         return None
     return tuple(",".join(repr(float(v)) for v in row) for row in np.asarray(table))
@@ -724,8 +454,8 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
     gemm = gemm or default_gemm
     prec = _prec.resolve(precision, dtype_bytes)
     dtype_bytes = prec.act_bytes
-    dev, par, variant, gemms, vectors = _inference_graph(system, model, par, batch, seq_len,
-                                                         phase, kv_len, variant, prec, runtime)
+    dev, par, variant, gemms, vectors = _inference_graph(
+        system, model, par, Work(batch, seq_len, phase, kv_len), variant, prec, runtime)
     rows = evaluate(gemm, dev, gemms, vectors, precision=prec, attn_word=prec.kv_bytes,
                     shapes=shapes)
     out = {k: v[0] for k, v in rows.items()}
@@ -751,10 +481,10 @@ LAYER_CHUNK = 1024
 
 
 @batched(chunk=LAYER_CHUNK)
-def _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm, precision,
-                     variant, runtime, shapes=None):
-    return layer_times(system, model, par, batch, seq_len, phase, kv_len, gemm,
-                       variant=variant, precision=precision, runtime=runtime, shapes=shapes)
+def _layer_breakdown(system, model, par, work: Work, opts: LayerOptions):
+    return layer_times(system, model, par, work.batch, work.seq_len, work.phase, work.kv_len,
+                       opts.gemm, variant=opts.variant, precision=opts.precision,
+                       runtime=opts.runtime, shapes=opts.shapes)
 
 
 def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_len,
@@ -806,16 +536,16 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
         >>> float(t["total"])  # ~0.066 s
         0.066
     """
-    _raise_if_invalid(model, par)
+    raise_if_invalid(model, par)
     _raise_if_cp(par)
     validate_args(system, model, par, where="layer_breakdown")
     prec = _prec.resolve(precision, dtype_bytes)
     variant = variant_of(model, par, system)
     rt = _rtp.runtime_arg(runtime)
-    shapes = static_gemm_shapes(system, model, par, batch, seq_len, phase, kv_len, variant,
-                                prec, rt)
-    return _layer_breakdown(system, model, par, batch, seq_len, phase, kv_len, gemm, prec,
-                            variant, rt, shapes)
+    work = Work(batch, seq_len, phase, kv_len)
+    shapes = static_gemm_shapes(system, model, par, work, variant, prec, rt)
+    return _layer_breakdown(system, model, par, work, LayerOptions(gemm, prec, variant, rt,
+                                                                   shapes))
 
 
 layer_breakdown.single = layer_times
@@ -830,104 +560,6 @@ def _raise_if_cp(par):
         raise ValueError(f"layer_breakdown: cp={par.cp}: context parallelism is modelled in "
                          "training only (train_step; jaxmodel.parallel.context."
                          "cp_layer_times for one layer)")
-
-
-def _raise_if_invalid(model, par):
-    """Raise ``ValueError`` for an inconsistent *concrete, unbatched* plan (API edge)."""
-    if not is_concrete(model, par) or batch_shape(model, par) != ():
-        return
-    with jax.ensure_compile_time_eval():      # concrete even inside an outer jax.jit
-        _plan.raise_if_invalid("layer", _plan.LAYER, _plan.inputs(model, par))
-
-
-# --------------------------------------------------------------------------------------------
-# Megatron-LM 2021 eager kernels (the software stack of Narayanan et al., SC'21)
-# --------------------------------------------------------------------------------------------
-def megatron2021_kernels(dev, model: Model, par: Parallelism, micro_batch, seq_len,
-                         dtype_bytes=2.0):
-    """Memory-bound kernels of one Megatron-LM 2021 GPT layer that neither the LLMCompass
-    layer nor the fused bias-dropout-add model (:func:`jaxmodel.parallel.train.
-    residual_dropout_times`) counts, per micro-batch on one device: ``(fwd_s, bwd_s)``.
-
-    Source: the code behind Narayanan et al., SC'21, "Efficient Large-Scale Language Model
-    Training on GPU Clusters Using Megatron-LM" (NVIDIA/Megatron-LM at commit de7dc40,
-    2021-08-10, ``examples/sc21``), run on the PyTorch of its time (1.8/1.9):
-
-    - QKV bias: ``ColumnParallelLinear`` (``skip_bias_add=False`` for ``query_key_value``)
-      calls ``F.linear`` on the 3-D ``[s, b, h]`` input, which PyTorch's ``at::linear`` runs as
-      ``matmul`` then ``output.add_(bias)`` (the fused ``addmm`` only for 2-D inputs): forward
-      read + write of the ``[s, b, 3h/t]`` output (4 B per element); backward the bias
-      gradient ``sum_to_size`` reads the output gradient (2 B);
-    - ``context_layer.permute(2, 0, 1, 3).contiguous()`` after ``A·V``: read + write of the
-      ``[s, b, h/t]`` context (4 B), forward;
-    - ``split_tensor_along_last_dim`` of the fused QKV output (``torch.split``, views): its
-      backward concatenates the three gradients into ``[s, b, 3h/t]`` (read + write, 4 B);
-    - ``bias_gelu_impl`` (``GeLUFunction``): its backward returns the same tensor as the input
-      and the bias gradient, so autograd reduces ``[s, b, d_ff/t]`` to the bias (read, 2 B);
-    Each kernel is one :func:`jaxmodel.ops.elementwise_latency` call (roofline + launch
-    overhead); byte counts scale with ``dtype_bytes / 2``. Full recomputation repeats the
-    forward kernels (the caller adds them to the recomputed forward). Units: s.
-    """
-    sh = shard(model, par)
-    w = dtype_bytes / 2.0
-    tokens = micro_batch * seq_len
-    n_qkv = tokens * (sh.heads + 2.0 * sh.kv_heads) * sh.head_dim
-    n_ctx = tokens * sh.heads * sh.head_dim
-
-    def k(n, nbytes, flops=1.0):
-        return _elementwise(dev, n, nbytes * w, flops)
-
-    fwd = k(n_qkv, 4.0) + k(n_ctx, 4.0, 0.0)
-    bwd = k(n_qkv, 4.0, 0.0) + k(n_qkv, 2.0) + k(tokens * sh.ffn_in, 2.0)
-    return fwd, bwd
-
-
-def grad_accumulation(dev, model: Model, par: Parallelism, grad_bytes=2.0):
-    """Accumulating one micro-batch's weight gradients of one layer into ``param.grad``, s.
-
-    Source: Megatron-LM 2021 (NVIDIA/Megatron-LM at de7dc40, the code of Narayanan et al.,
-    SC'21): without ``--use-contiguous-buffers-in-ddp`` (not set by its ``examples/sc21``
-    scripts) neither DDP implementation accumulates into a buffer of its own: every
-    micro-batch's weight gradients are added to ``param.grad`` by PyTorch autograd's
-    ``AccumulateGrad`` (``variable_grad += new_grad``: read 2 words, write 1, ``grad_bytes``
-    each, 6 B in fp16), one kernel per tensor: 12 per GPT layer (fused QKV, ``W_o``,
-    ``W_1``, ``W_2``, their biases, the two layernorms' scale and shift), on the tensor-
-    parallel shards. The optimizer's ``zero_grad(set_to_none=True)`` leaves ``param.grad``
-    None, so the first micro-batch of a step steals its gradient instead: the caller charges
-    this on ``m − 1`` of ``m`` micro-batches. Each kernel one
-    :func:`jaxmodel.ops.elementwise_latency` call (roofline + launch overhead).
-    """
-    sh = shard(model, par)
-    d = sh.d_model
-    qkv = (sh.heads + 2.0 * sh.kv_heads) * sh.head_dim
-    tensors = (d * qkv, sh.heads * sh.head_dim * d, d * sh.ffn_in, sh.d_ff * d,
-               qkv, d, sh.ffn_in, d, d, d, d, d)
-    return sum(_elementwise(dev, n, 3.0 * grad_bytes, 1.0) for n in tensors)
-
-
-def fp32_cross_entropy(dev, tokens, vocab, dtype_bytes=2.0):
-    """Megatron-LM 2021's vocab-parallel cross entropy on fp32 logits, ``(fwd_s, bwd_s)``
-    per micro-batch on one device, ``tokens`` rows of ``vocab`` (= V/t) logits.
-
-    Source: NVIDIA/Megatron-LM at de7dc40 (the SC'21 code), ``megatron/model/gpt_model.py``
-    (``vocab_parallel_cross_entropy(output.float(), labels)`` unless
-    ``--fp16-lm-cross-entropy``, which the SC'21 scripts do not set) and
-    ``megatron/mpu/cross_entropy.py`` (``_VocabParallelCrossEntropy``), one PyTorch kernel
-    per line, bytes per logit: forward the cast ``.float()`` (read ``dtype_bytes`` +
-    write 4), ``torch.max`` (read 4), ``sub_`` (read 4 + write 4), ``torch.exp(out=)``
-    (8), ``sum`` (4) and the softmax ``div_`` (8); backward ``grad_input.mul_(grad_output)``
-    (8) and the cast's backward to the logits' type (read 4 + write ``dtype_bytes``); the
-    target gather / scatter touch one logit per row (neglected) and the three ``[tokens]``
-    fp32 all-reduces are timed with the TP communication. Each kernel one
-    :func:`jaxmodel.ops.elementwise_latency` call. Units: s.
-    """
-    n = tokens * vocab
-    w = dtype_bytes
-    fwd = (_elementwise(dev, n, w + 4.0, 0.0) + _elementwise(dev, n, 4.0, 1.0)
-           + _elementwise(dev, n, 8.0, 1.0) + _elementwise(dev, n, 8.0, dev.exp_flops)
-           + _elementwise(dev, n, 4.0, 1.0) + _elementwise(dev, n, 8.0, 1.0))
-    bwd = _elementwise(dev, n, 8.0, 1.0) + _elementwise(dev, n, 4.0 + w, 0.0)
-    return fwd, bwd
 
 
 # --------------------------------------------------------------------------------------------
@@ -955,12 +587,13 @@ def norm_upproj_recompute(gemm, dev, model: Model, par: Parallelism, tokens, row
 
 
 def training_layer_single(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
-                          gemm: GemmFn | None = None, dtype_bytes=None,
-                          variant: Variant = ANY, precision=None):
-    """Single-configuration body of :func:`training_layer_times`."""
+                          gemm: GemmFn | None = None, variant: Variant = ANY, precision=None):
+    """Single-configuration body of :func:`training_layer_times` (``precision``: a
+    :class:`jaxmodel.Precision` or a preset name; the legacy ``dtype_bytes`` is resolved at
+    the API edge)."""
     gemm = gemm or default_gemm
     dev = system.device
-    prec = _prec.resolve(precision, dtype_bytes)
+    prec = _prec.resolve(precision)
     dtype_bytes = prec.act_bytes
     gemms, vectors = layer_graph(dev, model, par, micro_batch, seq_len, seq_len,
                                  training=True, variant=variant, precision=prec)
@@ -1030,88 +663,10 @@ def training_layer_times(system: System, model: Model, par: Parallelism, micro_b
         >>> t = jm.training_layer_times(hw_db.system("hgx_a100_4gpu"), hw_db.model("gpt3-13b"),
         ...                             jm.Parallelism(tp=4), 1, 2048)
     """
-    _raise_if_invalid(model, par)
+    raise_if_invalid(model, par)
     return _training_layer_times(system, model, par, micro_batch, seq_len, gemm,
                                  _prec.resolve(precision, dtype_bytes),
                                  variant_of(model, par, system))
 
 
 training_layer_times.single = training_layer_single
-
-
-def embedding_single(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
-                     gemm: GemmFn | None = None, dtype_bytes=None, variant: Variant = ANY,
-                     precision=None):
-    """Single-configuration body of :func:`embedding_times`."""
-    gemm = gemm or default_gemm
-    dev = system.device
-    prec = _prec.resolve(precision, dtype_bytes)
-    dtype_bytes = prec.act_bytes
-    # the LM head runs in the higher-precision dtype of the recipe (Transformer Engine
-    # recipes keep the output layer in BF16; serving keeps it unquantised): attn_dtype
-    head_prec = dataclasses.replace(prec, gemm_dtype=prec.attn_dtype, gemm_bytes=dtype_bytes,
-                                    scale_block=0.0 * prec.scale_block, cast_bytes=0.0)
-    sh = shard(model, par)
-    tokens = micro_batch * seq_len
-    vocab = model.vocab_size / sh.tp
-    n_hidden = tokens * model.d_model
-    # lookup: gather one row per token (read + write a word per element)
-    embed_f = _elementwise(dev, n_hidden, 2.0 * dtype_bytes, 0.0)
-    # backward: scatter-add of dY into the embedding gradient (read dY, read+write the row)
-    embed_b = _elementwise(dev, n_hidden, 3.0 * dtype_bytes, 1.0)
-    head = evaluate(gemm, dev, {"head": [(Gemm(tokens, vocab, model.d_model), 1.0)]}, {},
-                    backward=True, precision=head_prec)
-    head_f, head_b = head["head"]
-    loss_f = _ops.softmax_latency.single(dev, tokens, vocab, overhead=True)
-    # d logits = softmax − onehot: read p, write dlogits
-    loss_b = _elementwise(dev, tokens * vocab, 2.0 * dtype_bytes, 2.0)
-    # vocab-parallel embedding output all-reduce (fwd) and its input-grad mirror (bwd);
-    # vocab-parallel cross entropy: 2 small fp32 all-reduces (max, sum-exp) of [tokens]
-    sync = tp_collective(system, par, n_hidden * dtype_bytes, variant)
-    multi = par.tp > 1.5
-    group = jnp.where(multi, par.tp, 2.0)
-    if variant.tp is False:
-        small = 0.0 * tokens
-    else:
-        small = _comm.collective_latency.single(system, "all_reduce", tokens * 4.0, group,
-                                                net=variant.net)
-        small = jnp.where(multi, small, 0.0)
-    comm_f = sync + 2.0 * small
-    comm_b = sync
-    out = {"embed_fwd": embed_f, "embed_bwd": embed_b, "lm_head_fwd": head_f,
-           "lm_head_bwd": head_b, "loss_fwd": loss_f, "loss_bwd": loss_b,
-           "comm_fwd": comm_f, "comm_bwd": comm_b,
-           "fwd": embed_f + head_f + loss_f, "bwd": embed_b + head_b + loss_b}
-    ok, _ = layer_feasibility(model, par)
-    ok = ok & _prec.supported(dev, prec)
-    return {k: jnp.where(ok, v, INF) for k, v in out.items()}
-
-
-@batched
-def _embedding_times(system, model, par, micro_batch, seq_len, gemm, precision, variant):
-    return embedding_single(system, model, par, micro_batch, seq_len, gemm, variant=variant,
-                            precision=precision)
-
-
-def embedding_times(system: System, model: Model, par: Parallelism, micro_batch, seq_len,
-                    gemm: GemmFn | None = None, dtype_bytes=None, precision=None):
-    """Embedding lookup, LM head and loss per micro-batch per device, forward and backward (s).
-
-    Source: Megatron-LM vocab-parallel embedding and cross entropy (Shoeybi et al. 2019 §3);
-    LM head GEMM ``[b·s, d]×[d, V/t]`` (Narayanan et al. 2021 eq. 3's ``V/(16lh)`` term);
-    loss = softmax over ``[b·s, V/t]`` (LLMCompass Softmax kernel).
-
-    Returns:
-        dict with ``embed_fwd/bwd`` (first stage), ``lm_head_fwd/bwd`` and ``loss_fwd/bwd``
-        (last stage), ``comm_fwd/bwd`` (TP all-reduce of the embedding output / its gradient,
-        two small fp32 all-reduces of the vocab-parallel loss), and the totals ``fwd``/``bwd``
-        of compute (embedding + head + loss; a pipeline splits them over its first and last
-        stage).
-    """
-    _raise_if_invalid(model, par)
-    return _embedding_times(system, model, par, micro_batch, seq_len, gemm,
-                            _prec.resolve(precision, dtype_bytes),
-                            variant_of(model, par, system))
-
-
-embedding_times.single = embedding_single

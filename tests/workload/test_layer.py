@@ -360,10 +360,13 @@ def _both_paths(system, model, par, batch, seq, phase, kv, gemm, shapes=None):
     from jaxmodel.workload import layer as L
     prec, variant, rt = L._prec.resolve(None, None), L.variant_of(model, par, system), None
     assert rtp.runtime_arg(None) is None
-    args = (system, model, par, batch, seq, phase, kv, gemm, prec, variant, rt)
+    work = L.Work(batch, seq, phase, kv)
     if shapes is None:
-        shapes = L.static_gemm_shapes(*args[:7], variant, prec, rt)
-    return L._layer_breakdown(*args, shapes), L._layer_breakdown(*args, None), shapes
+        shapes = L.static_gemm_shapes(system, model, par, work, variant, prec, rt)
+    return (L._layer_breakdown(system, model, par, work,
+                               L.LayerOptions(gemm, prec, variant, rt, shapes)),
+            L._layer_breakdown(system, model, par, work,
+                               L.LayerOptions(gemm, prec, variant, rt, None)), shapes)
 
 
 @pytest.mark.parametrize("phase,seq,kv", [
@@ -386,7 +389,7 @@ def test_static_shapes_give_the_traced_shapes_rows(phase, seq, kv):
 
 def test_static_shapes_only_for_a_hardware_batch_of_one_workload():
     from jaxmodel.workload import layer as L
-    args = (GPT3, TP4, 8.0, 2048.0, "prefill", 0.0, L.variant_of(GPT3, TP4, SYSTEM))
+    args = (GPT3, TP4, L.Work(8.0, 2048.0, "prefill", 0.0), L.variant_of(GPT3, TP4, SYSTEM))
     shapes = L.static_gemm_shapes(_sweep(), *args)
     # Q, K, V of multi-head attention (and W1, W2 of GPT-3 at t = 4) share a shape: timed once
     assert len(shapes) == 7 and len(set(shapes)) == 5
