@@ -75,6 +75,11 @@ class TrainOptions:
             (:func:`jaxmodel.workload.layer.megatron2021_kernels`,
             :func:`jaxmodel.workload.layer.grad_accumulation`); 0 (default) = today's fused
             kernels.
+
+    Example:
+        >>> o = jm.TrainOptions(global_batch=1536, seq_len=2048, dp_overlap=0.0)
+        >>> o.seq_len, o.tp_overlap is None
+        (2048, True)
     """
 
     global_batch: Any
@@ -134,6 +139,11 @@ class TrainStatics(NamedTuple):
             (:func:`jaxmodel.parallel.context.context_flag`).
         zero_used: ``False`` when no plan uses ZeRO (its reduce-scatters and the ZeRO-3
             schedule stay out of the graph: the same numbers).
+
+    Example:
+        >>> s = jm.TrainStatics(context=False)
+        >>> s.gemm is None, s.context
+        (True, False)
     """
 
     gemm: Callable | None = None
