@@ -81,9 +81,8 @@ def _layer_times(t: dict, rcode, tp_overlap, dev, tp_hbm, hosts, tp) -> _Layer:
     full_rc = pl.is_full_recompute(rcode)
     rc_tp = jnp.where(full_rc, tpf, 0.0)
     rc_compute = rc - rc_tp - jnp.where(full_rc, epf, 0.0)
-    ovl_f, ovl_b = _ov.te_tp_exposed(fwd, bwd, tpf, tpb, hosts[0], hosts[1], tp, dev, tp_hbm)
-    ovl_rc = _ov.te_tp_exposed(rc_compute, 0.0, rc_tp, 0.0, hosts[0], hosts[1], tp, dev,
-                               tp_hbm)[0]
+    ovl_f, ovl_b = _ov.te_tp_exposed(fwd, bwd, tpf, tpb, hosts, tp, dev, tp_hbm)
+    ovl_rc = _ov.te_tp_exposed(rc_compute, 0.0, rc_tp, 0.0, hosts, tp, dev, tp_hbm)[0]
     rc = rc - rc_tp + blend(rc_tp, ovl_rc, tp_overlap)
     tpf = blend(tpf, ovl_f, tp_overlap)
     tpb = blend(tpb, ovl_b, tp_overlap)
@@ -249,7 +248,7 @@ def _memory_terms(prep: Prep, st: _Stage, where, work: DPWork, opts: TrainOption
     in_flight = pl.stage_in_flight(par_s.schedule, pp, st.m, par_s.interleave)
     # FP8 recipes store their weight-GEMM inputs quantised (:func:`jaxmodel.workload.memory.
     # quantised_input_delta`, on the s/cp local tokens)
-    act_layer = (_cx.cp_activation_bytes(model_s, par_s, b, seq, cp, dtype_bytes=act_b)
+    act_layer = (_cx.cp_activation_bytes(model_s, par_s, b, seq, cp, act_bytes=act_b)
                  + _memory.quantised_input_delta(model_s, par_s, b, seq / cp, prec))
     # the last stage's loss holds one micro-batch's logits and their fp32 copy
     # (:func:`jaxmodel.workload.memory.loss_logits_bytes`, the s/cp local tokens)
@@ -268,13 +267,13 @@ def _memory_terms(prep: Prep, st: _Stage, where, work: DPWork, opts: TrainOption
     w_b, c_b = prec.weight_bytes, _memory.weight_cache_bytes(prec)
     costs = _zero.impl_costs(par_s.zero3_impl, w_b, grad_bytes, prec.master_bytes)
     groups = ((n_par - n_exp, dp * cp), (n_exp, where.dp_exp_cp.size))
-    z3m = [_zero.zero3_memory(n, units, group, dtype_bytes=w_b, grad_bytes=grad_bytes,
+    z3m = [_zero.zero3_memory(n, units, group, weight_bytes=w_b, grad_bytes=grad_bytes,
                               prefetch=prefetch,
                               optimizer_bytes=prec.master_bytes + prec.optim_bytes,
                               shard_weight_bytes=costs["shard_weight_bytes"],
                               unsharded_grad_bytes=costs["unsharded_grad_bytes"])
            for n, group in groups]
-    z3c = [_zero.zero3_memory(n, units, group, dtype_bytes=c_b, prefetch=prefetch)["weights"]
+    z3c = [_zero.zero3_memory(n, units, group, weight_bytes=c_b, prefetch=prefetch)["weights"]
            for n, group in groups]
     z3_on = par_s.zero > 2.5
     mem["fp8_weight_cache"] = jnp.where(z3_on, z3c[0] + z3c[1], mem["fp8_weight_cache"])

@@ -237,7 +237,8 @@ def _zero3_exposed(system, par_s, w: DPWork, gr: _Groups, units_t, dp_overlap,
     serial, overlapped = 0.0, 0.0
     for (n, on, group, stride), (u_ag, u_rs, ds_ag, ds_rs, el, cnt) in zip(groups, units_t):
         if calls:
-            ds = [_zero.per_tensor_collectives(system, op, el, group, stride, bpe, cnt,
+            ds = [_zero.per_tensor_collectives(system, op, el, group, stride, elem_bytes=bpe,
+                                               counts=cnt,
                                                nccl_times=[finite(t) for t in ts])[0]
                   for op, ts, bpe in (("all_gather", ds_ag, wb), ("reduce_scatter", ds_rs, g))]
         else:                                           # per_tensor is 0 in every plan
@@ -245,7 +246,7 @@ def _zero3_exposed(system, par_s, w: DPWork, gr: _Groups, units_t, dp_overlap,
         g_unit, r_unit = (jnp.where(on, jnp.where(per_tensor, d, finite(x)), 0.0)
                           for x, d in zip((u_ag, u_rs), ds, strict=True))
         z = _zero.zero3_step(system, n, units, w.window_f / units, w.window_b / units, group,
-                             w.m, dtype_bytes=wb, grad_comm_bytes=g, stride=stride,
+                             w.m, weight_bytes=wb, grad_comm_bytes=g, stride=stride,
                              net=statics.variant.net, prefetch=prefetch,
                              recompute_gathers=regather,
                              collective_times=(g_unit, r_unit, 0.0),

@@ -214,7 +214,7 @@ def _finetune_times(system, model, par, seq_len, out, cfg, prec, statics):
                                   variant=statics.variant, precision=prec)
     tokens = b * local
     head = _layer.Gemm(tokens, model.vocab_size / jnp.maximum(par.tp, 1.0), model.d_model)
-    d = _lora.stage_time_changes(system.device, model, par, tokens, gemms, head, cfg,
+    d = _lora.stage_time_changes(system.device, model, par, tokens, (gemms, head), cfg,
                                  statics.gemm or _layer.default_gemm, prec)
     out = dict(out)
     out["fwd"] = out["fwd"] + d["fwd"]

@@ -249,7 +249,7 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     n_blocks = -(-n_local // step) if n_local else 0
     plan = _BlockPlan(single, treedef, tuple(static), tuple(positions), knob_pos, g.strides,
                       g.sizes, n_grid, n_batch, step, chunk, mesh)
-    knob_values = tuple(jnp.asarray(v, dtype=dtype) for v in g.values)
+    knob_values = tuple(jnp.asarray(v, dtype=jnp.result_type(float)) for v in g.values)
     consts = dict(consts or {})
     # a process without points (more processes than points) evaluates its neighbour's last
     # one and keeps none of it, so that every process returns the same output structure
