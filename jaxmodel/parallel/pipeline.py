@@ -157,6 +157,47 @@ def p2p_transfers_on_critical_path(schedule, pp, m, interleave):
     return jnp.where(pp > 1.0, n, 0.0)
 
 
+def overlapped_p2p_time(schedule, pp, m, interleave, t_send, chunk_times):
+    """Exposed stage-boundary transfer time of one step under Megatron-core's
+    ``overlap_p2p_comm`` (``--overlap-p2p-communication``), s.
+
+    Source: Megatron-core 0.7.0 ``megatron/core/pipeline_parallel/schedules.py``,
+    ``forward_backward_pipelining_with_interleaving``: with ``config.overlap_p2p_comm`` the
+    exchanges are posted asynchronously (``p2p_communication.send_forward_recv_forward`` /
+    ``send_backward_recv_backward`` with ``overlap_p2p_comm=True`` return wait handles).
+    In the steady 1F1B phase a forward chunk's send/receive is waited on only after the
+    next backward chunk, and a backward's only after the next forward: each transfer runs
+    beside one chunk's computation, exposed only by what it exceeds it by. The warm-up
+    forwards wait for their transfer at the top of the next iteration and the cool-down
+    backwards exchange synchronously: on the first stage (the most warm-up micro-batches)
+    ``W = min(2·(p−1) + (v−1)·p, m·v)`` of each stay serial; the fill and drain hops
+    ``2·(p−1)`` stay on the critical path as in :func:`p2p_transfers_on_critical_path`.
+    Only the interleaved schedule has this option (Megatron-core's non-interleaved schedule
+    ignores it): the other schedules keep their serial count. The NCCL send/receive
+    kernels' SM and memory contention with the chunk they overlap is not modelled.
+
+    Args:
+        schedule, pp, m, interleave: as :func:`p2p_transfers_on_critical_path`.
+        t_send: one transfer (activation or gradient), s.
+        chunk_times: ``(forward, backward)`` of one model chunk and micro-batch on the
+            slowest stage, s.
+
+    Returns:
+        Exposed seconds per step (``n·t_send`` with the serial count ``n`` for the other
+        schedules and for p = 1 zero).
+    """
+    v = effective_interleave(schedule, interleave)
+    f_chunk, b_chunk = chunk_times
+    serial = p2p_transfers_on_critical_path(schedule, pp, m, interleave) * t_send
+    warm = jnp.minimum(2.0 * (pp - 1.0) + (v - 1.0) * pp, m * v)
+    steady = jnp.maximum(m * v - warm, 0.0)
+    overlapped = (2.0 * (pp - 1.0 + warm) * t_send
+                  + steady * (jnp.maximum(t_send - f_chunk, 0.0)
+                              + jnp.maximum(t_send - b_chunk, 0.0)))
+    on = (schedule == INTERLEAVED) & (pp > 1.0)
+    return jnp.where(on, jnp.minimum(overlapped, serial), serial)
+
+
 def dualpipe_hidden_transfers(pp, m):
     """Stage-boundary transfers of a DualPipe step that run beside computation: one
     activation and one gradient per micro-batch (2·m), counts; 0 for p = 1."""

@@ -168,9 +168,9 @@ from jaxmodel.parallel.train_stage import (LAYER_KEYS, STAGE_KEYS, prepare,
                                            residual_dropout_times, stage_plan,
                                            stage_times_single)
 from jaxmodel.process import stage
-from jaxmodel.types import (DROPOUT_MODES, Model, Parallelism, System, code_of, is_concrete,
-                            static_flag, validate_knobs, validate_model, validate_parallelism,
-                            validate_system)
+from jaxmodel.types import (DROPOUT_MODES, SHARE, Model, Parallelism, System, check_value,
+                            code_of, is_concrete, static_flag, validate_knobs, validate_model,
+                            validate_parallelism, validate_system)
 from jaxmodel.workload import layer as _layer
 
 __all__ = ["make_train_step", "train_step", "train_step_single", "stage_times",
@@ -188,7 +188,8 @@ def _recipe_options(options: TrainOptions, r: _recipes.Recipe) -> TrainOptions:
     """``options`` with the knobs it leaves ``None`` taken from the recipe's step settings
     (:data:`jaxmodel.recipes.STEP_KEYS`; its dropout mode as the dropout and kernel-stack
     fields)."""
-    fill = {k: v for k, v in r.step.items() if k in ("dp_overlap", "tp_overlap", "grad_bytes")}
+    fill = {k: v for k, v in r.step.items()
+            if k in ("dp_overlap", "tp_overlap", "pp_overlap", "grad_bytes")}
     if "dropout" in r.step:
         fill.update(dropout_mode_options(code_of(r.step["dropout"], DROPOUT_MODES, "dropout")))
     return dataclasses.replace(options, **{k: v for k, v in fill.items()
@@ -410,6 +411,9 @@ def _validate(system, model, par, options: TrainOptions, prec, finetune, dropout
                    grad_bytes=options.grad_bytes,
                    adam_bytes_per_param=options.adam_bytes_per_param,
                    clock_fraction=options.clock_fraction, dropout=dropout)
+    pp = options.pp_overlap          # an overlap share in [0, 1] (types.RANGES lacks it)
+    if pp is not None and is_concrete(pp) and np.ndim(pp) == 0:
+        check_value("train_step", "pp_overlap", pp, SHARE)
     concrete = is_concrete(system, model, par, options.global_batch, options.seq_len,
                            options.clock_fraction, prec, finetune)
     if concrete and batch_shape(system, model, par, options.global_batch, options.seq_len,
@@ -430,7 +434,8 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
                gemm: Callable | None = None, dp_overlap=1.0, grad_bytes=None,
                adam_bytes_per_param=None, dtype_bytes=None, clock_fraction=None,
                dropout=1.0, dedup: bool | None = None, chunk: int | None = None,
-               tp_overlap=0.0, precision=None, finetune=None, recipe=None) -> TrainResult:
+               tp_overlap=0.0, precision=None, finetune=None, recipe=None,
+               pp_overlap=0.0) -> TrainResult:
     """Time, throughput and memory of one training step (data × tensor × pipeline parallel).
 
     Source: Narayanan et al., SC'21 (PTD-P: placement §3, schedules §2.2, scatter/gather §4.1,
@@ -457,6 +462,9 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
             for plans that :func:`~jaxmodel.parallel.overlap.tp_eligible` admits (sequence
             parallelism, the TP group inside the innermost network tier), serial otherwise;
             fractions interpolate (module docstring).
+        pp_overlap: 0 (default) = blocking stage-boundary exchanges; 1 = Megatron-core
+            ``overlap_p2p_comm`` under the interleaved schedule (steady-state exchanges
+            beside the next chunk, :func:`jaxmodel.parallel.pipeline.overlapped_p2p_time`).
         grad_bytes: gradient bytes per element (default ``precision.grad_bytes``: 4, fp32
             main gradients).
         adam_bytes_per_param: optimizer-step traffic per parameter (default from hw_db).
@@ -476,8 +484,8 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         dedup: evaluate the per-layer times once per distinct stage input (:func:`
             stage_times`) and compose every plan from them — exact, and much faster for
             parallelism sweeps. ``None`` (default): on for concrete batches of at least
-            ``DEDUP_MIN_BATCH`` plans with a scalar ``dropout`` — also
-            for one plan: two smaller compiled graphs build faster than one big one.
+            ``DEDUP_MIN_BATCH`` plans with a scalar ``dropout`` (also for one plan: two
+            smaller compiled graphs build faster than one big one).
         chunk: ``lax.map`` batch size for big batches (default ``batching.DEFAULT_CHUNK``).
         finetune: ``None`` (full training) or a :class:`jaxmodel.LoRA` (``jm.lora(16)``,
             ``jm.qlora(16)``; leaves may be batched): LoRA / QLoRA fine-tuning — frozen base in
@@ -513,7 +521,8 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
         r = _recipes.recipe(recipe)
         kw = _recipes.merge_step_kwargs(r, dict(
             precision=precision, dropout=dropout, grad_bytes=grad_bytes,
-            dp_overlap=dp_overlap, tp_overlap=tp_overlap), _TRAIN_STEP_DEFAULTS)
+            dp_overlap=dp_overlap, tp_overlap=tp_overlap, pp_overlap=pp_overlap),
+            _TRAIN_STEP_DEFAULTS)
         return train_step(system, model, r.parallelism(par), global_batch, seq_len, gemm=gemm,
                           adam_bytes_per_param=adam_bytes_per_param, dtype_bytes=dtype_bytes,
                           clock_fraction=clock_fraction, dedup=dedup, chunk=chunk,
@@ -521,7 +530,8 @@ def train_step(system: System, model: Model, par: Parallelism, global_batch, seq
     prec = _prec.resolve(precision, dtype_bytes)
     dropout = code_of(dropout, DROPOUT_MODES, "dropout")
     options = TrainOptions(global_batch, seq_len, dp_overlap, tp_overlap, grad_bytes,
-                           adam_bytes_per_param, clock_fraction, **dropout_mode_options(dropout))
+                           adam_bytes_per_param, clock_fraction, **dropout_mode_options(dropout),
+                           pp_overlap=pp_overlap)
     validate_knobs("train_step", dtype_bytes=dtype_bytes)
     _validate(system, model, par, options, prec, finetune, dropout)
     concrete = is_concrete(system, model, par, global_batch, seq_len, clock_fraction, prec,

@@ -198,10 +198,11 @@ def _optimizer_time(prep: Prep, where, work: DPWork, dual, n_opt, opts: TrainOpt
     return raw, finite(raw)
 
 
-def _step_breakdown(prep: Prep, st: _Stage, dpc, t_opt):
+def _step_breakdown(prep: Prep, st: _Stage, dpc, t_opt, pp_overlap):
     """The step's parts in seconds (:data:`BREAKDOWN_KEYS`): pipeline (schedule bubble,
-    stage transfers, tied-embedding all-reduce) or DualPipe, DP, optimizer. Returns
-    ``(breakdown, pp_net_ok)``."""
+    stage transfers — serial, or with ``pp_overlap`` Megatron-core's ``overlap_p2p_comm``,
+    :func:`jaxmodel.parallel.pipeline.overlapped_p2p_time` —, tied-embedding all-reduce) or
+    DualPipe, DP, optimizer. Returns ``(breakdown, pp_net_ok)``."""
     par_s, model_s, lt, m = prep.par, prep.model, st.lt, st.m
     tp, pp = par_s.tp, par_s.pp
     multi_stage = pp > 1.5
@@ -210,6 +211,10 @@ def _step_breakdown(prep: Prep, st: _Stage, dpc, t_opt):
     t_p2p = jnp.where(multi_stage, finite(dpc.send) + t_regather, 0.0)
     pp_net_ok = ~multi_stage | dpc.send_ok
     n_p2p = pl.p2p_transfers_on_critical_path(par_s.schedule, pp, m, par_s.interleave)
+    # Megatron-core's overlap_p2p_comm: the steady exchanges beside the chunks' computation
+    v = pl.effective_interleave(par_s.schedule, par_s.interleave)
+    p2p_ovl = pl.overlapped_p2p_time(par_s.schedule, pp, m, par_s.interleave, t_p2p,
+                                     (st.layer_f / v, st.layer_b / v))
     bubble = pl.bubble_time(par_s.schedule, pp, par_s.interleave, t_mean)
     dpipe = _dualpipe(prep.system.device, st, dpc.per_micro, pp, finite(dpc.send) + t_regather)
     bubble = jnp.where(st.dual, dpipe["bubble"], bubble)
@@ -222,7 +227,7 @@ def _step_breakdown(prep: Prep, st: _Stage, dpc, t_opt):
         "tp_comm": m * st.slow_n * (lt.tpf + lt.tpb),
         "embedding": m * st.slow_extra,
         "dp_comm": m * dpc.per_micro + dpc.per_step,
-        "pp_comm": n_p2p * t_p2p + t_emb_ar,
+        "pp_comm": blend(n_p2p * t_p2p, p2p_ovl, pp_overlap) + t_emb_ar,
         "bubble": bubble,
         "optimizer": t_opt,
         "ep_comm": m * st.slow_n * (lt.epf + lt.epb),
@@ -358,7 +363,7 @@ def compose(prep: Prep, times: dict, options: TrainOptions, precision, finetune=
     work, n_opt = _dp_work(prep, st, opts, prec, finetune)
     dpc = data_parallel(prep.system, prep.model, par_s, where, work, opts.dp_overlap, statics)
     t_opt_raw, t_opt = _optimizer_time(prep, where, work, st.dual, n_opt, opts)
-    breakdown, pp_net_ok = _step_breakdown(prep, st, dpc, t_opt)
+    breakdown, pp_net_ok = _step_breakdown(prep, st, dpc, t_opt, opts.pp_overlap)
     step = sum(breakdown[k] for k in BREAKDOWN_KEYS)
     mem = _memory_terms(prep, st, where, work, opts, prec, finetune)
     dev = prep.system.device

@@ -61,6 +61,10 @@ class TrainOptions:
         tp_overlap: 0 (default) = serial TP collectives (Megatron-LM 2021), 1 = Megatron-core
             ``--tp-comm-overlap`` at Transformer Engine's granularity for the plans
             :func:`jaxmodel.parallel.overlap.tp_eligible` admits; fractions interpolate.
+        pp_overlap: 0 (default) = blocking stage-boundary exchanges (Megatron-LM 2021;
+            Megatron-core's default), 1 = Megatron-core ``overlap_p2p_comm`` under the
+            interleaved schedule (:func:`jaxmodel.parallel.pipeline.overlapped_p2p_time`);
+            fractions interpolate.
         grad_bytes: bytes per gradient element for memory and reduction traffic (default
             the precision's ``grad_bytes``).
         adam_bytes_per_param: main-memory bytes the optimizer step moves per parameter
@@ -91,6 +95,7 @@ class TrainOptions:
     clock_fraction: Any = None
     dropout: Any = None
     megatron2021_stack: Any = None
+    pp_overlap: Any = None
 
 
 jax.tree_util.register_dataclass(
@@ -101,7 +106,7 @@ jax.tree_util.register_dataclass(
 #: ``adam_bytes_per_param`` and ``clock_fraction`` come from the precision, hw_db and the
 #: device instead).
 OPTION_DEFAULTS = {"dp_overlap": 1.0, "tp_overlap": 0.0, "dropout": 1.0,
-                   "megatron2021_stack": 0.0}
+                   "megatron2021_stack": 0.0, "pp_overlap": 0.0}
 
 
 def with_defaults(options: TrainOptions) -> TrainOptions:
