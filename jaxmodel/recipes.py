@@ -134,11 +134,12 @@ RECIPES = {
     # NeMo 24.07 supervised fine-tuning (full parameters, packed sequences): the pre-training
     # recipe with fp8_params and bf16 optimizer states (:data:`NEMO_SFT_FP8`);
     # activations_checkpoint_granularity null, sequence_parallel true and
-    # ub_tp_comm_overlap true with TP > 1 (the 70B script), hidden_dropout 0.0.
+    # ub_tp_comm_overlap true with TP > 1 (the 70B script), hidden_dropout 0.0;
+    # overlap_p2p_comm true, batch_p2p_comm false (conf/peft/llama/sft.yaml).
     "nemo-24.07-sft": Recipe(
         "nemo-24.07-sft",
         step=dict(precision=NEMO_SFT_FP8, dropout="none", grad_bytes=2, dp_overlap=1,
-                  tp_overlap=1),
+                  tp_overlap=1, pp_overlap=1),
         plan=dict(recompute="none", zero=1, flash_attention="fa2", sp=True),
         source=_NEMO_SFT),
     # Megatron-LM as published in 2021 (Narayanan et al., SC'21, "Efficient Large-Scale

@@ -103,7 +103,7 @@ def in_flight_microbatches(schedule, pp, m, interleave):
                       [m, interleaved, dual], warm)
 
 
-def p2p_bytes(micro_batch, seq_len, d_model, tp, dtype_bytes=2.0):
+def p2p_bytes(micro_batch, seq_len, d_model, tp, act_bytes=2.0):
     """Bytes one tensor-parallel rank sends across a stage boundary per micro-batch, direction.
 
     The activation tensor is b·s·h elements (PTD-P §4.1). With tensor parallelism Megatron
@@ -117,12 +117,12 @@ def p2p_bytes(micro_batch, seq_len, d_model, tp, dtype_bytes=2.0):
         seq_len: sequence length s.
         d_model: hidden size h.
         tp: tensor-parallel degree t.
-        dtype_bytes: bytes per activation element (2 for fp16/bf16).
+        act_bytes: bytes per activation element (2 for fp16/bf16).
 
     Returns:
-        Bytes, b·s·h·dtype_bytes / t.
+        Bytes, b·s·h·act_bytes / t.
     """
-    return safe_div(micro_batch * seq_len * d_model * dtype_bytes, tp, fill=0.0)
+    return safe_div(micro_batch * seq_len * d_model * act_bytes, tp, fill=0.0)
 
 
 def p2p_transfers_on_critical_path(schedule, pp, m, interleave):
