@@ -169,12 +169,16 @@ def overlapped_p2p_time(schedule, pp, m, interleave, t_send, chunk_times):
     next backward chunk, and a backward's only after the next forward: each transfer runs
     beside one chunk's computation, exposed only by what it exceeds it by. The warm-up
     forwards wait for their transfer at the top of the next iteration and the cool-down
-    backwards exchange synchronously: on the first stage (the most warm-up micro-batches)
-    ``W = min(2·(p−1) + (v−1)·p, m·v)`` of each stay serial; the fill and drain hops
-    ``2·(p−1)`` stay on the critical path as in :func:`p2p_transfers_on_critical_path`.
-    Only the interleaved schedule has this option (Megatron-core's non-interleaved schedule
-    ignores it): the other schedules keep their serial count. The NCCL send/receive
-    kernels' SM and memory contention with the chunk they overlap is not modelled.
+    backwards exchange synchronously: the first stage (the most warm-up micro-batches,
+    ``W = min(2·(p−1) + (v−1)·p, m·v)``) exposes ``2·(W − (p−1))`` transfers — its warm-up
+    and cool-down exchanges less the ``2·(p−1)`` that pass while the pipeline fills and
+    drains (the bubble) — as a replay of the schedule shows
+    (``tests/parallel/test_pipeline_replay.py``: exact while a transfer is shorter than a
+    chunk, within a few per cent up to about its length); with ``m = p`` every micro-batch
+    is a warm-up one and nothing overlaps. Only the interleaved schedule has this
+    option (Megatron-core's non-interleaved schedule ignores it): the other schedules keep
+    their serial count. The NCCL send/receive kernels' SM and memory contention with the
+    chunk they overlap is not modelled.
 
     Args:
         schedule, pp, m, interleave: as :func:`p2p_transfers_on_critical_path`.
@@ -191,10 +195,12 @@ def overlapped_p2p_time(schedule, pp, m, interleave, t_send, chunk_times):
     serial = p2p_transfers_on_critical_path(schedule, pp, m, interleave) * t_send
     warm = jnp.minimum(2.0 * (pp - 1.0) + (v - 1.0) * pp, m * v)
     steady = jnp.maximum(m * v - warm, 0.0)
-    overlapped = (2.0 * (pp - 1.0 + warm) * t_send
+    overlapped = (2.0 * jnp.maximum(warm - (pp - 1.0), 0.0) * t_send
                   + steady * (jnp.maximum(t_send - f_chunk, 0.0)
                               + jnp.maximum(t_send - b_chunk, 0.0)))
-    on = (schedule == INTERLEAVED) & (pp > 1.0)
+    # m = p: every micro-batch is a warm-up one (Megatron-core's ``all_warmup_microbatches``),
+    # no exchange waits behind a computation
+    on = (schedule == INTERLEAVED) & (pp > 1.0) & (m > pp)
     return jnp.where(on, jnp.minimum(overlapped, serial), serial)
 
 
