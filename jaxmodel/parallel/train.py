@@ -30,6 +30,9 @@ stage-boundary transfers (2 per micro-batch and chunk, plus fill/drain; m + 1 fo
 stages), each b·s·h·2/t bytes
 (scatter/gather optimisation, PTD-P §4.1; the re-assembling all-gather over TP when SP is off).
 With p > 1 and tied embeddings the first and last stage all-reduce the embedding gradient.
+``pp_overlap = 1`` (Megatron-core ``overlap_p2p_comm``, set by NeMo's pipelined configs) posts
+the interleaved schedule's exchanges asynchronously: the steady ones run beside the next
+chunk (:func:`jaxmodel.parallel.pipeline.overlapped_p2p_time`); 0 (default) blocks as above.
 
 **DualPipe** (``schedule="dualpipe"``; DeepSeek-V3 Technical Report §3.2.1–3.2.2, Table 2;
 deepseek-ai/DualPipe): each rank runs stage ``i`` and ``p−1−i`` (its load per micro-batch the
