@@ -16,6 +16,7 @@ import pytest
 SLOW_DOCTESTS = (
     "jaxmodel.search.parallelism",
     "jaxmodel.parallel.train.train_step",
+    "jaxmodel.parallel.train.make_train_step",
     "jaxmodel.search.objectives",
     "jaxmodel.parallel.inference_step.inference",
     "jaxmodel.parallel.gemm_table",

@@ -47,7 +47,8 @@ from jaxmodel.workload import (  # noqa: E402
                                moe_layer_fraction, moe_layer_times, param_count, params_per_device,
                                qlora, training_layer_times, training_memory)
 from jaxmodel.parallel import (  # noqa: E402
-                               inference, InferenceResult, train_step, TrainResult)
+                               inference, InferenceResult, train_step, TrainResult,
+                               make_train_step, TrainOptions, TrainStatics)
 from jaxmodel.cost import (  # noqa: E402
                            TCO, chiplet_cost, chiplet_system_cost, ChipletCost, ChipletSystem,
                            device_cost, DeviceCost, die_area, die_cost, dies_per_wafer,
@@ -75,7 +76,7 @@ __all__ = [
     "NetLevel", "NetVariant", "OPS", "OfflineResult", "PRESETS", "Parallelism", "Precision",
     "REASONS", "RECIPES", "RECOMPUTE", "RUNTIMES", "Recipe", "Runtime", "SCHEDULES", "SRAMTech",
     "ServingCosts", "ServingResult", "Speculative", "System", "SystemCost", "TCO", "TOPOLOGIES",
-    "TRAIN_MEMORY_TERMS", "TrainResult", "UArchBudgets", "UArchTech",
+    "TRAIN_MEMORY_TERMS", "TrainOptions", "TrainResult", "TrainStatics", "UArchBudgets", "UArchTech",
     "activation_bytes_per_layer", "add_latency", "algorithm_code", "alltoall_time", "bottleneck",
     "chiplet_cost", "chiplet_system_cost", "codesign", "collective_cost", "collective_feasible",
     "collective_latency", "collective_time", "continuous_batching", "device_cost", "die_area",
@@ -86,7 +87,7 @@ __all__ = [
     "flash_attention_latency", "flash_attention_rows", "flash_attention_tiles", "gelu_latency",
     "gemm_latency", "gemm_roofline", "inference", "inference_energy", "inference_memory",
     "kv_cache_bytes", "layer_breakdown", "layernorm_latency", "load_chiplet_system",
-    "load_deepflow_config", "load_library", "lora", "memory_breakdown", "model_flops_per_token",
+    "load_deepflow_config", "load_library", "lora", "make_train_step", "memory_breakdown", "model_flops_per_token",
     "moe_dims", "moe_feasibility", "moe_layer_fraction", "moe_layer_times",
     "negative_binomial_yield", "net_variant_of", "offline_throughput", "ops_feasible",
     "param_count", "params_per_device", "precision", "qlora", "reason_name", "recipe",

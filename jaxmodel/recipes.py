@@ -26,7 +26,8 @@ from jaxmodel.precisions import precision as _precision
 from jaxmodel.types import Parallelism
 
 #: train_step keyword arguments a recipe may set
-STEP_KEYS = ("precision", "dropout", "grad_bytes", "dp_overlap", "tp_overlap")
+STEP_KEYS = ("precision", "dropout", "grad_bytes", "dp_overlap", "tp_overlap",
+             "pp_overlap")
 #: Parallelism fields a recipe may set
 PLAN_KEYS = ("recompute", "zero", "zero3_impl", "flash_attention", "sp")
 
@@ -121,20 +122,24 @@ RECIPES = {
     # and its transpose across micro-batches (:func:`jaxmodel.workload.memory.
     # weight_cache_bytes`), its Linear layers store their inputs in FP8, and
     # contiguous_grad_buffer holds the bf16 gradients (grad_sync_dtype) of the whole stage.
+    # overlap_p2p_comm true with batch_p2p_comm false in the pipelined configs
+    # (llama/llama2_70b.yaml; Megatron-core's interleaved schedule then posts the stage
+    # exchanges asynchronously: pp_overlap = 1; the plans without interleaving ignore it).
     "nemo-24.07": Recipe(
         "nemo-24.07",
         step=dict(precision=NEMO_FP8, dropout="none", grad_bytes=2, dp_overlap=1,
-                  tp_overlap=1),
+                  tp_overlap=1, pp_overlap=1),
         plan=dict(recompute="none", zero=1, flash_attention="fa2", sp=True),
         source=_NEMO_LAUNCHER),
     # NeMo 24.07 supervised fine-tuning (full parameters, packed sequences): the pre-training
     # recipe with fp8_params and bf16 optimizer states (:data:`NEMO_SFT_FP8`);
     # activations_checkpoint_granularity null, sequence_parallel true and
-    # ub_tp_comm_overlap true with TP > 1 (the 70B script), hidden_dropout 0.0.
+    # ub_tp_comm_overlap true with TP > 1 (the 70B script), hidden_dropout 0.0;
+    # overlap_p2p_comm true, batch_p2p_comm false (conf/peft/llama/sft.yaml).
     "nemo-24.07-sft": Recipe(
         "nemo-24.07-sft",
         step=dict(precision=NEMO_SFT_FP8, dropout="none", grad_bytes=2, dp_overlap=1,
-                  tp_overlap=1),
+                  tp_overlap=1, pp_overlap=1),
         plan=dict(recompute="none", zero=1, flash_attention="fa2", sp=True),
         source=_NEMO_SFT),
     # Megatron-LM as published in 2021 (Narayanan et al., SC'21, "Efficient Large-Scale

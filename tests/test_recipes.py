@@ -37,7 +37,7 @@ def test_train_step_recipe_equals_the_spelled_out_settings():
                                               zero=1, flash_attention="fa2", sp=True),
                       128, 4096, precision=jm.precision("fp8", master_bytes=2.0),
                       dropout="none", grad_bytes=2,
-                      dp_overlap=1, tp_overlap=1)
+                      dp_overlap=1, tp_overlap=1, pp_overlap=1)
     assert float(a.step_time_s) == float(b.step_time_s)
     assert float(a.memory_bytes) == float(b.memory_bytes)
 

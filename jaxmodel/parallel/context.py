@@ -99,16 +99,26 @@ def causal_imbalance(cp, balanced=1.0):
     return jnp.where(jnp.asarray(balanced) > 0.5, 1.0, (2.0 * c - 1.0) / c)
 
 
-def kv_chunk_bytes(model, par, micro_batch, seq_len, cp, dtype_bytes=2.0):
-    """K and V of one rank's ``s/cp`` tokens on one TP rank:
+def kv_chunk_bytes(model, par, micro_batch, seq_len, cp, act_bytes=2.0):
+    """K and V of one rank's ``s/cp`` tokens on one TP rank, ``act_bytes`` per element:
     ``2·b·(s/cp)·max(kv_heads/tp, 1)·d_head·bytes``."""
     c = jnp.maximum(cp, 1.0)
     kv = jnp.maximum(model.n_kv_heads / jnp.maximum(par.tp, 1.0), 1.0)
-    return 2.0 * micro_batch * (seq_len / c) * kv * model.head_dim * dtype_bytes
+    return 2.0 * micro_batch * (seq_len / c) * kv * model.head_dim * act_bytes
 
 
-def cp_attention_time(system, attn_fwd, attn_bwd, kv_bytes, cp, tp=1.0, mode=RING,
-                      channels=None, net: _comm.NetVariant = _comm.ANY_NET):
+_EXCHANGE = {"mode": RING, "channels": None, "net": _comm.ANY_NET}
+
+
+def _exchange(where: str, options: dict, known=tuple(_EXCHANGE)) -> dict:
+    """The keyword options with their defaults; ``TypeError`` naming an unknown one."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"{where}: unknown keyword(s) {unknown}; known {sorted(known)}")
+    return options
+
+
+def cp_attention_time(system, attn_fwd, attn_bwd, kv_bytes, cp, tp=1.0, **exchange):
     """The attention core of one layer under CP (module docstring), one device, s.
 
     Args:
@@ -116,14 +126,18 @@ def cp_attention_time(system, attn_fwd, attn_bwd, kv_bytes, cp, tp=1.0, mode=RIN
             (all ``cp`` blocks together, imbalance included), forward and backward, s.
         kv_bytes: K and V of one rank (:func:`kv_chunk_bytes`), bytes.
         cp: context-parallel degree; tp: tensor-parallel degree (CP neighbours' stride).
-        mode: :data:`RING` (0) or :data:`ALLGATHER` (1).
-        channels: NCCL channels (SMs) of the exchange (default ``DEFAULT_CHANNELS["cp"]``).
+        **exchange: ``mode`` — :data:`RING` (0, default) or :data:`ALLGATHER` (1);
+            ``channels`` — NCCL channels (SMs) of the exchange (default
+            ``DEFAULT_CHANNELS["cp"]``); ``net`` — the static
+            :class:`jaxmodel.comm.NetVariant` of ``system``.
 
     Returns:
         dict: ``fwd``, ``bwd`` (total attention incl. communication), ``comm_fwd``,
         ``comm_bwd`` (their exposed communication incl. contention), ``contention``,
         ``feasible``.
     """
+    o = {**_EXCHANGE, **_exchange("cp_attention_time", exchange)}
+    mode, channels, net = o["mode"], o["channels"], o["net"]
     f = jnp.result_type(float)
     c = jnp.maximum(jnp.asarray(cp, dtype=f), 1.0)
     tp = jnp.maximum(jnp.asarray(tp, dtype=f), 1.0)
@@ -168,13 +182,20 @@ def context_flag(par) -> bool | None:
     return static_flag(par.cp, lambda a: a > 1.5)
 
 
-def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, balanced=1.0,
-                   gemm=None, dtype_bytes=None, channels=None,
-                   variant: _layer.Variant = _layer.ANY, precision=None,
-                   context: bool | None = None):
+_LAYER_OPTIONS = {"mode": RING, "balanced": 1.0, "channels": None, "gemm": None,
+                  "variant": _layer.ANY, "context": None}
+
+
+def cp_layer_times(system, model, par, micro_batch, seq_len, cp, precision=None, **options):
     """Per-layer, per-micro-batch training times of one device under context parallelism
     of degree ``cp`` (module docstring), s — the CP counterpart of
     :func:`jaxmodel.workload.layer.training_layer_times` (``cp = 1`` reproduces it).
+
+    ``precision``: a preset name or :class:`jaxmodel.Precision` (default bf16). Options:
+    ``mode`` (:data:`RING` default, :data:`ALLGATHER`), ``balanced`` (1 = the 2·cp-chunk
+    load balancing, 0 = a contiguous split: :func:`causal_imbalance`), ``channels`` (of the
+    exchange, :func:`cp_attention_time`), and the static ``gemm`` (GEMM latency hook),
+    ``variant`` (:class:`jaxmodel.workload.layer.Variant`) and ``context`` (below).
 
     Returns:
         dict :data:`CP_LAYER_KEYS`: ``fwd``/``bwd`` compute incl. the CP attention with its
@@ -185,16 +206,20 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
         ``ep_comm_fwd``/``ep_comm_bwd`` (MoE dispatch + combine all-to-all of the ``b·s/cp``
         local tokens, :func:`jaxmodel.workload.moe.alltoall_time`; full recomputation
         repeats it). Infeasible TP splits, CP placements or unsupported precisions give
-        ``+inf``. ``precision`` (or the legacy ``dtype_bytes``) as
-        :func:`~jaxmodel.workload.layer.training_layer_times`. ``context`` (static,
-        :func:`context_flag`): ``False`` when no configuration has ``cp > 1``, which keeps
-        the CP exchange (four collectives) out of the graph — the same numbers.
+        ``+inf``. ``context`` (static, :func:`context_flag`): ``False`` when no
+        configuration has ``cp > 1``, which keeps the CP exchange (four collectives) out of
+        the graph — the same numbers.
+
+    Raises:
+        TypeError: an unknown option (named).
     """
-    gemm = gemm or _layer.default_gemm
+    o = {**_LAYER_OPTIONS, **_exchange("cp_layer_times", options, tuple(_LAYER_OPTIONS))}
+    variant, context = o["variant"], o["context"]
+    gemm = o["gemm"] or _layer.default_gemm
     f = jnp.result_type(float)
     dev = system.device
-    prec = _prec.resolve(precision, dtype_bytes)
-    dtype_bytes = prec.act_bytes
+    prec = _prec.precision(precision)
+    act_bytes = prec.act_bytes
     c = jnp.maximum(jnp.asarray(cp, dtype=f), 1.0)
     local = seq_len / c
     # the attention core as the ring runs it: cp kernel calls of the local queries against one
@@ -213,7 +238,7 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
     # it (:func:`causal_imbalance`). Standard attention computes the full rectangle on every
     # rank: no imbalance either way.
     fa = par.flash_attention > 0.5
-    scale = c * jnp.where(fa, causal_imbalance(c, balanced), 1.0)
+    scale = c * jnp.where(fa, causal_imbalance(c, o["balanced"]), 1.0)
     if context is False:    # cp = 1: cp_attention_time's values without its collectives
         zero = 0.0 * attn_f
         attn = {"fwd": attn_f * scale, "bwd": attn_b * scale, "comm_fwd": zero,
@@ -221,15 +246,16 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
     else:
         attn = cp_attention_time(system, attn_f * scale, attn_b * scale,
                                  kv_chunk_bytes(model, par, micro_batch, seq_len, c,
-                                                dtype_bytes),
-                                 c, par.tp, mode, channels, variant.net)
+                                                act_bytes),
+                                 c, par.tp, mode=o["mode"], channels=o["channels"],
+                                 net=variant.net)
     fwd = fwd_all - attn_f + attn["fwd"]
     bwd = bwd_all - attn_b + attn["bwd"]
-    sync = _layer.tp_collective(system, par, micro_batch * local * model.d_model * dtype_bytes,
+    sync = _layer.tp_collective(system, par, micro_batch * local * model.d_model * act_bytes,
                                 variant)
     comm = _layer.tp_syncs(model) * sync
     a2a, a2a_b = ((0.0 * sync, 0.0 * sync) if variant.moe is False else
-                  _moe.alltoall_times(system, model, par, micro_batch * local, dtype_bytes,
+                  _moe.alltoall_times(system, model, par, micro_batch * local, act_bytes,
                                       net=variant.net, dispatch_bytes=prec.gemm_bytes))
     attn_core_fwd = jnp.where(par.flash_attention > 0.5, 0.0, attn["fwd"])
     rc = par.recompute
@@ -247,25 +273,26 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, mode=RING, bala
     return {k: jnp.where(ok, v, jnp.inf) for k, v in out.items()}
 
 
-def cp_activation_bytes(model, par, micro_batch, seq_len, cp, mode=RING, dtype_bytes=2.0,
+def cp_activation_bytes(model, par, micro_batch, seq_len, cp, mode=RING, act_bytes=2.0,
                         gemm_bytes=None):
     """Activation memory one layer stores for the backward under CP, bytes per device: the
     per-layer inventory on ``s/cp`` tokens (:func:`jaxmodel.workload.memory.
     activation_bytes_per_layer`; its ``s²`` attention-score term becomes ``(s/cp)·s``) plus
     the transient KV buffers (ring: the two chunks in flight; all-gather: all ``cp`` chunks,
-    Dubey et al. 2024 §3.3.2)."""
+    Dubey et al. 2024 §3.3.2); ``act_bytes`` per activation element (the precision's),
+    ``gemm_bytes`` per stored GEMM input (default ``act_bytes``)."""
     f = jnp.result_type(float)
     c = jnp.maximum(jnp.asarray(cp, dtype=f), 1.0)
     local = seq_len / c
-    act = _memory.activation_bytes_per_layer.single(model, par, micro_batch, local, dtype_bytes,
+    act = _memory.activation_bytes_per_layer.single(model, par, micro_batch, local, act_bytes,
                                                     gemm_bytes)
     # the s² term computed at s/cp counts (s/cp)²; the local queries see all s keys
     scores_local = jnp.where(
         (par.flash_attention > 0.5) | (par.recompute > 0.5), 0.0,
-        (4.0 * dtype_bytes / 2.0 + 1.0) * model.n_heads * local * local * micro_batch
+        (4.0 * act_bytes / 2.0 + 1.0) * model.n_heads * local * local * micro_batch
         / jnp.maximum(par.tp, 1.0))
     act = act + jnp.where(par.recompute > 1.5, 0.0, scores_local * (c - 1.0))
-    kv = kv_chunk_bytes(model, par, micro_batch, seq_len, c, dtype_bytes)
+    kv = kv_chunk_bytes(model, par, micro_batch, seq_len, c, act_bytes)
     buf = jnp.where(jnp.asarray(mode, dtype=f) < 0.5, 2.0 * kv, c * kv)
     return act + jnp.where(c > 1.5, buf, 0.0)
 

@@ -348,8 +348,7 @@ def tp_host_fractions(model, seq_len, flash_attention=0.0):
     return (qkv + w1) / tot, (wo + w2) / tot
 
 
-def te_tp_exposed(t_fwd, t_bwd, t_comm_fwd, t_comm_bwd, ag_hosts, rs_hosts, tp, dev,
-                  comm_bytes=0.0):
+def te_tp_exposed(t_fwd, t_bwd, t_comm_fwd, t_comm_bwd, hosts, tp, dev, comm_bytes=0.0):
     """Exposed TP communication of one layer's forward and backward under Megatron-core
     ``--tp-comm-overlap`` with Transformer Engine's default userbuffers configuration,
     ``(exposed_fwd_s, exposed_bwd_s)``, each including the compute slowdown it causes.
@@ -380,14 +379,15 @@ def te_tp_exposed(t_fwd, t_bwd, t_comm_fwd, t_comm_bwd, ag_hosts, rs_hosts, tp, 
     Args:
         t_fwd, t_bwd: the layer's forward / backward compute, s.
         t_comm_fwd, t_comm_bwd: its serial TP collectives of the forward / backward, s.
-        ag_hosts, rs_hosts: shares of the compute in the GEMMs hosting the all-gathers /
-            reduce-scatters (:func:`tp_host_fractions`).
+        hosts: ``(ag_hosts, rs_hosts)``, the shares of the compute in the GEMMs hosting the
+            all-gathers / reduce-scatters (:func:`tp_host_fractions`).
         tp: tensor-parallel degree (ring-exchange chunks).
         dev: the :class:`~jaxmodel.types.Device` (SM count, memory bandwidth).
         comm_bytes: main-memory bytes of one pass's TP collectives
             (:func:`comm_hbm_bytes`), the memory-contention input.
     """
     f = jnp.result_type(float)
+    ag_hosts, rs_hosts = hosts
     n_ring = jnp.maximum(jnp.asarray(tp, dtype=f), 1.0)
     sigma = sm_share(dev, TE_COMM_SMS)
     ring_share = sm_share(dev, TE_RING_SMS)

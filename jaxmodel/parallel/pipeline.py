@@ -103,7 +103,7 @@ def in_flight_microbatches(schedule, pp, m, interleave):
                       [m, interleaved, dual], warm)
 
 
-def p2p_bytes(micro_batch, seq_len, d_model, tp, dtype_bytes=2.0):
+def p2p_bytes(micro_batch, seq_len, d_model, tp, act_bytes=2.0):
     """Bytes one tensor-parallel rank sends across a stage boundary per micro-batch, direction.
 
     The activation tensor is b·s·h elements (PTD-P §4.1). With tensor parallelism Megatron
@@ -117,12 +117,12 @@ def p2p_bytes(micro_batch, seq_len, d_model, tp, dtype_bytes=2.0):
         seq_len: sequence length s.
         d_model: hidden size h.
         tp: tensor-parallel degree t.
-        dtype_bytes: bytes per activation element (2 for fp16/bf16).
+        act_bytes: bytes per activation element (2 for fp16/bf16).
 
     Returns:
-        Bytes, b·s·h·dtype_bytes / t.
+        Bytes, b·s·h·act_bytes / t.
     """
-    return safe_div(micro_batch * seq_len * d_model * dtype_bytes, tp, fill=0.0)
+    return safe_div(micro_batch * seq_len * d_model * act_bytes, tp, fill=0.0)
 
 
 def p2p_transfers_on_critical_path(schedule, pp, m, interleave):
@@ -155,6 +155,53 @@ def p2p_transfers_on_critical_path(schedule, pp, m, interleave):
                     schedule == DUALPIPE],
                    [m + 1.0, 2.0 * m, 2.0 * (pp - 1.0)], 2.0 * (m * v + pp - 1.0))
     return jnp.where(pp > 1.0, n, 0.0)
+
+
+def overlapped_p2p_time(schedule, pp, m, interleave, t_send, chunk_times):
+    """Exposed stage-boundary transfer time of one step under Megatron-core's
+    ``overlap_p2p_comm`` (``--overlap-p2p-communication``), s.
+
+    Source: Megatron-core 0.7.0 ``megatron/core/pipeline_parallel/schedules.py``,
+    ``forward_backward_pipelining_with_interleaving``: with ``config.overlap_p2p_comm`` the
+    exchanges are posted asynchronously (``p2p_communication.send_forward_recv_forward`` /
+    ``send_backward_recv_backward`` with ``overlap_p2p_comm=True`` return wait handles).
+    In the steady 1F1B phase a forward chunk's send/receive is waited on only after the
+    next backward chunk, and a backward's only after the next forward: each transfer runs
+    beside one chunk's computation, exposed only by what it exceeds it by. The warm-up
+    forwards wait for their transfer at the top of the next iteration and the cool-down
+    backwards exchange synchronously: the first stage (the most warm-up micro-batches,
+    ``W = min(2·(p−1) + (v−1)·p, m·v)``) exposes ``2·(W − (p−1))`` transfers — its warm-up
+    and cool-down exchanges less the ``2·(p−1)`` that pass while the pipeline fills and
+    drains (the bubble) — as a replay of the schedule shows
+    (``tests/parallel/test_pipeline_replay.py``: exact while a transfer is shorter than a
+    chunk, within a few per cent up to about its length); with ``m = p`` every micro-batch
+    is a warm-up one and nothing overlaps. Only the interleaved schedule has this
+    option (Megatron-core's non-interleaved schedule ignores it): the other schedules keep
+    their serial count. The NCCL send/receive kernels' SM and memory contention with the
+    chunk they overlap is not modelled.
+
+    Args:
+        schedule, pp, m, interleave: as :func:`p2p_transfers_on_critical_path`.
+        t_send: one transfer (activation or gradient), s.
+        chunk_times: ``(forward, backward)`` of one model chunk and micro-batch on the
+            slowest stage, s.
+
+    Returns:
+        Exposed seconds per step (``n·t_send`` with the serial count ``n`` for the other
+        schedules and for p = 1 zero).
+    """
+    v = effective_interleave(schedule, interleave)
+    f_chunk, b_chunk = chunk_times
+    serial = p2p_transfers_on_critical_path(schedule, pp, m, interleave) * t_send
+    warm = jnp.minimum(2.0 * (pp - 1.0) + (v - 1.0) * pp, m * v)
+    steady = jnp.maximum(m * v - warm, 0.0)
+    overlapped = (2.0 * jnp.maximum(warm - (pp - 1.0), 0.0) * t_send
+                  + steady * (jnp.maximum(t_send - f_chunk, 0.0)
+                              + jnp.maximum(t_send - b_chunk, 0.0)))
+    # m = p: every micro-batch is a warm-up one (Megatron-core's ``all_warmup_microbatches``),
+    # no exchange waits behind a computation
+    on = (schedule == INTERLEAVED) & (pp > 1.0) & (m > pp)
+    return jnp.where(on, jnp.minimum(overlapped, serial), serial)
 
 
 def dualpipe_hidden_transfers(pp, m):

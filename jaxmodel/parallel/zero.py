@@ -11,7 +11,7 @@ forward and backward, gradients reduce-scattered in every micro-batch's backward
 **Execution of one micro-batch on one device** (``n`` FSDP units, uniform; a unit = a
 transformer layer by default, FSDP's transformer auto-wrap policy). Per unit: compute ``c_f``
 (forward) and ``c_b`` (backward incl. recomputation), parameter all-gather ``g`` (output =
-the unit's full parameters in ``dtype_bytes``), gradient reduce-scatter ``r`` (input = the
+the unit's full parameters in ``weight_bytes``), gradient reduce-scatter ``r`` (input = the
 unit's full gradient in ``grad_comm_bytes``), all over the shard group. All collectives share
 one network path; they run on their own stream beside the compute (:mod:`jaxmodel.parallel.
 overlap`, with SM and memory-bandwidth contention).
@@ -114,6 +114,9 @@ Units: seconds, bytes.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import jax.numpy as jnp
 
 from jaxmodel import comm as _comm
@@ -125,6 +128,74 @@ from jaxmodel.workload import params as _params
 
 ZERO3_KEYS = ("compute", "exposed_comm", "contention", "gather", "reduce_scatter",
               "replica_allreduce", "copies")
+
+
+@dataclasses.dataclass(frozen=True)
+class Zero3Options:
+    """How ZeRO-3 / FSDP runs: the keywords of :func:`zero3_step`, :func:`zero3_memory`
+    (numbers may be traced) and :func:`per_tensor_collectives`.
+
+    Attributes:
+        weight_bytes: bytes per gathered (unsharded) parameter (2 = fp16/bf16).
+        grad_comm_bytes: bytes per reduced gradient element (2 = DeepSpeed's fp16 reduction,
+            4 = fp32).
+        grad_bytes: bytes per gradient element held in memory (:func:`zero3_memory`).
+        optimizer_bytes: optimizer-state bytes per parameter (12 = mixed-precision Adam).
+        shard_weight_bytes: bytes per sharded parameter of the weight shard (default
+            ``weight_bytes``; :func:`impl_costs`).
+        unsharded_grad_bytes: bytes per unit parameter of FSDP2's unsharded gradient buffer
+            (:func:`impl_costs`; 0 = none).
+        prefetch: units gathered ahead (0 = none: serial; ≥ 1 pipelined).
+        shard_group: HSDP shard-group size (``None`` or ``dp`` = plain ZeRO-3); must divide
+            ``dp``; the replica all-reduce runs over ``dp / shard_group``.
+        reduce_every_microbatch: 1 = reduce-scatter in every micro-batch (DeepSpeed); 0 =
+            only in the last one (FSDP ``no_sync``, which keeps the full unsharded gradients).
+        recompute_gathers: 1 = every backward pass gathers each unit twice (re-forward of
+            a checkpointed unit whose parameters the forward released, then its backward:
+            DeepSpeed stage 3 with activation checkpointing); 0 = once (FSDP).
+        stride: devices between consecutive data-parallel ranks (``tp·pp`` under PTD-P
+            placement, 1 for pure ZeRO-3).
+        channels: NCCL channels (= SMs) of the collectives (default
+            :data:`jaxmodel.parallel.overlap.DEFAULT_CHANNELS` ``["zero"]``).
+        compute_bytes_fwd, compute_bytes_bwd: main-memory bytes of one unit's compute (0: no
+            memory contention modelled for the compute).
+        collective_times: ``(gather, reduce_scatter, replica_allreduce)`` seconds per unit
+            when the caller has evaluated them already (e.g. in one batched call with its
+            other collectives); ``None`` evaluates them in :func:`zero3_step`.
+        copy_out_bytes, copy_in_bytes: main-memory bytes per unit parameter of the copy
+            kernels each gather / reduce-scatter runs on the compute stream (FSDP2:
+            :func:`impl_costs`; 0 = none), :func:`copy_time` each, added to the unit's
+            compute.
+        net: static :class:`jaxmodel.comm.NetVariant` of the system (prunes the graph only).
+    """
+
+    weight_bytes: Any = 2.0
+    grad_comm_bytes: Any = 2.0
+    grad_bytes: Any = 4.0
+    optimizer_bytes: Any = 12.0
+    shard_weight_bytes: Any = None
+    unsharded_grad_bytes: Any = 0.0
+    prefetch: Any = 1.0
+    shard_group: Any = None
+    reduce_every_microbatch: Any = 1.0
+    recompute_gathers: Any = 0.0
+    stride: Any = 1.0
+    channels: Any = None
+    compute_bytes_fwd: Any = 0.0
+    compute_bytes_bwd: Any = 0.0
+    collective_times: Any = None
+    copy_out_bytes: Any = 0.0
+    copy_in_bytes: Any = 0.0
+    net: _comm.NetVariant = _comm.ANY_NET
+
+
+def zero3_options(where: str, options: dict) -> Zero3Options:
+    """:class:`Zero3Options` from keywords; ``TypeError`` naming an unknown one."""
+    known = {f.name for f in dataclasses.fields(Zero3Options)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"{where}: unknown keyword(s) {unknown}; known {sorted(known)}")
+    return Zero3Options(**options)
 
 
 def _collective(system, op, nbytes, group, stride, net):
@@ -234,9 +305,11 @@ def per_tensor_time(dev, op, nccl_times, tensor_bytes, group, counts=None, list_
     return jnp.where(g > 1.5, total, 0.0)
 
 
-def per_tensor_collectives(system, op, tensor_elements, group, stride=1.0, elem_bytes=2.0,
-                           counts=None, list_api=1.0, ring_efficiency=None, nccl_times=None,
-                           net: _comm.NetVariant = _comm.ANY_NET):
+_PER_TENSOR_KEYS = {"elem_bytes": 2.0, "counts": None, "list_api": 1.0,
+                    "ring_efficiency": None, "nccl_times": None, "net": _comm.ANY_NET}
+
+
+def per_tensor_collectives(system, op, tensor_elements, group, stride=1.0, **options):
     """Seconds of DeepSpeed's per-tensor ``op`` (``"all_gather"`` or ``"reduce_scatter"``)
     over ``group`` ranks ``stride`` devices apart for tensors of ``tensor_elements``
     elements (``counts`` of each, default 1) in ``elem_bytes`` bytes: :func:`per_tensor_time`
@@ -245,13 +318,28 @@ def per_tensor_collectives(system, op, tensor_elements, group, stride=1.0, elem_
     :data:`PERSISTENCE_THRESHOLD` (they stay gathered; their gradients are still
     reduce-scattered).
 
-    Args:
+    Keywords (``options``):
+        elem_bytes: bytes per element (default 2).
+        counts: calls of each tensor (default 1 each).
+        list_api: 1 (default) = the list form of ``torch.distributed``, 0 = one flat buffer
+            (:func:`per_tensor_time`).
         ring_efficiency: ``None`` = :func:`ring_efficiency_of` of the ring (calibrated where it
             crosses InfiniBand), else the fraction to use (1 = the NCCL model as is).
+        nccl_times: NCCL seconds of one call per tensor, when the caller has them.
+        net: static :class:`jaxmodel.comm.NetVariant` of ``system``.
 
     Returns:
         ``(seconds, feasible)``; 0 s for a group of one.
+
+    Raises:
+        TypeError: an unknown keyword (named).
     """
+    unknown = sorted(set(options) - set(_PER_TENSOR_KEYS))
+    if unknown:
+        raise TypeError(f"per_tensor_collectives: unknown keyword(s) {unknown}")
+    o = {**_PER_TENSOR_KEYS, **options}
+    elem_bytes, counts, list_api = o["elem_bytes"], o["counts"], o["list_api"]
+    ring_efficiency, nccl_times, net = o["ring_efficiency"], o["nccl_times"], o["net"]
     f = jnp.result_type(float)
     g = jnp.maximum(jnp.asarray(group, dtype=f), 1.0)
     sizes = [jnp.asarray(x, dtype=f) for x in tensor_elements]
@@ -330,21 +418,23 @@ def copy_time(dev, n_elements, bytes_per_element):
     return jnp.where(on, t, 0.0)
 
 
-def unit_pass_time(t_compute, t_comm, n_units, prefetch=1.0, t_tail=0.0, compute_bytes=0.0,
-                   comm_bytes=0.0, share=0.0, dev=None, t_head=None):
+def unit_pass_time(t_compute, t_comm, n_units, prefetch=1.0, t_tail=0.0, contention=None,
+                   t_head=None):
     """One pass (forward or backward) over ``n_units`` uniform units whose communication
     ``t_comm`` per unit is prefetched ``prefetch`` units ahead (module docstring):
     ``t_head + (n−1)·ov(t_compute, t_comm) + t_compute + t_tail`` with prefetch ≥ 1
     (``t_head``: the first unit's exposed collective, default ``t_comm``; ``t_tail``: the
     last unit's trailing collective, e.g. its reduce-scatter), else
-    ``n·(t_comm + t_compute)``.
+    ``n·(t_comm + t_compute)``; ``ov`` is :func:`jaxmodel.parallel.overlap.overlapped_time`
+    with ``contention = (compute_bytes, comm_bytes, share, dev)`` (default none).
 
     Returns:
         ``(total_s, contention_s)``: the pass and the compute slowdown inside it.
     """
     f = jnp.result_type(float)
     n = jnp.maximum(jnp.asarray(n_units, dtype=f), 1.0)
-    tot, _, slow = ov.overlapped_time(t_compute, t_comm, compute_bytes, comm_bytes, share, dev)
+    tot, _, slow = ov.overlapped_time(t_compute, t_comm,
+                                      *(contention or (0.0, 0.0, 0.0, None)))
     head = t_comm if t_head is None else t_head
     pipelined = head + (n - 1.0) * tot + t_compute + t_tail
     serial = n * (t_comm + t_compute)
@@ -352,12 +442,23 @@ def unit_pass_time(t_compute, t_comm, n_units, prefetch=1.0, t_tail=0.0, compute
     return jnp.where(on, pipelined, serial), jnp.where(on, (n - 1.0) * slow, 0.0)
 
 
-def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batches=1.0, *,
-               dtype_bytes=2.0, grad_comm_bytes=2.0, prefetch=1.0, shard_group=None,
-               reduce_every_microbatch=1.0, recompute_gathers=0.0, stride=1.0, channels=None,
-               compute_bytes_fwd=0.0, compute_bytes_bwd=0.0,
-               net: _comm.NetVariant = _comm.ANY_NET, collective_times=None,
-               copy_out_bytes=0.0, copy_in_bytes=0.0):
+def _unit_collectives(system, ag_bytes, rs_bytes, shard, replicas, o: Zero3Options):
+    """Seconds of one unit's gather, reduce-scatter and HSDP replica all-reduce (or
+    ``o.collective_times``) and whether the network fits them."""
+    f = jnp.result_type(float)
+    stride = jnp.asarray(o.stride, dtype=f)
+    if o.collective_times is not None:
+        g, r, a = (jnp.asarray(x, dtype=f) for x in o.collective_times)
+        return g, r, a, jnp.asarray(True)
+    ar_bytes = nx.safe_div(rs_bytes, shard, fill=0.0)
+    g, ok_g = _collective(system, "all_gather", ag_bytes, shard, stride, o.net)
+    r, ok_r = _collective(system, "reduce_scatter", rs_bytes, shard, stride, o.net)
+    a, ok_a = _collective(system, "all_reduce", ar_bytes, replicas, stride * shard, o.net)
+    return g, r, a, ok_g & ok_r & ok_a
+
+
+def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batches=1.0,
+               **options):
     """Time of the ZeRO-3 / FSDP part of a training step on one device (module docstring).
 
     Args:
@@ -371,31 +472,11 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
         dp: data-parallel degree (devices over which the parameters are sharded, or sharded
             and replicated with ``shard_group``).
         micro_batches: micro-batches per step (gradient accumulation).
-        dtype_bytes: bytes per gathered parameter (2 = fp16/bf16).
-        grad_comm_bytes: bytes per reduced gradient element (2 = DeepSpeed's fp16 reduction,
-            4 = fp32).
-        prefetch: units gathered ahead (0 = none: serial; ≥ 1 pipelined).
-        shard_group: HSDP shard-group size (``None`` or ``dp`` = plain ZeRO-3); must divide
-            ``dp``; the replica all-reduce runs over ``dp / shard_group``.
-        reduce_every_microbatch: 1 = reduce-scatter in every micro-batch (DeepSpeed); 0 =
-            only in the last one (FSDP ``no_sync``).
-        recompute_gathers: 1 = every backward pass gathers each unit twice (re-forward of
-            a checkpointed unit whose parameters the forward released, then its backward:
-            DeepSpeed stage 3 with activation checkpointing); 0 = once (FSDP).
-        stride: devices between consecutive data-parallel ranks (``tp·pp`` under PTD-P
-            placement, 1 for pure ZeRO-3).
-        channels: NCCL channels (= SMs) of the collectives (default
-            :data:`jaxmodel.parallel.overlap.DEFAULT_CHANNELS` ``["zero"]``).
-        compute_bytes_fwd, compute_bytes_bwd: main-memory bytes of one unit's compute (0: no
-            memory contention modelled for the compute).
-        net: static :class:`jaxmodel.comm.NetVariant` of ``system`` (prunes the graph only).
-        collective_times: ``(gather, reduce_scatter, replica_allreduce)`` seconds per unit
-            when the caller has evaluated them already (e.g. in one batched call with its
-            other collectives); ``None`` evaluates them here.
-        copy_out_bytes, copy_in_bytes: main-memory bytes per unit parameter of the copy
-            kernels each gather / reduce-scatter runs on the compute stream (FSDP2:
-            :func:`impl_costs`; 0 = none), :func:`copy_time` each, added to the unit's
-            compute.
+        **options: the fields of :class:`Zero3Options` (``weight_bytes``,
+            ``grad_comm_bytes``, ``prefetch``, ``shard_group``, ``reduce_every_microbatch``,
+            ``recompute_gathers``, ``stride``, ``channels``, ``compute_bytes_fwd``,
+            ``compute_bytes_bwd``, ``collective_times``, ``copy_out_bytes``,
+            ``copy_in_bytes``, ``net``).
 
     Returns:
         dict: ``total`` (s, the ZeRO part of the step: all micro-batches' forward and backward
@@ -405,48 +486,46 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
         ``reduce_scatter`` / ``replica_allreduce`` (standalone collective time per step, for
         reporting), ``copies`` (the copy kernels of the step, on the compute stream) — and
         ``feasible`` (the groups fit the network).
+
+    Raises:
+        TypeError: an unknown keyword (named).
     """
+    o = zero3_options("zero3_step", options)
     f = jnp.result_type(float)
     dev = system.device
     dp = jnp.maximum(jnp.asarray(dp, dtype=f), 1.0)
     n = jnp.maximum(jnp.asarray(n_units, dtype=f), 1.0)
     m = jnp.maximum(jnp.asarray(micro_batches, dtype=f), 1.0)
-    shard = dp if shard_group is None else jnp.clip(jnp.asarray(shard_group, dtype=f), 1.0, dp)
+    shard = (dp if o.shard_group is None
+             else jnp.clip(jnp.asarray(o.shard_group, dtype=f), 1.0, dp))
     replicas = jnp.maximum(dp / shard, 1.0)
     p_unit = jnp.asarray(n_params, dtype=f) / n
-    ag_bytes = p_unit * dtype_bytes
-    rs_bytes = p_unit * grad_comm_bytes
+    ag_bytes = p_unit * o.weight_bytes
+    rs_bytes = p_unit * o.grad_comm_bytes
     ar_bytes = nx.safe_div(rs_bytes, shard, fill=0.0)
-    stride = jnp.asarray(stride, dtype=f)
-    if collective_times is None:
-        g, ok_g = _collective(system, "all_gather", ag_bytes, shard, stride, net)
-        r, ok_r = _collective(system, "reduce_scatter", rs_bytes, shard, stride, net)
-        a, ok_a = _collective(system, "all_reduce", ar_bytes, replicas, stride * shard, net)
-    else:
-        g, r, a = (jnp.asarray(x, dtype=f) for x in collective_times)
-        ok_g = ok_r = ok_a = jnp.asarray(True)
-    share = ov.sm_share(dev, ov.DEFAULT_CHANNELS["zero"] if channels is None else channels)
+    g, r, a, ok = _unit_collectives(system, ag_bytes, rs_bytes, shard, replicas, o)
+    share = ov.sm_share(dev, ov.DEFAULT_CHANNELS["zero"] if o.channels is None else o.channels)
     h_g = ov.comm_hbm_bytes("all_gather", ag_bytes, shard)
     h_r = ov.comm_hbm_bytes("reduce_scatter", rs_bytes, shard)
     h_a = ov.comm_hbm_bytes("all_reduce", ar_bytes, replicas)
 
-    regather = 1.0 + jnp.clip(jnp.asarray(recompute_gathers, dtype=f), 0.0, 1.0)
+    regather = 1.0 + jnp.clip(jnp.asarray(o.recompute_gathers, dtype=f), 0.0, 1.0)
     # FSDP2's copy-out after every gather and copy-in before every reduce-scatter run on the
     # compute stream (module docstring): they lengthen the unit's compute
-    t_co = copy_time(dev, p_unit, jnp.asarray(copy_out_bytes, dtype=f))
-    t_ci = copy_time(dev, p_unit, jnp.asarray(copy_in_bytes, dtype=f))
+    t_co = copy_time(dev, p_unit, jnp.asarray(o.copy_out_bytes, dtype=f))
+    t_ci = copy_time(dev, p_unit, jnp.asarray(o.copy_in_bytes, dtype=f))
 
     def bwd(with_rs, with_ar):
         comm = regather * g + with_rs * r + with_ar * a
         tail = with_rs * r + with_ar * a
         hb = regather * h_g + with_rs * h_r + with_ar * h_a
         c_b = t_bwd_unit + regather * t_co + with_rs * t_ci
-        return unit_pass_time(c_b, comm, n, prefetch, tail, compute_bytes_bwd, hb,
-                              share, dev, t_head=regather * g)
+        return unit_pass_time(c_b, comm, n, o.prefetch, tail,
+                              (o.compute_bytes_bwd, hb, share, dev), t_head=regather * g)
 
-    t_f, s_f = unit_pass_time(t_fwd_unit + t_co, g, n, prefetch, 0.0, compute_bytes_fwd, h_g,
-                              share, dev)
-    every = jnp.clip(jnp.asarray(reduce_every_microbatch, dtype=f), 0.0, 1.0)
+    t_f, s_f = unit_pass_time(t_fwd_unit + t_co, g, n, o.prefetch, 0.0,
+                              (o.compute_bytes_fwd, h_g, share, dev))
+    every = jnp.clip(jnp.asarray(o.reduce_every_microbatch, dtype=f), 0.0, 1.0)
     t_b_mid, s_b_mid = bwd(every, 0.0)
     t_b_last, s_b_last = bwd(1.0, 1.0)
     total = m * t_f + (m - 1.0) * t_b_mid + t_b_last
@@ -458,20 +537,20 @@ def zero3_step(system, n_params, n_units, t_fwd_unit, t_bwd_unit, dp, micro_batc
             "gather": (1.0 + regather) * m * n * g, "reduce_scatter": n_rs * n * r,
             "replica_allreduce": n * a,
             "copies": (1.0 + regather) * m * n * t_co + n_rs * n * t_ci,
-            "feasible": ok_g & ok_r & ok_a}
+            "feasible": ok}
 
 
-def zero3_memory(n_params, n_units, dp, *, shard_group=None, prefetch=1.0, dtype_bytes=2.0,
-                 grad_bytes=4.0, optimizer_bytes=12.0, reduce_every_microbatch=1.0,
-                 shard_weight_bytes=None, unsharded_grad_bytes=0.0):
+def zero3_memory(n_params, n_units, dp, **options):
     """Model-state memory per device under ZeRO-3 / FSDP, bytes (activations are the
-    caller's).
+    caller's); ``options``: the fields of :class:`Zero3Options` (``shard_group``,
+    ``prefetch``, ``weight_bytes``, ``grad_bytes``, ``optimizer_bytes``,
+    ``reduce_every_microbatch``, ``shard_weight_bytes``, ``unsharded_grad_bytes``).
 
     Source: Rajbhandari et al. SC'20 §5 (``(2 + 2 + K)·Ψ / N_d`` with K = 12 for mixed-
-    precision Adam; here weights ``shard_weight_bytes`` (default ``dtype_bytes``),
+    precision Adam; here weights ``shard_weight_bytes`` (default ``weight_bytes``),
     gradients ``grad_bytes``, optimizer ``optimizer_bytes`` per parameter, each divided by
     the shard group); Zhao et al. VLDB 2023 §3.3: the unsharded units alive at once — the
-    computing unit, ``prefetch`` units being gathered (``dtype_bytes`` each), and in the
+    computing unit, ``prefetch`` units being gathered (``weight_bytes`` each), and in the
     backward one unsharded gradient unit before its reduce-scatter (the reduce-scatter input
     in ``grad_bytes`` plus, FSDP2, the unsharded gradients in ``unsharded_grad_bytes``;
     module docstring, "FSDP2's memory"); FSDP ``no_sync`` (``reduce_every_microbatch = 0``)
@@ -481,23 +560,25 @@ def zero3_memory(n_params, n_units, dp, *, shard_group=None, prefetch=1.0, dtype
         dict bytes: ``weights`` (sharded + gathered units), ``gradients``, ``optimizer``,
         ``total``.
     """
+    o = zero3_options("zero3_memory", options)
     f = jnp.result_type(float)
     dp = jnp.maximum(jnp.asarray(dp, dtype=f), 1.0)
-    shard = dp if shard_group is None else jnp.clip(jnp.asarray(shard_group, dtype=f), 1.0, dp)
+    shard = (dp if o.shard_group is None
+             else jnp.clip(jnp.asarray(o.shard_group, dtype=f), 1.0, dp))
     psi = jnp.asarray(n_params, dtype=f)
     unit = psi / jnp.maximum(jnp.asarray(n_units, dtype=f), 1.0)
-    live = 1.0 + jnp.maximum(jnp.asarray(prefetch, dtype=f), 0.0)
-    w_shard = dtype_bytes if shard_weight_bytes is None else shard_weight_bytes
-    weights = w_shard * psi / shard + dtype_bytes * live * unit
-    every = jnp.clip(jnp.asarray(reduce_every_microbatch, dtype=f), 0.0, 1.0)
-    grads = (every * (grad_bytes * (psi / shard + unit) + unsharded_grad_bytes * unit)
-             + (1.0 - every) * grad_bytes * psi)
-    opt = optimizer_bytes * psi / shard
+    live = 1.0 + jnp.maximum(jnp.asarray(o.prefetch, dtype=f), 0.0)
+    w_shard = o.weight_bytes if o.shard_weight_bytes is None else o.shard_weight_bytes
+    weights = w_shard * psi / shard + o.weight_bytes * live * unit
+    every = jnp.clip(jnp.asarray(o.reduce_every_microbatch, dtype=f), 0.0, 1.0)
+    grads = (every * (o.grad_bytes * (psi / shard + unit) + o.unsharded_grad_bytes * unit)
+             + (1.0 - every) * o.grad_bytes * psi)
+    opt = o.optimizer_bytes * psi / shard
     return {"weights": weights, "gradients": grads, "optimizer": opt,
             "total": weights + grads + opt}
 
 
-__all__ = ["zero3_step", "zero3_memory", "impl_costs", "copy_time", "unit_pass_time",
+__all__ = ["zero3_step", "zero3_memory", "Zero3Options", "impl_costs", "copy_time", "unit_pass_time",
            "per_tensor_collectives", "per_tensor_time", "layer_tensors", "ring_efficiency_of",
            "impl_args", "LIST_API_HBM", "PERSISTENCE_THRESHOLD", "FLAT_RING_EFFICIENCY",
            "ZERO3_KEYS"]

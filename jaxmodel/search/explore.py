@@ -41,7 +41,7 @@ import functools
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -75,33 +75,107 @@ def output_names(tree: Any, default: str = "value") -> list[str]:
     return names
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "fn", "treedef", "static", "positions", "knob_pos", "strides", "sizes", "grid_size",
-    "batch_size", "step", "chunk", "mesh"))
-def _block(start, last, dynamic, knob_values, consts, *, fn, treedef, static, positions,
-           knob_pos, strides, sizes, grid_size, batch_size, step, chunk, mesh):
+class _BlockPlan(NamedTuple):
+    """The static layout of a sweep's jitted block (hashable: the compilation key)."""
+
+    fn: Callable            # the single-configuration function
+    treedef: Any            # of ``(args, kwargs)``
+    static: tuple           # every leaf, None where a dynamic leaf or knob goes
+    positions: tuple        # leaf positions of the dynamic (batched) leaves
+    knob_pos: tuple         # leaf positions of the grid's knobs
+    strides: tuple          # the grid's index strides and sizes per knob
+    sizes: tuple
+    grid_size: int          # grid points
+    batch_size: int         # batch elements (the grid is repeated for each)
+    step: int               # design points per block (all devices)
+    chunk: int              # points per ``lax.map`` step
+    mesh: Any               # the 1-D device mesh
+
+
+@functools.partial(jax.jit, static_argnames=("plan",))
+def _block(start, last, dynamic, knob_values, consts, *, plan: _BlockPlan):
     """Evaluate design points ``start .. start + step`` (indices clamped to ``last``, the
     last point of this process's share) with :func:`jaxmodel.batching.map_points`: the
     index range is built inside the jitted call (and sharded with it), so only the scalars
     ``start`` and ``last`` cross the host link."""
+    p = plan
 
     def point(i):
-        b = i // grid_size
-        g = i % grid_size
-        leaves = list(static)
-        for pos, val in zip(positions, dynamic):
-            leaves[pos] = val[b] if batch_size > 1 and val.ndim else val
-        for pos, vals, s, n in zip(knob_pos, knob_values, strides, sizes):
+        b = i // p.grid_size
+        g = i % p.grid_size
+        leaves = list(p.static)
+        for pos, val in zip(p.positions, dynamic):
+            leaves[pos] = val[b] if p.batch_size > 1 and val.ndim else val
+        for pos, vals, s, n in zip(p.knob_pos, knob_values, p.strides, p.sizes):
             leaves[pos] = vals[(g // s) % n]
-        args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
-        return fn(*args, **kwargs, **consts)
+        args, kwargs = jax.tree_util.tree_unflatten(p.treedef, leaves)
+        return p.fn(*args, **kwargs, **consts)
 
-    idx = jnp.minimum(start + jnp.arange(step, dtype=jnp.int32), last)
-    return map_points(point, idx, chunk=chunk, mesh=mesh, shard=False)
+    idx = jnp.minimum(start + jnp.arange(p.step, dtype=jnp.int32), last)
+    return map_points(point, idx, chunk=p.chunk, mesh=p.mesh, shard=False)
 
 
 def _to_host(tree):
     return jax.tree_util.tree_map(np.asarray, tree)
+
+
+def _split(fn, args, kwargs, g: Grid):
+    """The arguments' leaves for :func:`sweep`: ``(treedef, static, dynamic, positions,
+    knob_pos, n_batch, display)`` — every leaf with None where a dynamic one goes, the
+    dynamic leaves (float arrays, flattened to ``n_batch`` rows when batched), their leaf
+    positions, the grid knobs' positions and the leaves' display names. ``ValueError`` for a
+    knob that is also a batched leaf."""
+    leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
+    lookup, display = leaf_names(fn, args, kwargs)
+    dtype = jnp.result_type(float)
+    static, dynamic, positions, static_pos = [], [], [], set()
+    for i, leaf in enumerate(leaves):
+        if is_static(leaf):
+            static.append(leaf)
+            static_pos.add(i)
+        else:
+            static.append(None)
+            positions.append(i)
+            dynamic.append(jnp.asarray(leaf, dtype=dtype))
+    knob_pos = knob_positions(g, lookup, static_pos)
+    shapes = [x.shape for x in dynamic]
+    bshape = tuple(np.broadcast_shapes(*shapes)) if shapes else ()
+    n_batch = math.prod(bshape)
+    for pos, x in zip(positions, dynamic):
+        if pos in knob_pos and x.ndim:
+            key = g.keys[knob_pos.index(pos)]
+            raise ValueError(f"sweep spec: knob {key!r} is already batched in the arguments")
+    if n_batch > 1:
+        dynamic = [jnp.broadcast_to(x, bshape).reshape(n_batch) if x.ndim else x
+                   for x in dynamic]
+    return treedef, static, dynamic, positions, knob_pos, n_batch, display
+
+
+def _block_size(n_local: int, n_dev: int, chunk: int, block: int | None) -> tuple[int, int]:
+    """``(step, chunk)``: design points per jitted block over all devices (a whole number
+    of chunks per device; default up to 16 chunks) and the chunk, for ``n_local`` points."""
+    chunk = max(1, int(chunk))
+    per_dev_needed = max(1, -(-n_local // n_dev))
+    if block is None:
+        block = min(per_dev_needed, 16 * chunk)
+    per_device = max(1, min(int(block), per_dev_needed))
+    chunk = min(chunk, per_device)
+    per_device = -(-per_device // chunk) * chunk
+    return per_device * n_dev, chunk
+
+
+def _output_columns(out_tree, n_rows: int, default: str) -> dict:
+    """One column per scalar output leaf (``name[j]`` per element of a vector leaf)."""
+    cols = {}
+    flat_out, _ = jax.tree_util.tree_flatten(out_tree)
+    for name, val in zip(output_names(out_tree, default=default), flat_out):
+        val = val.reshape(n_rows, math.prod(val.shape[1:])) if val.ndim > 1 else val
+        if val.ndim == 2:
+            for j in range(val.shape[1]):
+                cols[f"{name}[{j}]"] = val[:, j]
+        else:
+            cols[name] = val
+    return cols
 
 
 def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None = None,
@@ -153,30 +227,8 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     t_sync = time.perf_counter() - t0
     single = getattr(fn, "single", fn)
     g = Grid.from_spec(grid)
-    leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
-    lookup, display = leaf_names(fn, args, kwargs)
-    dtype = jnp.result_type(float)
-    static, dynamic, positions, static_pos = [], [], [], set()
-    for i, leaf in enumerate(leaves):
-        if is_static(leaf):
-            static.append(leaf)
-            static_pos.add(i)
-        else:
-            static.append(None)
-            positions.append(i)
-            dynamic.append(jnp.asarray(leaf, dtype=dtype))
-    knob_pos = knob_positions(g, lookup, static_pos)
-
-    shapes = [x.shape for x in dynamic]
-    bshape = tuple(np.broadcast_shapes(*shapes)) if shapes else ()
-    n_batch = math.prod(bshape)
-    for pos, x in zip(positions, dynamic):
-        if pos in knob_pos and x.ndim:
-            key = g.keys[knob_pos.index(pos)]
-            raise ValueError(f"sweep spec: knob {key!r} is already batched in the arguments")
-    if n_batch > 1:
-        dynamic = [jnp.broadcast_to(x, bshape).reshape(n_batch) if x.ndim else x
-                   for x in dynamic]
+    treedef, static, dynamic, positions, knob_pos, n_batch, display = _split(fn, args, kwargs,
+                                                                            g)
     n_grid = g.size
     n_total = n_batch * n_grid
     if n_total >= 2 ** 31 - 1:
@@ -190,24 +242,14 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
                          f"(jax.local_devices())")
     mesh = device_mesh(devs)
     n_dev = len(devs)
-    chunk = max(1, int(chunk))
     # this process's contiguous share of the points (all of them in a single process)
     lo, hi = distributed.process_slice(n_total)
     n_local = hi - lo
-    per_dev_needed = max(1, -(-n_local // n_dev))
-    if block is None:
-        block = min(per_dev_needed, 16 * chunk)
-    per_device = max(1, min(int(block), per_dev_needed))
-    chunk = min(chunk, per_device)
-    per_device = -(-per_device // chunk) * chunk
-    step = per_device * n_dev
-
+    step, chunk = _block_size(n_local, n_dev, chunk, block)
     n_blocks = -(-n_local // step) if n_local else 0
-    statics = dict(fn=single, treedef=treedef, static=tuple(static),
-                   positions=tuple(positions), knob_pos=knob_pos, strides=g.strides,
-                   sizes=g.sizes, grid_size=n_grid, batch_size=n_batch,
-                   step=step, chunk=chunk, mesh=mesh)
-    knob_values = tuple(jnp.asarray(v, dtype=dtype) for v in g.values)
+    plan = _BlockPlan(single, treedef, tuple(static), tuple(positions), knob_pos, g.strides,
+                      g.sizes, n_grid, n_batch, step, chunk, mesh)
+    knob_values = tuple(jnp.asarray(v, dtype=jnp.result_type(float)) for v in g.values)
     consts = dict(consts or {})
     # a process without points (more processes than points) evaluates its neighbour's last
     # one and keeps none of it, so that every process returns the same output structure
@@ -215,7 +257,7 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     last = jnp.int32(hi - 1 if n_local else min(lo, n_total - 1))
     starts = np.minimum(starts, n_total - 1)
     out_tree = map_blocks(
-        lambda s: _block(jnp.int32(s[0]), last, dynamic, knob_values, consts, **statics),
+        lambda s: _block(jnp.int32(s[0]), last, dynamic, knob_values, consts, plan=plan),
         starts, width=1, to_host=_to_host, desc=f"sweep {getattr(fn, '__name__', 'fn')}",
         unit="pt", units_per_row=step, total_units=max(n_local, 1), progress=progress)
     out_tree = jax.tree_util.tree_map(lambda y: y[:n_local], out_tree)
@@ -226,11 +268,8 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     n_proc = distributed.process_count() if distributed.is_distributed() else 1
     n_dev = sum(distributed.gather(n_dev)) if n_proc > 1 else n_dev
     t_sync += time.perf_counter() - t1
-    flat_out, _ = jax.tree_util.tree_flatten(out_tree)
-    names = output_names(out_tree, default=getattr(fn, "__name__", "value"))
-
-    cols: dict[str, Any] = {}
     rows = np.arange(lo, hi)
+    cols: dict[str, Any] = {}
     if n_batch > 1:
         bi = rows // n_grid
         for pos, x in zip(positions, dynamic):
@@ -239,13 +278,7 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
     gi = rows % n_grid if n_batch > 1 else rows
     if n_grid > 1 or g.keys:
         cols.update(g.values_at(gi, labels=labels))
-    for name, val in zip(names, flat_out):
-        val = val.reshape(hi - lo, math.prod(val.shape[1:])) if val.ndim > 1 else val
-        if val.ndim == 2:
-            for j in range(val.shape[1]):
-                cols[f"{name}[{j}]"] = val[:, j]
-        else:
-            cols[name] = val
+    cols.update(_output_columns(out_tree, hi - lo, getattr(fn, "__name__", "value")))
     import pandas as pd   # imported here: ``import jaxmodel`` stays fast
     df = pd.DataFrame(cols, index=None if lo == 0 and hi == n_total else rows)
     df.attrs.update(n_evaluated=int(n_total), wall_s=time.perf_counter() - t0,

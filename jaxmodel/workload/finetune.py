@@ -249,11 +249,14 @@ def dequant_time(dev, model: Model, par: Parallelism, cfg: LoRA, prec):
     return jnp.where(cfg.dequant > 0.5, t, 0.0)
 
 
-def stage_time_changes(dev, model: Model, par: Parallelism, tokens, gemm_rows, head_gemm,
-                       cfg: LoRA, gemm, prec) -> dict:
+def stage_time_changes(dev, model: Model, par: Parallelism, tokens, frozen, cfg: LoRA, gemm,
+                       prec) -> dict:
     """What a LoRA setting changes in the per-layer and embedding times of one micro-batch
     (module docstring), s: ``{"fwd", "bwd", "recompute_full", "lm_head_bwd"}`` to add (the
-    wgrad savings negative) and ``"embed_bwd"`` to drop (a multiplier, 0)."""
+    wgrad savings negative) and ``"embed_bwd"`` to drop (a multiplier, 0). ``frozen`` =
+    ``(gemm_rows, head_gemm)``: the layer's GEMM rows and the LM head's GEMM, whose weight
+    gradients the frozen base skips."""
+    gemm_rows, head_gemm = frozen
     ad_f, ad_b = adapter_times(dev, model, par, tokens, cfg, gemm, prec)
     deq = dequant_time(dev, model, par, cfg, prec)
     wgrad = frozen_wgrad_times(dev, gemm_rows, gemm, prec)

@@ -204,7 +204,7 @@ def test_te_tp_exposed_hand_values(dev, t_fwd, t_bwd, cf, cb, tp):
 
     want_f = ring(f_ag * t_fwd, cf / 2) + rs_pipe(f_rs * t_fwd, cf / 2)
     want_b = ring(0.5 * f_rs * t_bwd, cb / 2) + bulk(0.5 * f_ag * t_bwd, cb / 2)
-    got_f, got_b = ov.te_tp_exposed(t_fwd, t_bwd, cf, cb, f_ag, f_rs, tp, dev)
+    got_f, got_b = ov.te_tp_exposed(t_fwd, t_bwd, cf, cb, (f_ag, f_rs), tp, dev)
     assert float(got_f) == pytest.approx(want_f, rel=1e-6, abs=1e-12)
     assert float(got_b) == pytest.approx(want_b, rel=1e-6, abs=1e-12)
     assert 0.0 <= float(got_f) <= cf * (1 + 1e-9) and 0.0 <= float(got_b) <= cb * (1 + 1e-9)
@@ -214,10 +214,10 @@ def test_te_tp_sm_margin_costs_the_whole_host_gemm(dev):
     """A long host GEMM with a short reduce-scatter: reserving 16 SMs for the whole GEMM
     costs more than the collective hides, so the forward reduce-scatter stays serial."""
     # no GEMM hosts the all-gather half (0.1 exposed); the reduce-scatter half stays serial
-    got_f, _ = ov.te_tp_exposed(1.0, 0.0, 0.2, 0.0, 0.0, 0.9, 8.0, dev)
+    got_f, _ = ov.te_tp_exposed(1.0, 0.0, 0.2, 0.0, (0.0, 0.9), 8.0, dev)
     assert float(got_f) == pytest.approx(0.2)
     # a short host: the pipeline wins
-    got_f, _ = ov.te_tp_exposed(1.0, 0.0, 0.2, 0.0, 0.0, 0.2, 8.0, dev)
+    got_f, _ = ov.te_tp_exposed(1.0, 0.0, 0.2, 0.0, (0.0, 0.2), 8.0, dev)
     assert float(got_f) < 0.2
 
 
@@ -244,7 +244,7 @@ def test_tp_eligible_needs_sp_and_one_nvlink_domain():
 
 def test_te_tp_exposed_vmap_jit_grad(dev):
     args = (jnp.asarray([1.0, 0.1]), jnp.asarray([2.0, 0.2]), jnp.asarray([0.2, 0.3]),
-            jnp.asarray([0.2, 0.3]), 0.55, 0.35, 8.0)
+            jnp.asarray([0.2, 0.3]), (0.55, 0.35), 8.0)
     batched = jax.vmap(lambda a, b, c, d: ov.te_tp_exposed(a, b, c, d, *args[4:], dev))(
         *args[:4])
     for i in range(2):
@@ -252,13 +252,13 @@ def test_te_tp_exposed_vmap_jit_grad(dev):
             *(x[i] for x in args[:4]))
         for j in range(2):
             assert float(batched[j][i]) == pytest.approx(float(one[j]), rel=1e-6)
-    g = jax.grad(lambda c: sum(ov.te_tp_exposed(1.0, 2.0, c, c, 0.55, 0.35, 8.0, dev)))(0.2)
+    g = jax.grad(lambda c: sum(ov.te_tp_exposed(1.0, 2.0, c, c, (0.55, 0.35), 8.0, dev)))(0.2)
     eps = 1e-4
-    fd = (sum(ov.te_tp_exposed(1.0, 2.0, 0.2 + eps, 0.2 + eps, 0.55, 0.35, 8.0, dev))
-          - sum(ov.te_tp_exposed(1.0, 2.0, 0.2 - eps, 0.2 - eps, 0.55, 0.35, 8.0, dev)))
+    fd = (sum(ov.te_tp_exposed(1.0, 2.0, 0.2 + eps, 0.2 + eps, (0.55, 0.35), 8.0, dev))
+          - sum(ov.te_tp_exposed(1.0, 2.0, 0.2 - eps, 0.2 - eps, (0.55, 0.35), 8.0, dev)))
     assert np.isfinite(float(g))
     assert float(g) == pytest.approx(float(fd) / (2 * eps), rel=1e-3)
-    z = jax.grad(lambda c: sum(ov.te_tp_exposed(0.0, 0.0, c, c, 0.55, 0.35, 8.0, dev)))(0.0)
+    z = jax.grad(lambda c: sum(ov.te_tp_exposed(0.0, 0.0, c, c, (0.55, 0.35), 8.0, dev)))(0.0)
     assert np.isfinite(float(z))
 
 

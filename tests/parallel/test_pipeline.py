@@ -232,3 +232,23 @@ def test_dualpipe_and_norm_upproj_plan_rules():
                    schedule="dualpipe") == ["batch_not_divisible"]            # m odd
     assert failing(llama, 64.0, dp=8, pp=2,
                    recompute="norm_upproj") == ["invalid_parallelism"]        # no MLA
+
+
+def test_overlapped_p2p_hand_values():
+    """Megatron-core ``overlap_p2p_comm`` (interleaved): of the first stage's warm-up and
+    cool-down exchanges (W = 2·(p−1) + (v−1)·p each) all but the 2·(p−1) that pass in the
+    bubble stay serial, the steady ones show only their excess over one chunk; other
+    schedules, p = 1 and m = p keep the serial count."""
+    p, v, m, t = 4.0, 20.0, 32.0, 1e-3
+    serial = 2 * (m * v + p - 1) * t
+    assert float(pl.overlapped_p2p_time(2.0, p, m, v, t, (5e-3, 1e-2))) == pytest.approx(
+        2 * (82 - 3) * t)
+    slow = 2e-2       # transfers longer than the chunks: the excess shows
+    assert float(pl.overlapped_p2p_time(2.0, p, m, v, slow, (5e-3, 1e-2))) == (
+        pytest.approx(2 * 79 * slow + 558 * (slow - 5e-3 + slow - 1e-2)))
+    assert float(pl.overlapped_p2p_time(2.0, p, m, v, t, (0.0, 0.0))) <= serial * (1 + 1e-9)
+    one = float(pl.p2p_transfers_on_critical_path(1.0, p, m, 1.0)) * t
+    assert float(pl.overlapped_p2p_time(1.0, p, m, 1.0, t, (5e-3, 1e-2))) == one
+    assert float(pl.overlapped_p2p_time(2.0, 1.0, m, v, t, (5e-3, 1e-2))) == 0.0
+    assert float(pl.overlapped_p2p_time(2.0, p, p, v, t, (5e-3, 1e-2))) == pytest.approx(
+        2 * (p * v + p - 1) * t)                  # m = p: all warm-up, nothing overlaps

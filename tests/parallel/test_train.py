@@ -22,6 +22,8 @@ from jaxmodel.numerics import reason_code
 from jaxmodel.parallel import pipeline as pl
 from jaxmodel.parallel import plan as pplan
 from jaxmodel.parallel import train as tr
+from jaxmodel.parallel.train_dp import blend
+from jaxmodel.workload import layer as wl
 from jaxmodel.workload import memory as wmemory
 from jaxmodel.workload import params as wparams
 
@@ -35,6 +37,8 @@ def roofline(dev, m, n, k, batch=1.0, dtype_bytes=2.0):
 
 MODEL = jm.Model(n_layers=8.0, d_model=1024.0, n_heads=16.0, n_kv_heads=16.0, head_dim=64.0,
                  d_ff=4096.0, vocab_size=32000.0, activation="gelu", tied_embeddings=1.0)
+ROOF = tr.TrainStatics(gemm=roofline)
+LEGACY = tr.TrainOptions(None, S, dropout=1.0, megatron2021_stack=1.0)   # dropout=2
 TWO_TIER = hw_db.system("dgx_a100", nodes=2)                    # 2 nodes of 8, InfiniBand
 ONE_TIER = dataclasses.replace(                                  # one 16-device NVSwitch
     TWO_TIER, levels=(dataclasses.replace(TWO_TIER.levels[0], size=16.0),))
@@ -338,8 +342,8 @@ def test_residual_dropout_kernels():
     dev = ONE_TIER.device
     p = plan("base")
     f_on, b_on, sel_on = (float(x) for x in tr.residual_dropout_times(dev, MODEL, p, 1.0, S))
-    f_off, b_off, sel_off = (float(x) for x in tr.residual_dropout_times(dev, MODEL, p, 1.0, S,
-                                                                        dropout=0.0))
+    f_off, b_off, sel_off = (float(x) for x in tr.residual_dropout_times(
+        dev, MODEL, p, 1.0, S, tr.TrainOptions(None, S, dropout=0.0)))
     e, probs = S * 1024.0, 1.0 * 8.0 * S * S
     k = lambda n, nb, fl: float(ops.elementwise_latency(dev, n, nb, fl))  # noqa: E731
     assert f_on == pytest.approx(2 * k(e, 7.0, 3.0) + k(probs, 5.0, 1.0))
@@ -371,8 +375,8 @@ def test_heads_and_sequence_checks_raise():
 
 def test_stage_times_part_is_checked():
     with pytest.raises(ValueError, match="part='embedding'"):
-        tr.stage_times_single(ONE_TIER, MODEL, plan("base"), S, gemm=roofline,
-                              part="embedding")
+        tr.stage_times_single(ONE_TIER, MODEL, plan("base"), tr.TrainOptions(None, S),
+                              statics=tr.TrainStatics(gemm=roofline), part="embedding")
 
 
 # ------------------------------------------------------------------------------------------
@@ -381,7 +385,8 @@ def test_stage_times_part_is_checked():
 def test_dedup_evaluates_distinct_stage_inputs_once():
     cols = np.asarray([PLANS[n][0] for n in NAMES], dtype=np.float64).T
     par = jm.Parallelism(**{f: jnp.asarray(c) for f, c in zip(FIELDS, cols)})
-    inputs = jm.batching.call_batched(tr._stage_inputs, ONE_TIER, MODEL, par, B, S)
+    inputs = jm.batching.call_batched(tr._stage_inputs, ONE_TIER, MODEL, par,
+                                      tr.TrainOptions(B, S))
     rows = np.stack([np.asarray(x) for x in jax.tree_util.tree_leaves(inputs)], axis=1)
     # z0..z3 share their stage inputs (ZeRO does not enter a layer), as do base/gpipe/inter2
     assert len(np.unique(rows, axis=0)) < len(NAMES) - 5
@@ -393,8 +398,8 @@ def test_outer_product_batch_matches_flat():
     serial = np.linspace(1.0, 2.0, 5).reshape(5, 1)
     overlapped = np.linspace(0.2, 0.9, 5).reshape(5, 1)
     knob = np.array([[0.0, 0.25, 1.0]])
-    got = jm.batching.call_batched(tr._blend, serial, overlapped, knob, chunk=4)
-    flat = jm.batching.call_batched(tr._blend, *(np.broadcast_to(x, (5, 3)).copy()
+    got = jm.batching.call_batched(blend, serial, overlapped, knob, chunk=4)
+    flat = jm.batching.call_batched(blend, *(np.broadcast_to(x, (5, 3)).copy()
                                                  for x in (serial, overlapped, knob)), chunk=4)
     assert got.shape == (5, 3)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(flat))
@@ -410,12 +415,13 @@ def test_static_switches_keep_the_numbers():
     fast = jm.train_step(ONE_TIER, MODEL, par, B, S, gemm=roofline, dedup=True)
     times = tr.stage_times(ONE_TIER, MODEL, par, B, S, gemm=roofline)
     full = jm.batching.call_batched(
-        tr._from_stage_times, ONE_TIER, MODEL, par, B, S, times, zero3_calls=None,
-        zero_used=None, net=comm.net_variant_of(ONE_TIER))
+        tr._compose_row, ONE_TIER, MODEL, par, tr.TrainOptions(B, S), times,
+        statics=tr.TrainStatics(variant=wl.ANY._replace(net=comm.net_variant_of(ONE_TIER))))
     for f in ("step_time_s", "memory_bytes", "mfu"):
         assert float(getattr(fast, f)) == pytest.approx(float(getattr(full, f)), rel=1e-12)
     keep = jm.batching.call_batched(tr._stage_times_row, *jm.batching.call_batched(
-        tr._stage_inputs, ONE_TIER, MODEL, par, B, S), gemm=roofline, context=None)
+        tr._stage_inputs, ONE_TIER, MODEL, par, tr.TrainOptions(B, S)),
+        statics=tr.TrainStatics(gemm=roofline))
     for k, v in keep.items():
         assert float(v) == float(times[k]), k
 
@@ -481,19 +487,17 @@ def test_gemm_table_matches_tile_search():
 
 @pytest.mark.slow
 def test_megatron2021_stack():
-    """``dropout=2``: the eager kernels join the layer's forward (repeated by a full
+    """``dropout=2`` (``megatron2021_stack=1``): the eager kernels join the layer's forward (repeated by a full
     recompute) and backward, the cross entropy runs on fp32 logits, and the ``param.grad``
     accumulation is charged on ``m − 1`` of ``m`` micro-batches (none when m = 1)."""
-    from jaxmodel.workload import layer as wl
     dev = ONE_TIER.device
     p = plan("base")
     f1, b1, s1 = (float(x) for x in tr.residual_dropout_times(dev, MODEL, p, 1.0, S))
-    f2, b2, s2 = (float(x) for x in tr.residual_dropout_times(dev, MODEL, p, 1.0, S,
-                                                              dropout=2.0))
+    f2, b2, s2 = (float(x) for x in tr.residual_dropout_times(dev, MODEL, p, 1.0, S, LEGACY))
     kf, kb = (float(x) for x in wl.megatron2021_kernels(dev, MODEL, p, 1.0, S))
     assert f2 == pytest.approx(f1 + kf) and b2 == pytest.approx(b1 + kb) and s2 == s1
-    t1 = tr.stage_times_single(ONE_TIER, MODEL, p, S, roofline, dropout=1.0)
-    t2 = tr.stage_times_single(ONE_TIER, MODEL, p, S, roofline, dropout=2.0)
+    t1 = tr.stage_times_single(ONE_TIER, MODEL, p, tr.TrainOptions(None, S), statics=ROOF)
+    t2 = tr.stage_times_single(ONE_TIER, MODEL, p, LEGACY, statics=ROOF)
     ce = wl.fp32_cross_entropy(dev, S, MODEL.vocab_size / 2.0)
     assert float(t2["loss_fwd"]) == pytest.approx(float(ce[0]))
     assert float(t2["loss_bwd"]) == pytest.approx(float(ce[1]))
@@ -510,8 +514,8 @@ def test_megatron2021_stack():
     # timed at the sustained clock train_step runs at
     sus = dataclasses.replace(ONE_TIER, device=tr.sustained_device(ONE_TIER.device))
     q = plan("dp16")
-    t1 = tr.stage_times_single(sus, MODEL, q, S, roofline, dropout=1.0)
-    t2 = tr.stage_times_single(sus, MODEL, q, S, roofline, dropout=2.0)
+    t1 = tr.stage_times_single(sus, MODEL, q, tr.TrainOptions(None, S), statics=ROOF)
+    t2 = tr.stage_times_single(sus, MODEL, q, LEGACY, statics=ROOF)
     kf, kb = (float(x) for x in wl.megatron2021_kernels(sus.device, MODEL, q, 1.0, S))
     d_loss = float(t2["loss_fwd"] + t2["loss_bwd"] - t1["loss_fwd"] - t1["loss_bwd"])
     for gb, share in ((16.0, 0.0), (64.0, 0.75)):

@@ -115,7 +115,8 @@ def test_cp1_equals_the_plain_layer_and_cp_layer_composes():
     sys_t = dataclasses.replace(ONE_TIER, device=tr.sustained_device(ONE_TIER.device))
     for name, cp in (("cp1", 1.0), ("cp4", 4.0)):
         par = plan(name)
-        st = tr.stage_times_single(sys_t, MODEL, par, S, gemm=roofline)
+        st = tr.stage_times_single(sys_t, MODEL, par, tr.TrainOptions(None, S),
+                                   statics=tr.TrainStatics(gemm=roofline))
         if cp == 1.0:
             ref = _layer.training_layer_times.single(sys_t, MODEL, par, 1.0, S, gemm=roofline)
         else:
@@ -123,8 +124,9 @@ def test_cp1_equals_the_plain_layer_and_cp_layer_composes():
         for k in ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "ep_comm_fwd"):
             assert float(st[k]) == pytest.approx(float(ref[k]), rel=1e-6, abs=1e-15), (name, k)
     # cp = 4 runs the token-wise work on a quarter of the tokens: faster than cp = 1
-    one = tr.stage_times_single(sys_t, MODEL, plan("cp1"), S, gemm=roofline)
-    four = tr.stage_times_single(sys_t, MODEL, plan("cp4"), S, gemm=roofline)
+    opts, roof = tr.TrainOptions(None, S), tr.TrainStatics(gemm=roofline)
+    one = tr.stage_times_single(sys_t, MODEL, plan("cp1"), opts, statics=roof)
+    four = tr.stage_times_single(sys_t, MODEL, plan("cp4"), opts, statics=roof)
     assert float(four["tp_comm_fwd"]) < float(one["tp_comm_fwd"])
     assert float(four["embed_fwd"]) < float(one["embed_fwd"])
 
