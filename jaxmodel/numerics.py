@@ -100,8 +100,19 @@ def masked_min(values, mask, axis=-1):
     Convention 3: the tile search is a fixed candidate grid + masked min. The gradient flows to
     the winning candidate only (envelope theorem). Masked entries are replaced before the
     reduction, so infinities/NaNs in them never reach the gradient.
+
+    The winner is selected by index (``argmin``, the first of tied entries) and gathered, so
+    its derivative is the gather's: the cotangent goes to that one entry. ``jnp.min``'s own
+    derivative (``jax/_src/lax/lax.py``, ``_reduce_chooser_jvp_rule``, JAX 0.10) instead
+    divides by the number of entries *equal* to the minimum, which a compiled graph may
+    recompute in another fusion with different rounding: where no entry compares equal
+    the count is 0 and the derivative 0/0 = NaN (seen in compiled reverse- and forward-mode
+    derivatives of whole serving steps through the softmax tile search, never in eager
+    evaluation).
     """
-    return jnp.min(jnp.where(mask, values, INF), axis=axis)
+    v = jnp.where(mask, values, INF)
+    i = jnp.expand_dims(jnp.argmin(v, axis=axis), axis)
+    return jnp.squeeze(jnp.take_along_axis(v, i, axis=axis), axis)
 
 
 def soft_min(values, mask, temperature):
