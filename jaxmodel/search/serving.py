@@ -60,6 +60,7 @@ from jaxmodel import distributed
 from jaxmodel import process as _process
 from jaxmodel import serving_runtime as _rtp
 from jaxmodel import serving as _srv
+from jaxmodel import speculative as _spec
 from jaxmodel.batching import jit_leaves, map_points
 from jaxmodel.numerics import REASONS, pareto_mask
 from jaxmodel.types import Model, Parallelism, System
@@ -158,7 +159,9 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
                    chunk: Sequence[int] = CHUNKS, precision: Sequence = PRECISIONS,
                    runtime: Sequence = RUNTIMES, loads: Sequence[float] = LOADS,
                    disaggregated: bool = True, full: bool = False,
-                   progress: bool = True, tail: bool = False) -> pd.DataFrame:
+                   progress: bool = True, tail: bool = False,
+                   speculative: Sequence = (None,),
+                   ep: Sequence[int] = (1,)) -> pd.DataFrame:
     """Best serving deployments of ``model`` on ``n_devices`` under TTFT/TPOT limits.
 
     Args:
@@ -182,12 +185,23 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         progress: print the stages to stderr.
         tail: the limits bound the 99th percentiles (``ttft_p99_s``, ``tpot_p99_s`` of
             :class:`jaxmodel.serving.ServingResult`) instead of the means.
+        speculative: speculative-decoding options to search: ``None`` (none) or
+            :class:`jaxmodel.Speculative` (draft model, MTP or EAGLE heads, ``k``, acceptance
+            ``α``; at most one distinct draft model); each is a cost-table axis.
+        ep: expert-parallel degrees for a mixture-of-experts model (experts over the
+            ``tp × dp`` ranks of a pipeline stage, attention kept tensor/data parallel as
+            the plan rules of :func:`jaxmodel.check_plan` allow); a degree is searched on
+            a plan when it divides the expert count and the stage's ``n/pp`` devices;
+            ignored (1) for dense models. FP4 deployments are a ``precision`` (e.g.
+            ``"nvfp4"``, ``"nvfp4kv"``, ``"mxfp4"``; ``precision_unsupported`` on devices
+            without an FP4 tensor rate).
 
     Returns:
         DataFrame of the Pareto front (sorted by tokens/s per user): ``mode``
         (``aggregated``/``disaggregated``), ``precision``, ``runtime``, ``tp``, ``pp``,
         ``dp`` (the decode pool's when disaggregated), ``prefill_tp``, ``prefill_pp``,
-        ``prefill_dp`` (0 when aggregated), ``max_batch``, ``chunk``, ``load``, ``rate_rps``
+        ``prefill_dp`` (0 when aggregated), ``ep``, ``speculative`` (method name),
+        ``spec_k``, ``spec_accept``, ``max_batch``, ``chunk``, ``load``, ``rate_rps``
         and every field of :class:`jaxmodel.serving.ServingResult` (``reason_name`` beside
         ``reason``), and ``offline_throughput_per_gpu``: the configuration's output tokens/s
         per device with every request queued (:func:`jaxmodel.serving.offline_from_costs`
@@ -217,7 +231,8 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         system=system, model=model, n_devices=n_devices, isl=isl, osl=osl,
         ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, tp=tp, pp=pp, max_batch=max_batch,
         chunk=chunk, precision=precision, runtime=runtime, loads=loads,
-        disaggregated=disaggregated, full=full, tail=tail))
+        disaggregated=disaggregated, full=full, tail=tail, speculative=speculative,
+        ep=ep))
     n = _as_int(system.n_devices if n_devices is None else n_devices, "n_devices")
     system = _scaled_system(system, n)
     isl_f, osl_f = float(isl), float(osl)
@@ -228,20 +243,26 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
     precs = [_precision.precision(p) for p in precision]
     rts = [_rtp.runtime(r) for r in runtime]
     _check_options(isl, osl, plans, precs, rts, max_batch, chunk, loads)
-    keys = [(t, p, i, j) for (t, p) in plans for i in range(len(precs)) for j in range(len(rts))]
+    specs = _speculative_options(speculative)
+    keys = [(t, p, i, j, e, s) for (t, p) in plans for i in range(len(precs))
+            for j in range(len(rts)) for e in _ep_degrees(model, n, t, p, ep)
+            for s in range(len(specs))]
     rows_a = _aggregated_rows(keys, n, max_batch, chunk, loads)
     rows_d = _disaggregated_rows(keys, plans if disaggregated else [], n, max_batch, loads)
     n_a, n_d = len(rows_a["k"]), len(rows_d["k"])
     say(f"{n_a + n_d:,} configurations ({n_a:,} aggregated, {n_d:,} disaggregated)")
     say(f"{len(keys)} cost tables ({len(plans)} tp×pp plans × {len(precs)} precisions × "
-        f"{len(rts)} runtimes) for {model.name} on {n} devices")
+        f"{len(rts)} runtimes × expert-parallel degrees × {len(specs)} speculative options) "
+        f"for {model.name} on {n} devices")
     par, prec_b, rt_b = _table_inputs(keys, n, precs, rts)
-    res, table, timings = _run_stages(system, model, (par, prec_b, rt_b), (rows_a, rows_d),
+    spec_b = _stacked_speculative(specs, keys)
+    res, table, timings = _run_stages(system, model, (par, prec_b, rt_b, spec_b),
+                                      (rows_a, rows_d),
                                       (isl_f, osl_f), (float(ttft_slo_s), float(tpot_slo_s)),
                                       progress)
     kt = np.asarray(keys, dtype=float)
     offline = _offline_per_table(table, par, [rts[int(j)] for j in kt[:, 3]], isl_f, osl_f)
-    names = (np.asarray([p.name for p in precs]), np.asarray([r.name for r in rts]))
+    names = (np.asarray([p.name for p in precs]), np.asarray([r.name for r in rts]), specs)
     frames = [_frame(rows_a, res[0], "aggregated", kt, names, offline)]
     if n_d:
         frames.append(_frame(rows_d, res[1], "disaggregated", kt, names, offline))
@@ -278,12 +299,58 @@ def _check_options(isl, osl, plans, precs, rts, max_batch, chunk, loads):
         raise ValueError(f"search_serving: loads must lie in (0, 1), got {list(loads)}")
 
 
+def _speculative_options(speculative) -> list:
+    """The validated speculative options (``None`` or :class:`jaxmodel.Speculative`), at
+    least one, at most one distinct draft model (the tables stack them)."""
+    specs = [_spec.speculative_arg(s) for s in speculative]
+    for s in specs:
+        if s is not None:
+            _spec.validate_speculative(s, where="search_serving")
+    if not specs:
+        raise ValueError("search_serving: no speculative options to search (use (None,))")
+    drafts = {id(s.draft): s.draft for s in specs if s is not None and s.draft is not None}
+    if len(drafts) > 1:
+        raise ValueError(f"search_serving: speculative options carry {len(drafts)} draft "
+                         "models; search one draft model per call")
+    return specs
+
+
+def _stacked_speculative(specs, keys):
+    """One :class:`jaxmodel.Speculative` per cost table (``keys[k][5]`` indexes ``specs``),
+    stacked; ``None`` when no option speculates (the tables then trace no proposer)."""
+    if all(s is None for s in specs):
+        return None
+    draft = next((s.draft for s in specs if s is not None and s.draft is not None), None)
+    none = _spec.Speculative(method="none", k=0.0, accept=0.0, draft=draft)
+    full = [none if s is None else dataclasses.replace(s, draft=draft) for s in specs]
+    f = jnp.result_type(float)
+    idx = np.asarray([key[5] for key in keys], dtype=int)
+    return jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.asarray(xs, dtype=float)[idx], f),
+                                  *full)
+
+
+def _ep_degrees(model, n, tp, pp, ep) -> list:
+    """Expert-parallel degrees searched on a ``tp × pp`` plan of ``n`` devices: 1, and for
+    a mixture-of-experts model each requested degree dividing the expert count and the
+    ``n/pp`` devices of a stage (experts over the stage's ``tp × dp`` ranks)."""
+    experts = int(round(float(np.asarray(model.n_experts))))
+    stage = n // pp
+    out = [1]
+    for e in sorted({int(x) for x in ep}):
+        if e < 1:
+            raise ValueError(f"search_serving: expert-parallel degree {e} must be >= 1")
+        if e > 1 and experts > 0 and experts % e == 0 and stage % e == 0:
+            out.append(e)
+    return out
+
+
 def _aggregated_rows(keys, n, max_batch, chunk, loads) -> dict:
     """The aggregated configurations: every cost table ``k`` (``keys[k] = (tp, pp,
-    precision index, runtime index)``) × batch cap × chunk × load, as columns."""
+    precision index, runtime index, ep, speculative index)``) × batch cap × chunk × load,
+    as columns."""
     mb, ch, ld = (np.asarray(v, dtype=float) for v in (max_batch, chunk, loads))
     agg = []
-    for k, (t, p, i, j) in enumerate(keys):
+    for k, (t, p, *_) in enumerate(keys):
         g = np.meshgrid(mb, ch, ld, indexing="ij")
         m = g[0].size
         agg.append(np.stack([np.full(m, k), np.full(m, t), np.full(m, p), np.full(m, n / (t * p)),
@@ -296,15 +363,18 @@ def _aggregated_rows(keys, n, max_batch, chunk, loads) -> dict:
 
 
 def _disaggregated_rows(keys, plans, n, max_batch, loads) -> dict:
-    """The disaggregated configurations: for each precision and runtime, a prefill pool of
-    ``n_p`` devices (one plan) and a decode pool of ``n − n_p`` (another) × batch cap ×
-    load, as columns (``k``/``k_d``: the pools' cost tables)."""
+    """The disaggregated configurations: for each precision, runtime, expert-parallel
+    degree and speculative option, a prefill pool of ``n_p`` devices (one plan) and a
+    decode pool of ``n − n_p`` (another) × batch cap × load, as columns (``k``/``k_d``:
+    the pools' cost tables; a degree that does not fit both plans' stages is skipped)."""
     index = {key: k for k, key in enumerate(keys)}
     mb, ld = np.asarray(max_batch, dtype=float), np.asarray(loads, dtype=float)
     dis = []
-    for i, j in dict.fromkeys((i, j) for (_, _, i, j) in keys):    # precision-major order
+    for i, j, e, s in dict.fromkeys(key[2:] for key in keys):    # precision-major order
         for (tp_p, pp_p) in plans:
             for (tp_d, pp_d) in plans:
+                if (tp_p, pp_p, i, j, e, s) not in index or (tp_d, pp_d, i, j, e, s) not in index:
+                    continue
                 sp, sd = tp_p * pp_p, tp_d * pp_d
                 for n_p in range(sp, n, sp):
                     n_d = n - n_p
@@ -313,8 +383,8 @@ def _disaggregated_rows(keys, plans, n, max_batch, loads) -> dict:
                     g = np.meshgrid(mb, ld, indexing="ij")
                     m = g[0].size
                     dis.append(np.stack([
-                        np.full(m, index[(tp_p, pp_p, i, j)]),
-                        np.full(m, index[(tp_d, pp_d, i, j)]),
+                        np.full(m, index[(tp_p, pp_p, i, j, e, s)]),
+                        np.full(m, index[(tp_d, pp_d, i, j, e, s)]),
                         np.full(m, tp_p), np.full(m, pp_p), np.full(m, n_p / sp),
                         np.full(m, tp_d), np.full(m, pp_d), np.full(m, n_d / sd),
                         g[0].ravel(), g[1].ravel()], axis=1))
@@ -328,7 +398,7 @@ def _table_inputs(keys, n, precs, rts):
     kt = np.asarray(keys, dtype=float)
     f = jnp.result_type(float)
     par = Parallelism(dp=jnp.asarray(n / (kt[:, 0] * kt[:, 1]), f), tp=jnp.asarray(kt[:, 0], f),
-                      pp=jnp.asarray(kt[:, 1], f))
+                      pp=jnp.asarray(kt[:, 1], f), ep=jnp.asarray(kt[:, 4], f))
     prec_b = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[kt[:, 2].astype(int)],
                                                           f), _precision.stack_precisions(precs))
     rt_b = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[kt[:, 3].astype(int)], f),
@@ -337,13 +407,13 @@ def _table_inputs(keys, n, precs, rts):
 
 
 def _run_stages(system, model, tables_in, rows, lengths, limits, progress):
-    """Stage 1 (the cost tables of ``tables_in`` = the stacked plans, precisions and
-    runtimes) and stage 2 (the steady state of ``rows`` = (aggregated, disaggregated) at
+    """Stage 1 (the cost tables of ``tables_in`` = the stacked plans, precisions,
+    runtimes and speculative options) and stage 2 (the steady state of ``rows`` = (aggregated, disaggregated) at
     ``lengths`` = (isl, osl) under ``limits`` = (TTFT, TPOT)), stage 2 compiled on a second
     thread while stage 1 runs; each process evaluates its share of the rows. Returns
     ``(results, table, timings)``."""
     shown = None if progress else math.inf
-    par, prec_b, rt_b = tables_in
+    par, prec_b, rt_b, spec_b = tables_in
     n_tables = int(np.shape(par.tp)[0])
     f = jnp.result_type(float)
     jobs, keeps = [], []
@@ -359,7 +429,7 @@ def _run_stages(system, model, tables_in, rows, lengths, limits, progress):
         # the name is a static pytree field: without it, models of one family share the
         # executable within a process
         table = _tables_jit(system, dataclasses.replace(model, name=""), par, *lengths,
-                            prec_b, rt_b, variant_of(model, par, system))
+                            prec_b, rt_b, variant_of(model, par, system), spec_b)
         table = jax.block_until_ready(table)
         st["note"] = f"{n_tables} tables × {len(_srv.TOKEN_GRID)} batch sizes"
     timings = {"cost_tables_s": st["wall_s"]}
@@ -393,10 +463,17 @@ def _offline_per_table(table, par, rts, isl, osl):
 def _frame(rows, r, mode, kt, names, offline):
     """The DataFrame of one mode's rows: the configuration columns, every field of
     :class:`jaxmodel.serving.ServingResult` and the offline throughput of its table."""
-    prec_names, rt_names = names
+    prec_names, rt_names, specs = names
     k = rows["k"].astype(int)
+    s = kt[k, 5].astype(int)
+    spec_name = np.asarray(["none" if x is None else _spec.METHODS[int(np.asarray(x.method))]
+                            for x in specs])
+    spec_k = np.asarray([0.0 if x is None else float(np.asarray(x.k)) for x in specs])
+    spec_a = np.asarray([0.0 if x is None else float(np.asarray(x.accept)) for x in specs])
     cols = {"mode": np.full(len(k), mode), "precision": prec_names[kt[k, 2].astype(int)],
-            "runtime": rt_names[kt[k, 3].astype(int)], "tp": rows["tp"],
+            "runtime": rt_names[kt[k, 3].astype(int)], "ep": kt[k, 4],
+            "speculative": spec_name[s], "spec_k": spec_k[s], "spec_accept": spec_a[s],
+            "tp": rows["tp"],
             "pp": rows["pp"], "dp": rows["dp"],
             "prefill_tp": rows.get("tp_p", np.zeros(len(k))),
             "prefill_pp": rows.get("pp_p", np.zeros(len(k))),
