@@ -439,3 +439,24 @@ def test_options_object_batches_and_matches_the_keyword_functions():
         max_batch=200.0, max_tokens=1100.0, kv_of_free=1.0), 2.0)
     assert jax.tree_util.tree_all(jax.tree_util.tree_map(
         lambda a, b: bool(np.array_equal(a, b)), off, same))
+
+
+def test_search_offline_column_is_offline_from_costs_per_table():
+    """search_serving's ``offline_throughput_per_gpu``: every cost table under its runtime's
+    scheduler defaults, vmapped over the tables with the settings as one options pytree,
+    equals offline_from_costs called per table."""
+    from jaxmodel.search import serving as search_srv
+    from jaxmodel.serving_runtime import runtime, scheduler_defaults
+    c = table()
+    tables = jax.tree_util.tree_map(lambda x: jnp.stack([x, x, x]), c)
+    par = jm.Parallelism(dp=jnp.asarray([1.0, 2.0, 4.0]), tp=jnp.asarray([4.0, 2.0, 1.0]),
+                         pp=jnp.asarray([1.0, 1.0, 1.0]))
+    rts = [runtime(r) for r in ("trtllm", "vllm", "pytorch")]
+    got = search_srv._offline_per_table(tables, par, rts, ISL, OSL)
+    for k, r in enumerate(rts):
+        s = scheduler_defaults(r.name)
+        d, t = float(par.dp[k]), float(par.tp[k])
+        want = srv.offline_from_costs(c, ISL, OSL, dp=d, n_gpus=d * t, **{
+            n: s[n] for n in ("max_batch", "max_tokens", "block_tokens", "mem_fraction",
+                              "kv_of_free")})
+        assert float(got[k]) == pytest.approx(float(want.throughput_per_gpu), rel=1e-12)

@@ -450,7 +450,7 @@ def _offline_per_table(table, par, rts, isl, osl):
     on the tables: tens of rows)."""
     f = jnp.result_type(float)
     sch = [_rtp.scheduler_defaults(r.name) for r in rts]
-    opts = _srv.ServingOptions(**{name: [s[name] for s in sch] for name in (
+    opts = _srv.ServingOptions(**{name: np.asarray([s[name] for s in sch]) for name in (
         "max_batch", "max_tokens", "block_tokens", "mem_fraction", "kv_of_free")})
     opts = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(jnp.asarray(x, f), (len(sch),)),
                                   opts)
