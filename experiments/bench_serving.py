@@ -13,8 +13,13 @@ persistent compilation cache state, and the front with the best aggregated and t
 disaggregated deployment. Writes ``experiments/out/bench_serving_<model>.csv`` (the front)
 and ``.png`` (every deployment meeting the limits, aggregated vs disaggregated).
 
-Run: ``.venv/bin/python experiments/bench_serving.py [--small]`` (``--small``: Llama-3 8B
-only). Most of a cold run is XLA compilation of the cost tables (:func:`jaxmodel.inference`);
+``--options``: the search with the deployment options of today's serving as well —
+Qwen3-30B-A3B (128 experts) on a DGX B200, expert parallelism (EP 1, 4 or 8 over the TP × DP ranks of a stage),
+EAGLE speculative decoding (``k`` 3, acceptance 0.7) or none, FP8 or NVFP4 weights, TensorRT-LLM,
+TP 1–8 × PP 1–4.
+
+Run: ``.venv/bin/python experiments/bench_serving.py [--small | --options]`` (``--small``:
+Llama-3 8B only). Most of a cold run is XLA compilation of the cost tables (:func:`jaxmodel.inference`);
 ``JAXMODEL_CACHE_DIR=DIR`` turns jaxmodel's persistent compilation cache on (CPU: opt-in),
 ``JAXMODEL_NO_CACHE=1`` off; the printed ``compilation_cache`` says which case was measured.
 """
@@ -52,25 +57,32 @@ COLS = ["mode", "precision", "runtime", "tp", "pp", "dp", "prefill_tp", "prefill
         "throughput_per_gpu", "tokens_per_s_per_user"]
 
 
-def run(model_name: str) -> dict:
-    system = hw_db.system("dgx_h100")
+#: ``--options``: today's deployment options searched as cost-table axes
+OPTIONS = dict(tp=(1, 2, 4, 8), pp=(1, 2, 4), precision=("fp8", "nvfp4"), runtime=("trtllm",),
+               ep=(1, 4, 8), speculative=(None, jm.Speculative("eagle", k=3.0, accept=0.7)))
+COLS_OPTIONS = COLS[:3] + ["ep", "speculative"] + COLS[3:]
+
+
+def run(model_name: str, system_name: str = "dgx_h100", options: dict | None = None) -> dict:
+    system = hw_db.system(system_name)
     model = hw_db.model(model_name)
     load = os.getloadavg()[0]
     t0, cpu0, n0 = time.perf_counter(), time.process_time(), len(_COMPILES)
     df = jm.search_serving(system, model, 8, ISL, OSL, ttft_slo_s=TTFT_SLO_S,
-                           tpot_slo_s=TPOT_SLO_S, full=True)
+                           tpot_slo_s=TPOT_SLO_S, full=True, **(options or {}))
+    cols = COLS_OPTIONS if options else COLS
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     compiles = _COMPILES[n0:]
     from jaxmodel.plots import serving_plot
     serving_plot(df, path=OUT / f"bench_serving_{model_name}.png",
-                 title=f"{model_name}, 8 × H100, TTFT <= {TTFT_SLO_S} s, TPOT <= {TPOT_SLO_S} s")
+                 title=f"{model_name}, 8 × {system.device.name}, TTFT <= {TTFT_SLO_S} s, TPOT <= {TPOT_SLO_S} s")
     front = df[df["pareto"]].sort_values("tokens_per_s_per_user")
     OUT.mkdir(parents=True, exist_ok=True)
-    front[COLS].to_csv(OUT / f"bench_serving_{model_name}.csv", index=False)
+    front[cols].to_csv(OUT / f"bench_serving_{model_name}.csv", index=False)
     best = {m: df.attrs[f"best_{m}"] for m in ("aggregated", "disaggregated")}
     out = {
-        "model": model_name, "system": "dgx_h100 (8 × H100 SXM)", "isl": ISL, "osl": OSL,
+        "model": model_name, "system": f"{system_name} (8 × {system.device.name})", "isl": ISL, "osl": OSL,
         "ttft_slo_s": TTFT_SLO_S, "tpot_slo_s": TPOT_SLO_S,
         "configurations": df.attrs["n_evaluated"], "wall_s": round(wall, 2),
         "configs_per_s": round(df.attrs["n_evaluated"] / wall),
@@ -83,16 +95,18 @@ def run(model_name: str) -> dict:
                              "seconds": round(sum(compiles), 1)},
         "n_feasible": df.attrs["n_feasible"],
         "n_meeting_slo": df.attrs["n_meeting_slo"], "front_size": int(len(front)),
-        "best": {m: None if b is None else {k: b[k] for k in COLS} for m, b in best.items()},
+        "best": {m: None if b is None else {k: b[k] for k in cols} for m, b in best.items()},
     }
     print(json.dumps(out, indent=1, default=str))
-    print(front[COLS].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(front[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     return out
 
 
-def main(small: bool = False):
+def main(small: bool = False, options: bool = False):
+    if options:
+        return [run("qwen3-30b-a3b", "dgx_b200", OPTIONS)]
     return [run(m) for m in (["llama3-8b"] if small else ["llama3-8b", "llama3-70b"])]
 
 
 if __name__ == "__main__":
-    main(small="--small" in sys.argv)
+    main(small="--small" in sys.argv, options="--options" in sys.argv)

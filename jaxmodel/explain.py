@@ -363,16 +363,14 @@ def sensitivity_batch(fn: Callable, configs: Sequence, wrt: Sequence[str] | None
         batch_size: points evaluated together inside the map.
         mode: ``"rev"`` (reverse mode, as :func:`sensitivity`) or ``"fwd"`` (forward mode,
             ``jax.jacfwd``: one pass per knob, no transposed graph — a smaller compile; the
-            same derivative, the model having no custom derivative rules).
+            same derivative: the model's one custom rule, the tile search's
+            minimum in :func:`jaxmodel.numerics.masked_min`, is a JVP).
 
     Returns:
         dict: ``knobs`` (names), ``step`` (``h``), and per metric a dict of NumPy arrays
         ``value [N]``, ``feasible [N]``, ``elasticity``, ``fd_forward``, ``fd_backward``,
         ``fd_central``, ``fd_ok``, ``kink`` (each ``[N, k]``). Infeasible points give
-        elasticities and differences 0. Known defect: on serving points (``explain_serve_
-        batch``) the mapped derivative is NaN for the clock, vector, L2 and HBM knobs at
-        about a fifth of random points, where the single-point :func:`sensitivity` is
-        finite (``experiments/validate_sensitivity.py``); the differences are finite.
+        elasticities and differences 0.
 
     Raises:
         ValueError: no point, an unknown knob or a non-positive knob value (naming the

@@ -9,6 +9,7 @@ gradient even though the forward value is masked).
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Sequence, Tuple
 
 import jax
@@ -100,8 +101,30 @@ def masked_min(values, mask, axis=-1):
     Convention 3: the tile search is a fixed candidate grid + masked min. The gradient flows to
     the winning candidate only (envelope theorem). Masked entries are replaced before the
     reduction, so infinities/NaNs in them never reach the gradient.
+
+    The value is ``jnp.min``'s (the same operations); its derivative rule (a ``custom_jvp``)
+    is the winner's, selected by index (``argmin``, the first of tied entries) and gathered.
+    ``jnp.min``'s own rule (``jax/_src/lax/lax.py``, ``_reduce_chooser_jvp_rule``, JAX 0.10)
+    divides by the number of entries *equal* to the minimum, which a compiled graph may
+    recompute in another fusion with different rounding: where no entry compares equal the
+    count is 0 and the derivative 0/0 = NaN (seen in compiled reverse- and forward-mode
+    derivatives of whole serving steps through the softmax tile search of the LM head,
+    never in eager evaluation).
     """
-    return jnp.min(jnp.where(mask, values, INF), axis=axis)
+    return _min_of(jnp.where(mask, values, INF), axis)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _min_of(v, axis):
+    """``jnp.min(v, axis)`` with the derivative of the entry ``argmin`` selects."""
+    return jnp.min(v, axis=axis)
+
+
+@_min_of.defjvp
+def _min_of_jvp(axis, primals, tangents):
+    (v,), (dv,) = primals, tangents
+    i = jnp.expand_dims(jnp.argmin(v, axis=axis), axis)
+    return _min_of(v, axis), jnp.squeeze(jnp.take_along_axis(dv, i, axis=axis), axis)
 
 
 def soft_min(values, mask, temperature):

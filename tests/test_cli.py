@@ -305,3 +305,18 @@ def test_predict_notes_its_executables_and_prefetches_them(tmp_path, monkeypatch
     assert len(list((tmp_path / "exports" / "questions").glob("*.txt"))) == 1
     run(*argv[:7], "2", *argv[8:])                          # another plan (tp): its own note
     assert len(list((tmp_path / "exports" / "questions").glob("*.txt"))) == 2
+
+
+def test_serve_search_parses_expert_parallel_and_speculative_options():
+    from jaxmodel.cli import search as cs
+    assert cs._int_list("1,8", "--ep") == [1, 8]
+    specs = cs._speculative_list("eagle:3:0.7,mtp:1:0.8")
+    assert [(float(s.method), float(s.k), float(s.accept)) for s in specs] == [
+        (3.0, 3.0, 0.7), (2.0, 1.0, 0.8)]
+    assert cs._speculative_list("") == []
+    for bad, flag in (("0", "--ep"), ("x", "--ep")):
+        with pytest.raises(ValueError, match=flag):
+            cs._int_list(bad, flag)
+    for bad in ("eagle:3", "draft_model:1:0.5", "eagle:k:0.7"):
+        with pytest.raises(ValueError, match="--speculative"):
+            cs._speculative_list(bad)

@@ -409,3 +409,54 @@ def test_serve_cli_errors(argv, msg, capsys):
     assert cli.main(["serve"] + argv + ["--system", "hgx_a100_4gpu"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("jaxmodel: error:") and msg in err and "Traceback" not in err
+
+
+def test_options_object_batches_and_matches_the_keyword_functions():
+    """The scheduler settings travel as one pytree (``srv.ServingOptions``): the keyword
+    functions equal the option bodies, and a vmap over its leaves (batch caps, chunks, the
+    mean limits) equals the loop."""
+    c = table()
+    kw = dict(dp=2.0, pp=1.0, n_gpus=2.0, block_tokens=32.0, mem_fraction=0.85)
+    opts = srv.ServingOptions(max_batch=jnp.asarray([4.0, 64.0, 256.0]),
+                              chunk=jnp.asarray([0.0, 512.0, 256.0]), block_tokens=32.0,
+                              mem_fraction=0.85, ttft_slo_s=jnp.asarray([0.1, 0.2, 1.0]),
+                              tpot_slo_s=0.02)
+    axes = srv.ServingOptions(max_batch=0, chunk=0, block_tokens=None, mem_fraction=None,
+                              kv_of_free=None, max_tokens=None, ttft_slo_s=0,
+                              tpot_slo_s=None, ttft_p99_s=None, tpot_p99_s=None)
+    batch = jax.vmap(lambda o: srv.steady_state(c, ISL, OSL, 8.0, o, 2.0, 1.0, 2.0),
+                     in_axes=(axes,))(opts)
+    for i in range(3):
+        one = srv.continuous_batching_from_costs(
+            c, ISL, OSL, 8.0, float(opts.max_batch[i]), chunk=float(opts.chunk[i]),
+            ttft_slo_s=float(opts.ttft_slo_s[i]), tpot_slo_s=0.02, **kw)
+        for name in ("ttft_s", "tpot_s", "batch", "meets_slo", "feasible", "reason"):
+            np.testing.assert_allclose(np.asarray(getattr(batch, name))[i],
+                                       np.asarray(getattr(one, name)), rtol=1e-12)
+    off = srv.offline_from_costs(c, ISL, OSL, max_batch=200.0, max_tokens=1100.0, dp=2.0,
+                                 kv_of_free=1.0)
+    same = srv.offline_state(c, ISL, OSL, srv.ServingOptions(
+        max_batch=200.0, max_tokens=1100.0, kv_of_free=1.0), 2.0)
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(
+        lambda a, b: bool(np.array_equal(a, b)), off, same))
+
+
+def test_search_offline_column_is_offline_from_costs_per_table():
+    """search_serving's ``offline_throughput_per_gpu``: every cost table under its runtime's
+    scheduler defaults, vmapped over the tables with the settings as one options pytree,
+    equals offline_from_costs called per table."""
+    from jaxmodel.search import serving as search_srv
+    from jaxmodel.serving_runtime import runtime, scheduler_defaults
+    c = table()
+    tables = jax.tree_util.tree_map(lambda x: jnp.stack([x, x, x]), c)
+    par = jm.Parallelism(dp=jnp.asarray([1.0, 2.0, 4.0]), tp=jnp.asarray([4.0, 2.0, 1.0]),
+                         pp=jnp.asarray([1.0, 1.0, 1.0]))
+    rts = [runtime(r) for r in ("trtllm", "vllm", "pytorch")]
+    got = search_srv._offline_per_table(tables, par, rts, ISL, OSL)
+    for k, r in enumerate(rts):
+        s = scheduler_defaults(r.name)
+        d, t = float(par.dp[k]), float(par.tp[k])
+        want = srv.offline_from_costs(c, ISL, OSL, dp=d, n_gpus=d * t, **{
+            n: s[n] for n in ("max_batch", "max_tokens", "block_tokens", "mem_fraction",
+                              "kv_of_free")})
+        assert float(got[k]) == pytest.approx(float(want.throughput_per_gpu), rel=1e-12)

@@ -137,6 +137,12 @@ def _serve_search_parser(add) -> None:
                    help="comma-separated runtime presets to search (default all three)")
     p.add_argument("--p99", action="store_true",
                    help="the limits bound the 99th percentiles instead of the means")
+    p.add_argument("--ep", default="1",
+                   help="comma-separated expert-parallel degrees to search for a "
+                        "mixture-of-experts model (default 1)")
+    p.add_argument("--speculative", default="",
+                   help="comma-separated speculative options to search besides none: "
+                        "METHOD:K:ACCEPT with METHOD mtp or eagle, e.g. eagle:3:0.7")
     p.add_argument("--no-disagg", action="store_true", dest="no_disagg",
                    help="aggregated serving only")
     p.add_argument("--all", action="store_true", dest="all_rows",
@@ -166,7 +172,9 @@ def cmd_serve_search(a) -> Any:
                            precision=[x for x in a.precision.split(",") if x],
                            runtime=[x for x in a.runtime.split(",") if x],
                            disaggregated=not a.no_disagg, full=a.all_rows or bool(a.plot),
-                           progress=not a.quiet, tail=a.p99)
+                           progress=not a.quiet, tail=a.p99,
+                           ep=_int_list(a.ep, "--ep"),
+                           speculative=[None] + _speculative_list(a.speculative))
     if a.plot:
         from jaxmodel.plots import serving_plot
         serving_plot(df, path=a.plot, title=f"{model.name} on {df.attrs['n_devices']} × "
@@ -181,6 +189,35 @@ def cmd_serve_search(a) -> Any:
               f"{df.attrs['wall_s']:.1f} s; {df.attrs['n_meeting_slo']:,} meet the limits",
               file=sys.stderr)
     return df
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    """Comma-separated integers >= 1 (``ValueError`` naming the flag and value)."""
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise ValueError(f"{flag} must list integers >= 1, got {text!r}")
+    return vals
+
+
+def _speculative_list(text: str) -> list:
+    """``METHOD:K:ACCEPT`` items (METHOD ``mtp`` or ``eagle``) as :class:`jaxmodel.Speculative`."""
+    import jaxmodel as jm
+    out = []
+    for item in (x for x in text.split(",") if x.strip()):
+        parts = item.split(":")
+        if len(parts) != 3 or parts[0] not in ("mtp", "eagle"):
+            raise ValueError(f"--speculative item {item!r} must be METHOD:K:ACCEPT with METHOD "
+                             "mtp or eagle (e.g. eagle:3:0.7)")
+        try:
+            k, acc = float(parts[1]), float(parts[2])
+        except ValueError:
+            raise ValueError(f"--speculative item {item!r}: K and ACCEPT must be numbers") \
+                from None
+        out.append(jm.Speculative(parts[0], k=k, accept=acc))
+    return out
 
 
 DISTRIBUTED_COMMANDS = ("sweep", "search", "serve-search", "codesign")

@@ -60,6 +60,7 @@ from jaxmodel import distributed
 from jaxmodel import process as _process
 from jaxmodel import serving_runtime as _rtp
 from jaxmodel import serving as _srv
+from jaxmodel import speculative as _spec
 from jaxmodel.batching import jit_leaves, map_points
 from jaxmodel.numerics import REASONS, pareto_mask
 from jaxmodel.types import Model, Parallelism, System
@@ -158,7 +159,9 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
                    chunk: Sequence[int] = CHUNKS, precision: Sequence = PRECISIONS,
                    runtime: Sequence = RUNTIMES, loads: Sequence[float] = LOADS,
                    disaggregated: bool = True, full: bool = False,
-                   progress: bool = True, tail: bool = False) -> pd.DataFrame:
+                   progress: bool = True, tail: bool = False,
+                   speculative: Sequence = (None,),
+                   ep: Sequence[int] = (1,)) -> pd.DataFrame:
     """Best serving deployments of ``model`` on ``n_devices`` under TTFT/TPOT limits.
 
     Args:
@@ -182,12 +185,23 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         progress: print the stages to stderr.
         tail: the limits bound the 99th percentiles (``ttft_p99_s``, ``tpot_p99_s`` of
             :class:`jaxmodel.serving.ServingResult`) instead of the means.
+        speculative: speculative-decoding options to search: ``None`` (none) or
+            :class:`jaxmodel.Speculative` (draft model, MTP or EAGLE heads, ``k``, acceptance
+            ``α``; at most one distinct draft model); each is a cost-table axis.
+        ep: expert-parallel degrees for a mixture-of-experts model (experts over the
+            ``tp × dp`` ranks of a pipeline stage, attention kept tensor/data parallel as
+            the plan rules of :func:`jaxmodel.check_plan` allow); a degree is searched on
+            a plan when it divides the expert count and the stage's ``n/pp`` devices;
+            ignored (1) for dense models. FP4 deployments are a ``precision`` (e.g.
+            ``"nvfp4"``, ``"nvfp4kv"``, ``"mxfp4"``; ``precision_unsupported`` on devices
+            without an FP4 tensor rate).
 
     Returns:
         DataFrame of the Pareto front (sorted by tokens/s per user): ``mode``
         (``aggregated``/``disaggregated``), ``precision``, ``runtime``, ``tp``, ``pp``,
         ``dp`` (the decode pool's when disaggregated), ``prefill_tp``, ``prefill_pp``,
-        ``prefill_dp`` (0 when aggregated), ``max_batch``, ``chunk``, ``load``, ``rate_rps``
+        ``prefill_dp`` (0 when aggregated), ``ep``, ``speculative`` (method name),
+        ``spec_k``, ``spec_accept``, ``max_batch``, ``chunk``, ``load``, ``rate_rps``
         and every field of :class:`jaxmodel.serving.ServingResult` (``reason_name`` beside
         ``reason``), and ``offline_throughput_per_gpu``: the configuration's output tokens/s
         per device with every request queued (:func:`jaxmodel.serving.offline_from_costs`
@@ -212,24 +226,69 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         if progress and not _process.quiet():
             print(f"[search_serving] {msg}", file=sys.stderr, flush=True)
 
-    shown = None if progress else math.inf
     t0 = time.perf_counter()
     distributed.check_same("search_serving", dict(
         system=system, model=model, n_devices=n_devices, isl=isl, osl=osl,
         ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, tp=tp, pp=pp, max_batch=max_batch,
         chunk=chunk, precision=precision, runtime=runtime, loads=loads,
-        disaggregated=disaggregated, full=full, tail=tail))
+        disaggregated=disaggregated, full=full, tail=tail, speculative=speculative,
+        ep=ep))
     n = _as_int(system.n_devices if n_devices is None else n_devices, "n_devices")
     system = _scaled_system(system, n)
     isl_f, osl_f = float(isl), float(osl)
-    if not (isl_f >= 1 and osl_f >= 1):
-        raise ValueError(f"search_serving: isl and osl must be >= 1, got {isl!r}, {osl!r}")
     if tp is None:
         inner = int(float(np.asarray(system.levels[0].size))) if system.levels else 1
         tp = [2 ** i for i in range(8) if 2 ** i <= max(inner, 1)]
     plans = _plans(n, tp, pp)
     precs = [_precision.precision(p) for p in precision]
     rts = [_rtp.runtime(r) for r in runtime]
+    _check_options(isl, osl, plans, precs, rts, max_batch, chunk, loads)
+    specs = _speculative_options(speculative)
+    keys = [(t, p, i, j, e, s) for (t, p) in plans for i in range(len(precs))
+            for j in range(len(rts)) for e in _ep_degrees(model, n, t, p, ep)
+            for s in range(len(specs))]
+    rows_a = _aggregated_rows(keys, n, max_batch, chunk, loads)
+    rows_d = _disaggregated_rows(keys, plans if disaggregated else [], n, max_batch, loads)
+    n_a, n_d = len(rows_a["k"]), len(rows_d["k"])
+    say(f"{n_a + n_d:,} configurations ({n_a:,} aggregated, {n_d:,} disaggregated)")
+    say(f"{len(keys)} cost tables ({len(plans)} tp×pp plans × {len(precs)} precisions × "
+        f"{len(rts)} runtimes × expert-parallel degrees × {len(specs)} speculative options) "
+        f"for {model.name} on {n} devices")
+    par, prec_b, rt_b = _table_inputs(keys, n, precs, rts)
+    spec_b = _stacked_speculative(specs, keys)
+    res, table, timings = _run_stages(system, model, (par, prec_b, rt_b, spec_b),
+                                      (rows_a, rows_d),
+                                      (isl_f, osl_f), (float(ttft_slo_s), float(tpot_slo_s)),
+                                      progress)
+    kt = np.asarray(keys, dtype=float)
+    offline = _offline_per_table(table, par, [rts[int(j)] for j in kt[:, 3]], isl_f, osl_f)
+    names = (np.asarray([p.name for p in precs]), np.asarray([r.name for r in rts]), specs)
+    frames = [_frame(rows_a, res[0], "aggregated", kt, names, offline)]
+    if n_d:
+        frames.append(_frame(rows_d, res[1], "disaggregated", kt, names, offline))
+    df = _with_front(pd.concat(frames, ignore_index=True), ttft_slo_s, tpot_slo_s, tail)
+    wall = time.perf_counter() - t0
+    ok = df["meets_slo"].to_numpy()
+    attrs = dict(n_evaluated=int(n_a + n_d), n_devices=n, n_feasible=int(df["feasible"].sum()),
+                 n_meeting_slo=int(ok.sum()), wall_s=wall, configs_per_s=(n_a + n_d) / wall,
+                 timings=timings)
+    for mode in ("aggregated", "disaggregated"):
+        sel = df[(df["mode"] == mode) & df["meets_slo"]]
+        attrs[f"best_{mode}"] = (sel.loc[sel["throughput_per_gpu"].idxmax()].to_dict()
+                                 if len(sel) else None)
+    say(f"{n_a + n_d:,} configurations in {wall:.1f} s ({(n_a + n_d) / wall:,.0f}/s); "
+        f"{attrs['n_meeting_slo']:,} meet the limits, {int(df['pareto'].sum())} on the front")
+    out = df if full else df[df["pareto"]].sort_values(
+        "tokens_per_s_per_user", kind="stable").reset_index(drop=True)
+    out.attrs.update(attrs)
+    return out
+
+
+def _check_options(isl, osl, plans, precs, rts, max_batch, chunk, loads):
+    """A ``ValueError`` for prompt/output lengths below 1, an empty option list, negative
+    chunks, batch caps below 1 or loads outside (0, 1)."""
+    if not (float(isl) >= 1 and float(osl) >= 1):
+        raise ValueError(f"search_serving: isl and osl must be >= 1, got {isl!r}, {osl!r}")
     for name, vals in (("tp/pp", plans), ("precision", precs), ("runtime", rts),
                        ("max_batch", max_batch), ("chunk", chunk), ("loads", loads)):
         if len(vals) == 0:
@@ -239,128 +298,199 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
     if any(not 0 < float(x) < 1 for x in loads):
         raise ValueError(f"search_serving: loads must lie in (0, 1), got {list(loads)}")
 
-    # ---- stage 1: one cost table per (plan, precision, runtime) ---------------------------
-    keys = [(t, p, i, j) for (t, p) in plans for i in range(len(precs)) for j in range(len(rts))]
-    kt = np.asarray([[t, p, i, j] for t, p, i, j in keys], dtype=float)
+
+def _speculative_options(speculative) -> list:
+    """The validated speculative options (``None`` or :class:`jaxmodel.Speculative`), at
+    least one, at most one distinct draft model (the tables stack them)."""
+    specs = [_spec.speculative_arg(s) for s in speculative]
+    for s in specs:
+        if s is not None:
+            _spec.validate_speculative(s, where="search_serving")
+    if not specs:
+        raise ValueError("search_serving: no speculative options to search (use (None,))")
+    drafts = {id(s.draft): s.draft for s in specs if s is not None and s.draft is not None}
+    if len(drafts) > 1:
+        raise ValueError(f"search_serving: speculative options carry {len(drafts)} draft "
+                         "models; search one draft model per call")
+    return specs
+
+
+def _stacked_speculative(specs, keys):
+    """One :class:`jaxmodel.Speculative` per cost table (``keys[k][5]`` indexes ``specs``),
+    stacked; ``None`` when no option speculates (the tables then trace no proposer)."""
+    if all(s is None for s in specs):
+        return None
+    draft = next((s.draft for s in specs if s is not None and s.draft is not None), None)
+    none = _spec.Speculative(method="none", k=0.0, accept=0.0, draft=draft)
+    full = [none if s is None else dataclasses.replace(s, draft=draft) for s in specs]
     f = jnp.result_type(float)
-    par = Parallelism(dp=jnp.asarray(n / (kt[:, 0] * kt[:, 1]), f), tp=jnp.asarray(kt[:, 0], f),
-                      pp=jnp.asarray(kt[:, 1], f))
-    prec_b = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[kt[:, 2].astype(int)],
-                                                          f), _precision.stack_precisions(precs))
-    rt_b = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[kt[:, 3].astype(int)], f),
-                                  _rtp.stack_runtimes(rts))
-    # ---- configurations ------------------------------------------------------------------
-    index = {key: k for k, key in enumerate(keys)}
-    mb = np.asarray(max_batch, dtype=float)
-    ld = np.asarray(loads, dtype=float)
-    ch = np.asarray(chunk, dtype=float)
+    idx = np.asarray([key[5] for key in keys], dtype=int)
+    return jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.asarray(xs, dtype=float)[idx], f),
+                                  *full)
+
+
+def _ep_degrees(model, n, tp, pp, ep) -> list:
+    """Expert-parallel degrees searched on a ``tp × pp`` plan of ``n`` devices: 1, and for
+    a mixture-of-experts model each requested degree dividing the expert count and the
+    ``n/pp`` devices of a stage (experts over the stage's ``tp × dp`` ranks)."""
+    experts = int(round(float(np.asarray(model.n_experts))))
+    stage = n // pp
+    out = [1]
+    for e in sorted({int(x) for x in ep}):
+        if e < 1:
+            raise ValueError(f"search_serving: expert-parallel degree {e} must be >= 1")
+        if e > 1 and experts > 0 and experts % e == 0 and stage % e == 0:
+            out.append(e)
+    return out
+
+
+def _aggregated_rows(keys, n, max_batch, chunk, loads) -> dict:
+    """The aggregated configurations: every cost table ``k`` (``keys[k] = (tp, pp,
+    precision index, runtime index, ep, speculative index)``) × batch cap × chunk × load,
+    as columns."""
+    mb, ch, ld = (np.asarray(v, dtype=float) for v in (max_batch, chunk, loads))
     agg = []
-    for k, (t, p, i, j) in enumerate(keys):
+    for k, (t, p, *_) in enumerate(keys):
         g = np.meshgrid(mb, ch, ld, indexing="ij")
         m = g[0].size
         agg.append(np.stack([np.full(m, k), np.full(m, t), np.full(m, p), np.full(m, n / (t * p)),
                              g[0].ravel(), g[1].ravel(), g[2].ravel()], axis=1))
     agg = np.concatenate(agg)
-    rows_a = {name: agg[:, c] for c, name in enumerate(
+    rows = {name: agg[:, c] for c, name in enumerate(
         ("k", "tp", "pp", "dp", "max_batch", "chunk", "load"))}
-    rows_a["n"] = np.full(len(agg), float(n))
-    dis = []
-    if disaggregated:
-        for i in range(len(precs)):
-            for j in range(len(rts)):
-                for (tp_p, pp_p) in plans:
-                    for (tp_d, pp_d) in plans:
-                        sp, sd = tp_p * pp_p, tp_d * pp_d
-                        for n_p in range(sp, n, sp):
-                            n_d = n - n_p
-                            if n_d % sd:
-                                continue
-                            g = np.meshgrid(mb, ld, indexing="ij")
-                            m = g[0].size
-                            dis.append(np.stack([
-                                np.full(m, index[(tp_p, pp_p, i, j)]),
-                                np.full(m, index[(tp_d, pp_d, i, j)]),
-                                np.full(m, tp_p), np.full(m, pp_p), np.full(m, n_p / sp),
-                                np.full(m, tp_d), np.full(m, pp_d), np.full(m, n_d / sd),
-                                g[0].ravel(), g[1].ravel()], axis=1))
-    dis = np.concatenate(dis) if dis else np.zeros((0, 10))
-    rows_d = {name: dis[:, c] for c, name in enumerate(
-        ("k", "k_d", "tp_p", "pp_p", "dp_p", "tp", "pp", "dp", "max_batch", "load"))}
-    n_eval = len(agg) + len(dis)
-    say(f"{n_eval:,} configurations ({len(agg):,} aggregated, {len(dis):,} disaggregated)")
+    rows["n"] = np.full(len(agg), float(n))
+    return rows
 
-    # stage 2 needs only the shapes of the tables: its compilation (XLA releases the GIL)
-    # runs on a second thread while stage 1 traces, compiles and runs. Each process
-    # evaluates its share of the rows (all of them in a single process).
+
+def _disaggregated_rows(keys, plans, n, max_batch, loads) -> dict:
+    """The disaggregated configurations: for each precision, runtime, expert-parallel
+    degree and speculative option, a prefill pool of ``n_p`` devices (one plan) and a
+    decode pool of ``n − n_p`` (another) × batch cap × load, as columns (``k``/``k_d``:
+    the pools' cost tables; a degree that does not fit both plans' stages is skipped)."""
+    index = {key: k for k, key in enumerate(keys)}
+    mb, ld = np.asarray(max_batch, dtype=float), np.asarray(loads, dtype=float)
+    dis = []
+    for i, j, e, s in dict.fromkeys(key[2:] for key in keys):    # precision-major order
+        for (tp_p, pp_p) in plans:
+            for (tp_d, pp_d) in plans:
+                if (tp_p, pp_p, i, j, e, s) not in index or (tp_d, pp_d, i, j, e, s) not in index:
+                    continue
+                sp, sd = tp_p * pp_p, tp_d * pp_d
+                for n_p in range(sp, n, sp):
+                    n_d = n - n_p
+                    if n_d % sd:
+                        continue
+                    g = np.meshgrid(mb, ld, indexing="ij")
+                    m = g[0].size
+                    dis.append(np.stack([
+                        np.full(m, index[(tp_p, pp_p, i, j, e, s)]),
+                        np.full(m, index[(tp_d, pp_d, i, j, e, s)]),
+                        np.full(m, tp_p), np.full(m, pp_p), np.full(m, n_p / sp),
+                        np.full(m, tp_d), np.full(m, pp_d), np.full(m, n_d / sd),
+                        g[0].ravel(), g[1].ravel()], axis=1))
+    dis = np.concatenate(dis) if dis else np.zeros((0, 10))
+    return {name: dis[:, c] for c, name in enumerate(
+        ("k", "k_d", "tp_p", "pp_p", "dp_p", "tp", "pp", "dp", "max_batch", "load"))}
+
+
+def _table_inputs(keys, n, precs, rts):
+    """The plans, precisions and runtimes of the cost tables, stacked (one row per key)."""
+    kt = np.asarray(keys, dtype=float)
+    f = jnp.result_type(float)
+    par = Parallelism(dp=jnp.asarray(n / (kt[:, 0] * kt[:, 1]), f), tp=jnp.asarray(kt[:, 0], f),
+                      pp=jnp.asarray(kt[:, 1], f), ep=jnp.asarray(kt[:, 4], f))
+    prec_b = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[kt[:, 2].astype(int)],
+                                                          f), _precision.stack_precisions(precs))
+    rt_b = jax.tree_util.tree_map(lambda x: jnp.asarray(np.asarray(x)[kt[:, 3].astype(int)], f),
+                                  _rtp.stack_runtimes(rts))
+    return par, prec_b, rt_b
+
+
+def _run_stages(system, model, tables_in, rows, lengths, limits, progress):
+    """Stage 1 (the cost tables of ``tables_in`` = the stacked plans, precisions,
+    runtimes and speculative options) and stage 2 (the steady state of ``rows`` = (aggregated, disaggregated) at
+    ``lengths`` = (isl, osl) under ``limits`` = (TTFT, TPOT)), stage 2 compiled on a second
+    thread while stage 1 runs; each process evaluates its share of the rows. Returns
+    ``(results, table, timings)``."""
+    shown = None if progress else math.inf
+    par, prec_b, rt_b, spec_b = tables_in
+    n_tables = int(np.shape(par.tp)[0])
+    f = jnp.result_type(float)
     jobs, keeps = [], []
-    for rows, flag in ((rows_a, False), (rows_d, True)):
-        if len(rows["k"]):
-            share, keep = distributed.local_rows(len(rows["k"]))
-            jobs.append(({k: jnp.asarray(v[share], f) for k, v in rows.items()}, flag))
+    for r, flag in zip(rows, (False, True)):
+        if len(r["k"]):
+            share, keep = distributed.local_rows(len(r["k"]))
+            jobs.append(({k: jnp.asarray(v[share], f) for k, v in r.items()}, flag))
             keeps.append(keep)
     prefetch = _Prefetch(lambda: [_evaluate_jit.compile(
-        _table_struct(len(keys)), rows, system, isl_f, osl_f, float(ttft_slo_s),
-        float(tpot_slo_s), disagg=flag) for rows, flag in jobs])
-    say(f"{len(keys)} cost tables ({len(plans)} tp×pp plans × {len(precs)} precisions × "
-        f"{len(rts)} runtimes) for {model.name} on {n} devices")
+        _table_struct(n_tables), r, system, *lengths, *limits, disagg=flag)
+        for r, flag in jobs])
     with _process.stage("search_serving: cost tables", show_after=shown) as st:
         # the name is a static pytree field: without it, models of one family share the
         # executable within a process
-        table = _tables_jit(system, dataclasses.replace(model, name=""), par, isl_f, osl_f,
-                            prec_b, rt_b, variant_of(model, par, system))
+        table = _tables_jit(system, dataclasses.replace(model, name=""), par, *lengths,
+                            prec_b, rt_b, variant_of(model, par, system), spec_b)
         table = jax.block_until_ready(table)
-        st["note"] = f"{len(keys)} tables × {len(_srv.TOKEN_GRID)} batch sizes"
+        st["note"] = f"{n_tables} tables × {len(_srv.TOKEN_GRID)} batch sizes"
     timings = {"cost_tables_s": st["wall_s"]}
-
-    # offline throughput of every table (elementwise on the tables: tens of rows)
-    sch = [_rtp.scheduler_defaults(r.name) for r in rts]
-    sk = {name: jnp.asarray([sch[int(j)][name] for j in kt[:, 3]], f)
-          for name in ("max_batch", "max_tokens", "block_tokens", "mem_fraction",
-                       "kv_of_free")}
-    def offline_one(c, t, p, d, mb_, mt, bt, mf, kf):
-        return _srv.offline_from_costs(
-            c, isl_f, osl_f, max_batch=mb_, max_tokens=mt, dp=d, pp=p, n_gpus=d * t * p,
-            block_tokens=bt, mem_fraction=mf, kv_of_free=kf).throughput_per_gpu
-
-    offline = np.asarray(jax.vmap(offline_one)(
-        table, par.tp, par.pp, par.dp, sk["max_batch"], sk["max_tokens"], sk["block_tokens"],
-        sk["mem_fraction"], sk["kv_of_free"]))
-
-    # ---- stage 2: the steady state of every configuration -------------------------------
     with _process.stage("search_serving: steady state", show_after=shown) as st:
         prefetch.join()
-        res = [_evaluate_jit(table, rows, system, isl_f, osl_f, float(ttft_slo_s),
-                             float(tpot_slo_s), disagg=flag)
-               for rows, flag in jobs]
+        res = [_evaluate_jit(table, r, system, *lengths, *limits, disagg=flag)
+               for r, flag in jobs]
         res = [distributed.gather_rows(jax.tree_util.tree_map(lambda x: np.asarray(x)[:k], r))
                for r, k in zip(res, keeps)]
-        st["note"] = f"{n_eval:,} configurations"
+        st["note"] = f"{sum(len(r['k']) for r in rows):,} configurations"
     timings["steady_state_s"] = st["wall_s"]
+    return res, table, timings
 
-    # ---- table ---------------------------------------------------------------------------
-    prec_names = np.asarray([p.name for p in precs])
-    rt_names = np.asarray([r.name for r in rts])
 
-    def frame(rows, r, mode):
-        k = rows["k"].astype(int)
-        cols = {"mode": np.full(len(k), mode), "precision": prec_names[kt[k, 2].astype(int)],
-                "runtime": rt_names[kt[k, 3].astype(int)], "tp": rows["tp"],
-                "pp": rows["pp"], "dp": rows["dp"],
-                "prefill_tp": rows.get("tp_p", np.zeros(len(k))),
-                "prefill_pp": rows.get("pp_p", np.zeros(len(k))),
-                "prefill_dp": rows.get("dp_p", np.zeros(len(k))),
-                "max_batch": rows["max_batch"], "chunk": rows.get("chunk", np.zeros(len(k))),
-                "load": rows["load"], "rate_rps": rows["load"] * r.capacity_rps}
-        cols.update({name: np.asarray(getattr(r, name)) for name in
-                     _srv.ServingResult.__dataclass_fields__})
-        cols["offline_throughput_per_gpu"] = (offline[k] if mode == "aggregated"
-                                              else np.zeros(len(k)))
-        return pd.DataFrame(cols)
+def _offline_per_table(table, par, rts, isl, osl):
+    """Output tokens/s per device of every cost table with every request queued, under its
+    runtime's scheduler defaults (:func:`jaxmodel.serving.offline_from_costs`; elementwise
+    on the tables: tens of rows)."""
+    f = jnp.result_type(float)
+    sch = [_rtp.scheduler_defaults(r.name) for r in rts]
+    opts = _srv.ServingOptions(**{name: np.asarray([s[name] for s in sch]) for name in (
+        "max_batch", "max_tokens", "block_tokens", "mem_fraction", "kv_of_free")})
+    opts = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(jnp.asarray(x, f), (len(sch),)),
+                                  opts)
 
-    frames = [frame(rows_a, res[0], "aggregated")]
-    if len(dis):
-        frames.append(frame(rows_d, res[1], "disaggregated"))
-    df = pd.concat(frames, ignore_index=True)
+    def one(c, t, p, d, o):
+        return _srv.offline_state(c, isl, osl, o, d, p, d * t * p).throughput_per_gpu
+    return np.asarray(jax.vmap(one)(table, par.tp, par.pp, par.dp, opts))
+
+
+def _frame(rows, r, mode, kt, names, offline):
+    """The DataFrame of one mode's rows: the configuration columns, every field of
+    :class:`jaxmodel.serving.ServingResult` and the offline throughput of its table."""
+    prec_names, rt_names, specs = names
+    k = rows["k"].astype(int)
+    s = kt[k, 5].astype(int)
+    spec_name = np.asarray(["none" if x is None else _spec.METHODS[int(np.asarray(x.method))]
+                            for x in specs])
+    spec_k = np.asarray([0.0 if x is None else float(np.asarray(x.k)) for x in specs])
+    spec_a = np.asarray([0.0 if x is None else float(np.asarray(x.accept)) for x in specs])
+    cols = {"mode": np.full(len(k), mode), "precision": prec_names[kt[k, 2].astype(int)],
+            "runtime": rt_names[kt[k, 3].astype(int)], "ep": kt[k, 4],
+            "speculative": spec_name[s], "spec_k": spec_k[s], "spec_accept": spec_a[s],
+            "tp": rows["tp"],
+            "pp": rows["pp"], "dp": rows["dp"],
+            "prefill_tp": rows.get("tp_p", np.zeros(len(k))),
+            "prefill_pp": rows.get("pp_p", np.zeros(len(k))),
+            "prefill_dp": rows.get("dp_p", np.zeros(len(k))),
+            "max_batch": rows["max_batch"], "chunk": rows.get("chunk", np.zeros(len(k))),
+            "load": rows["load"], "rate_rps": rows["load"] * r.capacity_rps}
+    cols.update({name: np.asarray(getattr(r, name)) for name in
+                 _srv.ServingResult.__dataclass_fields__})
+    cols["offline_throughput_per_gpu"] = (offline[k] if mode == "aggregated"
+                                          else np.zeros(len(k)))
+    return pd.DataFrame(cols)
+
+
+def _with_front(df, ttft_slo_s, tpot_slo_s, tail: bool):
+    """``df`` with ``reason_name``, the limits on the 99th percentiles where ``tail``
+    (``meets_slo``, ``goodput_per_gpu``) and the ``pareto`` column: the front of tokens/s
+    per device against tokens/s per user among the rows meeting the limits."""
     df["reason_name"] = np.asarray(REASONS + ("?",))[np.clip(
         df["reason"].to_numpy().astype(int), 0, len(REASONS))]
     if tail:
@@ -371,17 +501,4 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
     ok = df["meets_slo"].to_numpy()
     user = np.where(ok, df["tokens_per_s_per_user"].to_numpy(), np.nan)
     df["pareto"] = pareto_mask(-user, df["throughput_per_gpu"].to_numpy())
-    wall = time.perf_counter() - t0
-    attrs = dict(n_evaluated=int(n_eval), n_devices=n, n_feasible=int(df["feasible"].sum()),
-                 n_meeting_slo=int(ok.sum()), wall_s=wall, configs_per_s=n_eval / wall,
-                 timings=timings)
-    for mode in ("aggregated", "disaggregated"):
-        sel = df[(df["mode"] == mode) & df["meets_slo"]]
-        attrs[f"best_{mode}"] = (sel.loc[sel["throughput_per_gpu"].idxmax()].to_dict()
-                                 if len(sel) else None)
-    say(f"{n_eval:,} configurations in {wall:.1f} s ({n_eval / wall:,.0f}/s); "
-        f"{attrs['n_meeting_slo']:,} meet the limits, {int(df['pareto'].sum())} on the front")
-    out = df if full else df[df["pareto"]].sort_values(
-        "tokens_per_s_per_user", kind="stable").reset_index(drop=True)
-    out.attrs.update(attrs)
-    return out
+    return df

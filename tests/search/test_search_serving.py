@@ -101,3 +101,51 @@ def test_offline_column_and_tail_limits(result):
     ok = tail[tail["meets_slo"]]
     assert len(ok) >= 1 and (ok["ttft_p99_s"] <= TTFT).all() and (ok["tpot_p99_s"] <= TPOT).all()
     assert tail["meets_slo"].sum() <= df["meets_slo"].sum()
+
+
+def test_expert_parallel_degrees_fit_the_experts_and_the_stage():
+    moe, dense = hw_db.model("mixtral-8x7b"), hw_db.model("llama3.2-1b")
+    assert ss._ep_degrees(moe, 8, 8, 1, (1, 2, 8, 16)) == [1, 2, 8]   # 16 > 8 experts
+    assert ss._ep_degrees(moe, 8, 2, 2, (4, 8)) == [1, 4]             # stage of 4 devices
+    assert ss._ep_degrees(dense, 8, 8, 1, (8,)) == [1]                # no experts
+    with pytest.raises(ValueError, match="expert-parallel degree 0"):
+        ss._ep_degrees(moe, 8, 8, 1, (0,))
+
+
+def test_speculative_options_are_validated_and_stacked_per_table():
+    eagle = jm.Speculative(method="eagle", k=3.0, accept=0.7)
+    specs = ss._speculative_options((None, eagle))
+    assert ss._stacked_speculative([None], [(1, 1, 0, 0, 1, 0)]) is None
+    keys = [(1, 1, 0, 0, 1, 0), (1, 1, 0, 0, 1, 1), (2, 1, 0, 0, 1, 1)]
+    st = ss._stacked_speculative(specs, keys)
+    np.testing.assert_array_equal(np.asarray(st.k), [0.0, 3.0, 3.0])
+    np.testing.assert_array_equal(np.asarray(st.method), [0.0, 3.0, 3.0])
+    with pytest.raises(ValueError, match="accept"):
+        ss._speculative_options((jm.Speculative(method="eagle", k=3.0, accept=1.5),))
+    with pytest.raises(ValueError, match="speculative"):
+        ss._speculative_options(())
+
+
+@pytest.mark.slow
+def test_search_offers_expert_parallelism_speculation_and_fp4():
+    """Mixtral 8×7B on a DGX B200: experts over the TP ranks (EP 8 = attention TP 8 × EP 8),
+    EAGLE speculation and NVFP4 are cost-table axes; the option "none" reproduces the search
+    without speculation, and speculation raises tokens/s per user at a small batch."""
+    system, model = hw_db.system("dgx_b200"), hw_db.model("mixtral-8x7b")
+    kw = dict(tp=(8,), pp=(1,), max_batch=(4, 64), chunk=(0,), precision=("fp8", "nvfp4"),
+              runtime=("trtllm",), loads=(0.5,), disaggregated=False, full=True,
+              progress=False)
+    eagle = jm.Speculative(method="eagle", k=3.0, accept=0.7)
+    df = jm.search_serving(system, model, 8, 1024, 256, speculative=(None, eagle),
+                           ep=(1, 8), **kw)
+    assert len(df) == 2 * 2 * 2 * 2                     # precision × ep × spec × batch cap
+    assert set(df.ep) == {1.0, 8.0} and set(df.speculative) == {"none", "eagle"}
+    assert set(df.precision) == {"fp8", "nvfp4"} and df.feasible.all()
+    base = jm.search_serving(system, model, 8, 1024, 256, **kw)
+    cols = ["precision", "max_batch", "tpot_s", "ttft_s", "throughput_per_gpu"]
+    plain = df[(df.speculative == "none") & (df.ep == 1.0)][cols].reset_index(drop=True)
+    np.testing.assert_allclose(plain[cols[2:]].to_numpy(),
+                               base[cols[2:]].to_numpy(), rtol=1e-6)
+    small = df[(df.max_batch == 4) & (df.ep == 1.0) & (df.precision == "fp8")]
+    fast = small.set_index("speculative").tokens_per_s_per_user
+    assert fast["eagle"] > fast["none"]
