@@ -81,6 +81,12 @@ PP = (1, 2, 4, 8)
 ROW_CHUNK = 8192
 
 
+def _default_tp(system: System) -> list[int]:
+    """The powers of two up to the size of the system's innermost network tier."""
+    inner = int(float(np.asarray(system.levels[0].size))) if system.levels else 1
+    return [2 ** i for i in range(8) if 2 ** i <= max(inner, 1)]
+
+
 def _plans(n: int, tps: Sequence[int], pps: Sequence[int]) -> list[tuple[int, int]]:
     return [(t, p) for t in sorted(set(tps)) for p in sorted(set(pps))
             if t >= 1 and p >= 1 and n % (t * p) == 0]
@@ -236,17 +242,14 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
     n = _as_int(system.n_devices if n_devices is None else n_devices, "n_devices")
     system = _scaled_system(system, n)
     isl_f, osl_f = float(isl), float(osl)
-    if tp is None:
-        inner = int(float(np.asarray(system.levels[0].size))) if system.levels else 1
-        tp = [2 ** i for i in range(8) if 2 ** i <= max(inner, 1)]
-    plans = _plans(n, tp, pp)
+    plans = _plans(n, _default_tp(system) if tp is None else tp, pp)
     precs = [_precision.precision(p) for p in precision]
     rts = [_rtp.runtime(r) for r in runtime]
     _check_options(isl, osl, plans, precs, rts, max_batch, chunk, loads)
     specs = _speculative_options(speculative)
     keys = [(t, p, i, j, e, s) for (t, p) in plans for i in range(len(precs))
             for j in range(len(rts)) for e in _ep_degrees(model, n, t, p, ep)
-            for s in range(len(specs))]
+            for s in range(len(specs))]     # one cost table each
     rows_a = _aggregated_rows(keys, n, max_batch, chunk, loads)
     rows_d = _disaggregated_rows(keys, plans if disaggregated else [], n, max_batch, loads)
     n_a, n_d = len(rows_a["k"]), len(rows_d["k"])
@@ -268,20 +271,27 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         frames.append(_frame(rows_d, res[1], "disaggregated", kt, names, offline))
     df = _with_front(pd.concat(frames, ignore_index=True), ttft_slo_s, tpot_slo_s, tail)
     wall = time.perf_counter() - t0
-    ok = df["meets_slo"].to_numpy()
-    attrs = dict(n_evaluated=int(n_a + n_d), n_devices=n, n_feasible=int(df["feasible"].sum()),
-                 n_meeting_slo=int(ok.sum()), wall_s=wall, configs_per_s=(n_a + n_d) / wall,
-                 timings=timings)
-    for mode in ("aggregated", "disaggregated"):
-        sel = df[(df["mode"] == mode) & df["meets_slo"]]
-        attrs[f"best_{mode}"] = (sel.loc[sel["throughput_per_gpu"].idxmax()].to_dict()
-                                 if len(sel) else None)
+    attrs = _summary(df, n_a + n_d, n, wall, timings)
     say(f"{n_a + n_d:,} configurations in {wall:.1f} s ({(n_a + n_d) / wall:,.0f}/s); "
         f"{attrs['n_meeting_slo']:,} meet the limits, {int(df['pareto'].sum())} on the front")
     out = df if full else df[df["pareto"]].sort_values(
         "tokens_per_s_per_user", kind="stable").reset_index(drop=True)
     out.attrs.update(attrs)
     return out
+
+
+def _summary(df, n_eval, n, wall, timings) -> dict:
+    """``df.attrs`` of a search: counts, wall time, stage timings and the best deployment
+    of each mode meeting the limits (highest output tokens/s per device, as a dict)."""
+    ok = df["meets_slo"].to_numpy()
+    attrs = dict(n_evaluated=int(n_eval), n_devices=n, n_feasible=int(df["feasible"].sum()),
+                 n_meeting_slo=int(ok.sum()), wall_s=wall, configs_per_s=n_eval / wall,
+                 timings=timings)
+    for mode in ("aggregated", "disaggregated"):
+        sel = df[(df["mode"] == mode) & df["meets_slo"]]
+        attrs[f"best_{mode}"] = (sel.loc[sel["throughput_per_gpu"].idxmax()].to_dict()
+                                 if len(sel) else None)
+    return attrs
 
 
 def _check_options(isl, osl, plans, precs, rts, max_batch, chunk, loads):
