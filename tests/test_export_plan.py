@@ -459,3 +459,21 @@ def test_plan_must_fill_the_system(models):
     with pytest.raises(ValueError, match="devices_mismatch"):
         jm.export_plan(jm.Parallelism(dp=2, tp=8), model=models["llama3-70b"],
                        global_batch=64, seq_len=4096, system=hw_db.system("dgx_h100", nodes=4))
+
+
+def test_megatron_p2p_overlap_follows_the_plan(models):
+    """Megatron-LM turns overlap_p2p_comm on by default for the interleaved schedule
+    (``--no-overlap-p2p-communication`` turns it off) and off for 1F1B: an interleaved plan
+    modelled without it says so, one with it (the NeMo 24.07 recipe sets it) and 1F1B plans
+    carry no flag."""
+    m = models["llama3.1-405b"]
+    inter = jm.Parallelism(dp=8, tp=8, pp=8, sp=True, interleave=8, schedule="interleaved")
+    kw = dict(framework="megatron", model=m, global_batch=2048, seq_len=8192)
+    flag = "--no-overlap-p2p-communication"
+    assert flag in jm.export_plan(inter, **kw).flags
+    assert flag not in jm.export_plan({**{f: getattr(inter, f) for f in (
+        "dp", "tp", "pp", "sp", "interleave", "schedule")}, "pp_overlap": 1.0}, **kw).flags
+    assert ex.train_plan(inter, m, 2048, 8192, recipe="nemo-24.07").pp_overlap == 1.0
+    one_f1b = jm.Parallelism(dp=8, tp=8, pp=8, sp=True)
+    assert flag not in jm.export_plan(one_f1b, **kw).flags
+    assert ("megatron", flag) in ex.FLAGS

@@ -69,7 +69,8 @@ def _plan_of(plan) -> tuple[Parallelism, dict]:
     names = [f.name for f in dataclasses.fields(Parallelism)]
     row = {str(k): plan[k] for k in plan.keys()}
     kw = {k: row[k] for k in names if k in row and row[k] is not None}
-    extra = {k: row[k] for k in ("precision", "dp_overlap", "tp_overlap") if k in row}
+    extra = {k: row[k] for k in ("precision", "dp_overlap", "tp_overlap", "pp_overlap")
+             if k in row}
     return Parallelism(**kw), extra
 
 
@@ -153,7 +154,7 @@ def export_plan(plan: Parallelism, *, framework: str = "megatron", model: Model 
                                  f"{list(SERVE_FRAMEWORKS)}, not {fw}")
         p = train_plan(plan, model, global_batch, seq_len, precision=precision,
                        dp_overlap=dp_overlap, tp_overlap=tp_overlap, recipe=recipe,
-                       system=system)
+                       system=system, pp_overlap=row.get("pp_overlap"))
         return _TRAIN_EXPORTERS[fw](p)
     for name, v in (("global_batch", global_batch), ("dp_overlap", dp_overlap),
                     ("tp_overlap", tp_overlap), ("recipe", recipe)):

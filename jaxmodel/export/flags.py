@@ -80,6 +80,7 @@ _MEGATRON_FLAGS = (
     "--attention-backend",
     # overlap
     "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
+    "--no-overlap-p2p-communication",
 )
 
 _TORCHTITAN_KEYS = (

@@ -82,6 +82,7 @@ class TrainPlan:
     dp_overlap: float
     tp_overlap: float
     n_nodes: int | None = None
+    pp_overlap: float = 0.0
     gpus_per_node: int | None = None
 
 
@@ -94,7 +95,8 @@ def _float_plan(par: Parallelism) -> Parallelism:
 def _train_defaults() -> dict:
     """The recipe knobs' defaults, read off :func:`jaxmodel.train_step`'s signature."""
     params = inspect.signature(train_step).parameters
-    return {k: params[k].default for k in ("dp_overlap", "tp_overlap", "precision")}
+    return {k: params[k].default for k in ("dp_overlap", "tp_overlap", "pp_overlap",
+                                           "precision")}
 
 
 def _precision_name(where: str, precision) -> str:
@@ -109,7 +111,8 @@ def _precision_name(where: str, precision) -> str:
 
 
 def train_plan(par: Parallelism, model: Model, global_batch, seq_len, *, precision=None,
-               dp_overlap=None, tp_overlap=None, recipe=None, system=None) -> TrainPlan:
+               dp_overlap=None, tp_overlap=None, recipe=None, system=None,
+               pp_overlap=None) -> TrainPlan:
     """The concrete training configuration :func:`export_plan` reads.
 
     ``recipe`` (a :class:`jaxmodel.Recipe` or its name) applies as in
@@ -128,7 +131,8 @@ def train_plan(par: Parallelism, model: Model, global_batch, seq_len, *, precisi
         r = _recipe(recipe) if not hasattr(recipe, "step") else recipe
         par = r.parallelism(par)
         step = dict(r.step)
-    given = {"precision": precision, "dp_overlap": dp_overlap, "tp_overlap": tp_overlap}
+    given = {"precision": precision, "dp_overlap": dp_overlap, "tp_overlap": tp_overlap,
+             "pp_overlap": pp_overlap}
     knobs = {**_train_defaults(), **{k: v for k, v in step.items() if k in given},
              **{k: v for k, v in given.items() if v is not None}}
     gb = _int(where, "global_batch", global_batch)
@@ -159,7 +163,8 @@ def train_plan(par: Parallelism, model: Model, global_batch, seq_len, *, precisi
         precision=_precision_name(where, knobs["precision"]),
         dp_overlap=_scalar(where, "dp_overlap", knobs["dp_overlap"]),
         tp_overlap=_scalar(where, "tp_overlap", knobs["tp_overlap"]),
-        n_nodes=nodes, gpus_per_node=gpn)
+        n_nodes=nodes, gpus_per_node=gpn,
+        pp_overlap=_scalar(where, "pp_overlap", knobs["pp_overlap"]))
 
 
 def _model_ints(model: Model) -> dict:

@@ -178,7 +178,12 @@ def megatron_args(p: TrainPlan) -> LaunchConfig:
       sharded optimizer, which Megatron requires for it), when dp·cp > 1; tp_overlap 1 →
       ``--tp-comm-overlap`` for plans with SP and tp > 1 (Megatron asserts SP; the model
       keeps the others serial, :func:`jaxmodel.parallel.overlap.tp_eligible`); fractions
-      cannot be expressed (error).
+      cannot be expressed (error). pp_overlap (``overlap_p2p_comm``): Megatron-LM's
+      training arguments turn it on by default for the interleaved schedule and off for
+      1F1B (``--no-overlap-p2p-communication``, ``store_false``), so an interleaved plan
+      with pp_overlap 0 gets ``--no-overlap-p2p-communication`` and one with 1 gets no flag;
+      pp_overlap 1 on a non-interleaved plan is noted (Megatron runs it without).
+      (``pipeline.overlapped_p2p_time`` models the overlap of the interleaved schedule.)
     - model shape: ``--num-layers --hidden-size --ffn-hidden-size --num-attention-heads``
       (``--group-query-attention --num-query-groups`` for GQA, ``--kv-channels`` when the
       head dimension is not d/h, ``--swiglu``, ``--num-experts --moe-router-topk
@@ -222,6 +227,11 @@ def megatron_args(p: TrainPlan) -> LaunchConfig:
         e("--overlap-grad-reduce")
         if p.zero >= 1:
             e("--overlap-param-gather")
+    if p.pp > 1 and p.v > 1 and not _onoff(fw, "pp_overlap", p.pp_overlap):
+        e("--no-overlap-p2p-communication")
+    elif p.pp_overlap and not (p.pp > 1 and p.v > 1):
+        notes.append("pp_overlap=1 on a non-interleaved plan: Megatron turns "
+                     "overlap_p2p_comm off outside the interleaved schedule")
     if tp_on:
         if p.sp and p.tp > 1:
             e("--tp-comm-overlap")
