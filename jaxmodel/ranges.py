@@ -209,7 +209,7 @@ RANGES: dict[str, dict[str, Rule]] = {
     "knobs": {
         "global_batch": _count(1, 1e9), "seq_len": _count(1, 1e8), "batch": _count(1, 1e9),
         "prompt_len": _count(1, 1e8), "gen_len": _count(1, 1e8), "kv_len": _count(0, 1e8),
-        "dp_overlap": SHARE, "tp_overlap": SHARE, "grad_bytes": _real(0, 16, "B", lo_open=True),
+        "dp_overlap": SHARE, "tp_overlap": SHARE, "pp_overlap": SHARE, "grad_bytes": _real(0, 16, "B", lo_open=True),
         "dtype_bytes": _real(0, 16, "B", lo_open=True),
         "adam_bytes_per_param": _real(0, 1e3, "B", lo_open=True),
         "clock_fraction": FRACTION,

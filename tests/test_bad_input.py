@@ -156,3 +156,11 @@ def test_public_functions_and_loader_name_the_field(tmp_path):
     path.write_text("\n".join(lines + ["vector_dtype_bytes = 0.1"]) + "\n")
     with pytest.raises(ValueError, match=r"vector_dtype_bytes.*0\.1"):
         hw_db.device(str(path))
+
+
+def test_pp_overlap_outside_its_range_is_named():
+    import hw_db
+    import jaxmodel as jm
+    with pytest.raises(ValueError, match="pp_overlap"):
+        jm.train_step(hw_db.system("dgx_h100"), hw_db.model("llama3-8b"),
+                      jm.Parallelism(dp=8.0), 64, 2048, pp_overlap=1.5)

@@ -171,9 +171,9 @@ from jaxmodel.parallel.train_stage import (LAYER_KEYS, STAGE_KEYS, prepare,
                                            residual_dropout_times, stage_plan,
                                            stage_times_single)
 from jaxmodel.process import stage
-from jaxmodel.types import (DROPOUT_MODES, SHARE, Model, Parallelism, System, check_value,
-                            code_of, is_concrete, static_flag, validate_knobs, validate_model,
-                            validate_parallelism, validate_system)
+from jaxmodel.types import (DROPOUT_MODES, Model, Parallelism, System, code_of, is_concrete,
+                            static_flag, validate_knobs, validate_model, validate_parallelism,
+                            validate_system)
 from jaxmodel.workload import layer as _layer
 
 __all__ = ["make_train_step", "train_step", "train_step_single", "stage_times",
@@ -413,10 +413,8 @@ def _validate(system, model, par, options: TrainOptions, prec, finetune, dropout
                    dp_overlap=options.dp_overlap, tp_overlap=options.tp_overlap,
                    grad_bytes=options.grad_bytes,
                    adam_bytes_per_param=options.adam_bytes_per_param,
-                   clock_fraction=options.clock_fraction, dropout=dropout)
-    pp = options.pp_overlap          # an overlap share in [0, 1] (types.RANGES lacks it)
-    if pp is not None and is_concrete(pp) and np.ndim(pp) == 0:
-        check_value("train_step", "pp_overlap", pp, SHARE)
+                   clock_fraction=options.clock_fraction, dropout=dropout,
+                   pp_overlap=options.pp_overlap)
     concrete = is_concrete(system, model, par, options.global_batch, options.seq_len,
                            options.clock_fraction, prec, finetune)
     if concrete and batch_shape(system, model, par, options.global_batch, options.seq_len,
