@@ -25,8 +25,9 @@ assumed where the tables are silent, printed per row:
   ``distributed_fused_adam``: with the optimizer dtype equal to the bf16 model dtype NeMo's
   ``setup_optimization`` sets ``store_params=False`` (the bf16 parameters are the master: 0
   B) and Adam's two moments are bf16 (4 B per parameter instead of 8);
-- MLPerf rows with no VP in the table: VP 12, the v3.0 NVIDIA configuration
-  (``experiments/validate_mlperf.py``).
+- MLPerf rows: the submissions' own configuration, ``recipe="mlperf-gpt3"``, and the
+  benchmark's evaluations inside the timed run, exactly as ``experiments/validate_mlperf.py``
+  predicts them; rows with no VP in the table: VP 12, the v3.0 NVIDIA configuration.
 
 Nothing is fitted here: the MAPE is out-of-sample (the H100 constants come from
 microbenchmarks, ``experiments/calibrate.py``). Writes ``experiments/out/validate_recipes.csv``
@@ -51,6 +52,7 @@ import hw_db  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "experiments"))
 from common import OUT, anchor_dir  # noqa: E402
+import validate_mlperf as v30  # noqa: E402
 
 ANCHORS = anchor_dir("training")
 MODELS = {"GPT3-5B": "gpt3-5b", "GPT3-20B": "gpt3-20b", "GPT3-175B": "gpt3-175b",
@@ -100,7 +102,7 @@ def rows(quick=False):
         if pd.isna(r["tp"]) or quick:
             continue
         n = int(r["n_accelerators"])
-        assumed = ["dropout none (MLPerf config)"]
+        assumed = ["recipe mlperf-gpt3 + evaluations (validate_mlperf.py)"]
         if pd.isna(r["vp"]):
             assumed.append("vp=12 (v3.0 config)")
         out.append(dict(source=f"mlperf-{r['mlperf_round']}",
@@ -120,6 +122,8 @@ def evaluate(row):
     par = jm.Parallelism(dp=n // (tp * pp * cp), tp=tp, pp=pp, cp=cp, micro_batch=row["mb"],
                          interleave=vp, schedule=schedule)
     finetune = jm.lora(32) if row["task"] == "LoRA" else None
+    if row["source"].startswith("mlperf"):
+        return _mlperf(row, system, par)
     rcp = jm.recipe("nemo-24.07-sft" if row["task"] == "SFT" else "nemo-24.07",
                     dropout=row["dropout"])
     if "recompute" in row:
@@ -133,6 +137,21 @@ def evaluate(row):
     rec = dict(row, assumed="; ".join(row["assumed"]),
                predicted=float(r.tokens_per_s) / n, feasible=bool(r.feasible),
                reason=jm.reason_name(int(r.reason)), memory_gib=float(r.memory_bytes) / 2**30)
+    rec.update({f"mem_{k}_gib": float(v) / 2**30 for k, v in r.memory.items()})
+    rec["err_pct"] = 100 * (rec["predicted"] / rec["measured"] - 1)
+    return rec
+
+
+def _mlperf(row, system, par):
+    """An MLPerf row as ``validate_mlperf.py`` predicts it: the submissions' own configuration
+    (``recipe="mlperf-gpt3"``) and the evaluations inside the timed run."""
+    model, n = hw_db.model(row["model"]), row["gpus"]
+    par = v30.MLPERF.parallelism(par)
+    p = v30.predict(system, model, par, row["gb"], row["seq"], "fp8", dict(recipe=v30.MLPERF))
+    r = jm.train_step(system, model, par, row["gb"], row["seq"], recipe=v30.MLPERF)
+    rec = dict(row, assumed="; ".join(row["assumed"]), predicted=p["fp8_tokens_per_s"] / n,
+               feasible=bool(r.feasible), reason=jm.reason_name(int(r.reason)),
+               memory_gib=float(r.memory_bytes) / 2**30)
     rec.update({f"mem_{k}_gib": float(v) / 2**30 for k, v in r.memory.items()})
     rec["err_pct"] = 100 * (rec["predicted"] / rec["measured"] - 1)
     return rec

@@ -17,8 +17,11 @@ def test_recipe_tables_overrides_and_errors():
         jm.recipe("nemo")
     with pytest.raises(ValueError, match="'zeroo'"):
         jm.recipe("deepspeed", zeroo=1)
-    for name in ("nemo-24.07-sft", "megatron-2021", "torchtitan", "deepspeed"):
+    for name in ("nemo-24.07-sft", "mlperf-gpt3", "megatron-2021", "torchtitan", "deepspeed"):
         assert jm.recipe(name).source
+    ml = jm.recipe("mlperf-gpt3")   # ACT_CKPT_GRANULARITY=null, OVERLAP_P2P_COMM=True
+    assert ml.plan["recompute"] == "none" and ml.step["pp_overlap"] == 1
+    assert ml.plan["flash_attention"] == "fa2" and ml.step["tp_overlap"] == 1
 
 
 def test_merge_keeps_non_default_caller_values():

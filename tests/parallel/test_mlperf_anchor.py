@@ -45,3 +45,11 @@ def test_mlperf_scale_fp8_tokens_per_s(tmp_path):
     assert np.all(np.isfinite(df.fp8_tokens_per_s))
     assert float(np.mean(np.abs(df.fp8_err_pct))) <= 10.0, df.to_string()
     assert float(np.max(np.abs(df[df.gpus >= 10_000].fp8_err_pct))) <= 15.0, df.to_string()
+
+
+def test_mlperf_evaluation_overhead_hand_values():
+    """⌈5662/GBS⌉ forward-only batches every ⌈24576/GBS⌉ steps (config_common.sh): at GBS
+    1536, 4 batches every 16 steps; at 2688, 3 every 10 (10 × 2688 = 26,880 sequences)."""
+    assert validate_mlperf.evaluation_overhead(1536, 1 / 3) == pytest.approx(4 / 16 / 3)
+    assert validate_mlperf.evaluation_overhead(2688, 0.3) == pytest.approx(3 * 0.3 / 10)
+    assert validate_mlperf.evaluation_overhead(24576, 0.5) == pytest.approx(0.5)
