@@ -111,7 +111,7 @@ def _serving(system: System, model: Model, par: Parallelism, batch, prompt_len, 
     from jaxmodel.workload import layer as _layer
     if n_layers is not None:
         model = dataclasses.replace(model, n_layers=n_layers)
-    return inference_single(system, model, par, batch, prompt_len, gen_len, gemm,
+    return inference_single(system, model, par, batch, prompt_len, gen_len, gemm=gemm,
                             variant=_layer.ANY if variant is None else variant,
                             memory_rule=False, precision=precision)
 
