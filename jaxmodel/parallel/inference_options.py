@@ -58,8 +58,10 @@ jax.tree_util.register_dataclass(
 @dataclasses.dataclass(frozen=True)
 class InferenceStatics:
     """Static switches of an inference step's graph, fixed once at the API edge (Python
-    values: part of a compilation's cache key, never traced — registered as a pytree without
-    leaves, so the integer ``kv_samples`` stays a Python int inside a batched call).
+    values: part of a compilation's cache key, never traced). ``gemm``, ``variant`` and
+    ``memory_rule`` are pytree leaves that the batching keeps static (a function, booleans;
+    :func:`jaxmodel.batching.is_static`), ``kv_samples`` is the pytree's metadata, so the
+    integer stays a Python int inside a batched call.
 
     Attributes:
         gemm: GEMM latency function ``(dev, m, n, k, batch, dtype_bytes) -> s``; None = the
@@ -83,7 +85,6 @@ class InferenceStatics:
 
 
 jax.tree_util.register_dataclass(
-    InferenceStatics, data_fields=[],
-    meta_fields=[f.name for f in dataclasses.fields(InferenceStatics)])
+    InferenceStatics, data_fields=["gemm", "variant", "memory_rule"], meta_fields=["kv_samples"])
 
 __all__ = ["InferenceOptions", "InferenceStatics", "KV_SAMPLES"]

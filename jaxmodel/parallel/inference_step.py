@@ -66,13 +66,13 @@ from jaxmodel import speculative as _spec
 from jaxmodel.batching import batch_shape, batched
 from jaxmodel.numerics import INF, first_reason, reason_name
 from jaxmodel.parallel import plan as _plan
-from jaxmodel.parallel.inference_options import (KV_SAMPLES, InferenceOptions,
-                                                 InferenceStatics)
+from jaxmodel.parallel.inference_options import (  # noqa: F401  (KV_SAMPLES: kept here)
+    KV_SAMPLES, InferenceOptions, InferenceStatics)
 from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_args,
                             validate_knobs)
 from jaxmodel.workload.embedding import serving_embedding, serving_head
-from jaxmodel.workload.layer import (LAYER_OPS, Variant, default_gemm, layer_times,
-                                     runtime_inputs, variant_of)
+from jaxmodel.workload.layer import (LAYER_OPS, LayerOptions, Variant, Work, default_gemm,
+                                     layer_times, runtime_inputs, variant_of)
 from jaxmodel.workload.memory import (inference_memory_single, kv_cache_bytes_single,
                                       usable_memory)
 from jaxmodel.workload.params import params_per_device
@@ -215,8 +215,8 @@ def _draft_costs(c: _Ctx, k, spec, one_tok, pre):
         dm = spec.draft
         is_dm = jnp.abs(spec.method - 1.0) < 0.5
         f = jnp.result_type(float)
-        st = jax.vmap(lambda s, kv: layer_times(c.system, dm, par, mb, s, "decode", kv, c.gemm,
-                                                precision=prec, runtime=c.rt))(
+        st = jax.vmap(lambda s, kv: layer_times(c.system, dm, par, Work(mb, s, "decode", kv),
+                                                LayerOptions(c.gemm, prec, runtime=c.rt)))(
             jnp.stack([prompt, jnp.ones_like(prompt)]),
             jnp.stack([jnp.zeros_like(prompt), prompt + 0.5 * c.gen]).astype(f))
         lk_p, ar_p = serving_embedding(c.at(False), dm, par, mb * prompt, dtype_s)
@@ -252,10 +252,9 @@ def _layer_steps(c: _Ctx, kv_samples: int, spec):
     if spec is not None:
         lanes_new.append(jnp.ones_like(prompt))
         lanes_kv.append(prompt + 0.5 * span)
-    steps = jax.vmap(lambda s, kv: layer_times(c.system, c.model, c.par, c.mb, s, "decode", kv,
-                                               c.gemm, variant=c.variant, precision=c.prec,
-                                               runtime=c.rt))(jnp.stack(lanes_new),
-                                                              jnp.stack(lanes_kv))
+    steps = jax.vmap(lambda s, kv: layer_times(
+        c.system, c.model, c.par, Work(c.mb, s, "decode", kv),
+        LayerOptions(c.gemm, c.prec, c.variant, c.rt)))(jnp.stack(lanes_new), jnp.stack(lanes_kv))
     return steps, k_d, per_step
 
 

@@ -13,6 +13,7 @@ import pytest
 
 import jaxmodel as jm
 import hw_db
+from jaxmodel.batching import is_static
 from jaxmodel.numerics import reason_code
 from jaxmodel.parallel.inference_step import InferenceResult, inference
 from testkit import roofline_gemm, small_model
@@ -208,9 +209,10 @@ def test_micro_batches_jit_matches_eager_and_vmap_matches_loop():
 
 
 def test_inference_statics_are_static_and_single_rejects_unknown_keywords():
-    # the statics carry no traced leaf (kv_samples stays a Python int in a batched call);
+    # the statics carry no numeric leaf (kv_samples stays a Python int in a batched call);
     # every option is a leaf
-    assert jax.tree_util.tree_leaves(jm.InferenceStatics(gemm=roofline_gemm)) == []
+    leaves = jax.tree_util.tree_leaves(jm.InferenceStatics(gemm=roofline_gemm, kv_samples=5))
+    assert all(is_static(x) for x in leaves) and 5 not in leaves
     assert len(jax.tree_util.tree_leaves(jm.InferenceOptions(8, 512, 64))) == 4
     with pytest.raises(TypeError, match="kv_sample"):
         jm.inference.single(SYSTEM, M, TP4, 8, 512, 64, kv_sample=4)
