@@ -456,21 +456,22 @@ def _inference_point(system, model, par, options, precision, runtime, speculativ
                                speculative=speculative, statics=statics)(options)
 
 
-#: The keywords of :func:`inference_single` beyond the options and the factory's arguments.
+#: The fields of :class:`InferenceStatics` (:func:`inference_single` takes them as keywords).
 _STATIC_KEYS = tuple(f.name for f in dataclasses.fields(InferenceStatics))
 
 
 def inference_single(system: System, model: Model, par: Parallelism, batch, prompt_len,
-                     gen_len, **knobs) -> InferenceResult:
+                     gen_len, gemm=None, **knobs) -> InferenceResult:
     """Single-configuration body of :func:`inference` (use inside other formulas):
     ``make_inference_step(system, model, par, ...)(InferenceOptions(batch, prompt_len,
     gen_len, micro_batches))``.
 
+    ``gemm``: the GEMM function of :func:`inference` (static; None = the tile search).
     ``knobs``: ``micro_batches`` (see :func:`inference`); ``precision`` (and the legacy
     ``dtype_bytes``, :func:`jaxmodel.precisions.resolve`), ``runtime`` (a
     :class:`jaxmodel.Runtime`, a preset name or None: eager, as LLMCompass),
-    ``speculative``; and the static ``gemm``, ``variant``, ``kv_samples`` and
-    ``memory_rule`` of :class:`~jaxmodel.parallel.inference_options.InferenceStatics`.
+    ``speculative``; and the static ``variant``, ``kv_samples`` and ``memory_rule`` of
+    :class:`~jaxmodel.parallel.inference_options.InferenceStatics`.
     ``memory_rule=False`` leaves out the last rule, ``out_of_memory``: the times of a plan
     that does not fit stay finite (co-design objectives penalise the memory smoothly); every
     other rule still applies.
@@ -478,13 +479,13 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
     Raises:
         TypeError: an unknown keyword (named).
     """
-    known = set(_STATIC_KEYS) | {"micro_batches", "precision", "dtype_bytes", "runtime",
-                                 "speculative"}
+    known = (set(_STATIC_KEYS) - {"gemm"}) | {"micro_batches", "precision", "dtype_bytes",
+                                             "runtime", "speculative"}
     unknown = sorted(set(knobs) - known)
     if unknown:
         raise TypeError(f"inference_single: unknown keyword(s) {unknown}; known "
                         f"{sorted(known)}")
-    statics = InferenceStatics(**{k: knobs[k] for k in _STATIC_KEYS if k in knobs})
+    statics = InferenceStatics(gemm, **{k: knobs[k] for k in _STATIC_KEYS if k in knobs})
     step = make_inference_step(
         system, model, par, precision=_prec.resolve(knobs.get("precision"),
                                                     knobs.get("dtype_bytes")),
