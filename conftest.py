@@ -19,6 +19,7 @@ SLOW_DOCTESTS = (
     "jaxmodel.parallel.train.make_train_step",
     "jaxmodel.search.objectives",
     "jaxmodel.parallel.inference_step.inference",
+    "jaxmodel.parallel.inference_step.make_inference_step",
     "jaxmodel.parallel.gemm_table",
     "jaxmodel.serving.serving_costs",
     "jaxmodel.serving.continuous_batching",

@@ -35,7 +35,7 @@ import pandas as pd
 
 import jaxmodel as jm  # noqa: I001
 import hw_db
-from jaxmodel.workload.layer import LAYER_OPS
+from jaxmodel.workload.layer import LAYER_OPS, Work
 
 from common import OUT  # noqa: E402
 KIB, MIB = 1024.0, 2.0 ** 20
@@ -59,7 +59,7 @@ def _table4_designs():
 
 def layer(system, model, par, batch, seq_len, phase, kv_len):
     """One layer's op latencies (single config; ``jm.sweep`` batches it)."""
-    return jm.layer_breakdown.single(system, model, par, batch, seq_len, phase, kv_len)
+    return jm.layer_breakdown.single(system, model, par, Work(batch, seq_len, phase, kv_len))
 
 
 def sweep_layer(system, model, par, grid=None):

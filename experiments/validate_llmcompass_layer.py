@@ -41,7 +41,7 @@ BATCH, PROMPT, KV = 8, 2048, 3072
 
 def anchors_dir() -> Path:
     """The repository's ``validation/anchors``."""
-    return anchor_dir()
+    return anchor_dir("llmcompass_measured")
 
 
 def measured(name: str) -> np.ndarray:

@@ -48,7 +48,8 @@ from jaxmodel.workload import (  # noqa: E402
                                qlora, training_layer_times, training_memory)
 from jaxmodel.parallel import (  # noqa: E402
                                inference, InferenceResult, train_step, TrainResult,
-                               make_train_step, TrainOptions, TrainStatics)
+                               make_train_step, TrainOptions, TrainStatics,
+                               make_inference_step, InferenceOptions, InferenceStatics)
 from jaxmodel.cost import (  # noqa: E402
                            TCO, chiplet_cost, chiplet_system_cost, ChipletCost, ChipletSystem,
                            device_cost, DeviceCost, die_area, die_cost, dies_per_wafer,
@@ -72,7 +73,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ACTIVATIONS", "ALGORITHMS", "ALGORITHM_CODES", "ATTENTIONS", "AUTO_ALGORITHM", "ChipletCost",
     "ChipletSystem", "CodesignResult", "DTYPES", "Device", "DeviceCost", "FA_VERSIONS",
-    "InferenceResult", "LAYER_OPS", "LaunchConfig", "LinkTech", "LoRA", "MOE_OPS", "Model",
+    "InferenceOptions", "InferenceResult", "InferenceStatics", "LAYER_OPS", "LaunchConfig", "LinkTech", "LoRA", "MOE_OPS", "Model",
     "NetLevel", "NetVariant", "OPS", "OfflineResult", "PRESETS", "Parallelism", "Precision",
     "REASONS", "RECIPES", "RECOMPUTE", "RUNTIMES", "Recipe", "Runtime", "SCHEDULES", "SRAMTech",
     "ServingCosts", "ServingResult", "Speculative", "System", "SystemCost", "TCO", "TOPOLOGIES",
@@ -87,7 +88,7 @@ __all__ = [
     "flash_attention_latency", "flash_attention_rows", "flash_attention_tiles", "gelu_latency",
     "gemm_latency", "gemm_roofline", "inference", "inference_energy", "inference_memory",
     "kv_cache_bytes", "layer_breakdown", "layernorm_latency", "load_chiplet_system",
-    "load_deepflow_config", "load_library", "lora", "make_train_step", "memory_breakdown", "model_flops_per_token",
+    "load_deepflow_config", "load_library", "lora", "make_inference_step", "make_train_step", "memory_breakdown", "model_flops_per_token",
     "moe_dims", "moe_feasibility", "moe_layer_fraction", "moe_layer_times",
     "negative_binomial_yield", "net_variant_of", "offline_throughput", "ops_feasible",
     "param_count", "params_per_device", "precision", "qlora", "reason_name", "recipe",

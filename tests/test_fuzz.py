@@ -29,6 +29,7 @@ import pytest
 import hw_db
 import jaxmodel as jm
 from jaxmodel import numerics as nx
+from jaxmodel.workload.layer import Work
 
 SEED = 20_26_11_24
 N_DEVICES = 50_000        # operators and cost model (62,500 with the overflowing quarter)
@@ -479,7 +480,7 @@ def _plan_grads_uncached(grad_devices, which):
                                  4.0))
 
     def layer(s, mdl, b):
-        return jm.layer_breakdown.single(s, mdl, par, b, 128.0)["total"]
+        return jm.layer_breakdown.single(s, mdl, par, Work(b, 128.0))["total"]
 
     def ttft(s, mdl, b):
         return jm.inference.single(s, mdl, par, b * 4.0, 128.0, 8.0).ttft_s

@@ -17,7 +17,7 @@ import hw_db
 import jaxmodel as jm
 from jaxmodel import serving_runtime as rtp
 from jaxmodel.ops.attention import flash_attention_latency, flash_attention_rows
-from jaxmodel.workload.layer import layer_times
+from jaxmodel.workload.layer import LayerOptions, Work, layer_times
 from testkit import roofline_gemm, small_model
 
 SYSTEM = hw_db.system("hgx_a100_4gpu")
@@ -35,7 +35,7 @@ TP1 = jm.Parallelism(tp=1)
 
 
 def layer(m, rt, phase="decode", s=1.0, kv=512.0, b=8.0, par=TP1):
-    return layer_times(SYSTEM, m, par, b, s, phase, kv, roofline_gemm, runtime=rt)
+    return layer_times(SYSTEM, m, par, Work(b, s, phase, kv), LayerOptions(roofline_gemm, runtime=rt))
 
 
 def test_presets_and_names():
@@ -257,8 +257,8 @@ def test_chunked_layers_decode_by_the_per_query_head_kernel_under_trtllm_v1():
     par = jm.Parallelism(tp=4)
 
     def attn(m, rt):
-        t = layer_times(SYSTEM, m, par, 64.0, 1.0, "decode", 2047.0, roofline_gemm,
-                        runtime=rt)
+        t = layer_times(SYSTEM, m, par, Work(64.0, 1.0, "decode", 2047.0),
+                        LayerOptions(roofline_gemm, runtime=rt))
         return float(t["qk"] + t["av"] + t["softmax"])
 
     a_v1, a_packed, a_head = attn(scout, v1), attn(scout, packed), attn(scout, per_head)

@@ -78,7 +78,8 @@ def test_add_a_model_feature(qk_norm):
         jm.validate_model(dataclasses.replace(qk_norm, qk_norm=2.0))
     # one traced call over a batch of the new leaf (Convention 1): feature off and on
     rows = jax.jit(jax.vmap(lambda q: L.layer_times(
-        system, dataclasses.replace(qk_norm, qk_norm=q), par, 4.0, 512.0, gemm=_roofline)))(
+        system, dataclasses.replace(qk_norm, qk_norm=q), par, L.Work(4.0, 512.0),
+        L.LayerOptions(_roofline))))(
         jnp.array([0.0, 1.0]))
     off, on = ({k: float(v[i]) for k, v in rows.items()} for i in (0, 1))
     heads, kv = float(qk_norm.n_heads) / 8, float(qk_norm.n_kv_heads) / 8

@@ -63,6 +63,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax.numpy as jnp
 
 from jaxmodel import numerics as nx
@@ -244,14 +246,40 @@ def _flash_traffic(dev, k, nkv, d, w):
             "grouped": grouped}
 
 
-def _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None, causal=1.0,
-                  dropout=0.0, version=1.0, dtype_bytes=2.0, overhead=True):
+class AttentionShape(NamedTuple):
+    """One attention call's problem on one device: ``batch`` sequences, ``heads`` query heads
+    and ``kv_heads`` KV heads (None = ``heads``), ``q_len`` queries and ``kv_len`` keys per
+    sequence, ``head_dim`` (counts; :func:`flash_attention_latency`)."""
+
+    batch: Any
+    heads: Any
+    q_len: Any
+    kv_len: Any
+    head_dim: Any
+    kv_heads: Any = None
+
+
+class FlashKernel(NamedTuple):
+    """How a FlashAttention call runs: ``causal`` mask (1/0), attention ``dropout``
+    probability, ``version`` code (1 FA-1, 2 FA-2), ``dtype_bytes`` per element of Q, K, V,
+    O and ``overhead`` (one launch overhead per kernel; :func:`flash_attention_latency`)."""
+
+    causal: Any = 1.0
+    dropout: Any = 0.0
+    version: Any = 1.0
+    dtype_bytes: Any = 2.0
+    overhead: bool = True
+
+
+def _flash_single(dev, shape: AttentionShape, kernel: FlashKernel = FlashKernel()):
     """Single-configuration body of :func:`flash_attention_latency`.
 
     Both versions are evaluated along a length-2 axis (FA-1, FA-2) in one trace
     (:func:`_flash_work`, :func:`_flash_compute`, :func:`_flash_traffic`) and the one named
     by the ``version`` code is returned.
     """
+    batch, heads, q_len, kv_len, head_dim, kv_heads = shape
+    causal, dropout, version, dtype_bytes, overhead = kernel
     kv_heads = heads if kv_heads is None else kv_heads
     ok = (_device_ok(dev) & (batch > 0) & (heads > 0) & (kv_heads > 0) & (q_len > 0)
           & (kv_len > 0) & (head_dim > 0) & (dtype_bytes > 0))
@@ -326,16 +354,13 @@ def flash_attention_latency(dev, batch, heads, q_len, kv_len, head_dim, kv_heads
         >>> float(r["gemm"] + r["pointwise"]) > float(r["load"] + r["store"])  # compute-bound
         True
     """
-    return _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, causal,
-                         dropout, version, dtype_bytes, overhead)
+    return _flash_single(dev, AttentionShape(batch, heads, q_len, kv_len, head_dim, kv_heads),
+                         FlashKernel(causal, dropout, version, dtype_bytes, overhead))
 
 
-flash_attention_latency.single = _flash_single
-
-
-def _standard_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None, dropout=0.0,
-                     dtype_bytes=2.0, overhead=True):
+def _standard_single(dev, shape: AttentionShape, dropout=0.0, dtype_bytes=2.0, overhead=True):
     """Single-configuration body of :func:`standard_attention_latency`."""
+    batch, heads, q_len, kv_len, head_dim, kv_heads = shape
     kv_heads = heads if kv_heads is None else kv_heads
     ok = ((batch > 0) & (heads > 0) & (kv_heads > 0) & (q_len > 0) & (kv_len > 0)
           & (head_dim > 0))
@@ -396,11 +421,8 @@ def standard_attention_latency(dev, batch, heads, q_len, kv_len, head_dim, kv_he
     Example:
         >>> r = standard_attention_latency(hw_db.device("a100_40gb"), 8, 12, 1024, 1024, 64)
     """
-    return _standard_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, dropout,
-                            dtype_bytes, overhead)
-
-
-standard_attention_latency.single = _standard_single
+    return _standard_single(dev, AttentionShape(batch, heads, q_len, kv_len, head_dim,
+                                                kv_heads), dropout, dtype_bytes, overhead)
 
 
 def flash_attention_rows(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, version=1.0,
@@ -427,8 +449,8 @@ def flash_attention_rows(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, v
     version = jnp.where(decoding & share_kv, jnp.maximum(version, 2.0), version)
     # per-query-head decode kernel: every query head is a unit reading its KV head's cache
     kv_heads = jnp.where(decoding & ~jnp.asarray(share_kv), heads, kv_heads)
-    r = _flash_single(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, 1.0, 0.0,
-                      version, dtype_bytes, True)
+    r = _flash_single(dev, AttentionShape(batch, heads, q_len, kv_len, head_dim, kv_heads),
+                      FlashKernel(1.0, 0.0, version, dtype_bytes, True))
     fwd = {"qk": r["load"] + r["gemm_qk"], "softmax": r["pointwise"] + r["overhead"],
            "av": r["gemm_pv"] + r["store"]}
     bwd = {"qk": r["load_bwd"] + r["gemm_qk_bwd"],

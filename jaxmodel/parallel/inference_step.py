@@ -54,7 +54,7 @@ Units: seconds, bytes, tokens/s.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -66,20 +66,18 @@ from jaxmodel import speculative as _spec
 from jaxmodel.batching import batch_shape, batched
 from jaxmodel.numerics import INF, first_reason, reason_name
 from jaxmodel.parallel import plan as _plan
+from jaxmodel.parallel.inference_options import (  # noqa: F401  (KV_SAMPLES: kept here)
+    KV_SAMPLES, InferenceOptions, InferenceStatics)
 from jaxmodel.types import (Model, Parallelism, System, is_concrete, validate_args,
                             validate_knobs)
 from jaxmodel.workload.embedding import serving_embedding, serving_head
-from jaxmodel.workload.layer import (ANY, LAYER_OPS, Variant, default_gemm, layer_times,
-                                     runtime_inputs, variant_of)
+from jaxmodel.workload.layer import (LAYER_OPS, LayerOptions, Variant, Work, default_gemm,
+                                     layer_times, runtime_inputs, variant_of)
 from jaxmodel.workload.memory import (inference_memory_single, kv_cache_bytes_single,
                                       usable_memory)
 from jaxmodel.workload.params import params_per_device
 from jaxmodel.workload.moe import MOE_OPS
 from jaxmodel import precisions as _prec
-
-#: Decode steps sampled over the KV growth for ``tpot_s``.
-KV_SAMPLES = 3
-
 
 @dataclasses.dataclass(frozen=True)
 class InferenceResult:
@@ -217,8 +215,8 @@ def _draft_costs(c: _Ctx, k, spec, one_tok, pre):
         dm = spec.draft
         is_dm = jnp.abs(spec.method - 1.0) < 0.5
         f = jnp.result_type(float)
-        st = jax.vmap(lambda s, kv: layer_times(c.system, dm, par, mb, s, "decode", kv, c.gemm,
-                                                precision=prec, runtime=c.rt))(
+        st = jax.vmap(lambda s, kv: layer_times(c.system, dm, par, Work(mb, s, "decode", kv),
+                                                LayerOptions(c.gemm, prec, runtime=c.rt)))(
             jnp.stack([prompt, jnp.ones_like(prompt)]),
             jnp.stack([jnp.zeros_like(prompt), prompt + 0.5 * c.gen]).astype(f))
         lk_p, ar_p = serving_embedding(c.at(False), dm, par, mb * prompt, dtype_s)
@@ -254,10 +252,9 @@ def _layer_steps(c: _Ctx, kv_samples: int, spec):
     if spec is not None:
         lanes_new.append(jnp.ones_like(prompt))
         lanes_kv.append(prompt + 0.5 * span)
-    steps = jax.vmap(lambda s, kv: layer_times(c.system, c.model, c.par, c.mb, s, "decode", kv,
-                                               c.gemm, variant=c.variant, precision=c.prec,
-                                               runtime=c.rt))(jnp.stack(lanes_new),
-                                                              jnp.stack(lanes_kv))
+    steps = jax.vmap(lambda s, kv: layer_times(
+        c.system, c.model, c.par, Work(c.mb, s, "decode", kv),
+        LayerOptions(c.gemm, c.prec, c.variant, c.rt)))(jnp.stack(lanes_new), jnp.stack(lanes_kv))
     return steps, k_d, per_step
 
 
@@ -335,18 +332,54 @@ def _rules(c: _Ctx, checks, pre, dec, e, mem, memory_rule: bool):
     return first_reason(rules)
 
 
-def inference_single(system: System, model: Model, par: Parallelism, batch, prompt_len,
-                     gen_len, gemm=None, dtype_bytes=None, kv_samples: int = KV_SAMPLES,
-                     variant: Variant = ANY, memory_rule: bool = True, precision=None,
-                     runtime=None, micro_batches=1.0, speculative=None):
-    """Single-configuration body of :func:`inference` (use inside other formulas).
+def make_inference_step(system: System, model: Model, par: Parallelism, *, precision=None,
+                        runtime=None, speculative=None,
+                        statics: InferenceStatics = InferenceStatics()
+                        ) -> Callable[[InferenceOptions], InferenceResult]:
+    """The inference of one configuration as a pure function of its batched knobs.
 
-    ``memory_rule=False`` (static) leaves out the last rule, ``out_of_memory``: the times of a
-    plan that does not fit stay finite (co-design objectives penalise the memory smoothly);
-    every other rule still applies. ``runtime``: a :class:`jaxmodel.Runtime`, a preset name
-    or None (eager, as LLMCompass). ``micro_batches``: see :func:`inference`.
+    Fixes ``system``, ``model``, the plan ``par``, the precision, the serving runtime, the
+    speculative proposer and the static graph switches once and returns
+    ``step(options) -> InferenceResult`` for an
+    :class:`~jaxmodel.parallel.inference_options.InferenceOptions` (batch, prompt and
+    generated tokens, micro-batches; module docstring). Every leaf is traceable: ``jax.jit``,
+    ``jax.grad`` and ``jax.vmap`` apply to ``step`` and to the factory's arguments alike (the
+    factory may be called inside a traced function); :func:`inference` batches exactly this
+    function.
+
+    Args:
+        system, model, par: one configuration (scalar leaves).
+        precision: preset name or :class:`jaxmodel.Precision` (default ``"bf16"``).
+        runtime: serving runtime, a preset name or a :class:`jaxmodel.Runtime`; None = eager,
+            as LLMCompass (:func:`inference`).
+        speculative: None or a :class:`jaxmodel.Speculative` (:func:`inference`).
+        statics: :class:`~jaxmodel.parallel.inference_options.InferenceStatics` (GEMM hook,
+            op-graph variant, KV samples, the memory rule; default every branch).
+
+    Example:
+        >>> step = jm.make_inference_step(hw_db.system("hgx_a100_4gpu"),
+        ...                               hw_db.model("llama2-13b"), jm.Parallelism(tp=4))
+        >>> r = jax.jit(step)(jm.InferenceOptions(batch=8, prompt_len=2048, gen_len=256))
+        >>> float(r.ttft_s), float(r.tpot_s), bool(r.feasible)
+        (0.642, 0.0173, True)
     """
-    prec = _prec.resolve(precision, dtype_bytes)
+    prec = _prec.precision(precision)
+    rt = _rtp.runtime_arg(runtime)
+    spec = _spec.speculative_arg(speculative)
+
+    def step(options: InferenceOptions) -> InferenceResult:
+        return _step(system, model, par, options, prec, rt, spec, statics)
+
+    return step
+
+
+def _step(system, model, par, options: InferenceOptions, prec, runtime, speculative,
+          statics: InferenceStatics) -> InferenceResult:
+    """:func:`make_inference_step`'s step on one configuration (module docstring);
+    ``runtime`` and ``speculative`` as the factory resolved them."""
+    batch, prompt_len, gen_len = options.batch, options.prompt_len, options.gen_len
+    micro_batches, gemm, variant = options.micro_batches, statics.gemm, statics.variant
+    kv_samples, memory_rule = statics.kv_samples, statics.memory_rule
     f = jnp.result_type(float)
     batch, prompt_len, gen_len, dtype_bytes = (jnp.asarray(x, dtype=f) for x in (
         batch, prompt_len, gen_len, prec.act_bytes))
@@ -416,25 +449,48 @@ def inference_single(system: System, model: Model, par: Parallelism, batch, prom
         memory_bytes=mem["total"], feasible=feasible, reason=reason, breakdown=breakdown)
 
 
-class _Options(NamedTuple):
-    """The options of one :func:`inference` call, passed through the batched body as one
-    argument: the GEMM function, the precision, the static variant, the runtime, the
-    micro-batches and the speculative proposer."""
-
-    gemm: Any
-    precision: Any
-    variant: Variant
-    runtime: Any
-    micro_batches: Any
-    speculative: Any
+def _inference_point(system, model, par, options, precision, runtime, speculative, statics):
+    """:func:`make_inference_step`'s step on one configuration (what :func:`inference`
+    batches)."""
+    return make_inference_step(system, model, par, precision=precision, runtime=runtime,
+                               speculative=speculative, statics=statics)(options)
 
 
-@batched
-def _inference(system, model, par, batch, prompt_len, gen_len, opts: _Options):
-    return inference_single(system, model, par, batch, prompt_len, gen_len, opts.gemm,
-                            variant=opts.variant, precision=opts.precision,
-                            runtime=opts.runtime, micro_batches=opts.micro_batches,
-                            speculative=opts.speculative)
+#: The fields of :class:`InferenceStatics` (:func:`inference_single` takes them as keywords).
+_STATIC_KEYS = tuple(f.name for f in dataclasses.fields(InferenceStatics))
+
+
+def inference_single(system: System, model: Model, par: Parallelism, batch, prompt_len,
+                     gen_len, gemm=None, **knobs) -> InferenceResult:
+    """Single-configuration body of :func:`inference` (use inside other formulas):
+    ``make_inference_step(system, model, par, ...)(InferenceOptions(batch, prompt_len,
+    gen_len, micro_batches))``.
+
+    ``gemm``: the GEMM function of :func:`inference` (static; None = the tile search).
+    ``knobs``: ``micro_batches`` (see :func:`inference`); ``precision`` (and the legacy
+    ``dtype_bytes``, :func:`jaxmodel.precisions.resolve`), ``runtime`` (a
+    :class:`jaxmodel.Runtime`, a preset name or None: eager, as LLMCompass),
+    ``speculative``; and the static ``variant``, ``kv_samples`` and ``memory_rule`` of
+    :class:`~jaxmodel.parallel.inference_options.InferenceStatics`.
+    ``memory_rule=False`` leaves out the last rule, ``out_of_memory``: the times of a plan
+    that does not fit stay finite (co-design objectives penalise the memory smoothly); every
+    other rule still applies.
+
+    Raises:
+        TypeError: an unknown keyword (named).
+    """
+    known = (set(_STATIC_KEYS) - {"gemm"}) | {"micro_batches", "precision", "dtype_bytes",
+                                             "runtime", "speculative"}
+    unknown = sorted(set(knobs) - known)
+    if unknown:
+        raise TypeError(f"inference_single: unknown keyword(s) {unknown}; known "
+                        f"{sorted(known)}")
+    statics = InferenceStatics(gemm, **{k: knobs[k] for k in _STATIC_KEYS if k in knobs})
+    step = make_inference_step(
+        system, model, par, precision=_prec.resolve(knobs.get("precision"),
+                                                    knobs.get("dtype_bytes")),
+        runtime=knobs.get("runtime"), speculative=knobs.get("speculative"), statics=statics)
+    return step(InferenceOptions(batch, prompt_len, gen_len, knobs.get("micro_batches", 1.0)))
 
 
 def inference(system: System, model: Model, par: Parallelism, batch, prompt_len, gen_len,
@@ -485,7 +541,7 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
         >>> r = jm.inference(hw_db.system("hgx_a100_4gpu"), hw_db.model("llama2-13b"),
         ...                  jm.Parallelism(tp=4), batch=8, prompt_len=2048, gen_len=256)
         >>> float(r.ttft_s), float(r.tpot_s), bool(r.feasible)
-        (0.607, 0.0222, True)
+        (0.642, 0.0173, True)
     """
     prec = _prec.resolve(precision, dtype_bytes)
     if is_concrete(system, model, par, batch, prompt_len, gen_len, prec) and batch_shape(
@@ -505,9 +561,9 @@ def inference(system: System, model: Model, par: Parallelism, batch, prompt_len,
     spec = _spec.speculative_arg(speculative)
     if spec is not None and is_concrete(spec):
         _spec.validate_speculative(spec, where="inference")
-    return _inference(system, model, par, batch, prompt_len, gen_len,
-                      _Options(gemm, prec, variant_of(model, par, system), rt, micro_batches,
-                               spec))
+    return batched(_inference_point)(
+        system, model, par, InferenceOptions(batch, prompt_len, gen_len, micro_batches), prec,
+        rt, spec, InferenceStatics(gemm, variant_of(model, par, system)))
 
 
 inference.single = inference_single

@@ -101,39 +101,48 @@ def apply_knobs(system: System, params: Mapping[str, Any]) -> System:
     return dataclasses.replace(system, device=dataclasses.replace(dev, **upd), levels=levels)
 
 
-def _serving(system: System, model: Model, par: Parallelism, batch, prompt_len, gen_len,
-             n_layers=None, gemm=None, variant=None, precision=None):
-    """:func:`jaxmodel.inference`'s single-configuration body on the served workload, with
-    every rule but memory (the objectives penalise memory smoothly). ``n_layers`` serves
-    that many layers of the model (all by default); ``precision`` a preset name or
-    :class:`jaxmodel.Precision` (default ``"bf16"``)."""
+#: The served workload of an objective (a spec's ``[workload]`` table) and its defaults:
+#: ``batch``, ``prompt_len``, ``gen_len`` as :func:`jaxmodel.inference` takes them
+#: (``batch`` over the plan's ``dp`` replicas), ``n_layers`` (serve that many layers of the
+#: model; None = all) and ``precision`` (preset name or :class:`jaxmodel.Precision` of the
+#: served model: rates, weight / KV-cache bytes; None = ``"bf16"``).
+WORKLOAD_DEFAULTS = {"batch": 8.0, "prompt_len": 2048.0, "gen_len": 1024.0, "n_layers": None,
+                     "precision": None}
+
+
+def _serving(system: System, model: Model, par: Parallelism, workload: Mapping, gemm=None,
+             variant=None):
+    """:func:`jaxmodel.inference`'s single-configuration body on the served ``workload``
+    (keys of :data:`WORKLOAD_DEFAULTS`, the missing ones at their defaults), with every rule
+    but memory (the objectives penalise memory smoothly)."""
     from jaxmodel.parallel.inference_step import inference_single
     from jaxmodel.workload import layer as _layer
-    if n_layers is not None:
-        model = dataclasses.replace(model, n_layers=n_layers)
-    return inference_single(system, model, par, batch, prompt_len, gen_len, gemm,
-                            variant=_layer.ANY if variant is None else variant,
-                            memory_rule=False, precision=precision)
+    wl = {**WORKLOAD_DEFAULTS, **workload}
+    if wl["n_layers"] is not None:
+        model = dataclasses.replace(model, n_layers=wl["n_layers"])
+    return inference_single(system, model, par, wl["batch"], wl["prompt_len"], wl["gen_len"],
+                            gemm=gemm, variant=_layer.ANY if variant is None else variant,
+                            memory_rule=False, precision=wl["precision"])
 
 
 def make_objective(system: System, model: Model, par: Parallelism,
-                   kind: str = "usd_per_mtok", batch=8.0, prompt_len=2048.0, gen_len=1024.0,
-                   n_layers=None, cost_cap_usd=None, penalty=10.0, soft=None,
-                   precision=None) -> Callable:
+                   kind: str = "usd_per_mtok", *, cost_cap_usd=None, penalty=10.0, soft=None,
+                   **workload) -> Callable:
     """An objective ``f(params) -> scalar`` for :func:`jaxmodel.codesign` (lower is better).
 
     Args:
         system, model, par: the base hardware, model and (inference) parallelism.
         kind: one of :data:`OBJECTIVES` (module docstring).
-        batch, prompt_len, gen_len, n_layers: the served workload, as
-            :func:`jaxmodel.inference` takes it (``batch`` over the plan's ``dp`` replicas;
-            ``n_layers`` serves that many layers of the model, default all).
         cost_cap_usd: device cost cap of ``latency_cost_cap``.
         penalty: weight of the squared relative violation of the memory capacity (and of
             the cost cap).
         soft: optional soft-min temperature of the GEMM tile search (smoother gradients).
-        precision: preset name or :class:`jaxmodel.Precision` of the served model (rates,
-            weight / KV-cache bytes); default ``"bf16"``.
+        **workload: the served workload, the keys of :data:`WORKLOAD_DEFAULTS` (``batch``,
+            ``prompt_len``, ``gen_len``, ``n_layers``, ``precision``).
+
+    Raises:
+        ValueError: an unknown objective or workload key (named), or ``latency_cost_cap``
+            without ``cost_cap_usd``.
     """
     from jaxmodel import cost as _cost
     from jaxmodel import ops as _ops
@@ -142,6 +151,10 @@ def make_objective(system: System, model: Model, par: Parallelism,
         raise ValueError(f"codesign: objective={kind!r} is not one of {OBJECTIVES}")
     if kind == "latency_cost_cap" and cost_cap_usd is None:
         raise ValueError("codesign: objective 'latency_cost_cap' needs cost_cap_usd")
+    unknown = sorted(set(workload) - set(WORKLOAD_DEFAULTS))
+    if unknown:
+        raise ValueError(f"codesign: unknown workload key(s) {unknown}; known "
+                         f"{sorted(WORKLOAD_DEFAULTS)}")
     gemm = None
     if soft is not None:
         def gemm(dev, m, n, k, b=1.0, d=2.0):
@@ -152,8 +165,7 @@ def make_objective(system: System, model: Model, par: Parallelism,
 
     def objective(params):
         s = apply_knobs(base, params)
-        r = _serving(s, model, par, batch, prompt_len, gen_len, n_layers, gemm, variant,
-                     precision)
+        r = _serving(s, model, par, workload, gemm, variant)
         t = r.total_s
         over = jnp.maximum(r.memory_bytes / s.device.mem_capacity - 1.0, 0.0)
         fit = 1.0 + penalty * over ** 2
@@ -205,9 +217,7 @@ def _design_metrics(system, model, par, params, workload, variant):
     """Jitted body of :func:`evaluate_design` (op-by-op eager evaluation takes seconds)."""
     from jaxmodel import cost as _cost
     s = apply_knobs(system, params)
-    wl = {"batch": 8.0, "prompt_len": 2048.0, "gen_len": 1024.0, **workload}
-    t = _serving(s, model, par, wl["batch"], wl["prompt_len"], wl["gen_len"],
-                 wl.get("n_layers"), variant=variant, precision=wl.get("precision")).total_s
+    t = _serving(s, model, par, workload, variant=variant).total_s
     c = _cost.device_cost.single(s.device)
     return {"time_s": t, "device_usd": c.total_usd, "die_area_mm2": c.die_area_mm2,
             "usd_seconds": t * c.total_usd, "mem_capacity_gb": s.device.mem_capacity / 1e9,
@@ -232,7 +242,7 @@ def run_spec(spec: Mapping, steps: int | None = None) -> dict:
     model = hw_db.model(spec.get("model", "gpt3-175b"))
     par = _spec_parallelism(dict(spec.get("parallelism", {})), float(system.n_devices))
     wl = dict(spec.get("workload", {}))
-    unknown = set(wl) - {"batch", "prompt_len", "gen_len", "n_layers", "precision"}
+    unknown = set(wl) - set(WORKLOAD_DEFAULTS)
     if unknown:
         raise ValueError(f"codesign spec: unknown [workload] key(s) {sorted(unknown)}")
     for k in bounds:

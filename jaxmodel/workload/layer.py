@@ -242,11 +242,27 @@ def layernorm(dev, sh: Shard, par: Parallelism, tokens, dtype_bytes=2.0, backwar
 
 
 
-def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dtype_bytes=None,
-                training=False, variant: Variant = ANY, *, precision=None, attn_word=None,
-                mla_absorbed: bool = False, runtime=None):
+class GraphOptions(NamedTuple):
+    """The keywords of :func:`layer_graph` beyond the layer's shape and ``training``: the
+    static :class:`Variant`, the precision (a :class:`jaxmodel.Precision` or a preset name;
+    the legacy ``dtype_bytes`` sets its byte fields, :func:`jaxmodel.precisions.resolve`),
+    the attention word ``attn_word`` (bytes), MLA's static ``mla_absorbed`` and the serving
+    ``runtime``."""
+
+    variant: Variant = ANY
+    precision: Any = None
+    dtype_bytes: Any = None
+    attn_word: Any = None
+    mla_absorbed: bool = False
+    runtime: Any = None
+
+
+def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, training=False,
+                **options):
     """All compute rows of one layer: ``(gemm_rows, vector_rows)`` (see :func:`evaluate`).
 
+    ``batch`` sequences of ``seq_len`` new tokens against ``kv_seq`` keys each; ``options``:
+    the fields of :class:`GraphOptions` (an unknown keyword raises ``TypeError``).
     ``training`` fuses the QKV GEMM (Megatron) and times the backward vector kernels.
     ``variant`` (static) drops the FlashAttention / MoE / MLA / window branches a
     configuration cannot use. MLA (:func:`mla_projections`, :func:`mla_core_shard`) runs its
@@ -262,6 +278,7 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, dty
     ``attention`` 2 or, on chunked-attention layers (``model.attention_chunk``),
     ``chunked_attention`` runs decode attention by the per-query-head kernel.
     """
+    variant, precision, dtype_bytes, attn_word, mla_absorbed, runtime = GraphOptions(**options)
     prec = _prec.resolve(precision, dtype_bytes)
     dtype_bytes = prec.act_bytes
     attn_word = dtype_bytes if attn_word is None else attn_word
@@ -363,19 +380,20 @@ class Work(NamedTuple):
 
     batch: Any
     seq_len: Any
-    phase: str
-    kv_len: Any
+    phase: str = "prefill"
+    kv_len: Any = 0.0
 
 
 class LayerOptions(NamedTuple):
-    """How :func:`layer_breakdown`'s batched body times a layer: the GEMM function, the
-    precision, the static :class:`Variant`, the serving runtime and the static GEMM shapes
-    (:func:`static_gemm_shapes`, or None)."""
+    """How :func:`layer_times` times a layer: the GEMM function (None = the ops tile search),
+    the precision (a :class:`jaxmodel.Precision` or a preset name; None = bf16), the static
+    :class:`Variant`, the serving runtime (a :class:`jaxmodel.Runtime`, a preset name or
+    None: eager) and the static GEMM shapes (:func:`static_gemm_shapes`, or None)."""
 
-    gemm: Any
-    precision: Any
-    variant: Variant
-    runtime: Any
+    gemm: Any = None
+    precision: Any = None
+    variant: Variant = ANY
+    runtime: Any = None
     shapes: Any = None
 
 
@@ -445,19 +463,20 @@ def static_gemm_shapes(system: System, model: Model, par: Parallelism, work: Wor
     return tuple(",".join(repr(float(v)) for v in row) for row in np.asarray(table))
 
 
-def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
-                phase: str = "prefill", kv_len=0.0, gemm: GemmFn | None = None,
-                dtype_bytes=None, variant: Variant = ANY, precision=None, runtime=None,
-                shapes=None):
-    """Single-configuration body of :func:`layer_breakdown` (use inside other formulas).
-    ``shapes``: the static GEMM shapes of :func:`static_gemm_shapes` (optional)."""
-    gemm = gemm or default_gemm
-    prec = _prec.resolve(precision, dtype_bytes)
+def layer_times(system: System, model: Model, par: Parallelism, work: Work,
+                opts: LayerOptions = LayerOptions()):
+    """Single-configuration body of :func:`layer_breakdown` (use inside other formulas):
+    the layer's ``work`` (:class:`Work`: batch, new tokens, phase, cached tokens) timed as
+    ``opts`` says (:class:`LayerOptions`: GEMM function, precision, variant, runtime, static
+    GEMM shapes)."""
+    gemm = opts.gemm or default_gemm
+    prec = _prec.resolve(opts.precision)
     dtype_bytes = prec.act_bytes
+    batch, seq_len, _, kv_len = work
     dev, par, variant, gemms, vectors = _inference_graph(
-        system, model, par, Work(batch, seq_len, phase, kv_len), variant, prec, runtime)
+        system, model, par, work, opts.variant, prec, opts.runtime)
     rows = evaluate(gemm, dev, gemms, vectors, precision=prec, attn_word=prec.kv_bytes,
-                    shapes=shapes)
+                    shapes=opts.shapes)
     out = {k: v[0] for k, v in rows.items()}
     sync = tp_collective(system, par, batch * seq_len * model.d_model * dtype_bytes, variant)
     out["allreduce_mha"] = sync
@@ -480,11 +499,7 @@ def layer_times(system: System, model: Model, par: Parallelism, batch, seq_len,
 LAYER_CHUNK = 1024
 
 
-@batched(chunk=LAYER_CHUNK)
-def _layer_breakdown(system, model, par, work: Work, opts: LayerOptions):
-    return layer_times(system, model, par, work.batch, work.seq_len, work.phase, work.kv_len,
-                       opts.gemm, variant=opts.variant, precision=opts.precision,
-                       runtime=opts.runtime, shapes=opts.shapes)
+_layer_breakdown = batched(layer_times, chunk=LAYER_CHUNK)
 
 
 def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_len,
@@ -535,6 +550,9 @@ def layer_breakdown(system: System, model: Model, par: Parallelism, batch, seq_l
         ...                        jm.Parallelism(tp=4), 8, 2048)
         >>> float(t["total"])  # ~0.066 s
         0.066
+
+    ``layer_breakdown.single`` is :func:`layer_times`, the single-configuration body: the
+    layer's :class:`Work` timed as its :class:`LayerOptions` say.
     """
     raise_if_invalid(model, par)
     _raise_if_cp(par)

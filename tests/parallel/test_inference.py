@@ -13,6 +13,7 @@ import pytest
 
 import jaxmodel as jm
 import hw_db
+from jaxmodel.batching import is_static
 from jaxmodel.numerics import reason_code
 from jaxmodel.parallel.inference_step import InferenceResult, inference
 from testkit import roofline_gemm, small_model
@@ -205,3 +206,33 @@ def test_micro_batches_jit_matches_eager_and_vmap_matches_loop():
                             micro_batches=float(m)).tokens_per_s) for m in ms]
     np.testing.assert_allclose(batched, loop, rtol=1e-6)
     assert not np.isnan(batched).any()
+
+
+def test_inference_statics_are_static_and_single_rejects_unknown_keywords():
+    # the statics carry no numeric leaf (kv_samples stays a Python int in a batched call);
+    # every option is a leaf
+    leaves = jax.tree_util.tree_leaves(jm.InferenceStatics(gemm=roofline_gemm, kv_samples=5))
+    assert all(is_static(x) for x in leaves) and 5 not in leaves
+    assert len(jax.tree_util.tree_leaves(jm.InferenceOptions(8, 512, 64))) == 4
+    with pytest.raises(TypeError, match="kv_sample"):
+        jm.inference.single(SYSTEM, M, TP4, 8, 512, 64, kv_sample=4)
+
+
+@pytest.mark.slow
+def test_make_inference_step_is_what_inference_batches(result):
+    statics = jm.InferenceStatics(gemm=roofline_gemm,
+                                  variant=jm.workload.layer.variant_of(M, TP4, SYSTEM))
+    step = jm.make_inference_step(SYSTEM, M, TP4, statics=statics)
+    one = jax.jit(step)(jm.InferenceOptions(8, 512, 64))
+    for f in ("ttft_s", "tpot_s", "total_s", "tokens_per_s", "memory_bytes", "feasible"):
+        np.testing.assert_allclose(getattr(one, f), getattr(result, f), rtol=1e-6, err_msg=f)
+    # (a traced precision adds a zero "quantize" row to the batched call's breakdown)
+    for k in one.breakdown:
+        np.testing.assert_allclose(one.breakdown[k], result.breakdown[k], rtol=1e-6, err_msg=k)
+    # vmap over the options equals a loop over single configurations
+    opts = jm.InferenceOptions(jnp.array([8.0, 16.0]), 512.0, jnp.array([64.0, 32.0]))
+    many = jax.vmap(step)(jm.InferenceOptions(*(jnp.broadcast_to(x, (2,)) for x in (
+        opts.batch, opts.prompt_len, opts.gen_len, opts.micro_batches))))
+    loop = [float(inference(SYSTEM, M, TP4, b, 512, g, gemm=roofline_gemm).tpot_s)
+            for b, g in ((8, 64), (16, 32))]
+    np.testing.assert_allclose(np.asarray(many.tpot_s), loop, rtol=1e-6)

@@ -15,7 +15,7 @@ import pytest
 
 import jaxmodel as jm  # noqa: F401  (import before hw_db)
 import hw_db
-from jaxmodel.workload.layer import LAYER_OPS, layer_times, training_layer_times
+from jaxmodel.workload.layer import LAYER_OPS, Work, layer_times, training_layer_times
 
 FLOP_RATE = 1e12
 
@@ -232,7 +232,7 @@ def test_gradient_matches_finite_differences():
     def f(x):
         sys_ = dataclasses.replace(SYSTEM, device=dataclasses.replace(
             dev, **{n: x[i] for i, n in enumerate(names)}))
-        return layer_times(sys_, GPT3, TP4, 8.0, 1.0, "decode", 3072.0)["total"]
+        return layer_times(sys_, GPT3, TP4, Work(8.0, 1.0, "decode", 3072.0))["total"]
 
     vg = jax.jit(jax.value_and_grad(f))
     v0, grad = vg(jnp.asarray(x0))
