@@ -54,7 +54,8 @@ steps) minimising the MAPE of output tokens/s per GPU, in closed form on the cos
 leave-one-model-out (the preset keeps the value ``hw_db/tech/runtime.toml`` records, with
 why). Llama-4's chunked-attention layers decode by TensorRT-LLM's MMHA fallback
 (``Runtime.chunked_attention``; XQA rejects chunked attention on Hopper: see
-:data:`V1_MOE_DEPLOY`). Outputs ``experiments/out/validate_serving_v1.csv`` and ``.png``
+:data:`V1_MOE_DEPLOY`), and their vision tower is held in float32 on every GPU
+(``Runtime.encoder_bytes``). Outputs ``experiments/out/validate_serving_v1.csv`` and ``.png``
 (predicted vs measured per model).
 
 Run: ``python experiments/validate_serving.py`` (a few minutes on CPU; ``--v1`` runs the
@@ -415,13 +416,48 @@ V1_MOE = ("Llama 4 Scout", "Llama 4 Maverick", "Qwen3-235B-A22B")
 #: (leave-one-model-out 17.5 %), Maverick 114.7 → 44.2 % (39.2 %), Qwen3 and the dense
 #: models unchanged (no chunked layers); all rows 31.7 → 17.0 %. Nothing fitted.
 #:
-#: Maverick stays over-predicted, most at short contexts (128/2048 +75 %, 128/4096 +69 %,
-#: 1000/1000 +50 %, 5000/500 +6 %): at the modelled batch the measured iteration is 1.75 /
-#: 1.69 / 1.50 / 1.06× the modelled one (``iteration_implied_ms``), 8-46 ms more per
-#: iteration, growing with the batch (452 → 1243 sequences) rather than with the context;
-#: Scout, with the same attention, is within -27..-7 % (TP). The missing cost is specific to
-#: Maverick's layout (128 experts of which ~9 tokens each at these batches, TP 8, the dense
-#: layers) and not identified.
+#: Adopted: the Llama-4 vision tower held on every GPU (``Model.encoder_params`` 0.872 B,
+#: ``Runtime.encoder_bytes`` 4 under ``"trtllm_v1"``: TensorRT-LLM's
+#: ``Llama4VisionEncoder.load_weights`` builds the Hugging Face vision model and projector in
+#: PyTorch's default float32 on ``cuda:<rank>``, unsharded, unquantised; 3.49 GB per GPU the
+#: KV pool does not get). MAPE Maverick 44.2 → 39.1 % (leave-one-model-out 39.2 → 33.9 %),
+#: Scout 15.3 → 16.1 % (17.5 → 18.4 %), the others unchanged; all rows 17.0 → 16.4 %
+#: (19.1 → 18.6 %). Nothing fitted.
+#:
+#: Maverick stays over-predicted, most at short contexts (128/2048 +68 %, 128/4096 +62 %,
+#: 1000/1000 +46 %, 5000/500 +4 %): at the modelled batch the measured iteration is 1.68 /
+#: 1.62 / 1.46 / 1.04× the modelled one (``iteration_implied_ms``). The rows are KV-bound
+#: (trtllm-bench's ``max_batch_size`` heuristic lies above the pool on every row), and the
+#: two models with the least free memory per H100 after their FP8 weights, Maverick and
+#: Llama-3.1 405B (~34 GB each), are the over-predicted ones, on the decode-heavy rows (405B
+#: 128/4096 +31 %, 1000/2000 +26 %, 5000/500 +1 %); 70B (~49 GB free) +1..+15 %; Scout, Qwen3
+#: and 8B (55-76 GB) under. Memory TensorRT-LLM holds besides what the model counts would
+#: shrink those pools most, but ``v1_memory_sensitivity`` (printed) shows it cannot be the
+#: whole gap: 8 GB more per GPU on every model gives Maverick 26.0 %, 405B 8.5 %, 70B 3.9 %,
+#: and Scout 18.4 %, Qwen3 23.3 %, 8B 9.5 % (all rows 13.7 %); no sourced term of that size
+#: was found. What the sources say about the pool (TensorRT-LLM v1.0 PyTorch backend):
+#: ``KvCacheCreator.configure_kv_cache_capacity`` (``tensorrt_llm/_torch/pyexecutor/
+#: _util.py``) sizes it as ``free_gpu_memory_fraction × (total − peak)`` with the peak of a
+#: profiling forward of dummy context requests filling ``max_num_tokens`` (torch peak plus
+#: the non-torch memory: CUDA context, NCCL); ``py_executor_creator.py`` then releases the
+#: CUDA graphs, builds the final pool and creates a new executor whose warm-up (CUDA graphs
+#: up to ``max_batch_size``, the autotuner at ``max_num_tokens``) runs in the remaining
+#: ``1 − fraction``; trtllm-bench (``bench/benchmark/utils/general.py`` ``get_settings``)
+#: raises ``max_num_tokens`` to ``max_isl + max_batch_size`` without chunked prefill (the
+#: working set of a few thousand tokens: < 0.1 GB here). perf-overview.md runs "in many
+#: cases" with ``--kv_cache_free_gpu_mem_fraction 0.95`` and falls back "to 0.90 or lower if
+#: out-of-memory errors are encountered" (the value per row is not published); the Llama-4
+#: example README advises reducing that fraction against OOM, and TensorRT-LLM's own accuracy
+#: test of the Maverick FP8 checkpoint on 8 H100 uses 0.75 ("to avoid warmup OOM"): a lower
+#: fraction on the Maverick rows would fit the pattern but is not a mechanism with a value.
+#: The MoE YAML printed in perf-overview.md nests ``enable_attention_dp`` inside
+#: ``cuda_graph_config``, which ``CudaGraphConfig`` (a ``StrictBaseModel``, extra fields
+#: forbidden, ``tensorrt_llm/llmapi/llm_args.py``) rejects: the published file cannot be the
+#: one that ran, so the deployment of the MoE rows stays open (above). The iteration time is
+#: the other candidate: at 128/2048 the measured rows imply ~107 ms per iteration at the
+#: modelled 1154 sequences (before the vision term; the model: 61 ms), against ~34 ms of HBM
+#: traffic by hand
+#: (50 GB of FP8 weights, 65 GB of KV reads with the 5× MMHA re-reads on 36 of 48 layers).
 #:
 #: Mechanisms checked against these rows before the chunked-attention kernel (MAPE Scout /
 #: Maverick / Qwen3-235B, TP deployment 49 / 115 / 19 % unless stated), not adopted:
@@ -520,6 +556,24 @@ def v1_fit(rows, costs, mask):
     return best[1]
 
 
+V1_HELD_GB = (0.0, 2.0, 4.0, 8.0)
+
+
+def v1_memory_sensitivity(rows, costs, step):
+    """MAPE per model when every device holds ``V1_HELD_GB`` GB more outside the KV pool
+    than the model counts (a diagnostic: the KV capacity of TensorRT-LLM is ``fraction x
+    (total - profiled peak)``, ``KvCacheCreator`` in ``tensorrt_llm/_torch/pyexecutor/
+    _util.py``; memory held besides the profiled peak shrinks the pool of the models with
+    the least free memory most). Returns {GB: {model: MAPE %}}."""
+    out = {}
+    for gb in V1_HELD_GB:
+        c = dataclasses.replace(costs, reserved_bytes=costs.reserved_bytes + gb * 1e9)
+        e = v1_errors(rows, v1_predict(rows, c, step))
+        out[gb] = {m: mape(e[rows["model"] == m]) for m in rows["model"].unique()}
+        out[gb]["all rows"] = mape(e)
+    return out
+
+
 def main_v1():
     os.makedirs(OUT, exist_ok=True)
     rows = pd.read_csv(os.path.join(ANCHORS, V1_FILE))
@@ -574,6 +628,10 @@ def main_v1():
     print(f"  all rows {mape(e_pre):.1f} % (leave-one-model-out {mape(e_cv):.1f} %); dense rows "
           f"{mape(e_pre[dense]):.1f} % (leave-one-model-out {mape(e_cv[dense]):.1f} %); "
           f"infeasible rows: {int((~table['feasible']).sum())}")
+    print("  MAPE per model with memory held outside the KV pool besides the model's count "
+          "(diagnostic):")
+    for gb, per in v1_memory_sensitivity(rows, costs, preset).items():
+        print(f"    +{gb:3.0f} GB/device: " + ", ".join(f"{k} {v:.1f} %" for k, v in per.items()))
     path = os.path.join(OUT, "validate_serving_v1.csv")
     table.to_csv(path, index=False)
     print(f"wrote {path}")

@@ -361,6 +361,7 @@ _HF_KEYS = {
     "sliding_window": ("sliding_window",),
     "global_every": ("sliding_window_pattern",),
     "attention_chunk": ("attention_chunk_size",),
+    "encoder_params": ("encoder_params",),
 }
 # Keys that change compute, memory or communication and are modelled (read by ``model``).
 HF_MODELLED_KEYS = frozenset(k for keys in _HF_KEYS.values() for k in keys) | {
@@ -701,6 +702,7 @@ def model(name_or_config: str | Path | Mapping = "gpt3-175b", strict: bool = Tru
               moe_d_ff=get("moe_d_ff", 0), first_k_dense=get("first_k_dense", 0),
               n_mtp_layers=get("n_mtp_layers", 0), n_group=get("n_group", 0),
               topk_group=get("topk_group", 0), attention_chunk=get("attention_chunk", 0),
+              encoder_params=get("encoder_params", 0),
               name=str(name), quantization=quant,
               serving_precision=serving)
     return validate_model(m, where=where)

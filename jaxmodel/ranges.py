@@ -197,6 +197,7 @@ RANGES: dict[str, dict[str, Rule]] = {
         "n_group": _count(0, 1e5),
         "topk_group": _count(0, 1e5),
         "attention_chunk": _count(0, 1e9),
+        "encoder_params": _count(0, 1e13),
     },
     "Parallelism": {
         "dp": _count(), "tp": _count(), "pp": _count(), "ep": _count(), "cp": _count(),

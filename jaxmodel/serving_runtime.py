@@ -77,8 +77,19 @@ Fields and what they change (:func:`device_for`, :func:`jaxmodel.workload.layer.
   wall clock around ``generate()`` and a stream synchronisation (TensorRT-LLM
   ``benchmarks/cpp/gptSessionBenchmark.cpp``), so it includes this time. With ``pp``
   stages every rank binds its ``n_layers/pp`` layers at once.
+- ``encoder_bytes``: bytes per parameter of the model's modality encoder
+  (``Model.encoder_params``: Llama-4's vision tower and projector) that every device holds
+  besides the language model; 0 = the encoder is not loaded (or not counted). TensorRT-LLM
+  v1.0's PyTorch backend builds the Hugging Face ``Llama4VisionModel`` and
+  ``Llama4MultiModalProjector`` on every rank (``tensorrt_llm/_torch/models/
+  modeling_llama.py``, ``Llama4VisionEncoder.load_weights``: the modules are created with
+  PyTorch's default dtype, float32, loaded from the checkpoint and moved to
+  ``cuda:<rank>`` whole, neither sharded nor quantised; its ``forward`` casts the pixel
+  values to float32), unless the encoder runs disaggregated: 4 bytes per parameter on every
+  GPU, memory the KV pool does not get (the pool is a fraction of what remains after the
+  weights, ``KvCacheCreator`` in ``tensorrt_llm/_torch/pyexecutor/_util.py``).
 
-Units: seconds; flags are 0/1.
+Units: seconds; bytes per parameter; flags are 0/1.
 """
 
 from __future__ import annotations
@@ -114,6 +125,7 @@ class Runtime:
             decode kernel.
         sustained_clock: 1 = the device at its sustained (power-limited) clock.
         chunked_attention: 1 = chunked-attention layers decode by the per-query-head kernel.
+        encoder_bytes: bytes per modality-encoder parameter held on every device.
         step_overhead_s: host time per forward step not overlapped with the GPU, s.
         context_layer_overhead_s: host time per decoder layer before a request's context
             step (once per request), s.
@@ -130,6 +142,7 @@ class Runtime:
     step_overhead_s: Array = 0.0
     context_layer_overhead_s: Array = 0.0
     chunked_attention: Array = 0.0
+    encoder_bytes: Array = 0.0
     name: str = "custom"
 
 
@@ -204,13 +217,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     # fused silu·mul(+quantise) kernel, RoPE inside the attention op (``TrtllmAttention``),
     # FMHA context and XQA generation kernels (MMHA on chunked-attention layers:
     # ``chunked_attention``, the Hopper build the perf-overview rows ran), sustained clock.
+    # encoder_bytes 4: a Llama-4 checkpoint's vision tower is loaded in float32 on every rank
+    # (module docstring).
     # step_overhead_s:
     # [tensorrt_llm_v1] of hw_db/tech/runtime.toml, fitted on the DGX H100 rows of
     # shared/anchors/inference/trtllm_v1_perf_overview_h100.csv (offline throughput; the
     # fit does not survive leave-one-model-out, so 0 is kept: see its source).
     "trtllm_v1": dict(kernel_floor=1.0, cuda_graph=1.0, fuse_norm=1.0, fuse_act=0.0,
                       fuse_rope=1.0, attention=1.0, sustained_clock=1.0,
-                      chunked_attention=1.0,
+                      chunked_attention=1.0, encoder_bytes=4.0,
                       step_overhead_s=_CAL.get("tensorrt_llm_v1", {}).get(
                           "step_overhead_s", 0.0)),
     # vLLM >= 0.10, V1 engine: piecewise CUDA graphs over every iteration (torch.compile
@@ -358,7 +373,7 @@ def validate_runtime(rt: Runtime, where: str = "Runtime") -> Runtime:
     v = np.asarray(rt.attention)
     if not np.all((v == 0.0) | (v == 1.0) | (v == 2.0)):
         raise ValueError(f"{where}: attention={v} must be 0, 1 or 2")
-    for f in ("step_overhead_s", "context_layer_overhead_s"):
+    for f in ("step_overhead_s", "context_layer_overhead_s", "encoder_bytes"):
         v = np.asarray(getattr(rt, f))
         if not np.all(np.isfinite(v) & (v >= 0)):
             raise ValueError(f"{where}: {f}={v} must be finite and >= 0")

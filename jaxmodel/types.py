@@ -495,6 +495,11 @@ class Model:
             times a chunk by its upper bound, ``sliding_window`` (the same value); the flag
             decides which decode kernel a serving runtime runs on those layers
             (:class:`jaxmodel.serving_runtime.Runtime` ``chunked_attention``).
+        encoder_params: parameters of a modality encoder shipped with the checkpoint
+            beside the language model (Llama-4: vision tower and projector), count; no
+            step runs it here (text requests), a serving runtime that loads it holds it
+            in memory (:class:`jaxmodel.serving_runtime.Runtime` ``encoder_bytes``);
+            0 = none.
         name: hw_db name (static metadata).
         quantization: how the published weights are stored when the checkpoint ships
             quantised (HF ``quantization_config``), e.g. ``"fp8 e4m3, 128x128 block scales"``
@@ -534,6 +539,7 @@ class Model:
     n_group: Array = 0.0
     topk_group: Array = 0.0
     attention_chunk: Array = 0.0
+    encoder_params: Array = 0.0
     name: str = "custom"
     quantization: str = ""
     serving_precision: str = ""

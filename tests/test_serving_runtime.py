@@ -60,7 +60,7 @@ def test_presets_and_names():
     assert jm.RUNTIMES["trtllm_v06"]["context_layer_overhead_s"] == cal["context_layer_overhead_s"]
     assert float(jm.runtime_of("vllm").context_layer_overhead_s) == 0.0
     leaves = jax.tree_util.tree_leaves(trt)
-    assert len(leaves) == 10       # name is static metadata
+    assert len(leaves) == 11       # name is static metadata
     # today's runtimes: TensorRT-LLM v1.0 (PyTorch backend), vLLM V1, SGLang
     v1 = jm.runtime_of("trtllm_v1")
     assert v1.name == "trtllm_v1" and float(v1.kernel_floor) == 1.0
@@ -75,6 +75,12 @@ def test_presets_and_names():
         rt = rtp.validate_runtime(jm.runtime_of(name))
         assert float(rt.step_overhead_s) == float(v1.step_overhead_s)   # transferred
     assert jm.runtime_of("vLLM-V1").name == "vllm_v1"
+    # the Llama-4 vision tower in float32 on every rank under TensorRT-LLM v1.0 only
+    assert float(v1.encoder_bytes) == 4.0 and all(
+        float(jm.runtime_of(n).encoder_bytes) == 0.0
+        for n in ("trtllm", "vllm", "vllm_v1", "sglang", "pytorch"))
+    with pytest.raises(ValueError, match="encoder_bytes"):
+        rtp.validate_runtime(jm.Runtime(encoder_bytes=-1.0))
 
 
 def test_calibration_file_needs_a_source_and_a_finite_value(tmp_path, monkeypatch):
@@ -265,3 +271,34 @@ def test_chunked_layers_decode_by_the_per_query_head_kernel_under_trtllm_v1():
     assert a_v1 == pytest.approx(0.25 * a_packed + 0.75 * a_head, rel=1e-6)
     assert a_head > 3.0 * a_packed                 # K and V read 5 times instead of once
     assert attn(flat, v1) == pytest.approx(a_packed, rel=1e-6)
+
+
+
+def test_llama4_encoder_params_hand_count():
+    """The shipped Llama-4 ``encoder_params``: the vision tower and projector of both
+    config.json files (``vision_config``), hand-counted with biases, norms, the class and
+    577 positional embeddings."""
+    vision = (34 * (4 * 1408 * 1409 + 1408 * 5632 + 5632 + 5632 * 1408 + 1408 + 4 * 1408)
+              + 588 * 1408 + 1408 + 577 * 1408 + 4 * 1408
+              + 5632 * 4096 + 4096 * 4096 + 4096 * 5120)
+    for name in ("llama4-scout", "llama4-maverick"):
+        assert float(hw_db.model(name).encoder_params) == vision
+
+
+@pytest.mark.slow
+def test_encoder_weights_held_on_every_device_under_trtllm_v1_hand_derived():
+    """A runtime that loads the checkpoint's modality encoder on every rank (``trtllm_v1``:
+    ``encoder_bytes`` 4, the float32 Llama-4 vision tower) adds ``encoder_params · 4`` bytes
+    to each device's weights whatever the TP degree; ``encoder_bytes`` 0 and the eager
+    default add nothing."""
+    m = dataclasses.replace(LLAMA, encoder_params=1e9)
+
+    def weights(rt, tp=4):
+        r = jm.inference(SYSTEM, m, jm.Parallelism(tp=tp, dp=4 / tp), 8, 256, 32,
+                         gemm=roofline_gemm, runtime=rt)
+        return float(r.breakdown["memory.weights"])
+
+    held = jm.runtime_of("trtllm_v1", encoder_bytes=0.0)
+    assert weights("trtllm_v1") - weights(held) == pytest.approx(4e9, rel=1e-6)
+    assert weights("trtllm_v1", tp=1) - weights(held, tp=1) == pytest.approx(4e9, rel=1e-6)
+    assert weights(held) == pytest.approx(weights(None), rel=1e-9)

@@ -297,11 +297,14 @@ def _memory(c: _Ctx, k_d, many, draft_mem):
     attention kernel decides whether the prefill keeps the score matrix; speculation adds the
     ``k`` draft positions of a step to the target's cache and the proposer's weights and
     cache; every micro-batch's KV cache stays resident, the prefill working set is one
-    micro-batch's. Bytes."""
+    micro-batch's; a runtime that loads the model's modality encoder on every device adds
+    ``encoder_params · Runtime.encoder_bytes`` to the weights. Bytes."""
     par_mem = c.par if c.rt is None else runtime_inputs(c.system.device, c.par, c.variant,
                                                         c.rt, False)[1]
     mem = inference_memory_single(c.model, par_mem, c.b, c.prompt, c.gen + k_d,
                                   precision=c.prec)
+    if c.rt is not None:
+        mem = {**mem, "weights": mem["weights"] + c.model.encoder_params * c.rt.encoder_bytes}
     if draft_mem is not None:
         mem = {**mem, "weights": mem["weights"] + draft_mem["weights"],
                "kv_cache": mem["kv_cache"] + draft_mem["kv_cache"]}
