@@ -101,21 +101,21 @@ def _evaluate(table, rows, system, isl, osl, ttft_slo, tpot_slo, disagg: bool):
         c = take(r["k"])
         cap = r["dp"] * _srv.aggregated_capacity(c, isl, osl, r["max_batch"], r["pp"],
                                                   r["chunk"])
-        return _srv.continuous_batching_from_costs(
-            c, isl, osl, r["load"] * cap, r["max_batch"], dp=r["dp"], pp=r["pp"],
-            n_gpus=r["n"], chunk=r["chunk"], ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
+        opts = _srv.ServingOptions(max_batch=r["max_batch"], chunk=r["chunk"],
+                                   ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
+        return _srv.continuous_batching_from_costs(c, isl, osl, r["load"] * cap, opts,
+                                                   r["dp"], r["pp"], r["n"])
 
     def dis(r):
         pre, dec = take(r["k"]), take(r["k_d"])
+        pools = _srv.Pools(r["dp_p"], r["pp_p"], r["tp_p"], r["dp"], r["pp"], r["tp"])
         probe = _srv.disaggregated_from_costs(
-            pre, dec, system, isl, osl, 0.0, r["max_batch"], dp_prefill=r["dp_p"],
-            pp_prefill=r["pp_p"], tp_prefill=r["tp_p"], dp_decode=r["dp"], pp_decode=r["pp"],
-            tp_decode=r["tp"])
+            pre, dec, system, isl, osl, 0.0, _srv.ServingOptions(max_batch=r["max_batch"]),
+            pools)
+        opts = _srv.ServingOptions(max_batch=r["max_batch"], ttft_slo_s=ttft_slo,
+                                   tpot_slo_s=tpot_slo)
         return _srv.disaggregated_from_costs(
-            pre, dec, system, isl, osl, r["load"] * probe.capacity_rps, r["max_batch"],
-            dp_prefill=r["dp_p"], pp_prefill=r["pp_p"], tp_prefill=r["tp_p"],
-            dp_decode=r["dp"], pp_decode=r["pp"], tp_decode=r["tp"], ttft_slo_s=ttft_slo,
-            tpot_slo_s=tpot_slo)
+            pre, dec, system, isl, osl, r["load"] * probe.capacity_rps, opts, pools)
 
     return map_points(dis if disagg else agg, rows, chunk=ROW_CHUNK)
 
@@ -158,17 +158,43 @@ class _Prefetch:
             raise self.error
 
 
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+    """What :func:`search_serving` enumerates and how it reports: its keyword arguments
+    besides the limits (each documented there; the defaults are its defaults)."""
+
+    tp: Sequence[int] | None = None
+    pp: Sequence[int] = PP
+    max_batch: Sequence[int] = MAX_BATCH
+    chunk: Sequence[int] = CHUNKS
+    precision: Sequence = PRECISIONS
+    runtime: Sequence = RUNTIMES
+    loads: Sequence[float] = LOADS
+    disaggregated: bool = True
+    full: bool = False
+    progress: bool = True
+    tail: bool = False
+    speculative: Sequence = (None,)
+    ep: Sequence[int] = (1,)
+
+
+def _space(options: dict) -> SearchSpace:
+    """The :class:`SearchSpace` of :func:`search_serving`'s keyword arguments (a
+    ``TypeError`` names one it does not take, as Python's own check would)."""
+    fields = {f.name for f in dataclasses.fields(SearchSpace)}
+    for name in options:
+        if name not in fields:
+            raise TypeError(f"search_serving() got an unexpected keyword argument {name!r}")
+    return SearchSpace(**options)
+
+
 def search_serving(system: System, model: Model, n_devices: int | None = None, isl=1024,
                    osl=256, *, ttft_slo_s: float = float("inf"),
-                   tpot_slo_s: float = float("inf"), tp: Sequence[int] | None = None,
-                   pp: Sequence[int] = PP, max_batch: Sequence[int] = MAX_BATCH,
-                   chunk: Sequence[int] = CHUNKS, precision: Sequence = PRECISIONS,
-                   runtime: Sequence = RUNTIMES, loads: Sequence[float] = LOADS,
-                   disaggregated: bool = True, full: bool = False,
-                   progress: bool = True, tail: bool = False,
-                   speculative: Sequence = (None,),
-                   ep: Sequence[int] = (1,)) -> pd.DataFrame:
+                   tpot_slo_s: float = float("inf"), **options) -> pd.DataFrame:
     """Best serving deployments of ``model`` on ``n_devices`` under TTFT/TPOT limits.
+
+    The keyword arguments after the limits (``tp`` … ``ep`` below) are the fields of
+    :class:`SearchSpace`, with its defaults.
 
     Args:
         system: the hardware; its outermost network level is resized to ``n_devices``
@@ -232,26 +258,29 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         if progress and not _process.quiet():
             print(f"[search_serving] {msg}", file=sys.stderr, flush=True)
 
+    sp = _space(options)
+    progress = sp.progress
     t0 = time.perf_counter()
     distributed.check_same("search_serving", dict(
         system=system, model=model, n_devices=n_devices, isl=isl, osl=osl,
-        ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, tp=tp, pp=pp, max_batch=max_batch,
-        chunk=chunk, precision=precision, runtime=runtime, loads=loads,
-        disaggregated=disaggregated, full=full, tail=tail, speculative=speculative,
-        ep=ep))
+        ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, tp=sp.tp, pp=sp.pp,
+        max_batch=sp.max_batch, chunk=sp.chunk, precision=sp.precision, runtime=sp.runtime,
+        loads=sp.loads, disaggregated=sp.disaggregated, full=sp.full, tail=sp.tail,
+        speculative=sp.speculative, ep=sp.ep))
     n = _as_int(system.n_devices if n_devices is None else n_devices, "n_devices")
     system = _scaled_system(system, n)
     isl_f, osl_f = float(isl), float(osl)
-    plans = _plans(n, _default_tp(system) if tp is None else tp, pp)
-    precs = [_precision.precision(p) for p in precision]
-    rts = [_rtp.runtime(r) for r in runtime]
-    _check_options(isl, osl, plans, precs, rts, max_batch, chunk, loads)
-    specs = _speculative_options(speculative)
+    plans = _plans(n, _default_tp(system) if sp.tp is None else sp.tp, sp.pp)
+    precs = [_precision.precision(p) for p in sp.precision]
+    rts = [_rtp.runtime(r) for r in sp.runtime]
+    _check_options(isl, osl, plans, precs, rts, sp.max_batch, sp.chunk, sp.loads)
+    specs = _speculative_options(sp.speculative)
     keys = [(t, p, i, j, e, s) for (t, p) in plans for i in range(len(precs))
-            for j in range(len(rts)) for e in _ep_degrees(model, n, t, p, ep)
+            for j in range(len(rts)) for e in _ep_degrees(model, n, t, p, sp.ep)
             for s in range(len(specs))]     # one cost table each
-    rows_a = _aggregated_rows(keys, n, max_batch, chunk, loads)
-    rows_d = _disaggregated_rows(keys, plans if disaggregated else [], n, max_batch, loads)
+    rows_a = _aggregated_rows(keys, n, sp.max_batch, sp.chunk, sp.loads)
+    rows_d = _disaggregated_rows(keys, plans if sp.disaggregated else [], n, sp.max_batch,
+                                 sp.loads)
     n_a, n_d = len(rows_a["k"]), len(rows_d["k"])
     say(f"{n_a + n_d:,} configurations ({n_a:,} aggregated, {n_d:,} disaggregated)")
     say(f"{len(keys)} cost tables ({len(plans)} tp×pp plans × {len(precs)} precisions × "
@@ -269,12 +298,12 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
     frames = [_frame(rows_a, res[0], "aggregated", kt, names, offline)]
     if n_d:
         frames.append(_frame(rows_d, res[1], "disaggregated", kt, names, offline))
-    df = _with_front(pd.concat(frames, ignore_index=True), ttft_slo_s, tpot_slo_s, tail)
+    df = _with_front(pd.concat(frames, ignore_index=True), ttft_slo_s, tpot_slo_s, sp.tail)
     wall = time.perf_counter() - t0
     attrs = _summary(df, n_a + n_d, n, wall, timings)
     say(f"{n_a + n_d:,} configurations in {wall:.1f} s ({(n_a + n_d) / wall:,.0f}/s); "
         f"{attrs['n_meeting_slo']:,} meet the limits, {int(df['pareto'].sum())} on the front")
-    out = df if full else df[df["pareto"]].sort_values(
+    out = df if sp.full else df[df["pareto"]].sort_values(
         "tokens_per_s_per_user", kind="stable").reset_index(drop=True)
     out.attrs.update(attrs)
     return out
@@ -439,7 +468,7 @@ def _run_stages(system, model, tables_in, rows, lengths, limits, progress):
         # the name is a static pytree field: without it, models of one family share the
         # executable within a process
         table = _tables_jit(system, dataclasses.replace(model, name=""), par, *lengths,
-                            prec_b, rt_b, variant_of(model, par, system), spec_b)
+                            _srv.Engine(prec_b, rt_b, variant_of(model, par, system), spec_b))
         table = jax.block_until_ready(table)
         st["note"] = f"{n_tables} tables × {len(_srv.TOKEN_GRID)} batch sizes"
     timings = {"cost_tables_s": st["wall_s"]}
@@ -466,7 +495,7 @@ def _offline_per_table(table, par, rts, isl, osl):
                                   opts)
 
     def one(c, t, p, d, o):
-        return _srv.offline_state(c, isl, osl, o, d, p, d * t * p).throughput_per_gpu
+        return _srv.offline_from_costs(c, isl, osl, o, d, p, d * t * p).throughput_per_gpu
     return np.asarray(jax.vmap(one)(table, par.tp, par.pp, par.dp, opts))
 
 

@@ -28,6 +28,15 @@ def test_bad_options_raise_before_computing(kw, msg):
                           128, **{**OPTS, **kw})
 
 
+def test_keywords_are_the_search_space_fields():
+    """Every keyword after the limits is a field of ``SearchSpace`` with its default; an
+    unknown one is a ``TypeError`` naming it, before anything is computed."""
+    assert ss.SearchSpace().loads == ss.LOADS and ss.SearchSpace().tp is None
+    with pytest.raises(TypeError, match="max_batches"):
+        jm.search_serving(hw_db.system("hgx_a100_4gpu"), hw_db.model("llama3.2-1b"), 4, 512,
+                          128, max_batches=(8,))
+
+
 @pytest.fixture(scope="module")
 def result():
     system = hw_db.system("hgx_a100_4gpu")
