@@ -27,13 +27,16 @@ Two batched stages, as :func:`jaxmodel.search_parallelism` de-duplicates its sta
    every configuration, gathering its table rows by index, in one jitted
    :func:`jaxmodel.batching.map_points` call — 10⁵ rows.
 
-A search compiles three executables: the cost tables and the steady state of the aggregated
-and of the disaggregated rows. Stage 2 needs only the shapes of the tables, so it is traced
-and compiled on a second thread while stage 1 runs (XLA releases the GIL while compiling);
-on the CPU backend both stages compile with :data:`jaxmodel.batching.CPU_COMPILE_OPTIONS`
-(:class:`jaxmodel.batching.jit_leaves`). Most of a cold search is the XLA compilation of
-stage 1's graph (the inference model with its GEMM tile searches), whose size does not
-depend on how many configurations are searched.
+A search compiles four executables: the cost tables, their offline column and the steady
+state of the aggregated and of the disaggregated rows. Stage 2 needs only the shapes of the
+tables, so it is traced and compiled on a second thread while stage 1 runs (XLA releases the
+GIL while compiling). On the CPU backend (:class:`jaxmodel.batching.jit_leaves`) stage 1,
+which runs once on tens of rows, compiles with
+:data:`jaxmodel.batching.ONE_SHOT_COMPILE_OPTIONS` (LLVM level 0: about half the compile time
+of its graph, the same numbers to float rounding) and stage 2, which runs on 10⁵ rows, with
+:data:`jaxmodel.batching.CPU_COMPILE_OPTIONS`. Most of a cold search is the tracing and XLA
+compilation of stage 1's graph (the inference model with its GEMM tile searches), whose size
+does not depend on how many configurations are searched.
 
 Both stages print their progress through :func:`jaxmodel.process.stage`. In a
 ``jax.distributed`` job (:mod:`jaxmodel.distributed`) every process computes the cost tables
@@ -61,7 +64,7 @@ from jaxmodel import process as _process
 from jaxmodel import serving_runtime as _rtp
 from jaxmodel import serving as _srv
 from jaxmodel import speculative as _spec
-from jaxmodel.batching import jit_leaves, map_points
+from jaxmodel.batching import ONE_SHOT_COMPILE_OPTIONS, jit_leaves, map_points
 from jaxmodel.numerics import REASONS, pareto_mask
 from jaxmodel.types import Model, Parallelism, System
 from jaxmodel.workload.layer import variant_of
@@ -120,8 +123,13 @@ def _evaluate(table, rows, system, isl, osl, ttft_slo, tpot_slo, disagg: bool):
     return map_points(dis if disagg else agg, rows, chunk=ROW_CHUNK)
 
 
-#: Stage 1: :func:`jaxmodel.serving.serving_costs` of every (plan, precision, runtime) row.
-_tables_jit = jit_leaves(_srv._serving_costs)
+#: Stage 1: :func:`jaxmodel.serving.serving_costs` of every (plan, precision, runtime) row
+#: (and :data:`_offline_jit`, the offline column of the same rows): run once per search,
+#: so compiled with :data:`jaxmodel.batching.ONE_SHOT_COMPILE_OPTIONS` on the CPU backend
+#: (XLA's HLO passes unchanged, LLVM level 0: the inference graph with its GEMM tile
+#: searches compiles in less time; the same numbers to float rounding).
+_tables_jit = jit_leaves(_srv._serving_costs, compiler_options=ONE_SHOT_COMPILE_OPTIONS)
+#: Stage 2: the steady state of 10⁵ rows (run on many rows: the default optimisation level).
 _evaluate_jit = jit_leaves(_evaluate, cast=False)
 
 
@@ -494,9 +502,18 @@ def _offline_per_table(table, par, rts, isl, osl):
     opts = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(jnp.asarray(x, f), (len(sch),)),
                                   opts)
 
+    return np.asarray(_offline_jit(table, par.tp, par.pp, par.dp, opts, isl, osl))
+
+
+def _offline_tables(table, tp, pp, dp, opts, isl, osl):
+    """:func:`jaxmodel.serving.offline_from_costs`'s throughput per device, vmapped over the
+    tables (their plans ``tp``, ``pp``, ``dp`` and scheduler settings ``opts``)."""
     def one(c, t, p, d, o):
         return _srv.offline_from_costs(c, isl, osl, o, d, p, d * t * p).throughput_per_gpu
-    return np.asarray(jax.vmap(one)(table, par.tp, par.pp, par.dp, opts))
+    return jax.vmap(one)(table, tp, pp, dp, opts)
+
+
+_offline_jit = jit_leaves(_offline_tables, cast=False, compiler_options=ONE_SHOT_COMPILE_OPTIONS)
 
 
 def _frame(rows, r, mode, kt, names, offline):
