@@ -48,6 +48,7 @@ front is taken: the same table as one process computes.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import sys
 import threading
@@ -315,6 +316,19 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         "tokens_per_s_per_user", kind="stable").reset_index(drop=True)
     out.attrs.update(attrs)
     return out
+
+
+def _full_signature(fn) -> inspect.Signature:
+    """``fn``'s signature with its ``**options`` spelled out as the keyword-only fields of
+    :class:`SearchSpace` (what ``help`` and editors show)."""
+    sig = inspect.signature(fn)
+    params = [q for q in sig.parameters.values() if q.kind is not q.VAR_KEYWORD]
+    params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+               for f in dataclasses.fields(SearchSpace)]
+    return sig.replace(parameters=params)
+
+
+search_serving.__signature__ = _full_signature(search_serving)
 
 
 def _summary(df, n_eval, n, wall, timings) -> dict:
