@@ -515,14 +515,16 @@ def v1_costs(rows: pd.DataFrame):
 @jax.jit
 def _v1_offline(costs, isl, osl, tp, pp, step):
     from jaxmodel.serving_runtime import scheduler_defaults
-    from jaxmodel.serving import offline_from_costs
+    from jaxmodel.serving import ServingOptions, offline_from_costs
     sch = scheduler_defaults(V1_PROFILE)
     c = dataclasses.replace(costs, step_s=costs.step_s + step,
                             prefill_s=costs.prefill_s + step)
     return jax.vmap(lambda cc, i, o, t, p: offline_from_costs(
-        cc, i, o, max_batch=sch["max_batch"], max_tokens=sch["max_tokens"], dp=1.0, pp=p,
-        n_gpus=t * p, block_tokens=sch["block_tokens"], mem_fraction=sch["mem_fraction"],
-        kv_of_free=sch["kv_of_free"]))(c, isl, osl, tp, pp)
+        cc, i, o, ServingOptions(max_batch=sch["max_batch"], max_tokens=sch["max_tokens"],
+                                 block_tokens=sch["block_tokens"],
+                                 mem_fraction=sch["mem_fraction"],
+                                 kv_of_free=sch["kv_of_free"]), dp=1.0, pp=p,
+        n_gpus=t * p))(c, isl, osl, tp, pp)
 
 
 def replica_tp(rows) -> np.ndarray:

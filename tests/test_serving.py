@@ -13,6 +13,7 @@ import pytest
 import hw_db
 import jaxmodel as jm
 from jaxmodel import serving as srv
+from jaxmodel.serving import Pools, ServingOptions as Opts
 from jaxmodel.numerics import reason_name
 
 GRID = np.asarray(srv.TOKEN_GRID)
@@ -52,7 +53,7 @@ def test_continuous_batching_hand_derived():
     # B = r·a/(1 − r·k) = 6.6667/0.93333 = 7.142857; T = a + k·B = 0.0107142857 s;
     # TPOT = T/(1 − ρ) = 0.0142857143 s; TTFT = t_p + ρ·t_p/(2(1 − ρ)) + (1 − ρ)·T/2
     #      = 0.05 + 0.0083333 + 0.0040178571 = 0.0623511905 s
-    r = srv.continuous_batching_from_costs(table(), ISL, OSL, 5.0, 256.0)
+    r = srv.continuous_batching_from_costs(table(), ISL, OSL, 5.0, Opts(max_batch=256.0))
     assert bool(r.feasible) and int(r.reason) == 0
     assert float(r.batch) == pytest.approx(7.142857142857, rel=1e-9)
     assert float(r.iteration_s) == pytest.approx(0.0107142857143, rel=1e-9)
@@ -65,7 +66,8 @@ def test_continuous_batching_hand_derived():
     # capacity: B_max = 256 → λ = 256/(100·(0.01 + 0.0256) + 256·0.05) = 15.647921760
     assert float(r.capacity_rps) == pytest.approx(15.647921760, rel=1e-9)
     # dp replicas share the rate; pp micro-batches halve the per-micro-batch tokens
-    r2 = srv.continuous_batching_from_costs(table(), ISL, OSL, 10.0, 256.0, dp=2.0, n_gpus=2.0)
+    r2 = srv.continuous_batching_from_costs(table(), ISL, OSL, 10.0, Opts(max_batch=256.0), dp=2.0,
+                                            n_gpus=2.0)
     assert float(r2.tpot_s) == pytest.approx(float(r.tpot_s), rel=1e-12)
     assert float(r2.capacity_rps) == pytest.approx(2 * float(r.capacity_rps), rel=1e-12)
 
@@ -76,7 +78,8 @@ def test_chunked_prefill_hand_derived():
     # c̄ = λ·isl·T_it = 111.111 < C = 256; T_full = T(m − c̄ + C) = 0.01 + 0.0267111;
     # D = ceil(1000/256)·T_full = 4·0.0367111 = 0.1468444 s, ρ = λD = 0.7342222;
     # TTFT = ρD/(2(1 − ρ)) + D + T_it/2 = 0.2028287 + 0.1468444 + 0.0111111 = 0.3607843 s
-    r = srv.continuous_batching_from_costs(table(), ISL, OSL, 5.0, 256.0, chunk=256.0)
+    r = srv.continuous_batching_from_costs(table(), ISL, OSL, 5.0,
+                                           Opts(max_batch=256.0, chunk=256.0))
     assert bool(r.feasible)
     assert float(r.tpot_s) == pytest.approx(0.0222222222, rel=1e-8)
     assert float(r.batch) == pytest.approx(5.0 * OSL * 0.0222222222, rel=1e-8)
@@ -87,8 +90,9 @@ def test_chunked_prefill_hand_derived():
     # the Sarathi-Serve trade at a high rate: no generation stalls (prefill takes ρ = 0.6
     # of the time without chunks), a longer first token
     c = table(k=2e-5)
-    plain = srv.continuous_batching_from_costs(c, ISL, OSL, 12.0, 256.0)
-    chunk = srv.continuous_batching_from_costs(c, ISL, OSL, 12.0, 256.0, chunk=512.0)
+    plain = srv.continuous_batching_from_costs(c, ISL, OSL, 12.0, Opts(max_batch=256.0))
+    chunk = srv.continuous_batching_from_costs(c, ISL, OSL, 12.0,
+                                               Opts(max_batch=256.0, chunk=512.0))
     assert bool(plain.feasible) and bool(chunk.feasible)
     assert float(chunk.tpot_s) < 0.6 * float(plain.tpot_s)
     assert float(chunk.ttft_s) > float(plain.ttft_s) - 0.05
@@ -102,8 +106,8 @@ def test_disaggregated_hand_derived():
     t_kv = float(lvl.link_latency) + 1e8 / (float(lvl.bw_per_device) * float(lvl.efficiency))
     # decode pool 6×1 GPU: λ_d = 10/6, r = 166.667, B = 1.66667/0.983333 = 1.6949153,
     # TPOT = 0.01 + 1e-4·B
-    r = srv.disaggregated_from_costs(table(), table(), system, ISL, OSL, 10.0, 256.0,
-                                     dp_prefill=2.0, dp_decode=6.0)
+    r = srv.disaggregated_from_costs(table(), table(), system, ISL, OSL, 10.0,
+                                     Opts(max_batch=256.0), Pools(dp_prefill=2.0, dp_decode=6.0))
     assert bool(r.feasible)
     assert float(r.ttft_s) == pytest.approx(0.05 + 0.25 * 0.05 / 1.5 + t_kv, rel=1e-9)
     assert float(r.batch) == pytest.approx(1.6949152542, rel=1e-9)
@@ -112,42 +116,47 @@ def test_disaggregated_hand_derived():
     # capacity: min(2/0.05, 6·256/(100·(0.01 + 0.0256))) = min(40, 431.46) = 40
     assert float(r.capacity_rps) == pytest.approx(40.0, rel=1e-9)
     # pools larger than the system
-    bad = srv.disaggregated_from_costs(table(), table(), system, ISL, OSL, 10.0, 256.0,
-                                       dp_prefill=4.0, dp_decode=6.0)
+    bad = srv.disaggregated_from_costs(table(), table(), system, ISL, OSL, 10.0,
+                                       Opts(max_batch=256.0), Pools(dp_prefill=4.0, dp_decode=6.0))
     assert reason_name(bad.reason) == "devices_mismatch"
 
 
 def test_infeasible_rate_and_memory_finite_gradients():
     c = table()
-    r = srv.continuous_batching_from_costs(c, ISL, OSL, 20.0, 256.0)   # above 15.65/s
+    r = srv.continuous_batching_from_costs(c, ISL, OSL, 20.0,
+                                           Opts(max_batch=256.0))   # above 15.65/s
     assert not bool(r.feasible) and reason_name(r.reason) == "rate_above_capacity"
     assert math.isinf(float(r.ttft_s)) and math.isinf(float(r.tpot_s))
     assert float(r.throughput_per_gpu) == 0.0 and not bool(r.meets_slo)
-    full = srv.continuous_batching_from_costs(table(weights=80e9), ISL, OSL, 1.0, 256.0)
+    full = srv.continuous_batching_from_costs(table(weights=80e9), ISL, OSL, 1.0,
+                                              Opts(max_batch=256.0))
     assert reason_name(full.reason) == "out_of_memory"
 
     def f(rate, a):
-        res = srv.continuous_batching_from_costs(table(a=a), ISL, OSL, rate, 256.0,
-                                                 chunk=256.0)
+        res = srv.continuous_batching_from_costs(table(a=a), ISL, OSL, rate,
+                                                 Opts(max_batch=256.0, chunk=256.0))
         return res.ttft_s + res.tpot_s + res.goodput_per_gpu
     for rate in (20.0, 1e6):
         g = jax.grad(f, argnums=(0, 1))(rate, 0.01)
         assert all(np.isfinite(np.asarray(x)) for x in g)
     # a runtime too slow to reach a fixed point even with an empty batch
-    r = srv.continuous_batching_from_costs(table(a=1.0, k=1.0), ISL, OSL, 5.0, 256.0)
+    r = srv.continuous_batching_from_costs(table(a=1.0, k=1.0), ISL, OSL, 5.0,
+                                           Opts(max_batch=256.0))
     assert reason_name(r.reason) == "rate_above_capacity"
 
 
 def test_slo_and_goodput():
-    r = srv.continuous_batching_from_costs(table(), ISL, OSL, 5.0, 256.0, ttft_slo_s=0.07,
-                                           tpot_slo_s=0.015)
+    r = srv.continuous_batching_from_costs(table(), ISL, OSL, 5.0,
+                                           Opts(max_batch=256.0, ttft_slo_s=0.07, tpot_slo_s=0.015))
     assert bool(r.meets_slo) and float(r.goodput_per_gpu) == float(r.throughput_per_gpu)
-    r = srv.continuous_batching_from_costs(table(), ISL, OSL, 5.0, 256.0, tpot_slo_s=0.014)
+    r = srv.continuous_batching_from_costs(table(), ISL, OSL, 5.0,
+                                           Opts(max_batch=256.0, tpot_slo_s=0.014))
     assert not bool(r.meets_slo) and float(r.goodput_per_gpu) == 0.0
 
 
 def _point(rate, chunk):
-    return srv.continuous_batching_from_costs(table(), ISL, OSL, rate, 256.0, chunk=chunk)
+    return srv.continuous_batching_from_costs(table(), ISL, OSL, rate,
+                                              Opts(max_batch=256.0, chunk=chunk))
 
 
 def test_vmap_matches_loop_and_jit_matches_eager():
@@ -169,7 +178,8 @@ def test_gradient_matches_finite_differences(chunk):
     def f(x):
         rate, a, k = x[0], x[1], x[2]
         c = dataclasses.replace(table(), step_s=a + k * jnp.asarray(GRID))
-        r = srv.continuous_batching_from_costs(c, ISL, OSL, rate, 256.0, chunk=chunk)
+        r = srv.continuous_batching_from_costs(c, ISL, OSL, rate,
+                                               Opts(max_batch=256.0, chunk=chunk))
         return r.ttft_s + 3.0 * r.tpot_s
     x0 = jnp.asarray([5.0, 0.01, 1e-4])
     g = np.asarray(jax.grad(f)(x0))
@@ -187,8 +197,9 @@ def test_disaggregated_gradient_matches_finite_differences():
     def f(bw):
         lv = dataclasses.replace(system.levels[0], bw_per_device=bw)
         sys2 = dataclasses.replace(system, levels=(lv,) + tuple(system.levels[1:]))
-        r = srv.disaggregated_from_costs(table(), table(), sys2, ISL, OSL, 10.0, 256.0,
-                                         dp_prefill=2.0, dp_decode=6.0)
+        r = srv.disaggregated_from_costs(table(), table(), sys2, ISL, OSL, 10.0,
+                                         Opts(max_batch=256.0),
+                                         Pools(dp_prefill=2.0, dp_decode=6.0))
         return r.ttft_s
     bw = float(system.levels[0].bw_per_device)
     g = float(jax.grad(f)(bw))
@@ -197,11 +208,11 @@ def test_disaggregated_gradient_matches_finite_differences():
 
 
 def test_float32(float32):
-    r = srv.continuous_batching_from_costs(table(), ISL, OSL, 5.0, 256.0)
+    r = srv.continuous_batching_from_costs(table(), ISL, OSL, 5.0, Opts(max_batch=256.0))
     assert r.ttft_s.dtype == jnp.float32
     assert float(r.tpot_s) == pytest.approx(0.0142857142857, rel=1e-5)
     assert float(r.ttft_s) == pytest.approx(0.0623511904762, rel=1e-5)
-    bad = srv.continuous_batching_from_costs(table(), ISL, OSL, 20.0, 256.0)
+    bad = srv.continuous_batching_from_costs(table(), ISL, OSL, 20.0, Opts(max_batch=256.0))
     assert not bool(bad.feasible) and math.isinf(float(bad.ttft_s))
 
 
@@ -240,8 +251,9 @@ def test_public_functions_end_to_end(small):
     assert bool(r.feasible[0]) and not bool(r.feasible[1])
     assert reason_name(r.reason[1]) == "rate_above_capacity"
     c = jm.serving_costs(system, model, par, 512, 128, runtime="trtllm")
-    direct = srv.continuous_batching_from_costs(c, 512.0, 128.0, 5.0, 256.0, dp=2.0,
-                                                n_gpus=4.0, chunk=256.0)
+    direct = srv.continuous_batching_from_costs(c, 512.0, 128.0, 5.0,
+                                                Opts(max_batch=256.0, chunk=256.0), dp=2.0,
+                                                n_gpus=4.0)
     assert float(r.tpot_s[0]) == pytest.approx(float(direct.tpot_s), rel=1e-6)
     d = jm.disaggregated(system, model, jm.Parallelism(dp=1, tp=2), jm.Parallelism(dp=1, tp=2),
                          512, 128, rate=5.0, runtime="trtllm")
@@ -300,7 +312,7 @@ def test_offline_hand_derived():
     # KV capacity 498 (test_kv_capacity_hand_derived, the whole prompt's working set);
     # batch cap 200 < 498: m = 200·1100/100 = 2200 tokens, T = 0.23 s, requests/s
     # 2200/(1100·0.23), output tokens/s per GPU ·100/4
-    r = srv.offline_from_costs(c, ISL, OSL, max_batch=200.0, max_tokens=1e6, n_gpus=4.0)
+    r = srv.offline_from_costs(c, ISL, OSL, Opts(max_batch=200.0, max_tokens=1e6), n_gpus=4.0)
     assert bool(r.feasible)
     assert float(r.tokens_per_iteration) == pytest.approx(2200.0)
     assert float(r.iteration_s) == pytest.approx(0.23)
@@ -308,40 +320,40 @@ def test_offline_hand_derived():
     assert float(r.throughput_per_gpu) == pytest.approx(2200.0 / (1100.0 * 0.23) * 100.0 / 4.0)
     assert float(r.batch) == pytest.approx(200.0)
     # the token budget binds: 1100 tokens per iteration, a decode batch of 100
-    r = srv.offline_from_costs(c, ISL, OSL, max_batch=200.0, max_tokens=1100.0)
+    r = srv.offline_from_costs(c, ISL, OSL, Opts(max_batch=200.0, max_tokens=1100.0))
     assert float(r.batch) == pytest.approx(100.0)
     assert float(r.iteration_s) == pytest.approx(0.01 + 0.11)
     # KV bound: 498 requests (max_tokens above the prompt: its whole working set)
-    r = srv.offline_from_costs(c, ISL, OSL, max_batch=4096.0, max_tokens=1e6)
+    r = srv.offline_from_costs(c, ISL, OSL, Opts(max_batch=4096.0, max_tokens=1e6))
     assert float(r.batch) == pytest.approx(498.0)
     # TensorRT-LLM's pool: 0.9 of (80e9 − 16e9 − 1e9) = 56.7e9 B, blocks of 32 tokens
     # (3.2e6 B): 17718 blocks; a request 35 blocks → 506 requests
-    r = srv.offline_from_costs(c, ISL, OSL, max_batch=4096.0, max_tokens=1e6,
-                               block_tokens=32.0, kv_of_free=1.0)
+    r = srv.offline_from_costs(c, ISL, OSL, Opts(max_batch=4096.0, max_tokens=1e6,
+                                                 block_tokens=32.0, kv_of_free=1.0))
     assert float(r.kv_capacity_seqs) == 506.0
 
 
 def test_offline_infeasible_finite_gradients_and_vmap():
     def tput(w):
-        return srv.offline_from_costs(table(weights=w), ISL, OSL, max_batch=256.0,
-                                      max_tokens=8192.0).throughput_per_gpu
-    r = srv.offline_from_costs(table(weights=90e9), ISL, OSL, max_batch=256.0,
-                               max_tokens=8192.0)
+        return srv.offline_from_costs(table(weights=w), ISL, OSL, Opts(
+            max_batch=256.0, max_tokens=8192.0)).throughput_per_gpu
+    r = srv.offline_from_costs(table(weights=90e9), ISL, OSL,
+                               Opts(max_batch=256.0, max_tokens=8192.0))
     assert not bool(r.feasible) and reason_name(r.reason) == "out_of_memory"
     assert float(r.throughput_per_gpu) == 0.0 and math.isinf(float(r.iteration_s))
     g = jax.grad(tput)(90e9)
     assert np.isfinite(float(g))
     # gradient in the step time (a slower iteration: fewer tokens/s), against a difference
-    f = lambda a: srv.offline_from_costs(table(a=a), ISL, OSL, max_batch=200.0,  # noqa: E731
-                                         max_tokens=1e6).throughput_per_gpu
+    f = lambda a: srv.offline_from_costs(table(a=a), ISL, OSL, Opts(  # noqa: E731
+        max_batch=200.0, max_tokens=1e6)).throughput_per_gpu
     g = float(jax.grad(f)(0.01))
     fd = (float(f(0.0101)) - float(f(0.0099))) / 2e-4
     assert g < 0 and g == pytest.approx(fd, rel=1e-3)
     mbs = jnp.asarray([50.0, 200.0, 400.0])
-    v = jax.vmap(lambda m: srv.offline_from_costs(table(), ISL, OSL, max_batch=m,
-                                                  max_tokens=1e6).throughput_per_gpu)(mbs)
-    loop = [float(srv.offline_from_costs(table(), ISL, OSL, max_batch=m,
-                                         max_tokens=1e6).throughput_per_gpu) for m in mbs]
+    v = jax.vmap(lambda m: srv.offline_from_costs(table(), ISL, OSL, Opts(
+        max_batch=m, max_tokens=1e6)).throughput_per_gpu)(mbs)
+    loop = [float(srv.offline_from_costs(table(), ISL, OSL, Opts(
+        max_batch=m, max_tokens=1e6)).throughput_per_gpu) for m in mbs]
     assert np.allclose(np.asarray(v), loop, rtol=1e-6)
 
 
@@ -358,16 +370,20 @@ def test_wait_quantile_is_mm1_exact():
 @pytest.mark.parametrize("chunk", [0.0, 250.0])
 def test_slo_throughput_is_the_highest_rate_meeting_the_tails(chunk):
     c = table()
-    kw = dict(max_batch=256.0, chunk=chunk, dp=2.0, n_gpus=4.0)
-    r = srv.slo_throughput_from_costs(c, ISL, OSL, ttft_p99_s=0.5, tpot_p99_s=0.03, **kw)
+    kw = dict(dp=2.0, n_gpus=4.0)
+    r = srv.slo_throughput_from_costs(c, ISL, OSL, Opts(max_batch=256.0, chunk=chunk,
+                                                        ttft_p99_s=0.5, tpot_p99_s=0.03), **kw)
     assert bool(r.feasible) and bool(r.meets_slo)
     assert float(r.ttft_p99_s) <= 0.5 and float(r.tpot_p99_s) <= 0.03
     assert float(r.ttft_p99_s) >= float(r.ttft_s) and float(r.tpot_p99_s) >= float(r.tpot_s)
     rate = float(r.throughput_per_gpu) * 4.0 / OSL
-    above = srv.continuous_batching_from_costs(c, ISL, OSL, rate * 1.01, **kw)
+    above = srv.continuous_batching_from_costs(c, ISL, OSL, rate * 1.01,
+                                               Opts(max_batch=256.0, chunk=chunk), **kw)
     assert (not bool(above.feasible) or float(above.ttft_p99_s) > 0.5
             or float(above.tpot_p99_s) > 0.03)
-    none = srv.slo_throughput_from_costs(c, ISL, OSL, ttft_p99_s=1e-3, tpot_p99_s=0.03, **kw)
+    none = srv.slo_throughput_from_costs(c, ISL, OSL, Opts(max_batch=256.0, chunk=chunk,
+                                                           ttft_p99_s=1e-3, tpot_p99_s=0.03),
+                                         **kw)
     assert not bool(none.feasible) and reason_name(none.reason) == "slo_unmet"
     assert float(none.throughput_per_gpu) == 0.0
 
@@ -391,8 +407,9 @@ def test_offline_and_slo_public_functions(small):
                               runtime="trtllm_v1")
     assert r.throughput_per_gpu.shape == (2,) and bool(np.all(r.feasible))
     c = jm.serving_costs(system, model, par, 512, 128, runtime="trtllm_v1")
-    direct = srv.offline_from_costs(c, 512.0, 128.0, max_batch=4096.0, max_tokens=32768.0,
-                                    dp=2.0, n_gpus=4.0, block_tokens=32.0, kv_of_free=1.0)
+    direct = srv.offline_from_costs(c, 512.0, 128.0, Opts(
+        max_batch=4096.0, max_tokens=32768.0, block_tokens=32.0, kv_of_free=1.0), dp=2.0,
+        n_gpus=4.0)
     assert float(r.throughput_per_gpu[0]) == pytest.approx(float(direct.throughput_per_gpu),
                                                            rel=1e-5)
     s = jm.slo_throughput(system, model, par, 512, 128, ttft_p99_s=0.5, tpot_p99_s=0.05,
@@ -411,34 +428,31 @@ def test_serve_cli_errors(argv, msg, capsys):
     assert err.startswith("jaxmodel: error:") and msg in err and "Traceback" not in err
 
 
-def test_options_object_batches_and_matches_the_keyword_functions():
-    """The scheduler settings travel as one pytree (``srv.ServingOptions``): the keyword
-    functions equal the option bodies, and a vmap over its leaves (batch caps, chunks, the
-    mean limits) equals the loop."""
+def test_options_object_batches_like_the_loop():
+    """The scheduler settings travel as one pytree (``Opts``, :class:`srv.ServingOptions`): a
+    vmap over its leaves (batch caps, chunks, the mean limits) equals the loop, and the
+    older names of the bodies are the same functions."""
     c = table()
-    kw = dict(dp=2.0, pp=1.0, n_gpus=2.0, block_tokens=32.0, mem_fraction=0.85)
-    opts = srv.ServingOptions(max_batch=jnp.asarray([4.0, 64.0, 256.0]),
-                              chunk=jnp.asarray([0.0, 512.0, 256.0]), block_tokens=32.0,
-                              mem_fraction=0.85, ttft_slo_s=jnp.asarray([0.1, 0.2, 1.0]),
-                              tpot_slo_s=0.02)
-    axes = srv.ServingOptions(max_batch=0, chunk=0, block_tokens=None, mem_fraction=None,
-                              kv_of_free=None, max_tokens=None, ttft_slo_s=0,
-                              tpot_slo_s=None, ttft_p99_s=None, tpot_p99_s=None)
-    batch = jax.vmap(lambda o: srv.steady_state(c, ISL, OSL, 8.0, o, 2.0, 1.0, 2.0),
+    kw = dict(dp=2.0, pp=1.0, n_gpus=2.0)
+    opts = Opts(max_batch=jnp.asarray([4.0, 64.0, 256.0]),
+                chunk=jnp.asarray([0.0, 512.0, 256.0]), block_tokens=32.0,
+                mem_fraction=0.85, ttft_slo_s=jnp.asarray([0.1, 0.2, 1.0]), tpot_slo_s=0.02)
+    axes = Opts(max_batch=0, chunk=0, block_tokens=None, mem_fraction=None, kv_of_free=None,
+                max_tokens=None, ttft_slo_s=0, tpot_slo_s=None, ttft_p99_s=None,
+                tpot_p99_s=None)
+    batch = jax.vmap(lambda o: srv.continuous_batching_from_costs(c, ISL, OSL, 8.0, o, **kw),
                      in_axes=(axes,))(opts)
     for i in range(3):
-        one = srv.continuous_batching_from_costs(
-            c, ISL, OSL, 8.0, float(opts.max_batch[i]), chunk=float(opts.chunk[i]),
-            ttft_slo_s=float(opts.ttft_slo_s[i]), tpot_slo_s=0.02, **kw)
+        one = srv.continuous_batching_from_costs(c, ISL, OSL, 8.0, Opts(
+            max_batch=float(opts.max_batch[i]), chunk=float(opts.chunk[i]), block_tokens=32.0,
+            mem_fraction=0.85, ttft_slo_s=float(opts.ttft_slo_s[i]), tpot_slo_s=0.02), **kw)
         for name in ("ttft_s", "tpot_s", "batch", "meets_slo", "feasible", "reason"):
             np.testing.assert_allclose(np.asarray(getattr(batch, name))[i],
                                        np.asarray(getattr(one, name)), rtol=1e-12)
-    off = srv.offline_from_costs(c, ISL, OSL, max_batch=200.0, max_tokens=1100.0, dp=2.0,
-                                 kv_of_free=1.0)
-    same = srv.offline_state(c, ISL, OSL, srv.ServingOptions(
-        max_batch=200.0, max_tokens=1100.0, kv_of_free=1.0), 2.0)
-    assert jax.tree_util.tree_all(jax.tree_util.tree_map(
-        lambda a, b: bool(np.array_equal(a, b)), off, same))
+    assert srv.steady_state is srv.continuous_batching_from_costs
+    assert srv.offline_state is srv.offline_from_costs
+    assert srv.slo_state is srv.slo_throughput_from_costs
+    assert srv.disaggregated_state is srv.disaggregated_from_costs
 
 
 def test_search_offline_column_is_offline_from_costs_per_table():
@@ -456,7 +470,7 @@ def test_search_offline_column_is_offline_from_costs_per_table():
     for k, r in enumerate(rts):
         s = scheduler_defaults(r.name)
         d, t = float(par.dp[k]), float(par.tp[k])
-        want = srv.offline_from_costs(c, ISL, OSL, dp=d, n_gpus=d * t, **{
+        want = srv.offline_from_costs(c, ISL, OSL, Opts(**{
             n: s[n] for n in ("max_batch", "max_tokens", "block_tokens", "mem_fraction",
-                              "kv_of_free")})
+                              "kv_of_free")}), dp=d, n_gpus=d * t)
         assert float(got[k]) == pytest.approx(float(want.throughput_per_gpu), rel=1e-12)

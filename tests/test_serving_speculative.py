@@ -12,6 +12,7 @@ import pytest
 import hw_db
 import jaxmodel as jm
 from jaxmodel import serving as srv
+from jaxmodel.serving import ServingOptions as Opts
 from jaxmodel import speculative as spec
 
 from tests.test_serving import ISL, OSL, table
@@ -54,8 +55,8 @@ def spec_table(k=3.0, e=2.5, **kw):
 
 def test_without_drafts_the_table_gives_the_plain_offline_value():
     # k = 0, E = 1: test_serving.py's test_offline_hand_derived, 2200/(1100·0.23) requests/s
-    none = srv.offline_from_costs(spec_table(0.0, 1.0), ISL, OSL, max_batch=200.0,
-                                  max_tokens=1e6)
+    none = srv.offline_from_costs(spec_table(0.0, 1.0), ISL, OSL,
+                                  Opts(max_batch=200.0, max_tokens=1e6))
     assert float(none.requests_per_s) == pytest.approx(2200.0 / (1100.0 * 0.23))
 
 
@@ -63,7 +64,7 @@ def test_offline_with_drafts_hand_derived():
     # k = 3, E = 2.5: a request is isl/4 = 250 prompt slots and osl/E = 40 iterations;
     # a KV peak of 1103 tokens is still 69 blocks (498 requests); batch cap 200:
     # m = 200·290/40 = 1450 slots, T = 0.01 + 0.145 = 0.155 s, requests/s 1450/(290·0.155)
-    r = srv.offline_from_costs(spec_table(), ISL, OSL, max_batch=200.0, max_tokens=1e6,
+    r = srv.offline_from_costs(spec_table(), ISL, OSL, Opts(max_batch=200.0, max_tokens=1e6),
                                n_gpus=4.0)
     assert bool(r.feasible)
     assert float(r.tokens_per_iteration) == pytest.approx(1450.0)
@@ -73,17 +74,17 @@ def test_offline_with_drafts_hand_derived():
     assert float(r.batch) == pytest.approx(200.0)
     assert float(r.tpot_s) == pytest.approx(0.155 / 2.5)
     # the token budget counts 1 + k tokens per slot: 4400 tokens = 1100 slots
-    r = srv.offline_from_costs(spec_table(), ISL, OSL, max_batch=200.0, max_tokens=4400.0)
+    r = srv.offline_from_costs(spec_table(), ISL, OSL, Opts(max_batch=200.0, max_tokens=4400.0))
     assert float(r.tokens_per_iteration) == pytest.approx(1100.0)
     # the k draft positions enter the KV peak: 1000 + 100 + 8 = 1108 tokens = 70 blocks
-    r = srv.offline_from_costs(spec_table(k=8.0), ISL, OSL, max_batch=4096.0, max_tokens=1e6)
+    r = srv.offline_from_costs(spec_table(k=8.0), ISL, OSL, Opts(max_batch=4096.0, max_tokens=1e6))
     assert float(r.kv_capacity_seqs) == float(np.floor(34375 / 70))
 
 
 def test_continuous_batching_with_drafts_hand_derived():
     # λ = 5/s, ρ = 0.25; iterations per request osl/E = 40: r = 5·40/0.75 = 266.67/s;
     # B = r·a/(1 − r·k) = 2.6667/0.973333 = 2.739726; T = 0.010273973 s; TPOT = T/(0.75·2.5)
-    r = srv.continuous_batching_from_costs(spec_table(), ISL, OSL, 5.0, 256.0)
+    r = srv.continuous_batching_from_costs(spec_table(), ISL, OSL, 5.0, Opts(max_batch=256.0))
     assert bool(r.feasible)
     assert float(r.batch) == pytest.approx(2.739726027, rel=1e-8)
     assert float(r.iteration_s) == pytest.approx(0.01 + 1e-4 * 2.739726027, rel=1e-8)
@@ -92,7 +93,8 @@ def test_continuous_batching_with_drafts_hand_derived():
     assert float(r.batch) == pytest.approx(5.0 * OSL * float(r.tpot_s), rel=1e-9)
     assert float(r.throughput_per_gpu) == pytest.approx(500.0)
     # chunked: Little's law holds too
-    rc = srv.continuous_batching_from_costs(spec_table(), ISL, OSL, 5.0, 256.0, chunk=512.0)
+    rc = srv.continuous_batching_from_costs(spec_table(), ISL, OSL, 5.0,
+                                            Opts(max_batch=256.0, chunk=512.0))
     assert bool(rc.feasible)
     assert float(rc.batch) == pytest.approx(5.0 * OSL * float(rc.tpot_s), rel=1e-9)
 

@@ -117,7 +117,8 @@ def test_add_a_serving_technique():
     costs, isl, osl, rate = _flat_costs(), 1000.0, 200.0, 2.0
 
     def ttft(hit):
-        r = S.continuous_batching_from_costs(prefix_cached(costs, hit), isl, osl, rate, 256.0)
+        r = S.continuous_batching_from_costs(prefix_cached(costs, hit), isl, osl, rate,
+                                             S.ServingOptions(max_batch=256.0))
         return r.ttft_s
     hits = (0.0, 0.5, 0.9)
     got = np.asarray(jax.jit(jax.vmap(ttft))(jnp.array(hits)))     # a batch over the knob

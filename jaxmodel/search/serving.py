@@ -27,13 +27,16 @@ Two batched stages, as :func:`jaxmodel.search_parallelism` de-duplicates its sta
    every configuration, gathering its table rows by index, in one jitted
    :func:`jaxmodel.batching.map_points` call — 10⁵ rows.
 
-A search compiles three executables: the cost tables and the steady state of the aggregated
-and of the disaggregated rows. Stage 2 needs only the shapes of the tables, so it is traced
-and compiled on a second thread while stage 1 runs (XLA releases the GIL while compiling);
-on the CPU backend both stages compile with :data:`jaxmodel.batching.CPU_COMPILE_OPTIONS`
-(:class:`jaxmodel.batching.jit_leaves`). Most of a cold search is the XLA compilation of
-stage 1's graph (the inference model with its GEMM tile searches), whose size does not
-depend on how many configurations are searched.
+A search compiles four executables: the cost tables, their offline column and the steady
+state of the aggregated and of the disaggregated rows. Stage 2 needs only the shapes of the
+tables, so it is traced and compiled on a second thread while stage 1 runs (XLA releases the
+GIL while compiling). On the CPU backend (:class:`jaxmodel.batching.jit_leaves`) stage 1,
+which runs once on tens of rows, compiles with
+:data:`jaxmodel.batching.ONE_SHOT_COMPILE_OPTIONS` (LLVM level 0: about half the compile time
+of its graph, the same numbers to float rounding) and stage 2, which runs on 10⁵ rows, with
+:data:`jaxmodel.batching.CPU_COMPILE_OPTIONS`. Most of a cold search is the tracing and XLA
+compilation of stage 1's graph (the inference model with its GEMM tile searches), whose size
+does not depend on how many configurations are searched.
 
 Both stages print their progress through :func:`jaxmodel.process.stage`. In a
 ``jax.distributed`` job (:mod:`jaxmodel.distributed`) every process computes the cost tables
@@ -45,6 +48,7 @@ front is taken: the same table as one process computes.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import sys
 import threading
@@ -61,7 +65,7 @@ from jaxmodel import process as _process
 from jaxmodel import serving_runtime as _rtp
 from jaxmodel import serving as _srv
 from jaxmodel import speculative as _spec
-from jaxmodel.batching import jit_leaves, map_points
+from jaxmodel.batching import ONE_SHOT_COMPILE_OPTIONS, jit_leaves, map_points
 from jaxmodel.numerics import REASONS, pareto_mask
 from jaxmodel.types import Model, Parallelism, System
 from jaxmodel.workload.layer import variant_of
@@ -101,27 +105,32 @@ def _evaluate(table, rows, system, isl, osl, ttft_slo, tpot_slo, disagg: bool):
         c = take(r["k"])
         cap = r["dp"] * _srv.aggregated_capacity(c, isl, osl, r["max_batch"], r["pp"],
                                                   r["chunk"])
-        return _srv.continuous_batching_from_costs(
-            c, isl, osl, r["load"] * cap, r["max_batch"], dp=r["dp"], pp=r["pp"],
-            n_gpus=r["n"], chunk=r["chunk"], ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
+        opts = _srv.ServingOptions(max_batch=r["max_batch"], chunk=r["chunk"],
+                                   ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
+        return _srv.continuous_batching_from_costs(c, isl, osl, r["load"] * cap, opts,
+                                                   r["dp"], r["pp"], r["n"])
 
     def dis(r):
         pre, dec = take(r["k"]), take(r["k_d"])
+        pools = _srv.Pools(r["dp_p"], r["pp_p"], r["tp_p"], r["dp"], r["pp"], r["tp"])
         probe = _srv.disaggregated_from_costs(
-            pre, dec, system, isl, osl, 0.0, r["max_batch"], dp_prefill=r["dp_p"],
-            pp_prefill=r["pp_p"], tp_prefill=r["tp_p"], dp_decode=r["dp"], pp_decode=r["pp"],
-            tp_decode=r["tp"])
+            pre, dec, system, isl, osl, 0.0, _srv.ServingOptions(max_batch=r["max_batch"]),
+            pools)
+        opts = _srv.ServingOptions(max_batch=r["max_batch"], ttft_slo_s=ttft_slo,
+                                   tpot_slo_s=tpot_slo)
         return _srv.disaggregated_from_costs(
-            pre, dec, system, isl, osl, r["load"] * probe.capacity_rps, r["max_batch"],
-            dp_prefill=r["dp_p"], pp_prefill=r["pp_p"], tp_prefill=r["tp_p"],
-            dp_decode=r["dp"], pp_decode=r["pp"], tp_decode=r["tp"], ttft_slo_s=ttft_slo,
-            tpot_slo_s=tpot_slo)
+            pre, dec, system, isl, osl, r["load"] * probe.capacity_rps, opts, pools)
 
     return map_points(dis if disagg else agg, rows, chunk=ROW_CHUNK)
 
 
-#: Stage 1: :func:`jaxmodel.serving.serving_costs` of every (plan, precision, runtime) row.
-_tables_jit = jit_leaves(_srv._serving_costs)
+#: Stage 1: :func:`jaxmodel.serving.serving_costs` of every (plan, precision, runtime) row
+#: (and :data:`_offline_jit`, the offline column of the same rows): run once per search,
+#: so compiled with :data:`jaxmodel.batching.ONE_SHOT_COMPILE_OPTIONS` on the CPU backend
+#: (XLA's HLO passes unchanged, LLVM level 0: the inference graph with its GEMM tile
+#: searches compiles in less time; the same numbers to float rounding).
+_tables_jit = jit_leaves(_srv._serving_costs, compiler_options=ONE_SHOT_COMPILE_OPTIONS)
+#: Stage 2: the steady state of 10⁵ rows (run on many rows: the default optimisation level).
 _evaluate_jit = jit_leaves(_evaluate, cast=False)
 
 
@@ -158,17 +167,43 @@ class _Prefetch:
             raise self.error
 
 
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+    """What :func:`search_serving` enumerates and how it reports: its keyword arguments
+    besides the limits (each documented there; the defaults are its defaults)."""
+
+    tp: Sequence[int] | None = None
+    pp: Sequence[int] = PP
+    max_batch: Sequence[int] = MAX_BATCH
+    chunk: Sequence[int] = CHUNKS
+    precision: Sequence = PRECISIONS
+    runtime: Sequence = RUNTIMES
+    loads: Sequence[float] = LOADS
+    disaggregated: bool = True
+    full: bool = False
+    progress: bool = True
+    tail: bool = False
+    speculative: Sequence = (None,)
+    ep: Sequence[int] = (1,)
+
+
+def _space(options: dict) -> SearchSpace:
+    """The :class:`SearchSpace` of :func:`search_serving`'s keyword arguments (a
+    ``TypeError`` names one it does not take, as Python's own check would)."""
+    fields = {f.name for f in dataclasses.fields(SearchSpace)}
+    for name in options:
+        if name not in fields:
+            raise TypeError(f"search_serving() got an unexpected keyword argument {name!r}")
+    return SearchSpace(**options)
+
+
 def search_serving(system: System, model: Model, n_devices: int | None = None, isl=1024,
                    osl=256, *, ttft_slo_s: float = float("inf"),
-                   tpot_slo_s: float = float("inf"), tp: Sequence[int] | None = None,
-                   pp: Sequence[int] = PP, max_batch: Sequence[int] = MAX_BATCH,
-                   chunk: Sequence[int] = CHUNKS, precision: Sequence = PRECISIONS,
-                   runtime: Sequence = RUNTIMES, loads: Sequence[float] = LOADS,
-                   disaggregated: bool = True, full: bool = False,
-                   progress: bool = True, tail: bool = False,
-                   speculative: Sequence = (None,),
-                   ep: Sequence[int] = (1,)) -> pd.DataFrame:
+                   tpot_slo_s: float = float("inf"), **options) -> pd.DataFrame:
     """Best serving deployments of ``model`` on ``n_devices`` under TTFT/TPOT limits.
+
+    The keyword arguments after the limits (``tp`` … ``ep`` below) are the fields of
+    :class:`SearchSpace`, with its defaults.
 
     Args:
         system: the hardware; its outermost network level is resized to ``n_devices``
@@ -232,26 +267,29 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
         if progress and not _process.quiet():
             print(f"[search_serving] {msg}", file=sys.stderr, flush=True)
 
+    sp = _space(options)
+    progress = sp.progress
     t0 = time.perf_counter()
     distributed.check_same("search_serving", dict(
         system=system, model=model, n_devices=n_devices, isl=isl, osl=osl,
-        ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, tp=tp, pp=pp, max_batch=max_batch,
-        chunk=chunk, precision=precision, runtime=runtime, loads=loads,
-        disaggregated=disaggregated, full=full, tail=tail, speculative=speculative,
-        ep=ep))
+        ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, tp=sp.tp, pp=sp.pp,
+        max_batch=sp.max_batch, chunk=sp.chunk, precision=sp.precision, runtime=sp.runtime,
+        loads=sp.loads, disaggregated=sp.disaggregated, full=sp.full, tail=sp.tail,
+        speculative=sp.speculative, ep=sp.ep))
     n = _as_int(system.n_devices if n_devices is None else n_devices, "n_devices")
     system = _scaled_system(system, n)
     isl_f, osl_f = float(isl), float(osl)
-    plans = _plans(n, _default_tp(system) if tp is None else tp, pp)
-    precs = [_precision.precision(p) for p in precision]
-    rts = [_rtp.runtime(r) for r in runtime]
-    _check_options(isl, osl, plans, precs, rts, max_batch, chunk, loads)
-    specs = _speculative_options(speculative)
+    plans = _plans(n, _default_tp(system) if sp.tp is None else sp.tp, sp.pp)
+    precs = [_precision.precision(p) for p in sp.precision]
+    rts = [_rtp.runtime(r) for r in sp.runtime]
+    _check_options(isl, osl, plans, precs, rts, sp.max_batch, sp.chunk, sp.loads)
+    specs = _speculative_options(sp.speculative)
     keys = [(t, p, i, j, e, s) for (t, p) in plans for i in range(len(precs))
-            for j in range(len(rts)) for e in _ep_degrees(model, n, t, p, ep)
+            for j in range(len(rts)) for e in _ep_degrees(model, n, t, p, sp.ep)
             for s in range(len(specs))]     # one cost table each
-    rows_a = _aggregated_rows(keys, n, max_batch, chunk, loads)
-    rows_d = _disaggregated_rows(keys, plans if disaggregated else [], n, max_batch, loads)
+    rows_a = _aggregated_rows(keys, n, sp.max_batch, sp.chunk, sp.loads)
+    rows_d = _disaggregated_rows(keys, plans if sp.disaggregated else [], n, sp.max_batch,
+                                 sp.loads)
     n_a, n_d = len(rows_a["k"]), len(rows_d["k"])
     say(f"{n_a + n_d:,} configurations ({n_a:,} aggregated, {n_d:,} disaggregated)")
     say(f"{len(keys)} cost tables ({len(plans)} tp×pp plans × {len(precs)} precisions × "
@@ -269,15 +307,28 @@ def search_serving(system: System, model: Model, n_devices: int | None = None, i
     frames = [_frame(rows_a, res[0], "aggregated", kt, names, offline)]
     if n_d:
         frames.append(_frame(rows_d, res[1], "disaggregated", kt, names, offline))
-    df = _with_front(pd.concat(frames, ignore_index=True), ttft_slo_s, tpot_slo_s, tail)
+    df = _with_front(pd.concat(frames, ignore_index=True), ttft_slo_s, tpot_slo_s, sp.tail)
     wall = time.perf_counter() - t0
     attrs = _summary(df, n_a + n_d, n, wall, timings)
     say(f"{n_a + n_d:,} configurations in {wall:.1f} s ({(n_a + n_d) / wall:,.0f}/s); "
         f"{attrs['n_meeting_slo']:,} meet the limits, {int(df['pareto'].sum())} on the front")
-    out = df if full else df[df["pareto"]].sort_values(
+    out = df if sp.full else df[df["pareto"]].sort_values(
         "tokens_per_s_per_user", kind="stable").reset_index(drop=True)
     out.attrs.update(attrs)
     return out
+
+
+def _full_signature(fn) -> inspect.Signature:
+    """``fn``'s signature with its ``**options`` spelled out as the keyword-only fields of
+    :class:`SearchSpace` (what ``help`` and editors show)."""
+    sig = inspect.signature(fn)
+    params = [q for q in sig.parameters.values() if q.kind is not q.VAR_KEYWORD]
+    params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+               for f in dataclasses.fields(SearchSpace)]
+    return sig.replace(parameters=params)
+
+
+search_serving.__signature__ = _full_signature(search_serving)
 
 
 def _summary(df, n_eval, n, wall, timings) -> dict:
@@ -439,7 +490,7 @@ def _run_stages(system, model, tables_in, rows, lengths, limits, progress):
         # the name is a static pytree field: without it, models of one family share the
         # executable within a process
         table = _tables_jit(system, dataclasses.replace(model, name=""), par, *lengths,
-                            prec_b, rt_b, variant_of(model, par, system), spec_b)
+                            _srv.Engine(prec_b, rt_b, variant_of(model, par, system), spec_b))
         table = jax.block_until_ready(table)
         st["note"] = f"{n_tables} tables × {len(_srv.TOKEN_GRID)} batch sizes"
     timings = {"cost_tables_s": st["wall_s"]}
@@ -465,9 +516,18 @@ def _offline_per_table(table, par, rts, isl, osl):
     opts = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(jnp.asarray(x, f), (len(sch),)),
                                   opts)
 
+    return np.asarray(_offline_jit(table, par.tp, par.pp, par.dp, opts, isl, osl))
+
+
+def _offline_tables(table, tp, pp, dp, opts, isl, osl):
+    """:func:`jaxmodel.serving.offline_from_costs`'s throughput per device, vmapped over the
+    tables (their plans ``tp``, ``pp``, ``dp`` and scheduler settings ``opts``)."""
     def one(c, t, p, d, o):
-        return _srv.offline_state(c, isl, osl, o, d, p, d * t * p).throughput_per_gpu
-    return np.asarray(jax.vmap(one)(table, par.tp, par.pp, par.dp, opts))
+        return _srv.offline_from_costs(c, isl, osl, o, d, p, d * t * p).throughput_per_gpu
+    return jax.vmap(one)(table, tp, pp, dp, opts)
+
+
+_offline_jit = jit_leaves(_offline_tables, cast=False, compiler_options=ONE_SHOT_COMPILE_OPTIONS)
 
 
 def _frame(rows, r, mode, kt, names, offline):

@@ -59,9 +59,9 @@ def serving_costs(system: System, model: Model, par: Parallelism, isl, osl, prec
         >>> c.step_s.shape
         (8,)
     """
-    return _serving_costs(system, model, par, isl, osl, _prec_arg(precision),
-                          _rtp.runtime_arg(runtime), variant_of(model, par, system),
-                          _spec_arg(speculative))
+    return _serving_costs(system, model, par, isl, osl, Engine(
+        _prec_arg(precision), _rtp.runtime_arg(runtime), variant_of(model, par, system),
+        _spec_arg(speculative)))
 
 
 serving_costs.single = serving_costs_single

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from jaxmodel.batching import batched
 from jaxmodel.numerics import INF
-from jaxmodel.serving.options import (BLOCK_TOKENS, MEM_FRACTION, Engine, ServingOptions)
+from jaxmodel.serving.options import Engine, ServingOptions
 from jaxmodel.serving.steady import (ServingCosts, ServingResult, _combine, _finish,
                                      _fixed_point, kv_capacity_seqs, md1_wait,
                                      serving_costs_single, step_time, wait_quantile)
@@ -63,11 +63,11 @@ class Pools(NamedTuple):
 
 
 def disaggregated_from_costs(pre: ServingCosts, dec: ServingCosts, system: System, isl, osl,
-                             rate, max_batch, *, dp_prefill=1.0, pp_prefill=1.0,
-                             tp_prefill=1.0, dp_decode=1.0, pp_decode=1.0, tp_decode=1.0,
-                             block_tokens=BLOCK_TOKENS, mem_fraction=MEM_FRACTION,
-                             ttft_slo_s=INF, tpot_slo_s=INF) -> ServingResult:
-    """Steady state of separate prefill and decode pools (single configuration).
+                             rate, opts: ServingOptions, pools: Pools) -> ServingResult:
+    """Steady state of separate prefill and decode pools (single configuration) whose
+    degrees are ``pools`` (:class:`Pools`), under the scheduler settings and limits in
+    ``opts`` (:class:`ServingOptions`: ``max_batch``, ``block_tokens``, ``mem_fraction``,
+    ``ttft_slo_s``, ``tpot_slo_s``).
 
     Prefill pool (DistServe §3.1 eq. 1-2): ``dp_p`` replicas, each an M/D/1 server of the
     pipelined prompt: ``TTFT = t_p + λ_p·(t_p/pp_p)² / (2(1 − λ_p·t_p/pp_p)) + t_kv`` with
@@ -78,17 +78,6 @@ def disaggregated_from_costs(pre: ServingCosts, dec: ServingCosts, system: Syste
     decode devices' KV capacity. Throughput per device ``rate·osl/(n_p + n_d)``; capacity
     ``min(dp_p·pp_p/t_p, dp_d·B_max/(osl·T(B_max/pp_d)))``.
     """
-    return disaggregated_state(pre, dec, system, isl, osl, rate, ServingOptions(
-        max_batch=max_batch, block_tokens=block_tokens, mem_fraction=mem_fraction,
-        ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s),
-        Pools(dp_prefill, pp_prefill, tp_prefill, dp_decode, pp_decode, tp_decode))
-
-
-def disaggregated_state(pre: ServingCosts, dec: ServingCosts, system: System, isl, osl, rate,
-                        opts: ServingOptions, pools: Pools) -> ServingResult:
-    """:func:`disaggregated_from_costs` with the settings and limits in ``opts``
-    (``max_batch``, ``block_tokens``, ``mem_fraction``, ``ttft_slo_s``, ``tpot_slo_s``) and
-    the pools' degrees in ``pools`` (the model is documented there)."""
     f = jnp.result_type(float)
     isl, osl, rate, max_batch = (jnp.asarray(x, f) for x in (isl, osl, rate,
                                                              opts.max_batch))
@@ -119,6 +108,9 @@ def disaggregated_state(pre: ServingCosts, dec: ServingCosts, system: System, is
         kv=kv_d, ttft_p99=ttft99, tpot_p99=tpot))
 
 
+#: The name the serving bodies have used for it.
+disaggregated_state = disaggregated_from_costs
+
 
 def _pool_par(par: Parallelism, n_devices):
     """``par`` re-counted over the whole system (``dp = n/(tp·pp)``): the cost table of one
@@ -137,10 +129,10 @@ def disaggregated_single(system: System, model: Model, pars: tuple, isl, osl, ra
     par_prefill, par_decode = pars
     n = system.n_devices
     pre = serving_costs_single(system, model, _pool_par(par_prefill, n), isl, osl,
-                               engine.precision, engine.runtime, engine.variant[0])
+                               Engine(engine.precision, engine.runtime, engine.variant[0]))
     dec = serving_costs_single(system, model, _pool_par(par_decode, n), isl, osl,
-                               engine.precision, engine.runtime, engine.variant[1])
-    return disaggregated_state(pre, dec, system, isl, osl, rate, opts, Pools(
+                               Engine(engine.precision, engine.runtime, engine.variant[1]))
+    return disaggregated_from_costs(pre, dec, system, isl, osl, rate, opts, Pools(
         par_prefill.dp, par_prefill.pp, par_prefill.tp, par_decode.dp, par_decode.pp,
         par_decode.tp))
 

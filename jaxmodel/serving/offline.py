@@ -15,11 +15,10 @@ import jax.numpy as jnp
 
 from jaxmodel.batching import batched
 from jaxmodel.numerics import INF, REASONS, reason_name
-from jaxmodel.serving.options import (BLOCK_TOKENS, MEM_FRACTION, Engine, ServingOptions,
-                                      register as _register)
+from jaxmodel.serving.options import Engine, ServingOptions, register as _register
 from jaxmodel.serving.steady import (ServingCosts, ServingResult, _chunk_attention_delta,
-                                     _combine, kv_capacity_seqs, n_gpus, serving_costs_single,
-                                     steady_state, step_time)
+                                     _combine, continuous_batching_from_costs,
+                                     kv_capacity_seqs, n_gpus, serving_costs_single, step_time)
 from jaxmodel.types import Model, Parallelism, System
 from jaxmodel.workload.memory import usable_memory
 
@@ -85,11 +84,13 @@ def kv_capacity_of_free(costs: ServingCosts, isl, osl, block_tokens, free_fracti
 
 
 
-def offline_from_costs(costs: ServingCosts, isl, osl, *, max_batch, max_tokens, dp=1.0,
-                       pp=1.0, n_gpus=1.0, block_tokens=BLOCK_TOKENS,
-                       mem_fraction=MEM_FRACTION, kv_of_free=0.0) -> OfflineResult:
-    """Offline throughput of in-flight batching with every request queued (single
-    configuration; trtllm-bench ``throughput``, MLPerf Inference "Offline" scenario).
+def offline_from_costs(costs: ServingCosts, isl, osl, opts: ServingOptions, dp=1.0, pp=1.0,
+                       n_gpus=1.0) -> OfflineResult:
+    """Offline throughput of in-flight batching with every request queued over ``dp``
+    replicas of ``pp`` stages on ``n_gpus`` devices (single configuration; trtllm-bench
+    ``throughput``, MLPerf Inference "Offline" scenario), under the scheduler settings in
+    ``opts`` (:class:`ServingOptions`: ``max_batch``, ``max_tokens``, ``block_tokens``,
+    ``mem_fraction``, ``kv_of_free``).
 
     With the queue never empty the scheduler keeps the batch at its cap ``B = min(max_batch,
     KV capacity)`` (Orca §3.1 iteration-level scheduling; a finished sequence's slot is
@@ -117,16 +118,6 @@ def offline_from_costs(costs: ServingCosts, isl, osl, *, max_batch, max_tokens, 
     ``osl`` output tokens per request; ``tpot_s = T_it/E``. ``k = 0`` is the formula above.
     Units: tokens, s, tokens/s.
     """
-    return offline_state(costs, isl, osl, ServingOptions(
-        max_batch=max_batch, max_tokens=max_tokens, block_tokens=block_tokens,
-        mem_fraction=mem_fraction, kv_of_free=kv_of_free), dp, pp, n_gpus)
-
-
-def offline_state(costs: ServingCosts, isl, osl, opts: ServingOptions, dp=1.0, pp=1.0,
-                  n_gpus=1.0) -> OfflineResult:
-    """:func:`offline_from_costs` with the scheduler settings in ``opts`` (``max_batch``,
-    ``max_tokens``, ``block_tokens``, ``mem_fraction``, ``kv_of_free``; the model is
-    documented there)."""
     f = jnp.result_type(float)
     isl, osl, max_batch, max_tokens, dp, pp, n_gpus = (jnp.asarray(x, f) for x in (
         isl, osl, opts.max_batch, opts.max_tokens, dp, pp, n_gpus))
@@ -162,12 +153,17 @@ def offline_state(costs: ServingCosts, isl, osl, opts: ServingOptions, dp=1.0, p
         tpot_s=gate(t_it / costs.spec_tokens, INF), kv_capacity_seqs=kv, feasible=feasible,
         reason=reason)
 
+
+#: The name the search has used for it.
+offline_state = offline_from_costs
+
+
 def offline_throughput_single(system: System, model: Model, par: Parallelism, isl, osl,
                               opts: ServingOptions, engine: Engine = Engine()
                               ) -> OfflineResult:
     """Single-configuration body of :func:`jaxmodel.serving.offline_throughput`."""
-    costs = serving_costs_single(system, model, par, isl, osl, *engine)
-    return offline_state(costs, isl, osl, opts, par.dp, par.pp, n_gpus(par))
+    costs = serving_costs_single(system, model, par, isl, osl, engine)
+    return offline_from_costs(costs, isl, osl, opts, par.dp, par.pp, n_gpus(par))
 
 
 @batched
@@ -180,13 +176,14 @@ SLO_BISECTION_STEPS = 40
 
 
 
-def slo_throughput_from_costs(costs: ServingCosts, isl, osl, *, ttft_p99_s, tpot_p99_s,
-                              max_batch, chunk=0.0, dp=1.0, pp=1.0, n_gpus=1.0,
-                              block_tokens=BLOCK_TOKENS,
-                              mem_fraction=MEM_FRACTION) -> ServingResult:
+def slo_throughput_from_costs(costs: ServingCosts, isl, osl, opts: ServingOptions, dp=1.0,
+                              pp=1.0, n_gpus=1.0) -> ServingResult:
     """The highest Poisson arrival rate whose steady state (:func:`continuous_batching_from_
     costs`) is feasible with ``ttft_p99_s >= TTFT₉₉`` and ``tpot_p99_s >= TPOT₉₉`` (the tail
-    model of :class:`ServingResult`), and that steady state (single configuration).
+    model of :class:`ServingResult`), and that steady state (single configuration): ``opts``
+    (:class:`ServingOptions`) carries the scheduler settings (``max_batch``, ``chunk``,
+    ``block_tokens``, ``mem_fraction``) and the tail limits ``ttft_p99_s``, ``tpot_p99_s``;
+    ``dp``, ``pp``, ``n_gpus`` as :func:`continuous_batching_from_costs`.
 
     Both percentiles grow with the rate (longer waits, larger batches, more stalls), so the
     set of rates meeting them is an interval from 0: bisection on ``[0, capacity]`` in
@@ -194,16 +191,6 @@ def slo_throughput_from_costs(costs: ServingCosts, isl, osl, *, ttft_p99_s, tpot
     meets the limits (even an idle server's prefill or iteration exceeds them), else the plan's
     reason. The rate is a search result: zero gradient with respect to the inputs.
     """
-    return slo_state(costs, isl, osl, ServingOptions(
-        max_batch=max_batch, chunk=chunk, block_tokens=block_tokens, mem_fraction=mem_fraction,
-        ttft_p99_s=ttft_p99_s, tpot_p99_s=tpot_p99_s), dp, pp, n_gpus)
-
-
-def slo_state(costs: ServingCosts, isl, osl, opts: ServingOptions, dp=1.0, pp=1.0,
-              n_gpus=1.0) -> ServingResult:
-    """:func:`slo_throughput_from_costs` with the settings and the tail limits in ``opts``
-    (``max_batch``, ``chunk``, ``block_tokens``, ``mem_fraction``, ``ttft_p99_s``,
-    ``tpot_p99_s``; the search is documented there)."""
     f = jnp.result_type(float)
 
     # the steady state at a rate, without mean-latency limits (as the search runs it)
@@ -211,7 +198,7 @@ def slo_state(costs: ServingCosts, isl, osl, opts: ServingOptions, dp=1.0, pp=1.
                            block_tokens=opts.block_tokens, mem_fraction=opts.mem_fraction)
 
     def at(rate):
-        return steady_state(costs, isl, osl, rate, queue, dp, pp, n_gpus)
+        return continuous_batching_from_costs(costs, isl, osl, rate, queue, dp, pp, n_gpus)
 
     def ok(rate):
         r = at(rate)
@@ -240,11 +227,17 @@ def slo_state(costs: ServingCosts, isl, osl, opts: ServingOptions, dp=1.0, pp=1.
         goodput_per_gpu=jnp.where(any_ok, r.throughput_per_gpu, 0.0),
         meets_slo=any_ok)
 
+
+#: The name the SLO search has used for it.
+slo_state = slo_throughput_from_costs
+
+
 def slo_throughput_single(system: System, model: Model, par: Parallelism, isl, osl,
                           opts: ServingOptions, engine: Engine = Engine()) -> ServingResult:
     """Single-configuration body of :func:`jaxmodel.serving.slo_throughput`."""
-    costs = serving_costs_single(system, model, par, isl, osl, *engine)
-    return slo_state(costs, isl, osl, opts, par.dp, par.pp, n_gpus(par))
+    costs = serving_costs_single(system, model, par, isl, osl, engine)
+    return slo_throughput_from_costs(costs, isl, osl, opts, par.dp, par.pp,
+                                     n_gpus(par))
 
 
 @batched

@@ -62,7 +62,6 @@ from jaxmodel.parallel.inference_step import inference_single
 from jaxmodel.serving.options import (BLOCK_TOKENS, MEM_FRACTION, Engine, ServingOptions,
                                       register as _register)
 from jaxmodel.types import Model, Parallelism, System
-from jaxmodel.workload.layer import ANY, Variant
 from jaxmodel.workload.memory import usable_memory
 
 __all__ = ["TOKEN_GRID", "BLOCK_TOKENS", "MEM_FRACTION", "ServingCosts", "ServingResult",
@@ -167,25 +166,26 @@ class ServingResult:
 # 1. cost table
 # --------------------------------------------------------------------------------------------
 def serving_costs_single(system: System, model: Model, par: Parallelism, isl, osl,
-                         precision=None, runtime=None, variant: Variant = ANY,
-                         speculative=None) -> ServingCosts:
+                         engine: Engine = Engine()) -> ServingCosts:
     """Single-configuration body of :func:`serving_costs`.
 
     ``par.dp`` replicas each carry ``N`` sequences: :func:`jaxmodel.inference` runs at batch
     ``N·dp`` (``memory_rule=False``: the KV capacity is checked by the serving model), once
-    per grid point (one trace, vmapped). ``variant`` (static): the code paths the inputs need
-    (:func:`jaxmodel.workload.layer.variant_of`; ``ANY`` traces every one).
-    ``speculative`` (:class:`jaxmodel.Speculative`): ``step_s`` is then one speculative
+    per grid point (one trace, vmapped). ``engine`` (:class:`Engine`): the precision and the
+    runtime as :func:`jaxmodel.inference` takes them; ``engine.variant`` (static) the code
+    paths the inputs need (:func:`jaxmodel.workload.layer.variant_of`; ``ANY`` traces every
+    one); ``engine.speculative`` (:class:`jaxmodel.Speculative`): ``step_s`` is then one speculative
     iteration (``breakdown["spec.step"]``: ``k`` drafts + verification of ``1 + k`` tokens
     per sequence) and the table carries ``spec_k`` and ``spec_tokens``; the KV bytes per
     token include the proposer's cache.
     """
+    precision, variant, speculative = engine.precision, engine.variant, engine.speculative
     f = jnp.result_type(float)
     grid = jnp.asarray(TOKEN_GRID, f)
     dp = jnp.maximum(par.dp, 1.0)
     isl = jnp.asarray(isl, f)
     osl = jnp.asarray(osl, f)
-    rt = _rtp.runtime_arg(runtime)
+    rt = _rtp.runtime_arg(engine.runtime)
     r = jax.vmap(lambda n: inference_single(system, model, par, n * dp, isl, osl,
                                             memory_rule=False, precision=precision,
                                             runtime=rt, variant=variant,
@@ -220,10 +220,8 @@ def serving_costs_single(system: System, model: Model, par: Parallelism, isl, os
 
 
 @batched
-def _serving_costs(system, model, par, isl, osl, precision, runtime, variant,
-                   speculative=None):
-    return serving_costs_single(system, model, par, isl, osl, precision, runtime, variant,
-                                speculative)
+def _serving_costs(system, model, par, isl, osl, engine):
+    return serving_costs_single(system, model, par, isl, osl, engine)
 
 
 
@@ -401,13 +399,12 @@ def _chunk_attention_delta(costs: ServingCosts, isl, width=1.0):
     return width * costs.prefill_attn_s / jnp.maximum(isl, 1.0) - per_seq
 
 
-
-
-def continuous_batching_from_costs(costs: ServingCosts, isl, osl, rate, max_batch, *,
-                                   dp=1.0, pp=1.0, n_gpus=1.0, chunk=0.0,
-                                   block_tokens=BLOCK_TOKENS, mem_fraction=MEM_FRACTION,
-                                   ttft_slo_s=INF, tpot_slo_s=INF) -> ServingResult:
-    """Steady state of continuous batching over ``dp`` replicas (single configuration).
+def continuous_batching_from_costs(costs: ServingCosts, isl, osl, rate, opts: ServingOptions,
+                                   dp=1.0, pp=1.0, n_gpus=1.0) -> ServingResult:
+    """Steady state of continuous batching over ``dp`` replicas of ``pp`` stages on ``n_gpus``
+    devices (single configuration), under the scheduler settings and limits in ``opts``
+    (:class:`ServingOptions`: ``max_batch``, ``chunk``, ``block_tokens``, ``mem_fraction``,
+    ``ttft_slo_s``, ``tpot_slo_s``).
 
     ``rate`` (requests/s, Poisson) is split evenly: ``λ = rate/dp`` per replica.
 
@@ -439,16 +436,6 @@ def continuous_batching_from_costs(costs: ServingCosts, isl, osl, rate, max_batc
     ``isl/(1 + k)`` prompt slots (chunks of ``C/(1 + k)`` slots), and a token's time is the
     iteration's divided by ``E``.
     """
-    return steady_state(costs, isl, osl, rate, ServingOptions(
-        max_batch=max_batch, chunk=chunk, block_tokens=block_tokens, mem_fraction=mem_fraction,
-        ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s), dp, pp, n_gpus)
-
-
-def steady_state(costs: ServingCosts, isl, osl, rate, opts: ServingOptions, dp=1.0, pp=1.0,
-                 n_gpus=1.0) -> ServingResult:
-    """:func:`continuous_batching_from_costs` with the scheduler settings and the limits in
-    ``opts`` (``max_batch``, ``chunk``, ``block_tokens``, ``mem_fraction``, ``ttft_slo_s``,
-    ``tpot_slo_s``; the model is documented there)."""
     f = jnp.result_type(float)
     isl, osl, rate, max_batch, dp, pp, n_gpus, chunk = (jnp.asarray(x, f) for x in (
         isl, osl, rate, opts.max_batch, dp, pp, n_gpus, opts.chunk))
@@ -523,8 +510,13 @@ def continuous_batching_single(system: System, model: Model, par: Parallelism, i
     """Single-configuration body of :func:`jaxmodel.serving.continuous_batching` (``opts``:
     the scheduler settings and limits; ``engine``: precision, runtime, static variant and
     speculative decoding)."""
-    costs = serving_costs_single(system, model, par, isl, osl, *engine)
-    return steady_state(costs, isl, osl, rate, opts, par.dp, par.pp, n_gpus(par))
+    costs = serving_costs_single(system, model, par, isl, osl, engine)
+    return continuous_batching_from_costs(costs, isl, osl, rate, opts, par.dp, par.pp,
+                                          n_gpus(par))
+
+
+#: The name the search and the SLO bisection have used for it.
+steady_state = continuous_batching_from_costs
 
 
 @batched

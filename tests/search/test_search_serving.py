@@ -1,6 +1,8 @@
 """search_serving: enumeration counts, limits respected by the front, the front
 non-dominated, rows reproduced by the single-configuration models, argument errors."""
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -26,6 +28,17 @@ def test_bad_options_raise_before_computing(kw, msg):
     with pytest.raises(ValueError, match=msg):
         jm.search_serving(hw_db.system("hgx_a100_4gpu"), hw_db.model("llama3.2-1b"), 4, 512,
                           128, **{**OPTS, **kw})
+
+
+def test_keywords_are_the_search_space_fields():
+    """Every keyword after the limits is a field of ``SearchSpace`` with its default; an
+    unknown one is a ``TypeError`` naming it, before anything is computed."""
+    assert ss.SearchSpace().loads == ss.LOADS and ss.SearchSpace().tp is None
+    shown = inspect.signature(jm.search_serving).parameters
+    assert shown["ep"].default == (1,) and shown["ep"].kind is inspect.Parameter.KEYWORD_ONLY
+    with pytest.raises(TypeError, match="max_batches"):
+        jm.search_serving(hw_db.system("hgx_a100_4gpu"), hw_db.model("llama3.2-1b"), 4, 512,
+                          128, max_batches=(8,))
 
 
 @pytest.fixture(scope="module")

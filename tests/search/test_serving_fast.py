@@ -104,17 +104,20 @@ def test_fast_path_matches_the_reference_evaluation(searched):
         c = take(k)
         cap = dp * srv.aggregated_capacity(c, ISL, OSL, mb, pp, chunk)
         return srv.continuous_batching_from_costs(
-            c, ISL, OSL, load * cap, mb, dp=dp, pp=pp, n_gpus=4.0, chunk=chunk,
-            ttft_slo_s=TTFT, tpot_slo_s=TPOT)
+            c, ISL, OSL, load * cap, srv.ServingOptions(max_batch=mb, chunk=chunk,
+                                                        ttft_slo_s=TTFT, tpot_slo_s=TPOT),
+            dp=dp, pp=pp, n_gpus=4.0)
 
     def dis(kp, kd, tp_p, pp_p, dp_p, tp, pp, dp, mb, load):
         pre, dec = take(kp), take(kd)
-        kw = dict(dp_prefill=dp_p, pp_prefill=pp_p, tp_prefill=tp_p, dp_decode=dp,
-                  pp_decode=pp, tp_decode=tp)
-        probe = srv.disaggregated_from_costs(pre, dec, system, ISL, OSL, 0.0, mb, **kw)
+        pools = srv.Pools(dp_prefill=dp_p, pp_prefill=pp_p, tp_prefill=tp_p, dp_decode=dp,
+                          pp_decode=pp, tp_decode=tp)
+        probe = srv.disaggregated_from_costs(pre, dec, system, ISL, OSL, 0.0,
+                                             srv.ServingOptions(max_batch=mb), pools)
         return srv.disaggregated_from_costs(pre, dec, system, ISL, OSL,
-                                            load * probe.capacity_rps, mb, ttft_slo_s=TTFT,
-                                            tpot_slo_s=TPOT, **kw)
+                                            load * probe.capacity_rps, srv.ServingOptions(
+                                                max_batch=mb, ttft_slo_s=TTFT,
+                                                tpot_slo_s=TPOT), pools)
 
     def index(t, p):
         return np.asarray([k_of[(int(a), int(b))] for a, b in zip(t, p)])
