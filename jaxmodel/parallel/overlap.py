@@ -421,6 +421,38 @@ def te_split_gemms(model, par, tokens):
     return out
 
 
+def sp_regather_exposed(t_bwd, t_comm, ag_hosts, dev, comm_bytes=0.0):
+    """Exposed time of the backward re-gathers of sequence parallelism: the column-parallel
+    layers (QKV, FC1) keep only their sequence-sharded input for the backward and
+    all-gather it again for their weight gradient, launched asynchronously before the
+    input-gradient GEMM and awaited after it (s).
+
+    Source: Megatron-LM (23.04 onwards) ``megatron/core/tensor_parallel/layers.py``,
+    ``LinearWithGradAccumulationAndAsyncCommunication.backward``
+    (``_all_gather_base(..., async_op=True)``, ``grad_output.matmul(weight)``,
+    ``handle.wait()``), the same in Megatron-core; under ``--tp-comm-overlap`` Transformer
+    Engine runs it as the ``bulk`` overlaps ``qkv_dgrad`` / ``fc1_dgrad`` of
+    ``initialize_ub`` (an all-gather on :data:`TE_COMM_SMS` SMs beside the input-gradient
+    GEMM). Either way an all-gather of the ``b·s·h`` activation per layer beside the input-
+    gradient GEMMs of QKV and FC1 (half of their backward, ``0.5 · ag_hosts · t_bwd``,
+    :func:`tp_host_fractions`), holding :data:`TE_COMM_SMS` SMs (NCCL's channel count for
+    the Megatron path is chosen at run time; the same 16 is assumed):
+    :func:`overlapped_time`, at most the serial ``t_comm``.
+
+    Args:
+        t_bwd: the layer's backward compute, s.
+        t_comm: the two all-gathers' serial time (as the forward's two), s.
+        ag_hosts: share of the compute in the QKV and FC1 GEMMs (:func:`tp_host_fractions`).
+        dev: the :class:`~jaxmodel.types.Device`.
+        comm_bytes: main-memory bytes of the two all-gathers (:func:`comm_hbm_bytes`).
+    """
+    f = jnp.result_type(float)
+    host = 0.5 * jnp.asarray(ag_hosts, dtype=f) * jnp.maximum(jnp.asarray(t_bwd, dtype=f), 0.0)
+    t_m = jnp.maximum(jnp.asarray(t_comm, dtype=f), 0.0)
+    exposed = overlapped_time(host, t_m, 0.0, comm_bytes, sm_share(dev, TE_COMM_SMS), dev)[1]
+    return jnp.minimum(exposed, t_m)
+
+
 def te_tp_exposed(t_fwd, t_bwd, t_comm_fwd, t_comm_bwd, hosts, tp, dev, comm_bytes=0.0):
     """Exposed TP communication of one layer's forward and backward under Megatron-core
     ``--tp-comm-overlap`` with Transformer Engine's default userbuffers configuration,
@@ -507,7 +539,7 @@ def te_tp_exposed(t_fwd, t_bwd, t_comm_fwd, t_comm_bwd, hosts, tp, dev, comm_byt
 
 
 __all__ = ["overlapped_time", "pipelined_time", "bucketed_exposed", "te_tp_exposed",
-           "TPHosts", "te_split_gemms",
+           "TPHosts", "te_split_gemms", "sp_regather_exposed",
            "tp_eligible", "tp_host_fractions", "chunked_dp_exposed",
            "compute_rate", "sm_share", "ring_send_bytes", "comm_hbm_bytes", "mcore_buckets",
            "HBM_BYTES_PER_WIRE_BYTE", "DEFAULT_CHANNELS", "TP_OVERLAP_CHUNKS", "TE_COMM_SMS",

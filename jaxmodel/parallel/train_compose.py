@@ -134,6 +134,13 @@ def _slowest_stage(prep: Prep, t: dict, opts: TrainOptions, prec) -> _Stage:
     lt = _layer_times(t, par_s.recompute, opts.tp_overlap * _ov.tp_eligible(par_s, system),
                       system.device, tp_hbm_bytes(par_s, b, seq / cp, model_s.d_model, prec),
                       hosts, tp)
+    # sequence parallelism re-gathers the QKV / FC1 inputs in the backward beside their
+    # input-gradient GEMMs, with or without the TP overlap (two all-gathers as the forward's)
+    n_act = b * seq / cp * model_s.d_model * prec.act_bytes
+    regather = _ov.sp_regather_exposed(t["bwd"], 0.5 * t["tp_comm_fwd"], hosts.ag,
+                                       system.device,
+                                       2.0 * _ov.comm_hbm_bytes("all_gather", n_act, tp))
+    lt = lt._replace(tpb=lt.tpb + jnp.where(par_s.sp > 0.5, regather, 0.0))
     multi_stage = pp > 1.5
     extra_mean = (lt.first + lt.last) / pp
     per_layer = lt.fwd + lt.tpf + lt.epf + lt.bwd + lt.rc + lt.tpb + lt.epb

@@ -356,3 +356,18 @@ def test_tp_split_times_are_the_chunks_minus_the_whole_gemms():
     # no sequence parallelism in the static variant: nothing split, nothing traced
     zero = ts.tp_split_times(dev, model, par, 8192.0, variant=ts._layer.Variant(sp=False))
     assert all(float(v) == 0.0 for v in zero.values())
+
+
+def test_sp_regather_beside_the_input_gradient_gemms_by_hand(dev):
+    """Sequence parallelism's backward re-gathers: two all-gathers beside the QKV / FC1
+    input-gradient GEMMs (half of their backward) on 16 SMs, at most serial."""
+    s16 = 16.0 / 108.0
+    t_bwd, ag = 2.0, 0.55
+    host = 0.5 * ag * t_bwd
+    for c in (0.1, 0.3, 2.0):
+        want = min(max(c, host + s16 * c) - host, c)
+        got = ov.sp_regather_exposed(t_bwd, c, ag, dev)
+        assert float(got) == pytest.approx(want, rel=1e-6)
+    assert float(ov.sp_regather_exposed(t_bwd, 0.0, ag, dev)) == 0.0
+    g = jax.grad(lambda c: ov.sp_regather_exposed(t_bwd, c, ag, dev))(0.0)
+    assert np.isfinite(float(g))
