@@ -15,6 +15,9 @@ it, and with Megatron-LM's TP 8 × PP 12 degrees) the script prints:
 - each communication's standalone time (the same plan with that overlap option off) next to
   its exposed part, and the compute slowdown that overlap costs (SMs and memory bandwidth
   the collectives take, :mod:`jaxmodel.parallel.overlap`);
+- with the TP overlap, the extra time of Transformer Engine's split host GEMMs (ring-exchange
+  chunks of ``b·s/tp`` rows, pipelined chunks of ``b·s/4``, each at its own shape's rate;
+  :func:`jaxmodel.parallel.train_stage.tp_split_times`), part of the exposed ``tp_comm``;
 - the sustained GEMM efficiency of the compute part (model FLOPs per device / compute
   seconds / peak) and the MFU, beside published A100 MFUs for comparison: Korthikanti et
   al., "Reducing Activation Recomputation in Large Transformer Models" (MLSys 2023, Table 5:
@@ -60,6 +63,7 @@ import pandas as pd
 import jaxmodel as jm  # noqa: I001  (imported before hw_db: the package wires hw_db up)
 import hw_db
 from jaxmodel.parallel import train as _train
+from jaxmodel.parallel import train_stage as _train_stage
 from jaxmodel.workload import layer as _layer
 
 from common import OUT  # noqa: E402
@@ -107,6 +111,8 @@ def explain(system, model, row, gb, seq, title):
           f"compute part runs at {flops_dev / parts['compute'] / peak:.3f} of peak (GEMM "
           f"shapes, vector kernels, launches, the slowdown under overlapped collectives)")
     families(system, model, row, seq, parts["compute"], t)
+    if float(row["tp_overlap"]) > 0 and float(row["tp"]) > 1 and float(row["sp"]) > 0:
+        split_hosts(system, model, row, gb, seq, float(r.microbatches), parts["tp_comm"])
     # what each overlap hides and costs: the same plan with the option off
     for opt, key in (("tp_overlap", "tp_comm"), ("dp_overlap", "dp_comm")):
         if float(row[opt]) > 0:
@@ -149,6 +155,22 @@ def families(system, model, row, seq, compute_s, step_s):
               f"({x * 1e3:.2f} ms)")
     print(f"   {'bias/dropout/residual':>22s} {compute_s * rc / total:7.3f} s  "
           f"{100 * rc / total:5.1f} % of compute ({rc * 1e3:.2f} ms)")
+
+
+def split_hosts(system, model, row, gb, seq, m, tp_exposed):
+    """Print the extra time of the TP overlap's split host GEMMs over the step (Transformer
+    Engine's ring-exchange chunks of b·s/tp rows and pipelined chunks of b·s/4 rows, each at
+    its own shape's rate: stage keys ``tp_split_*``), part of the exposed ``tp_comm``."""
+    par = jm.Parallelism(**{k: row[k] for k in PLAN})
+    st = _train.stage_times(system, model, par, gb, seq)
+    per_layer = {k: float(st[k]) for k in _train_stage.SPLIT_KEYS}
+    layers = float(model.n_layers) / float(row["pp"])
+    total = m * layers * sum(per_layer.values())
+    print(f"   split host GEMMs of the TP overlap (chunks at their own shapes): "
+          f"{total:.3f} s over the step where every kind overlaps, of the exposed tp_comm "
+          f"{tp_exposed:.3f} s (per layer and micro-batch: "
+          + ", ".join(f"{k.removeprefix('tp_split_')} {v * 1e3:.2f} ms"
+                      for k, v in per_layer.items()) + ")")
 
 
 #: Megatron-LM 2021 → the best plan, one change at a time: (label, plan fields, options)

@@ -76,9 +76,13 @@ batch with ``jax.vmap``.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax.numpy as jnp
 
 from jaxmodel import numerics as nx
+from jaxmodel.workload.blocks import shard
+from jaxmodel.workload.ffn import Gemm
 
 # Main-memory bytes a device moves per byte it sends (ring algorithms, NCCL Simple
 # protocol; derivation in the module docstring).
@@ -348,10 +352,112 @@ def tp_host_fractions(model, seq_len, flash_attention=0.0):
     return (qkv + w1) / tot, (wo + w2) / tot
 
 
+class TPHosts(NamedTuple):
+    """The GEMMs hosting the TP collectives under Transformer Engine's overlap
+    (:func:`te_tp_exposed`): the shares of a pass's compute in the all-gather and the
+    reduce-scatter hosts (:func:`tp_host_fractions`, dimensionless) and the extra seconds
+    the split hosts take over the whole ones (:func:`te_split_gemms`; 0 = split GEMMs as
+    fast as the whole one): ``split_ag_fwd`` the ring-exchange forward hosts (QKV, FC1),
+    ``split_rs_fwd`` the pipelined forward hosts (output projection, FC2),
+    ``split_ag_bwd`` the ring-exchange backward hosts (the output projection's and FC2's
+    input-gradient GEMMs)."""
+
+    ag: Any
+    rs: Any
+    split_ag_fwd: Any = 0.0
+    split_rs_fwd: Any = 0.0
+    split_ag_bwd: Any = 0.0
+
+
+def te_split_gemms(model, par, tokens):
+    """The hosting GEMMs of one layer's TP overlap, whole and as Transformer Engine splits
+    them, as GEMM rows ``{row: [(Gemm, count)]}`` for :func:`jaxmodel.workload.layer.
+    evaluate` (the extra time of the split hosts is ``row_split − row``).
+
+    Source: Transformer Engine (v1.8–v2.x) ``transformer_engine/pytorch/module/base.py``,
+    ``initialize_ub`` defaults (``ring_exchange`` for ``qkv_fprop``, ``fc1_fprop``,
+    ``proj_dgrad``, ``fc2_dgrad`` with ``num_splits = tp_size``; ``pipeline`` for
+    ``proj_fprop``, ``fc2_fprop`` with ``num_splits = 4``; ``bulk`` for the QKV / FC1
+    input- and weight-gradient GEMMs, which stay whole), and
+    ``transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp``:
+    ``CommOverlapP2PBase::split_overlap_ag`` issues ``tp`` GEMMs, each on the ``b·s/tp``
+    token rows of the shard received in the ring step before; ``CommOverlapBase::
+    split_overlap_rs`` issues ``num_splits`` GEMMs of ``m_chunk = m / num_splits`` token rows,
+    each chunk's reduce-scatter after its GEMM. Each chunk is a smaller GEMM than the whole
+    one, so it runs at its own (lower) rate: the rows time them at the chunk shape (e.g. on
+    an A100 cuBLASLt reaches ≈228 TFLOP/s on 4096³ vs ≈254 on 8192³, the shared GEMM
+    microbenchmarks). The chunks are issued on up to three compute streams, so the tail of
+    one chunk may overlap the next one's start: not modelled (an upper bound of the cost).
+
+    Shapes (``M = tokens``, the ``b·s`` rows gathered by sequence parallelism; per-device
+    widths of Megatron's TP split, :func:`jaxmodel.workload.layer.shard`): QKV
+    ``[M, d]×[d, (h/t + 2·h_kv')·d_h]``, FC1 ``[M, d]×[d, (m−1)·d_ff/t]``, output projection
+    ``[M, h·d_h/t]×[h·d_h/t, d]``, FC2 ``[M, d_ff/t]×[d_ff/t, d]``; the input gradients of the
+    last two ``[M, d]×[d, h·d_h/t]`` and ``[M, d]×[d, d_ff/t]`` (the layer's op list,
+    :func:`jaxmodel.workload.layer.layer_graph`, dense FFN). Rows ``ag_fwd``, ``rs_fwd``,
+    ``ag_bwd`` hold the whole GEMMs, the ``_split`` rows their chunks with counts ``tp``,
+    :data:`TP_OVERLAP_CHUNKS` and ``tp``. Counts of GEMMs, rows of tokens.
+    """
+    f = jnp.result_type(float)
+    sh = shard(model, par)
+    m = jnp.asarray(tokens, dtype=f)
+    n_ring = sh.tp
+    hq = sh.heads * sh.head_dim
+    qkv_n = (sh.heads + 2.0 * sh.kv_heads) * sh.head_dim
+    ring = [(qkv_n, sh.d_model), (sh.ffn_in, sh.d_model)]            # (n, k) of the AG hosts
+    pipe = [(sh.d_model, hq), (sh.d_model, sh.d_ff)]                   # of the RS hosts
+    dgrad = [(hq, sh.d_model), (sh.d_ff, sh.d_model)]                  # of the AG dgrad hosts
+
+    def rows(shapes, n_split):
+        whole = [(Gemm(m, n, k), 1.0) for n, k in shapes]
+        split = [(Gemm(m / n_split, n, k), n_split) for n, k in shapes]
+        return whole, split
+
+    out = {}
+    for name, shapes, n_split in (("ag_fwd", ring, n_ring), ("rs_fwd", pipe,
+                                                             TP_OVERLAP_CHUNKS),
+                                  ("ag_bwd", dgrad, n_ring)):
+        out[name], out[name + "_split"] = rows(shapes, n_split)
+    return out
+
+
+def sp_regather_exposed(t_bwd, t_comm, ag_hosts, dev, comm_bytes=0.0):
+    """Exposed time of the backward re-gathers of sequence parallelism: the column-parallel
+    layers (QKV, FC1) keep only their sequence-sharded input for the backward and
+    all-gather it again for their weight gradient, launched asynchronously before the
+    input-gradient GEMM and awaited after it (s).
+
+    Source: Megatron-LM (23.04 onwards) ``megatron/core/tensor_parallel/layers.py``,
+    ``LinearWithGradAccumulationAndAsyncCommunication.backward``
+    (``_all_gather_base(..., async_op=True)``, ``grad_output.matmul(weight)``,
+    ``handle.wait()``), the same in Megatron-core; under ``--tp-comm-overlap`` Transformer
+    Engine runs it as the ``bulk`` overlaps ``qkv_dgrad`` / ``fc1_dgrad`` of
+    ``initialize_ub`` (an all-gather on :data:`TE_COMM_SMS` SMs beside the input-gradient
+    GEMM). Either way an all-gather of the ``b·s·h`` activation per layer beside the input-
+    gradient GEMMs of QKV and FC1 (half of their backward, ``0.5 · ag_hosts · t_bwd``,
+    :func:`tp_host_fractions`), holding :data:`TE_COMM_SMS` SMs (NCCL's channel count for
+    the Megatron path is chosen at run time; the same 16 is assumed):
+    :func:`overlapped_time`, at most the serial ``t_comm``.
+
+    Args:
+        t_bwd: the layer's backward compute, s.
+        t_comm: the two all-gathers' serial time (as the forward's two), s.
+        ag_hosts: share of the compute in the QKV and FC1 GEMMs (:func:`tp_host_fractions`).
+        dev: the :class:`~jaxmodel.types.Device`.
+        comm_bytes: main-memory bytes of the two all-gathers (:func:`comm_hbm_bytes`).
+    """
+    f = jnp.result_type(float)
+    host = 0.5 * jnp.asarray(ag_hosts, dtype=f) * jnp.maximum(jnp.asarray(t_bwd, dtype=f), 0.0)
+    t_m = jnp.maximum(jnp.asarray(t_comm, dtype=f), 0.0)
+    exposed = overlapped_time(host, t_m, 0.0, comm_bytes, sm_share(dev, TE_COMM_SMS), dev)[1]
+    return jnp.minimum(exposed, t_m)
+
+
 def te_tp_exposed(t_fwd, t_bwd, t_comm_fwd, t_comm_bwd, hosts, tp, dev, comm_bytes=0.0):
     """Exposed TP communication of one layer's forward and backward under Megatron-core
     ``--tp-comm-overlap`` with Transformer Engine's default userbuffers configuration,
-    ``(exposed_fwd_s, exposed_bwd_s)``, each including the compute slowdown it causes.
+    ``(exposed_fwd_s, exposed_bwd_s)``, each including the compute slowdown it causes and
+    the extra time of the split host GEMMs (:class:`TPHosts`, :func:`te_split_gemms`).
 
     Source: Transformer Engine ``initialize_ub`` defaults (``get_default_config``):
 
@@ -370,6 +476,11 @@ def te_tp_exposed(t_fwd, t_bwd, t_comm_fwd, t_comm_bwd, hosts, tp, dev, comm_byt
       collective beside the weight-gradient GEMM (``qkv_wgrad``, ``fc1_wgrad``) on
       :data:`TE_COMM_SMS` SMs without margin (:func:`overlapped_time`).
 
+    The split hosts (ring exchange: ``tp`` chunks; pipeline: :data:`TP_OVERLAP_CHUNKS`)
+    take ``host + split`` seconds instead of ``host`` (:class:`TPHosts`; smaller GEMMs run
+    at lower rates, :func:`te_split_gemms`): the overlap of a kind costs
+    ``pipelined_time(host + split, comm, n) − host``, the split included.
+
     Under sequence parallelism half of a pass's TP time is all-gathers and half
     reduce-scatters (equal bytes). Megatron-core switches each kind on or off on its own
     (``tp_comm_overlap_ag``, ``tp_comm_overlap_rs``, ``tp_comm_bulk_wgrad``), so each
@@ -380,25 +491,32 @@ def te_tp_exposed(t_fwd, t_bwd, t_comm_fwd, t_comm_bwd, hosts, tp, dev, comm_byt
         t_fwd, t_bwd: the layer's forward / backward compute, s.
         t_comm_fwd, t_comm_bwd: its serial TP collectives of the forward / backward, s.
         hosts: ``(ag_hosts, rs_hosts)``, the shares of the compute in the GEMMs hosting the
-            all-gathers / reduce-scatters (:func:`tp_host_fractions`).
+            all-gathers / reduce-scatters (:func:`tp_host_fractions`), or a
+            :class:`TPHosts` with the split hosts' extra seconds (absent: 0).
         tp: tensor-parallel degree (ring-exchange chunks).
         dev: the :class:`~jaxmodel.types.Device` (SM count, memory bandwidth).
         comm_bytes: main-memory bytes of one pass's TP collectives
             (:func:`comm_hbm_bytes`), the memory-contention input.
     """
     f = jnp.result_type(float)
-    ag_hosts, rs_hosts = hosts
+    h = hosts if isinstance(hosts, TPHosts) else TPHosts(*hosts)
+    ag_hosts, rs_hosts = h.ag, h.rs
     n_ring = jnp.maximum(jnp.asarray(tp, dtype=f), 1.0)
     sigma = sm_share(dev, TE_COMM_SMS)
     ring_share = sm_share(dev, TE_RING_SMS)
     half_b = 0.5 * jnp.asarray(comm_bytes, dtype=f)
 
-    def ring(host, comm):
-        ovl = pipelined_time(host, comm, n_ring, 0.0, half_b, ring_share, dev)[1]
+    def split_host(host, extra):
+        return jnp.maximum(host + jnp.asarray(extra, dtype=f), 0.0)
+
+    def ring(host, comm, extra):
+        ovl = pipelined_time(split_host(host, extra), comm, n_ring, 0.0, half_b, ring_share,
+                             dev)[0] - host
         return jnp.minimum(ovl, comm)
 
-    def rs_pipeline(host, comm):
-        stretched = host / (1.0 - sigma)          # set_sm_margin: fewer SMs all along
+    def rs_pipeline(host, comm, extra):
+        # set_sm_margin: fewer SMs all along
+        stretched = split_host(host, extra) / (1.0 - sigma)
         ovl = pipelined_time(stretched, comm, TP_OVERLAP_CHUNKS, 0.0, half_b, 0.0,
                              dev)[0] - host
         return jnp.minimum(ovl, comm)
@@ -410,15 +528,18 @@ def te_tp_exposed(t_fwd, t_bwd, t_comm_fwd, t_comm_bwd, hosts, tp, dev, comm_byt
     t_bwd = jnp.maximum(jnp.asarray(t_bwd, dtype=f), 0.0)
     cf = 0.5 * jnp.maximum(jnp.asarray(t_comm_fwd, dtype=f), 0.0)
     cb = 0.5 * jnp.maximum(jnp.asarray(t_comm_bwd, dtype=f), 0.0)
-    fwd = ring(ag_hosts * t_fwd, cf) + rs_pipeline(rs_hosts * t_fwd, cf)
+    fwd = (ring(ag_hosts * t_fwd, cf, h.split_ag_fwd)
+           + rs_pipeline(rs_hosts * t_fwd, cf, h.split_rs_fwd))
     # backward: the all-gathers of the output gradients before the projection / FC2 input-
     # gradient GEMMs (half of those GEMMs' backward), the reduce-scatters of the QKV / FC1
     # input gradients beside their weight-gradient GEMMs (the other half of theirs)
-    bwd = ring(0.5 * rs_hosts * t_bwd, cb) + rs_bulk(0.5 * ag_hosts * t_bwd, cb)
+    bwd = (ring(0.5 * rs_hosts * t_bwd, cb, h.split_ag_bwd)
+           + rs_bulk(0.5 * ag_hosts * t_bwd, cb))
     return fwd, bwd
 
 
 __all__ = ["overlapped_time", "pipelined_time", "bucketed_exposed", "te_tp_exposed",
+           "TPHosts", "te_split_gemms", "sp_regather_exposed",
            "tp_eligible", "tp_host_fractions", "chunked_dp_exposed",
            "compute_rate", "sm_share", "ring_send_bytes", "comm_hbm_bytes", "mcore_buckets",
            "HBM_BYTES_PER_WIRE_BYTE", "DEFAULT_CHANNELS", "TP_OVERLAP_CHUNKS", "TE_COMM_SMS",

@@ -96,10 +96,19 @@ each collective only beside the GEMM that feeds or drains it (shares of the laye
 from :func:`~jaxmodel.parallel.overlap.tp_host_fractions`) — all-gathers as ``tp``-step ring
 exchanges on the copy engines, forward reduce-scatters pipelined in 4 chunks on 16 SMs
 reserved for the whole host GEMM (``set_sm_margin``), backward reduce-scatters beside the
-weight-gradient GEMMs on 16 SMs; each kind at most its serial time. Only plans with sequence
+weight-gradient GEMMs on 16 SMs; each kind at most its serial time. The split host GEMMs
+(``tp`` ring-exchange chunks of ``b·s/tp`` rows, 4 pipeline chunks of ``b·s/4``) run at their
+own chunk shape's rate: the stage keys ``tp_split_*``
+(:func:`~jaxmodel.parallel.train_stage.tp_split_times`,
+:func:`~jaxmodel.parallel.overlap.te_split_gemms`) add the chunks' extra time to the
+overlap's cost. Only plans with sequence
 parallelism whose TP group lies within the innermost network tier (one NVLink domain) can
 overlap (:func:`~jaxmodel.parallel.overlap.tp_eligible`); the others run serially whatever
-the knob. ``tp_overlap = 1`` is that, 0 serial, fractions interpolate.
+the knob. ``tp_overlap = 1`` is that, 0 serial, fractions interpolate. With or without the
+knob, sequence parallelism re-gathers the QKV / FC1 inputs in the backward beside their
+input-gradient GEMMs (Megatron's asynchronous all-gather; Transformer Engine's ``bulk``
+``qkv_dgrad`` / ``fc1_dgrad``): :func:`~jaxmodel.parallel.overlap.sp_regather_exposed`,
+in ``tp_comm``.
 
 **Sustained clocks**: the device runs at ``freq_hz ×`` its sustained clock fraction under
 training load (power limit; the device field ``sustained_clock_fraction``, derived from

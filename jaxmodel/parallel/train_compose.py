@@ -73,7 +73,9 @@ def _layer_times(t: dict, rcode, tp_overlap, dev, tp_hbm, hosts, tp) -> _Layer:
     :func:`jaxmodel.parallel.overlap.te_tp_exposed`). ``tp_overlap``: the knob times
     :func:`jaxmodel.parallel.overlap.tp_eligible`; ``tp_hbm``: main-memory bytes of one
     pass's TP collectives (:func:`tp_hbm_bytes`); ``hosts``: the hosting GEMMs' shares
-    (:func:`jaxmodel.parallel.overlap.tp_host_fractions`)."""
+    (:func:`jaxmodel.parallel.overlap.tp_host_fractions`) and the extra time of their split
+    chunks (stage keys ``tp_split_*``, :func:`jaxmodel.parallel.train_stage.tp_split_times`),
+    a :class:`jaxmodel.parallel.overlap.TPHosts`."""
     fwd, bwd, rc = t["fwd"], t["bwd"], t["recompute"]
     tpf, tpb, epf, epb = t["tp_comm_fwd"], t["tp_comm_bwd"], t["ep_comm_fwd"], t["ep_comm_bwd"]
     # forward, the recomputed forward (full recompute repeats the forward's TP and EP
@@ -82,7 +84,9 @@ def _layer_times(t: dict, rcode, tp_overlap, dev, tp_hbm, hosts, tp) -> _Layer:
     rc_tp = jnp.where(full_rc, tpf, 0.0)
     rc_compute = rc - rc_tp - jnp.where(full_rc, epf, 0.0)
     ovl_f, ovl_b = _ov.te_tp_exposed(fwd, bwd, tpf, tpb, hosts, tp, dev, tp_hbm)
-    ovl_rc = _ov.te_tp_exposed(rc_compute, 0.0, rc_tp, 0.0, hosts, tp, dev, tp_hbm)[0]
+    # a full recomputation repeats the forward with its split hosts
+    ovl_rc = _ov.te_tp_exposed(rc_compute, 0.0, rc_tp, 0.0, hosts._replace(split_ag_bwd=0.0),
+                               tp, dev, tp_hbm)[0]
     rc = rc - rc_tp + blend(rc_tp, ovl_rc, tp_overlap)
     tpf = blend(tpf, ovl_f, tp_overlap)
     tpb = blend(tpb, ovl_b, tp_overlap)
@@ -125,9 +129,18 @@ def _slowest_stage(prep: Prep, t: dict, opts: TrainOptions, prec) -> _Stage:
     tp, pp, b, cp = par_s.tp, par_s.pp, par_s.micro_batch, par_s.cp
     m = pl.n_microbatches(prep.global_batch, par_s.dp, b)
     layers = model_s.n_layers / pp                       # per device, all v chunks
+    hosts = _ov.TPHosts(*_ov.tp_host_fractions(model_s, seq, par_s.flash_attention),
+                        t["tp_split_ag_fwd"], t["tp_split_rs_fwd"], t["tp_split_ag_bwd"])
     lt = _layer_times(t, par_s.recompute, opts.tp_overlap * _ov.tp_eligible(par_s, system),
                       system.device, tp_hbm_bytes(par_s, b, seq / cp, model_s.d_model, prec),
-                      _ov.tp_host_fractions(model_s, seq, par_s.flash_attention), tp)
+                      hosts, tp)
+    # sequence parallelism re-gathers the QKV / FC1 inputs in the backward beside their
+    # input-gradient GEMMs, with or without the TP overlap (two all-gathers as the forward's)
+    n_act = b * seq / cp * model_s.d_model * prec.act_bytes
+    regather = _ov.sp_regather_exposed(t["bwd"], 0.5 * t["tp_comm_fwd"], hosts.ag,
+                                       system.device,
+                                       2.0 * _ov.comm_hbm_bytes("all_gather", n_act, tp))
+    lt = lt._replace(tpb=lt.tpb + jnp.where(par_s.sp > 0.5, regather, 0.0))
     multi_stage = pp > 1.5
     extra_mean = (lt.first + lt.last) / pp
     per_layer = lt.fwd + lt.tpf + lt.epf + lt.bwd + lt.rc + lt.tpb + lt.epb

@@ -23,6 +23,7 @@ from jaxmodel import numerics as nx
 from jaxmodel import ops as _ops
 from jaxmodel import precisions as _prec
 from jaxmodel.parallel import context as _cx
+from jaxmodel.parallel import overlap as _ov
 from jaxmodel.parallel import pipeline as pl
 from jaxmodel.parallel import plan as _plan
 from jaxmodel.parallel.train_options import (TrainOptions, TrainStatics, sustained_device,
@@ -34,8 +35,30 @@ from jaxmodel.workload import layer as _layer
 STAGE_KEYS = ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "ep_comm_fwd",
               "ep_comm_bwd", "embed_fwd", "embed_bwd", "lm_head_fwd", "lm_head_bwd",
               "loss_fwd", "loss_bwd", "emb_comm_fwd", "emb_comm_bwd", "rd_fwd", "rd_bwd",
-              "rd_selective", "grad_accum")
+              "rd_selective", "grad_accum", "tp_split_ag_fwd", "tp_split_rs_fwd",
+              "tp_split_ag_bwd")
 LAYER_KEYS = STAGE_KEYS[:7]     # the transformer layer's (cp_layer_times)
+SPLIT_KEYS = STAGE_KEYS[-3:]    # the split TP-overlap hosts' extra time (tp_split_times)
+
+
+def tp_split_times(dev, model: Model, par: Parallelism, tokens, gemm=None, precision=None,
+                   variant=_layer.ANY) -> dict:
+    """Extra seconds of one layer's TP-overlap host GEMMs when Transformer Engine splits
+    them (:func:`jaxmodel.parallel.overlap.te_split_gemms`: the ring-exchange all-gather
+    hosts in ``tp`` chunks, the pipelined reduce-scatter hosts in
+    :data:`jaxmodel.parallel.overlap.TP_OVERLAP_CHUNKS`), each chunk timed at its own shape
+    by the GEMM model (``gemm``, default the tile search) at the precision's GEMM rate:
+    ``{tp_split_ag_fwd, tp_split_rs_fwd, tp_split_ag_bwd}`` = split − whole, s, for
+    ``tokens`` rows (``b·s/cp``). Paid only where the TP overlap runs
+    (:func:`jaxmodel.parallel.overlap.te_tp_exposed`); 0 where the static ``variant`` has no
+    TP or no sequence parallelism (no overlap can run)."""
+    if variant.tp is False or variant.sp is False:
+        zero = 0.0 * jnp.asarray(tokens, dtype=jnp.result_type(float))
+        return {k: zero for k in SPLIT_KEYS}
+    rows = _ov.te_split_gemms(model, par, tokens)
+    t = _layer.evaluate(gemm or _layer.default_gemm, dev, rows, {}, precision=precision)
+    return {f"tp_split_{k}": t[k + "_split"][0] - t[k][0]
+            for k in ("ag_fwd", "rs_fwd", "ag_bwd")}
 
 
 def residual_dropout_times(dev, model: Model, par: Parallelism, micro_batch, seq_len,
@@ -197,6 +220,7 @@ def stage_times_single(system: System, model: Model, par: Parallelism, options: 
                    system.device, model, par, prec.weight_bytes), 0.0))
     out.update(emb_comm_fwd=et["comm_fwd"], emb_comm_bwd=et["comm_bwd"], rd_fwd=rd[0],
                rd_bwd=rd[1], rd_selective=rd[2])
+    out.update(tp_split_times(system.device, model, par, b * local, gemm, prec, variant))
     if finetune is not None:
         out = _finetune_times(system, model, par, seq_len, out, finetune, prec, statics)
     return out

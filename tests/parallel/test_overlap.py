@@ -221,6 +221,55 @@ def test_te_tp_sm_margin_costs_the_whole_host_gemm(dev):
     assert float(got_f) < 0.2
 
 
+@pytest.mark.parametrize("split", [(0.02, 0.01, 0.03), (0.5, 0.5, 0.5), (-0.01, 0.0, 0.0)])
+def test_te_tp_exposed_split_hosts_hand_values(dev, split):
+    """The split hosts take host + extra seconds; the overlap of a kind costs the pipelined
+    makespan of the split host minus the whole host, at most its serial time."""
+    t_fwd, t_bwd, cf, cb, tp = 1.0, 2.0, 0.2, 0.2, 8.0
+    f_ag, f_rs = 0.55, 0.35
+    s1, s16 = 1.0 / 108.0, 16.0 / 108.0
+    e_agf, e_rsf, e_agb = split
+
+    def ring(host, c, e):
+        return min(_pipe(host + e, c, tp, s1) - host, c)
+
+    def rs_pipe(host, c, e):
+        return min(_pipe((host + e) / (1.0 - s16), c, 4.0, 0.0) - host, c)
+
+    def bulk(host, c):
+        return min(max(c, host + s16 * c) - host, c)
+
+    want_f = ring(f_ag * t_fwd, cf / 2, e_agf) + rs_pipe(f_rs * t_fwd, cf / 2, e_rsf)
+    want_b = ring(0.5 * f_rs * t_bwd, cb / 2, e_agb) + bulk(0.5 * f_ag * t_bwd, cb / 2)
+    got_f, got_b = ov.te_tp_exposed(t_fwd, t_bwd, cf, cb, ov.TPHosts(f_ag, f_rs, *split),
+                                    tp, dev)
+    assert float(got_f) == pytest.approx(want_f, rel=1e-6, abs=1e-12)
+    assert float(got_b) == pytest.approx(want_b, rel=1e-6, abs=1e-12)
+    # no extra time: the plain shares give the same numbers
+    base = ov.te_tp_exposed(t_fwd, t_bwd, cf, cb, (f_ag, f_rs), tp, dev)
+    zero = ov.te_tp_exposed(t_fwd, t_bwd, cf, cb, ov.TPHosts(f_ag, f_rs), tp, dev)
+    assert [float(x) for x in base] == [float(x) for x in zero]
+
+
+def test_te_split_gemms_shapes_by_hand():
+    """Transformer Engine's splits for GPT-3 175B at TP 8 on 8,192 tokens: ring exchange in
+    8 chunks of 1,024 rows (QKV 4,608 × 12,288, FC1 6,144 × 12,288; backward the output
+    projection's and FC2's input gradients 1,536 / 6,144 × 12,288), the pipelined
+    reduce-scatter hosts (12,288 × 1,536 and 12,288 × 6,144) in 4 chunks of 2,048 rows."""
+    import jaxmodel as jm
+    rows = ov.te_split_gemms(hw_db.model("gpt3-175b"), jm.Parallelism(tp=8, sp=True), 8192.0)
+
+    def shapes(row):
+        return [(float(g.m), float(g.n), float(g.k), float(c)) for g, c in rows[row]]
+
+    assert shapes("ag_fwd") == [(8192, 4608, 12288, 1), (8192, 6144, 12288, 1)]
+    assert shapes("ag_fwd_split") == [(1024, 4608, 12288, 8), (1024, 6144, 12288, 8)]
+    assert shapes("rs_fwd") == [(8192, 12288, 1536, 1), (8192, 12288, 6144, 1)]
+    assert shapes("rs_fwd_split") == [(2048, 12288, 1536, 4), (2048, 12288, 6144, 4)]
+    assert shapes("ag_bwd") == [(8192, 1536, 12288, 1), (8192, 6144, 12288, 1)]
+    assert shapes("ag_bwd_split") == [(1024, 1536, 12288, 8), (1024, 6144, 12288, 8)]
+
+
 def test_tp_host_fractions_hand_values():
     m = dataclasses.replace(hw_db.model("gpt3-175b"))
     h, s = 12288.0, 2048.0
@@ -280,3 +329,45 @@ def test_train_step_tp_overlap_only_where_megatron_core_runs_it():
     assert o[2] < s[2]
     assert float(np.asarray(over.breakdown["tp_comm"])[2]) < float(
         np.asarray(serial.breakdown["tp_comm"])[2])
+
+
+@pytest.mark.slow
+def test_tp_split_times_are_the_chunks_minus_the_whole_gemms():
+    """The stage keys of the split hosts: tp (or 4) chunk GEMMs minus the whole GEMM, each
+    at its own shape by the GEMM model; smaller GEMMs run at lower rates on an A100, so
+    every split costs time at GPT-3 175B's shapes (TP 8, 8,192 tokens)."""
+    import jaxmodel as jm
+    from jaxmodel.parallel import train_stage as ts
+    dev = ts.sustained_device(hw_db.device("a100_80gb"))
+    model, par = hw_db.model("gpt3-175b"), jm.Parallelism(tp=8, sp=True)
+    got = ts.tp_split_times(dev, model, par, 8192.0)
+    rows = ov.te_split_gemms(model, par, 8192.0)
+    g = [g for k in ("ag_fwd", "rs_fwd", "ag_bwd") for s in ("", "_split")
+         for g, _ in rows[k + s]]
+    t = np.asarray(jm.gemm_latency(dev, jnp.asarray([x.m for x in g]),
+                                   jnp.asarray([x.n for x in g]),
+                                   jnp.asarray([x.k for x in g])))
+    counts = (8, 8, 4, 4, 8, 8)
+    for i, k in enumerate(ts.SPLIT_KEYS):
+        whole = t[4 * i] + t[4 * i + 1]
+        split = counts[2 * i] * t[4 * i + 2] + counts[2 * i + 1] * t[4 * i + 3]
+        assert float(got[k]) == pytest.approx(split - whole, rel=1e-5)
+        assert 0.0 < float(got[k]) < 0.2 * whole
+    # no sequence parallelism in the static variant: nothing split, nothing traced
+    zero = ts.tp_split_times(dev, model, par, 8192.0, variant=ts._layer.Variant(sp=False))
+    assert all(float(v) == 0.0 for v in zero.values())
+
+
+def test_sp_regather_beside_the_input_gradient_gemms_by_hand(dev):
+    """Sequence parallelism's backward re-gathers: two all-gathers beside the QKV / FC1
+    input-gradient GEMMs (half of their backward) on 16 SMs, at most serial."""
+    s16 = 16.0 / 108.0
+    t_bwd, ag = 2.0, 0.55
+    host = 0.5 * ag * t_bwd
+    cs = (0.1, 0.3, 2.0)
+    want = [min(max(c, host + s16 * c) - host, c) for c in cs]
+    got = ov.sp_regather_exposed(t_bwd, jnp.asarray(cs), ag, dev)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    assert float(ov.sp_regather_exposed(t_bwd, 0.0, ag, dev)) == 0.0
+    g = jax.grad(lambda c: ov.sp_regather_exposed(t_bwd, c, ag, dev))(0.0)
+    assert np.isfinite(float(g))
