@@ -521,7 +521,7 @@ def _library_seconds(dev, m, n, k, word):
     bw = dev.mem_bw * jnp.where(dev.matmul_bw_efficiency > 0, dev.matmul_bw_efficiency,
                                 dev.mem_bw_efficiency)
     memory = nx.safe_div(traffic, bw, fill=jnp.inf)
-    return jnp.where(arrays_ok, jnp.min(jnp.maximum(compute, memory)), jnp.inf)
+    return jnp.where(arrays_ok, nx.min_of(jnp.maximum(compute, memory), axis=None), jnp.inf)
 
 
 def _gemv_seconds(dev, m, n, k, word):
