@@ -193,9 +193,15 @@ def device_feasible(dev):
             if ok is not None:
                 return ok
     ok = _device_ok(dev) & tile_fits(dev)
+    if not isinstance(ok, jax.core.Tracer):
+        # the traced leaves are none of the checked fields: a constant, nothing to share (kept,
+        # it would outlive the trace whose dead leaves can never match it again)
+        return ok
     # tracers held weakly: an entry lives no longer than its trace's values (no leaked
-    # tracer, no finished graph kept alive); a dead leaf never matches (ids may be reused)
-    live = [e for e in _FEASIBLE if e[2]() is not None]
+    # tracer, no finished graph kept alive); a dead leaf never matches (ids may be reused),
+    # so an entry with one is dropped
+    live = [e for e in _FEASIBLE
+            if e[2]() is not None and all(r() is not None for r in e[1])]
     _FEASIBLE[:] = ([(state, [_weak(x) for x in leaves], _weak(ok))] + live)[:_FEASIBLE_KEPT]
     return ok
 
