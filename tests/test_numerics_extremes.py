@@ -124,3 +124,51 @@ def test_no_other_reduction_over_candidates_in_the_package():
                 found.append(f"{path.relative_to(_PKG)}:{node.lineno}")
     assert not found, f"reductions over candidates outside numerics.min_of/max_of: {found}"
 
+
+
+@pytest.mark.slow
+@pytest.mark.float64
+def test_layer_gradient_takes_no_count_dividing_rule():
+    """d(decode layer total)/d(mem_bw) on the static-shape path (the library GEMM's minimum
+    over CTA tiles: a NaN under the suite's XLA options through ``jnp.min``'s rule) and
+    through ``jm.inference``: no ``reduce_min``/``reduce_max`` derivative rule of lax is
+    traced (their rule divides by the count of entries equal to the extremum)."""
+    import dataclasses
+
+    from jax._src.interpreters import ad
+    from jax._src.lax import lax as _lax
+
+    import hw_db
+    import jaxmodel as jm
+    from jaxmodel.workload import layer as L
+
+    used = []
+    saved = {p: ad.primitive_jvps[p] for p in (_lax.reduce_min_p, _lax.reduce_max_p)}
+
+    def spy(p):
+        def rule(*args, **kw):
+            used.append(p.name)
+            return saved[p](*args, **kw)
+        return rule
+
+    system = hw_db.system("hgx_a100_4gpu")
+    model, par = hw_db.model("gpt3-175b"), jm.Parallelism(tp=4)
+
+    def total(bw):
+        s = dataclasses.replace(system, device=dataclasses.replace(system.device, mem_bw=bw))
+        prec, variant = L._prec.resolve(None, None), L.variant_of(model, par, s)
+        work = L.Work(8.0, 1.0, "decode", 3072.0)
+        shapes = L.static_gemm_shapes(s, model, par, work, variant, prec, None)
+        return L._layer_breakdown(s, model, par, work,
+                                  L.LayerOptions(None, prec, variant, None, shapes))["total"]
+
+    try:
+        for p in saved:
+            ad.primitive_jvps[p] = spy(p)
+        jax.make_jaxpr(jax.grad(total))(2.0e12)
+        jax.make_jaxpr(jax.grad(lambda bw: jm.inference(dataclasses.replace(
+            system, device=dataclasses.replace(system.device, mem_bw=bw)), model, par,
+            8, 512, 16).total_s))(2.0e12)
+    finally:
+        ad.primitive_jvps.update(saved)
+    assert used == []
