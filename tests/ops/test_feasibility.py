@@ -134,15 +134,15 @@ def test_device_feasible_keeps_no_tracer_after_its_trace():
 
 def test_device_feasible_keeps_nothing_when_no_checked_field_is_traced():
     """A trace whose tracers are in fields the check does not read (a sweep over
-    ``matmul_efficiency``) gets a constant: nothing is kept for it (such an entry would
+    ``matmul_efficiency`` under an eager ``vmap``) gets a constant: nothing is kept for it (such an entry would
     outlive its trace, held strongly, and never match again)."""
     import gc
 
     import jax
     dev = hw_db.device("a100_80gb")
     n = len(gemm._FEASIBLE)
-    f = jax.jit(lambda e: gemm.device_feasible(dataclasses.replace(dev, matmul_efficiency=e)))
-    assert bool(f(0.8))
+    f = jax.vmap(lambda e: gemm.device_feasible(dataclasses.replace(dev, matmul_efficiency=e)))
+    assert bool(f(jnp.asarray([0.8, 0.9])).all())   # eager vmap: the check runs on constants
     assert len(gemm._FEASIBLE) <= n
     gc.collect()
     assert all(ref() is None for _, _, ref in gemm._FEASIBLE)
