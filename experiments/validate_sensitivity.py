@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from pathlib import Path
 
 from jaxmodel.batching import ONE_SHOT_COMPILE_OPTIONS, add_xla_flags
 
@@ -161,8 +162,9 @@ def run_family(family, n, rng, batch_size, chunk, mode="rev", partial=None):
         times.append(time.perf_counter() - t0)
         print(f"  {family}: points {lo}..{min(lo + chunk, n) - 1} in {times[-1]:.0f} s",
               flush=True)
-        if partial is not None:
+        if partial is not None:     # a fresh checkout has no experiments/out yet
             done = min(lo + chunk, n)
+            Path(partial).parent.mkdir(parents=True, exist_ok=True)
             _frame(family, done, parts, names[:done], models[:done]).to_csv(partial,
                                                                              index=False)
     wall = time.perf_counter() - t_start

@@ -99,32 +99,80 @@ def masked_min(values, mask, axis=-1):
     """Minimum of ``values`` over ``axis`` restricted to ``mask``; ``+inf`` when none qualify.
 
     Convention 3: the tile search is a fixed candidate grid + masked min. The gradient flows to
-    the winning candidate only (envelope theorem). Masked entries are replaced before the
-    reduction, so infinities/NaNs in them never reach the gradient.
-
-    The value is ``jnp.min``'s (the same operations); its derivative rule (a ``custom_jvp``)
-    is the winner's, selected by index (``argmin``, the first of tied entries) and gathered.
-    ``jnp.min``'s own rule (``jax/_src/lax/lax.py``, ``_reduce_chooser_jvp_rule``, JAX 0.10)
-    divides by the number of entries *equal* to the minimum, which a compiled graph may
-    recompute in another fusion with different rounding: where no entry compares equal the
-    count is 0 and the derivative 0/0 = NaN (seen in compiled reverse- and forward-mode
-    derivatives of whole serving steps through the softmax tile search of the LM head,
-    never in eager evaluation).
+    the winning candidate only (envelope theorem; :func:`min_of`). Masked entries are replaced
+    before the reduction, so infinities/NaNs in them never reach the gradient.
     """
-    return _min_of(jnp.where(mask, values, INF), axis)
+    return min_of(jnp.where(mask, values, INF), axis)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
-def _min_of(v, axis):
-    """``jnp.min(v, axis)`` with the derivative of the entry ``argmin`` selects."""
-    return jnp.min(v, axis=axis)
+def min_of(values, axis=-1):
+    """``jnp.min(values, axis)`` (the same value, bit for bit) with the derivative of the
+    winning entry: the one ``jnp.argmin`` selects (the first of tied entries), gathered.
+
+    Every minimum over an axis of *candidates* (tiles, algorithms, protocols, kernels) on a
+    differentiable path goes through this function (or :func:`max_of`), never through
+    ``jnp.min``/``jnp.max`` directly: their derivative rule (``jax/_src/lax/lax.py``,
+    ``_reduce_chooser_jvp_rule``, JAX 0.10) divides by the number of entries *equal* to the
+    extremum, and a compiled graph may recompute the candidates in another fusion with other
+    rounding than the extremum it compares them with: where no entry compares equal the count
+    is 0 and the derivative 0/0 = NaN (seen in compiled reverse- and forward-mode derivatives
+    of whole serving and layer steps, never in eager evaluation). This rule has no count and
+    no division: the derivative is the winner's (envelope theorem; Milgrom and Segal,
+    "Envelope Theorems for Arbitrary Choice Sets", Econometrica 70(2), 2002, Theorem 1, where
+    the winner is unique; at a tie, one one-sided derivative). If a recomputation picks
+    another of (nearly) tied winners, the derivative is that candidate's — finite either way.
+
+    Args:
+        values: candidates (s, bytes, ... any unit; a floating array); ``+inf`` entries are
+            fine (their tangent is not taken unless every entry is ``+inf``, then it is that
+            entry's, 0 where it was masked with ``jnp.where``).
+        axis: the candidate axis (an int), or ``None`` for all entries.
+
+    Returns:
+        The minimum, same unit, the shape of ``values`` without ``axis``.
+
+    Example:
+        >>> float(min_of(jnp.array([3.0, 1.0, 2.0])))
+        1.0
+    """
+    return _extreme(values, axis, False)
 
 
-@_min_of.defjvp
-def _min_of_jvp(axis, primals, tangents):
+def max_of(values, axis=-1):
+    """``jnp.max(values, axis)`` (the same value, bit for bit) with the derivative of the
+    entry ``jnp.argmax`` selects (the first of tied entries): :func:`min_of`'s rule, for a
+    maximum over candidates (the largest feasible grid, the best packing).
+
+    Example:
+        >>> float(max_of(jnp.array([3.0, 1.0, 2.0])))
+        3.0
+    """
+    return _extreme(values, axis, True)
+
+
+def _extreme(values, axis, largest):
+    values = jnp.asarray(values)
+    if not jnp.issubdtype(values.dtype, jnp.inexact):   # counts: no derivative to take
+        return jnp.max(values, axis=axis) if largest else jnp.min(values, axis=axis)
+    if axis is None:
+        values, axis = jnp.ravel(values), 0
+    return _pick(values, axis % values.ndim, largest)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
+def _pick(v, axis, largest):
+    """``jnp.max`` or ``jnp.min`` of ``v`` over ``axis`` (its value)."""
+    return jnp.max(v, axis=axis) if largest else jnp.min(v, axis=axis)
+
+
+@_pick.defjvp
+def _pick_jvp(axis, largest, primals, tangents):
+    """The tangent of the entry ``argmax``/``argmin`` selects (a gather: no count, no
+    division)."""
     (v,), (dv,) = primals, tangents
-    i = jnp.expand_dims(jnp.argmin(v, axis=axis), axis)
-    return _min_of(v, axis), jnp.squeeze(jnp.take_along_axis(dv, i, axis=axis), axis)
+    arg = jnp.argmax if largest else jnp.argmin
+    i = jnp.expand_dims(arg(v, axis=axis), axis)
+    return _pick(v, axis, largest), jnp.squeeze(jnp.take_along_axis(dv, i, axis=axis), axis)
 
 
 def soft_min(values, mask, temperature):

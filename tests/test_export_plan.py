@@ -11,6 +11,7 @@ import shlex
 import tomllib
 
 import pytest
+import yaml
 
 import hw_db
 import jaxmodel as jm
@@ -298,7 +299,7 @@ def test_serving_flags(case, models):
 
 def test_trtllm_attention_dp_yaml(models):
     """MoE over dp·tp devices -> one tp_size = dp·tp engine with attention DP; FP8 KV in the
-    YAML (round trip through a YAML reader when one is installed)."""
+    YAML (round trip through PyYAML, a test dependency)."""
     cfg = jm.export_plan(jm.Parallelism(dp=2, tp=4, ep=8), framework="trtllm",
                          model=models["mixtral-8x7b"], precision="fp8")
     got = _argv_flags(cfg)
@@ -306,7 +307,6 @@ def test_trtllm_attention_dp_yaml(models):
     text = cfg.files["extra_llm_api_options.yaml"]
     assert "enable_attention_dp: true" in text and "  dtype: fp8" in text
     assert "  tokens_per_block: 32" in text
-    yaml = pytest.importorskip("yaml")
     assert yaml.safe_load(text) == {"dtype": "bfloat16", "enable_attention_dp": True,
                                     "kv_cache_config": {"tokens_per_block": 32,
                                                         "dtype": "fp8"}}

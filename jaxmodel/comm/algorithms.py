@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jaxmodel.comm import nccl
 from jaxmodel.comm import topology as topo
 from jaxmodel.comm.link import overhead_factor
-from jaxmodel.numerics import INF, safe_div
+from jaxmodel.numerics import INF, min_of, safe_div
 from jaxmodel.types import TOPOLOGIES
 
 __all__ = ["AlgorithmSpec", "ALGORITHM_REGISTRY", "register_algorithm", "algorithm_names",
@@ -412,7 +412,7 @@ def ring_tree_protocols(name):
         else:
             tune = lat_p + tune_p
         k = jnp.argmin(tune)
-        return exe[k], jnp.min(exe), tune[k], k.astype(f)
+        return exe[k], min_of(exe), tune[k], k.astype(f)
 
     return protocols
 

@@ -107,7 +107,7 @@ from jaxmodel.comm.algorithms import (ALGORITHM_REGISTRY, OPS, AlgorithmSpec, al
                                       register_algorithm)
 from jaxmodel.comm.algorithms import pipelined as _pipelined
 from jaxmodel.comm.link import overhead_factor
-from jaxmodel.numerics import INF, first_reason, reason_name, safe_div
+from jaxmodel.numerics import INF, first_reason, min_of, reason_name, safe_div
 from jaxmodel.types import TOPOLOGIES, System, is_concrete, static_flag, validate_args
 
 __all__ = ["OPS", "ALGORITHMS", "ALGORITHM_CODES", "AUTO_ALGORITHM", "algorithm_code",
@@ -292,7 +292,7 @@ def _choose(times, app, level, algorithm, static_topology=None, nccl_tier=None):
     exe, fastest, tune = times[0], times[1], times[2]
     auto = _guo_auto(exe, topology, static_topology)
     if nccl_tier is not False:
-        has = jnp.isfinite(jnp.min(tune))
+        has = jnp.isfinite(min_of(tune))
         nccl_auto = exe[jnp.argmin(tune)]
         use = has if nccl_tier else has & (level.nccl_link > -0.5)
         auto = jnp.where(use, nccl_auto, auto)
@@ -302,7 +302,7 @@ def _choose(times, app, level, algorithm, static_topology=None, nccl_tier=None):
         if code == 0:
             return auto, jnp.asarray(True)
         if code == 1:
-            return jnp.min(fastest), jnp.asarray(True)
+            return min_of(fastest), jnp.asarray(True)
         i = code - 2
         return jnp.where(app[i], times[i], auto), app[i]
     n_alg = len(ALGORITHM_REGISTRY)
@@ -310,7 +310,7 @@ def _choose(times, app, level, algorithm, static_topology=None, nccl_tier=None):
     i = jnp.clip(code - 2, 0, n_alg - 1).astype(jnp.int32)
     named_ok = app[i]
     named = jnp.where(named_ok, times[i], auto)
-    t = jnp.select([code < 0.5, code < 1.5], [auto, jnp.min(fastest)], named)
+    t = jnp.select([code < 0.5, code < 1.5], [auto, min_of(fastest)], named)
     used = jnp.where(code < 1.5, True, named_ok)
     return t, used
 
@@ -326,7 +326,7 @@ def _guo_auto(times, topology, static_topology=None):
         auto_idx = jnp.asarray(tuple(float(algorithm_index(autos[t])) for t in TOPOLOGIES))[
             jnp.clip(jnp.round(topology), 0, len(TOPOLOGIES) - 1).astype(jnp.int32)]
         auto = times[auto_idx.astype(jnp.int32)]
-    return jnp.where(jnp.isfinite(auto), auto, jnp.min(times))  # e.g. all-to-all: direct only
+    return jnp.where(jnp.isfinite(auto), auto, min_of(times))  # e.g. all-to-all: direct only
 
 
 # NCCL 2.30.7 ``src/graph/tuning.cc`` ``getNetOverhead``: per-step host overhead of a ring
@@ -427,7 +427,7 @@ def _flat_ring(system: System, n, members, inner, g, net: NetVariant, f):
     exe = _pipelined(lat, bwt_p / ll128_x * nccl.channel_factor("ring", n, g, channels),
                      1.0, cl_p)
     tune = lat + bwt_p
-    return exe[jnp.argmin(tune)], jnp.min(exe)
+    return exe[jnp.argmin(tune)], min_of(exe)
 
 
 def _flat_ring_override(system, n, members, inner, g, algorithm, net, total, f):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxmodel.numerics import divides, is_integer, safe_div
+from jaxmodel.numerics import divides, is_integer, max_of, safe_div
 from jaxmodel.types import TOPOLOGIES, NetLevel, System
 
 __all__ = ["RING", "SWITCH", "FULLY_CONNECTED", "MESH2D", "TORUS2D", "links_per_device",
@@ -65,7 +65,7 @@ def grid_rows(m, max_rows=jnp.inf):
     """
     r = jnp.asarray(_ROW_CANDIDATES, dtype=jnp.result_type(float))
     ok = divides(r, m) & (r * r <= m * (1.0 + 1e-9)) & (r <= max_rows + 1e-9)
-    return jnp.max(jnp.where(ok, r, 1.0))
+    return max_of(jnp.where(ok, r, 1.0))
 
 
 def level_grid(level: NetLevel):

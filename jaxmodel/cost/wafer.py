@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxmodel.numerics import safe_div
+from jaxmodel.numerics import max_of, safe_div
 
 DEFAULT_K = 16   # central-block row counts tried by the grid search (best k <= 14 for >= 1 mm²)
 DEFAULT_ROWS = 64  # rows stepped outward from the central block (enough for dies >= ~5 mm²)
@@ -84,7 +84,7 @@ def dies_per_wafer_grid(x, y, diameter, edge_exclusion, scribe, k_max: int = DEF
     # positive counts equals CATCH's "step outwards until a row is empty".
     cnt = jnp.maximum(hi - lo + 1.0, 0.0)
     total = n * k + 2.0 * jnp.sum(cnt, axis=1)
-    return jnp.max(jnp.where(valid_k, total, 0.0))
+    return max_of(jnp.where(valid_k, total, 0.0))
 
 
 def dies_per_wafer_smooth(x, y, diameter, edge_exclusion, scribe):

@@ -193,9 +193,15 @@ def device_feasible(dev):
             if ok is not None:
                 return ok
     ok = _device_ok(dev) & tile_fits(dev)
+    if not isinstance(ok, jax.core.Tracer):
+        # the traced leaves are none of the checked fields: a constant, nothing to share (kept,
+        # it would outlive the trace whose dead leaves can never match it again)
+        return ok
     # tracers held weakly: an entry lives no longer than its trace's values (no leaked
-    # tracer, no finished graph kept alive); a dead leaf never matches (ids may be reused)
-    live = [e for e in _FEASIBLE if e[2]() is not None]
+    # tracer, no finished graph kept alive); a dead leaf never matches (ids may be reused),
+    # so an entry with one is dropped
+    live = [e for e in _FEASIBLE
+            if e[2]() is not None and all(r() is not None for r in e[1])]
     _FEASIBLE[:] = ([(state, [_weak(x) for x in leaves], _weak(ok))] + live)[:_FEASIBLE_KEPT]
     return ok
 
@@ -521,7 +527,7 @@ def _library_seconds(dev, m, n, k, word):
     bw = dev.mem_bw * jnp.where(dev.matmul_bw_efficiency > 0, dev.matmul_bw_efficiency,
                                 dev.mem_bw_efficiency)
     memory = nx.safe_div(traffic, bw, fill=jnp.inf)
-    return jnp.where(arrays_ok, jnp.min(jnp.maximum(compute, memory)), jnp.inf)
+    return jnp.where(arrays_ok, nx.min_of(jnp.maximum(compute, memory), axis=None), jnp.inf)
 
 
 def _gemv_seconds(dev, m, n, k, word):

@@ -132,6 +132,22 @@ def test_device_feasible_keeps_no_tracer_after_its_trace():
     assert not bool(jax.jit(twice)(small))
 
 
+def test_device_feasible_keeps_nothing_when_no_checked_field_is_traced():
+    """A trace whose tracers are in fields the check does not read (a sweep over
+    ``matmul_efficiency`` under an eager ``vmap``) gets a constant: nothing is kept for it (such an entry would
+    outlive its trace, held strongly, and never match again)."""
+    import gc
+
+    import jax
+    dev = hw_db.device("a100_80gb")
+    n = len(gemm._FEASIBLE)
+    f = jax.vmap(lambda e: gemm.device_feasible(dataclasses.replace(dev, matmul_efficiency=e)))
+    assert bool(f(jnp.asarray([0.8, 0.9])).all())   # eager vmap: the check runs on constants
+    assert len(gemm._FEASIBLE) <= n
+    gc.collect()
+    assert all(ref() is None for _, _, ref in gemm._FEASIBLE)
+
+
 def test_device_feasible_without_trace_state_shares_nothing(monkeypatch):
     """A JAX without the opaque trace state: nothing is kept, the values are the same."""
     import jax
