@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import jaxmodel as jm  # noqa: E402,I001  (imported before hw_db: the package wires hw_db up)
+import jaxmodel as jm  # noqa: E402,F401,I001  (imported before hw_db: the package wires hw_db up)
 import hw_db  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,9 +47,8 @@ def predict():
     system, model = hw_db.system("dgx_b200", nodes=8), hw_db.model("gpt3-175b")
     par = v30.MLPERF.parallelism(dp=2, tp=4, pp=8, micro_batch=2, interleave=6,
                                  schedule="interleaved")
-    r = jm.train_step(system, model, par, 2048, 2048, recipe=v30.MLPERF)
-    share = v30.forward_share(system, model, par, 2048, 2048)
-    return r, v30.evaluation_overhead(2048, share)
+    rec, r = v30.predict(system, model, par, 2048, 2048, "fp8", dict(recipe=v30.MLPERF))
+    return r, rec["fp8_eval_overhead"]
 
 
 def main() -> list:

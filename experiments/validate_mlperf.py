@@ -97,11 +97,11 @@ def evaluation_overhead(global_batch, share) -> float:
     return math.ceil(VALID_SEQS / gb) * share / math.ceil(EVAL_EVERY_SEQS / gb)
 
 
-def predict(system, model, par, global_batch, seq_len, prec, kw, breakdown=False) -> dict:
-    """One row's prediction under precision ``prec``: the training step and the run's
-    throughput with its evaluations (``{prec}_tokens_per_s``; the step alone as
-    ``{prec}_train_tokens_per_s``), feasibility and memory; with ``breakdown`` the step's
-    terms and MFU."""
+def predict(system, model, par, global_batch, seq_len, prec, kw, breakdown=False) -> tuple:
+    """One row's prediction under precision ``prec``: ``(record, train_step result)``, the
+    record holding the run's throughput with its evaluations (``{prec}_tokens_per_s``; the
+    step alone as ``{prec}_train_tokens_per_s``), feasibility and memory; with ``breakdown``
+    the step's terms and MFU."""
     r = jm.train_step(system, model, par, global_batch, seq_len, precision=prec, **kw)
     ovh = evaluation_overhead(global_batch,
                               forward_share(system, model, par, global_batch, seq_len, prec))
@@ -113,7 +113,7 @@ def predict(system, model, par, global_batch, seq_len, prec, kw, breakdown=False
     if breakdown:
         rec.update({f"{prec}_{k}_s": float(v) for k, v in r.breakdown.items()})
         rec[f"{prec}_mfu_vs_bf16_peak"] = float(r.mfu)
-    return rec
+    return rec, r
 
 
 def main(out: Path = OUT) -> pd.DataFrame:
@@ -126,7 +126,7 @@ def main(out: Path = OUT) -> pd.DataFrame:
         rec = {"system_dir": row["system_dir"], "gpus": int(row["n_accelerators"]),
                "global_batch": int(gb), "measured_tokens_per_s": float(row["mean_tokens_per_sec"])}
         for prec in ("fp8", "bf16"):
-            rec.update(predict(system, model, par, gb, seq, prec, kw, breakdown=prec == "fp8"))
+            rec.update(predict(system, model, par, gb, seq, prec, kw, breakdown=prec == "fp8")[0])
         records.append(rec)
         print(f"{rec['gpus']:5d} GPUs  measured {rec['measured_tokens_per_s']:>10,.0f} tok/s  "
               f"fp8 {rec['fp8_tokens_per_s']:>10,.0f}  bf16 {rec['bf16_tokens_per_s']:>10,.0f}",

@@ -73,7 +73,7 @@ def main(out: Path = OUT) -> pd.DataFrame:
                "vp": int(row["vp"]), "vp_assumed": bool(row["vp_assumed"]),
                "micro_batch": int(row["micro_batch"]), "global_batch": int(gb),
                "measured_tokens_per_s": float(row["mean_tokens_per_sec"])}
-        rec.update(v30.predict(system, model, par, gb, seq, "fp8", kw, breakdown=True))
+        rec.update(v30.predict(system, model, par, gb, seq, "fp8", kw, breakdown=True)[0])
         records.append(rec)
         print(f"{rec['round']} {rec['gpus']:6d} GPUs  measured "
               f"{rec['measured_tokens_per_s']:>11,.0f} tok/s  fp8 {rec['fp8_tokens_per_s']:>11,.0f}",

@@ -27,14 +27,20 @@ def _chunk(k, p, v, forward):
     return c if forward else v - c - 1
 
 
-def _interleaved(d, p, v, m):
-    """Device ``d``'s operations under the interleaved schedule: ("F"|"B", chunk) computes,
-    ("X", sends, receives) exchanges ("next"/"prev")."""
+def _warm_up(d, p, v, m):
+    """Device ``d``'s interleaved schedule: ``(total, warm-up forwards, is-first-chunk and
+    is-last-chunk tests, first ops)`` — the model's first chunk receives no input."""
     total = m * v
     warm = total if m == p else min((p - d - 1) * 2 + (v - 1) * p, total)
     first = lambda c: d == 0 and c == 0          # noqa: E731
     last = lambda c: d == p - 1 and c == v - 1   # noqa: E731
-    ops = [] if first(0) else [("X", [], ["prev"])]
+    return total, warm, first, last, [] if first(0) else [("X", [], ["prev"])]
+
+
+def _interleaved(d, p, v, m):
+    """Device ``d``'s operations under the interleaved schedule: ("F"|"B", chunk) computes,
+    ("X", sends, receives) exchanges ("next"/"prev")."""
+    total, warm, first, last, ops = _warm_up(d, p, v, m)
     for k in range(warm):
         c = _chunk(k, p, v, True)
         ops.append(("F", c))
@@ -175,11 +181,7 @@ def _interleaved_overlap(d, p, v, m):
     forwards wait for their exchange before the next forward, the steady 1F1B phase waits
     for a forward's exchange after the next backward and vice versa, the cool-down
     exchanges block (("X", ...), as in :func:`_interleaved`)."""
-    total = m * v
-    warm = total if m == p else min((p - d - 1) * 2 + (v - 1) * p, total)
-    first = lambda c: d == 0 and c == 0          # noqa: E731
-    last = lambda c: d == p - 1 and c == v - 1   # noqa: E731
-    ops = [] if first(0) else [("X", [], ["prev"])]
+    total, warm, first, last, ops = _warm_up(d, p, v, m)
     for k in range(warm):
         c = _chunk(k, p, v, True)
         ops += [("W", "f"), ("F", c)]
