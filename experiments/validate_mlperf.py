@@ -73,7 +73,7 @@ VALID_SEQS = 5662
 #: neither ``NVTE_DP_AMAX_REDUCE_INTERVAL`` nor ``NVTE_ASYNC_AMAX_REDUCTION`` (Transformer
 #: Engine ``release_v0.8`` defaults 1 and 0); v3.1's and v4.0's set both ("AMAX AR overlap
 #: and disable DP": ``NVTE_DP_AMAX_REDUCE_INTERVAL=0``, ``NVTE_ASYNC_AMAX_REDUCTION=1``, the
-#: TP group only, overlapped), as does v4.1's (:mod:`check_blackwell`).
+#: TP group only, overlapped).
 BLOCKING_DP_AMAX_ROUNDS = ("v3.0",)
 #: FP8 GEMMs of a GPT layer in Transformer Engine (``LayerNormLinear`` QKV, ``Linear``
 #: projection, ``LayerNormMLP`` FC1 + FC2) and the fp32 amaxes each contributes to a forward
