@@ -29,6 +29,25 @@ the target. Per unit of training time the evaluations add (:func:`evaluation_ove
 :func:`jaxmodel.parallel.train.stage_times`): an evaluation batch runs the training plan
 forward only. The predicted throughput is the step's divided by ``1 + overhead``.
 
+**FP8 amax reductions (v3.0 only).** Transformer Engine reduces each FP8 tensor's amax
+over the amax group after every ``fp8_autocast`` region. v3.0's ``config_common.sh`` leaves
+``NVTE_DP_AMAX_REDUCE_INTERVAL`` and ``NVTE_ASYNC_AMAX_REDUCTION`` at their Transformer
+Engine ``release_v0.8`` defaults (1, 0): after every model chunk's forward and backward a
+blocking all-reduce over the ``tp·dp`` consecutive ranks of the stage (64 ranks on 8 nodes at
+512 GPUs, 448 on 56 at 3,584); v3.1's and v4.0's set them to 0 and 1 ("AMAX AR overlap and
+disable DP": the TP group only, overlapped). :func:`amax_sync_s` adds
+:func:`jaxmodel.parallel.overlap.te_amax_sync_exposed` with the system's small all-reduce
+latency to every v3.0 training step (not to the evaluations: no amax reduction outside
+training): 0.05–0.22 s per step, +1.6 … +2.3 %.
+
+Other differences between the rounds' configs that the model has no switch for (left out):
+v3.0's TP-overlap yaml runs ``fc2_fprop``'s pipelined reduce-scatter on 20 SMs (v3.1: 4,
+with FP8 atomic GEMMs, ``NVTE_UB_ATOMIC_GEMM_RS=1``; the model: Transformer Engine's default
+16 for both forward reduce-scatters, v3.0's ``proj_fprop`` has 24), LayerNorm SM margin 4
+(v3.1: 8), NCCL of the 23.04 container with its default 128 KiB p2p network chunks (v3.1: a
+patched NCCL, ``NCCL_P2P_NET_CHUNKSIZE`` 2 MiB and per-communicator CTA limits), Transformer
+Engine 0.8 / NeMo 1.17 / Apex's pipeline schedules (v3.1: TE 1.x, NeMo 1.20, Megatron-core).
+
 The rows are a validation target: nothing here is fitted to them. The H100's sustained clock
 fraction and HBM efficiency come from its cuBLASLt FP8 and STREAM microbenchmarks
 (``experiments/calibrate.py``; printed with their provenance), its library-GEMM constants and
