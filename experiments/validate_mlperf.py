@@ -215,7 +215,8 @@ def main(out: Path = OUT) -> pd.DataFrame:
     df.to_csv(out / "validate_mlperf.csv", index=False)
     mape = {p: float(np.mean(np.abs(df[f"{p}_err_pct"]))) for p in ("fp8", "bf16")}
     print(df[["gpus", "global_batch", "measured_tokens_per_s", "fp8_train_tokens_per_s",
-              "fp8_eval_overhead", "fp8_amax_sync_s", "fp8_tokens_per_s", "fp8_err_pct", "bf16_tokens_per_s", "bf16_err_pct", "fp8_memory_gib"]]
+              "fp8_eval_overhead", "fp8_amax_sync_s", "fp8_tokens_per_s", "fp8_err_pct",
+              "bf16_tokens_per_s", "bf16_err_pct", "fp8_memory_gib"]]
           .to_string(index=False, float_format=lambda x: f"{x:,.1f}"))
     print(f"MAPE fp8 {mape['fp8']:.1f} %  (bf16 for reference {mape['bf16']:.1f} %)")
     dev = hw_db.device("h100_sxm")
