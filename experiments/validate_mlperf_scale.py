@@ -13,10 +13,26 @@ benchmark's evaluations as :func:`validate_mlperf.evaluation_overhead` counts th
 ``conf/custom.yaml`` keeps v3.0's interval of 24,576 sequences and the whole validation
 set).
 
-Two gaps in the published data are filled and flagged in the output (column
-``vp_assumed``): the v3.1 rows name TP 4 / PP 8 but no virtual-pipeline size, and take the
-v3.0 value of the same TP 4 / PP 8 plan (VP 12, 96 layers = 8 stages × 12 chunks of one
-layer); the one row without any plan (the 512-GPU smc submission) is left out.
+The v3.1 rows name TP 4 / PP 8 but no virtual-pipeline size: their ``config_*.sh`` never
+export ``INTERLEAVED_PIPELINE``, so ``conf/custom.yaml``'s default applies
+(``virtual_pipeline_model_parallel_size: ${oc.decode:${oc.env:INTERLEAVED_PIPELINE,12}}``,
+NVIDIA and Azure+NVIDIA alike): VP 12, 96 layers = 8 stages × 12 chunks of one layer (column
+``vp_from_yaml``). The v4.0 rows carry their configs' ``INTERLEAVED_PIPELINE`` (8 for
+``config_DGXH100_1344x8x6x4x6_mbs1_cg.sh`` / ``1452x8x6x4x6``, 4 for ``64x8x128x4x8_mbs2``).
+The one row without any plan (the 512-GPU smc submission) is left out.
+
+Both rounds reduce the FP8 amaxes over the TP group only and asynchronously
+(``config_common.sh``: ``NVTE_DP_AMAX_REDUCE_INTERVAL=0``, ``NVTE_ASYNC_AMAX_REDUCTION=1``):
+:func:`validate_mlperf.amax_sync_s` is 0 for them (v3.0 reduced over ``tp·dp``, blocking).
+v4.0's ``config_common.sh`` sets ``FP8_PARAMS=True`` (``conf/custom.yaml`` ``fp8_params``:
+Transformer Engine's FP8 model parameters, so the distributed optimizer all-gathers 1-byte
+parameters and keeps its fp32 shard): those rows run ``precision("fp8", weight_bytes=1)``
+(:func:`validate_mlperf.round_precision`). Configuration differences the model has no
+switch for, left as they are: v4.0's 200 MB gradient buckets and
+per-layer CUDA graphs (``LAYER_CUDA_GRAPH=1``) at 10,752 / 11,616 GPUs; both rounds'
+per-communicator NCCL CTA limits and 2 MB p2p chunks; v3.1's fc2 ``pipeline``
+reduce-scatter on 4 SMs (v4.0: ``ring_exchange``) with FP8 atomic GEMMs
+(``NVTE_UB_ATOMIC_GEMM_RS=1``).
 
 Nothing is fitted to these rows. Prints predicted vs measured tokens/s per row, the MAPE
 over all rows and the worst error at ≥ 10,000 GPUs; writes
@@ -44,20 +60,21 @@ import validate_mlperf as v30  # noqa: E402
 from common import OUT, anchor_dir  # noqa: E402
 
 ANCHOR = anchor_dir("training") / "mlperf_v31_v40_gpt3_175b_h100.csv"
-V30_VP_TP4_PP8 = 12          # v3.0 configs (validate_mlperf): TP 4, PP 8, VP 12
+#: v3.1 ``conf/custom.yaml``: ``INTERLEAVED_PIPELINE`` unset → virtual pipeline 12
+V31_YAML_VP = 12
 
 
 def load(path: Path = ANCHOR) -> pd.DataFrame:
-    """The anchor rows that name a plan, with the v3.1 virtual-pipeline gap filled
-    (``vp_assumed`` = True where it was)."""
+    """The anchor rows that name a plan, the v3.1 rows' virtual pipeline from their
+    ``conf/custom.yaml`` default (``vp_from_yaml`` = True where it was filled)."""
     rows = pd.read_csv(path)
     rows = rows[rows["tp"].notna() & rows["pp"].notna()].copy()
-    rows["vp_assumed"] = rows["vp"].isna()
-    bad = rows["vp_assumed"] & ((rows["tp"] != 4) | (rows["pp"] != 8))
+    rows["vp_from_yaml"] = rows["vp"].isna()
+    bad = rows["vp_from_yaml"] & (rows["mlperf_round"] != "v3.1")
     if bad.any():
-        raise ValueError(f"validate_mlperf_scale: no published or v3.0 virtual pipeline for "
-                         f"rows {rows.loc[bad, 'system_dir'].tolist()}")
-    rows["vp"] = rows["vp"].fillna(V30_VP_TP4_PP8)
+        raise ValueError(f"validate_mlperf_scale: no published virtual pipeline for rows "
+                         f"{rows.loc[bad, 'system_dir'].tolist()}")
+    rows["vp"] = rows["vp"].fillna(V31_YAML_VP)
     return rows.reset_index(drop=True)
 
 
@@ -70,10 +87,13 @@ def main(out: Path = OUT) -> pd.DataFrame:
         gb, seq = float(row["global_batch_size_seqs"]), float(row["seq_len"])
         rec = {"round": row["mlperf_round"], "system_dir": row["system_dir"],
                "gpus": int(row["n_accelerators"]), "tp": int(row["tp"]), "pp": int(row["pp"]),
-               "vp": int(row["vp"]), "vp_assumed": bool(row["vp_assumed"]),
+               "vp": int(row["vp"]), "vp_from_yaml": bool(row["vp_from_yaml"]),
                "micro_batch": int(row["micro_batch"]), "global_batch": int(gb),
                "measured_tokens_per_s": float(row["mean_tokens_per_sec"])}
-        rec.update(v30.predict(system, model, par, gb, seq, "fp8", kw, breakdown=True)[0])
+        prec = v30.round_precision(row)
+        rec.update(v30.predict(system, model, par, gb, seq, "fp8", kw, breakdown=True,
+                               amax_s=v30.amax_sync_s(system, model, par, gb, row),
+                               precision=prec)[0])
         records.append(rec)
         print(f"{rec['round']} {rec['gpus']:6d} GPUs  measured "
               f"{rec['measured_tokens_per_s']:>11,.0f} tok/s  fp8 {rec['fp8_tokens_per_s']:>11,.0f}",
@@ -82,7 +102,7 @@ def main(out: Path = OUT) -> pd.DataFrame:
     df["fp8_err_pct"] = 100 * (df["fp8_tokens_per_s"] / df["measured_tokens_per_s"] - 1)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "validate_mlperf_scale.csv", index=False)
-    print(df[["round", "gpus", "tp", "pp", "vp", "vp_assumed", "global_batch",
+    print(df[["round", "gpus", "tp", "pp", "vp", "vp_from_yaml", "global_batch",
               "measured_tokens_per_s", "fp8_train_tokens_per_s", "fp8_eval_overhead",
               "fp8_tokens_per_s", "fp8_err_pct", "fp8_dp_comm_s",
               "fp8_step_s", "fp8_feasible"]]

@@ -538,9 +538,56 @@ def te_tp_exposed(t_fwd, t_bwd, t_comm_fwd, t_comm_bwd, hosts, tp, dev, comm_byt
     return fwd, bwd
 
 
+def te_amax_sync_exposed(t_fwd_reduce, t_bwd_reduce, microbatches, interleave, pp):
+    """Exposed seconds per step of Transformer Engine's blocking FP8 amax reductions, the
+    reduction of each model chunk's amax values at the end of its forward and of its
+    backward when they run on the compute stream's critical path.
+
+    Source: Transformer Engine ``release_v0.8`` ``pytorch/fp8.py`` (``fp8_autocast``: on
+    leaving the outermost autocast region ``global_amax_reduction`` all-reduces (MAX) the
+    amaxes of every FP8 module the region ran, ``num_gemms·3`` fp32 values per module
+    forward, ``num_gemms·2`` backward (``module.py``, ``init_fp8_meta_tensors``); its
+    ``_prepare_backward`` does the same for the backward of the region's first module) over
+    ``fp8_group`` — the amax reduction group, ``tp·dp`` consecutive ranks (Megatron-core /
+    Apex ``parallel_state.initialize_model_parallel``, ``_AMAX_REDUCTION_GROUP``) — every
+    ``NVTE_DP_AMAX_REDUCE_INTERVAL`` (default 1) forward and backward, over the TP group in
+    between (interval 0: always the TP group, TE 1.x ``FP8GlobalStateManager``); with
+    ``NVTE_ASYNC_AMAX_REDUCTION=0`` (the default) the all-reduce is issued synchronously
+    (``torch.distributed.all_reduce(async_op=False)``: the compute stream waits for it), with
+    ``1`` its handle is waited on only at the next region (overlapped, not counted here).
+    NeMo wraps each model chunk's layers in one ``fp8_autocast`` per micro-batch
+    (``ParallelTransformer.forward``), so a stage runs ``m·v`` such forwards and backwards
+    per step; the critical path of the (interleaved) 1F1B schedule is ``m·v + p − 1``
+    chunk forward-backward pairs of one stage (Narayanan et al., SC'21, §2.2: the bubble is
+    ``(p − 1)/v`` micro-batches of ``v`` chunks), each lengthened by one forward and one
+    backward reduction::
+
+        exposed = (m·v + p − 1) · (t_fwd_reduce + t_bwd_reduce)
+
+    Args:
+        t_fwd_reduce, t_bwd_reduce: one blocking all-reduce of a chunk's forward / backward
+            amaxes over its group (e.g. :func:`jaxmodel.collective_latency`), s; 0 where the
+            reductions are asynchronous.
+        microbatches: micro-batches per step per data-parallel replica, ``m``.
+        interleave: model chunks per device, ``v`` (1 without interleaving).
+        pp: pipeline stages, ``p``.
+
+    Returns:
+        Seconds per step (≥ 0).
+    """
+    f = jnp.result_type(float)
+    m = jnp.maximum(jnp.asarray(microbatches, dtype=f), 0.0)
+    v = jnp.maximum(jnp.asarray(interleave, dtype=f), 1.0)
+    p = jnp.maximum(jnp.asarray(pp, dtype=f), 1.0)
+    t = (jnp.maximum(jnp.asarray(t_fwd_reduce, dtype=f), 0.0)
+         + jnp.maximum(jnp.asarray(t_bwd_reduce, dtype=f), 0.0))
+    return (m * v + p - 1.0) * t
+
+
 __all__ = ["overlapped_time", "pipelined_time", "bucketed_exposed", "te_tp_exposed",
            "TPHosts", "te_split_gemms", "sp_regather_exposed",
            "tp_eligible", "tp_host_fractions", "chunked_dp_exposed",
            "compute_rate", "sm_share", "ring_send_bytes", "comm_hbm_bytes", "mcore_buckets",
+           "te_amax_sync_exposed",
            "HBM_BYTES_PER_WIRE_BYTE", "DEFAULT_CHANNELS", "TP_OVERLAP_CHUNKS", "TE_COMM_SMS",
            "TE_RING_SMS"]

@@ -6,8 +6,12 @@ task: MAPE <= 8 % with precision="fp8"."""
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
+
+import hw_db
+from jaxmodel.parallel.overlap import te_amax_sync_exposed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
 
@@ -15,10 +19,11 @@ import validate_mlperf  # noqa: E402
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="v3.0 MAPE 9.9 % (+6.5 … +16.7 %) under the submissions' "
-                   "configuration with the evaluations; the v3.1 rows of the same plan are within "
-                   "±3.2 % at 512–768 GPUs: the v3.0 software ran slower than the model knows")
 def test_mlperf_fp8_tokens_per_s_within_target(tmp_path):
+    """MAPE <= 8 % under the v3.0 configuration, with v3.0's blocking amax reductions over
+    tp·dp (7.96 %; 9.9 % without them). Still +4.9 … +14.3 %, the largest scale fastest: the
+    v3.0 MLLOG blocks give 91.0 ms per micro-batch + 0.46 s per step, the model 90.7 ms +
+    0.22 s: a per-step cost no configuration difference names."""
     df = validate_mlperf.main(out=tmp_path)
     assert len(df) == 5 and df.fp8_feasible.all()
     assert np.all(np.isfinite(df.fp8_tokens_per_s))
@@ -30,13 +35,17 @@ import validate_mlperf_scale  # noqa: E402
 
 def test_mlperf_scale_rows_carry_their_published_plan():
     """The v3.1/v4.0 rows: only the plan-less row is left out, the v4.0 plans keep their
-    published VP, only v3.1's missing VP takes the v3.0 value (flagged)."""
+    published VP, v3.1's unlisted VP is its conf/custom.yaml default 12 (flagged); only v4.0
+    runs FP8 parameters (FP8_PARAMS=True)."""
     rows = validate_mlperf_scale.load()
     assert len(rows) == 11 and not (rows.system_dir == "64xSMC-H100-SXM-80GB").any()
     v40 = rows[rows.mlperf_round == "v4.0"]
-    assert not v40.vp_assumed.any() and set(v40.vp) == {8.0, 4.0}
+    assert not v40.vp_from_yaml.any() and set(v40.vp) == {8.0, 4.0}
     v31 = rows[rows.mlperf_round == "v3.1"]
-    assert v31.vp_assumed.all() and set(v31.vp) == {12.0}
+    assert v31.vp_from_yaml.all() and set(v31.vp) == {12.0}
+    assert all(float(validate_mlperf.round_precision(r).weight_bytes) == 1.0
+               for _, r in v40.iterrows())
+    assert all(validate_mlperf.round_precision(r) is None for _, r in v31.iterrows())
 
 
 @pytest.mark.slow
@@ -56,3 +65,28 @@ def test_mlperf_evaluation_overhead_hand_values():
     assert validate_mlperf.evaluation_overhead(1536, 1 / 3) == pytest.approx(4 / 16 / 3)
     assert validate_mlperf.evaluation_overhead(2688, 0.3) == pytest.approx(3 * 0.3 / 10)
     assert validate_mlperf.evaluation_overhead(24576, 0.5) == pytest.approx(0.5)
+
+
+def test_te_amax_sync_exposed_hand_values_and_gradient():
+    """(m·v + p − 1) blocking reductions of a chunk's forward and backward amaxes per step:
+    128 micro-batches × 12 chunks + 7 bubble chunks at 50 + 40 µs = 0.13887 s; no
+    interleaving, 1 micro-batch, 1 stage: one pair; d/dt_fwd = m·v + p − 1."""
+    assert float(te_amax_sync_exposed(50e-6, 40e-6, 128, 12, 8)) == pytest.approx(0.13887)
+    assert float(te_amax_sync_exposed(1.0, 0.0, 1, 1, 1)) == pytest.approx(1.0)
+    assert float(te_amax_sync_exposed(0.0, 0.0, 128, 12, 8)) == 0.0
+    g = jax.grad(te_amax_sync_exposed)(60e-6, 40e-6, 24.0, 12.0, 8.0)
+    assert float(g) == pytest.approx(24 * 12 + 7)
+
+
+def test_amax_sync_only_for_the_blocking_round():
+    """v3.0 (TE release_v0.8 defaults: blocking, over tp·dp) pays the reductions; a v3.1 /
+    v4.0 row of the same plan (NVTE_DP_AMAX_REDUCE_INTERVAL=0, NVTE_ASYNC_AMAX_REDUCTION=1)
+    does not."""
+    row = {"n_accelerators": 512, "tp": 4, "pp": 8, "vp": 12, "micro_batch": 1}
+    model = hw_db.model("gpt3-175b")
+    system, par, _ = validate_mlperf.plan({**row, "mlperf_round": "v3.0"})
+    t30 = validate_mlperf.amax_sync_s(system, model, par, 2048, {"mlperf_round": "v3.0"})
+    t31 = validate_mlperf.amax_sync_s(system, model, par, 2048, {"mlperf_round": "v3.1"})
+    assert t31 == 0.0
+    # 128 × 12 + 7 pairs of small all-reduces over 64 ranks on 8 nodes: 10 … 200 µs each
+    assert (128 * 12 + 7) * 2 * 10e-6 < t30 < (128 * 12 + 7) * 2 * 200e-6
