@@ -183,7 +183,8 @@ class TrainResult:
             :func:`jaxmodel.workload.moe.alltoall_time`). They sum to ``step_time_s``.
         memory: dict bytes per device, the terms of
             :data:`jaxmodel.workload.memory.TRAIN_MEMORY_TERMS` — ``weights``,
-            ``fp8_weight_cache``, ``gradients``, ``optimizer``, ``activations`` — and
+            ``fp8_weight_cache``, ``gradients``, ``optimizer``, ``activations``,
+            ``tp_comm_buffers`` — and
             ``total``, their sum (:func:`jaxmodel.memory_breakdown` lists them in GiB).
         flops_per_step: model FLOPs of one step (all devices, no recomputation), FLOP.
         achieved_flops_per_device: hardware FLOPs (with the plan's recomputation) / (step

@@ -132,7 +132,15 @@ def _norm_upproj(model: Model, tp, tokens, act_bytes, gemm_bytes):
 
 #: The terms of a training step's memory (:func:`training_memory`, ``TrainResult.memory``),
 #: bytes per device; they sum to its ``total`` (:func:`memory_breakdown`).
-TRAIN_MEMORY_TERMS = ("weights", "fp8_weight_cache", "gradients", "optimizer", "activations")
+TRAIN_MEMORY_TERMS = ("weights", "fp8_weight_cache", "gradients", "optimizer", "activations",
+                      "tp_comm_buffers")
+
+#: Transformer Engine's userbuffer communicators (``initialize_ub``, TE 1.8–2.x defaults):
+#: ``(count, of them holding the all-gathered GEMM input)``: the ``ring_exchange``
+#: ``qkv_fprop``, ``fc1_fprop``, ``proj_dgrad``, ``fc2_dgrad``, the ``pipeline``
+#: ``proj_fprop``, ``fc2_fprop`` and the ``bulk`` ``qkv_dgrad``, ``qkv_wgrad``,
+#: ``fc1_dgrad``, ``fc1_wgrad``; ``layers_all_gather_overlap`` lists six of them.
+TE_USERBUFFERS = (10, 6)
 
 
 def stored_gemm_input_bytes(prec):
@@ -141,6 +149,43 @@ def stored_gemm_input_bytes(prec):
     every GEMM input (``cast_bytes > 0``: Transformer Engine's FP8 ``Linear`` saves the FP8
     cast, see :func:`activation_bytes_per_layer`), else ``act_bytes``. Units: bytes."""
     return jnp.where(prec.cast_bytes > 0, _prec.gemm_word(prec), prec.act_bytes)
+
+
+def tp_comm_buffer_bytes(model: Model, tokens, prec):
+    """Device memory of Transformer Engine's tensor-parallel communication buffers
+    (userbuffers) while ``--tp-comm-overlap`` runs, bytes per device.
+
+    Source: Transformer Engine ``pytorch/module/base.py``, ``initialize_ub`` (1.8; the same
+    communicators in 2.x): one communicator per overlapped GEMM of a layer
+    (:data:`TE_USERBUFFERS`, 10), each registering a buffer of the layer input's global shape
+    ``[tokens, d_model]`` — NeMo's ``MegatronGPTModel.initialize_ub_func`` and Megatron-LM's
+    ``initialize_tp_communicators`` pass ``seq_length · micro_batch_size /
+    context_parallel_size`` rows — shared by every layer of the model (allocated once, not
+    per layer or micro-batch). The six all-gather buffers hold the quantised GEMM input
+    under an FP8 recipe (``fp8_buf``: ``uint8`` when ``use_fp8``; here
+    :func:`stored_gemm_input_bytes`), the four reduce-scatter buffers the 16-bit
+    ``act_bytes``. Per-model ``ub_cfgs`` can move a buffer between the two widths
+    (``fp8_buf`` on ``proj_fprop``) or enlarge a ring-exchange reduce-scatter buffer
+    ``(2·tp − 1)/tp`` times (``comm_gemm_overlap.cpp``, ``CommOverlapP2PBase``); the
+    defaults are counted. Not counted: the two extra cuBLAS workspaces of the userbuffer
+    streams (``_NUM_MAX_UB_STREAMS = 3`` copies of 32 MiB on Hopper).
+
+    Args:
+        tokens: rows of the buffers, ``b · s / cp`` (micro-batch × sequence length over the
+            context-parallel degree).
+        prec: a :class:`jaxmodel.Precision`.
+
+    Example (GPT-3 175B, micro-batch 1, 2,048 tokens, FP8: 14 bytes per element of
+    ``[2048, 12288]``):
+        >>> b = jm.workload.memory.tp_comm_buffer_bytes(hw_db.model("gpt3-175b"), 2048,
+        ...                                             jm.precision("fp8"))
+        >>> round(float(b) / 2**20)    # MiB
+        336
+    """
+    count, gathered = TE_USERBUFFERS
+    per_element = (gathered * stored_gemm_input_bytes(prec)
+                   + (count - gathered) * prec.act_bytes)
+    return per_element * tokens * model.d_model
 
 
 def weight_cache_bytes(prec):
@@ -192,7 +237,8 @@ def memory_breakdown(result) -> dict:
     cached low-precision copies, :func:`weight_cache_bytes`), ``gradients`` (the gradient
     buffer in ``grad_bytes``), ``optimizer`` (master weights + Adam moments, sharded over
     DP×CP by the distributed optimizer from ZeRO-1), ``activations`` (the in-flight
-    micro-batches' stored activations).
+    micro-batches' stored activations), ``tp_comm_buffers`` (Transformer Engine's
+    userbuffers where the TP overlap runs, :func:`tp_comm_buffer_bytes`).
 
     Raises:
         ValueError: ``result`` has no memory terms.
@@ -235,7 +281,9 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
       the rank's shard of the DP×CP group only — the caller passes ``par.dp`` = DP·CP);
     - ``activations``: ``in_flight`` micro-batches (of ``par.micro_batch`` sequences)
       through the stage's layers, each :func:`activation_bytes_per_layer` with the GEMM
-      inputs in :func:`stored_gemm_input_bytes`.
+      inputs in :func:`stored_gemm_input_bytes`;
+    - ``tp_comm_buffers``: 0 here; the training step adds Transformer Engine's userbuffers
+      (:func:`tp_comm_buffer_bytes`) where its TP overlap runs.
 
     The model states are divided by ``dp`` from ZeRO stage 1 (optimizer), 2 (+ gradients),
     3 (+ weights and their caches). Three stages are evaluated — the first (embedding),
@@ -291,7 +339,8 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
              "fp8_weight_cache": weight_cache_bytes(prec) * sharded(2.5),
              "gradients": grad_bytes * sharded(1.5),
              "optimizer": (prec.master_bytes + prec.optim_bytes) * sharded(0.5),
-             "activations": flight * layers * act_per_layer + extra}
+             "activations": flight * layers * act_per_layer + extra,
+             "tp_comm_buffers": 0.0 * params}
         m["total"] = sum(m[k] for k in TRAIN_MEMORY_TERMS)
         if best is None:
             best = m

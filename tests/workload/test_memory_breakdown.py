@@ -12,7 +12,8 @@ import hw_db
 from jaxmodel.workload.memory import (TRAIN_MEMORY_TERMS, activation_bytes_per_layer,
                                       memory_breakdown, quantised_input_delta,
                                       loss_logits_bytes, stored_gemm_input_bytes,
-                                      training_memory, weight_cache_bytes)
+                                      tp_comm_buffer_bytes, training_memory,
+                                      weight_cache_bytes)
 
 GIB = 2.0 ** 30
 # a small GPT-style model: h = 1024, a = 16 heads (MHA), d_ff = 4h, 8 layers, V = 32000
@@ -162,11 +163,39 @@ def test_predict_prints_the_memory_table(capsys):
     without the terms prints nothing."""
     from jaxmodel import cli
     mem = {k: float(i + 1) * GIB for i, k in enumerate(TRAIN_MEMORY_TERMS)}
-    cli._print_memory_table({"memory": {**mem, "total": 15.0 * GIB},
+    total = sum(mem.values()) / GIB          # 1 + 2 + … + len(TRAIN_MEMORY_TERMS)
+    cli._print_memory_table({"memory": {**mem, "total": total * GIB},
                              "memory_capacity_bytes": 80.0 * GIB})
     err = capsys.readouterr().err
     for k in TRAIN_MEMORY_TERMS:
         assert k in err
-    assert "total" in err and "15.00" in err and "80.00" in err
+    assert "total" in err and f"{total:.2f}" in err and "80.00" in err
     cli._print_memory_table({"memory": {"weights": 1.0}})
     assert capsys.readouterr().err == ""
+
+
+def test_tp_comm_buffers_hand_count():
+    """Transformer Engine's ten userbuffers of ``[b·s/cp, h]``: six all-gather ones at the
+    FP8 input width, four reduce-scatter ones at 2 B (14 B per element in FP8, 20 B in
+    bf16)."""
+    model = hw_db.model("gpt3-175b")
+    tokens = 2 * 2048 / 2
+    fp8 = tp_comm_buffer_bytes(model, tokens, jm.precision("fp8"))
+    bf16 = tp_comm_buffer_bytes(model, tokens, jm.precision("bf16"))
+    assert float(fp8) == pytest.approx(14.0 * tokens * 12288, rel=1e-12)
+    assert float(bf16) == pytest.approx(20.0 * tokens * 12288, rel=1e-12)
+
+
+@pytest.mark.slow
+def test_train_step_holds_tp_comm_buffers_only_with_the_tp_overlap():
+    """The step's ``tp_comm_buffers`` term: the hand count with ``tp_overlap``, 0 without."""
+    model = hw_db.model("gpt3-175b")
+    fp8 = tp_comm_buffer_bytes(model, 2 * 2048 / 2, jm.precision("fp8"))
+    system = hw_db.system("dgx_h100", nodes=8)
+    par = jm.Parallelism(dp=1, tp=8, pp=4, sp=True, micro_batch=2, cp=2)
+    on = jm.train_step(system, model, par, 64, 2048, precision="fp8", tp_overlap=1.0)
+    off = jm.train_step(system, model, par, 64, 2048, precision="fp8", tp_overlap=0.0)
+    assert float(on.memory["tp_comm_buffers"]) == pytest.approx(float(fp8), rel=1e-9)
+    assert float(off.memory["tp_comm_buffers"]) == 0.0
+    assert float(on.memory["total"] - off.memory["total"]) == pytest.approx(float(fp8),
+                                                                             rel=1e-6)
