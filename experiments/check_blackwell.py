@@ -7,7 +7,9 @@ config_DGXB200_8x8x1024x4x8_mbs2_cg.sh``): TP 4, PP 8, interleaved pipeline 6, m
 global batch 2,048 sequences of 2,048 tokens (MLLOG ``global_batch_size``,
 ``max_sequence_length``), FP8 (``config_fp8.sh``, Transformer Engine), TP communication
 overlapped (userbuffers), cuDNN fused attention (``NVTE_FUSED_ATTN=1``: a FlashAttention-style
-kernel that never writes the score matrix), layer CUDA graphs. Each of the three runs
+kernel that never writes the score matrix), layer CUDA graphs, FP8 parameters
+(``config_common.sh``: ``FP8_PARAMS=True``) and Transformer Engine's blocking amax reductions
+over ``tp·dp`` (:data:`validate_mlperf.BLOCKING_DP_AMAX_ROUNDS`). Each of the three runs
 trained 1,207,959,552 tokens (MLLOG ``train_samples``) in 11,552.2 / 11,624.3 / 11,633.4 s
 from ``run_start`` to ``run_stop``: 104,105 tokens/s on the mean time. The plan is modelled as
 ``validate_mlperf.py`` models the H100 rows of the same benchmark (``recipe="mlperf-gpt3"``:
@@ -47,7 +49,10 @@ def predict():
     system, model = hw_db.system("dgx_b200", nodes=8), hw_db.model("gpt3-175b")
     par = v30.MLPERF.parallelism(dp=2, tp=4, pp=8, micro_batch=2, interleave=6,
                                  schedule="interleaved")
-    rec, r = v30.predict(system, model, par, 2048, 2048, "fp8", dict(recipe=v30.MLPERF))
+    row = {"mlperf_round": "v4.1"}        # FP8 parameters, blocking amax reductions
+    rec, r = v30.predict(system, model, par, 2048, 2048, "fp8", dict(recipe=v30.MLPERF),
+                         amax_s=v30.amax_sync_s(system, model, par, 2048, row),
+                         precision=v30.round_precision(row))
     return r, rec["fp8_eval_overhead"]
 
 

@@ -90,19 +90,25 @@ VALID_SEQS = 5662
 #: Rounds whose Transformer Engine reduces the FP8 amaxes over the whole ``tp·dp`` amax group
 #: after every model chunk's forward and backward, blocking: v3.0's ``config_common.sh`` sets
 #: neither ``NVTE_DP_AMAX_REDUCE_INTERVAL`` nor ``NVTE_ASYNC_AMAX_REDUCTION`` (Transformer
-#: Engine ``release_v0.8`` defaults 1 and 0); v3.1's and v4.0's set both ("AMAX AR overlap
-#: and disable DP": ``NVTE_DP_AMAX_REDUCE_INTERVAL=0``, ``NVTE_ASYNC_AMAX_REDUCTION=1``, the
-#: TP group only, overlapped).
-BLOCKING_DP_AMAX_ROUNDS = ("v3.0",)
+#: Engine ``release_v0.8`` defaults 1 and 0); v3.1's sets both ("AMAX AR overlap and disable
+#: DP": ``NVTE_DP_AMAX_REDUCE_INTERVAL=0``, ``NVTE_ASYNC_AMAX_REDUCTION=1``, the TP group
+#: only, overlapped; its TE 09ba842 reads them). v4.0's container runs TE v1.6rc1 and v4.1's
+#: a later 1.x, which no longer read either variable (removed in v1.6rc1): ``fp8.py``
+#: ``FP8GlobalStateManager.reduce_tensor_across_group_op_max`` all-reduces every region's
+#: amaxes with ``async_op=False`` over the autocast's ``fp8_group``, which Megatron-core
+#: 0.7 sets to ``parallel_state.get_amax_reduction_group(with_context_parallel=True)``, the
+#: tensor-and-data-parallel ranks — blocking over ``tp·dp`` again, whatever v4.0's
+#: ``config_common.sh`` still exports.
+BLOCKING_DP_AMAX_ROUNDS = ("v3.0", "v4.0", "v4.1")
 #: FP8 GEMMs of a GPT layer in Transformer Engine (``LayerNormLinear`` QKV, ``Linear``
 #: projection, ``LayerNormMLP`` FC1 + FC2) and the fp32 amaxes each contributes to a forward
 #: / backward reduction (``num_gemms·3`` / ``num_gemms·2``, TE ``module.py``
 #: ``init_fp8_meta_tensors``)
 TE_GEMMS_PER_LAYER = 4
-#: Rounds whose ``config_common.sh`` sets ``FP8_PARAMS=True`` (v4.0; ``conf/custom.yaml``
+#: Rounds whose ``config_common.sh`` sets ``FP8_PARAMS=True`` (v4.0, v4.1; ``conf/custom.yaml``
 #: ``fp8_params``): Transformer Engine's FP8 (1 B) model parameters, which the distributed
 #: optimizer all-gathers in FP8 while keeping its fp32 shard (:func:`round_precision`)
-FP8_PARAMS_ROUNDS = ("v4.0",)
+FP8_PARAMS_ROUNDS = ("v4.0", "v4.1")
 AMAX_FWD_PER_GEMM, AMAX_BWD_PER_GEMM = 3, 2
 
 

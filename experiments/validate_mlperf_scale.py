@@ -21,9 +21,11 @@ NVIDIA and Azure+NVIDIA alike): VP 12, 96 layers = 8 stages × 12 chunks of one 
 ``config_DGXH100_1344x8x6x4x6_mbs1_cg.sh`` / ``1452x8x6x4x6``, 4 for ``64x8x128x4x8_mbs2``).
 The one row without any plan (the 512-GPU smc submission) is left out.
 
-Both rounds reduce the FP8 amaxes over the TP group only and asynchronously
-(``config_common.sh``: ``NVTE_DP_AMAX_REDUCE_INTERVAL=0``, ``NVTE_ASYNC_AMAX_REDUCTION=1``):
-:func:`validate_mlperf.amax_sync_s` is 0 for them (v3.0 reduced over ``tp·dp``, blocking).
+v3.1 reduces the FP8 amaxes over the TP group only and asynchronously (``config_common.sh``:
+``NVTE_DP_AMAX_REDUCE_INTERVAL=0``, ``NVTE_ASYNC_AMAX_REDUCTION=1``):
+:func:`validate_mlperf.amax_sync_s` is 0 for it. v4.0's config exports the same variables,
+but its Transformer Engine (v1.6rc1) no longer reads them and reduces over ``tp·dp``,
+blocking, as v3.0 did (:data:`validate_mlperf.BLOCKING_DP_AMAX_ROUNDS`).
 v4.0's ``config_common.sh`` sets ``FP8_PARAMS=True`` (``conf/custom.yaml`` ``fp8_params``:
 Transformer Engine's FP8 model parameters, so the distributed optimizer all-gathers 1-byte
 parameters and keeps its fp32 shard): those rows run ``precision("fp8", weight_bytes=1)``

@@ -104,8 +104,8 @@ def rows(quick=False):
         n = int(r["n_accelerators"])
         assumed = ["recipe mlperf-gpt3 + evaluations (validate_mlperf.py)"]
         if pd.isna(r["vp"]):
-            assumed.append("vp=12 (v3.0 config)")
-        out.append(dict(source=f"mlperf-{r['mlperf_round']}",
+            assumed.append("vp=12 (conf/custom.yaml default)")
+        out.append(dict(source=f"mlperf-{r['mlperf_round']}", mlperf_round=r["mlperf_round"],
                         label=f"{r['submitter']} {r['system_dir']}", task="pretrain",
                         model="gpt3-175b", gpus=n, gb=int(r["global_batch_size_seqs"]),
                         mb=int(r["micro_batch"]), seq=int(r["seq_len"]), tp=int(r["tp"]),
@@ -144,10 +144,14 @@ def evaluate(row):
 
 def _mlperf(row, system, par):
     """An MLPerf row as ``validate_mlperf.py`` predicts it: the submissions' own configuration
-    (``recipe="mlperf-gpt3"``) and the evaluations inside the timed run."""
+    (``recipe="mlperf-gpt3"``), the round's FP8 parameters and amax reductions
+    (:func:`validate_mlperf.round_precision`, :func:`validate_mlperf.amax_sync_s`) and the
+    evaluations inside the timed run."""
     model, n = hw_db.model(row["model"]), row["gpus"]
     par = v30.MLPERF.parallelism(par)
-    p, r = v30.predict(system, model, par, row["gb"], row["seq"], "fp8", dict(recipe=v30.MLPERF))
+    p, r = v30.predict(system, model, par, row["gb"], row["seq"], "fp8", dict(recipe=v30.MLPERF),
+                       amax_s=v30.amax_sync_s(system, model, par, row["gb"], row),
+                       precision=v30.round_precision(row))
     rec = dict(row, assumed="; ".join(row["assumed"]), predicted=p["fp8_tokens_per_s"] / n,
                feasible=bool(r.feasible), reason=jm.reason_name(int(r.reason)),
                memory_gib=float(r.memory_bytes) / 2**30)

@@ -79,14 +79,15 @@ def test_te_amax_sync_exposed_hand_values_and_gradient():
 
 
 def test_amax_sync_only_for_the_blocking_round():
-    """v3.0 (TE release_v0.8 defaults: blocking, over tp·dp) pays the reductions; a v3.1 /
-    v4.0 row of the same plan (NVTE_DP_AMAX_REDUCE_INTERVAL=0, NVTE_ASYNC_AMAX_REDUCTION=1)
-    does not."""
+    """v3.0 (TE release_v0.8 defaults: blocking, over tp·dp) and v4.0 (TE v1.6rc1, which
+    no longer reads the variables) pay the reductions; a v3.1 row of the same plan
+    (NVTE_DP_AMAX_REDUCE_INTERVAL=0, NVTE_ASYNC_AMAX_REDUCTION=1) does not."""
     row = {"n_accelerators": 512, "tp": 4, "pp": 8, "vp": 12, "micro_batch": 1}
     model = hw_db.model("gpt3-175b")
     system, par, _ = validate_mlperf.plan({**row, "mlperf_round": "v3.0"})
     t30 = validate_mlperf.amax_sync_s(system, model, par, 2048, {"mlperf_round": "v3.0"})
     t31 = validate_mlperf.amax_sync_s(system, model, par, 2048, {"mlperf_round": "v3.1"})
-    assert t31 == 0.0
+    t40 = validate_mlperf.amax_sync_s(system, model, par, 2048, {"mlperf_round": "v4.0"})
+    assert t31 == 0.0 and t40 == t30
     # 128 × 12 + 7 pairs of small all-reduces over 64 ranks on 8 nodes: 10 … 200 µs each
     assert (128 * 12 + 7) * 2 * 10e-6 < t30 < (128 * 12 + 7) * 2 * 200e-6
