@@ -300,12 +300,17 @@ PERF_OVERVIEW_GRAPH_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024,
                                8192)
 
 
-def trtllm_bench_settings(param_count, weight_bytes, kv_bytes, attention_layers, n_kv_heads,
-                          head_dim, tp, pp, isl, osl, device_mem_bytes,
+def trtllm_bench_settings(checkpoint: dict, tp, pp, isl, osl, device_mem_bytes,
                           kv_fraction=0.9) -> dict[str, float]:
     """The scheduler settings ``trtllm-bench throughput`` (TensorRT-LLM v1.0, PyTorch backend)
     passes to the executor when the command gives none, and the CUDA-graph batch sizes the
     executor then captures (concrete values; a host-side heuristic, not traced).
+
+    ``checkpoint``: what trtllm-bench reads from the checkpoint, ``param_count`` (the
+    safetensors element count), ``weight_bytes`` and ``kv_bytes`` per element (1 for an FP8
+    checkpoint with an FP8 KV cache, 2 unquantised), ``attention_layers``, ``n_kv_heads``,
+    ``head_dim``; ``tp``, ``pp`` the deployment; ``isl``, ``osl`` the dataset's mean lengths
+    (tokens); ``device_mem_bytes`` one device's memory as NVML reports it.
 
     Sources (TensorRT-LLM v1.0):
 
@@ -334,18 +339,25 @@ def trtllm_bench_settings(param_count, weight_bytes, kv_bytes, attention_layers,
     Raises:
         ValueError: a non-positive size or a fraction outside (0, 1], naming the field.
     """
-    vals = dict(param_count=param_count, weight_bytes=weight_bytes, kv_bytes=kv_bytes,
-                attention_layers=attention_layers, n_kv_heads=n_kv_heads, head_dim=head_dim,
-                tp=tp, pp=pp, isl=isl, osl=osl, device_mem_bytes=device_mem_bytes)
+    keys = ("param_count", "weight_bytes", "kv_bytes", "attention_layers", "n_kv_heads",
+            "head_dim")
+    missing = [k for k in keys if k not in checkpoint]
+    if missing:
+        raise ValueError(f"trtllm_bench_settings: checkpoint lacks {missing}")
+    vals = {k: checkpoint[k] for k in keys}
+    vals.update(tp=tp, pp=pp, isl=isl, osl=osl, device_mem_bytes=device_mem_bytes)
     for k, v in vals.items():
         if not (np.isfinite(float(v)) and float(v) > 0):
             raise ValueError(f"trtllm_bench_settings: {k}={v} must be finite and > 0")
     if not 0.0 < float(kv_fraction) <= 1.0:
         raise ValueError(f"trtllm_bench_settings: kv_fraction={kv_fraction} must be in (0, 1]")
+    c = {k: float(v) for k, v in vals.items()}
+    tp, pp, isl, osl = c["tp"], c["pp"], c["isl"], c["osl"]
     gib = 1024.0 ** 3
-    per_token = 2.0 * attention_layers * max(tp, n_kv_heads) * head_dim * kv_bytes / gib
-    engine = param_count * weight_bytes / gib
-    available = device_mem_bytes / gib * tp * pp - engine
+    per_token = (2.0 * c["attention_layers"] * max(tp, c["n_kv_heads"]) * c["head_dim"]
+                 * c["kv_bytes"] / gib)
+    engine = c["param_count"] * c["weight_bytes"] / gib
+    available = c["device_mem_bytes"] / gib * tp * pp - engine
     requests = available * kv_fraction / (per_token * (isl + osl))
     raw_bs = min(requests, 4096.0) / pp
     raw_tokens = min(raw_bs * (1.0 + isl / osl), 32768.0)
@@ -361,7 +373,7 @@ def trtllm_bench_settings(param_count, weight_bytes, kv_bytes, attention_layers,
         max_tokens = 512.0 * math.ceil(raw_tokens / 512.0)
     else:
         max_tokens = 1024.0 * math.ceil(raw_tokens / 1024.0)
-    max_tokens = max(max_tokens, float(isl) + max_bs)
+    max_tokens = max(max_tokens, isl + max_bs)
     bound = min(max_bs, max_tokens)
     graphs = [float(b) for b in PERF_OVERVIEW_GRAPH_BATCHES if b <= bound]
     if (not graphs or graphs[-1] != bound) and PERF_OVERVIEW_GRAPH_BATCHES[-1] > bound:
