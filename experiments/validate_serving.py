@@ -424,9 +424,10 @@ V1_MOE = ("Llama 4 Scout", "Llama 4 Maverick", "Qwen3-235B-A22B")
 #: duplicated over 8 TP ranks under TP, hold 1.75× the sequences once each rank keeps its
 #: own (~205 per GPU against ~118): Qwen3's rows rule it out. trtllm-bench's
 #: ``max_batch_size`` / ``max_num_tokens`` heuristic (``v1_bench_settings``, printed as
-#: ``bench_*``) binds on no row in the steady state (its ``max_num_tokens`` admits one
-#: whole 1000-token prompt per iteration at Maverick's and Qwen3's 1000/1000, where the
-#: steady state needs 1.12 and 1.02 on average: not modelled); ``graph_batch`` is the
+#: ``bench_*``) binds on no row in the mean (its ``max_num_tokens`` admits whole prompts
+#: only: one 1000-token prompt per iteration at Maverick's and Qwen3's 1000/1000 and three
+#: 2048-token prompts at 405B's 2048/128, where the steady state needs 1.12, 1.02 and 3.34 on
+#: average: at most a 10 % smaller batch on those rows, not modelled); ``graph_batch`` is the
 #: CUDA-graph size a generation-only iteration is padded to (copies of one dummy request
 #: with a one-token context: GEMM rows, no attention; not modelled).
 #:
