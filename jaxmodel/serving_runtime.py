@@ -310,7 +310,9 @@ def trtllm_bench_settings(checkpoint: dict, tp, pp, isl, osl, device_mem_bytes,
     safetensors element count), ``weight_bytes`` and ``kv_bytes`` per element (1 for an FP8
     checkpoint with an FP8 KV cache, 2 unquantised), ``attention_layers``, ``n_kv_heads``,
     ``head_dim``; ``tp``, ``pp`` the deployment; ``isl``, ``osl`` the dataset's mean lengths
-    (tokens); ``device_mem_bytes`` one device's memory as NVML reports it.
+    (tokens); ``device_mem_bytes`` one device's memory as NVML reports it; ``kv_fraction``
+    the command's ``--kv_cache_free_gpu_mem_fraction`` (0.90 unless given; perf-overview.md
+    uses 0.95 "in many cases", the value per row unpublished).
 
     Sources (TensorRT-LLM v1.0):
 
