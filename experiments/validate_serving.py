@@ -43,10 +43,12 @@ Outputs ``experiments/out/validate_serving.csv`` and ``.png``.
 **TensorRT-LLM v1.0 set** (``trtllm_v1_perf_overview_h100.csv``; :func:`main_v1`): trtllm-bench
 offline throughput on DGX H100 in FP8 (PyTorch backend), six models at their published TP, ten
 ISL/OSL pairs each, predicted by :func:`jaxmodel.offline_throughput` with the ``"trtllm_v1"``
-preset (its trtllm-bench scheduler settings; the MoE rows' experts split over the TP ranks,
-no expert parallelism, :data:`V1_MOE_DEPLOY`; ``--moe-ep`` runs them as published for MoE
-models, attention data parallelism × expert parallelism over the TP ranks: it does not
-lower their error, see :data:`V1_MOE_DEPLOY`). Llama-3.3-70B runs as ``llama3-70b`` (same
+preset (its trtllm-bench scheduler settings; the MoE rows' attention over the TP ranks and
+their experts over the same ranks, expert parallelism ``ep = tp``, :data:`V1_MOE_DEPLOY`;
+``--moe-tp`` splits every expert over the TP ranks instead, ``--moe-ep`` runs attention data
+parallelism × expert parallelism; trtllm-bench's own ``max_batch_size`` / ``max_num_tokens``
+heuristic per row is printed beside, ``bench_*``: it binds on no row). Llama-3.3-70B runs as
+``llama3-70b`` (same
 architecture). One constant is fitted, ``Runtime.step_overhead_s`` of ``"trtllm_v1"``
 (host time per iteration the overlap scheduler does not hide) on a 0-5000 µs grid (10 µs
 steps) minimising the MAPE of output tokens/s per GPU, in closed form on the cost tables
@@ -76,6 +78,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import hw_db  # noqa: E402
 import jaxmodel as jm  # noqa: E402
+from jaxmodel.serving_runtime import graph_padded_batch, trtllm_bench_settings  # noqa: E402
+from jaxmodel.workload.params import param_count  # noqa: E402
 
 from common import OUT, anchor_dir  # noqa: E402
 
@@ -386,21 +390,46 @@ V1_PROFILE = "trtllm_v1"
 V1_STEP_GRID = np.arange(0.0, 5000.1e-6, 10e-6)
 V1_MOE = ("Llama 4 Scout", "Llama 4 Maverick", "Qwen3-235B-A22B")
 #: The MoE rows' deployment. perf-overview.md runs MoE models with ``trtllm-bench --tp
-#: $tp_size --ep $ep_size`` and ``enable_attention_dp: true`` (the ep value is not printed);
-#: TensorRT-LLM's Llama-4 guide (examples/models/core/llama4/README.md, "B200
-#: Max-throughput") deploys ``--tp_size 8 --ep_size 8`` with attention DP. Attention data
-#: parallelism over the TP ranks with experts split over the same ranks is
+#: $tp_size --ep $ep_size`` (expert parallelism on; the ep value is not printed) and a YAML
+#: that nests ``enable_attention_dp: true`` inside ``cuda_graph_config``, where the strict
+#: ``CudaGraphConfig`` rejects it (below). ``"tp_ep"`` (default) reads the command so:
+#: attention TP over the row's ``tp`` GPUs and the experts over the same ranks, ``ep = tp``
+#: (TensorRT-LLM ``Mapping``: ``moe_tp_size = tp / moe_ep_size = 1``), i.e.
+#: ``Parallelism(tp=tp, ep=tp, dp=1)`` on one replica (the EP group folded over the TP group,
+#: expert TP 1, :func:`jaxmodel.workload.params.expert_tp`): each rank holds ``E/ep`` whole
+#: experts and runs them on the tokens routed to them. The same weights per GPU as ``"tp"``,
+#: but whole-expert GEMMs and a permutation of only the routed copies a rank computes: Qwen3
+#: at 128/2048 (1003 tokens per decode iteration; ``jm.inference`` breakdown, ``trtllm_v1``,
+#: FP8) 50.3 ms per iteration against 56.2 ms with every expert split over the TP ranks
+#: (``moe_router``, the dispatch/combine of 8 routed copies of every token on every rank,
+#: 8.9 → 1.6 ms; expert GEMMs 13.6 → 10.9 ms; all-to-all 0 → 4.2 ms). The model still
+#: over-counts here: TensorRT-LLM runs no all-to-all in this layout (every TP rank holds all
+#: tokens after the attention's all-reduce, ``CutlassFusedMoE`` with ``ep_size > 1`` and no
+#: attention DP computes the local experts' rows only, ``reduce_results=False``, and the
+#: layer's TP all-reduce sums the partial outputs: ``Qwen3MoE.forward``,
+#: ``tensorrt_llm/_torch/models/modeling_qwen3_moe.py``), while the folded EP group of
+#: :mod:`jaxmodel.workload.moe` dispatches and combines 1/ep of the tokens per rank by
+#: all-to-all besides it (4.2 ms of the 50.3 above). MAPE Scout / Maverick / Qwen3-235B
+#: (all rows; leave-one-model-out of the step-time fit): ``"tp_ep"`` 16.0 / 39.7 / 9.4 %
+#: (15.1 %; 17.4 %); ``"tp"`` (``--moe-tp``, the previous default) 16.1 / 39.1 / 19.2 %
+#: (16.4 %; 18.6 %); attention DP × EP (``--moe-ep``, measured before the vision-tower term)
+#: 7.8 / 47.6 / 103.6 % (27.6 %). Attention DP × EP is
 #: ``Parallelism(dp=tp, tp=1, ep=tp)`` per TP group (the EP group drawn from the attention
 #: replicas, DeepSpeed-TED's layout): each GPU serves its own sequences' attention with the
 #: attention and dense weights replicated, experts ``E/ep`` per GPU, tokens dispatched to
-#: the experts' GPUs by all-to-all. ``"tp"`` (default) runs them with the experts split over
-#: the TP ranks, no EP, no attention DP. The published deployment (``--moe-ep``) fits Scout
-#: better and Qwen3 far worse (MAPE Scout / Maverick / Qwen3-235B: TP 15.3 / 44.2 / 19.2 %,
-#: all rows 17.0 %; attention DP × EP 7.8 / 47.6 / 103.6 %, all rows 27.6 %: the replicated
-#: attention and dense weights leave Maverick ~90 sequences per GPU (TP: ~145), Scout ~210
-#: (TP: ~240), while Qwen3's 4 KV heads, duplicated over 8 TP ranks under TP, hold 1.75×
-#: the sequences once each rank keeps its own: ~205 per GPU against ~118), so the default
-#: keeps the TP deployment.
+#: the experts' GPUs by all-to-all; TensorRT-LLM's Llama-4 guide (examples/models/core/
+#: llama4/README.md, "B200 Max-throughput") deploys ``--tp_size 8 --ep_size 8`` with
+#: attention DP. Under it the replicated attention and dense weights leave Maverick ~90
+#: sequences per GPU (TP: ~145), Scout ~210 (TP: ~240), while Qwen3's 4 KV heads,
+#: duplicated over 8 TP ranks under TP, hold 1.75× the sequences once each rank keeps its
+#: own (~205 per GPU against ~118): Qwen3's rows rule it out. trtllm-bench's
+#: ``max_batch_size`` / ``max_num_tokens`` heuristic (``v1_bench_settings``, printed as
+#: ``bench_*``) binds on no row in the mean (its ``max_num_tokens`` admits whole prompts
+#: only: one 1000-token prompt per iteration at Maverick's and Qwen3's 1000/1000 and three
+#: 2048-token prompts at 405B's 2048/128, where the steady state needs 1.12, 1.02 and 3.34 on
+#: average: at most a 10 % smaller batch on those rows, not modelled); ``graph_batch`` is the
+#: CUDA-graph size a generation-only iteration is padded to (copies of one dummy request
+#: with a one-token context: GEMM rows, no attention; not modelled).
 #:
 #: Adopted: Llama-4's chunked-attention layers (36 of 48; ``Model.attention_chunk``) decode
 #: by the per-query-head kernel, ``Runtime.chunked_attention`` of ``"trtllm_v1"``: XQA
@@ -423,6 +452,16 @@ V1_MOE = ("Llama 4 Scout", "Llama 4 Maverick", "Qwen3-235B-A22B")
 #: KV pool does not get). MAPE Maverick 44.2 → 39.1 % (leave-one-model-out 39.2 → 33.9 %),
 #: Scout 15.3 → 16.1 % (17.5 → 18.4 %), the others unchanged; all rows 17.0 → 16.4 %
 #: (19.1 → 18.6 %). Nothing fitted.
+#:
+#: Under ``"tp_ep"`` Maverick's implied iteration at the modelled batch B
+#: (``iteration_implied_ms``) follows ≈ 62 ms + 33 µs·B within 5 ms on five of its seven rows
+#: (128/4096, 128/2048, 500/2000, 1000/2000, 2048/2048: 79, 96, 88, 82, 79 ms at B 534, 1036,
+#: 891, 748, 548), the model's ≈ 40 ms + 16 µs·B: a batch-independent ~1.3 ms per layer more,
+#: the size of the eager-iteration host floor fitted under attention DP (below). No
+#: TensorRT-LLM v1.0 source was found that takes Maverick's generation-only iterations off
+#: their CUDA graphs under TP without attention DP (``_filter_cuda_graph_batch_sizes`` with
+#: padding captures every size up to trtllm-bench's ``max_batch_size``, which covers the
+#: modelled batch on every row, ``graph_batch``), so it is not modelled.
 #:
 #: Maverick stays over-predicted, most at short contexts (128/2048 +68 %, 128/4096 +62 %,
 #: 1000/1000 +46 %, 5000/500 +4 %): at the modelled batch the measured iteration is 1.68 /
@@ -488,19 +527,25 @@ V1_MOE = ("Llama 4 Scout", "Llama 4 Maverick", "Qwen3-235B-A22B")
 #:
 #: ``iteration_implied_ms`` in the output: the iteration time at the model's batch that
 #: would reproduce the measured throughput (``iteration_ms`` × predicted / measured).
-V1_MOE_DEPLOY = "tp"
+V1_MOE_DEPLOY = "tp_ep"
 
 
 def v1_costs(rows: pd.DataFrame):
     """Cost tables of every v1.0 row (one vmapped call per model) without host step time,
     and the scheduler settings of the preset."""
-    system = hw_db.system("dgx_h100")
+    node = hw_db.system("dgx_h100")
     rt = jm.runtime_of(V1_PROFILE, step_overhead_s=0.0)
     out = {}
     for name, g in rows.groupby("model", sort=False):
         tp = g["tp"].to_numpy(float)
+        system = node
         if name in V1_MOE and V1_MOE_DEPLOY == "attention_dp_ep":
             par = jm.Parallelism(tp=1.0, pp=g["pp"].to_numpy(float), dp=8.0, ep=tp)
+        elif name in V1_MOE and V1_MOE_DEPLOY == "tp_ep":
+            # one replica on tp GPUs of the node, its experts over the same tp ranks
+            # (the EP group folded over the TP group: ep = tp, expert TP 1)
+            system = system_of("dgx_h100", int(tp[0]))
+            par = jm.Parallelism(tp=tp, pp=g["pp"].to_numpy(float), dp=1.0, ep=tp)
         else:
             par = jm.Parallelism(tp=tp, pp=g["pp"].to_numpy(float), dp=8.0 / tp)
         c = jm.serving_costs(system, hw_db.model(V1_MODELS[name]), par,
@@ -556,6 +601,29 @@ def v1_fit(rows, costs, mask):
         if e < best[0]:
             best = (e, s)
     return best[1]
+
+
+#: NVML's total memory of an H100 SXM 80GB (81,559 MiB), the ``get_device_memory`` value
+#: trtllm-bench's heuristic reads, bytes.
+V1_NVML_BYTES = 81559.0 * 2**20
+
+
+def v1_bench_settings(rows) -> list[dict]:
+    """trtllm-bench's ``max_batch_size`` / ``max_num_tokens`` and the CUDA-graph sizes of each
+    row (:func:`jaxmodel.serving_runtime.trtllm_bench_settings`): the checkpoint's parameter
+    count (language model, plus the vision tower the Llama-4 checkpoints hold), FP8 weights
+    and KV cache (1 byte each), TP x PP as published, kv_cache_free_gpu_mem_fraction 0.9."""
+    out = []
+    for name, tp, pp, isl, osl in zip(rows["model"], rows["tp"], rows["pp"], rows["isl"],
+                                      rows["osl"]):
+        m = hw_db.model(V1_MODELS[name])
+        count = float(param_count(m)) + float(m.encoder_params)
+        ck = dict(param_count=count, weight_bytes=1.0, kv_bytes=1.0,
+                  attention_layers=float(m.n_layers), n_kv_heads=float(m.n_kv_heads),
+                  head_dim=float(m.head_dim))
+        out.append(trtllm_bench_settings(ck, float(tp), float(pp), float(isl), float(osl),
+                                         V1_NVML_BYTES))
+    return out
 
 
 V1_HELD_GB = (0.0, 2.0, 4.0, 8.0)
@@ -621,8 +689,19 @@ def main_v1():
     table["iteration_implied_ms"] = table["iteration_ms"] * table["pred_per_gpu"] / table[
         "output_tokens_per_s_per_gpu_derived"]
     table["feasible"] = np.asarray(r_pre.feasible)
-    pd.set_option("display.width", 200)
+    bench = v1_bench_settings(rows)
+    table["bench_max_batch"] = [b["max_batch"] for b in bench]
+    table["bench_max_tokens"] = [b["max_tokens"] for b in bench]
+    table["graph_batch"] = [graph_padded_batch(float(x), b["graph_batches"])
+                            for x, b in zip(table["batch"], bench)]
+    pd.set_option("display.width", 250)
     print(table.round(1).to_string())
+    print("  trtllm-bench's max_batch_size binds on "
+          f"{int((table['bench_max_batch'] < table['kv_capacity_seqs']).sum())} rows, its "
+          "max_num_tokens on "
+          f"{int((table['bench_max_tokens'] < np.asarray(r_pre.tokens_per_iteration)).sum())} "
+          "(bench_* columns: trtllm_bench_settings; graph_batch: the CUDA-graph size a "
+          "generation-only iteration of the modelled batch is padded to)")
     print("  MAPE per model (preset / leave-one-model-out / without step time):")
     for name, g in table.groupby("model", sort=False):
         print(f"    {name:<18} {mape(g['err_pct'] / 100):5.1f} % / "
@@ -662,6 +741,8 @@ def main_v1():
 if __name__ == "__main__":
     if "--moe-ep" in sys.argv:
         V1_MOE_DEPLOY = "attention_dp_ep"
+    if "--moe-tp" in sys.argv:
+        V1_MOE_DEPLOY = "tp"
     if "--v1" not in sys.argv:
         main()
     if "--no-v1" not in sys.argv:

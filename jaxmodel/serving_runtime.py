@@ -96,6 +96,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -290,6 +291,108 @@ def scheduler_defaults(name: str) -> dict[str, float]:
     """Scheduler settings of preset ``name`` (:data:`SCHEDULER`; ``"default"`` for a preset
     without its own)."""
     return dict(SCHEDULER.get(name, SCHEDULER["default"]))
+
+
+#: CUDA-graph batch sizes of the perf-overview ``llm_options.yml`` (TensorRT-LLM v1.0
+#: ``docs/source/performance/perf-overview.md``: ``cuda_graph_config.batch_sizes`` with
+#: ``enable_padding: true``), sequences.
+PERF_OVERVIEW_GRAPH_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096,
+                               8192)
+
+
+def trtllm_bench_settings(checkpoint: dict, tp, pp, isl, osl, device_mem_bytes,
+                          kv_fraction=0.9) -> dict[str, float]:
+    """The scheduler settings ``trtllm-bench throughput`` (TensorRT-LLM v1.0, PyTorch backend)
+    passes to the executor when the command gives none, and the CUDA-graph batch sizes the
+    executor then captures (concrete values; a host-side heuristic, not traced).
+
+    ``checkpoint``: what trtllm-bench reads from the checkpoint, ``param_count`` (the
+    safetensors element count), ``weight_bytes`` and ``kv_bytes`` per element (1 for an FP8
+    checkpoint with an FP8 KV cache, 2 unquantised), ``attention_layers``, ``n_kv_heads``,
+    ``head_dim``; ``tp``, ``pp`` the deployment; ``isl``, ``osl`` the dataset's mean lengths
+    (tokens); ``device_mem_bytes`` one device's memory as NVML reports it; ``kv_fraction``
+    the command's ``--kv_cache_free_gpu_mem_fraction`` (0.90 unless given; perf-overview.md
+    uses 0.95 "in many cases", the value per row unpublished).
+
+    Sources (TensorRT-LLM v1.0):
+
+    - ``tensorrt_llm/bench/build/tuning.py`` ``calc_engine_setting``: bytes per KV token
+      ``2·layers·max(tp, n_kv_heads)·head_dim·kv_bytes`` (every TP rank holds at least one KV
+      head), the engine ``param_count·weight_bytes`` (the checkpoint's safetensors element
+      count, ``bench/build/dataclasses.py``), the memory ``tp·pp`` devices of
+      ``device_mem_bytes`` (NVML total, ``bench/build/utils.py``), KV requests
+      ``kv_fraction·(memory − engine) / (bytes per token · (isl + osl))``; then
+      ``finetune_setting``: ``raw_bs = min(requests, 4096)/pp``, ``raw_tokens = min(raw_bs·(1 +
+      isl/osl), 32768)``; ``max_batch_size`` rounded up to 32 (at least 64) below 256, to 128
+      below 1024, else to 256; ``max_num_tokens`` rounded up to 256 (at least 2048) below 4096,
+      to 512 below 8192, else to 1024.
+    - ``tensorrt_llm/bench/benchmark/utils/general.py`` ``get_settings``: without chunked
+      prefill ``max_num_tokens`` is raised to ``isl + max_batch_size``.
+    - ``tensorrt_llm/_torch/pyexecutor/model_engine.py`` ``_filter_cuda_graph_batch_sizes``:
+      the captured sizes are those of :data:`PERF_OVERVIEW_GRAPH_BATCHES` up to
+      ``min(max_batch_size, max_num_tokens)``, plus that bound itself when padding is on and a
+      larger size was asked for; a generation-only batch is padded up to the next captured
+      size.
+
+    Returns:
+        dict: ``max_batch`` and ``max_tokens`` (sequences, tokens), ``kv_requests`` (the
+        heuristic's KV estimate, requests), ``graph_batches`` (tuple of captured sizes).
+
+    Raises:
+        ValueError: a non-positive size or a fraction outside (0, 1], naming the field.
+    """
+    keys = ("param_count", "weight_bytes", "kv_bytes", "attention_layers", "n_kv_heads",
+            "head_dim")
+    missing = [k for k in keys if k not in checkpoint]
+    if missing:
+        raise ValueError(f"trtllm_bench_settings: checkpoint lacks {missing}")
+    vals = {k: checkpoint[k] for k in keys}
+    vals.update(tp=tp, pp=pp, isl=isl, osl=osl, device_mem_bytes=device_mem_bytes)
+    for k, v in vals.items():
+        if not (np.isfinite(float(v)) and float(v) > 0):
+            raise ValueError(f"trtllm_bench_settings: {k}={v} must be finite and > 0")
+    if not 0.0 < float(kv_fraction) <= 1.0:
+        raise ValueError(f"trtllm_bench_settings: kv_fraction={kv_fraction} must be in (0, 1]")
+    c = {k: float(v) for k, v in vals.items()}
+    tp, pp, isl, osl = c["tp"], c["pp"], c["isl"], c["osl"]
+    gib = 1024.0 ** 3
+    per_token = (2.0 * c["attention_layers"] * max(tp, c["n_kv_heads"]) * c["head_dim"]
+                 * c["kv_bytes"] / gib)
+    engine = c["param_count"] * c["weight_bytes"] / gib
+    available = c["device_mem_bytes"] / gib * tp * pp - engine
+    requests = available * kv_fraction / (per_token * (isl + osl))
+    raw_bs = min(requests, 4096.0) / pp
+    raw_tokens = min(raw_bs * (1.0 + isl / osl), 32768.0)
+    if raw_bs < 256:
+        max_bs = max(64.0, 32.0 * math.ceil(raw_bs / 32.0))
+    elif raw_bs < 1024:
+        max_bs = 128.0 * math.ceil(raw_bs / 128.0)
+    else:
+        max_bs = 256.0 * math.ceil(raw_bs / 256.0)
+    if raw_tokens < 4096:
+        max_tokens = max(2048.0, 256.0 * math.ceil(raw_tokens / 256.0))
+    elif raw_tokens < 8192:
+        max_tokens = 512.0 * math.ceil(raw_tokens / 512.0)
+    else:
+        max_tokens = 1024.0 * math.ceil(raw_tokens / 1024.0)
+    max_tokens = max(max_tokens, isl + max_bs)
+    bound = min(max_bs, max_tokens)
+    graphs = [float(b) for b in PERF_OVERVIEW_GRAPH_BATCHES if b <= bound]
+    if (not graphs or graphs[-1] != bound) and PERF_OVERVIEW_GRAPH_BATCHES[-1] > bound:
+        graphs.append(bound)
+    return dict(max_batch=max_bs, max_tokens=max_tokens, kv_requests=requests,
+                graph_batches=tuple(graphs))
+
+
+def graph_padded_batch(batch, graph_batches):
+    """The batch a generation-only iteration of ``batch`` sequences runs at when CUDA-graph
+    padding is on: the smallest captured size ``>= batch``, or ``batch`` itself above the
+    largest (no graph: eager). TensorRT-LLM v1.0 ``PyTorchModelEngine._round_up_batch_size``
+    (``tensorrt_llm/_torch/pyexecutor/model_engine.py``). Sequences (concrete values)."""
+    for g in sorted(graph_batches):
+        if g >= batch:
+            return float(g)
+    return float(batch)
 
 
 def runtime(value: Any = None, **overrides) -> Runtime:

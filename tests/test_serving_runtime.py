@@ -302,3 +302,28 @@ def test_encoder_weights_held_on_every_device_under_trtllm_v1_hand_derived():
     assert weights("trtllm_v1") - weights(held) == pytest.approx(4e9, rel=1e-6)
     assert weights("trtllm_v1", tp=1) - weights(held, tp=1) == pytest.approx(4e9, rel=1e-6)
     assert weights(held) == pytest.approx(weights(None), rel=1e-9)
+
+
+def test_trtllm_bench_settings_hand_derived():
+    """trtllm-bench's settings for a Qwen3-235B-like FP8 checkpoint on 8 devices of 80 GiB at
+    128/2048 (``calc_engine_setting`` / ``finetune_setting`` / ``get_settings``), by hand:
+    KV per token 2·94·max(8, 4)·128·1 B = 192,512 B; engine 235e9 B = 218.86 GiB; requests
+    0.9·(640 − 218.86) GiB / (192,512 B · 2176) = 971.5 -> max_batch 128·⌈971.5/128⌉ = 1024;
+    tokens 971.5·(1 + 128/2048) = 1032 -> 2048 (the floor), ≥ 128 + 1024; graphs up to 1024."""
+    ck = dict(param_count=235e9, weight_bytes=1.0, kv_bytes=1.0, attention_layers=94,
+              n_kv_heads=4, head_dim=128)
+    s = rtp.trtllm_bench_settings(ck, 8, 1, 128, 2048, 80 * 2**30)
+    assert s["kv_requests"] == pytest.approx(971.52, rel=1e-4)
+    assert (s["max_batch"], s["max_tokens"]) == (1024.0, 2048.0)
+    assert s["graph_batches"][-2:] == (512.0, 1024.0)
+    # a bound between two listed sizes is captured itself (padding on): 1280 sequences
+    s = rtp.trtllm_bench_settings(dict(ck, param_count=180e9), 8, 1, 128, 2048, 80 * 2**30)
+    assert s["max_batch"] == 1280.0 and s["graph_batches"][-2:] == (1024.0, 1280.0)
+    assert rtp.graph_padded_batch(1036.0, s["graph_batches"]) == 1280.0
+    assert rtp.graph_padded_batch(3.0, s["graph_batches"]) == 4.0
+    assert rtp.graph_padded_batch(1300.0, s["graph_batches"]) == 1300.0   # eager above
+    with pytest.raises(ValueError, match="tp=0"):
+        rtp.trtllm_bench_settings(ck, 0, 1, 128, 2048, 80 * 2**30)
+    with pytest.raises(ValueError, match="head_dim"):
+        rtp.trtllm_bench_settings({k: v for k, v in ck.items() if k != "head_dim"}, 8, 1,
+                                  128, 2048, 80 * 2**30)
