@@ -296,11 +296,25 @@ def alltoall_times(system: System, model: Model, par: Parallelism, tokens, dtype
     :func:`node_limit`) and is forwarded over NVLink inside it, the dispatch in
     ``dispatch_bytes`` per element (FP8 in DeepSeek-V3, §3.3.3; default ``dtype_bytes``),
     the combine in ``dtype_bytes``; no capacity padding (DeepSeek-V3 drops no tokens, §2.1.2).
+
+    Tokens already on every EP rank: 0. With one data-parallel replica (``dp = 1``), the EP
+    group folded inside the TP group (``ep ≤ tp``) and no sequence parallelism, every rank of
+    the group holds the whole micro-batch (attention TP replicates its output), so a rank
+    runs its local experts on the tokens routed to them and the layer's TP all-reduce
+    (``allreduce_ffn``) sums the experts' outputs: nothing is dispatched or combined.
+    Sources: TensorRT-LLM 1.0 ``_torch/models/modeling_qwen3_moe.py`` (``Qwen3MoE.forward``:
+    without attention DP the fused MoE takes the replicated hidden states, its all-reduce
+    over the TP group reduces the partial outputs) and ``_torch/modules/fused_moe``
+    (``CutlassFusedMoE`` with ``ep > 1``: only the local experts' slots); vLLM
+    ``model_executor/layers/fused_moe/layer.py`` (``FusedMoE`` with expert parallelism and no
+    data parallelism: ``reduce_results`` all-reduces over the TP group).
     """
     f = moe_layer_fraction(model)
     dims = moe_dims(model, par, tokens, dtype_bytes, dropless)
     ep = par.ep
-    multi = ep > 1.5
+    replicated = ((jnp.maximum(par.dp, 1.0) < 1.5) & (ep <= jnp.maximum(par.tp, 1.0) + 0.5)
+                  & (par.sp < 0.5))
+    multi = (ep > 1.5) & ~replicated
     group = jnp.where(multi, ep, 2.0)      # double-where: never evaluate a group of 1
     # DP-drawn group at stride tp·pp; folded over TP ranks (ep > dp): neighbours, stride 1
     stride = jnp.where(ep > jnp.maximum(par.dp, 1.0), 1.0,

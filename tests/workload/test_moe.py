@@ -69,6 +69,12 @@ def test_alltoall_volume_and_time_by_hand():
     a2a = moe.alltoall_time(NODE, MIXTRAL, par, 4096.0)
     assert float(a2a) == pytest.approx(2 * float(one), rel=1e-12)
     assert float(moe.alltoall_time(NODE, MIXTRAL, jm.Parallelism(tp=8), 4096.0)) == 0.0
+    # EP folded inside the TP group of one replica, no SP: the tokens are on every rank, the
+    # TP all-reduce combines (no all-to-all); with SP or a second replica they travel
+    folded = jm.Parallelism(dp=1, tp=8, ep=8)
+    assert float(moe.alltoall_time(NODE, MIXTRAL, folded, 4096.0)) == 0.0
+    for p in (dataclasses.replace(folded, sp=1.0), jm.Parallelism(dp=2, tp=4, ep=8)):
+        assert float(moe.alltoall_time(NODE, MIXTRAL, p, 4096.0)) > 0.0
     # per MoE layer (not share-weighted): the same for Mixtral, whose every layer is MoE
     one_layer = moe.moe_layer_times.single(NODE, MIXTRAL, par, 4096.0)
     assert float(one_layer["alltoall"]) == pytest.approx(float(a2a), rel=1e-12)
