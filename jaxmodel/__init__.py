@@ -34,6 +34,7 @@ from jaxmodel.ops import (  # noqa: E402
                           ops_feasible, rmsnorm_latency, rope_latency, silu_mul_latency,
                           softmax_latency, standard_attention_latency, systolic_cycles,
                           validate_device_for_ops)
+from jaxmodel.ops import AttentionKernel, AttentionShape, with_matrix_rate  # noqa: E402
 from jaxmodel.comm import (  # noqa: E402
                            ALGORITHM_CODES, ALGORITHMS, AUTO_ALGORITHM, OPS, algorithm_code,
                            collective_cost, collective_feasible, collective_latency,
@@ -99,6 +100,7 @@ __all__ = [
     "train_energy", "train_step", "training_layer_times", "training_memory", "uarch",
     "validate_device", "validate_device_for_ops", "validate_model", "validate_parallelism",
     "validate_precision", "validate_system",
+    "AttentionKernel", "AttentionShape", "with_matrix_rate",
 ]
 
 # Heavy optional dependencies (pandas, optax, matplotlib, tqdm) are imported inside the
