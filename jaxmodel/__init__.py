@@ -101,7 +101,7 @@ __all__ = [
     "train_energy", "train_step", "training_layer_times", "training_memory", "uarch",
     "validate_device", "validate_device_for_ops", "validate_model", "validate_parallelism",
     "validate_precision", "validate_system",
-    "AttentionKernel", "AttentionShape", "DatacenterOperation", "with_matrix_rate",
+    "AttentionKernel", "AttentionShape", "CodesignOptions", "DatacenterOperation", "SweepOptions", "with_matrix_rate",
 ]
 
 # Heavy optional dependencies (pandas, optax, matplotlib, tqdm) are imported inside the
