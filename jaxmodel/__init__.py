@@ -65,6 +65,7 @@ from jaxmodel.speculative import Speculative, expected_tokens  # noqa: E402
 
 from jaxmodel.recipes import RECIPES, Recipe, recipe  # noqa: E402
 from jaxmodel.export import LaunchConfig, export_plan  # noqa: E402
+from jaxmodel.export import ServeExportOptions, TrainExportOptions  # noqa: E402
 from jaxmodel.cost import DatacenterOperation  # noqa: E402
 from jaxmodel.energy import inference_energy, train_energy  # noqa: E402
 from jaxmodel.explain import bottleneck, explain_serve, explain_train, sensitivity  # noqa: E402,E501
@@ -101,7 +102,8 @@ __all__ = [
     "train_energy", "train_step", "training_layer_times", "training_memory", "uarch",
     "validate_device", "validate_device_for_ops", "validate_model", "validate_parallelism",
     "validate_precision", "validate_system",
-    "AttentionKernel", "AttentionShape", "CodesignOptions", "DatacenterOperation", "SweepOptions", "with_matrix_rate",
+    "AttentionKernel", "AttentionShape", "CodesignOptions", "DatacenterOperation",
+    "ServeExportOptions", "SweepOptions", "TrainExportOptions", "with_matrix_rate",
 ]
 
 # Heavy optional dependencies (pandas, optax, matplotlib, tqdm) are imported inside the
