@@ -45,7 +45,8 @@ def main():
     rows = []
     sy, m, par = hw_db.system("dgx_h100"), hw_db.model("llama3-70b"), jm.Parallelism(tp=8)
     rows.append(_bench("serve llama3-70b dgx_h100 tp8",
-                       lambda b: jm.explain_serve(sy, m, par, b, 1024, 256, runtime="trtllm"),
+                       lambda b: jm.explain_serve(sy, m, par, jm.InferenceOptions(b, 1024, 256),
+                                                  runtime="trtllm"),
                        [64, 32, 16, 8]))
     if a.train:
         sy2, m2 = hw_db.system("dgx_a100"), hw_db.model("gpt2-medium")

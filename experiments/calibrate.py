@@ -554,9 +554,9 @@ def predict_microbench(dev, g: pd.DataFrame, dtype: str, clock: float = 1.0) -> 
     rate of ``dtype``, device-side kernel floor: the benchmark times kernels back to back)."""
     f = lambda c: jnp.asarray(g[c].values, dtype=jnp.float32)  # noqa: E731
     d = sustained_device(dev, clock)
+    d = G.with_matrix_rate(d, float(getattr(dev, _RATIO[dtype])))
     return np.asarray(jm.gemm_latency(d, f("m"), f("n"), f("k"), dtype_bytes=_WORD[dtype],
-                                      overhead="kernel",
-                                      rate_scale=float(getattr(dev, _RATIO[dtype]))))
+                                      overhead="kernel"))
 
 
 def _clock_and_ratios(dev, rows: dict, dtype: str, ratios=None, drop=()) -> dict:

@@ -69,8 +69,9 @@ def main(quick: bool = False) -> dict:
             "local_buffer_bytes": 192 * 2 ** 10}
     t0 = time.perf_counter()
     res = jm.codesign(objective, init, BOUNDS, steps=30 if quick else 50,
-                      n_starts=4 if quick else 6, learning_rate=0.06, seed=0,
-                      integer=("core_count", "hbm_stacks"), polish=48 if quick else 96)
+                      integer=("core_count", "hbm_stacks"),
+                      options=jm.CodesignOptions(n_starts=4 if quick else 6, learning_rate=0.06,
+                                                 seed=0, polish=48 if quick else 96))
     t_grad = time.perf_counter() - t0
     gap = (res.value - grid_best) / grid_best
 

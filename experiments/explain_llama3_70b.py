@@ -63,7 +63,8 @@ def main():
             sensitivity_plot(x.table, top=TOP, title="Llama-3-70B training, 64 H100",
                              path=OUT / "explain_llama3_70b_train.png")
         t0 = time.perf_counter()
-        x = jm.explain_serve(hw_db.system(sysname), MODEL, SERVE_PAR, 64, 1024, 256,
+        x = jm.explain_serve(hw_db.system(sysname), MODEL, SERVE_PAR,
+                             jm.InferenceOptions(64, 1024, 256),
                              runtime="trtllm")
         _print(f"{dev} serving (8 GPUs) [{time.perf_counter() - t0:.0f} s]", x)
         rows.append(x.table.assign(device=dev, workload="serve"))

@@ -37,6 +37,7 @@ import pandas as pd
 
 import jaxmodel as jm  # noqa: I001  (imported before hw_db)
 import hw_db
+from jaxmodel.ops.attention import AttentionKernel
 from jaxmodel.workload import layer as wl
 
 from common import OUT  # noqa: E402
@@ -108,7 +109,8 @@ def attention_vs_mlp() -> pd.DataFrame:
 def attention_core_scaling() -> pd.DataFrame:
     dev = hw_db.device("h100_sxm")
     ns = jnp.asarray([512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0])
-    fa = jm.flash_attention_latency(dev, 1.0, 25.0, ns, ns, 64.0, version=1.0)
+    fa = jm.flash_attention_latency(dev, 1.0, 25.0, ns, ns, 64.0,
+                                    kernel=AttentionKernel(version=1.0))
     sd = jm.standard_attention_latency(dev, 1.0, 25.0, ns, ns, 64.0)
     comp = (fa["gemm"] + fa["pointwise"] + fa["gemm_bwd"] + fa["pointwise_bwd"])
     return pd.DataFrame({

@@ -136,12 +136,13 @@ def _draw(family, n, rng):
 
 
 def _call(family, systems, models, pars, work, batch_size, mode="rev"):
-    kw = dict(wrt=_knobs(), step=STEP, kink_tol=KINK_TOL, batch_size=batch_size, mode=mode)
+    kw = dict(wrt=_knobs(), step=STEP, kink_tol=KINK_TOL,
+              jacobian=ex.JacobianMap(batch_size=batch_size, mode=mode))
     if family == "train":
         return ex.explain_train_batch(systems, models, pars, [w[0] for w in work],
                                       [w[1] for w in work], **kw)
-    return ex.explain_serve_batch(systems, models, pars, [w[0] for w in work],
-                                  [w[1] for w in work], [w[2] for w in work],
+    return ex.explain_serve_batch(systems, models, pars,
+                                  [jm.InferenceOptions(*w[:3]) for w in work],
                                   runtime="trtllm", **kw)
 
 

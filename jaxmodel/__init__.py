@@ -34,6 +34,7 @@ from jaxmodel.ops import (  # noqa: E402
                           ops_feasible, rmsnorm_latency, rope_latency, silu_mul_latency,
                           softmax_latency, standard_attention_latency, systolic_cycles,
                           validate_device_for_ops)
+from jaxmodel.ops import AttentionKernel, AttentionShape, with_matrix_rate  # noqa: E402
 from jaxmodel.comm import (  # noqa: E402
                            ALGORITHM_CODES, ALGORITHMS, AUTO_ALGORITHM, OPS, algorithm_code,
                            collective_cost, collective_feasible, collective_latency,
@@ -64,6 +65,8 @@ from jaxmodel.speculative import Speculative, expected_tokens  # noqa: E402
 
 from jaxmodel.recipes import RECIPES, Recipe, recipe  # noqa: E402
 from jaxmodel.export import LaunchConfig, export_plan  # noqa: E402
+from jaxmodel.export import ServeExportOptions, TrainExportOptions  # noqa: E402
+from jaxmodel.cost import DatacenterOperation  # noqa: E402
 from jaxmodel.energy import inference_energy, train_energy  # noqa: E402
 from jaxmodel.explain import bottleneck, explain_serve, explain_train, sensitivity  # noqa: E402,E501
 
@@ -99,6 +102,8 @@ __all__ = [
     "train_energy", "train_step", "training_layer_times", "training_memory", "uarch",
     "validate_device", "validate_device_for_ops", "validate_model", "validate_parallelism",
     "validate_precision", "validate_system",
+    "AttentionKernel", "AttentionShape", "CodesignOptions", "DatacenterOperation",
+    "ServeExportOptions", "SweepOptions", "TrainExportOptions", "with_matrix_rate",
 ]
 
 # Heavy optional dependencies (pandas, optax, matplotlib, tqdm) are imported inside the

@@ -158,7 +158,7 @@ def hardware_sweep(out: Path, say, quick: bool) -> pd.DataFrame:
     import hw_db
     import jaxmodel as jm
     from jaxmodel.cost.area import area_fields
-    from jaxmodel.plots import heatmap_plot, pareto_mask, pareto_plot
+    from jaxmodel.plots import PlotStyle, heatmap_plot, pareto_mask, pareto_plot
     from jaxmodel.parallel.inference_step import inference_single
     from jaxmodel.search.objectives import apply_knobs
     from jaxmodel.workload import layer as _layer
@@ -197,11 +197,12 @@ def hardware_sweep(out: Path, say, quick: bool) -> pd.DataFrame:
     df.sample(n=min(len(df), 20000), random_state=0).to_csv(out / "hw_sweep_sample.csv",
                                                             index=False)
     pareto_plot(feas, x="usd_per_hour", y="tokens_per_s", color="hbm_stacks",
-                title=f"Llama-3-70B serving on 8 devices: {len(feas):,} feasible designs",
-                logx=True, logy=True, path=out / "hw_sweep_pareto.png")
+                style=PlotStyle(title=f"Llama-3-70B serving on 8 devices: {len(feas):,} "
+                                "feasible designs", logx=True, logy=True),
+                path=out / "hw_sweep_pareto.png")
     heatmap_plot(feas, x="core_count", y="hbm_stacks", value="usd_per_mtok", agg="min",
-                 title="best USD per million tokens", path=out / "hw_sweep_heatmap.png",
-                 fmt="{:.3g}")
+                 style=PlotStyle(title="best USD per million tokens", fmt="{:.3g}"),
+                 path=out / "hw_sweep_heatmap.png")
     return df
 
 
@@ -246,8 +247,9 @@ def codesign_run(out: Path, say, quick: bool):
     init = {"core_count": 108.0, "hbm_stacks": 5.0, "global_buffer_bytes": 40 * 2.0 ** 20,
             "local_buffer_bytes": 192 * 1024.0}
     res = jm.codesign(obj, init, bounds, steps=10 if quick else 30,
-                      n_starts=2 if quick else 4, integer=("core_count", "hbm_stacks"),
-                      polish=16 if quick else 32)
+                      integer=("core_count", "hbm_stacks"),
+                      options=jm.CodesignOptions(n_starts=2 if quick else 4,
+                                                 polish=16 if quick else 32))
     a100 = evaluate_design(system, model, par, init, **wl)
     best = evaluate_design(system, model, par, res.params, **wl)
     a100_v = res.init_value                  # the objective at the A100 design

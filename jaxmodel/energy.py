@@ -89,6 +89,7 @@ import jax.numpy as jnp
 from jaxmodel import numerics as nx
 from jaxmodel import serving_runtime as _rtp
 from jaxmodel.parallel import pipeline as _pl
+from jaxmodel.parallel.inference_options import InferenceOptions
 from jaxmodel.types import Device, System
 from jaxmodel.workload import params as _params
 
@@ -250,15 +251,18 @@ def train_energy(system: System, model, par, result, precision=None) -> Energy:
                            for k in ("idle", "compute", "memory", "link")})
 
 
-def inference_energy(system: System, model, par, result, batch, prompt_len, gen_len,
+def inference_energy(system: System, model, par, result, work: InferenceOptions,
                      precision=None, runtime=None) -> Energy:
     """Power and energy of serving one request batch (``result = jm.inference(...)`` with
-    the same arguments; pure, differentiable): a prefill of ``ttft`` and ``gen_len − 1``
-    decode steps of ``tpot``. ``power_w`` is the time-weighted mean over both phases;
-    ``joules_per_token`` is per generated token; ``clock_fraction`` that of the prefill.
+    the same arguments, ``work`` its :class:`jaxmodel.InferenceOptions`: ``batch``
+    sequences of ``prompt_len`` prompt and ``gen_len`` generated tokens; pure,
+    differentiable): a prefill of ``ttft`` and ``gen_len − 1`` decode steps of ``tpot``.
+    ``power_w`` is the time-weighted mean over both phases; ``joules_per_token`` is per
+    generated token; ``clock_fraction`` that of the prefill.
     ``runtime``: the one given to ``jm.inference`` — a runtime with ``sustained_clock``
     (TensorRT-LLM, vLLM presets) ran the device at ``sustained_clock_fraction``, the eager
     default at ``freq_hz``."""
+    batch, prompt_len, gen_len = work.batch, work.prompt_len, work.gen_len
     prec = _prec.resolve(precision)
     dev = system.device
     rt = _rtp.runtime_arg(runtime)

@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +50,7 @@ from jaxmodel import energy as _energy
 from jaxmodel.cost.area import AREA_FIELDS as _AREA_FIELDS, area_fields as _area_fields
 from jaxmodel.cost.ownership import tco as _tco
 from jaxmodel.parallel import train as _train
+from jaxmodel.parallel.inference_options import InferenceOptions
 from jaxmodel.parallel.inference_step import inference_single as _inference_single
 from jaxmodel.types import Device, NetLevel, System, rule_of
 from jaxmodel.workload import layer as _layer
@@ -59,7 +60,7 @@ from jaxmodel import precisions as _prec
 
 __all__ = ["sensitivity", "sensitivity_batch", "knobs", "bottleneck", "ranked",
            "explain_train", "explain_serve", "explain_train_batch", "explain_serve_batch",
-           "Explanation", "TRAIN_GROUPS", "GROUPS", "NOT_KNOBS"]
+           "Explanation", "JacobianMap", "TRAIN_GROUPS", "GROUPS", "NOT_KNOBS"]
 
 #: Fields that are not continuous hardware knobs: data formats and datasheet ratios between
 #: dtypes (``matrix_ratio_*``), the element size of the vector unit, the cost of one ``exp``,
@@ -342,10 +343,25 @@ def _step_size(step, where: str):
 _BATCH_CACHE: dict = {}
 
 
+class JacobianMap(NamedTuple):
+    """How :func:`sensitivity_batch` maps the per-point answer over the points.
+
+    Attributes:
+        batch_size: points evaluated together inside the ``jax.lax.map``.
+        mode: ``"rev"`` (reverse mode, as :func:`sensitivity`) or ``"fwd"`` (forward mode,
+            ``jax.jacfwd``: one pass per knob, no transposed graph — a smaller compile; the
+            same derivative: the model's one custom rule, the tile search's minimum in
+            :func:`jaxmodel.numerics.masked_min`, is a JVP).
+    """
+
+    batch_size: int = 8
+    mode: str = "rev"
+
+
 def sensitivity_batch(fn: Callable, configs: Sequence, wrt: Sequence[str] | None = None, *,
                       step: float | None = None, kink_tol: float = 0.02,
                       args: list | tuple = (), has_aux: bool = False,
-                      batch_size: int = 8, mode: str = "rev") -> dict:
+                      jacobian: JacobianMap = JacobianMap()) -> dict:
     """:func:`sensitivity` of many points in one compiled call: the points' configs (and
     arguments) are stacked on a leading axis and ``jax.lax.map(..., batch_size=...)`` runs
     the per-point answer — one ``jax.jacrev`` and the ``2k`` one-sided steps vmapped —
@@ -360,11 +376,8 @@ def sensitivity_batch(fn: Callable, configs: Sequence, wrt: Sequence[str] | None
         args: one tuple of further arguments shared by all points, or a list of tuples,
             one per point (stacked like the configs: models and plans may vary when their
             static variants agree).
-        batch_size: points evaluated together inside the map.
-        mode: ``"rev"`` (reverse mode, as :func:`sensitivity`) or ``"fwd"`` (forward mode,
-            ``jax.jacfwd``: one pass per knob, no transposed graph — a smaller compile; the
-            same derivative: the model's one custom rule, the tile search's
-            minimum in :func:`jaxmodel.numerics.masked_min`, is a JVP).
+        jacobian: :class:`JacobianMap` — ``batch_size`` points evaluated together inside
+            the map, reverse (``"rev"``) or forward (``"fwd"``) ``mode``.
 
     Returns:
         dict: ``knobs`` (names), ``step`` (``h``), and per metric a dict of NumPy arrays
@@ -376,6 +389,7 @@ def sensitivity_batch(fn: Callable, configs: Sequence, wrt: Sequence[str] | None
         ValueError: no point, an unknown knob or a non-positive knob value (naming the
             point and the knob), a non-positive ``step`` or ``batch_size``.
     """
+    batch_size, mode = jacobian
     configs = list(configs)
     if not configs:
         raise ValueError("sensitivity_batch: configs is empty")
@@ -527,7 +541,8 @@ def _serve_fn(variant):
     def f(system, model, par, batch, isl, osl, prec, rt):
         r = _inference_single(system, model, par, batch, isl, osl, precision=prec,
                               runtime=rt, variant=variant)
-        e = _energy.inference_energy(system, model, par, r, batch, isl, osl, prec, rt)
+        e = _energy.inference_energy(system, model, par, r, InferenceOptions(batch, isl, osl),
+                                     prec, rt)
         n = system.n_devices
         t = _tco.single(system, r.tokens_per_s, power_w_per_device=e.power_w)
         metrics = {"ttft_s": r.ttft_s, "tpot_s": r.tpot_s,
@@ -572,18 +587,19 @@ def explain_train(system: System, model, par, global_batch, seq_len, *, precisio
     return _answer(df, model)
 
 
-def explain_serve(system: System, model, par, batch, prompt_len, gen_len, *, precision=None,
+def explain_serve(system: System, model, par, work: InferenceOptions, *, precision=None,
                   runtime=None, wrt: Sequence[str] | None = None, **kw) -> Explanation:
     """Elasticities of serving one request batch (``jm.inference``'s single-configuration
-    body): TTFT, TPOT, output tokens/s per GPU, TCO per million tokens and energy per
+    body; ``work``: the :class:`jaxmodel.InferenceOptions` ``batch``, ``prompt_len``,
+    ``gen_len``): TTFT, TPOT, output tokens/s per GPU, TCO per million tokens and energy per
     generated token (:func:`jaxmodel.energy.inference_energy`), and the bottleneck view of
     its prefill and decode. ``kw`` goes to :func:`sensitivity`."""
     prec = _prec.resolve(precision)
     rt = _rtp.runtime_arg(runtime)
     variant = _layer.variant_of(model, par, system)
     df = sensitivity(_serve_fn(variant), _with_area(system), wrt, has_aux=True,
-                     args=(model, par, float(batch), float(prompt_len), float(gen_len), prec,
-                           rt), **kw)
+                     args=(model, par, float(work.batch), float(work.prompt_len),
+                           float(work.gen_len), prec, rt), **kw)
     return _answer(df, model)
 
 
@@ -623,15 +639,15 @@ def explain_train_batch(systems: Sequence[System], models, pars, global_batch, s
                             for m, p, g, q in zip(models, pars, gbs, seqs)], **kw)
 
 
-def explain_serve_batch(systems: Sequence[System], models, pars, batch, prompt_len, gen_len,
-                        *, precision=None, runtime=None, wrt: Sequence[str] | None = None,
-                        **kw) -> dict:
+def explain_serve_batch(systems: Sequence[System], models, pars, work, *, precision=None,
+                        runtime=None, wrt: Sequence[str] | None = None, **kw) -> dict:
     """:func:`explain_serve`'s elasticities and finite differences at many points in one
-    compiled call (as :func:`explain_train_batch`)."""
+    compiled call (as :func:`explain_train_batch`; ``work``: one
+    :class:`jaxmodel.InferenceOptions` or one per point)."""
     n = len(systems)
     per = lambda v: list(v) if isinstance(v, (list, tuple)) else [v] * n  # noqa: E731
-    models, pars = per(models), per(pars)
-    bs, isl, osl = per(batch), per(prompt_len), per(gen_len)
+    models, pars, work = per(models), per(pars), per(work)
+    bs, isl, osl = ([getattr(w, k) for w in work] for k in ("batch", "prompt_len", "gen_len"))
     prec = _prec.resolve(precision)
     rt = _rtp.runtime_arg(runtime)
     variant = _one_variant("explain_serve_batch", (

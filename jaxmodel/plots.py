@@ -21,13 +21,13 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from jaxmodel.numerics import pareto_mask  # noqa: F401  (public here too)
 
-__all__ = ["figure", "save", "pareto_mask", "pareto_plot", "breakdown_plot", "roofline_plot",
+__all__ = ["figure", "save", "pareto_mask", "PlotStyle", "pareto_plot", "breakdown_plot", "roofline_plot",
            "heatmap_plot", "serving_plot", "sensitivity_plot"]
 
 
@@ -50,9 +50,23 @@ def save(fig, path):
     return fig
 
 
+class PlotStyle(NamedTuple):
+    """How a figure is labelled and scaled (:func:`pareto_plot`, :func:`heatmap_plot`).
+
+    Attributes:
+        title: the figure title (``None``: the plot's default).
+        logx, logy: logarithmic x / y axis (:func:`pareto_plot`).
+        fmt: format of the numbers on the heat map's ticks and cells (:func:`heatmap_plot`).
+    """
+
+    title: str | None = None
+    logx: bool = False
+    logy: bool = False
+    fmt: str = "{:.3g}"
+
+
 def pareto_plot(df, x: str, y: str, maximize: bool = True, color: str | None = None,
-                logx: bool = False, logy: bool = False, title: str | None = None,
-                path=None, label_front: str | None = None):
+                label_front: str | None = None, style: PlotStyle = PlotStyle(), path=None):
     """Scatter of a sweep (``x`` = cost, ``y`` = performance) with its Pareto front.
 
     Args:
@@ -61,7 +75,10 @@ def pareto_plot(df, x: str, y: str, maximize: bool = True, color: str | None = N
         maximize: ``y`` is better when larger (throughput) rather than smaller (latency).
         color: optional column that colours the points.
         label_front: optional column annotated on a few front points.
+        style: :class:`PlotStyle` — ``title`` and the log-scaled axes ``logx``, ``logy``.
+        path: where to save the figure (PNG by suffix); ``None`` returns it.
     """
+    title, logx, logy = style.title, style.logx, style.logy
     fig = figure()
     ax = fig.add_subplot()
     xs, ys = np.asarray(df[x], float), np.asarray(df[y], float)
@@ -161,9 +178,12 @@ def roofline_plot(peak_flops: float, mem_bw: float, ops: Sequence[Mapping],
 
 
 def heatmap_plot(df, x: str, y: str, value: str, agg: str = "min", log: bool = True,
-                 title: str | None = None, path=None, fmt: str = "{:.3g}"):
-    """Heat map of ``value`` over two swept knobs (other knobs aggregated with ``agg``)."""
+                 style: PlotStyle = PlotStyle(), path=None):
+    """Heat map of ``value`` over two swept knobs (other knobs aggregated with ``agg``;
+    ``log``: colours by ``log10 value``; ``style``: :class:`PlotStyle`'s ``title`` and the
+    number format ``fmt`` of ticks and cells)."""
     import pandas as pd
+    title, fmt = style.title, style.fmt
     clean = df.replace([np.inf, -np.inf], np.nan)
     table = pd.pivot_table(clean, index=y, columns=x, values=value, aggfunc=agg)
     fig = figure((max(5.0, 0.55 * table.shape[1] + 2.5), max(4.0, 0.4 * table.shape[0] + 1.5)))

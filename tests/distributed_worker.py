@@ -44,9 +44,10 @@ def roofline(dev, m, n, k, par):
 def _sweep(bws=(1e11, 3e12, 7), gather=True):
     # a batched leaf (two core counts) times a 7 x 5 x 3 grid: 210 points, uneven shares
     dev = dataclasses.replace(hw_db.device("a100_80gb"), core_count=jnp.asarray([64.0, 108.0]))
-    return jm.sweep(roofline, dev, 1.0, 8192, 8192, jm.Parallelism(), chunk=4, block=8,
+    return jm.sweep(roofline, dev, 1.0, 8192, 8192, jm.Parallelism(), chunk=4,
                     grid={"dev.mem_bw": np.linspace(*bws), "par.tp": [1, 2, 4, 8, 16],
-                          "m": [1, 64, 4096]}, progress=False, gather=gather)
+                          "m": [1, 64, 4096]}, progress=False,
+                    sweep_options=jm.SweepOptions(block=8, gather=gather))
 
 
 def _sweep_parts():
@@ -57,7 +58,8 @@ def _sweep_parts():
 def _sweep_tiny(gather=True):
     # fewer points than processes: some processes have no share
     return jm.sweep(roofline, hw_db.device("a100_80gb"), 1.0, 64, 64, jm.Parallelism(),
-                    grid={"m": [1, 2, 3]}, progress=False, gather=gather)
+                    grid={"m": [1, 2, 3]}, progress=False,
+                    sweep_options=jm.SweepOptions(gather=gather))
 
 
 def _sweep_tiny_parts():
@@ -85,7 +87,7 @@ def _codesign():
     def obj(p):
         return (jnp.log(p["bw"] / 2e12)) ** 2 + (jnp.log(p["cores"] / 100)) ** 2
     return jm.codesign(obj, {"bw": 1e12, "cores": 64}, {"bw": (1e11, 1e13), "cores": (8, 256)},
-                       steps=30, n_starts=5, integer=("cores",))
+                       steps=30, integer=("cores",), options=jm.CodesignOptions(n_starts=5))
 
 
 def _local():

@@ -90,12 +90,13 @@ def test_llama3_70b_serving_energy_within_published_range():
     below 1 J per token (the lower end, 0.2 J taken as the floor). GPU board energy only."""
     sy, m, par = hw_db.system("dgx_h100"), hw_db.model("llama3-70b"), jm.Parallelism(tp=8)
     r = jm.inference(sy, m, par, 64, 1024, 256, runtime="trtllm")
-    e = jm.inference_energy(sy, m, par, r, 64, 1024, 256, runtime="trtllm")
+    e = jm.inference_energy(sy, m, par, r, jm.InferenceOptions(64, 1024, 256), runtime="trtllm")
     assert 0.2 <= float(e.joules_per_token) <= 4.0
     assert 80.0 < float(e.power_w) <= 700.0
     # a single request is idle- and weight-streaming-bound: more energy per token
     r1 = jm.inference(sy, m, par, 1, 1024, 256, runtime="trtllm")
-    e1 = jm.inference_energy(sy, m, par, r1, 1, 1024, 256, runtime="trtllm")
+    e1 = jm.inference_energy(sy, m, par, r1, jm.InferenceOptions(1, 1024, 256),
+                             runtime="trtllm")
     assert float(e1.joules_per_token) > 3.0 * float(e.joules_per_token)
     assert float(e1.power_w) < float(e.power_w)
 

@@ -175,15 +175,15 @@ def test_serving_elasticities_agree_with_central_differences(float32):
     for _ in range(6):
         dev = dataclasses.replace(sy.device, freq_hz=float(rng.uniform(0.8e9, 1.6e9)),
                                   mem_bw=float(rng.uniform(1e12, 3e12)))
-        x = jm.explain_serve(dataclasses.replace(sy, device=dev), m, par,
-                             float(rng.integers(1, 64)), float(rng.integers(64, 1024)), 64.0)
+        x = jm.explain_serve(dataclasses.replace(sy, device=dev), m, par, jm.InferenceOptions(
+            float(rng.integers(1, 64)), float(rng.integers(64, 1024)), 64.0))
         assert x.feasible
         a, n = _check_against_fd(x)
         agree += a
         total += n
     assert agree >= 0.7 * total
     # an out-of-memory point: infeasible, every number finite, elasticities 0
-    x = jm.explain_serve(sy, m, par, 1e6, 1024.0, 1024.0)
+    x = jm.explain_serve(sy, m, par, jm.InferenceOptions(1e6, 1024.0, 1024.0))
     assert not x.feasible
     assert (x.table["elasticity"] == 0).all()
     assert np.isfinite(x.table[["elasticity", "fd_forward", "fd_backward"]].to_numpy()).all()
@@ -218,7 +218,7 @@ def test_batch_matches_the_single_point_answers(dgx):
     cfgs[-1] = {"s": dgx, "w": jnp.asarray([float(d.peak_matrix_flops * d.matmul_efficiency)
                                             * 1e-3, float(d.mem_bw * d.mem_bw_efficiency)
                                             * 1e-3])}
-    b = ex.sensitivity_batch(_roofline, cfgs, wrt=WRT, batch_size=4)
+    b = ex.sensitivity_batch(_roofline, cfgs, wrt=WRT, jacobian=ex.JacobianMap(batch_size=4))
     assert b["knobs"] == WRT and b["step"] == 1e-4
     for p, cfg in enumerate(cfgs):
         s = ex.sensitivity(_roofline, cfg, wrt=WRT).set_index(["metric", "knob"])
@@ -229,13 +229,13 @@ def test_batch_matches_the_single_point_answers(dgx):
                                                             abs=1e-9)
                 assert b[m]["kink"][p, i] == s.loc[(m, k), "kink"]
     assert b["time"]["kink"][-1, 0] and b["time"]["kink"][-1, 1]
-    f = ex.sensitivity_batch(_roofline, cfgs, wrt=WRT, batch_size=4, mode="fwd")
+    f = ex.sensitivity_batch(_roofline, cfgs, wrt=WRT, jacobian=ex.JacobianMap(4, "fwd"))
     np.testing.assert_allclose(f["time"]["elasticity"], b["time"]["elasticity"], rtol=1e-12)
     with pytest.raises(ValueError, match="point 1: knob s.device.mem_bw"):
         ex.sensitivity_batch(_roofline, [cfgs[0], {"s": dataclasses.replace(
             dgx, device=dataclasses.replace(d, mem_bw=-1.0)), "w": cfgs[0]["w"]}], wrt=WRT)
     with pytest.raises(ValueError, match="batch_size"):
-        ex.sensitivity_batch(_roofline, cfgs, wrt=WRT, batch_size=0)
+        ex.sensitivity_batch(_roofline, cfgs, wrt=WRT, jacobian=ex.JacobianMap(batch_size=0))
 
 
 def _primitives(jaxpr):

@@ -17,6 +17,22 @@ import hw_db
 import jaxmodel as jm
 from jaxmodel import export as ex
 
+_TRAIN_KNOBS = tuple(f.name for f in ex.TrainExportOptions.__dataclass_fields__.values())
+_SERVE_KNOBS = tuple(f.name for f in ex.ServeExportOptions.__dataclass_fields__.values())
+
+
+def _grouped(**kw) -> dict:
+    """``export_plan`` keywords from one flat dict of the cases below: the training knobs go
+    into ``training=TrainExportOptions(...)``, the scheduler settings into
+    ``serving=ServeExportOptions(...)``."""
+    train = {k: kw.pop(k) for k in _TRAIN_KNOBS if k in kw}
+    serve = {k: kw.pop(k) for k in _SERVE_KNOBS if k in kw}
+    if train:
+        kw["training"] = jm.TrainExportOptions(**train)
+    if serve:
+        kw["serving"] = jm.ServeExportOptions(**serve)
+    return kw
+
 
 @pytest.fixture(scope="module")
 def models():
@@ -99,7 +115,7 @@ MEGATRON_CASES = [
 def test_megatron_flags(case, models):
     _, name, fields, kw, expected, absent = case
     cfg = jm.export_plan(jm.Parallelism(**fields), framework="megatron", model=models[name],
-                         **kw)
+                         **_grouped(**kw))
     got = _argv_flags(cfg)
     for flag, val in expected.items():
         assert got.get(flag) == val, (flag, got.get(flag), val)
@@ -222,7 +238,7 @@ def test_torchtitan_interleaved_405b(models):
 def test_inexpressible_plans_raise(fw, fields, kw, match, models):
     with pytest.raises(ValueError, match=re.escape(match)):
         jm.export_plan(jm.Parallelism(**fields), framework=fw, model=models["llama2-7b"],
-                       global_batch=512, seq_len=4096, **kw)
+                       global_batch=512, seq_len=4096, **_grouped(**kw))
 
 
 def test_recipe_and_defaults(models):
@@ -234,8 +250,9 @@ def test_recipe_and_defaults(models):
     assert "--bf16" in plain.flags
     r = jm.recipe("nemo-24.07")
     cfg = jm.export_plan(par, model=models["llama3-70b"], global_batch=64, seq_len=4096,
-                         recipe=r)
-    p = ex.train_plan(par, models["llama3-70b"], 64, 4096, recipe=r)
+                         training=jm.TrainExportOptions(recipe=r))
+    p = ex.train_plan(par, models["llama3-70b"], 64, 4096,
+                      options=jm.TrainExportOptions(recipe=r))
     assert p.zero == int(r.plan.get("zero", 0))
     assert ("--use-distributed-optimizer" in cfg.flags) == (p.zero == 1)
 
@@ -287,7 +304,7 @@ SERVE_CASES = [
 def test_serving_flags(case, models):
     _, fw, name, fields, kw, expected, absent = case
     model = models[name] if name in models else hw_db.model(name)
-    cfg = jm.export_plan(jm.Parallelism(**fields), framework=fw, model=model, **kw)
+    cfg = jm.export_plan(jm.Parallelism(**fields), framework=fw, model=model, **_grouped(**kw))
     got = _argv_flags(cfg)
     for flag, val in expected.items():
         assert got.get(flag) == val, (flag, got.get(flag), val)
@@ -332,12 +349,16 @@ def test_serving_defaults_follow_runtime_presets(models):
     ("trtllm", dict(tp=2, cp=2), {}, "cp=2"),
     ("vllm", dict(tp=2), dict(global_batch=8), "global_batch applies to training"),
     ("megatron", dict(tp=2), dict(max_batch=8), "max_batch applies to serving"),
+    ("vllm", dict(tp=2), dict(system=hw_db.system("dgx_h100")), "system applies to training"),
+    ("megatron", dict(tp=2), dict(training={"dp_overlap": 0}),
+     "training must be a jaxmodel.TrainExportOptions, got dict"),
 ])
 def test_serving_inexpressible_raise(fw, fields, kw, match, models):
     model = models["mixtral-8x7b"] if fields.get("ep", 1) > 1 else models["llama3-70b"]
     train = dict(global_batch=8, seq_len=1024) if fw == "megatron" else {}
     with pytest.raises(ValueError, match=re.escape(match)):
-        jm.export_plan(jm.Parallelism(**fields), framework=fw, model=model, **{**train, **kw})
+        jm.export_plan(jm.Parallelism(**fields), framework=fw, model=model,
+                       **_grouped(**train, **kw))
 
 
 def _cli(argv):
@@ -396,8 +417,9 @@ def test_nemo_recipe_405b(models):
     par = jm.Parallelism(dp=8, tp=8, pp=8, sp=True, interleave=8, schedule="interleaved",
                          recompute="selective")
     cfg = jm.export_plan(par, framework="nemo", model=models["llama3.1-405b"],
-                         global_batch=2048, seq_len=8192, precision="fp8", dp_overlap=0,
-                         system=hw_db.system("dgx_h100", nodes=64))
+                         global_batch=2048, seq_len=8192, precision="fp8",
+                         training=jm.TrainExportOptions(
+                             dp_overlap=0, system=hw_db.system("dgx_h100", nodes=64)))
     argv = list(cfg.argv)
     assert argv[:5] == ["nemo", "llm", "pretrain", "--factory", "llama31_405b"]
     kv = dict(a.split("=", 1) for a in argv[5:])
@@ -445,7 +467,7 @@ def test_megatron_round_trip(case, models):
     """Megatron's reading of the exported arguments is the plan that was exported."""
     _, name, fields, kw, _, _ = case
     par = jm.Parallelism(**fields)
-    cfg = jm.export_plan(par, framework="megatron", model=models[name], **kw)
+    cfg = jm.export_plan(par, framework="megatron", model=models[name], **_grouped(**kw))
     world = int(par.dp * par.tp * par.pp * par.cp)
     back = _plan_from_megatron(_argv_flags(cfg), int(models[name].n_layers), world)
     p = ex.train_plan(par, models[name], kw["global_batch"], kw["seq_len"])
@@ -458,7 +480,8 @@ def test_plan_must_fill_the_system(models):
     """With a system, the plan's dp·tp·pp·cp must be its devices (the model's rule)."""
     with pytest.raises(ValueError, match="devices_mismatch"):
         jm.export_plan(jm.Parallelism(dp=2, tp=8), model=models["llama3-70b"],
-                       global_batch=64, seq_len=4096, system=hw_db.system("dgx_h100", nodes=4))
+                       global_batch=64, seq_len=4096,
+                       training=jm.TrainExportOptions(system=hw_db.system("dgx_h100", nodes=4)))
 
 
 def test_megatron_p2p_overlap_follows_the_plan(models):
@@ -473,7 +496,8 @@ def test_megatron_p2p_overlap_follows_the_plan(models):
     assert flag in jm.export_plan(inter, **kw).flags
     assert flag not in jm.export_plan({**{f: getattr(inter, f) for f in (
         "dp", "tp", "pp", "sp", "interleave", "schedule")}, "pp_overlap": 1.0}, **kw).flags
-    assert ex.train_plan(inter, m, 2048, 8192, recipe="nemo-24.07").pp_overlap == 1.0
+    assert ex.train_plan(inter, m, 2048, 8192,
+                         options=jm.TrainExportOptions(recipe="nemo-24.07")).pp_overlap == 1.0
     one_f1b = jm.Parallelism(dp=8, tp=8, pp=8, sp=True)
     assert flag not in jm.export_plan(one_f1b, **kw).flags
     assert ("megatron", flag) in ex.FLAGS

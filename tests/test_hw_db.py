@@ -245,8 +245,8 @@ def test_gb200_constants_give_both_cublaslt_dtypes(anchors):
     dev = hw_db.device("gb200")
     ratio = np.array([float(dev.matrix_ratio_fp8), float(dev.matrix_ratio_fp4)])
     n = np.full(2, 16384.0)
-    t = np.asarray(jm.gemm_latency(sustained_device(dev), n, n, n, dtype_bytes=np.array([1.0, 0.5]),
-                                   overhead="kernel", rate_scale=ratio))
+    t = np.asarray(jm.gemm_latency(jm.ops.with_matrix_rate(sustained_device(dev), ratio), n, n,
+                                   n, dtype_bytes=np.array([1.0, 0.5]), overhead="kernel"))
     pred = 2 * 16384.0 ** 3 / t / 1e12
     assert np.all(np.abs(pred / measured - 1) < 0.05), (pred, measured)
     assert pred[1] / pred[0] == pytest.approx(measured[1] / measured[0], rel=0.05)

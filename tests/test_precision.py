@@ -100,8 +100,8 @@ def test_new_devices_load_and_give_finite_gemm_times():
     # compute-bound: at least the FLOPs at the datasheet peak
     assert np.all(t16 >= 2 * 4096 ** 3 / np.asarray(dev.peak_matrix_flops) * (1 - 1e-6))
     r8 = np.asarray(dev.matrix_ratio_fp8)
-    t8 = np.asarray(jm.gemm_latency(dev, 4096, 4096, 4096, dtype_bytes=1,
-                                    rate_scale=jnp.where(r8 > 0, r8, 1.0)))
+    t8 = np.asarray(jm.gemm_latency(jm.ops.with_matrix_rate(dev, jnp.where(r8 > 0, r8, 1.0)),
+                                    4096, 4096, 4096, dtype_bytes=1))
     assert np.all(np.isfinite(t8)) and np.all(t8[r8 > 0] <= t16[r8 > 0])
     assert np.all(t8[r8 >= 2] < 0.75 * t16[r8 >= 2])
 
@@ -127,9 +127,19 @@ def test_new_systems_load():
 def test_rate_scale_equals_a_faster_systolic_array():
     dev = hw_db.device("h100_sxm")
     fast = dataclasses.replace(dev, sa_mac_per_cycle=2.0 * dev.sa_mac_per_cycle)
-    assert float(jm.gemm_latency(dev, 4096, 8192, 1024, dtype_bytes=1, rate_scale=2.0)) == \
-        float(jm.gemm_latency(fast, 4096, 8192, 1024, dtype_bytes=1))
-    assert np.isinf(float(jm.gemm_latency(dev, 64, 64, 64, rate_scale=0.0)))
+    t8 = float(jm.gemm_latency(jm.ops.with_matrix_rate(dev, 2.0), 4096, 8192, 1024,
+                               dtype_bytes=1))
+    assert t8 == float(jm.gemm_latency(fast, 4096, 8192, 1024, dtype_bytes=1))
+    # the precision module's dtype-code route: H100's FP8 tensor cores run at twice 16 bits
+    fp8 = jm.precisions.DTYPES.index("fp8")
+    assert t8 == float(jm.gemm_latency(jm.precisions.scaled_device(dev, fp8), 4096, 8192,
+                                       1024, dtype_bytes=1))
+    # no tensor-core rate: a concrete device is rejected by name, a traced one gives +inf
+    with pytest.raises(ValueError, match="sa_mac_per_cycle"):
+        jm.gemm_latency(jm.ops.with_matrix_rate(dev, 0.0), 64, 64, 64)
+    traced = jax.jit(lambda r: jm.gemm_latency.single(jm.ops.with_matrix_rate(dev, r), 64.0,
+                                                      64.0, 64.0))
+    assert np.isinf(float(traced(0.0)))
 
 
 # ------------------------------------------------------------------------------------------

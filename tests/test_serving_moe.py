@@ -86,7 +86,8 @@ def test_maverick_tp8_decode_step_weights_and_flops_hand_count():
     par = jm.Parallelism(tp=8.0)
     sh = _layer.shard(m, par)
     T = 1024.0
-    gemms, _ = _moe.ffn_rows(dev, m, par, sh, jnp.asarray(T), 1.0, False, dropless=True)
+    gemms, _ = _moe.ffn_rows(dev, m, par, sh, jnp.asarray(T), 1.0, False,
+                             _moe.ExpertDispatch(dropless=True))
     proj = {**_layer.qkv_projection(sh, T), **_layer.output_projection(sh, T)}
     w_ffn, f_ffn = _rows_weights_flops([r for k in ("w1", "w2", "moe_router")
                                         for r in gemms[k]])

@@ -16,7 +16,8 @@ import pytest
 import hw_db
 import jaxmodel as jm
 from jaxmodel import serving_runtime as rtp
-from jaxmodel.ops.attention import flash_attention_latency, flash_attention_rows
+from jaxmodel.ops.attention import (AttentionKernel, AttentionShape, flash_attention_latency,
+                                    flash_attention_rows)
 from jaxmodel.workload.layer import LayerOptions, Work, layer_times
 from testkit import roofline_gemm, small_model
 
@@ -150,32 +151,37 @@ def test_fusions_drop_their_kernels():
 def test_gqa_decode_attention_loads_kv_once_per_kv_head_hand_derived():
     b, h, hk, kv, d, w = 8.0, 16.0, 4.0, 1024.0, 128.0, 2.0
     g = h / hk
-    fa2 = flash_attention_latency(DEV, b, h, 1.0, kv, d, hk, version=2.0)
+    fa2 = flash_attention_latency(DEV, b, h, 1.0, kv, d, hk, AttentionKernel(version=2.0))
     # FA-2 decode unit = (sequence, KV head): Q and O of its g rows, K and V once, fp32 LSE
     want = b * hk * (2.0 * g * d * w + 2.0 * kv * d * w + g * 4.0)
     assert float(fa2["hbm_bytes"]) == pytest.approx(want, rel=1e-12)
-    fa1 = flash_attention_latency(DEV, b, h, 1.0, kv, d, hk, version=1.0)
+    fa1 = flash_attention_latency(DEV, b, h, 1.0, kv, d, hk, AttentionKernel(version=1.0))
     assert float(fa1["hbm_bytes"]) > g * 0.9 * want     # K, V once per query head
     # decoding through the layer rows runs the shared-K/V kernel whatever the version ...
-    rows = flash_attention_rows(DEV, b, h, 1.0, kv, d, hk, version=1.0)
+    rows = flash_attention_rows(DEV, AttentionShape(b, h, 1.0, kv, d, hk),
+                                AttentionKernel(version=1.0))
     assert sum(float(f) for f, _ in rows.values()) == pytest.approx(float(fa2["fwd"]),
                                                                    rel=1e-12)
     # ... unless the runtime asks for the per-query-head kernel
-    rows1 = flash_attention_rows(DEV, b, h, 1.0, kv, d, hk, version=1.0, share_kv=False)
+    rows1 = flash_attention_rows(DEV, AttentionShape(b, h, 1.0, kv, d, hk),
+                                 AttentionKernel(version=1.0), share_kv=False)
     assert sum(float(f) for f, _ in rows1.values()) == pytest.approx(float(fa1["fwd"]),
                                                                     rel=1e-12)
     # the FlashAttention-2 path the serving runtimes take: the per-query-head kernel is the
     # split-KV kernel with one unit per query head, K and V read g times
-    rows2 = flash_attention_rows(DEV, b, h, 1.0, kv, d, hk, version=2.0, share_kv=False)
-    fa2h = flash_attention_latency(DEV, b, h, 1.0, kv, d, h, version=2.0)
+    rows2 = flash_attention_rows(DEV, AttentionShape(b, h, 1.0, kv, d, hk),
+                                 AttentionKernel(version=2.0), share_kv=False)
+    fa2h = flash_attention_latency(DEV, b, h, 1.0, kv, d, h, AttentionKernel(version=2.0))
     assert sum(float(f) for f, _ in rows2.values()) == pytest.approx(float(fa2h["fwd"]),
                                                                     rel=1e-12)
     assert float(fa2h["hbm_bytes"]) == pytest.approx(
         b * h * (2.0 * d * w + 2.0 * kv * d * w + 4.0), rel=1e-12)
     assert float(fa2h["hbm_bytes"]) > 0.9 * g * want
     # prefill keeps the version asked for
-    pre = flash_attention_rows(DEV, b, h, 256.0, 256.0, d, hk, version=1.0)
-    fa1p = flash_attention_latency(DEV, b, h, 256.0, 256.0, d, hk, version=1.0)
+    pre = flash_attention_rows(DEV, AttentionShape(b, h, 256.0, 256.0, d, hk),
+                               AttentionKernel(version=1.0))
+    fa1p = flash_attention_latency(DEV, b, h, 256.0, 256.0, d, hk,
+                                   AttentionKernel(version=1.0))
     assert sum(float(f) for f, _ in pre.values()) == pytest.approx(float(fa1p["fwd"]),
                                                                   rel=1e-12)
     # the layer: fused attention decode is bandwidth-bound on the shared K/V bytes

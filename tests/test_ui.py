@@ -181,7 +181,7 @@ def test_sensitivities_card_endpoint(url, monkeypatch):
     r = json.loads(body)
     (args, kwargs), = calls
     assert args[0].name == "dgx_h100" and args[1].name == "llama3-8b"
-    assert float(args[2].tp) == 8 and args[3:] == (4.0, 256.0, 16.0)
+    assert float(args[2].tp) == 8 and args[3:] == (jm.InferenceOptions(4.0, 256.0, 16.0),)
     assert kwargs == {"runtime": "trtllm"}
     assert [k["knob"] for k in r["metrics"]["tpot_s"]["knobs"]] == [
         "device.mem_bw", "levels[0].bw_per_device"]                     # top=2

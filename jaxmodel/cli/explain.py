@@ -72,7 +72,7 @@ def _cmd_explain(a) -> Any:
     else:
         spec["args"] = {"batch": a.batch, "prompt_len": a.prompt_len, "gen_len": a.gen_len}
         args, _ = build_call(jm.inference, spec)
-        x = jm.explain_serve(*args[:3], a.batch, a.prompt_len, a.gen_len,
+        x = jm.explain_serve(*args[:3], jm.InferenceOptions(a.batch, a.prompt_len, a.gen_len),
                              precision=a.precision, runtime=a.runtime)
     sys.stderr.write(_explain_text(x, a.top))
     if a.plot:

@@ -95,12 +95,14 @@ def cmd_export(a) -> Any:
             gb = 8.0 * float(par.dp) * float(par.micro_batch)
         cfg = jm.export_plan(par, framework=fw, model=model, global_batch=gb,
                              seq_len=a.seq_len, precision=a.precision,
-                             dp_overlap=a.dp_overlap, tp_overlap=a.tp_overlap,
-                             recipe=a.recipe, system=system)
+                             training=jm.TrainExportOptions(
+                                 dp_overlap=a.dp_overlap, tp_overlap=a.tp_overlap,
+                                 recipe=a.recipe, system=system))
     else:
         cfg = jm.export_plan(par, framework=fw, model=model, precision=a.precision,
-                             max_batch=a.max_batch, max_tokens=a.max_tokens, chunk=a.chunk,
-                             kv_dtype=a.kv_dtype, runtime=a.runtime)
+                             serving=jm.ServeExportOptions(
+                                 max_batch=a.max_batch, max_tokens=a.max_tokens,
+                                 chunk=a.chunk, kv_dtype=a.kv_dtype, runtime=a.runtime))
     if a.write:
         _write_launch(cfg, a.write)
     return _launch_result(cfg)
@@ -118,7 +120,8 @@ def _search_export(a, df, system, model) -> Any:
     if not len(ok):
         raise ValueError("search --export: no feasible plan to export")
     cfg = jm.export_plan(ok.iloc[0], framework=a.export, model=model,
-                         global_batch=a.global_batch, seq_len=a.seq_len, system=system)
+                         global_batch=a.global_batch, seq_len=a.seq_len,
+                         training=jm.TrainExportOptions(system=system))
     if not any(str(t).startswith("--format") for t in getattr(a, "argv", ()) or ()):
         a.format = "json"                        # one result, not a table
     return {"step_time_s": float(ok.iloc[0]["step_time_s"]), **_launch_result(cfg)}

@@ -153,9 +153,9 @@ def _energy_lines(a, args, kwargs, raw, spec) -> dict:
         e = jm.train_energy(system, model, par, raw, prec)
     else:
         w = spec["args"]
-        e = jm.inference_energy(system, model, par, raw, float(w["batch"]),
-                                float(w["prompt_len"]), float(w["gen_len"]), prec,
-                                kwargs.get("runtime"))
+        work = jm.InferenceOptions(float(w["batch"]), float(w["prompt_len"]),
+                                   float(w["gen_len"]))
+        e = jm.inference_energy(system, model, par, raw, work, prec, kwargs.get("runtime"))
     return to_jsonable({"joules_per_token": e.joules_per_token, "power_w_per_gpu": e.power_w,
                         "power_limited": e.power_limited})
 

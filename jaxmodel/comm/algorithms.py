@@ -34,7 +34,7 @@ from jaxmodel.numerics import INF, min_of, safe_div
 from jaxmodel.types import TOPOLOGIES
 
 __all__ = ["AlgorithmSpec", "ALGORITHM_REGISTRY", "register_algorithm", "algorithm_names",
-           "algorithm_index", "Tier", "pipelined", "level_algorithm_times", "OPS"]
+           "algorithm_index", "Tier", "TierStatic", "pipelined", "level_algorithm_times", "OPS"]
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "p2p")
 _INR_OPS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -544,8 +544,26 @@ def _p2p_table(t):
             jnp.ones(len(ALGORITHM_REGISTRY), dtype=bool))
 
 
-def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topology=None,
-                          in_network=None, algorithms=None, nccl_tier=None):
+class TierStatic(NamedTuple):
+    """Static facts of one tier, known in Python at the API edge (``None``: read the traced
+    ``level``); one tier's entries of :class:`jaxmodel.comm.collectives.NetVariant`. They only
+    prune the traced graph (fewer topology selects and algorithms), never change a result.
+
+    Attributes:
+        topology: topology name of the tier (``types.TOPOLOGIES``); must equal
+            ``level.topology``.
+        in_network: in-network-reduction flag (bool) of the tier.
+        nccl_tier: NCCL link class as ``NetLevel.nccl_link`` codes it (−1 = not an NCCL tier,
+            0 NVLink, 1 PCI, 2 network).
+    """
+
+    topology: str | None = None
+    in_network: bool | None = None
+    nccl_tier: float | None = None
+
+
+def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS,
+                          static: TierStatic = TierStatic(), algorithms=None):
     """Times of every registered algorithm and op on one tier, s (no base latency).
 
     Args:
@@ -557,13 +575,13 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         sharers: devices of one lower-tier unit communicating at this tier at the same time
             (they share ``bw_per_node`` when it is set).
         ops: the ops to evaluate (static; fewer ops trace faster).
-        topology: static topology name of the tier (``None``: read ``level.topology``);
-            must equal ``level.topology`` (see :class:`jaxmodel.comm.collectives.NetVariant`).
-        in_network: static in-network-reduction flag (``None``: read the level).
+        static: the tier's :class:`TierStatic` — ``topology`` name (``None``: read
+            ``level.topology``; must equal it, see
+            :class:`jaxmodel.comm.collectives.NetVariant`), ``in_network`` flag (``None``:
+            read the level) and ``nccl_tier`` link class (``None``: read
+            ``level.nccl_link``; −1 = not an NCCL tier).
         algorithms: static registry indices to evaluate (``None``: all); the others report
             ``+inf`` and not applicable.
-        nccl_tier: static NCCL link class (``None``: read ``level.nccl_link``; −1 = not an
-            NCCL tier).
 
     Returns:
         ``(times, applicable, ok)``: ``times[op]`` an array of shape ``(4, A)`` over the ``A``
@@ -575,7 +593,7 @@ def level_algorithm_times(level, m, n, spacing=1.0, sharers=1.0, ops=OPS, topolo
         1). ``applicable[op]`` the bool array over algorithms, ``ok`` False when the group
         shape does not fit a 2D tier. ``m = 1`` gives zero time for every algorithm.
     """
-    t = Tier(level, m, n, spacing, sharers, topology, in_network, nccl_tier)
+    t = Tier(level, m, n, spacing, sharers, *static)
     wanted = set(range(len(ALGORITHM_REGISTRY)) if algorithms is None else algorithms)
     out = {}
     for op in ops:

@@ -102,9 +102,9 @@ import numpy as np
 from jaxmodel.batching import batched
 from jaxmodel.comm import nccl
 from jaxmodel.comm import topology as topo
-from jaxmodel.comm.algorithms import (ALGORITHM_REGISTRY, OPS, AlgorithmSpec, algorithm_index,
-                                      algorithm_names, auto_algorithms, level_algorithm_times,
-                                      register_algorithm)
+from jaxmodel.comm.algorithms import (ALGORITHM_REGISTRY, OPS, AlgorithmSpec, TierStatic,
+                                      algorithm_index, algorithm_names, auto_algorithms,
+                                      level_algorithm_times, register_algorithm)
 from jaxmodel.comm.algorithms import pipelined as _pipelined
 from jaxmodel.comm.link import overhead_factor
 from jaxmodel.numerics import INF, first_reason, min_of, reason_name, safe_div
@@ -112,7 +112,7 @@ from jaxmodel.types import TOPOLOGIES, System, is_concrete, static_flag, validat
 
 __all__ = ["OPS", "ALGORITHMS", "ALGORITHM_CODES", "AUTO_ALGORITHM", "algorithm_code",
            "collective_latency", "collective_time", "collective_cost", "collective_feasible",
-           "level_algorithm_times", "NetVariant", "ANY_NET", "net_variant_of",
+           "level_algorithm_times", "TierStatic", "NetVariant", "ANY_NET", "net_variant_of",
            "ALGORITHM_REGISTRY", "AlgorithmSpec", "register_algorithm"]
 
 #: The algorithm names registered at import (:mod:`jaxmodel.comm.algorithms`), in code order.
@@ -430,11 +430,12 @@ def _flat_ring(system: System, n, members, inner, g, net: NetVariant, f):
     return exe[jnp.argmin(tune)], min_of(exe)
 
 
-def _flat_ring_override(system, n, members, inner, g, algorithm, net, total, f):
+def _flat_ring_override(system, n, members, inner, g, algorithm, net, total):
     """Replace the hierarchical all-gather / reduce-scatter time by NCCL's flat ring
     (:func:`_flat_ring`) when the group spans two or more tiers, all of them NCCL tiers:
     ``auto`` and ``ring`` run the ring, ``best`` the faster of the ring and the hierarchical
     composition; other named algorithms keep the composition."""
+    f = jnp.result_type(float)
     K = len(system.levels)
     if K < 2:
         return total
@@ -520,8 +521,7 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
             algs = tuple(sorted(set(algs) | set(_needed_algorithms(
                 "reduce_scatter", algorithm, st, net.inr(k), nt))))
         times, apps, ok = level_algorithm_times(lvl, m, n_k, spacing[k], inner[k], needed,
-                                                topology=st, in_network=net.inr(k),
-                                                algorithms=algs, nccl_tier=nl)
+                                                TierStatic(st, net.inr(k), nl), algs)
         shape_ok = shape_ok & ok
         specs = list(ALGORITHM_REGISTRY.values())
         if op == "p2p" or (algs is not None and not any(
@@ -551,7 +551,7 @@ def _cost(system: System, op: str, nbytes, group_size, algorithm: str = "auto", 
         floor = jnp.maximum(floor, jnp.where(active, lvl.launch_floor, 0.0))
 
     if op in ("all_gather", "reduce_scatter"):
-        total = _flat_ring_override(system, n, members, inner, g, algorithm, net, total, f)
+        total = _flat_ring_override(system, n, members, inner, g, algorithm, net, total)
 
     feasible, reason = first_reason([
         (net_ok, "invalid_network"),

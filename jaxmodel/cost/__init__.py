@@ -15,7 +15,7 @@ from jaxmodel.cost.chiplet import (ChipletCost, ChipletSystem, chiplet_cost,
                                    chiplet_system_cost, load_chiplet_system, load_library)
 from jaxmodel.cost.device import (DeviceCost, SystemCost, device_cost, die_cost,
                                   dies_per_wafer_ttm, system_cost)
-from jaxmodel.cost.ownership import TCO, tco
+from jaxmodel.cost.ownership import TCO, DatacenterOperation, tco
 from jaxmodel.cost.microarch import (LinkTech, SRAMTech, UArchBudgets, UArchTech, dvfs,
                                  load_deepflow_config, uarch)
 from jaxmodel.cost.wafer import (dies_per_wafer, dies_per_wafer_grid, dies_per_wafer_smooth,
@@ -28,6 +28,6 @@ __all__: list[str] = [
     "dies_per_wafer", "dies_per_wafer_grid", "dies_per_wafer_smooth",
     "negative_binomial_yield", "reticle_utilization",
     "die_cost", "device_cost", "system_cost", "dies_per_wafer_ttm", "DeviceCost", "SystemCost",
-    "tco", "TCO",
+    "tco", "TCO", "DatacenterOperation",
     "uarch", "load_deepflow_config", "UArchTech", "UArchBudgets", "SRAMTech", "LinkTech", "dvfs",
 ]

@@ -63,10 +63,23 @@ def _default(key):
     return tech.table("datacenter")["operation"][key]
 
 
-class Operation(NamedTuple):
+class DatacenterOperation(NamedTuple):
     """The data-centre operating assumptions of :func:`tco` (each ≤ 0: the value of
-    ``hw_db/tech/datacenter.toml``): service life, years; power usage effectiveness; price of
-    electricity, USD/kWh; average utilisation (fraction of TDP drawn)."""
+    ``hw_db/tech/datacenter.toml``; every field may be batched).
+
+    Attributes:
+        lifetime_years: service life over which the capital is amortised, years.
+        pue: power usage effectiveness (facility power / IT power).
+        usd_per_kwh: price of electricity, USD/kWh.
+        utilization: average utilisation, the fraction of TDP drawn (when no
+            ``power_w_per_device`` is given).
+
+    Example:
+        >>> base = jm.tco(hw_db.system("dgx_a100"))
+        >>> hot = jm.tco(hw_db.system("dgx_a100"), operation=jm.DatacenterOperation(pue=2.0))
+        >>> bool(hot.energy_per_hour > base.energy_per_hour)
+        True
+    """
 
     lifetime_years: Any = -1.0
     pue: Any = -1.0
@@ -75,10 +88,11 @@ class Operation(NamedTuple):
 
 
 def _tco_single(system: System, tokens_per_s=0.0, run_time_s=0.0, capex_usd=-1.0,
-                operation: Operation = Operation(), include_yield: bool = True,
+                operation: DatacenterOperation = DatacenterOperation(),
+                include_yield: bool = True,
                 power_w_per_device=-1.0) -> TCO:
     """Single-configuration body of :func:`tco` (the operating assumptions as one
-    :class:`Operation`)."""
+    :class:`DatacenterOperation`)."""
     pick = lambda v, k: jnp.where(v > 0, v, _default(k))  # noqa: E731
     life = pick(operation.lifetime_years, "lifetime_years")
     pue_ = pick(operation.pue, "pue")
@@ -116,8 +130,8 @@ _tco_batched = batched(_tco_single)
 
 
 def tco(system: System, tokens_per_s=0.0, run_time_s=0.0, *, capex_usd=-1.0,
-        lifetime_years=-1.0, pue=-1.0, usd_per_kwh=-1.0, utilization=-1.0,
-        include_yield: bool = True, power_w_per_device=-1.0) -> TCO:
+        operation: DatacenterOperation = DatacenterOperation(), include_yield: bool = True,
+        power_w_per_device=-1.0) -> TCO:
     """Total cost of ownership of a system (capital + energy), USD.
 
     Args:
@@ -127,7 +141,9 @@ def tco(system: System, tokens_per_s=0.0, run_time_s=0.0, *, capex_usd=-1.0,
         run_time_s: duration of a training run, s (for ``usd_per_run``), e.g.
             ``jm.train_step(...).step_time_s × steps``.
         capex_usd: system price; ≤ 0 uses :func:`jaxmodel.system_cost` (manufacturing cost).
-        lifetime_years, pue, usd_per_kwh, utilization: ≤ 0 uses ``hw_db/tech/datacenter.toml``.
+        operation: :class:`DatacenterOperation` — ``lifetime_years``, ``pue``,
+            ``usd_per_kwh``, ``utilization``; each ≤ 0 (default) uses
+            ``hw_db/tech/datacenter.toml``.
         include_yield: see :func:`jaxmodel.device_cost`.
         power_w_per_device: board power per device while running, W, e.g.
             ``jaxmodel.energy.train_energy(...).power_w`` (the activity-dependent power
@@ -140,8 +156,7 @@ def tco(system: System, tokens_per_s=0.0, run_time_s=0.0, *, capex_usd=-1.0,
         token rate and ``usd_per_run`` is 0 without a positive run time.
     """
     sys_ = dataclasses.replace(system, device=area_fields(system.device))
-    return _tco_batched(sys_, tokens_per_s, run_time_s, capex_usd,
-                        Operation(lifetime_years, pue, usd_per_kwh, utilization),
+    return _tco_batched(sys_, tokens_per_s, run_time_s, capex_usd, operation,
                         include_yield=include_yield, power_w_per_device=power_w_per_device)
 
 

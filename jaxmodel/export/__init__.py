@@ -45,8 +45,9 @@ import dataclasses
 
 from jaxmodel.export.flags import (FLAGS, FRAMEWORKS, SERVE_FRAMEWORKS,  # noqa: F401
                                    SOURCES, TRAIN_FRAMEWORKS, LaunchConfig, Source, _Emitter)
-from jaxmodel.export.plans import (SERVE_RUNTIME, ServePlan, TrainPlan,  # noqa: F401
-                                   pipeline_stages, serve_plan, train_plan)
+from jaxmodel.export.plans import (SERVE_RUNTIME, ServeExportOptions, ServePlan,  # noqa: F401
+                                   TrainExportOptions, TrainPlan, pipeline_stages, serve_plan,
+                                   train_plan)
 from jaxmodel.export.serving import sglang_args, trtllm_args, vllm_args  # noqa: F401
 from jaxmodel.export.training import (NEMO_FACTORIES, megatron_args,  # noqa: F401
                                       nemo_recipe, torchtitan_toml)
@@ -92,10 +93,26 @@ def framework_name(framework: str) -> str:
     return fw
 
 
+def _options(where: str, given, cls):
+    """``given`` (None or a ``cls``) as a ``cls``; anything else is a ``ValueError``."""
+    if given is None:
+        return cls()
+    if not isinstance(given, cls):
+        raise ValueError(f"export_plan: {where} must be a jaxmodel.{cls.__name__}, got "
+                         f"{type(given).__name__}")
+    return given
+
+
+def _set_fields(options) -> list[str]:
+    """The fields of an options dataclass that are set (not None)."""
+    return [f.name for f in dataclasses.fields(options)
+            if getattr(options, f.name) is not None]
+
+
 def export_plan(plan: Parallelism, *, framework: str = "megatron", model: Model | None = None,
-                global_batch=None, seq_len=None, precision=None, dp_overlap=None,
-                tp_overlap=None, recipe=None, system=None, max_batch=None, max_tokens=None,
-                chunk=None, kv_dtype=None, runtime=None) -> LaunchConfig:
+                global_batch=None, seq_len=None, precision=None,
+                training: TrainExportOptions | None = None,
+                serving: ServeExportOptions | None = None) -> LaunchConfig:
     """The launch command (and files) that run ``plan`` on ``framework``.
 
     Args:
@@ -105,17 +122,18 @@ def export_plan(plan: Parallelism, *, framework: str = "megatron", model: Model 
         model: the :class:`jaxmodel.Model` (``hw_db.model(name)``).
         global_batch, seq_len: training: sequences per step, tokens per sequence (required).
         precision: a preset name (``None``: the recipe's, else ``"bf16"``).
-        dp_overlap, tp_overlap, recipe: training, as :func:`jaxmodel.train_step` (``None``:
-            the recipe's value, else train_step's default).
-        system: training, optional :class:`jaxmodel.System`; its first network tier sets the
-            launcher's nodes and processes per node.
-        max_batch, max_tokens, chunk: serving: sequences and tokens per iteration and
-            replica, chunked-prefill tokens (0 = off), as :func:`jaxmodel.offline_throughput`
-            / :func:`jaxmodel.slo_throughput` (``None``: the runtime preset's defaults).
-        kv_dtype: serving: ``"fp8"``, ``"bf16"``, ``"fp16"``, ``"auto"`` (``None``: from the
-            precision's KV bytes).
-        runtime: serving: the runtime preset whose scheduler defaults fill the settings left
-            ``None`` (default :data:`SERVE_RUNTIME` of the framework).
+        training: training frameworks, :class:`jaxmodel.TrainExportOptions` — the overlap
+            fractions ``dp_overlap``, ``tp_overlap``, ``pp_overlap`` as
+            :func:`jaxmodel.train_step` (``None``: the recipe's value, else train_step's
+            default), the ``recipe`` and an optional ``system`` whose first network tier sets
+            the launcher's nodes and processes per node.
+        serving: serving frameworks, :class:`jaxmodel.ServeExportOptions` — ``max_batch``,
+            ``max_tokens`` (sequences and tokens per iteration and replica), ``chunk``
+            (chunked-prefill tokens, 0 = off), as :func:`jaxmodel.offline_throughput` /
+            :func:`jaxmodel.slo_throughput`; ``kv_dtype`` (``"fp8"``, ``"bf16"``, ``"fp16"``,
+            ``"auto"``; ``None``: from the precision's KV bytes); ``runtime``, the preset
+            whose scheduler defaults fill the settings left ``None`` (default
+            :data:`SERVE_RUNTIME` of the framework).
 
     Returns:
         A :class:`LaunchConfig` (``.command``, ``.files``, ``.flags``, ``.notes``).
@@ -137,30 +155,29 @@ def export_plan(plan: Parallelism, *, framework: str = "megatron", model: Model 
     fw = framework_name(framework)
     if model is None:
         raise ValueError("export_plan: model is required (hw_db.model(name))")
+    training = _options("training", training, TrainExportOptions)
+    serving = _options("serving", serving, ServeExportOptions)
     plan, row = _plan_of(plan)
     if fw in TRAIN_FRAMEWORKS:
         precision = row.get("precision") if precision is None else precision
-        dp_overlap = row.get("dp_overlap") if dp_overlap is None else dp_overlap
-        tp_overlap = row.get("tp_overlap") if tp_overlap is None else tp_overlap
-    if fw in TRAIN_FRAMEWORKS:
+        # a search row's overlap fractions fill the knobs left None
+        training = dataclasses.replace(training, **{
+            k: row[k] for k in ("dp_overlap", "tp_overlap", "pp_overlap")
+            if getattr(training, k) is None and k in row})
         for name, v in (("global_batch", global_batch), ("seq_len", seq_len)):
             if v is None:
                 raise ValueError(f"export_plan: {name} is required for a training export "
                                  f"({fw})")
-        for name, v in (("max_batch", max_batch), ("max_tokens", max_tokens),
-                        ("chunk", chunk), ("kv_dtype", kv_dtype), ("runtime", runtime)):
-            if v is not None:
-                raise ValueError(f"export_plan: {name} applies to serving frameworks "
-                                 f"{list(SERVE_FRAMEWORKS)}, not {fw}")
+        wrong = _set_fields(serving)
+        if wrong:
+            raise ValueError(f"export_plan: {wrong[0]} applies to serving frameworks "
+                             f"{list(SERVE_FRAMEWORKS)}, not {fw}")
         p = train_plan(plan, model, global_batch, seq_len, precision=precision,
-                       dp_overlap=dp_overlap, tp_overlap=tp_overlap, recipe=recipe,
-                       system=system, pp_overlap=row.get("pp_overlap"))
+                       options=training)
         return _TRAIN_EXPORTERS[fw](p)
-    for name, v in (("global_batch", global_batch), ("dp_overlap", dp_overlap),
-                    ("tp_overlap", tp_overlap), ("recipe", recipe)):
-        if v is not None:
-            raise ValueError(f"export_plan: {name} applies to training frameworks "
-                             f"{list(TRAIN_FRAMEWORKS)}, not {fw}")
-    p = serve_plan(plan, model, framework=fw, max_batch=max_batch, max_tokens=max_tokens,
-                   chunk=chunk, precision=precision, kv_dtype=kv_dtype, runtime=runtime)
+    wrong = ["global_batch"] * (global_batch is not None) + _set_fields(training)
+    if wrong:
+        raise ValueError(f"export_plan: {wrong[0]} applies to training frameworks "
+                         f"{list(TRAIN_FRAMEWORKS)}, not {fw}")
+    p = serve_plan(plan, model, framework=fw, precision=precision, options=serving)
     return _SERVE_EXPORTERS[fw](p)

@@ -8,6 +8,7 @@ import dataclasses
 import inspect
 import math
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,56 @@ def _onoff(fw: str, name: str, v) -> bool:
         raise ValueError(f"{fw}: {name}={x:g} cannot be expressed: the framework's overlap is "
                          "on (1) or off (0), not a fraction")
     return x == 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainExportOptions:
+    """The training knobs of an export (:func:`jaxmodel.export_plan`, :func:`train_plan`);
+    ``None`` takes the recipe's value, else :func:`jaxmodel.train_step`'s default.
+
+    Attributes:
+        dp_overlap, tp_overlap, pp_overlap: the overlap fractions of
+            :class:`jaxmodel.TrainOptions` (a framework expresses only 0 or 1).
+        recipe: a :class:`jaxmodel.Recipe` or its name; its plan fields replace the plan's.
+        system: optional :class:`jaxmodel.System`; its first network tier sets the
+            launcher's nodes and processes per node.
+
+    Example:
+        >>> jm.TrainExportOptions(tp_overlap=1).dp_overlap is None
+        True
+    """
+
+    dp_overlap: Any = None
+    tp_overlap: Any = None
+    pp_overlap: Any = None
+    recipe: Any = None
+    system: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeExportOptions:
+    """The scheduler settings of a serving export (:func:`jaxmodel.export_plan`,
+    :func:`serve_plan`); ``None`` takes the runtime preset's default.
+
+    Attributes:
+        max_batch, max_tokens: sequences and tokens per iteration and replica, as
+            :class:`jaxmodel.serving.ServingOptions`.
+        chunk: chunked-prefill tokens (0 = off).
+        kv_dtype: ``"fp8"``, ``"bf16"``, ``"fp16"``, ``"auto"`` (``None``: from the
+            precision's KV bytes: 1 → FP8 cache, 2 → the model's 16-bit type).
+        runtime: the runtime preset whose scheduler defaults fill the settings left ``None``
+            (default :data:`SERVE_RUNTIME` of the framework).
+
+    Example:
+        >>> jm.ServeExportOptions(max_batch=128, chunk=2048).kv_dtype is None
+        True
+    """
+
+    max_batch: Any = None
+    max_tokens: Any = None
+    chunk: Any = None
+    kv_dtype: Any = None
+    runtime: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,17 +162,20 @@ def _precision_name(where: str, precision) -> str:
 
 
 def train_plan(par: Parallelism, model: Model, global_batch, seq_len, *, precision=None,
-               dp_overlap=None, tp_overlap=None, recipe=None, system=None,
-               pp_overlap=None) -> TrainPlan:
+               options: TrainExportOptions = TrainExportOptions()) -> TrainPlan:
     """The concrete training configuration :func:`export_plan` reads.
 
-    ``recipe`` (a :class:`jaxmodel.Recipe` or its name) applies as in
+    ``options.recipe`` (a :class:`jaxmodel.Recipe` or its name) applies as in
     :func:`jaxmodel.train_step`: its plan fields replace ``par``'s, its step knobs fill the
     arguments left ``None``; the rest take :func:`jaxmodel.train_step`'s defaults. The plan
     must pass the model's own rules (:func:`jaxmodel.parallel.plan.raise_if_invalid`).
-    ``system`` (optional) gives the node size for the launcher.
+    ``options.system`` (optional) gives the node size for the launcher
+    (:class:`TrainExportOptions`).
     """
     where = "export_plan"
+    dp_overlap, tp_overlap, pp_overlap = options.dp_overlap, options.tp_overlap, \
+        options.pp_overlap
+    recipe, system = options.recipe, options.system
     if not isinstance(model, Model):
         raise ValueError(f"{where}: model must be a jaxmodel.Model (hw_db.model(name)), got "
                          f"{type(model).__name__}")
@@ -251,17 +305,18 @@ class ServePlan:
     chunk_given: bool = False
 
 
-def serve_plan(par: Parallelism, model: Model, *, framework: str, max_batch=None,
-               max_tokens=None, chunk=None, precision=None, kv_dtype=None,
-               runtime=None) -> ServePlan:
+def serve_plan(par: Parallelism, model: Model, *, framework: str, precision=None,
+               options: ServeExportOptions = ServeExportOptions()) -> ServePlan:
     """The concrete serving deployment :func:`export_plan` reads (see :class:`ServePlan`).
 
-    ``kv_dtype``: ``None`` takes the precision's KV bytes (1 → FP8 cache, 2 → the model's
-    16-bit type); ``"fp8"``, ``"bf16"``/``"fp16"``/``"auto"`` force it. The plan must pass
-    the model's inference rules (:func:`jaxmodel.parallel.plan.raise_if_invalid`; no
-    context parallelism when serving).
+    ``options.kv_dtype``: ``None`` takes the precision's KV bytes (1 → FP8 cache, 2 → the
+    model's 16-bit type); ``"fp8"``, ``"bf16"``/``"fp16"``/``"auto"`` force it
+    (:class:`ServeExportOptions`). The plan must pass the model's inference rules
+    (:func:`jaxmodel.parallel.plan.raise_if_invalid`; no context parallelism when serving).
     """
     where = "export_plan"
+    max_batch, max_tokens, chunk = options.max_batch, options.max_tokens, options.chunk
+    kv_dtype, runtime = options.kv_dtype, options.runtime
     if not isinstance(model, Model):
         raise ValueError(f"{where}: model must be a jaxmodel.Model (hw_db.model(name)), got "
                          f"{type(model).__name__}")

@@ -76,7 +76,7 @@ from jaxmodel.ops.vector import _elementwise_single, _softmax_single
 from jaxmodel.types import FA_VERSIONS
 
 __all__ = ["flash_attention_latency", "standard_attention_latency", "flash_attention_tiles",
-           "flash_attention_rows", "FA_VERSIONS"]
+           "flash_attention_rows", "FA_VERSIONS", "AttentionShape", "AttentionKernel"]
 
 
 # Non-matmul FLOP of the online softmax (Dao et al. 2022 Alg. 1 lines 9-12; 2023 §3.1.1),
@@ -249,7 +249,13 @@ def _flash_traffic(dev, k, nkv, d, w):
 class AttentionShape(NamedTuple):
     """One attention call's problem on one device: ``batch`` sequences, ``heads`` query heads
     and ``kv_heads`` KV heads (None = ``heads``), ``q_len`` queries and ``kv_len`` keys per
-    sequence, ``head_dim`` (counts; :func:`flash_attention_latency`)."""
+    sequence, ``head_dim`` (counts; :func:`flash_attention_latency`).
+
+    Example:
+        >>> s = AttentionShape(batch=8, heads=32, q_len=1, kv_len=4096, head_dim=128, kv_heads=8)
+        >>> s.heads // s.kv_heads                     # query heads per KV head (GQA group)
+        4
+    """
 
     batch: Any
     heads: Any
@@ -259,10 +265,25 @@ class AttentionShape(NamedTuple):
     kv_heads: Any = None
 
 
-class FlashKernel(NamedTuple):
-    """How a FlashAttention call runs: ``causal`` mask (1/0), attention ``dropout``
-    probability, ``version`` code (1 FA-1, 2 FA-2), ``dtype_bytes`` per element of Q, K, V,
-    O and ``overhead`` (one launch overhead per kernel; :func:`flash_attention_latency`)."""
+class AttentionKernel(NamedTuple):
+    """How an attention call runs (:func:`flash_attention_latency`,
+    :func:`standard_attention_latency`, :func:`flash_attention_rows`).
+
+    Attributes:
+        causal: causal mask, 1 or 0 (FlashAttention skips fully masked blocks; standard
+            attention computes the full score matrix either way).
+        dropout: attention-dropout probability (> 0 adds the RNG work).
+        version: FlashAttention version code, 1 (FA-1) or 2 (FA-2); may vary in a batch
+            (standard attention ignores it).
+        dtype_bytes: bytes per element of Q, K, V, O (and of the scores).
+        overhead: add one kernel-launch overhead (``dev.matmul_overhead_s``) per kernel
+            (a static bool).
+
+    Example:
+        >>> k = AttentionKernel(version=2)            # FA-2, causal, no dropout, 16-bit
+        >>> k.causal, k.dropout, k.dtype_bytes, k.overhead
+        (1.0, 0.0, 2.0, True)
+    """
 
     causal: Any = 1.0
     dropout: Any = 0.0
@@ -271,7 +292,7 @@ class FlashKernel(NamedTuple):
     overhead: bool = True
 
 
-def _flash_single(dev, shape: AttentionShape, kernel: FlashKernel = FlashKernel()):
+def _flash_single(dev, shape: AttentionShape, kernel: AttentionKernel = AttentionKernel()):
     """Single-configuration body of :func:`flash_attention_latency`.
 
     Both versions are evaluated along a length-2 axis (FA-1, FA-2) in one trace
@@ -320,8 +341,7 @@ def _flash_single(dev, shape: AttentionShape, kernel: FlashKernel = FlashKernel(
 
 @batched
 def flash_attention_latency(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None,
-                            causal=1.0, dropout=0.0, version=1.0, dtype_bytes=2.0,
-                            overhead=True):
+                            kernel: AttentionKernel = AttentionKernel()):
     """FlashAttention forward and backward on one device (Guo et al. eq. 1), seconds.
 
     See the module docstring for the model (Dao et al. 2022 Alg. 1/4 for ``version=1``,
@@ -336,11 +356,12 @@ def flash_attention_latency(dev, batch, heads, q_len, kv_len, head_dim, kv_heads
             decoding, read from the KV cache).
         head_dim: ``d``.
         kv_heads: KV heads on the device (GQA/MQA); default ``heads``.
-        causal: 1 for a causal mask (fully masked blocks are skipped), 0 for none.
-        dropout: attention-dropout probability (> 0 adds the RNG work; no extra traffic).
-        version: 1 (FA-1, the seed's model) or 2 (FA-2); a code, may vary in a batch.
-        dtype_bytes: bytes per element of Q, K, V, O.
-        overhead: add one kernel-launch overhead (``dev.matmul_overhead_s``) per kernel.
+        kernel: :class:`AttentionKernel` — ``causal`` (1: fully masked blocks are skipped,
+            0: no mask; default 1), ``dropout`` probability (> 0 adds the RNG work; no extra
+            traffic), ``version`` (1 FA-1, the seed's model, default; 2 FA-2; a code, may
+            vary in a batch), ``dtype_bytes`` per element of Q, K, V, O (default 2) and
+            ``overhead`` (one kernel-launch overhead ``dev.matmul_overhead_s`` per kernel;
+            default True).
 
     Returns:
         dict of seconds — ``load``, ``gemm`` (= ``gemm_qk + gemm_pv``), ``pointwise``,
@@ -355,12 +376,14 @@ def flash_attention_latency(dev, batch, heads, q_len, kv_len, head_dim, kv_heads
         True
     """
     return _flash_single(dev, AttentionShape(batch, heads, q_len, kv_len, head_dim, kv_heads),
-                         FlashKernel(causal, dropout, version, dtype_bytes, overhead))
+                         kernel)
 
 
-def _standard_single(dev, shape: AttentionShape, dropout=0.0, dtype_bytes=2.0, overhead=True):
-    """Single-configuration body of :func:`standard_attention_latency`."""
+def _standard_single(dev, shape: AttentionShape, kernel: AttentionKernel = AttentionKernel()):
+    """Single-configuration body of :func:`standard_attention_latency` (``kernel.causal`` and
+    ``kernel.version`` do not apply: the full score matrix is computed)."""
     batch, heads, q_len, kv_len, head_dim, kv_heads = shape
+    dropout, dtype_bytes, overhead = kernel.dropout, kernel.dtype_bytes, kernel.overhead
     kv_heads = heads if kv_heads is None else kv_heads
     ok = ((batch > 0) & (heads > 0) & (kv_heads > 0) & (q_len > 0) & (kv_len > 0)
           & (head_dim > 0))
@@ -400,7 +423,7 @@ def _standard_single(dev, shape: AttentionShape, dropout=0.0, dtype_bytes=2.0, o
 
 @batched
 def standard_attention_latency(dev, batch, heads, q_len, kv_len, head_dim, kv_heads=None,
-                               dropout=0.0, dtype_bytes=2.0, overhead=True):
+                               kernel: AttentionKernel = AttentionKernel()):
     """Standard (unfused, three-pass) attention forward and backward on one device, seconds.
 
     Guo et al. §III-B passes I–III as separate kernels, each through HBM, with the ops models:
@@ -413,6 +436,9 @@ def standard_attention_latency(dev, batch, heads, q_len, kv_len, head_dim, kv_he
     and the dropout backward. The full ``n_q × n_kv`` score matrix is computed (no causal
     saving), as Megatron-LM does.
 
+    Arguments as :func:`flash_attention_latency`; of the ``kernel`` (:class:`AttentionKernel`)
+    only ``dropout``, ``dtype_bytes`` and ``overhead`` apply.
+
     Returns:
         dict of seconds: ``qk``, ``softmax``, ``dropout``, ``av``, the same with ``_bwd``,
         ``fwd``, ``bwd``, ``total``; plus ``hbm_bytes`` (forward main-memory traffic: Q, K, V,
@@ -422,17 +448,21 @@ def standard_attention_latency(dev, batch, heads, q_len, kv_len, head_dim, kv_he
         >>> r = standard_attention_latency(hw_db.device("a100_40gb"), 8, 12, 1024, 1024, 64)
     """
     return _standard_single(dev, AttentionShape(batch, heads, q_len, kv_len, head_dim,
-                                                kv_heads), dropout, dtype_bytes, overhead)
+                                                kv_heads), kernel)
 
 
-def flash_attention_rows(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, version=1.0,
-                         dtype_bytes=2.0, backward=False, share_kv=True):
+def flash_attention_rows(dev, shape: AttentionShape,
+                         kernel: AttentionKernel = AttentionKernel(), backward=False,
+                         share_kv=True):
     """FlashAttention time spread over the standard attention rows, ``{row: (fwd_s, bwd_s)}``.
 
-    Keeps a layer breakdown comparable between the two implementations (single configuration,
-    causal): ``qk`` = HBM loads + the score GEMMs (``S = Q·Kᵀ``; backward: ``S``, ``dQ``,
-    ``dK``), ``softmax`` = the pointwise/reduction work + kernel launches, ``av`` = the value
-    GEMMs (``P·V``; backward: ``dP``, ``dV``) + HBM stores. The rows sum to
+    Keeps a layer breakdown comparable between the two implementations (single configuration
+    ``shape``; causal, no dropout, one launch overhead per kernel whatever ``kernel`` says:
+    of the :class:`AttentionKernel` only ``version`` and ``dtype_bytes`` apply; ``backward``
+    false gives zero backward times): ``qk`` = HBM loads + the score GEMMs (``S = Q·Kᵀ``;
+    backward: ``S``, ``dQ``, ``dK``), ``softmax`` = the pointwise/reduction work + kernel
+    launches, ``av`` = the value GEMMs (``P·V``; backward: ``dP``, ``dV``) + HBM stores. The
+    rows sum to
     :func:`flash_attention_latency`'s ``fwd`` (and ``bwd`` when ``backward``).
 
     Decoding (``q_len < kv_len``: new tokens against a KV cache) runs the split-KV kernel of
@@ -445,12 +475,13 @@ def flash_attention_rows(dev, batch, heads, q_len, kv_len, head_dim, kv_heads, v
     block per (sequence, query head), each reading its KV head's cache (TensorRT-LLM's masked
     MHA before its XQA kernel for GQA/MQA generation, v0.7).
     """
+    heads, q_len, kv_len, version = shape.heads, shape.q_len, shape.kv_len, kernel.version
     decoding = (q_len < kv_len) & (version > 0.5)
     version = jnp.where(decoding & share_kv, jnp.maximum(version, 2.0), version)
     # per-query-head decode kernel: every query head is a unit reading its KV head's cache
-    kv_heads = jnp.where(decoding & ~jnp.asarray(share_kv), heads, kv_heads)
-    r = _flash_single(dev, AttentionShape(batch, heads, q_len, kv_len, head_dim, kv_heads),
-                      FlashKernel(1.0, 0.0, version, dtype_bytes, True))
+    kv_heads = jnp.where(decoding & ~jnp.asarray(share_kv), heads, shape.kv_heads)
+    r = _flash_single(dev, shape._replace(kv_heads=kv_heads),
+                      AttentionKernel(1.0, 0.0, version, kernel.dtype_bytes, True))
     fwd = {"qk": r["load"] + r["gemm_qk"], "softmax": r["pointwise"] + r["overhead"],
            "av": r["gemm_pv"] + r["store"]}
     bwd = {"qk": r["load_bwd"] + r["gemm_qk_bwd"],

@@ -630,16 +630,26 @@ def _is_one(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == 1
 
 
-def _at_rate(dev, rate_scale):
-    """``dev`` with its systolic throughput × ``rate_scale`` (a compute dtype's tensor-core
-    rate relative to the 16-bit one, :func:`jaxmodel.precisions.matrix_ratio`)."""
+def with_matrix_rate(dev, rate_scale):
+    """``dev`` with its systolic throughput × ``rate_scale`` (dimensionless): a compute
+    dtype's tensor-core rate relative to the 16-bit one (2 = FP8 on H100;
+    :func:`jaxmodel.precisions.matrix_ratio`, which :func:`jaxmodel.precisions.scaled_device`
+    applies by dtype code). ``rate_scale <= 0`` leaves no matrix rate: :func:`gemm_latency`
+    rejects such a concrete device (``ValueError`` naming ``sa_mac_per_cycle``), a traced one
+    gives ``+inf``.
+
+    Example:
+        >>> h100 = hw_db.device("h100_sxm")
+        >>> fp8 = with_matrix_rate(h100, h100.matrix_ratio_fp8)
+        >>> float(fp8.sa_mac_per_cycle / h100.sa_mac_per_cycle)
+        2.0
+    """
     if isinstance(rate_scale, (int, float)) and rate_scale == 1:
         return dev
     return dataclasses.replace(dev, sa_mac_per_cycle=dev.sa_mac_per_cycle * rate_scale)
 
 
-def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
-                 rate_scale=1.0):
+def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None):
     """Latency of one (batched) GEMM kernel ``[batch×m×k] @ [batch×k×n]``, seconds.
 
     LLMCompass tile-level mapper (LLMCompass §III-B1, notes §2): exhaustive search over a static
@@ -650,7 +660,8 @@ def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
     LLMCompass's merged ``BatchedMatmul`` form. Adds ``dev.matmul_overhead_s`` (per-call
     overhead of a PyTorch-eager kernel, host dispatch included) when ``overhead`` is true, or
     the device-side kernel floor ``dev.matmul_kernel_overhead_s`` when ``overhead="kernel"``
-    (kernel timers, CUDA graphs).
+    (kernel timers, CUDA graphs). A compute dtype faster than 16 bits on the tensor cores is
+    the device at that rate, :func:`with_matrix_rate`.
 
     Args:
         dev: :class:`jaxmodel.Device` (leaves may carry a batch axis).
@@ -659,8 +670,6 @@ def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
         dtype_bytes: bytes per element (2 = fp16/bf16).
         overhead: ``True`` adds the eager per-call overhead, ``"kernel"`` the device-side
             kernel floor, ``False`` nothing.
-        rate_scale: systolic throughput relative to the device's 16-bit rate (2 = FP8 on
-            H100; ``jaxmodel.precisions.matrix_ratio``); ``<= 0`` gives ``+inf``.
         soft: ``None`` for the exact (hard) min over mappings, or a relative temperature
             (e.g. ``0.05``) for a smooth min whose gradient mixes near-optimal mappings.
 
@@ -674,7 +683,7 @@ def gemm_latency(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
         0.00228
     """
     validate_args(dev, where="gemm_latency")      # a concrete single device: clear errors
-    return _gemm_batched(_at_rate(dev, rate_scale), m, n, k, batch, dtype_bytes,
+    return _gemm_batched(dev, m, n, k, batch, dtype_bytes,
                          GemmMode(_overhead_mode(overhead), soft, not _is_one(batch)))
 
 
@@ -683,9 +692,8 @@ def _overhead_mode(overhead):
     return "kernel" if isinstance(overhead, str) and overhead == "kernel" else bool(overhead)
 
 
-def _gemm_latency_single(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None,
-                         rate_scale=1.0):
-    return _gemm_single(_at_rate(dev, rate_scale), m, n, k, batch, dtype_bytes,
+def _gemm_latency_single(dev, m, n, k, batch=1, dtype_bytes=2, overhead=True, soft=None):
+    return _gemm_single(dev, m, n, k, batch, dtype_bytes,
                         GemmMode(_overhead_mode(overhead), soft, not _is_one(batch)))
 
 

@@ -13,10 +13,11 @@ from jaxmodel.process import lazy_exports
 # name -> module; modules are imported on first access (pandas and optax load with them)
 _LAZY = {"sweep": "explore", "save": "explore", "codesign": "optimize",
          "CodesignResult": "optimize", "search_parallelism": "parallelism",
-         "enumerate_plans": "parallelism", "search_serving": "serving"}
+         "enumerate_plans": "parallelism", "search_serving": "serving",
+         "SweepOptions": "explore", "CodesignOptions": "optimize"}
 
 __all__: list[str] = ["sweep", "save", "codesign", "CodesignResult", "search_parallelism",
-                      "enumerate_plans", "search_serving"]
+                      "enumerate_plans", "search_serving", "SweepOptions", "CodesignOptions"]
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -54,7 +54,7 @@ from jaxmodel.search.grid import Grid, knob_positions, leaf_names
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["sweep", "save", "output_names"]
+__all__ = ["sweep", "SweepOptions", "save", "output_names"]
 
 def output_names(tree: Any, default: str = "value") -> list[str]:
     """Column names of the leaves of an output pytree (dots between nested names)."""
@@ -178,10 +178,34 @@ def _output_columns(out_tree, n_rows: int, default: str) -> dict:
     return cols
 
 
+class SweepOptions(NamedTuple):
+    """Where a :func:`sweep` runs and how it returns its rows (the defaults suit one process).
+
+    Attributes:
+        devices: JAX devices to shard over (default: all of this process's; in a
+            ``jax.distributed`` job each process evaluates its share of the points on its
+            own devices, :mod:`jaxmodel.distributed`).
+        block: design points per jitted call and device (default: up to 16 chunks).
+        labels: show the spec's own labels (e.g. schedule names) in knob columns.
+        gather: in a ``jax.distributed`` job, gather every process's rows onto every process
+            (default); ``False`` returns this process's contiguous share only, indexed by its
+            global row numbers (the shares, concatenated in process order, are the whole
+            table: write one file per process for sweeps too large to gather).
+
+    Example:
+        >>> jm.SweepOptions(block=8).gather
+        True
+    """
+
+    devices: Any = None
+    block: int | None = None
+    labels: bool = True
+    gather: bool = True
+
+
 def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None = None,
-          progress: bool = True, devices=None, block: int | None = None,
-          labels: bool = True, consts: Mapping | None = None, gather: bool = True,
-          **kwargs) -> pd.DataFrame:
+          progress: bool = True, consts: Mapping | None = None,
+          sweep_options: SweepOptions = SweepOptions(), **kwargs) -> pd.DataFrame:
     """Evaluate a model function over a design space; one DataFrame row per design point.
 
     Args:
@@ -195,18 +219,12 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
             the last knob fastest, as ``itertools.product``. Repeated for each batch element.
         progress: show a progress bar (stderr) when the sweep takes several blocks and more
             than a few seconds (``JAXMODEL_QUIET=1`` silences it).
-        devices: JAX devices to shard over (default: all of this process's; in a
-            ``jax.distributed`` job each process evaluates its share of the points on its
-            own devices, :mod:`jaxmodel.distributed`).
-        block: design points per jitted call and device (default: up to 16 chunks).
-        labels: show the spec's own labels (e.g. schedule names) in knob columns.
         consts: keyword arguments passed whole to every evaluation (arrays are neither
             batched nor shown, e.g. lookup tables); traced jit inputs, so XLA does not
             constant-fold over them.
-        gather: in a ``jax.distributed`` job, gather every process's rows onto every process
-            (default); ``False`` returns this process's contiguous share only, indexed by its
-            global row numbers (the shares, concatenated in process order, are the whole
-            table: write one file per process for sweeps too large to gather).
+        sweep_options: :class:`SweepOptions` — the ``devices`` to shard over, the ``block``
+            size, knob ``labels`` and, in a ``jax.distributed`` job, whether to ``gather``
+            every process's rows.
 
     Returns:
         ``pandas.DataFrame`` with knob columns, batched-leaf columns and output columns;
@@ -219,6 +237,7 @@ def sweep(fn: Callable, *args, chunk: int = DEFAULT_CHUNK, grid: Mapping | None 
             knob), a knob that is also a batched leaf; in a ``jax.distributed`` job, inputs
             that differ between processes (naming them) or another process's devices.
     """
+    devices, block, labels, gather = sweep_options
     t0 = time.perf_counter()
     distributed.check_same("sweep", {
         "fn": getattr(fn, "single", fn), "args": args, "kwargs": kwargs,

@@ -233,7 +233,7 @@ def run_spec(spec: Mapping, steps: int | None = None) -> dict:
     (knob = [lo, hi]) and optional ``[init]`` (default: the base hardware's values).
     """
     import hw_db
-    from jaxmodel.search.optimize import codesign
+    from jaxmodel.search.optimize import CodesignOptions, codesign
     cd = dict(spec.get("codesign", {}))
     bounds = {k: tuple(v) for k, v in dict(spec.get("bounds", {})).items()}
     if not bounds:
@@ -256,10 +256,10 @@ def run_spec(spec: Mapping, steps: int | None = None) -> dict:
     init = {**base_values(system, bounds), **dict(spec.get("init", {}))}
     init = {k: min(max(v, bounds[k][0]), bounds[k][1]) for k, v in init.items()}
     res = codesign(obj, init, bounds, steps or int(cd.get("steps", 100)),
-                   n_starts=int(cd.get("n_starts", 4)),
-                   learning_rate=float(cd.get("learning_rate", 0.05)),
-                   integer=tuple(cd.get("integer", ())), seed=int(cd.get("seed", 0)),
-                   exact=exact)
+                   integer=tuple(cd.get("integer", ())), exact=exact,
+                   options=CodesignOptions(n_starts=int(cd.get("n_starts", 4)),
+                                           learning_rate=float(cd.get("learning_rate", 0.05)),
+                                           seed=int(cd.get("seed", 0))))
     return {"objective": kind, "params": res.params,
             "value": res.value, "continuous_params": res.continuous_params,
             "continuous_value": res.continuous_value, "n_evals": res.n_evals,

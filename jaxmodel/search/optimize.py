@@ -9,8 +9,8 @@ to reals). :func:`codesign` minimises such an objective inside box constraints:
   so one learning rate fits knobs spanning 10⁹ (bytes/s) and 10¹ (stacks), and ratios — not
   differences — matter, as for sizing hardware;
 - Adam (default) takes projected steps (``u`` clipped into ``[0, 1]`` after every update);
-  L-BFGS (``optimizer="lbfgs"``) works on an unconstrained ``u = sigmoid(w)`` with optax's zoom
-  line search;
+  L-BFGS (``CodesignOptions(optimizer="lbfgs")``) works on an unconstrained
+  ``u = sigmoid(w)`` with optax's zoom line search;
 - several starts run at once (``jax.vmap`` over starts, ``lax.scan`` over steps, one jit): start
   0 is ``init``, the others are drawn uniformly in ``u``-space; in a ``jax.distributed`` job
   each process optimises a contiguous share of the starts and their histories are gathered
@@ -20,8 +20,8 @@ to reals). :func:`codesign` minimises such an objective inside box constraints:
 - at the end, integer knobs are rounded (both neighbours of every discrete knob are tried,
   ``2^d`` combinations per start) and every candidate is re-evaluated with the exact objective
   (``exact=``, e.g. hard instead of soft tile minimum); the best feasible one is returned,
-  optionally refined by a short derivative-free pattern search (``polish=``) for knobs whose
-  gradient is uninformative.
+  optionally refined by a short derivative-free pattern search
+  (``CodesignOptions(polish=...)``) for knobs whose gradient is uninformative.
 
 Evaluations are counted honestly: one per start and step (value and gradient together), plus
 line-search evaluations for L-BFGS, plus the rounding candidates.
@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +51,7 @@ from jaxmodel import distributed
 from jaxmodel.batching import map_blocks
 from jaxmodel.process import stage
 
-__all__ = ["codesign", "CodesignResult"]
+__all__ = ["codesign", "CodesignOptions", "CodesignResult"]
 
 
 def _pattern_search(batch_fn, x, v, lo, hi, int_idx, budget, dtype):
@@ -224,11 +224,36 @@ def _rounded_candidates(xs, lo, hi, int_idx):
     return np.unique(np.asarray(cands, dtype=float), axis=0)
 
 
+class CodesignOptions(NamedTuple):
+    """How :func:`codesign` searches (the defaults: one projected-Adam start, no polish).
+
+    Attributes:
+        optimizer: ``"adam"`` (projected, default) or ``"lbfgs"``.
+        learning_rate: Adam step size in normalised log space (fraction of each knob's log
+            range per step).
+        n_starts: starts optimised in parallel (vmapped); start 0 is ``init``.
+        seed: PRNG seed of the extra starts.
+        polish: budget of exact evaluations for a final derivative-free refinement of the
+            best rounded design (coordinate pattern search, :func:`_pattern_search`), for
+            knobs whose gradient carries little information (buffer sizes: the tile search
+            only changes at feasibility cliffs). 0 = off.
+
+    Example:
+        >>> jm.CodesignOptions(n_starts=4).optimizer
+        'adam'
+    """
+
+    optimizer: str = "adam"
+    learning_rate: float = 0.05
+    n_starts: int = 1
+    seed: int = 0
+    polish: int = 0
+
+
 def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
              bounds: Mapping[str, Sequence[float]], steps: int = 200, *,
-             optimizer: str = "adam", learning_rate: float = 0.05, n_starts: int = 1,
-             seed: int = 0, integer: Sequence[str] = (), exact: Callable | None = None,
-             polish: int = 0) -> CodesignResult:
+             integer: Sequence[str] = (), exact: Callable | None = None,
+             options: CodesignOptions = CodesignOptions()) -> CodesignResult:
     """Minimise ``objective`` over continuous hardware knobs inside box constraints.
 
     Args:
@@ -239,17 +264,10 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
             middle of their bounds.
         bounds: ``{knob: (lo, hi)}`` with ``0 < lo < hi``; defines the knobs.
         steps: optimiser steps.
-        optimizer: ``"adam"`` (projected, default) or ``"lbfgs"``.
-        learning_rate: Adam step size in normalised log space (fraction of each knob's log
-            range per step).
-        n_starts: starts optimised in parallel (vmapped); start 0 is ``init``.
-        seed: PRNG seed of the extra starts.
         integer: knobs rounded to integers at the end (core counts, HBM stacks).
         exact: objective used to re-evaluate the rounded candidates (default ``objective``).
-        polish: budget of exact evaluations for a final derivative-free refinement of the
-            best rounded design (coordinate pattern search, :func:`_pattern_search`), for
-            knobs whose gradient carries little information (buffer sizes: the tile search
-            only changes at feasibility cliffs). 0 = off.
+        options: :class:`CodesignOptions` — ``optimizer``, ``learning_rate``, ``n_starts``,
+            ``seed`` and the ``polish`` budget.
 
     Returns:
         :class:`CodesignResult`.
@@ -258,6 +276,7 @@ def codesign(objective: Callable[[dict], Any], init: Mapping[str, float],
         ValueError: bad bounds, init or options (naming the knob); in a ``jax.distributed``
             job, arguments that differ between processes.
     """
+    optimizer, learning_rate, n_starts, seed, polish = options
     distributed.check_same("codesign", dict(
         objective=objective, init=dict(init), bounds=dict(bounds), steps=steps,
         optimizer=optimizer, learning_rate=learning_rate, n_starts=n_starts, seed=seed,

@@ -280,7 +280,7 @@ def sensitivities(form: Mapping, body: Mapping | None = None) -> dict:
     if q.phase == "train":
         x = jm.explain_train(*q.args, **q.kwargs)
     else:
-        x = jm.explain_serve(*q.args, **q.kwargs)
+        x = jm.explain_serve(*q.args[:3], jm.InferenceOptions(*q.args[3:]), **q.kwargs)
     t = x.table
     metrics = {}
     for m, value in x.metrics.items():

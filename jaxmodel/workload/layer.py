@@ -189,9 +189,9 @@ def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, back
     m = seq_len * sh.group
     rows = batch * sh.heads * seq_len
     if flash_static is True:
-        fa_rows = _attention.flash_attention_rows(dev, batch, sh.heads, seq_len, kv_seq,
-                                                  sh.head_dim, sh.kv_heads, flash, dtype_bytes,
-                                                  backward, share_kv)
+        fa_rows = _attention.flash_attention_rows(dev, _attention.AttentionShape(
+            batch, sh.heads, seq_len, kv_seq, sh.head_dim, sh.kv_heads), _attention.AttentionKernel(
+            version=flash, dtype_bytes=dtype_bytes), backward, share_kv)
         return {}, dict(fa_rows)
     if flash_static is False:
         sm = _ops.softmax_latency.single(dev, rows, kv_seq, overhead=True)
@@ -206,9 +206,9 @@ def attention_core(dev, sh: Shard, batch, seq_len, kv_seq, dtype_bytes=2.0, back
     sm = _ops.softmax_latency.single(dev, rows, kv_seq, overhead=True)
     sm_b = (_elementwise(dev, rows * kv_seq, 3.0 * dtype_bytes, 4.0) if backward
             else jnp.zeros_like(sm))
-    fa_rows = _attention.flash_attention_rows(dev, batch, sh.heads, seq_len, kv_seq,
-                                              sh.head_dim, sh.kv_heads, flash, dtype_bytes,
-                                              backward, share_kv)
+    fa_rows = _attention.flash_attention_rows(dev, _attention.AttentionShape(
+        batch, sh.heads, seq_len, kv_seq, sh.head_dim, sh.kv_heads), _attention.AttentionKernel(
+        version=flash, dtype_bytes=dtype_bytes), backward, share_kv)
     vectors = {"softmax": (jnp.where(fa, fa_rows["softmax"][0], sm),
                            jnp.where(fa, fa_rows["softmax"][1], sm_b))}
     for row in ("qk", "av"):
@@ -321,7 +321,7 @@ def layer_graph(dev, model: Model, par: Parallelism, batch, seq_len, kv_seq, tra
     else:
         # dense FFN, or the share-weighted mix with the MoE FFN (dropless when serving)
         ffn_g, ffn_v = _moe.ffn_rows(dev, model, par, sh, tokens, dtype_bytes, training,
-                                     dropless=not training)
+                                     _moe.ExpertDispatch(dropless=not training))
     # RMSNorm and rotary embeddings: the gated-FFN (Llama / Gemma / Qwen / Mistral) families
     llama = model.is_gated > 0.5
     ln = layernorm(dev, sh, par, tokens, dtype_bytes, training, rms=llama)

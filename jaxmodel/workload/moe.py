@@ -65,6 +65,8 @@ Units: seconds, bytes, counts.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax.numpy as jnp
 
 from jaxmodel import comm as _comm
@@ -78,7 +80,7 @@ from jaxmodel.workload import ffn as _ffn
 from jaxmodel.workload.params import expert_params, expert_tp, n_moe_layers
 
 __all__ = ["MOE_OPS", "moe_layer_fraction", "expert_capacity", "moe_dims",
-           "moe_feasibility", "grouped_gemm", "grouped_extra_output", "ffn_rows", "alltoall_time", "expert_params_per_device",
+           "moe_feasibility", "grouped_gemm", "grouped_extra_output", "ExpertDispatch", "ffn_rows", "alltoall_time", "expert_params_per_device",
            "moe_activation_bytes", "moe_layer_times", "node_limited_alltoall", "node_limit",
            "alltoall_times",
            "dualpipe_overlap", "norm_upproj_activation_bytes"]
@@ -208,17 +210,32 @@ def grouped_extra_output(dev, groups, m, n, dtype_bytes=2.0):
     return nx.safe_div(extra, dev.mem_bw * eff, fill=jnp.inf)
 
 
+class ExpertDispatch(NamedTuple):
+    """How the routed experts of an MoE layer receive and run their tokens (static choices).
+
+    Attributes:
+        dropless: no capacity factor, every routed token is computed (:func:`moe_dims`;
+            serving), else the capacity-padded slots of training.
+        grouped: the routed experts of a projection as one grouped GEMM kernel
+            (:func:`grouped_gemm`) instead of one kernel per expert; ``None`` = ``dropless``.
+    """
+
+    dropless: bool = False
+    grouped: bool | None = None
+
+
 def ffn_rows(dev, model: Model, par: Parallelism, sh, tokens, dtype_bytes=2.0, backward=False,
-             dropless=False, grouped=None):
+             dispatch: ExpertDispatch = ExpertDispatch()):
     """FFN rows of one average layer: the dense FFN weighted ``1 − f``, the MoE FFN ``f``.
 
     Drop-in replacement of :func:`jaxmodel.workload.ffn.ffn_block` (same return format,
     ``(gemm_rows, vector_rows)``, counts may be arrays) adding the ``moe_router`` row. For a
-    dense model ``f = 0`` and the rows equal ``ffn_block``'s exactly. ``grouped`` (static;
-    None = ``dropless``): the routed experts of a projection as one grouped GEMM kernel
-    (:func:`grouped_gemm`) instead of one kernel per expert.
+    dense model ``f = 0`` and the rows equal ``ffn_block``'s exactly. ``dispatch``
+    (:class:`ExpertDispatch`): dropless routing, and the routed experts as one grouped GEMM
+    kernel or one kernel per expert.
     """
-    grouped = dropless if grouped is None else bool(grouped)
+    dropless = dispatch.dropless
+    grouped = dropless if dispatch.grouped is None else bool(dispatch.grouped)
     f = moe_layer_fraction(model)
     dense_g, dense_v = _ffn.ffn_block(dev, model, sh, tokens, dtype_bytes, backward)
     dims = moe_dims(model, par, tokens, dtype_bytes, dropless)

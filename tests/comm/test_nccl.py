@@ -553,7 +553,7 @@ def test_nccl_218_tuner_runs_nvls_at_1mib():
     time is the same either way."""
     lvl = hw_db.system("dgx_h100").levels[0]
     old = dataclasses.replace(lvl, nccl_nvls_latency=nccl.NVLS_TUNER_LATENCY["2.17-2.18"])
-    static = dict(ops=("all_reduce",), topology="switch", in_network=True, nccl_tier=0.0)
+    static = dict(ops=("all_reduce",), static=coll.TierStatic("switch", True, 0.0))
 
     def pick(t):
         a = int(jnp.argmin(t[2]))

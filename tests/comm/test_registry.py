@@ -65,8 +65,7 @@ def test_toy_algorithm_through_the_registry():
         assert coll.ALGORITHMS == coll.ALGORITHM_CODES[2:]      # the import-time names stay
         # static topology, no in-network reduction, not an NCCL tier: less to trace eagerly
         t, app, ok = coll.level_algorithm_times(lvl, 8.0, N, ops=("all_reduce",),
-                                                topology="switch", in_network=False,
-                                                nccl_tier=-1.0)
+                                                static=coll.TierStatic("switch", False, -1.0))
         t, app = t["all_reduce"], app["all_reduce"]
         assert t.shape == (4, 7) and bool(app[6])
         want = 2 * L + DR + N / (10 * B)                         # lat + bwt (no chunk latency)
@@ -102,7 +101,7 @@ def test_registry_order_gives_the_table_columns():
                       switch_latency=DR, flit_bytes=1.0, header_bytes=0.0,
                       max_payload_bytes=1e12)
     t, app, _ = algs.level_algorithm_times(lvl, 4.0, N, ops=("reduce_scatter",),
-                                           topology="ring", nccl_tier=-1.0)
+                                           static=algs.TierStatic("ring", nccl_tier=-1.0))
     names = algs.algorithm_names()
     a = dict(zip(names, np.asarray(app["reduce_scatter"])))
     assert a == {"ring": True, "halving_doubling": True, "direct": True, "2d": False,

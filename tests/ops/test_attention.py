@@ -16,6 +16,7 @@ import pytest
 
 import jaxmodel as jm  # noqa: F401  (import before hw_db)
 import hw_db
+from jaxmodel.ops.attention import AttentionKernel
 from jaxmodel.ops.systolic import systolic_cycles
 
 FA = jm.flash_attention_latency.single          # eager single-configuration bodies
@@ -35,7 +36,8 @@ def tiny(toy):
 def test_fa1_forward_by_hand(tiny):
     N, d, w = 64.0, 16.0, 2.0
     small_l2 = dataclasses.replace(tiny, global_buffer_bytes=4000.0)
-    rs = [FA(dev, 1.0, 1.0, N, N, d, causal=0.0, version=1.0) for dev in (tiny, small_l2)]
+    rs = [FA(dev, 1.0, 1.0, N, N, d, kernel=AttentionKernel(causal=0.0, version=1.0))
+          for dev in (tiny, small_l2)]
     r = {k: jnp.stack([rs[0][k], rs[1][k]]) for k in rs[0]}
     bc, br = 32.0, 16.0                               # B_c = M/(4·d·w), B_r = min(B_c, d)
     assert np.asarray(r["block_cols"]).tolist() == [bc, bc]
@@ -73,7 +75,8 @@ def test_fa1_forward_by_hand(tiny):
 
 
 def test_causal_mask_skips_blocks(tiny):
-    full, causal = (FA(tiny, 1.0, 1.0, 64.0, 64.0, 16.0, causal=c, version=1.0)
+    full, causal = (FA(tiny, 1.0, 1.0, 64.0, 64.0, 16.0,
+                       kernel=AttentionKernel(causal=c, version=1.0))
                     for c in (0.0, 1.0))
     # f = 1 − (N − B_c)/(2N) = 1 − 32/128 = 0.75 of the block pairs run
     assert float(causal["gemm"] / full["gemm"]) == pytest.approx(0.75)
@@ -92,7 +95,7 @@ def sweep():
     """GPT-2-like attention core (b = 8, h = 12, d = 64) over the context length: FA through
     the public batched API (one compilation), standard attention eagerly."""
     both = jm.flash_attention_latency(A100, 8.0, 12.0, NS[None, :], NS[None, :], 64.0,
-                                      version=jnp.asarray([[1.0], [2.0]]))
+                                      kernel=AttentionKernel(version=jnp.asarray([[1.0], [2.0]])))
     fa = {v: {k: x[i] for k, x in both.items()} for i, v in enumerate((1.0, 2.0))}
     per_n = [SA(A100, 8.0, 12.0, n, n, 64.0) for n in NS]
     std = {k: jnp.stack([r[k] for r in per_n]) for k in per_n[0]}
@@ -133,7 +136,8 @@ def test_microbenchmark_anchors(anchors):
             if r["gpu"] == "A100" and r["benchmark"].startswith("attention")}
     dev = hw_db.device("a100_80gb")
     flops = 4 * 2 * 32 * 8192.0 ** 2 * 64
-    fa = FA(dev, 2.0, 32.0, 8192.0, 8192.0, 64.0, causal=0.0, version=2.0)
+    fa = FA(dev, 2.0, 32.0, 8192.0, 8192.0, 64.0,
+            kernel=AttentionKernel(causal=0.0, version=2.0))
     sd = SA(dev, 2.0, 32.0, 8192.0, 8192.0, 64.0)
     fa_tf = flops / float(fa["fwd"]) / 1e12
     sd_tf = flops / float(sd["fwd"]) / 1e12
@@ -147,7 +151,8 @@ def test_microbenchmark_anchors(anchors):
 def test_decode_reads_the_kv_cache_once_per_kv_head():
     # one new token against 4096 cached ones; 32 query heads, 8 (GQA) or 32 (MHA) KV heads
     kvh = np.asarray([8.0, 32.0])
-    rs = [FA(A100, 4.0, 32.0, 1.0, 4096.0, 128.0, kv_heads=k, version=2.0) for k in kvh]
+    rs = [FA(A100, 4.0, 32.0, 1.0, 4096.0, 128.0, kv_heads=k,
+             kernel=AttentionKernel(version=2.0)) for k in kvh]
     r = {k: jnp.stack([x[k] for x in rs]) for k in rs[0]}
     cache = 2 * 4 * kvh * 4096 * 128 * 2
     q_o = 2 * 4 * 32 * 128 * 2
@@ -164,7 +169,7 @@ def test_decode_reads_the_kv_cache_once_per_kv_head():
 # --------------------------------------------------------------------------------------------
 def test_vmap_matches_single_calls(sweep):
     fa, _ = sweep
-    one = FA(A100, 8.0, 12.0, 2048.0, 2048.0, 64.0, version=2.0)
+    one = FA(A100, 8.0, 12.0, 2048.0, 2048.0, 64.0, kernel=AttentionKernel(version=2.0))
     for k in ("fwd", "bwd", "hbm_bytes"):
         assert float(fa[2.0][k][1]) == pytest.approx(float(one[k]), rel=1e-12), k
 
@@ -172,7 +177,7 @@ def test_vmap_matches_single_calls(sweep):
 def test_gradient_matches_finite_differences_and_invalid_inputs_are_inf():
     def t(bw, heads):
         dev = dataclasses.replace(A100, mem_bw=bw)
-        return FA(dev, 4.0, heads, 1.0, 4096.0, 128.0, 8.0, 1.0, 0.0, 2.0)
+        return FA(dev, 4.0, heads, 1.0, 4096.0, 128.0, 8.0, AttentionKernel(1.0, 0.0, 2.0))
 
     bw = 1.555e12
     g = jax.grad(lambda x: t(x, 32.0)["fwd"])(bw)
@@ -210,7 +215,7 @@ def test_layer_rows_with_flash_attention():
     assert rows["softmax"][0] == pytest.approx(float(sm), rel=1e-9)
     # FA: the fused kernel's forward time spread over the same rows
     for i, v in ((1, 1.0), (2, 2.0)):
-        r = FA(dev, 8.0, 12.0, 1024.0, 1024.0, 64.0, version=v)
+        r = FA(dev, 8.0, 12.0, 1024.0, 1024.0, 64.0, kernel=AttentionKernel(version=v))
         core = rows["qk"][i] + rows["softmax"][i] + rows["av"][i]
         assert core == pytest.approx(float(r["fwd"]), rel=1e-9)
     assert (rows["qk"][1:] + rows["softmax"][1:] + rows["av"][1:]

@@ -14,13 +14,14 @@ import pytest
 import jaxmodel as jm  # noqa: F401,I001  (wires hw_db up)
 import hw_db
 from jaxmodel.ops import flash_attention_latency
+from jaxmodel.ops.attention import AttentionKernel
 
 HEADS, KV_HEADS, SEQ, HEAD_DIM = 8.0, 1.0, 8192.0, 128.0   # Llama-3-70B, one of 8 TP ranks
 
 
 def per_sequence(dev, batch, version, dtype=jnp.float32):
     r = flash_attention_latency(dev, jnp.asarray(batch, dtype), HEADS, SEQ, SEQ, HEAD_DIM,
-                                KV_HEADS, causal=1.0, version=version)
+                                KV_HEADS, AttentionKernel(causal=1.0, version=version))
     return float(r["total"]) / batch
 
 
@@ -62,7 +63,7 @@ def test_fa2_gqa_backward_parallel_per_query_head(dtype):
 
     def run(kv_heads):
         return flash_attention_latency(dev, one, HEADS, SEQ, SEQ, HEAD_DIM, kv_heads,
-                                       causal=1.0, version=2.0)
+                                       AttentionKernel(causal=1.0, version=2.0))
     gqa, mha = run(KV_HEADS), run(HEADS)
     assert float(gqa["gemm_bwd"]) == pytest.approx(float(mha["gemm_bwd"]), rel=1e-6)
     assert float(gqa["flops_bwd"]) == pytest.approx(float(mha["flops_bwd"]), rel=1e-6)

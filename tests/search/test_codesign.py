@@ -20,7 +20,7 @@ def convex(p):
 @pytest.mark.parametrize("optimizer", ["adam", "lbfgs"])
 def test_convex_objective_reaches_optimum(optimizer):
     res = jm.codesign(convex, {"bw": 1.5e11, "cores": 10, "buf": 5e5}, BOUNDS, steps=150,
-                      optimizer=optimizer)
+                      options=jm.CodesignOptions(optimizer=optimizer))
     c = res.continuous_params
     assert c["bw"] == pytest.approx(2e12, rel=1e-3)
     assert c["cores"] == pytest.approx(100.4, rel=1e-3)
@@ -39,7 +39,7 @@ def test_integer_rounding_reevaluates_exactly():
         return convex(p)
 
     res = jm.codesign(convex, {"bw": 1e12, "cores": 64}, BOUNDS, steps=200,
-                      integer=("cores",), n_starts=3, exact=exact)
+                      integer=("cores",), exact=exact, options=jm.CodesignOptions(n_starts=3))
     assert res.params["cores"] == 100.0
     assert res.value == pytest.approx(float(convex({k: jnp.asarray(v) for k, v in
                                                     res.params.items()})), rel=1e-6)
@@ -60,7 +60,8 @@ def test_multistart_escapes_a_bad_basin():
         return jnp.minimum((z - 1.0) ** 2 + 0.5, 4.0 * (z - 3.0) ** 2)
 
     one = jm.codesign(f, {"x": 5.0}, {"x": (1.0, 1e4)}, steps=100)
-    many = jm.codesign(f, {"x": 5.0}, {"x": (1.0, 1e4)}, steps=100, n_starts=8, seed=1)
+    many = jm.codesign(f, {"x": 5.0}, {"x": (1.0, 1e4)}, steps=100,
+                       options=jm.CodesignOptions(n_starts=8, seed=1))
     assert one.continuous_params["x"] == pytest.approx(10.0, rel=1e-2)
     assert many.continuous_params["x"] == pytest.approx(1000.0, rel=1e-2)
     assert many.value < one.value
@@ -83,7 +84,7 @@ def test_infeasible_region_gives_finite_iterates():
     ({"x": (1.0, 2.0)}, {"y": 1.0}, {}, "y"),
     ({"x": (1.0, 2.0)}, {"x": -1.0}, {}, "x"),
     ({"x": (1.0, 2.0)}, {}, {"integer": ("z",)}, "z"),
-    ({"x": (1.0, 2.0)}, {}, {"optimizer": "sgd"}, "sgd"),
+    ({"x": (1.0, 2.0)}, {}, {"options": jm.CodesignOptions(optimizer="sgd")}, "sgd"),
 ])
 def test_bad_arguments(bounds, init, kw, match):
     with pytest.raises(ValueError, match=match):
@@ -99,7 +100,7 @@ def test_polish_refines_a_flat_gradient_knob():
     plain = jm.codesign(f, {"x": 2.0, "y": 1.0}, {"x": (1.0, 1e3), "y": (0.1, 100.0)},
                         steps=50)
     polished = jm.codesign(f, {"x": 2.0, "y": 1.0}, {"x": (1.0, 1e3), "y": (0.1, 100.0)},
-                           steps=50, polish=60)
+                           steps=50, options=jm.CodesignOptions(polish=60))
     assert plain.params["x"] == pytest.approx(2.0)       # gradient 0: x never moves
     assert 32.0 <= polished.params["x"] < 64.0
     assert polished.value < plain.value

@@ -129,8 +129,8 @@ def test_sweep_blocks_and_padding(dev):
     # 7·5·3 = 105 points in blocks of 8 (last block padded): same as one block.
     spec = {"dev.mem_bw": np.linspace(1e11, 3e12, 7), "par.tp": [1, 2, 4, 8, 16],
             "m": [1, 64, 4096]}
-    a = jm.sweep(roofline, dev, 1.0, 8192, 8192, jm.Parallelism(), grid=spec, chunk=4, block=8,
-                 progress=False)
+    a = jm.sweep(roofline, dev, 1.0, 8192, 8192, jm.Parallelism(), grid=spec, chunk=4,
+                 sweep_options=jm.SweepOptions(block=8), progress=False)
     b = jm.sweep(roofline, dev, 1.0, 8192, 8192, jm.Parallelism(), grid=spec, progress=False)
     assert a.attrs["n_blocks"] == 14 and b.attrs["n_blocks"] == 1
     pd.testing.assert_frame_equal(a, b)
@@ -145,13 +145,14 @@ def test_sweep_progress_bar_and_quiet(dev, capsys, monkeypatch):
     process.set_quiet(None)
     spec = {"dev.mem_bw": np.linspace(1e11, 3e12, 7), "par.tp": [1, 2, 4, 8, 16]}
     args = (roofline, dev, 64.0, 8192, 8192, jm.Parallelism())
-    shown = jm.sweep(*args, grid=spec, chunk=4, block=8)
+    shown = jm.sweep(*args, grid=spec, chunk=4, sweep_options=jm.SweepOptions(block=8))
     err = capsys.readouterr().err
     assert "sweep roofline" in err and re.search(r"35(\.0)?/35(\.0)? ", err)
     monkeypatch.setenv("JAXMODEL_QUIET", "1")
-    quiet = jm.sweep(*args, grid=spec, chunk=4, block=8)
+    quiet = jm.sweep(*args, grid=spec, chunk=4, sweep_options=jm.SweepOptions(block=8))
     monkeypatch.delenv("JAXMODEL_QUIET")
-    off = jm.sweep(*args, grid=spec, chunk=4, block=8, progress=False)
+    off = jm.sweep(*args, grid=spec, chunk=4, sweep_options=jm.SweepOptions(block=8),
+                   progress=False)
     assert capsys.readouterr().err == ""
     pd.testing.assert_frame_equal(shown, quiet)
     pd.testing.assert_frame_equal(shown, off)
@@ -167,7 +168,8 @@ _SHARDED = textwrap.dedent("""
     spec = {{"dev.mem_bw": np.linspace(1e11, 3e12, 7), "par.tp": [1, 2, 4, 8, 16],
             "m": [1, 64, 4096]}}
     df = jm.sweep(roofline, hw_db.device("a100_80gb"), 1.0, 8192, 8192, jm.Parallelism(),
-                  grid=spec, chunk=4, block=8, progress=False)
+                  grid=spec, chunk=4, sweep_options=jm.SweepOptions(block=8),
+                  progress=False)
     df.to_pickle(sys.argv[1])
 """)
 

@@ -283,8 +283,9 @@ def test_serving_rows_grouped_one_launch_training_loop():
         return jnp.ones_like(m_)          # 1 s per kernel: counts the launches
 
     T = 64.0                              # every one of the 8 experts active
-    g, v = moe.ffn_rows(dev, m, par, sh, T, dropless=True)
-    gl, vl = moe.ffn_rows(dev, m, par, sh, T, dropless=True, grouped=False)
+    g, v = moe.ffn_rows(dev, m, par, sh, T, dispatch=moe.ExpertDispatch(dropless=True))
+    gl, vl = moe.ffn_rows(dev, m, par, sh, T,
+                          dispatch=moe.ExpertDispatch(dropless=True, grouped=False))
     n_exp = float(moe.moe_dims(m, par, T, dropless=True)["experts"])
     assert n_exp == pytest.approx(8.0)
     rg = wl.evaluate(launches, dev, g, {})
@@ -337,7 +338,8 @@ def _grouped_ffn_time(tokens, gemm=roof_gemm):
     m = gpt_moe(moe_every=1)                       # every layer MoE: f = 1
     par = jm.Parallelism(tp=2)
     dev = NODE.device
-    g, v = moe.ffn_rows(dev, m, par, wl.shard(m, par), tokens, dropless=True)
+    g, v = moe.ffn_rows(dev, m, par, wl.shard(m, par), tokens,
+                        dispatch=moe.ExpertDispatch(dropless=True))
     r = wl.evaluate(gemm, dev, g, v)
     return r["w1"][0] + r["w2"][0]
 
