@@ -157,6 +157,22 @@ def add_xla_flags(options: dict, accept=None) -> None:
         os.environ["XLA_FLAGS"] = " ".join([flags, *add]).strip()
 
 
+@contextlib.contextmanager
+def inlined_jits():
+    """Inside a traced function: nested ``jax.jit`` calls (the ``jax.numpy`` and ``lax``
+    helpers are jitted functions) run as plain Python on the tracers, so their primitives
+    enter the enclosing graph directly instead of as ``pjit`` equations. The computation is
+    the same (XLA inlines those calls before optimising; the model's cost tables come out
+    bit-identical), but under nested ``vmap`` s each ``pjit`` equation is re-batched at every
+    level (``jax._src.pjit._pjit_batcher`` re-traces its inner graph) — most of the tracing
+    time of the inference graph (JAX 0.10). ``jax.disable_jit`` is the switch (thread-local);
+    it would run ``lax.scan`` / ``fori_loop`` bodies as unrolled Python loops, so
+    :func:`map_points` keeps its own ``lax.map`` / ``shard_map`` jitted and use it only
+    around bodies without loops of their own."""
+    with jax.disable_jit():
+        yield
+
+
 class jit_leaves:
     """``fn`` jitted with :func:`split_leaves` (static leaves — names, flags, functions —
     baked in; numeric leaves as arguments, in the float dtype when ``cast``) and compiled
@@ -165,14 +181,20 @@ class jit_leaves:
     compile). ``compile(*args, **kwargs)`` lowers and compiles without running (numeric
     leaves may be :class:`jax.ShapeDtypeStruct`), filling the cache that the next call with
     the same shapes uses; it may run on another thread (XLA releases the GIL while
-    compiling). ``cache_size()``: executables compiled so far."""
+    compiling). ``cache_size()``: executables compiled so far.
 
-    def __init__(self, fn: Callable, cast: bool = True, compiler_options: dict | None = None):
+    ``inline``: trace ``fn``'s body under :func:`inlined_jits` (the jitted ``jax.numpy``
+    helpers inside enter the graph as their primitives: the same computation, traced and
+    lowered in less time where the body nests ``vmap`` s; see there)."""
+
+    def __init__(self, fn: Callable, cast: bool = True, compiler_options: dict | None = None,
+                 inline: bool = False):
         self.cast = cast
 
         def flat(dynamic, treedef, static):
             args, kwargs = join_leaves(dynamic, treedef, static)
-            return fn(*args, **kwargs)
+            with inlined_jits() if inline else contextlib.nullcontext():
+                return fn(*args, **kwargs)
         # compilations (logs, jax.monitoring events) carry fn's name
         flat.__name__ = flat.__qualname__ = getattr(fn, "__name__", "fn")
         names = ("treedef", "static")
@@ -263,15 +285,26 @@ def map_points(fn: Callable, xs, *, chunk: int = DEFAULT_CHUNK, mesh: Mesh | Non
     width = min(chunk, per_dev)
     per_dev = -(-per_dev // width) * width
 
+    inline = bool(jax.config.jax_disable_jit)    # under inlined_jits: the caller's setting
+
+    def as_caller(f):
+        def g(x):
+            with jax.disable_jit(inline):
+                return f(x)
+        return g
+
     def local(x):
         if per_dev <= width:
             return jax.vmap(fn)(x)
-        return jax.lax.map(fn, x, batch_size=width)
+        # a chunked map stays a loop (inlined_jits would unroll it); its body as the caller's
+        with jax.disable_jit(False):
+            return jax.lax.map(as_caller(fn), x, batch_size=width)
 
     padded = pad_to_multiple(xs, per_dev * n_dev)
     if n_dev > 1:
-        out = jax.shard_map(local, mesh=mesh, in_specs=(P(AXIS),), out_specs=P(AXIS),
-                            check_vma=False)(padded)
+        with jax.disable_jit(False):
+            out = jax.shard_map(as_caller(local), mesh=mesh, in_specs=(P(AXIS),),
+                                out_specs=P(AXIS), check_vma=False)(padded)
     else:
         out = local(padded)
     if per_dev * n_dev == n:
