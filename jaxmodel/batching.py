@@ -227,8 +227,46 @@ class jit_leaves:
         kw = self._split(args, kwargs)
         return self._with(lambda f: f.lower(**kw).compile())
 
+    def compile_async(self, *args, **kwargs) -> "_Compiling":
+        """:meth:`compile` split in two: traced and lowered here (Python: one thread at a
+        time), compiled on a background thread (XLA releases the GIL), so the caller can
+        trace its next graph meanwhile. ``.join()`` on the result waits and re-raises a
+        compile error (an option this XLA does not know: the next call compiles plainly)."""
+        kw = self._split(args, kwargs)
+        if self.use_tuned is None:
+            self.use_tuned = jax.default_backend() == "cpu"
+        tuned = self.use_tuned
+        lowered = (self.tuned if tuned else self.plain).lower(**kw)
+        return _Compiling(self, lowered.compile, tuned)
+
     def cache_size(self) -> int:
         return self.plain._cache_size() + self.tuned._cache_size()
+
+
+class _Compiling(threading.Thread):
+    """:meth:`jit_leaves.compile_async`'s background compilation."""
+
+    def __init__(self, owner: jit_leaves, work: Callable, tuned: bool):
+        super().__init__(daemon=True, name="jit_leaves-compile")
+        self.owner, self.work, self.tuned, self.error = owner, work, tuned, None
+        self.start()
+
+    def run(self):
+        try:
+            self.work()
+        except BaseException as e:      # re-raised in the caller's thread by join()
+            self.error = e
+
+    def join(self, timeout=None):
+        super().join(timeout)
+        e = self.error
+        if e is None:
+            return
+        if self.tuned and isinstance(e, jax.errors.JaxRuntimeError) and \
+                "compile option" in str(e):
+            self.owner.use_tuned = False
+            return
+        raise e
 
 
 def _float_dtype():

@@ -58,6 +58,20 @@ def test_jit_matches_plain_jit_and_falls_back_on_unknown_options():
         y = g(ones)
     assert c.n == 0
     np.testing.assert_array_equal(y, 2.0 * np.ones(5))
+    # traced here, compiled on a thread: join() waits, the call then compiles nothing
+    h = jit_leaves(lambda y: y * 3.0, inline=True)
+    with Compiles() as c:
+        h.compile_async(jax.ShapeDtypeStruct((5,), jnp.result_type(float))).join()
+    assert c.n == 1
+    with Compiles() as c:
+        y = h(ones)
+    assert c.n == 0
+    np.testing.assert_array_equal(y, 3.0 * np.ones(5))
+    # an option this XLA does not know: join() falls back, the call compiles plainly
+    bogus = jit_leaves(f, compiler_options={"xla_no_such_option_anywhere": True})
+    bogus.compile_async(x, flag=True).join()
+    assert bogus.use_tuned is False
+    np.testing.assert_array_equal(bogus(x, flag=True), want)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +80,7 @@ def searched():
     model = hw_db.model("llama3.2-1b")
     # fresh jits: nothing compiled for them by an earlier search in this process
     saved = ss._tables_jit, ss._evaluate_jit
-    ss._tables_jit = jit_leaves(srv._serving_costs)
+    ss._tables_jit = jit_leaves(srv._serving_costs, inline=True)
     ss._evaluate_jit = jit_leaves(ss._evaluate, cast=False)
     try:
         with Compiles() as c:
