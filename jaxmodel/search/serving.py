@@ -32,7 +32,9 @@ state of the aggregated and of the disaggregated rows. Stage 2 needs only the sh
 tables, so the graphs are traced one after the other on the caller's thread (tracing is
 Python: one thread at a time) and each compiles on a thread of its own as soon as it is
 lowered (XLA releases the GIL while compiling): stage 2 traces while stage 1 compiles, and
-the compilations run side by side. Stage 1 is traced with the ``jax.numpy`` helpers' jits
+the compilations run side by side. Stage 1 runs in parts of its rows, one per core, side by
+side with one executable (XLA:CPU evaluates its biggest fusion, the tables' GEMM tile
+searches, on one core). Stage 1 is traced with the ``jax.numpy`` helpers' jits
 inlined (:func:`jaxmodel.batching.inlined_jits`: the same graph, about 40 % less tracing
 and lowering under its nested ``vmap`` s). On the CPU backend
 (:class:`jaxmodel.batching.jit_leaves`) stage 1, which runs once on tens of rows, compiles with
@@ -54,8 +56,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import jax
@@ -86,6 +90,8 @@ PRECISIONS = ("bf16", "fp8")
 RUNTIMES = ("pytorch", "trtllm", "vllm")
 PP = (1, 2, 4, 8)
 ROW_CHUNK = 8192
+#: Most parts the cost tables are evaluated in side by side (:func:`_table_parts`).
+MAX_TABLE_PARTS = 4
 
 
 def _default_tp(system: System) -> list[int]:
@@ -471,15 +477,16 @@ def _run_stages(system, model, tables_in, rows, lengths, limits, progress):
             jobs.append(({k: np.asarray(v[share], dtype=f) for k, v in r.items()}, flag))
             keeps.append(keep)
     # the name is a static pytree field: without it, models of one family share the
-    # executable within a process
-    args = (system, dataclasses.replace(model, name=""), par, *lengths,
-            _srv.Engine(prec_b, rt_b, variant_of(model, par, system), spec_b))
+    # executable within a process; the variant of every table (one graph for all parts)
+    model_s, variant = dataclasses.replace(model, name=""), variant_of(model, par, system)
+    parts = [(system, model_s, p, *lengths, _srv.Engine(pr, rt, variant, sp))
+             for p, pr, rt, sp in _table_parts((par, prec_b, rt_b, spec_b), n_tables)]
     with _process.stage("search_serving: cost tables", show_after=shown) as st:
-        tables_built = _tables_jit.compile_async(*args)
+        tables_built = _tables_jit.compile_async(*parts[0])
         later = [_evaluate_jit.compile_async(_table_struct(n_tables), r, system, *lengths,
                                              *limits, disagg=flag) for r, flag in jobs]
         tables_built.join()
-        table = jax.block_until_ready(_tables_jit(*args))
+        table = _run_parts(_tables_jit, parts, n_tables)
         st["note"] = f"{n_tables} tables × {len(_srv.TOKEN_GRID)} batch sizes"
     timings = {"cost_tables_s": st["wall_s"]}
     with _process.stage("search_serving: steady state", show_after=shown) as st:
@@ -492,6 +499,40 @@ def _run_stages(system, model, tables_in, rows, lengths, limits, progress):
         st["note"] = f"{sum(len(r['k']) for r in rows):,} configurations"
     timings["steady_state_s"] = st["wall_s"]
     return res, table, timings
+
+
+def _host_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _table_parts(stacked, n_rows: int) -> list:
+    """``stacked`` (a pytree whose non-scalar leaves carry ``n_rows`` rows) cut into
+    consecutive parts of one size, one per host core (at most :data:`MAX_TABLE_PARTS`), the
+    last one padded by repeating the final row: :func:`_run_parts` evaluates them side by
+    side with one executable. One part on a single core or a single row."""
+    n_parts = max(1, min(MAX_TABLE_PARTS, _host_cores(), n_rows))
+    size = -(-n_rows // n_parts)
+    idx = np.minimum(np.arange(n_parts * size), n_rows - 1).reshape(n_parts, size)
+    return [jax.tree_util.tree_map(lambda x, i=i: np.asarray(x)[i] if jnp.ndim(x) else x,
+                                   stacked) for i in idx]
+
+
+def _run_parts(jitted, parts: list, n_rows: int):
+    """``jitted(*part)`` of every part of :func:`_table_parts`, each on a thread of its own
+    (XLA:CPU runs the stage-1 graph's biggest fusion, the GEMM tile searches of every table,
+    on one core; executions release the GIL), concatenated back to ``n_rows`` rows as numpy.
+    The rows are independent: the same numbers as one call on all of them."""
+    if len(parts) == 1:
+        outs = [jax.block_until_ready(jitted(*parts[0]))]
+    else:
+        with ThreadPoolExecutor(len(parts), thread_name_prefix="search_serving") as pool:
+            outs = list(pool.map(lambda a: jax.block_until_ready(jitted(*a)), parts))
+    return jax.tree_util.tree_map(
+        lambda *xs: np.concatenate([np.asarray(x) for x in xs])[:n_rows], *outs)
 
 
 def _offline_per_table(table, par, rts, isl, osl):

@@ -74,6 +74,19 @@ def test_jit_matches_plain_jit_and_falls_back_on_unknown_options():
     np.testing.assert_array_equal(bogus(x, flag=True), want)
 
 
+def test_table_parts_run_side_by_side_and_come_back_in_order(monkeypatch):
+    monkeypatch.setattr(ss, "_host_cores", lambda: 3)
+    stacked = (jnp.arange(7.0), {"b": jnp.arange(7.0) * 10.0, "s": 2.0}, None)
+    parts = ss._table_parts(stacked, 7)
+    assert len(parts) == 3 and all(p[0].shape == (3,) for p in parts)
+    np.testing.assert_array_equal(parts[2][0], [6.0, 6.0, 6.0])    # padded with the last row
+    assert parts[1][1]["s"] == 2.0 and parts[0][2] is None
+    f = jax.jit(lambda a, d, _: {"y": a + d["b"] * d["s"]})
+    np.testing.assert_array_equal(ss._run_parts(f, parts, 7)["y"], np.arange(7.0) * 21.0)
+    monkeypatch.setattr(ss, "_host_cores", lambda: 1)
+    assert len(ss._table_parts(stacked, 7)) == 1
+
+
 @pytest.fixture(scope="module")
 def searched():
     system = hw_db.system("hgx_a100_4gpu")
