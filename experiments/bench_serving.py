@@ -8,7 +8,8 @@ tokens/s per GPU against tokens/s per user under a TTFT and a TPOT limit.
 
 Prints, per model: configurations, wall time (one fresh process, compile included; the two
 stages — cost tables, steady state — separately), the process CPU time (all threads), the
-XLA compilations (count, those over 1 s, seconds), configurations/s, the machine load, the
+XLA compilations (count, those over 1 s, seconds), the tracing, lowering and compile seconds
+of every graph taking over half a second (``graphs_s``; cumulative over the process), configurations/s, the machine load, the
 persistent compilation cache state, and the front with the best aggregated and the best
 disaggregated deployment. Writes ``experiments/out/bench_serving_<model>.csv`` (the front)
 and ``.png`` (every deployment meeting the limits, aggregated vs disaggregated).
@@ -39,11 +40,20 @@ import hw_db  # noqa: E402
 import jax  # noqa: E402
 
 _COMPILES: list[float] = []     # seconds of every XLA compilation of this process
+#: seconds of tracing, lowering and compiling per jitted function (JAX's monitoring events)
+_PHASES = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+           "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+           "/jax/core/compile/backend_compile_duration": "compile"}
+_BY_FUNCTION: dict = {}
 
 
-def _on_event(name, secs, **_):
+def _on_event(name, secs, fun_name="", **_):
     if name == "/jax/core/compile/backend_compile_duration":
         _COMPILES.append(secs)
+    if name in _PHASES:
+        fn = fun_name.removeprefix("jit(").removesuffix(")")
+        phases = _BY_FUNCTION.setdefault(fn, {})
+        phases[_PHASES[name]] = phases.get(_PHASES[name], 0.0) + secs
 
 
 jax.monitoring.register_event_duration_secs_listener(_on_event)
@@ -93,6 +103,9 @@ def run(model_name: str, system_name: str = "dgx_h100", options: dict | None = N
         "xla_compilations": {"count": len(compiles),
                              "over_1s": sum(1 for c in compiles if c > 1.0),
                              "seconds": round(sum(compiles), 1)},
+        # wall seconds per graph (the compilations run on threads, side by side)
+        "graphs_s": {fn: {k: round(v, 2) for k, v in ph.items()}
+                     for fn, ph in _BY_FUNCTION.items() if sum(ph.values()) > 0.5},
         "n_feasible": df.attrs["n_feasible"],
         "n_meeting_slo": df.attrs["n_meeting_slo"], "front_size": int(len(front)),
         "best": {m: None if b is None else {k: b[k] for k in cols} for m, b in best.items()},

@@ -60,7 +60,7 @@ RANKS = {
     "jaxmodel.tech_tables": 0, "jaxmodel.anchors": 0,
     "jaxmodel.precisions": 0.5, "jaxmodel.speculative": 0.5, "jaxmodel.recipes": 0.6,
     "jaxmodel.serving_runtime": 0,
-    "jaxmodel.batching": 1, "jaxmodel.distributed": 1,
+    "jaxmodel.batching": 1, "jaxmodel.jitting": 1, "jaxmodel.distributed": 1,
     "jaxmodel.ops": 2, "jaxmodel.comm": 2,
     "hw_db": 0.1, "hw_db._toml": 0,
     "jaxmodel.parallel.plan": 2.7, "jaxmodel.parallel.pipeline": 2.7,

@@ -446,3 +446,30 @@ def test_split_and_join_leaves_round_trip():
     assert d.shape == (4,) and d.dtype == jnp.result_type(float)
     (d,), _, _ = split_leaves((s,), cast=False)
     assert d is s
+
+
+def test_inlined_jits_same_graph_values_and_chunked_map_stays_a_loop():
+    """jit_leaves(inline=True): no pjit equations left by the jitted jnp helpers, the same
+    numbers as the plain trace (nested vmaps), and map_points' chunked lax.map stays one
+    scan (inlined_jits must not unroll it) with its body inlined."""
+    from jaxmodel.batching import inlined_jits, jit_leaves, map_points
+
+    def body(x):
+        def inner(y):
+            return jnp.where(y > 2.0, jnp.clip(y, 0.0, 5.0) * x["a"], jnp.maximum(y, x["b"]))
+        return {"t": jnp.sum(jax.vmap(inner)(jnp.arange(4.0) + x["b"]))}
+
+    xs = _rows(13)
+    for chunk in (4, 64):
+        def outer(x, chunk=chunk):
+            return map_points(body, x, chunk=chunk)
+        plain = jit_leaves(outer)(xs)
+        inline = jit_leaves(outer, inline=True)(xs)
+        np.testing.assert_array_equal(np.asarray(inline["t"]), np.asarray(plain["t"]))
+
+        def traced(x):
+            with inlined_jits():
+                return outer(x)
+        jaxpr = str(jax.make_jaxpr(traced)(xs))
+        assert "pjit" not in jaxpr
+        assert jaxpr.count("scan[") == (1 if chunk == 4 else 0)

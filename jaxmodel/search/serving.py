@@ -29,9 +29,15 @@ Two batched stages, as :func:`jaxmodel.search_parallelism` de-duplicates its sta
 
 A search compiles four executables: the cost tables, their offline column and the steady
 state of the aggregated and of the disaggregated rows. Stage 2 needs only the shapes of the
-tables, so it is traced and compiled on a second thread while stage 1 runs (XLA releases the
-GIL while compiling). On the CPU backend (:class:`jaxmodel.batching.jit_leaves`) stage 1,
-which runs once on tens of rows, compiles with
+tables, so the graphs are traced one after the other on the caller's thread (tracing is
+Python: one thread at a time) and each compiles on a thread of its own as soon as it is
+lowered (XLA releases the GIL while compiling): stage 2 traces while stage 1 compiles, and
+the compilations run side by side. Stage 1 runs in parts of its rows, one per core, side by
+side with one executable (XLA:CPU evaluates its biggest fusion, the tables' GEMM tile
+searches, on one core). Stage 1 is traced with the ``jax.numpy`` helpers' jits
+inlined (:func:`jaxmodel.batching.inlined_jits`: the same graph, about 40 % less tracing
+and lowering under its nested ``vmap`` s). On the CPU backend
+(:class:`jaxmodel.batching.jit_leaves`) stage 1, which runs once on tens of rows, compiles with
 :data:`jaxmodel.batching.ONE_SHOT_COMPILE_OPTIONS` (LLVM level 0: about half the compile time
 of its graph, the same numbers to float rounding) and stage 2, which runs on 10⁵ rows, with
 :data:`jaxmodel.batching.CPU_COMPILE_OPTIONS`. Most of a cold search is the tracing and XLA
@@ -50,9 +56,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import os
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import jax
@@ -83,6 +90,8 @@ PRECISIONS = ("bf16", "fp8")
 RUNTIMES = ("pytorch", "trtllm", "vllm")
 PP = (1, 2, 4, 8)
 ROW_CHUNK = 8192
+#: Most parts the cost tables are evaluated in side by side (:func:`_table_parts`).
+MAX_TABLE_PARTS = 4
 
 
 def _default_tp(system: System) -> list[int]:
@@ -128,8 +137,10 @@ def _evaluate(table, rows, system, isl, osl, ttft_slo, tpot_slo, disagg: bool):
 #: (and :data:`_offline_jit`, the offline column of the same rows): run once per search,
 #: so compiled with :data:`jaxmodel.batching.ONE_SHOT_COMPILE_OPTIONS` on the CPU backend
 #: (XLA's HLO passes unchanged, LLVM level 0: the inference graph with its GEMM tile
-#: searches compiles in less time; the same numbers to float rounding).
-_tables_jit = jit_leaves(_srv._serving_costs, compiler_options=ONE_SHOT_COMPILE_OPTIONS)
+#: searches compiles in less time; the same numbers to float rounding), traced with the
+#: jitted jax.numpy helpers inlined (no loops inside: :func:`jaxmodel.batching.inlined_jits`).
+_tables_jit = jit_leaves(_srv._serving_costs, compiler_options=ONE_SHOT_COMPILE_OPTIONS,
+                         inline=True)
 #: Stage 2: the steady state of 10⁵ rows (run on many rows: the default optimisation level).
 _evaluate_jit = jit_leaves(_evaluate, cast=False)
 
@@ -143,28 +154,6 @@ def _table_struct(n_rows: int) -> _srv.ServingCosts:
     return _srv.ServingCosts(**{name: jax.ShapeDtypeStruct(
         (n_rows, len(_srv.TOKEN_GRID)) if name in grid else (n_rows,), dtype.get(name, f))
         for name in _srv.ServingCosts.__dataclass_fields__})
-
-
-class _Prefetch:
-    """``fn()`` on a background thread (started at once); ``join()`` waits for it and
-    re-raises its exception."""
-
-    def __init__(self, fn):
-        self.error = None
-
-        def run():
-            try:
-                fn()
-            except BaseException as e:      # re-raised in the caller's thread
-                self.error = e
-        self.thread = threading.Thread(target=run, name="search_serving-compile",
-                                       daemon=True)
-        self.thread.start()
-
-    def join(self):
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -470,32 +459,39 @@ def _table_inputs(keys, n, precs, rts):
 def _run_stages(system, model, tables_in, rows, lengths, limits, progress):
     """Stage 1 (the cost tables of ``tables_in`` = the stacked plans, precisions,
     runtimes and speculative options) and stage 2 (the steady state of ``rows`` = (aggregated, disaggregated) at
-    ``lengths`` = (isl, osl) under ``limits`` = (TTFT, TPOT)), stage 2 compiled on a second
-    thread while stage 1 runs; each process evaluates its share of the rows. Returns
-    ``(results, table, timings)``."""
+    ``lengths`` = (isl, osl) under ``limits`` = (TTFT, TPOT)); each process evaluates its
+    share of the rows. Returns ``(results, table, timings)``.
+
+    The graphs are traced one after the other on this thread and each compiles on a thread
+    of its own as soon as it is lowered (:meth:`jaxmodel.batching.jit_leaves.compile_async`):
+    stage 2 and the offline column need only the tables' shapes, so they trace while stage 1
+    compiles, and the compilations (which release the GIL) run side by side."""
     shown = None if progress else math.inf
     par, prec_b, rt_b, spec_b = tables_in
     n_tables = int(np.shape(par.tp)[0])
-    f = jnp.result_type(float)
+    f = np.dtype(jnp.result_type(float))
     jobs, keeps = [], []
     for r, flag in zip(rows, (False, True)):
         if len(r["k"]):
             share, keep = distributed.local_rows(len(r["k"]))
-            jobs.append(({k: jnp.asarray(v[share], f) for k, v in r.items()}, flag))
+            jobs.append(({k: np.asarray(v[share], dtype=f) for k, v in r.items()}, flag))
             keeps.append(keep)
-    prefetch = _Prefetch(lambda: [_evaluate_jit.compile(
-        _table_struct(n_tables), r, system, *lengths, *limits, disagg=flag)
-        for r, flag in jobs])
+    # the name is a static pytree field: without it, models of one family share the
+    # executable within a process; the variant of every table (one graph for all parts)
+    model_s, variant = dataclasses.replace(model, name=""), variant_of(model, par, system)
+    parts = [(system, model_s, p, *lengths, _srv.Engine(pr, rt, variant, sp))
+             for p, pr, rt, sp in _table_parts((par, prec_b, rt_b, spec_b), n_tables)]
     with _process.stage("search_serving: cost tables", show_after=shown) as st:
-        # the name is a static pytree field: without it, models of one family share the
-        # executable within a process
-        table = _tables_jit(system, dataclasses.replace(model, name=""), par, *lengths,
-                            _srv.Engine(prec_b, rt_b, variant_of(model, par, system), spec_b))
-        table = jax.block_until_ready(table)
+        tables_built = _tables_jit.compile_async(*parts[0])
+        later = [_evaluate_jit.compile_async(_table_struct(n_tables), r, system, *lengths,
+                                             *limits, disagg=flag) for r, flag in jobs]
+        tables_built.join()
+        table = _run_parts(_tables_jit, parts, n_tables)
         st["note"] = f"{n_tables} tables × {len(_srv.TOKEN_GRID)} batch sizes"
     timings = {"cost_tables_s": st["wall_s"]}
     with _process.stage("search_serving: steady state", show_after=shown) as st:
-        prefetch.join()
+        for built in later:
+            built.join()
         res = [_evaluate_jit(table, r, system, *lengths, *limits, disagg=flag)
                for r, flag in jobs]
         res = [distributed.gather_rows(jax.tree_util.tree_map(lambda x: np.asarray(x)[:k], r))
@@ -503,6 +499,40 @@ def _run_stages(system, model, tables_in, rows, lengths, limits, progress):
         st["note"] = f"{sum(len(r['k']) for r in rows):,} configurations"
     timings["steady_state_s"] = st["wall_s"]
     return res, table, timings
+
+
+def _host_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _table_parts(stacked, n_rows: int) -> list:
+    """``stacked`` (a pytree whose non-scalar leaves carry ``n_rows`` rows) cut into
+    consecutive parts of one size, one per host core (at most :data:`MAX_TABLE_PARTS`), the
+    last one padded by repeating the final row: :func:`_run_parts` evaluates them side by
+    side with one executable. One part on a single core or a single row."""
+    n_parts = max(1, min(MAX_TABLE_PARTS, _host_cores(), n_rows))
+    size = -(-n_rows // n_parts)
+    idx = np.minimum(np.arange(n_parts * size), n_rows - 1).reshape(n_parts, size)
+    return [jax.tree_util.tree_map(lambda x, i=i: np.asarray(x)[i] if jnp.ndim(x) else x,
+                                   stacked) for i in idx]
+
+
+def _run_parts(jitted, parts: list, n_rows: int):
+    """``jitted(*part)`` of every part of :func:`_table_parts`, each on a thread of its own
+    (XLA:CPU runs the stage-1 graph's biggest fusion, the GEMM tile searches of every table,
+    on one core; executions release the GIL), concatenated back to ``n_rows`` rows as numpy.
+    The rows are independent: the same numbers as one call on all of them."""
+    if len(parts) == 1:
+        outs = [jax.block_until_ready(jitted(*parts[0]))]
+    else:
+        with ThreadPoolExecutor(len(parts), thread_name_prefix="search_serving") as pool:
+            outs = list(pool.map(lambda a: jax.block_until_ready(jitted(*a)), parts))
+    return jax.tree_util.tree_map(
+        lambda *xs: np.concatenate([np.asarray(x) for x in xs])[:n_rows], *outs)
 
 
 def _offline_per_table(table, par, rts, isl, osl):

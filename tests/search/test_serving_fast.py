@@ -58,6 +58,33 @@ def test_jit_matches_plain_jit_and_falls_back_on_unknown_options():
         y = g(ones)
     assert c.n == 0
     np.testing.assert_array_equal(y, 2.0 * np.ones(5))
+    # traced here, compiled on a thread: join() waits, the call then compiles nothing
+    h = jit_leaves(lambda y: y * 3.0, inline=True)
+    with Compiles() as c:
+        h.compile_async(jax.ShapeDtypeStruct((5,), jnp.result_type(float))).join()
+    assert c.n == 1
+    with Compiles() as c:
+        y = h(ones)
+    assert c.n == 0
+    np.testing.assert_array_equal(y, 3.0 * np.ones(5))
+    # an option this XLA does not know: join() falls back, the call compiles plainly
+    bogus = jit_leaves(f, compiler_options={"xla_no_such_option_anywhere": True})
+    bogus.compile_async(x, flag=True).join()
+    assert bogus.use_tuned is False
+    np.testing.assert_array_equal(bogus(x, flag=True), want)
+
+
+def test_table_parts_run_side_by_side_and_come_back_in_order(monkeypatch):
+    monkeypatch.setattr(ss, "_host_cores", lambda: 3)
+    stacked = (jnp.arange(7.0), {"b": jnp.arange(7.0) * 10.0, "s": 2.0}, None)
+    parts = ss._table_parts(stacked, 7)
+    assert len(parts) == 3 and all(p[0].shape == (3,) for p in parts)
+    np.testing.assert_array_equal(parts[2][0], [6.0, 6.0, 6.0])    # padded with the last row
+    assert parts[1][1]["s"] == 2.0 and parts[0][2] is None
+    f = jax.jit(lambda a, d, _: {"y": a + d["b"] * d["s"]})
+    np.testing.assert_array_equal(ss._run_parts(f, parts, 7)["y"], np.arange(7.0) * 21.0)
+    monkeypatch.setattr(ss, "_host_cores", lambda: 1)
+    assert len(ss._table_parts(stacked, 7)) == 1
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +93,7 @@ def searched():
     model = hw_db.model("llama3.2-1b")
     # fresh jits: nothing compiled for them by an earlier search in this process
     saved = ss._tables_jit, ss._evaluate_jit
-    ss._tables_jit = jit_leaves(srv._serving_costs)
+    ss._tables_jit = jit_leaves(srv._serving_costs, inline=True)
     ss._evaluate_jit = jit_leaves(ss._evaluate, cast=False)
     try:
         with Compiles() as c:
