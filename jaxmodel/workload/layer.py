@@ -80,7 +80,8 @@ from jaxmodel import precisions as _prec
 # the building blocks, the embedding / LM head / loss and the Megatron-LM 2021 kernels live
 # in their own modules; their names stay importable from here
 from jaxmodel.workload.blocks import (  # noqa: F401
-    ANY, GemmFn, Shard, Variant, _gemm_entries, default_gemm, evaluate, layer_checks, layer_feasibility,
+    ANY, GemmFn, Shard, Variant, _gemm_entries, default_gemm, evaluate, evaluate_with,
+    layer_checks, layer_feasibility,
     quantize_times, raise_if_invalid, shard, tp_collective, tp_syncs, variant_of,
     zero3_calls_flag)
 from jaxmodel.workload.embedding import (embedding_single, embedding_times,  # noqa: F401
