@@ -276,12 +276,12 @@ def evaluate(gemm, dev, gemm_rows, vector_rows, backward=False, *, precision=Non
         shapes: optional static shapes of the GEMMs (:func:`static_gemm_shapes`): each GEMM
             timed once per distinct shape by a search pruned to it.
     """
-    return evaluate_with(gemm, dev, gemm_rows, vector_rows, backward, precision=precision,
-                         attn_word=attn_word, shapes=shapes)[0]
+    return _evaluate(gemm, dev, (gemm_rows, vector_rows, None), backward,
+                     (precision, attn_word, shapes))[0]
 
 
-def evaluate_with(gemm, dev, gemm_rows, vector_rows, backward=False, *, precision=None,
-                  attn_word=None, shapes=None, forward_rows=None):
+def evaluate_with(gemm, dev, gemm_rows, vector_rows, forward_rows, backward=False, *,
+                  precision=None):
     """:func:`evaluate` and, in the same vmapped GEMM call, the forward-only rows
     ``forward_rows``: ``(rows, forward)`` with ``forward = {row: fwd_s}``.
 
@@ -292,8 +292,17 @@ def evaluate_with(gemm, dev, gemm_rows, vector_rows, backward=False, *, precisio
     ``backward``) its gradient GEMMs ``dA`` and ``dB`` — whose time is reused, not timed
     again. Each row sums ``count × seconds`` over its items in order, as :func:`evaluate`
     sums its rows (e.g. the split TP-overlap host GEMMs of a training layer and the whole
-    ones, :func:`jaxmodel.parallel.overlap.te_split_gemms`). Not with static ``shapes``.
+    ones, :func:`jaxmodel.parallel.overlap.te_split_gemms`).
     """
+    return _evaluate(gemm, dev, (gemm_rows, vector_rows, forward_rows), backward,
+                     (precision, None, None))
+
+
+def _evaluate(gemm, dev, rows, backward, options):
+    """:func:`evaluate_with` on ``rows = (gemm_rows, vector_rows, forward_rows)`` and
+    ``options = (precision, attn_word, shapes)``."""
+    gemm_rows, vector_rows, forward_rows = rows
+    precision, attn_word, shapes = options
     prec = _prec.resolve(precision)
     w_gemm = _prec.gemm_word(prec)
     w_attn = prec.act_bytes if attn_word is None else attn_word
@@ -304,8 +313,6 @@ def evaluate_with(gemm, dev, gemm_rows, vector_rows, backward=False, *, precisio
     extra = [g for items in forward_rows.values() for g, _ in items if isinstance(g, Gemm)]
     if any(g.batch is not None for g in extra):
         raise ValueError("evaluate_with: forward_rows hold weight GEMMs only (batch None)")
-    if extra and shapes is not None:
-        raise ValueError("evaluate_with: forward_rows cannot be timed with static shapes")
     st = _parse_shapes(shapes) if shapes is not None else None
     if st is not None and len(st) != len(plain) + len(multi):
         raise ValueError(f"{len(st)} static GEMM shapes for {len(plain) + len(multi)} GEMMs")
