@@ -134,6 +134,23 @@ def test_map_points_chunked_equals_unchunked_equals_loop(n, chunk):
         np.testing.assert_allclose(chunked[key], [r[key] for r in loop], rtol=1e-15, atol=0)
 
 
+def test_map_points_outputs_packed_by_dtype_come_back_as_returned():
+    """map_points writes a point's outputs as one array per dtype (numerics.packed_by_dtype):
+    the pytree, shapes, dtypes, weak types and values are those of the plain vmap."""
+    from jaxmodel.batching import map_points
+
+    def point(x):
+        return {"t": _point(x)["t"], "ok": x["a"] > 5.0, "code": (x["a"] > 3.0).astype(jnp.int32),
+                "v": jnp.stack([x["a"], x["b"]]), "weak": 2.0 * x["b"].astype(jnp.int32)}
+    xs = _rows(13)
+    got = jax.jit(lambda x: map_points(point, x, chunk=4))(xs)
+    want = jax.jit(jax.vmap(point))(xs)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert (g.shape, g.dtype, g.weak_type) == (w.shape, w.dtype, w.weak_type)
+        np.testing.assert_array_equal(g, w)
+
+
 def test_map_points_empty_batch():
     from jaxmodel.batching import map_points
     out = jax.jit(lambda x: map_points(_point, x, chunk=4))(_rows(0))

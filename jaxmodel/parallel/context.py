@@ -183,7 +183,7 @@ def context_flag(par) -> bool | None:
 
 
 _LAYER_OPTIONS = {"mode": RING, "balanced": 1.0, "channels": None, "gemm": None,
-                  "variant": _layer.ANY, "context": None}
+                  "variant": _layer.ANY, "context": None, "forward_rows": None}
 
 
 def cp_layer_times(system, model, par, micro_batch, seq_len, cp, precision=None, **options):
@@ -195,7 +195,10 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, precision=None,
     ``mode`` (:data:`RING` default, :data:`ALLGATHER`), ``balanced`` (1 = the 2·cp-chunk
     load balancing, 0 = a contiguous split: :func:`causal_imbalance`), ``channels`` (of the
     exchange, :func:`cp_attention_time`), and the static ``gemm`` (GEMM latency hook),
-    ``variant`` (:class:`jaxmodel.workload.layer.Variant`) and ``context`` (below).
+    ``variant`` (:class:`jaxmodel.workload.layer.Variant`) and ``context`` (below), and
+    ``forward_rows``: forward-only GEMM rows timed in the layer's own GEMM call
+    (:func:`jaxmodel.workload.blocks.evaluate_with`: GEMMs, or references to the layer's
+    GEMMs), returned under their names beside :data:`CP_LAYER_KEYS` (not masked).
 
     Returns:
         dict :data:`CP_LAYER_KEYS`: ``fwd``/``bwd`` compute incl. the CP attention with its
@@ -228,7 +231,15 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, precision=None,
     # s/cp × s call would take the short-query, long-key shape for a KV-cache decode kernel.
     gemms, vectors = _layer.layer_graph(dev, model, par, micro_batch, local, local,
                                         training=True, variant=variant, precision=prec)
-    rows = _layer.evaluate(gemm, dev, gemms, vectors, backward=True, precision=prec)
+    # DeepSeek-V3's recomputed up-projections timed with the layer's GEMMs
+    up = _layer.norm_upproj_rows(model, par, micro_batch * local)
+    fwd_rows = o["forward_rows"] or {}
+    if set(up) & set(fwd_rows):
+        raise ValueError(f"cp_layer_times: forward_rows {sorted(set(up) & set(fwd_rows))} "
+                         "clash with the layer's own")
+    rows, forward = _layer.evaluate_with(gemm, dev, gemms, vectors, backward=True,
+                                         precision=prec, forward_rows={**fwd_rows, **up})
+    t_up = forward.pop("norm_upproj")
     fwd_all = sum(a for a, _ in rows.values())
     bwd_all = sum(b for _, b in rows.values())
     attn_f = rows["qk"][0] + rows["softmax"][0] + rows["av"][0]
@@ -261,16 +272,19 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, precision=None,
     rc = par.recompute
     recompute = jnp.select([rc < 0.5, rc < 1.5, rc < 2.5],
                            [jnp.zeros_like(fwd), attn_core_fwd, fwd + comm + a2a],
-                           _layer.norm_upproj_recompute(gemm or _layer.default_gemm, dev,
-                                                        model, par, micro_batch * local, rows,
-                                                        prec))
+                           _layer.norm_upproj_recompute(gemm, dev, model, par,
+                                                        micro_batch * local, rows, prec, t_up))
     out = {"fwd": fwd, "bwd": bwd, "recompute": recompute, "tp_comm_fwd": comm,
            "tp_comm_bwd": comm, "ep_comm_fwd": a2a, "ep_comm_bwd": a2a_b,
            "cp_comm_fwd": attn["comm_fwd"], "cp_comm_bwd": attn["comm_bwd"],
            "cp_contention": attn["contention"]}
     ok, _ = _layer.layer_feasibility(model, par)
     ok = ok & attn["feasible"] & _prec.supported(dev, prec)
-    return {k: jnp.where(ok, v, jnp.inf) for k, v in out.items()}
+    out = {k: jnp.where(ok, v, jnp.inf) for k, v in out.items()}
+    if set(forward) & set(out):
+        raise ValueError(f"cp_layer_times: forward_rows {sorted(set(forward) & set(out))} "
+                         "clash with the layer's keys")
+    return {**out, **forward}
 
 
 def cp_activation_bytes(model, par, micro_batch, seq_len, cp, mode=RING, act_bytes=2.0,

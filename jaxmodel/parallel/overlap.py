@@ -421,6 +421,19 @@ def te_split_gemms(model, par, tokens):
     return out
 
 
+#: The whole TP-overlap host GEMMs of :func:`te_split_gemms` as entries of a training layer's
+#: GEMM rows (:func:`jaxmodel.workload.layer.layer_graph`, ``training=True``): ``(row,
+#: index, part)`` with part 0 the forward GEMM, 1 its input gradient ``dX = dY·Wᵀ``. The
+#: first entry of ``qkv`` and ``wo`` is the (fused) GQA projection and the first of ``w1``
+#: and ``w2`` the dense FFN in every variant but multi-head latent attention's (its
+#: projections are others), so a layer's evaluation can give these GEMMs' times to the
+#: split hosts' rows instead of timing them again
+#: (:func:`jaxmodel.workload.blocks.evaluate_with`).
+TE_SPLIT_WHOLE_ENTRIES = {"ag_fwd": (("qkv", 0, 0), ("w1", 0, 0)),
+                          "rs_fwd": (("wo", 0, 0), ("w2", 0, 0)),
+                          "ag_bwd": (("wo", 0, 1), ("w2", 0, 1))}
+
+
 def sp_regather_exposed(t_bwd, t_comm, ag_hosts, dev, comm_bytes=0.0):
     """Exposed time of the backward re-gathers of sequence parallelism: the column-parallel
     layers (QKV, FC1) keep only their sequence-sharded input for the backward and
@@ -585,7 +598,7 @@ def te_amax_sync_exposed(t_fwd_reduce, t_bwd_reduce, microbatches, interleave, p
 
 
 __all__ = ["overlapped_time", "pipelined_time", "bucketed_exposed", "te_tp_exposed",
-           "TPHosts", "te_split_gemms", "sp_regather_exposed",
+           "TPHosts", "te_split_gemms", "TE_SPLIT_WHOLE_ENTRIES", "sp_regather_exposed",
            "tp_eligible", "tp_host_fractions", "chunked_dp_exposed",
            "compute_rate", "sm_share", "ring_send_bytes", "comm_hbm_bytes", "mcore_buckets",
            "te_amax_sync_exposed",

@@ -39,6 +39,38 @@ STAGE_KEYS = ("fwd", "bwd", "recompute", "tp_comm_fwd", "tp_comm_bwd", "ep_comm_
               "tp_split_ag_bwd")
 LAYER_KEYS = STAGE_KEYS[:7]     # the transformer layer's (cp_layer_times)
 SPLIT_KEYS = STAGE_KEYS[-3:]    # the split TP-overlap hosts' extra time (tp_split_times)
+PART_KEYS = {"layer": LAYER_KEYS + SPLIT_KEYS,   # stage_times_single's two parts
+             "rest": tuple(k for k in STAGE_KEYS if k not in LAYER_KEYS + SPLIT_KEYS)}
+
+
+def tp_split_rows(model: Model, par: Parallelism, tokens, variant=_layer.ANY,
+                  whole_from_layer: bool = True):
+    """The forward-only GEMM rows of :func:`tp_split_times` for ``tokens`` rows
+    (``b·s/cp``), to be timed in the training layer's GEMM call
+    (:func:`jaxmodel.parallel.context.cp_layer_times`' ``forward_rows``,
+    :func:`jaxmodel.workload.blocks.evaluate_with`): the split chunks of
+    :func:`jaxmodel.parallel.overlap.te_split_gemms`, and the whole host GEMMs as references
+    to the layer's own entries (:data:`jaxmodel.parallel.overlap.TE_SPLIT_WHOLE_ENTRIES`,
+    timed once for both) where ``whole_from_layer`` and the static ``variant`` rules out
+    multi-head latent attention, else as GEMMs of their own. None where the variant has no
+    TP or no sequence parallelism (no overlap can run)."""
+    if variant.tp is False or variant.sp is False:
+        return None
+    rows = _ov.te_split_gemms(model, par, tokens)
+    if whole_from_layer and variant.mla is False:
+        rows.update({k: [(entry, 1.0) for entry in entries]
+                     for k, entries in _ov.TE_SPLIT_WHOLE_ENTRIES.items()})
+    return rows
+
+
+def tp_split_extra(timed: dict | None, tokens) -> dict:
+    """``{tp_split_ag_fwd, tp_split_rs_fwd, tp_split_ag_bwd}`` = split − whole, s, from the
+    forward seconds of :func:`tp_split_rows` (``timed``; None: 0 for ``tokens``' shape)."""
+    if timed is None:
+        zero = 0.0 * jnp.asarray(tokens, dtype=jnp.result_type(float))
+        return {k: zero for k in SPLIT_KEYS}
+    return {f"tp_split_{k}": timed[k + "_split"] - timed[k] for k in ("ag_fwd", "rs_fwd",
+                                                                      "ag_bwd")}
 
 
 def tp_split_times(dev, model: Model, par: Parallelism, tokens, gemm=None, precision=None,
@@ -51,14 +83,15 @@ def tp_split_times(dev, model: Model, par: Parallelism, tokens, gemm=None, preci
     ``{tp_split_ag_fwd, tp_split_rs_fwd, tp_split_ag_bwd}`` = split − whole, s, for
     ``tokens`` rows (``b·s/cp``). Paid only where the TP overlap runs
     (:func:`jaxmodel.parallel.overlap.te_tp_exposed`); 0 where the static ``variant`` has no
-    TP or no sequence parallelism (no overlap can run)."""
-    if variant.tp is False or variant.sp is False:
-        zero = 0.0 * jnp.asarray(tokens, dtype=jnp.result_type(float))
-        return {k: zero for k in SPLIT_KEYS}
-    rows = _ov.te_split_gemms(model, par, tokens)
-    t = _layer.evaluate(gemm or _layer.default_gemm, dev, rows, {}, precision=precision)
-    return {f"tp_split_{k}": t[k + "_split"][0] - t[k][0]
-            for k in ("ag_fwd", "rs_fwd", "ag_bwd")}
+    TP or no sequence parallelism (no overlap can run). On its own: the whole GEMMs timed
+    here too; :func:`stage_times_single` times the chunks in the layer's GEMM call and takes
+    the whole ones from the layer (:func:`tp_split_rows`), the same seconds."""
+    rows = tp_split_rows(model, par, tokens, variant, whole_from_layer=False)
+    if rows is None:
+        return tp_split_extra(None, tokens)
+    _, timed = _layer.evaluate_with(gemm or _layer.default_gemm, dev, {}, {},
+                                    precision=precision, forward_rows=rows)
+    return tp_split_extra(timed, tokens)
 
 
 def residual_dropout_times(dev, model: Model, par: Parallelism, micro_batch, seq_len,
@@ -175,9 +208,10 @@ def stage_times_single(system: System, model: Model, par: Parallelism, options: 
     are read. ``finetune`` (a :class:`jaxmodel.workload.finetune.LoRA`):
     :func:`_finetune_times`. ``statics``: the GEMM hook, the op-graph variant and the
     context-parallel switch. ``part`` (static; without ``finetune``): ``"layer"`` the keys of
-    the transformer layer (:data:`LAYER_KEYS`), ``"rest"`` the others, None all — the two
-    parts are separate graphs that compile in parallel
-    (:func:`jaxmodel.parallel.train.stage_times`)."""
+    the transformer layer (:data:`LAYER_KEYS`) and of its split TP-overlap hosts
+    (:data:`SPLIT_KEYS`, timed in the layer's GEMM call, :func:`tp_split_rows`), ``"rest"``
+    the others (:data:`PART_KEYS`), None all — the two parts are separate graphs that
+    compile in parallel (:func:`jaxmodel.parallel.train.stage_times`)."""
     if part not in (None, "layer", "rest") or part is not None and finetune is not None:
         raise ValueError(f"stage_times_single: part={part!r} (None, 'layer' or 'rest'; "
                          "None under fine-tuning)")
@@ -193,9 +227,12 @@ def stage_times_single(system: System, model: Model, par: Parallelism, options: 
     local = seq_len / cp
     out = {}
     if part != "rest":
+        split = tp_split_rows(model, par, b * local, variant)
         lt = _cx.cp_layer_times(system, model, par, b, seq_len, cp, gemm=gemm,
-                                precision=prec, variant=variant, context=statics.context)
+                                precision=prec, variant=variant, context=statics.context,
+                                forward_rows=split)
         out.update({k: lt[k] for k in LAYER_KEYS})
+        out.update(tp_split_extra(None if split is None else lt, b * local))
         if part == "layer":
             return out
     et = _layer.embedding_times.single(system, model, par, b, local, gemm=gemm,
@@ -220,7 +257,6 @@ def stage_times_single(system: System, model: Model, par: Parallelism, options: 
                    system.device, model, par, prec.weight_bytes), 0.0))
     out.update(emb_comm_fwd=et["comm_fwd"], emb_comm_bwd=et["comm_bwd"], rd_fwd=rd[0],
                rd_bwd=rd[1], rd_selective=rd[2])
-    out.update(tp_split_times(system.device, model, par, b * local, gemm, prec, variant))
     if finetune is not None:
         out = _finetune_times(system, model, par, seq_len, out, finetune, prec, statics)
     return out

@@ -276,19 +276,51 @@ def evaluate(gemm, dev, gemm_rows, vector_rows, backward=False, *, precision=Non
         shapes: optional static shapes of the GEMMs (:func:`static_gemm_shapes`): each GEMM
             timed once per distinct shape by a search pruned to it.
     """
+    return _evaluate(gemm, dev, (gemm_rows, vector_rows, None), backward,
+                     (precision, attn_word, shapes))[0]
+
+
+def evaluate_with(gemm, dev, gemm_rows, vector_rows, forward_rows, backward=False, *,
+                  precision=None):
+    """:func:`evaluate` and, in the same vmapped GEMM call, the forward-only rows
+    ``forward_rows``: ``(rows, forward)`` with ``forward = {row: fwd_s}``.
+
+    ``forward_rows`` is ``{row: [(item, count), ...]}``; an item is a weight :class:`Gemm`
+    (timed beside the layer's weight GEMMs, at their rate and word, forward only: no
+    gradient GEMMs, no quantisation kernels) or a reference ``(gemm_row, index, part)`` to
+    entry ``index`` of ``gemm_rows[gemm_row]`` — ``part`` 0 its forward GEMM, 1 and 2 (with
+    ``backward``) its gradient GEMMs ``dA`` and ``dB`` — whose time is reused, not timed
+    again. Each row sums ``count × seconds`` over its items in order, as :func:`evaluate`
+    sums its rows (e.g. the split TP-overlap host GEMMs of a training layer and the whole
+    ones, :func:`jaxmodel.parallel.overlap.te_split_gemms`).
+    """
+    return _evaluate(gemm, dev, (gemm_rows, vector_rows, forward_rows), backward,
+                     (precision, None, None))
+
+
+def _evaluate(gemm, dev, rows, backward, options):
+    """:func:`evaluate_with` on ``rows = (gemm_rows, vector_rows, forward_rows)`` and
+    ``options = (precision, attn_word, shapes)``."""
+    gemm_rows, vector_rows, forward_rows = rows
+    precision, attn_word, shapes = options
     prec = _prec.resolve(precision)
     w_gemm = _prec.gemm_word(prec)
     w_attn = prec.act_bytes if attn_word is None else attn_word
     dev_gemm = _prec.scaled_device(dev, prec.gemm_dtype)
     dev_attn = _prec.scaled_device(dev, prec.attn_dtype)
     plain, multi = _gemm_entries(gemm_rows, backward)
+    forward_rows = forward_rows or {}
+    extra = [g for items in forward_rows.values() for g, _ in items if isinstance(g, Gemm)]
+    if any(g.batch is not None for g in extra):
+        raise ValueError("evaluate_with: forward_rows hold weight GEMMs only (batch None)")
     st = _parse_shapes(shapes) if shapes is not None else None
     if st is not None and len(st) != len(plain) + len(multi):
         raise ValueError(f"{len(st)} static GEMM shapes for {len(plain) + len(multi)} GEMMs")
-    times = (_time_gemms(gemm, dev_gemm, [e[3] for e in plain], False, w_gemm,
-                         None if st is None else st[:len(plain)])
-             + _time_gemms(gemm, dev_attn, [e[3] for e in multi], True, w_attn,
-                           None if st is None else st[len(plain):]))
+    times = _time_gemms(gemm, dev_gemm, [e[3] for e in plain] + extra, False, w_gemm,
+                        None if st is None else st[:len(plain)])
+    times, t_extra = times[:len(plain)], times[len(plain):]
+    times = times + _time_gemms(gemm, dev_attn, [e[3] for e in multi], True, w_attn,
+                                None if st is None else st[len(plain):])
     out = {row: [0.0, 0.0] for row in gemm_rows}
     for (row, count, direction, _), t in zip(plain + multi, times):
         # counts may be arrays (MoE share, FlashAttention switch); a zero count adds exactly 0
@@ -299,7 +331,23 @@ def evaluate(gemm, dev, gemm_rows, vector_rows, backward=False, *, precision=Non
         out[row] = (jnp.asarray(gf + f), jnp.asarray(gb + b))
     if not (isinstance(prec.cast_bytes, (int, float)) and prec.cast_bytes == 0):
         out["quantize"] = quantize_times(dev, gemm_rows, prec, backward)
-    return out
+    if not forward_rows:
+        return out, {}
+    # the time of every (row, index, part) of gemm_rows, in _gemm_entries' order
+    keys = [(row, i, part) for row, items in gemm_rows.items()
+            for i, (g, _) in enumerate(items) for part in ((0, 1, 2) if backward else (0,))]
+    kinds = [g.batch is None for items in gemm_rows.values() for g, _ in items
+             for _ in ((0, 1, 2) if backward else (0,))]
+    order = ([k for k, p in zip(keys, kinds) if p] + [k for k, p in zip(keys, kinds) if not p])
+    by_key = dict(zip(order, times))
+    fresh = iter(t_extra)
+    forward = {}
+    for row, items in forward_rows.items():
+        f = 0.0
+        for item, count in items:
+            f = f + weighted(count, next(fresh) if isinstance(item, Gemm) else by_key[item])
+        forward[row] = jnp.asarray(f)
+    return out, forward
 
 def tp_collective(system: System, par: Parallelism, nbytes, variant: Variant = ANY):
     """One Megatron TP synchronisation point on a ``[b·s, d]`` activation of ``nbytes`` (s).

@@ -80,7 +80,8 @@ from jaxmodel import precisions as _prec
 # the building blocks, the embedding / LM head / loss and the Megatron-LM 2021 kernels live
 # in their own modules; their names stay importable from here
 from jaxmodel.workload.blocks import (  # noqa: F401
-    ANY, GemmFn, Shard, Variant, _gemm_entries, default_gemm, evaluate, layer_checks, layer_feasibility,
+    ANY, GemmFn, Shard, Variant, _gemm_entries, default_gemm, evaluate, evaluate_with,
+    layer_checks, layer_feasibility,
     quantize_times, raise_if_invalid, shard, tp_collective, tp_syncs, variant_of,
     zero3_calls_flag)
 from jaxmodel.workload.embedding import (embedding_single, embedding_times,  # noqa: F401
@@ -583,24 +584,34 @@ def _raise_if_cp(par):
 # --------------------------------------------------------------------------------------------
 # training layer
 # --------------------------------------------------------------------------------------------
+def norm_upproj_rows(model: Model, par: Parallelism, tokens):
+    """The MLA up-projection GEMMs DeepSeek-V3's recomputation repeats
+    (:func:`norm_upproj_recompute`) as one forward-only GEMM row ``{"norm_upproj": [(Gemm,
+    count), ...]}`` for ``tokens`` rows: the query up projection ``[T, d_c']×[d_c',
+    h/t·(d_h + d_h^R)]`` (when the queries are compressed) and the key/value up projection
+    ``[T, d_c]×[d_c, h/t·(d_h + d_v)]`` of :func:`mla_projections`, timed in the training
+    layer's own GEMM call (:func:`jaxmodel.workload.blocks.evaluate_with`)."""
+    qkv = mla_projections(model, shard(model, par), tokens)["qkv"]
+    return {"norm_upproj": [qkv[1], qkv[4]]}       # query up, key/value up
+
+
 def norm_upproj_recompute(gemm, dev, model: Model, par: Parallelism, tokens, rows,
-                          precision=None):
+                          precision=None, t_up=None):
     """Forward work DeepSeek-V3's recomputation repeats in one layer's backward, s.
 
     Source: DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024), §3.2.3 ("recomputing all
     RMSNorm operations and MLA up-projections during back-propagation") and §3.3.3 (the
     SwiGLU output recomputed from its cached input): the two layer norms (``rows``'
     ``layernorm_mha`` and ``layernorm_ffn`` forward times), the FFN activation (``act``) and
-    the MLA up-projections ``[T, d_c']×[d_c', h/t·(d_h + d_h^R)]`` (queries) and ``[T,
-    d_c]×[d_c, h/t·(d_h + d_v)]`` (keys and values) of :func:`mla_projections` (the GEMMs
-    of its ``qkv`` row after the down projections), timed by ``gemm`` in the precision's
-    GEMM type. ``rows``: the layer's evaluated rows (:func:`evaluate`). The latent norms of
-    MLA (``[T, d_c']`` and ``[T, d_c]``, a few percent of the main ones) are not counted.
+    the MLA up-projections (:func:`norm_upproj_rows`), timed by ``gemm`` in the precision's
+    GEMM type — or ``t_up``, their seconds already timed with the layer's GEMMs. ``rows``:
+    the layer's evaluated rows (:func:`evaluate`). The latent norms of MLA (``[T, d_c']``
+    and ``[T, d_c]``, a few percent of the main ones) are not counted.
     """
-    sh = shard(model, par)
-    qkv = mla_projections(model, sh, tokens)["qkv"]
-    up = {"qkv": [qkv[1], qkv[4]]}         # query up (when compressed), key/value up
-    t_up = evaluate(gemm, dev, up, {}, precision=precision)["qkv"][0]
+    if t_up is None:
+        _, up = evaluate_with(gemm, dev, {}, {}, precision=precision,
+                              forward_rows=norm_upproj_rows(model, par, tokens))
+        t_up = up["norm_upproj"]
     return (rows["layernorm_mha"][0] + rows["layernorm_ffn"][0] + rows["act"][0] + t_up)
 
 
@@ -615,7 +626,8 @@ def training_layer_single(system: System, model: Model, par: Parallelism, micro_
     dtype_bytes = prec.act_bytes
     gemms, vectors = layer_graph(dev, model, par, micro_batch, seq_len, seq_len,
                                  training=True, variant=variant, precision=prec)
-    rows = evaluate(gemm, dev, gemms, vectors, backward=True, precision=prec)
+    rows, up = evaluate_with(gemm, dev, gemms, vectors, backward=True, precision=prec,
+                             forward_rows=norm_upproj_rows(model, par, micro_batch * seq_len))
     fwd = sum(f for f, _ in rows.values())
     bwd = sum(b for _, b in rows.values())
     # FlashAttention stores no scores: nothing to recompute selectively (its backward
@@ -633,7 +645,7 @@ def training_layer_single(system: System, model: Model, par: Parallelism, micro_
     recompute = jnp.select([rc < 0.5, rc < 1.5, rc < 2.5],
                            [jnp.zeros_like(fwd), attn_core_fwd, fwd + comm_fwd + a2a],
                            norm_upproj_recompute(gemm, dev, model, par, micro_batch * seq_len,
-                                                 rows, prec))
+                                                 rows, prec, up["norm_upproj"]))
     out = {"fwd": fwd, "bwd": bwd, "recompute": recompute, "tp_comm_fwd": comm_fwd,
            "tp_comm_bwd": comm_bwd, "ep_comm_fwd": a2a, "ep_comm_bwd": a2a_b}
     ok, _ = layer_feasibility(model, par)

@@ -270,6 +270,28 @@ def test_te_split_gemms_shapes_by_hand():
     assert shapes("ag_bwd_split") == [(1024, 1536, 12288, 8), (1024, 6144, 12288, 8)]
 
 
+@pytest.mark.parametrize("name,tp", [("gpt3-175b", 8), ("llama3-70b", 4), ("mixtral-8x7b", 2)])
+def test_te_split_whole_entries_are_the_layers_host_gemms(name, tp):
+    """The whole hosts of te_split_gemms are the training layer's GEMMs that
+    TE_SPLIT_WHOLE_ENTRIES names (GQA, SwiGLU, MoE layers), so the layer's times serve both."""
+    import jaxmodel as jm
+    from jaxmodel.workload import layer as _layer
+    model, par = hw_db.model(name), jm.Parallelism(tp=tp, sp=True)
+    variant = _layer.variant_of(model, par)
+    assert variant.mla is False
+    # the GEMM shapes only (one small compiled call; the vector kernels' times are not used)
+    gemms = jax.jit(lambda d, m, p: _layer.layer_graph(d, m, p, 2.0, 2048.0, 2048.0,
+                                                       training=True, variant=variant)[0])(
+        hw_db.device("a100_80gb"), model, par)
+    rows = ov.te_split_gemms(model, par, 4096.0)
+    for key, entries in ov.TE_SPLIT_WHOLE_ENTRIES.items():
+        for (row, i, part), (whole, count) in zip(entries, rows[key], strict=True):
+            g = gemms[row][i][0]
+            got = g if part == 0 else _layer.Gemm(g.m, g.k, g.n, g.batch)   # dX = dY·Wᵀ
+            assert g.batch is None and float(count) == 1.0
+            assert [float(x) for x in got[:3]] == [float(x) for x in whole[:3]], (key, row)
+
+
 def test_tp_host_fractions_hand_values():
     m = dataclasses.replace(hw_db.model("gpt3-175b"))
     h, s = 12288.0, 2048.0
@@ -356,6 +378,16 @@ def test_tp_split_times_are_the_chunks_minus_the_whole_gemms():
     # no sequence parallelism in the static variant: nothing split, nothing traced
     zero = ts.tp_split_times(dev, model, par, 8192.0, variant=ts._layer.Variant(sp=False))
     assert all(float(v) == 0.0 for v in zero.values())
+    # the training step's stage times: the chunks timed in the layer's GEMM call, the whole
+    # hosts taken from the layer's own GEMMs — the same seconds, to the bit
+    system = jm.System(device=dev, levels=hw_db.system("dgx_a100").levels)
+    opts = ts.TrainOptions(None, 4096.0)
+    variant = ts._layer.variant_of(model, par, system)
+    layer = ts.stage_times_single(system, model, dataclasses.replace(par, micro_batch=2.0),
+                                  opts, statics=ts.TrainStatics(variant=variant), part="layer")
+    alone = ts.tp_split_times(dev, model, par, 8192.0, variant=variant)
+    for k in ts.SPLIT_KEYS:
+        assert float(layer[k]) == float(alone[k]) == float(got[k])
 
 
 def test_sp_regather_beside_the_input_gradient_gemms_by_hand(dev):
