@@ -321,6 +321,7 @@ def packed_by_dtype(fn):
 
     def point(x):
         leaves, box["tree"] = jax.tree_util.tree_flatten(fn(x))
+        leaves = [jnp.asarray(v) for v in leaves]      # Python scalars: weakly typed arrays
         box["keys"] = [(jnp.shape(v), "" if getattr(v, "weak_type", False) else str(v.dtype))
                        for v in leaves]
         flat = {}

@@ -141,14 +141,16 @@ def test_map_points_outputs_packed_by_dtype_come_back_as_returned():
 
     def point(x):
         return {"t": _point(x)["t"], "ok": x["a"] > 5.0, "code": (x["a"] > 3.0).astype(jnp.int32),
-                "v": jnp.stack([x["a"], x["b"]]), "weak": 2.0 * x["b"].astype(jnp.int32)}
+                "v": jnp.stack([x["a"], x["b"]]), "weak": 2.0 * x["b"].astype(jnp.int32),
+                "python": 0.0}                      # a Python scalar leaf, as vmap allows
     xs = _rows(13)
-    got = jax.jit(lambda x: map_points(point, x, chunk=4))(xs)
     want = jax.jit(jax.vmap(point))(xs)
-    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
-    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-        assert (g.shape, g.dtype, g.weak_type) == (w.shape, w.dtype, w.weak_type)
-        np.testing.assert_array_equal(g, w)
+    for chunk in (4, 64):                           # lax.map and plain vmap paths
+        got = jax.jit(lambda x: map_points(point, x, chunk=chunk))(xs)
+        assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            assert (g.shape, g.dtype, g.weak_type) == (w.shape, w.dtype, w.weak_type)
+            np.testing.assert_array_equal(g, w)
 
 
 def test_map_points_empty_batch():
