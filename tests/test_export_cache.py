@@ -195,6 +195,7 @@ def test_prefetched_executable_is_used_and_identical(export_dir, monkeypatch):
     assert loads == []            # the main thread loaded nothing (the prefetch did)
 
 
+@pytest.mark.slow                 # two fresh processes on several host devices (≈ 13 s)
 def test_sharded_call_stored_and_loaded_on_several_devices(tmp_path):
     """A batch sharded over several devices (shard_map) is stored and, in a second process,
     loaded for the same devices; both give the plain path's numbers."""

@@ -98,8 +98,14 @@ def test_calibration_file_needs_a_source_and_a_finite_value(tmp_path, monkeypatc
     assert rtp.calibration()["tensorrt_llm"]["context_layer_overhead_s"] > 0.0
 
 
-@pytest.mark.parametrize("m", [GPT, LLAMA], ids=["gpt", "llama"])
-@pytest.mark.parametrize("phase,s,kv", [("prefill", 256.0, 0.0), ("decode", 1.0, 700.0)])
+_SLOW = pytest.mark.slow       # the other two combinations: each model and phase still runs
+
+
+@pytest.mark.parametrize("m,phase,s,kv", [
+    pytest.param(GPT, "prefill", 256.0, 0.0, id="prefill-gpt"),
+    pytest.param(LLAMA, "decode", 1.0, 700.0, id="decode-llama"),
+    pytest.param(GPT, "decode", 1.0, 700.0, id="decode-gpt", marks=_SLOW),
+    pytest.param(LLAMA, "prefill", 256.0, 0.0, id="prefill-llama", marks=_SLOW)])
 def test_eager_runtime_branch_is_bit_identical_to_no_runtime(m, phase, s, kv):
     """The runtime branch evaluated with the eager (all-zero) profile as traced leaves gives
     exactly the results of the eager graph (``runtime=None``, the code path of "pytorch")."""
