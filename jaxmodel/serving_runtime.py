@@ -300,6 +300,14 @@ PERF_OVERVIEW_GRAPH_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024,
                                8192)
 
 
+def _round_up_ladder(x, floor, ladder, last_step):
+    """trtllm-bench's rounding of a raw setting: up to a multiple of the step of the first
+    ``(below, step)`` rung of ``ladder`` with ``x < below`` (``last_step`` beyond the last
+    rung), never under ``floor``."""
+    step = next((st for below, st in ladder if x < below), last_step)
+    return max(floor, step * math.ceil(x / step))
+
+
 def trtllm_bench_settings(checkpoint: dict, tp, pp, isl, osl, device_mem_bytes,
                           kv_fraction=0.9) -> dict[str, float]:
     """The scheduler settings ``trtllm-bench throughput`` (TensorRT-LLM v1.0, PyTorch backend)
@@ -363,18 +371,8 @@ def trtllm_bench_settings(checkpoint: dict, tp, pp, isl, osl, device_mem_bytes,
     requests = available * kv_fraction / (per_token * (isl + osl))
     raw_bs = min(requests, 4096.0) / pp
     raw_tokens = min(raw_bs * (1.0 + isl / osl), 32768.0)
-    if raw_bs < 256:
-        max_bs = max(64.0, 32.0 * math.ceil(raw_bs / 32.0))
-    elif raw_bs < 1024:
-        max_bs = 128.0 * math.ceil(raw_bs / 128.0)
-    else:
-        max_bs = 256.0 * math.ceil(raw_bs / 256.0)
-    if raw_tokens < 4096:
-        max_tokens = max(2048.0, 256.0 * math.ceil(raw_tokens / 256.0))
-    elif raw_tokens < 8192:
-        max_tokens = 512.0 * math.ceil(raw_tokens / 512.0)
-    else:
-        max_tokens = 1024.0 * math.ceil(raw_tokens / 1024.0)
+    max_bs = _round_up_ladder(raw_bs, 64.0, ((256.0, 32.0), (1024.0, 128.0)), 256.0)
+    max_tokens = _round_up_ladder(raw_tokens, 2048.0, ((4096.0, 256.0), (8192.0, 512.0)), 1024.0)
     max_tokens = max(max_tokens, isl + max_bs)
     bound = min(max_bs, max_tokens)
     graphs = [float(b) for b in PERF_OVERVIEW_GRAPH_BATCHES if b <= bound]

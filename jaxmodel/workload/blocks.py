@@ -244,15 +244,21 @@ def _gemm_entries(gemm_rows, backward):
     """The GEMMs :func:`evaluate` times, ``(plain, multi)``: lists of ``(row, count,
     direction, Gemm)`` for the weight GEMMs and the batched (attention) products, forward
     (direction 0) and, with ``backward``, the two gradient GEMMs (direction 1) of each."""
-    entries = []   # (row, count, direction, Gemm)
-    for row, items in gemm_rows.items():
-        for g, count in items:
-            entries.append((row, count, 0, g))
-            if backward:
-                for gb in _grads(g):
-                    entries.append((row, count, 1, gb))
+    entries = [e for _, e in _keyed_entries(gemm_rows, backward)]
     return ([e for e in entries if e[3].batch is None],
             [e for e in entries if e[3].batch is not None])
+
+
+def _keyed_entries(gemm_rows, backward):
+    """:func:`_gemm_entries`' entries in order, each with its key ``(row, index, part)``:
+    entry ``index`` of ``gemm_rows[row]``, ``part`` 0 its forward GEMM, 1, 2 its gradient
+    GEMMs (:func:`evaluate_with`'s references)."""
+    for row, items in gemm_rows.items():
+        for i, (g, count) in enumerate(items):
+            yield (row, i, 0), (row, count, 0, g)
+            if backward:
+                for part, gb in enumerate(_grads(g), start=1):
+                    yield (row, i, part), (row, count, 1, gb)
 
 
 def evaluate(gemm, dev, gemm_rows, vector_rows, backward=False, *, precision=None,
@@ -333,12 +339,10 @@ def _evaluate(gemm, dev, rows, backward, options):
         out["quantize"] = quantize_times(dev, gemm_rows, prec, backward)
     if not forward_rows:
         return out, {}
-    # the time of every (row, index, part) of gemm_rows, in _gemm_entries' order
-    keys = [(row, i, part) for row, items in gemm_rows.items()
-            for i, (g, _) in enumerate(items) for part in ((0, 1, 2) if backward else (0,))]
-    kinds = [g.batch is None for items in gemm_rows.values() for g, _ in items
-             for _ in ((0, 1, 2) if backward else (0,))]
-    order = ([k for k, p in zip(keys, kinds) if p] + [k for k, p in zip(keys, kinds) if not p])
+    # the time of every (row, index, part) of gemm_rows, in the order timed (plain, multi)
+    keyed = list(_keyed_entries(gemm_rows, backward))
+    order = ([k for k, e in keyed if e[3].batch is None]
+             + [k for k, e in keyed if e[3].batch is not None])
     by_key = dict(zip(order, times))
     fresh = iter(t_extra)
     forward = {}
