@@ -609,7 +609,7 @@ def norm_upproj_recompute(gemm, dev, model: Model, par: Parallelism, tokens, row
     and ``[T, d_c]``, a few percent of the main ones) are not counted.
     """
     if t_up is None:
-        _, up = evaluate_with(gemm, dev, {}, {}, precision=precision,
+        _, up = evaluate_with(gemm or default_gemm, dev, {}, {}, precision=precision,
                               forward_rows=norm_upproj_rows(model, par, tokens))
         t_up = up["norm_upproj"]
     return (rows["layernorm_mha"][0] + rows["layernorm_ffn"][0] + rows["act"][0] + t_up)
