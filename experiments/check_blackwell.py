@@ -52,7 +52,7 @@ def predict():
     row = {"mlperf_round": "v4.1"}        # FP8 parameters, blocking amax reductions
     rec, r = v30.predict(system, model, par, 2048, 2048, "fp8", dict(recipe=v30.MLPERF),
                          amax_s=v30.amax_sync_s(system, model, par, 2048, row),
-                         precision=v30.round_precision(row))
+                         precision=v30.round_precision(row), row=row)
     return r, rec["fp8_eval_overhead"]
 
 

@@ -76,8 +76,11 @@ sys.path.insert(0, str(ROOT))
 import jaxmodel as jm  # noqa: E402,I001  (imported before hw_db: the package wires hw_db up)
 import hw_db  # noqa: E402
 from common import OUT, anchor_dir  # noqa: E402
-from jaxmodel.parallel.overlap import te_amax_sync_exposed  # noqa: E402
+from jaxmodel.parallel.overlap import (forward_only_p2p_exposed,  # noqa: E402
+                                       te_amax_sync_exposed, te_weight_cast_time)
+from jaxmodel.parallel.pipeline import p2p_bytes  # noqa: E402
 from jaxmodel.parallel.train import stage_times  # noqa: E402
+from jaxmodel.workload.params import layer_params  # noqa: E402
 
 ANCHOR = anchor_dir("training") / "mlperf_v30_gpt3_175b_h100.csv"
 
@@ -110,6 +113,21 @@ TE_GEMMS_PER_LAYER = 4
 #: optimizer all-gathers in FP8 while keeping its fp32 shard (:func:`round_precision`)
 FP8_PARAMS_ROUNDS = ("v4.0", "v4.1")
 AMAX_FWD_PER_GEMM, AMAX_BWD_PER_GEMM = 3, 2
+#: Rounds whose NeMo casts every FP8 weight again at every evaluation micro-batch. NeMo 1.17
+#: (``v1.17.0_pt_23.04``, the v3.0 container) ``modules/common/megatron/transformer.py``
+#: passes ``is_first_microbatch=self.is_first_microbatch`` to the Transformer Engine layers
+#: and advances that flag only ``if torch.is_grad_enabled() and self.training``; it is True
+#: after the last micro-batch of every training step, so each evaluation forward runs with
+#: ``is_first_microbatch=True`` and Transformer Engine 0.8 re-casts the weights
+#: (``module.py``: ``cast_to_fp8`` without gradients). NeMo 1.20 (v3.1, ``bd0b818``) caches
+#: them at the first evaluation micro-batch only (``is_prev_microbatch_training and not
+#: self.training``), as do the later rounds.
+EVAL_RECAST_ROUNDS = ("v3.0",)
+#: Bytes per weight of Transformer Engine's cast at the first micro-batch of a training step
+#: (``fp8_cast_transpose_fused``: bf16 read, FP8 weight and FP8 transpose written) and of an
+#: evaluation forward (``cast_to_fp8``: no transpose); :func:`jaxmodel.parallel.overlap.
+#: te_weight_cast_time`
+CAST_TRANSPOSE_BYTES, CAST_BYTES = 4.0, 3.0
 
 
 def plan(row) -> tuple:
@@ -153,6 +171,52 @@ def amax_sync_s(system, model, par, global_batch, row) -> float:
     return float(te_amax_sync_exposed(t_f, t_b, m, v, pp))
 
 
+def _device_weights(model, par) -> tuple:
+    """The FP8 GEMM weights one device holds (its stage's layers over TP, all ``v`` chunks;
+    :func:`jaxmodel.workload.params.layer_params`, norms and biases included, < 0.01 %) and
+    the cast kernels they take (:data:`TE_GEMMS_PER_LAYER` per layer)."""
+    layers = float(model.n_layers) / float(par.pp)
+    return (float(layer_params(model)) * layers / float(par.tp),
+            TE_GEMMS_PER_LAYER * layers)
+
+
+def weight_cast_s(system, model, par, precision=None) -> float:
+    """Seconds per training step of Transformer Engine's FP8 weight casts at the first
+    micro-batch (``is_first_microbatch=True``, NeMo's ``transformer.py`` at every round):
+    each of the device's weights cast and transposed once per step
+    (:func:`jaxmodel.parallel.overlap.te_weight_cast_time`, :data:`CAST_TRANSPOSE_BYTES`),
+    on the critical path of the first forward of each chunk. Only for 16-bit parameters
+    (``precision`` None: the ``"fp8"`` preset's bf16 weights with a cached FP8 copy); the
+    rounds with FP8 parameters (:data:`FP8_PARAMS_ROUNDS`, :func:`round_precision`) get
+    their FP8 weights from the optimizer step and are given 0."""
+    if precision is not None and float(precision.weight_bytes) <= 1.0:
+        return 0.0
+    n, kernels = _device_weights(model, par)
+    return float(te_weight_cast_time(system.device, n, CAST_TRANSPOSE_BYTES, kernels))
+
+
+def eval_extra_s(system, model, par, global_batch, seq_len, row=None, fp8=True) -> float:
+    """Seconds per evaluation batch beyond the forward share of a training step: the
+    forward-only pass's stage-boundary transfers, one per chunk forward on the critical
+    path (:func:`jaxmodel.parallel.overlap.forward_only_p2p_exposed`; one transfer of the
+    micro-batch's ``[s/tp, b, h]`` bf16 activations, :func:`jaxmodel.parallel.pipeline.
+    p2p_bytes`, between ranks ``tp·dp`` apart, :func:`jaxmodel.collective_latency`) and, for
+    the rounds of :data:`EVAL_RECAST_ROUNDS` under FP8, the re-cast of every weight at every
+    evaluation micro-batch (:data:`CAST_BYTES`); no ``row``: no re-casts."""
+    tp, pp, dp = float(par.tp), float(par.pp), float(par.dp)
+    m = float(global_batch) / (dp * float(par.micro_batch))
+    hop = 0.0
+    if pp > 1:
+        nbytes = float(p2p_bytes(par.micro_batch, seq_len, model.d_model, tp))
+        hop = float(jm.collective_latency(system, "p2p", nbytes, 2, stride=tp * dp))
+    t = float(forward_only_p2p_exposed(hop, m, par.interleave, pp))
+    rnd = None if row is None else row.get("mlperf_round", "v3.0")
+    if fp8 and rnd in EVAL_RECAST_ROUNDS:
+        n, kernels = _device_weights(model, par)
+        t += m * float(te_weight_cast_time(system.device, n, CAST_BYTES, kernels))
+    return t
+
+
 def forward_share(system, model, par, global_batch, seq_len, precision="fp8") -> float:
     """Forward compute of a layer over its forward + backward + recomputation compute in a
     training step of this plan (:func:`jaxmodel.parallel.train.stage_times`)."""
@@ -161,38 +225,49 @@ def forward_share(system, model, par, global_batch, seq_len, precision="fp8") ->
     return float(t["fwd"] / (t["fwd"] + t["bwd"] + t["recompute"]))
 
 
-def evaluation_overhead(global_batch, share) -> float:
+def evaluation_overhead(global_batch, share, extra_s=0.0, step_s=1.0) -> float:
     """Evaluation time per unit of training time inside run_start..run_stop: ``⌈5662/GBS⌉``
-    forward-only global batches (each ``share`` of a training step) every ``⌈24576/GBS⌉``
-    training steps (module docstring)."""
+    forward-only global batches (each ``share`` of a training step of ``step_s`` seconds
+    plus ``extra_s`` seconds, :func:`eval_extra_s`) every ``⌈24576/GBS⌉`` training steps
+    (module docstring)."""
     gb = float(global_batch)
-    return math.ceil(VALID_SEQS / gb) * share / math.ceil(EVAL_EVERY_SEQS / gb)
+    per_batch = share + float(extra_s) / float(step_s)
+    return math.ceil(VALID_SEQS / gb) * per_batch / math.ceil(EVAL_EVERY_SEQS / gb)
 
 
 def predict(system, model, par, global_batch, seq_len, prec, kw, breakdown=False,
-            amax_s=0.0, precision=None) -> tuple:
+            amax_s=0.0, precision=None, row=None) -> tuple:
     """One row's prediction under precision ``prec``: ``(record, train_step result)``, the
     record holding the run's throughput with its evaluations (``{prec}_tokens_per_s``; the
     step alone as ``{prec}_train_tokens_per_s``), feasibility and memory; with ``breakdown``
     the step's terms and MFU. ``amax_s`` (:func:`amax_sync_s`, FP8 only) lengthens every
     training step, not the forward-only evaluation batches (Transformer Engine reduces amaxes
     in training only). ``precision``: a :class:`jaxmodel.Precision` to run instead of the
-    preset ``prec`` (the records keep the name ``prec``)."""
+    preset ``prec`` (the records keep the name ``prec``). Under FP8 every training step
+    also pays the weight casts of its first micro-batch (:func:`weight_cast_s`); every
+    evaluation batch its forward-only transfers and, by ``row``'s round, the re-casts
+    (:func:`eval_extra_s`)."""
     run = prec if precision is None else precision
+    fp8 = prec == "fp8"
     r = jm.train_step(system, model, par, global_batch, seq_len, precision=run, **kw)
-    ovh = evaluation_overhead(global_batch,
-                              forward_share(system, model, par, global_batch, seq_len, run))
     step = float(r.step_time_s)
-    amax = float(amax_s) if prec == "fp8" else 0.0
+    extra = eval_extra_s(system, model, par, global_batch, seq_len, row, fp8=fp8)
+    ovh = evaluation_overhead(global_batch,
+                              forward_share(system, model, par, global_batch, seq_len, run),
+                              extra_s=extra, step_s=step)
+    amax = float(amax_s) if fp8 else 0.0
+    cast = weight_cast_s(system, model, par, precision) if fp8 else 0.0
     tokens = float(global_batch) * float(seq_len)
-    rec = {f"{prec}_train_tokens_per_s": tokens / (step + amax),
+    rec = {f"{prec}_train_tokens_per_s": tokens / (step + amax + cast),
            f"{prec}_eval_overhead": ovh,
-           f"{prec}_tokens_per_s": tokens / (step + amax + ovh * step),
-           f"{prec}_step_s": step + amax, f"{prec}_feasible": bool(r.feasible),
+           f"{prec}_tokens_per_s": tokens / (step + amax + cast + ovh * step),
+           f"{prec}_step_s": step + amax + cast, f"{prec}_feasible": bool(r.feasible),
            f"{prec}_memory_gib": float(r.memory_bytes) / 2**30}
     if breakdown:
         rec.update({f"{prec}_{k}_s": float(v) for k, v in r.breakdown.items()})
         rec[f"{prec}_amax_sync_s"] = amax
+        rec[f"{prec}_weight_cast_s"] = cast
+        rec[f"{prec}_eval_extra_s"] = extra
         rec[f"{prec}_mfu_vs_bf16_peak"] = float(r.mfu)
     return rec, r
 
@@ -208,7 +283,7 @@ def main(out: Path = OUT) -> pd.DataFrame:
                "global_batch": int(gb), "measured_tokens_per_s": float(row["mean_tokens_per_sec"])}
         for prec in ("fp8", "bf16"):
             rec.update(predict(system, model, par, gb, seq, prec, kw, breakdown=prec == "fp8",
-                               amax_s=amax_sync_s(system, model, par, gb, row))[0])
+                               amax_s=amax_sync_s(system, model, par, gb, row), row=row)[0])
         records.append(rec)
         print(f"{rec['gpus']:5d} GPUs  measured {rec['measured_tokens_per_s']:>10,.0f} tok/s  "
               f"fp8 {rec['fp8_tokens_per_s']:>10,.0f}  bf16 {rec['bf16_tokens_per_s']:>10,.0f}",

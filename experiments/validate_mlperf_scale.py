@@ -95,7 +95,7 @@ def main(out: Path = OUT) -> pd.DataFrame:
         prec = v30.round_precision(row)
         rec.update(v30.predict(system, model, par, gb, seq, "fp8", kw, breakdown=True,
                                amax_s=v30.amax_sync_s(system, model, par, gb, row),
-                               precision=prec)[0])
+                               precision=prec, row=row)[0])
         records.append(rec)
         print(f"{rec['round']} {rec['gpus']:6d} GPUs  measured "
               f"{rec['measured_tokens_per_s']:>11,.0f} tok/s  fp8 {rec['fp8_tokens_per_s']:>11,.0f}",

@@ -81,6 +81,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from jaxmodel import numerics as nx
+from jaxmodel.ops.vector import elementwise_latency
 from jaxmodel.workload.blocks import shard
 from jaxmodel.workload.ffn import Gemm
 
@@ -597,10 +598,82 @@ def te_amax_sync_exposed(t_fwd_reduce, t_bwd_reduce, microbatches, interleave, p
     return (m * v + p - 1.0) * t
 
 
+def forward_only_p2p_exposed(t_hop, microbatches, interleave, pp):
+    """Exposed stage-to-stage transfer seconds of one forward-only pass (an evaluation batch)
+    through the (interleaved) pipeline.
+
+    Source: Apex ``transformer/pipeline_parallel/schedules/
+    fwd_bwd_pipelining_with_interleaving.py`` (March 2023, the MLPerf v3.0 container) and
+    Megatron-core ``pipeline_parallel/schedules.py`` ``forward_backward_pipelining_with_
+    interleaving`` (the later rounds): with ``forward_only`` every one of the ``m·v`` chunk
+    forwards is a warm-up step, and with ``overlap_p2p_comm`` each one first waits on the
+    handles of the previous step's ``send_forward_recv_forward`` (its own send and the
+    receive of its input) — no backward runs beside the transfer. The interleaved order
+    (Narayanan et al., SC'21, §2.2.2: groups of ``p`` micro-batches per model chunk) also
+    closes a cycle: chunk ``c+1`` of micro-batch ``j`` on the first stage needs chunk ``c``
+    of ``j`` from the last stage, ``p`` chunk steps earlier, so ``p`` steps must cover ``p``
+    forwards and ``p`` hops. Every chunk forward on the critical path — ``m·v`` of them plus
+    the ``p − 1`` of the fill — is followed by one hop::
+
+        exposed = (m·v + p − 1) · t_hop        (0 without pipeline parallelism)
+
+    A training step hides these transfers behind the backward passes of the 1F1B steady
+    state (:func:`jaxmodel.parallel.pipeline.overlapped_p2p_time`); this is the forward-only
+    counterpart.
+
+    Args:
+        t_hop: one stage-boundary transfer (the micro-batch's activations, ``[s/tp, b, h]``
+            with sequence parallelism), s.
+        microbatches: micro-batches of the pass per data-parallel replica, ``m``.
+        interleave: model chunks per device, ``v`` (1 without interleaving).
+        pp: pipeline stages, ``p``.
+
+    Returns:
+        Seconds per pass (≥ 0).
+    """
+    f = jnp.result_type(float)
+    m = jnp.maximum(jnp.asarray(microbatches, dtype=f), 0.0)
+    v = jnp.maximum(jnp.asarray(interleave, dtype=f), 1.0)
+    p = jnp.maximum(jnp.asarray(pp, dtype=f), 1.0)
+    t = jnp.maximum(jnp.asarray(t_hop, dtype=f), 0.0)
+    return jnp.where(p > 1.5, (m * v + p - 1.0) * t, 0.0)
+
+
+def te_weight_cast_time(dev, n_weights, bytes_per_weight, kernels=1.0):
+    """Seconds of Transformer Engine's FP8 weight casts: ``kernels`` memory-bound kernels
+    over ``n_weights`` 16-bit weights in all.
+
+    Source: Transformer Engine ``release_v0.8`` ``pytorch/module.py``: a module's forward
+    casts its weight when ``update_fp8_weights = is_first_microbatch is None or
+    is_first_microbatch`` — with gradients ``fp8_cast_transpose_fused`` (read the bf16
+    weight, write the FP8 weight and its FP8 transpose for the backward: 2 + 1 + 1 = 4 B per
+    weight), without (evaluation) ``cast_to_fp8`` (2 + 1 = 3 B) — one kernel per FP8 GEMM
+    weight (``LayerNormLinear`` QKV, ``Linear`` projection, ``LayerNormMLP`` FC1 and FC2:
+    four per layer). Each kernel as :func:`jaxmodel.ops.elementwise_latency` (the amax,
+    scale and convert, ~3 FLOP per element, and its launch floor)::
+
+        t = kernels · elementwise_latency(dev, n_weights / kernels, bytes_per_weight, 3)
+
+    Args:
+        dev: the :class:`~jaxmodel.types.Device`.
+        n_weights: weights cast, all kernels together (count).
+        bytes_per_weight: main-memory bytes per weight, reads + writes (4 with the
+            transpose, 3 without).
+        kernels: cast kernels launched (≥ 1).
+
+    Returns:
+        Seconds (≥ 0).
+    """
+    f = jnp.result_type(float)
+    k = jnp.maximum(jnp.asarray(kernels, dtype=f), 1.0)
+    n = jnp.maximum(jnp.asarray(n_weights, dtype=f), 0.0)
+    return k * elementwise_latency.single(dev, n / k, bytes_per_weight, 3.0)
+
+
 __all__ = ["overlapped_time", "pipelined_time", "bucketed_exposed", "te_tp_exposed",
            "TPHosts", "te_split_gemms", "TE_SPLIT_WHOLE_ENTRIES", "sp_regather_exposed",
            "tp_eligible", "tp_host_fractions", "chunked_dp_exposed",
            "compute_rate", "sm_share", "ring_send_bytes", "comm_hbm_bytes", "mcore_buckets",
-           "te_amax_sync_exposed",
+           "te_amax_sync_exposed", "forward_only_p2p_exposed", "te_weight_cast_time",
            "HBM_BYTES_PER_WIRE_BYTE", "DEFAULT_CHANNELS", "TP_OVERLAP_CHUNKS", "TE_COMM_SMS",
            "TE_RING_SMS"]

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import hw_db
-from jaxmodel.parallel.overlap import te_amax_sync_exposed
+from jaxmodel.parallel.overlap import (forward_only_p2p_exposed, te_amax_sync_exposed,
+                                       te_weight_cast_time)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
 
@@ -20,14 +21,15 @@ import validate_mlperf  # noqa: E402
 
 @pytest.mark.slow
 def test_mlperf_fp8_tokens_per_s_within_target(tmp_path):
-    """MAPE <= 8 % under the v3.0 configuration, with v3.0's blocking amax reductions over
-    tp·dp (7.96 %; 9.9 % without them). Still +4.9 … +14.3 %, the largest scale fastest: the
-    v3.0 MLLOG blocks give 91.0 ms per micro-batch + 0.46 s per step, the model 90.7 ms +
-    0.22 s: a per-step cost no configuration difference names."""
+    """MAPE <= 5 % under the v3.0 configuration, with v3.0's blocking amax reductions over
+    tp·dp, the weight casts of each step's first micro-batch and the evaluations'
+    forward-only transfers and per-micro-batch weight re-casts (4.4 %; 8.0 % without the
+    last three, 9.9 % without the amax reductions). Still +1.6 … +9.9 %, the largest scale
+    fastest."""
     df = validate_mlperf.main(out=tmp_path)
     assert len(df) == 5 and df.fp8_feasible.all()
     assert np.all(np.isfinite(df.fp8_tokens_per_s))
-    assert float(np.mean(np.abs(df.fp8_err_pct))) <= 8.0, df.to_string()
+    assert float(np.mean(np.abs(df.fp8_err_pct))) <= 5.0, df.to_string()
 
 
 import validate_mlperf_scale  # noqa: E402
@@ -91,3 +93,50 @@ def test_amax_sync_only_for_the_blocking_round():
     assert t31 == 0.0 and t40 == t30
     # 128 × 12 + 7 pairs of small all-reduces over 64 ranks on 8 nodes: 10 … 200 µs each
     assert (128 * 12 + 7) * 2 * 10e-6 < t30 < (128 * 12 + 7) * 2 * 200e-6
+
+
+def test_forward_only_p2p_exposed_hand_values_and_gradient():
+    """One hop after each of the m·v + p − 1 chunk forwards of an evaluation batch: 128 × 12
+    + 7 hops of 0.4 ms = 0.6172 s; none without pipeline stages; d/dt_hop = m·v + p − 1;
+    vmap over hops equals the loop."""
+    assert float(forward_only_p2p_exposed(0.4e-3, 128, 12, 8)) == pytest.approx(0.6172)
+    assert float(forward_only_p2p_exposed(1.0, 16, 1, 1)) == 0.0
+    assert float(forward_only_p2p_exposed(1.0, 4, 1, 2)) == pytest.approx(5.0)
+    g = jax.grad(forward_only_p2p_exposed)(0.4e-3, 24.0, 12.0, 8.0)
+    assert float(g) == pytest.approx(24 * 12 + 7)
+    hops = np.array([0.1e-3, 0.4e-3, 1e-3])
+    batched = jax.vmap(lambda t: forward_only_p2p_exposed(t, 8.0, 12.0, 8.0))(hops)
+    assert np.allclose(batched, [float(forward_only_p2p_exposed(t, 8.0, 12.0, 8.0))
+                                 for t in hops])
+
+
+def test_te_weight_cast_time_hand_value():
+    """k memory-bound kernels over n weights: k · (n/k · bytes / achievable HBM bandwidth +
+    the kernel floor); 48 cast-transposes (4 B per weight) of a GPT-3 175B TP4 PP8 device's
+    5.44 G weights on an H100 take 7–12 ms; the re-cast (3 B) of one layer ~0.5 ms."""
+    dev = hw_db.device("h100_sxm")
+    n, k = 5.436e9, 48.0
+    want = k * (n / k * 4.0 / float(dev.achievable_mem_bw) + float(dev.gelu_overhead_s))
+    got = float(te_weight_cast_time(dev, n, 4.0, k))
+    assert got == pytest.approx(want, rel=1e-5) and 7e-3 < got < 12e-3
+    assert 0.3e-3 < float(te_weight_cast_time(dev, n / 12, 3.0, 4.0)) < 0.8e-3
+
+
+def test_evaluation_extras_follow_the_round():
+    """v3.0's NeMo 1.17 re-casts every weight at each evaluation micro-batch, v3.1's NeMo
+    1.20 does not (nor does a caller without a row); both pay the forward-only transfers;
+    the first-micro-batch casts are charged to 16-bit parameters only."""
+    row = {"n_accelerators": 512, "tp": 4, "pp": 8, "vp": 12, "micro_batch": 1}
+    model = hw_db.model("gpt3-175b")
+    system, par, _ = validate_mlperf.plan({**row, "mlperf_round": "v3.0"})
+    e30, e31, e_none = (validate_mlperf.eval_extra_s(system, model, par, 2048, 2048, r)
+                        for r in ({"mlperf_round": "v3.0"}, {"mlperf_round": "v3.1"}, None))
+    n, k = validate_mlperf._device_weights(model, par)
+    recast = 128 * float(te_weight_cast_time(system.device, n, 3.0, k))
+    assert e31 == e_none and e30 == pytest.approx(e31 + recast, rel=1e-6)
+    assert (128 * 12 + 7) * 0.1e-3 < e31 < (128 * 12 + 7) * 2e-3
+    assert validate_mlperf.eval_extra_s(system, model, par, 2048, 2048,
+                                        {"mlperf_round": "v3.0"}, fp8=False) == e31
+    assert validate_mlperf.weight_cast_s(system, model, par) > 0.0
+    assert validate_mlperf.weight_cast_s(
+        system, model, par, validate_mlperf.round_precision({"mlperf_round": "v4.0"})) == 0.0
