@@ -27,7 +27,20 @@ the target. Per unit of training time the evaluations add (:func:`evaluation_ove
 ``⌈5662 / GBS⌉ · f / ⌈24576 / GBS⌉``, where ``f`` is the forward share of a training step
 (forward compute over forward + backward + recomputation compute of a layer, from
 :func:`jaxmodel.parallel.train.stage_times`): an evaluation batch runs the training plan
-forward only. The predicted throughput is the step's divided by ``1 + overhead``.
+forward only. An evaluation batch also pays what the forward share of a training step does
+not hold (:func:`eval_extra_s`, in seconds per batch): (1) its stage-to-stage transfers —
+forward-only, every chunk forward waits on its hop, ``(m·v + p − 1)·t_hop``
+(:func:`jaxmodel.parallel.overlap.forward_only_p2p_exposed`), which a training step hides
+behind its backward passes; (2) in v3.0 only (:data:`EVAL_RECAST_ROUNDS`), the re-cast of
+every FP8 weight at every evaluation micro-batch (NeMo 1.17 leaves ``is_first_microbatch``
+True outside training; :func:`jaxmodel.parallel.overlap.te_weight_cast_time`). The predicted
+throughput is the step's divided by ``1 + overhead``.
+
+**FP8 weight casts per step.** With 16-bit parameters (v3.0, v3.1) Transformer Engine casts
+and transposes every FP8 GEMM weight at the first micro-batch of a step
+(``is_first_microbatch=True``) and reuses the copy for the others: :func:`weight_cast_s`
+(about 10 ms per step for the 5.4 G weights of a TP4 PP8 device) lengthens every training
+step. The rounds with FP8 parameters get 0.
 
 **FP8 amax reductions (v3.0 only).** Transformer Engine reduces each FP8 tensor's amax
 over the amax group after every ``fp8_autocast`` region. v3.0's ``config_common.sh`` leaves
@@ -40,13 +53,47 @@ disable DP": the TP group only, overlapped). :func:`amax_sync_s` adds
 latency to every v3.0 training step (not to the evaluations: no amax reduction outside
 training): 0.05–0.22 s per step, +1.6 … +2.3 %.
 
-Other differences between the rounds' configs that the model has no switch for (left out):
-v3.0's TP-overlap yaml runs ``fc2_fprop``'s pipelined reduce-scatter on 20 SMs (v3.1: 4,
-with FP8 atomic GEMMs, ``NVTE_UB_ATOMIC_GEMM_RS=1``; the model: Transformer Engine's default
-16 for both forward reduce-scatters, v3.0's ``proj_fprop`` has 24), LayerNorm SM margin 4
-(v3.1: 8), NCCL of the 23.04 container with its default 128 KiB p2p network chunks (v3.1: a
-patched NCCL, ``NCCL_P2P_NET_CHUNKSIZE`` 2 MiB and per-communicator CTA limits), Transformer
-Engine 0.8 / NeMo 1.17 / Apex's pipeline schedules (v3.1: TE 1.x, NeMo 1.20, Megatron-core).
+**What the MLLOG files say per step.** The result logs (``tracked_stats``) carry NeMo's
+``train_step_timing`` of every step and ``validation_step_timing`` of every evaluation batch
+(median of the three runs): v3.0 12.08 / 12.13 s per step at 512 / 768 GPUs (NVIDIA, 128
+micro-batches per replica), 12.30 / 6.34 / 2.60 s at 768 / 1,536 / 3,584 (CoreWeave; 128 /
+64 / 24 micro-batches: 93.3 ms per micro-batch + 0.36 s per step); v3.1 11.05 / 1.61 / 0.93 s
+at 128 / 16 / 8 micro-batches (84.3 ms + 0.26 s). Evaluation batches: v3.0 4.96 s at 512
+GPUs, 0.93 s at 3,584; v3.1 4.16 s at 512. Time outside both (logging between steps, the
+evaluations' start and end): 0.3–1.8 % of v3.0's runs, 0.2–2.9 % of v3.1's. The model's
+step (amax reductions and weight casts included) is 2.0 / 2.1 / 3.5 / 4.6 / 7.6 % shorter
+than these steps at 512 / 768 / 768 / 1,536 / 3,584 GPUs: a per-step cost of ~0.14 s and
+~2 ms per micro-batch (CoreWeave) remain unexplained in v3.0; for v3.1 the model's step is
+within +0.5 … +1 % at 8–16 micro-batches and 5 % long at 128.
+
+**Differences between the v3.0 and v3.1 submissions** (``NVIDIA/benchmarks/gpt3/
+implementations/pytorch``: ``Dockerfile``, ``config_common.sh``, ``run_and_time.sh``, the
+yaml files) and whether the model represents them. Containers: PyTorch 23.04 (NCCL 2.17) /
+23.09 with NCCL built from a fixed commit; Transformer Engine ``release_v0.8`` / ``09ba842``;
+NeMo ``v1.17.0_pt_23.04`` with Apex's pipeline schedules / ``bd0b818`` with Megatron-core
+``df72712``; flash-attn 1.x / 2.0.8 — modelled: ``"fa1"`` / ``"fa2"`` (:func:`plan`). FP8
+amax reductions blocking over ``tp·dp`` / TP only and asynchronous — modelled
+(:func:`amax_sync_s`). Evaluation weight re-casts in NeMo 1.17 — modelled
+(:func:`eval_extra_s`). Distributed Adam (Apex ``DistributedFusedAdam`` through NeMo in
+both rounds, 100 MB buckets, bf16 gradient reduce-scatter and parameter all-gather): the
+same in both; its per-chunk synchronisation follows the schedules' ``custom_grad_sync_func``
+/ ``custom_param_sync_func``, which launch a chunk's reduce-scatter only after its last
+backward and wait for chunk 0's whole all-gather before the first forward (the model's
+Megatron-core estimate pipelines chunk 0's buckets with its own pass: ~5–10 ms per step
+fewer; not modelled). Training-loss broadcast over all ranks every step (NeMo 1.17
+``torch.distributed.broadcast(loss_mean, get_last_rank())``; v3.1 ``NEMO_LOG_TRAIN_LOSS=0``
+skips it): 0.2–1.2 ms by the collective model, not modelled. Tensorboard logger on / off
+(``create_tensorboard_logger``): host time between steps, outside the step, not modelled.
+Manual garbage collection every 100 steps (``gc_interval``) in both; v3.1 also skips it
+around the evaluations (``NEMO_MANUAL_GC_IN_VALIDATION=0``). Not modelled, no switch: the
+TP-overlap yaml (v3.0 ``fc2_fprop`` pipelined reduce-scatter on 20 SMs, ``proj_fprop`` 24;
+v3.1 4 with FP8 atomic GEMMs, ``NVTE_UB_ATOMIC_GEMM_RS=1``; the model: Transformer Engine's
+default 16), LayerNorm SM margin 4 / 8, the default 128 KiB / 2 MiB NCCL p2p network chunks
+(``NCCL_P2P_NET_CHUNKSIZE``), NCCL's default CTAs / per-communicator CTA limits
+(``MEGATRON_CORE_*_MAX_CTAS``), ``NCCL_NVLS_ENABLE`` unset / 0 (NCCL 2.17 runs NVLink SHARP
+on single-node all-reduces only: the TP collectives go through userbuffers), Transformer
+Engine 0.8's per-module amax-history and scale updates (history 1,024, ``max``) against
+1.x's.
 
 The rows are a validation target: nothing here is fitted to them. The H100's sustained clock
 fraction and HBM efficiency come from its cuBLASLt FP8 and STREAM microbenchmarks

@@ -11,7 +11,11 @@ reduce-scatter and parameter all-gather in bf16, TP communication and the interl
 schedule's p2p overlapped), on ``dgx_h100`` with ``nodes = GPUs / 8``; the run time holds the
 benchmark's evaluations as :func:`validate_mlperf.evaluation_overhead` counts them (the v3.1
 ``conf/custom.yaml`` keeps v3.0's interval of 24,576 sequences and the whole validation
-set).
+set), each evaluation batch with its forward-only stage transfers
+(:func:`validate_mlperf.eval_extra_s`; NeMo 1.20 and later cache the FP8 weights at the
+first evaluation micro-batch, so no re-casts), and each training step of the v3.1 rows (bf16
+parameters) with Transformer Engine's weight casts at its first micro-batch
+(:func:`validate_mlperf.weight_cast_s`; v4.0's FP8 parameters: none).
 
 The v3.1 rows name TP 4 / PP 8 but no virtual-pipeline size: their ``config_*.sh`` never
 export ``INTERLEAVED_PIPELINE``, so ``conf/custom.yaml``'s default applies
