@@ -64,7 +64,7 @@ evaluations' start and end): 0.3–1.8 % of v3.0's runs, 0.2–2.9 % of v3.1's. 
 step (amax reductions and weight casts included) is 2.0 / 2.1 / 3.5 / 4.6 / 7.6 % shorter
 than these steps at 512 / 768 / 768 / 1,536 / 3,584 GPUs: a per-step cost of ~0.14 s and
 ~2 ms per micro-batch (CoreWeave) remain unexplained in v3.0; for v3.1 the model's step is
-within +0.5 … +1 % at 8–16 micro-batches and 5 % long at 128.
+within −1.5 … +1.5 % at 8–16 micro-batches and 5 % long at 128.
 
 **Differences between the v3.0 and v3.1 submissions** (``NVIDIA/benchmarks/gpt3/
 implementations/pytorch``: ``Dockerfile``, ``config_common.sh``, ``run_and_time.sh``, the
