@@ -603,9 +603,10 @@ def forward_only_p2p_exposed(t_hop, microbatches, interleave, pp):
     through the (interleaved) pipeline.
 
     Source: Apex ``transformer/pipeline_parallel/schedules/
-    fwd_bwd_pipelining_with_interleaving.py`` (March 2023, the MLPerf v3.0 container) and
-    Megatron-core ``pipeline_parallel/schedules.py`` ``forward_backward_pipelining_with_
-    interleaving`` (the later rounds): with ``forward_only`` every one of the ``m·v`` chunk
+    fwd_bwd_pipelining_with_interleaving.py`` (commit ``7150e20``, March 2023, NeMo 1.17's
+    schedule) and Megatron-core ``pipeline_parallel/schedules.py``
+    ``forward_backward_pipelining_with_interleaving`` (commit ``df72712``, September 2023,
+    and later): with ``forward_only`` every one of the ``m·v`` chunk
     forwards is a warm-up step, and with ``overlap_p2p_comm`` each one first waits on the
     handles of the previous step's ``send_forward_recv_forward`` (its own send and the
     receive of its input) — no backward runs beside the transfer. The interleaved order
