@@ -212,6 +212,19 @@ def computed_once(flag):
     return jnp.sqrt(jnp.asarray(flag).astype(jnp.float32)) > 0.5
 
 
+def materialized(tree):
+    """``tree`` (a pytree of float arrays) unchanged, kept in memory once for all its
+    consumers (XLA:CPU otherwise recomputes a cheap producer chain inside every consumer
+    kernel, see :func:`computed_once`): the values pass through a ``lax.cond`` whose
+    predicate XLA cannot fold, and a conditional is never fused. Exact (the other branch
+    adds ``+0.0``, taken only where the first leaf holds a NaN); under ``vmap`` with a
+    batched predicate JAX evaluates both branches and selects (the same values)."""
+    first = jax.tree_util.tree_leaves(tree)[0]
+    keep = jnp.all(first == first)
+    return jax.lax.cond(keep, lambda t: t,
+                        lambda t: jax.tree_util.tree_map(lambda v: v + 0.0, t), tree)
+
+
 def first_reason(checks: Iterable[Tuple[jax.Array, str]]):
     """Combine feasibility checks; return ``(feasible, reason_code)``.
 
