@@ -15,6 +15,11 @@ Example:
 from jaxmodel import process as _process
 
 _process.prepare_logging()   # before jaxlib loads (see process)
+_process.configure_compilation_cache()   # JAXMODEL_CACHE_DIR / JAXMODEL_NO_CACHE, see process
+
+import sys as _sys  # noqa: E402
+from jaxmodel import batching as _batching  # noqa: E402
+_batching.prepare_command_line(_sys.argv[1:])   # a repeated question starts loading (see batching)
 
 from jaxmodel.types import (ACTIVATIONS, ATTENTIONS, RECOMPUTE, SCHEDULES, TOPOLOGIES, Device,  # noqa: E402,E501
                             Model, NetLevel, Parallelism, System, validate_device, validate_model,
@@ -122,5 +127,3 @@ def __getattr__(name):
 def __dir__():
     return sorted(set(globals()) | set(_search_pkg.__all__))
 
-
-_process.configure_compilation_cache()   # JAXMODEL_CACHE_DIR / JAXMODEL_NO_CACHE, see process

@@ -57,7 +57,7 @@ from jaxmodel.jitting import (  # noqa: F401  (re-exported: batching is their pu
     backend_started, inlined_jits, is_static, jit_leaves, join_leaves, split_leaves, xla_flags,
     xla_knows)
 from jaxmodel.numerics import packed_by_dtype
-from jaxmodel.process import code_fingerprint, export_cache_dir, progress_bar
+from jaxmodel.process import cli_process, code_fingerprint, export_cache_dir, progress_bar
 
 DEFAULT_CHUNK = 4096
 AXIS = "d"   # name of the device axis of the sharding mesh
@@ -288,6 +288,8 @@ def _cached_call(dynamic, *, fn, treedef, static, chunk):
         if loaded is None:
             loaded = _load_executable(xla) or _build_executable(
                 xla, dynamic, fn=fn, treedef=treedef, static=static, chunk=chunk)
+        if isinstance(loaded[1], bytes):     # as stored (_load_executable)
+            loaded = (loaded[0], pickle.loads(loaded[1]))
         _EXECUTABLES[xla] = loaded
     return jax.tree_util.tree_unflatten(loaded[1], loaded[0](*dynamic))
 
@@ -321,7 +323,10 @@ def _compile_and_store(xla, lowered, out_tree):
         compiled = lowered.compile()
     try:
         from jax.experimental import serialize_executable
-        blob = pickle.dumps((serialize_executable.serialize(compiled), out_tree))
+        # the output treedef pickled apart: its classes' modules import when it is read,
+        # which a loading thread must not do while ``import jaxmodel`` runs
+        # (prepare_command_line): it is read where the call returns
+        blob = pickle.dumps((serialize_executable.serialize(compiled), pickle.dumps(out_tree)))
     except Exception:              # not serializable (a backend, host callbacks): not kept
         blob = None
     if blob is not None:
@@ -409,14 +414,74 @@ def prefetch_executables(paths) -> None:
             _PREFETCHING[p] = _Background(functools.partial(_load_executable, p))
 
 
-def _finish_prefetch() -> None:
+#: Workload sizes of ``jaxmodel predict``: scalar inputs of the compiled functions, never a
+#: static switch, so a question differing only in them uses the same executables.
+WORKLOAD_OPTIONS = ("--global-batch", "--seq-len", "--batch", "--prompt-len", "--gen-len")
+
+
+def question_file(argv: Sequence[str] | None):
+    """Where the export cache notes which stored executables a command line ``argv`` (the
+    tokens after the program name) used; None without an export cache. The workload sizes
+    (:data:`WORKLOAD_OPTIONS`) are left out of the name, so a later process asking the same
+    question, or the same one with other sizes, starts loading them at once
+    (:func:`prefetch_question`)."""
+    d = export_cache_dir()
+    if d is None or argv is None:
+        return None
+    shape, skip = [], False
+    for tok in argv:
+        name = tok.split("=")[0]
+        shape.append("#" if skip else name + "=#" if "=" in tok and name in WORKLOAD_OPTIONS
+                     else tok)
+        skip = tok in WORKLOAD_OPTIONS
+    return d / "questions" / f"{hashlib.sha1(repr(shape).encode()).hexdigest()}.txt"
+
+
+def prefetch_question(argv: Sequence[str] | None):
+    """Start loading, in background threads, the executables an earlier process asking the
+    question ``argv`` used (:func:`question_file`, :func:`prefetch_executables`); returns
+    the question's file (None without an export cache). Repeating it is a no-op."""
+    question = question_file(argv)
+    if question is not None and question.is_file():
+        prefetch_executables(question.read_text().split("\n"))
+    return question
+
+
+def one_shot_xla_flags() -> None:
+    """In the ``jaxmodel`` console script, add :data:`ONE_SHOT_COMPILE_OPTIONS` to
+    ``XLA_FLAGS`` where they can still act (JAX's backend not started; XLA reads the
+    variable then) and the user set none of them: a one-configuration question compiles in
+    about half the CPU time (24 -> 16 s of CPU for a Llama-2-13B training step on an empty
+    cache with the elemental emitters, and LLVM at -O0 another 1.6 s per big graph) with
+    the same numbers (experiments/bench_predict.py compares them with the library's). The
+    compilation caches key on ``XLA_FLAGS``, so these executables are kept apart. In-process
+    use leaves the host program's compiler alone."""
+    if cli_process():
+        add_xla_flags(ONE_SHOT_COMPILE_OPTIONS)
+
+
+def prepare_command_line(argv: Sequence[str]) -> None:
+    """Called by ``import jaxmodel`` right after its cache set-up: in the console script
+    answering ``jaxmodel predict ...`` (``argv``: the tokens after the program name), the
+    compiler options (:func:`one_shot_xla_flags`) and the loading of a repeated question's
+    stored executables (:func:`prefetch_question`) start here, so the loading (XLA parses
+    and analyses each stored module: about 0.15 s per MB of executable on one core) runs
+    on a second core while the rest of the package imports and the arguments are parsed,
+    instead of after. Anything else is left to the command itself."""
+    if not cli_process() or not argv or argv[0] != "predict":
+        return
+    one_shot_xla_flags()
+    prefetch_question(tuple(argv))
+
+
+def finish_background() -> None:
     """Wait for loads and builds nobody asked for (no thread inside jaxlib at interpreter
-    exit)."""
+    exit; every stored executable written)."""
     for pending in list(_PREFETCHING.values()) + list(_COMPILING.values()):
         pending.join()
 
 
-atexit.register(_finish_prefetch)
+atexit.register(finish_background)
 
 
 @contextlib.contextmanager
@@ -443,13 +508,15 @@ def atomic_write(path, data: bytes) -> None:
 
 
 def _load_executable(path):
-    """``(executable, output treedef)`` stored by :func:`_cached_call`, or None (absent,
-    damaged, or built for another backend)."""
+    """``(executable, pickled output treedef)`` stored by :func:`_cached_call`, or None
+    (absent, damaged, of an older layout, or built for another backend)."""
     if not path.is_file():
         return None
     try:
         from jax.experimental import serialize_executable
         (blob, in_tree, exe_out_tree), out_tree = pickle.loads(path.read_bytes())
+        if not isinstance(out_tree, bytes):
+            return None                      # an older layout: built again
         return serialize_executable.deserialize_and_load(blob, in_tree, exe_out_tree), out_tree
     except Exception:
         return None

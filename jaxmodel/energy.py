@@ -222,7 +222,7 @@ def train_energy(system: System, model, par, result, precision=None) -> Energy:
     prec = _prec.resolve(precision)
     dev = system.device
     phi = jnp.clip(dev.sustained_clock_fraction, 1e-3, 1.0)
-    ok = jnp.asarray(result.feasible)
+    ok = jnp.asarray(result.feasible).astype(bool)    # a batched call passes it as a float
     T = jnp.where(ok, result.step_time_s, 1.0)
     n = system.n_devices
     flops_s = jnp.where(ok, result.achieved_flops_per_device, 0.0)
@@ -268,7 +268,7 @@ def inference_energy(system: System, model, par, result, work: InferenceOptions,
     rt = _rtp.runtime_arg(runtime)
     phi = 1.0 if rt is None else jnp.where(
         rt.sustained_clock > 0.5, jnp.clip(dev.sustained_clock_fraction, 1e-3, 1.0), 1.0)
-    ok = jnp.asarray(result.feasible)
+    ok = jnp.asarray(result.feasible).astype(bool)    # a batched call passes it as a float
     n = system.n_devices
     bd = result.breakdown
     ttft = jnp.where(ok, result.ttft_s, 1.0)

@@ -191,6 +191,40 @@ def soft_min(values, mask, temperature):
     return jnp.where(any_ok, soft, INF)
 
 
+def computed_once(flag):
+    """``flag`` (bool), computed once however many results it gates.
+
+    XLA:CPU fuses cheap elementwise producers (compares, ``and``, ``select``) into every
+    consumer kernel, so a validity flag built from dozens of checks and gating many outputs
+    was recomputed inside each output's fused kernel: the command line's inference graph held
+    nine copies of its ~1,300-instruction rule chain (43.5 k instructions after optimisation,
+    a 5 MB stored executable whose loading dominates a warm ``jaxmodel predict``). XLA
+    does not duplicate an expensive producer (``InstructionFusion::IsExpensive``: square
+    roots among them) into several consumers, so routing the flag through ``sqrt`` keeps one
+    copy; exact, since ``sqrt(0) = 0`` and ``sqrt(1) = 1``. ``lax.optimization_barrier`` would
+    say the same but XLA:CPU removes it before fusion. Values and gradients are unchanged
+    (a bool carries none).
+
+    >>> import jax.numpy as jnp
+    >>> computed_once(jnp.array([True, False])).tolist()
+    [True, False]
+    """
+    return jnp.sqrt(jnp.asarray(flag).astype(jnp.float32)) > 0.5
+
+
+def materialized(tree):
+    """``tree`` (a pytree of float arrays) unchanged, kept in memory once for all its
+    consumers (XLA:CPU otherwise recomputes a cheap producer chain inside every consumer
+    kernel, see :func:`computed_once`): the values pass through a ``lax.cond`` whose
+    predicate XLA cannot fold, and a conditional is never fused. Exact (the other branch
+    adds ``+0.0``, taken only where the first leaf holds a NaN); under ``vmap`` with a
+    batched predicate JAX evaluates both branches and selects (the same values)."""
+    first = jax.tree_util.tree_leaves(tree)[0]
+    keep = jnp.all(first == first)
+    return jax.lax.cond(keep, lambda t: t,
+                        lambda t: jax.tree_util.tree_map(lambda v: v + 0.0, t), tree)
+
+
 def first_reason(checks: Iterable[Tuple[jax.Array, str]]):
     """Combine feasibility checks; return ``(feasible, reason_code)``.
 
@@ -213,7 +247,7 @@ def first_reason(checks: Iterable[Tuple[jax.Array, str]]):
             feasible = feasible & ok
     if feasible is None:
         return jnp.asarray(True), jnp.int32(0)
-    return feasible, reason
+    return computed_once(feasible), reason
 
 
 def where_feasible(feasible, value):

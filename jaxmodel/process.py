@@ -99,7 +99,7 @@ def _accelerator_plugin_installed() -> bool:
         "libtpu"))
 
 
-def _cli_process() -> bool:
+def cli_process() -> bool:
     """True in the ``jaxmodel`` console script (whose cache defaults differ, see
     :func:`configure_compilation_cache`)."""
     return bool(sys.argv) and Path(sys.argv[0]).name in ("jaxmodel", "jaxmodel.exe")
@@ -113,7 +113,7 @@ def prepare_logging() -> None:
     jaxlib is loaded (it reads the variable when it loads)."""
     if "jaxlib" in sys.modules or _truthy("JAXMODEL_NO_CACHE"):
         return
-    if (os.environ.get("JAXMODEL_CACHE_DIR") or _cli_process()) \
+    if (os.environ.get("JAXMODEL_CACHE_DIR") or cli_process()) \
             and not _accelerator_plugin_installed():
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -127,7 +127,7 @@ def configure_compilation_cache(cli: bool | None = None) -> Path | None:
     small jits are worth seconds together) and the export cache (:func:`export_cache_dir`)
     on. Call it before the first compilation: JAX fixes its cache settings then."""
     global _cache_dir, _export_dir
-    cli = _cli_process() if cli is None else cli
+    cli = cli_process() if cli is None else cli
     if _truthy("JAXMODEL_NO_CACHE"):
         return None
     if not cli and not os.environ.get("JAXMODEL_CACHE_DIR") \

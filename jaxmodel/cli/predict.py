@@ -5,7 +5,6 @@ the hw_db names; die area and costs."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any, Mapping
 
 from jaxmodel.plan_io import to_jsonable
@@ -27,51 +26,19 @@ def cmd_list(a) -> Any:
     return out
 
 
-# workload sizes: scalar inputs of the compiled functions, never a static switch, so a
-# question differing only in them uses the same executables
-_WORKLOAD_OPTIONS = ("--global-batch", "--seq-len", "--batch", "--prompt-len", "--gen-len")
-
-
-def _question_file(a) -> Path | None:
-    """Where the export cache notes which stored executables this command line used (None
-    without an export cache); the workload sizes are left out of the name, so a later
-    process asking the same question, or the same one with other sizes, starts loading them
-    at once, in the background (:func:`jaxmodel.batching.prefetch_executables`)."""
-    from jaxmodel.process import export_cache_dir
-    d = export_cache_dir()
-    argv = getattr(a, "argv", None)
-    if d is None or argv is None:
-        return None
-    shape, skip = [], False
-    for tok in argv:
-        name = tok.split("=")[0]
-        shape.append("#" if skip else name + "=#" if "=" in tok and name in _WORKLOAD_OPTIONS
-                     else tok)
-        skip = tok in _WORKLOAD_OPTIONS
-    import hashlib
-    return d / "questions" / f"{hashlib.sha1(repr(shape).encode()).hexdigest()}.txt"
-
-
 def _predict_xla_flags() -> None:
-    """Add :data:`jaxmodel.batching.ONE_SHOT_COMPILE_OPTIONS` to ``XLA_FLAGS`` where they
-    can still act (JAX's backend not started; XLA reads the variable then) and the user set
-    none of them: a one-configuration question compiles in about half the CPU time (24 ->
-    16 s of CPU for a Llama-2-13B training step on an empty cache with the elemental
-    emitters, and LLVM at -O0 another 1.6 s per big graph) with the same numbers
-    (experiments/bench_predict.py compares them with the library's). The compilation caches
-    key on ``XLA_FLAGS``, so these executables are kept apart."""
-    from jaxmodel.batching import ONE_SHOT_COMPILE_OPTIONS, add_xla_flags
-    from jaxmodel.process import _cli_process
-    if _cli_process():         # in-process use: leave the host program's compiler alone
-        add_xla_flags(ONE_SHOT_COMPILE_OPTIONS)
+    """The command line's compiler options (:func:`jaxmodel.batching.one_shot_xla_flags`),
+    where ``import jaxmodel`` has not added them already."""
+    from jaxmodel.batching import one_shot_xla_flags
+    one_shot_xla_flags()
 
 
 def cmd_predict(a) -> Any:
     from jaxmodel import batching
     _predict_xla_flags()
-    question = _question_file(a)
-    if question is not None and question.is_file():
-        batching.prefetch_executables(question.read_text().split("\n"))
+    # loading already started by ``import jaxmodel`` (batching.prepare_command_line) where
+    # the command line begins with ``predict``; a second request is a no-op
+    question = batching.prefetch_question(getattr(a, "argv", None))
     with batching.recording_executables() as paths:
         result = _predict(a)
     if question is not None:
@@ -145,17 +112,21 @@ def _energy_lines(a, args, kwargs, raw, spec) -> dict:
     """``joules_per_token`` (per trained / generated token, board energy of all devices) and
     ``power_w_per_gpu`` of a prediction (:mod:`jaxmodel.energy`); none for LoRA steps."""
     import jaxmodel as jm
+    from jaxmodel import batching
     if kwargs.get("finetune") is not None:
         return {}
     system, model, par = args[:3]
     prec = kwargs.get("precision")
+    # one compiled call, kept in the export cache beside the prediction's (run eagerly, the
+    # energy's few hundred jnp operations each compiled on their own: ~0.3 s per process)
     if a.phase == "train":
-        e = jm.train_energy(system, model, par, raw, prec)
+        e = batching.call_batched(jm.train_energy, system, model, par, raw, prec)
     else:
         w = spec["args"]
         work = jm.InferenceOptions(float(w["batch"]), float(w["prompt_len"]),
                                    float(w["gen_len"]))
-        e = jm.inference_energy(system, model, par, raw, work, prec, kwargs.get("runtime"))
+        e = batching.call_batched(jm.inference_energy, system, model, par, raw, work, prec,
+                                  kwargs.get("runtime"))
     return to_jsonable({"joules_per_token": e.joules_per_token, "power_w_per_gpu": e.power_w,
                         "power_limited": e.power_limited})
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxmodel.numerics import divides, is_integer, max_of, safe_div
+from jaxmodel.numerics import computed_once, divides, is_integer, max_of, safe_div
 from jaxmodel.types import TOPOLOGIES, NetLevel, System
 
 __all__ = ["RING", "SWITCH", "FULLY_CONNECTED", "MESH2D", "TORUS2D", "links_per_device",
@@ -115,5 +115,5 @@ def group_tiers(system: System, group_size, stride=1.0):
         members.append(m_k)
         spacing.append(jnp.where(s_k < size, s_k, 1.0))
         inner = inner * size
-    ok = ok & (jnp.abs(rem - 1.0) < 1e-6)
+    ok = computed_once(ok & (jnp.abs(rem - 1.0) < 1e-6))
     return tuple(members), tuple(spacing), ok

@@ -113,7 +113,7 @@ def _device_ok(dev, xp=jnp):
     ok = (fields[0] > 0) & xp.isfinite(fields[0])
     for x in fields[1:]:
         ok = ok & (x > 0) & xp.isfinite(x)
-    return ok
+    return ok if xp is np else nx.computed_once(ok)
 
 
 _MIN_WORD = 2.0  # fp16: the precision the device-level buffer check is made for

@@ -64,6 +64,7 @@ from jaxmodel import comm as _comm
 from jaxmodel import serving_runtime as _rtp
 from jaxmodel import speculative as _spec
 from jaxmodel.batching import batch_shape, batched
+from jaxmodel import numerics as nx
 from jaxmodel.numerics import INF, first_reason, reason_name
 from jaxmodel.parallel import plan as _plan
 from jaxmodel.parallel.inference_options import (  # noqa: F401  (KV_SAMPLES: kept here)
@@ -398,6 +399,7 @@ def _step(system, model, par, options: InferenceOptions, prec, runtime, speculat
     pp = jnp.maximum(par.pp, 1.0)
     spec = speculative
     steps, k_d, per_step = _layer_steps(c, kv_samples, spec)
+    steps = nx.materialized(steps)
     pre = {k: v[0] for k, v in steps.items()}
     dec = {k: jnp.mean(v[1:1 + kv_samples]) for k, v in steps.items()}
     e = _ends(c, per_step, spec)

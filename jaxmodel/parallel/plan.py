@@ -202,7 +202,8 @@ def _model_ok(xp, p):
     ok = xp.asarray(True)
     for k in _MODEL:
         ok = ok & (getattr(p, k) > 0)
-    return ok & (p.n_experts >= 1)
+    ok = ok & (p.n_experts >= 1)
+    return ok if xp is np else nx.computed_once(ok)
 
 
 def _train_workload_ok(xp, p):

@@ -383,6 +383,7 @@ def compose(prep: Prep, times: dict, options: TrainOptions, precision, finetune=
     t_opt_raw, t_opt = _optimizer_time(prep, where, work, st.dual, n_opt, opts)
     breakdown, pp_net_ok = _step_breakdown(prep, st, dpc, t_opt, opts.pp_overlap)
     step = sum(breakdown[k] for k in BREAKDOWN_KEYS)
+    breakdown, step = nx.materialized((breakdown, step))     # read by every output
     mem = _memory_terms(prep, st, where, work, opts, prec, finetune)
     dev = prep.system.device
     mem_ok = mem["total"] <= _memory.usable_memory(dev.mem_capacity, dev.runtime_reserved_bytes)
