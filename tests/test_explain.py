@@ -155,7 +155,10 @@ def _check_against_fd(x):
     assert not pd_isnan(vals).any()
     ok = ~t["kink"] & t["feasible"]
     err = (t.elasticity - t.fd_central).abs()[ok]
-    tol = 0.01 * (t.fd_central.abs()[ok]).clip(lower=0.05)
+    # a small step in the metric within ±h (a tile or algorithm switch below the kink
+    # threshold) leaves the derivative undetermined by half the one-sided differences' gap
+    spread = 0.5 * (t.fd_forward - t.fd_backward).abs()[ok]
+    tol = np.maximum(0.01 * (t.fd_central.abs()[ok]).clip(lower=0.05), spread)
     assert (err <= tol).all(), t[ok][err > tol][["metric", "knob", "elasticity", "fd_central"]]
     return int(ok.sum()), len(t)
 
