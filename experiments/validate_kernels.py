@@ -18,7 +18,13 @@ within 2 points of in sample.
 clock and weight-stream fraction, no refit) beside the refitted anchor board, per shape family
 (operator × token band, TP degree, reduction depth ``k``): signed mean error (+ = predicted
 slower) and MAPE, with the measured median TFLOP/s; writes
-``experiments/out/validate_kernels_hwdb.csv``.
+``experiments/out/validate_kernels_hwdb.csv``. Beside it, the evidence on where the difference
+lies (:func:`board_vs_shape`): the GEMM shapes the anchors share with the sustained cuBLASLt
+microbenchmarks (``shared/anchors/microbench``, Azure ND A100 v4 SXM4) measured on both; the
+clock fraction each anchor row implies (model time at the full clock over the measured time),
+by kernel duration, reduction depth and wave count; and the clock the power model
+(:func:`jaxmodel.energy.device_power`) gives a dense GEMM on the A100 at 400 W (SXM4) and at
+300 W (the A100 80GB PCIe board limit, NVIDIA A100 80GB PCIe product brief).
 
 Run: ``.venv/bin/python experiments/validate_kernels.py [--no-cv] [--hw-db]`` → writes
 ``experiments/out/validate_kernels.csv`` and ``.png``.
@@ -27,17 +33,20 @@ Run: ``.venv/bin/python experiments/validate_kernels.py [--no-cv] [--hw-db]`` �
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "experiments")]
 
-import jaxmodel  # noqa: E402,F401  (before hw_db)
+import jaxmodel as jm  # noqa: E402  (before hw_db)
 import hw_db  # noqa: E402
+from jaxmodel.energy import device_power  # noqa: E402
 import calibrate as cal  # noqa: E402
 
 OUT = ROOT / "experiments" / "out"
@@ -108,6 +117,53 @@ def hw_db_table(df: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
+def board_vs_shape(df: pd.DataFrame, anchor_dir: Path | None = None) -> dict:
+    """Evidence on the kernel anchors' GEMM rate: board (clock) or shape? Returns
+    ``same_shape`` (the anchors' GEMM shapes that the A100 cuBLASLt microbenchmarks also ran:
+    median anchor TFLOP/s beside the sustained microbenchmark), ``implied`` (per grouping
+    ``duration`` / ``k`` / ``waves``: median and quartiles of the clock fraction each row
+    implies, the model's full-clock time at the hw_db constants over the measured time; the
+    wave count in 256×128 tiles over 108 SMs) and ``power_clock`` (``{tdp_w: clock fraction}``
+    of a dense GEMM under the power model, :func:`jaxmodel.energy.device_power`)."""
+    dev = hw_db.device("a100_80gb")
+    g = df[df.family == "gemm"].reset_index(drop=True)
+    tflops = 2.0 * g.m * g.n * g.k / g.measured_s / 1e12
+    mb = pd.read_csv(Path(anchor_dir or cal.find_anchors()) / "microbench"
+                     / "gpu_microbenchmarks.csv")
+    mb = mb[(mb.gpu == "A100") & (mb.benchmark == "gemm_cublaslt")]
+    same = []
+    for r in mb.itertuples():
+        m, n, k = (float(t.split("=")[1]) for t in r.shape_or_op.split())
+        hit = (g.m == m) & (g.n == n) & (g.k == k)
+        if hit.any():
+            same.append({"shape": r.shape_or_op, "anchor_rows": int(hit.sum()),
+                         "anchor_tflops": float(tflops[hit].median()),
+                         "cublaslt_sustained_tflops": float(r.value),
+                         "ratio": float(tflops[hit].median() / r.value)})
+    u = g[["m", "n", "k"]].drop_duplicates()
+    f = lambda c: jnp.asarray(c.values, dtype=jnp.float32)  # noqa: E731
+    full = np.asarray(jm.gemm_latency(dev, f(u.m), f(u.n), f(u.k), overhead="kernel"))
+    key = pd.MultiIndex.from_frame(g[["m", "n", "k"]])
+    t_full = pd.Series(full, index=pd.MultiIndex.from_frame(u)).reindex(key).values
+    big = g.measured_s.values > 2e-4                      # compute-bound rows
+    x = pd.DataFrame({"clock": t_full / g.measured_s.values, "dur": g.measured_s.values,
+                      "k": g.k.values,
+                      "waves": np.ceil(g.m / 256) * np.ceil(g.n / 128) / 108.0})[big]
+    bins = {"duration": ("dur", [2e-4, 1e-3, 5e-3, 2e-2, 1.0], "s"),
+            "k": ("k", [0, 1024, 2048, 4096, 8192, 3e4], ""),
+            "waves": ("waves", [0, 1, 2, 4, 16, 64, 1e9], "")}
+    implied = {}
+    for name, (col, edges, _) in bins.items():
+        q = x.groupby(pd.cut(x[col], edges), observed=True).clock
+        implied[name] = pd.DataFrame({"rows": q.size(), "p25": q.quantile(0.25),
+                                      "median": q.median(), "p75": q.quantile(0.75)})
+    power = {}
+    for tdp in (400.0, 300.0):
+        d = dataclasses.replace(dev, tdp_w=tdp)
+        power[tdp] = float(device_power(d, 1.0, 0.0, 0.0)["clock_fraction"])
+    return {"same_shape": pd.DataFrame(same), "implied": implied, "power_clock": power}
+
+
 def _plot(df: pd.DataFrame, path: Path, families):
     import matplotlib
     matplotlib.use("Agg")
@@ -143,6 +199,14 @@ def main(argv=None):
               f"stream {a['board_mmbw']:.2f}); error % = predicted / measured - 1")
         print(t.round(1).to_string(index=False))
         print(f"wrote {OUT / 'validate_kernels_hwdb.csv'}")
+        ev = board_vs_shape(cal.load_kernel_anchors())
+        print("\nsame GEMM shapes, kernel anchors vs sustained cuBLASLt (Azure ND A100 v4):")
+        print(ev["same_shape"].round(3).to_string(index=False))
+        for name, q in ev["implied"].items():
+            print(f"\nclock fraction implied by each row (rows > 0.2 ms), by {name}:")
+            print(q.round(3).to_string())
+        print("\npower model, dense GEMM clock fraction: " + ", ".join(
+            f"{w:.0f} W {c:.3f}" for w, c in ev["power_clock"].items()))
         return t
     df, summary = run(cv=not args.no_cv)
     OUT.mkdir(parents=True, exist_ok=True)

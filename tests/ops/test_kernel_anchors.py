@@ -64,3 +64,18 @@ def test_hw_db_table_shape_families(anchors):
     assert np.isclose(a.hw_db_signed, 100 * err.mean())
     assert np.isclose(a.hw_db_mape, 100 * np.abs(err).mean())
     assert np.all(np.isfinite(t.board_mape))
+
+
+@pytest.mark.slow
+def test_board_vs_shape_evidence(anchors):
+    """The evidence table of validate_kernels --hw-db: both shared shapes found, implied
+    clocks finite, the power model's 400 W clock the hw_db sustained clock (its definition)
+    and a 300 W limit below it."""
+    df = calibrate.load_kernel_anchors(anchors)
+    ev = validate_kernels.board_vs_shape(df, anchors)
+    assert set(ev["same_shape"]["shape"].str.split().str[0]) >= {"m=4096", "m=8192"}
+    for q in ev["implied"].values():
+        assert np.all(np.isfinite(q["median"])) and q.rows.sum() > 1000
+    dev = hw_db.device("a100_80gb")
+    assert np.isclose(ev["power_clock"][400.0], float(dev.sustained_clock_fraction), atol=2e-3)
+    assert ev["power_clock"][300.0] < ev["power_clock"][400.0]
