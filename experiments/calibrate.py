@@ -164,8 +164,11 @@ def load_kernel_anchors(anchor_dir: Path | None = None) -> pd.DataFrame:
 # profiler bursts at near-boost clock, which either part reaches between idle gaps).
 # Two constants of the anchor set are refitted wherever the anchors are predicted
 # (:func:`fit_board`) and not written to a100_80gb.toml: the clock fraction these PyTorch
-# fp16 GEMM kernels ran at on average (~0.82: below the SXM's 0.90 from the sustained cuBLASLt
-# runs, which the model's main loop does not explain for these Llama shapes), and the fraction
+# fp16 GEMM kernels ran at on average (~0.83: below the SXM's 0.90 from the sustained cuBLASLt
+# runs; a property of the anchor board, not of the Llama shapes: the same 8192^3 GEMM runs 9 %
+# slower here than in the sustained cuBLASLt microbenchmark, the clock each row implies is flat
+# in kernel duration, k and wave count, and the power model gives 0.80 for a dense GEMM under a
+# 300 W limit; validate_kernels.py --hw-db prints the evidence), and the fraction
 # of the bandwidth a GEMM's weight stream reaches (~0.7 here against ~0.9 in the short-run
 # decode GEMMs of llmcompass_measured). The kernel-implementation constants (wave latency,
 # kernel floors, the fused kernels' bandwidth fractions) are written to a100_80gb.toml.

@@ -10,12 +10,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import hw_db
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
 
 import calibrate  # noqa: E402
+import validate_kernels  # noqa: E402
 
 
 def test_kernel_anchor_targets(anchors):
@@ -45,3 +47,35 @@ def test_add_l2_reuse_removes_footprint_bias(anchors):
     big = np.median(ratio[footprint > 256e6])
     assert abs(mid - 1) < 0.05 and abs(big - 1) < 0.05, (mid, big)
     assert float(board.global_buffer_reuse_fraction) > 0
+
+
+@pytest.mark.slow
+def test_hw_db_table_shape_families(anchors):
+    """The GEMM rows at the hw_db constants (no refit) beside the refitted board: every shape
+    family partitions the rows, and the errors are those of the two predictions."""
+    df = calibrate.load_kernel_anchors(anchors).iloc[::97].reset_index(drop=True)
+    t = validate_kernels.hw_db_table(df)
+    n = int((df.family == "gemm").sum())
+    for fam, rows in t.groupby("family").rows:
+        assert rows.sum() == n, fam
+    a = t.set_index("family").loc["all"]
+    g = df[df.family == "gemm"].reset_index(drop=True)
+    err = calibrate.predict_kernels(g, hw_db.device("a100_80gb")) / g.measured_s.values - 1
+    assert np.isclose(a.hw_db_signed, 100 * err.mean())
+    assert np.isclose(a.hw_db_mape, 100 * np.abs(err).mean())
+    assert np.all(np.isfinite(t.board_mape))
+
+
+@pytest.mark.slow
+def test_board_vs_shape_evidence(anchors):
+    """The evidence table of validate_kernels --hw-db: both shared shapes found, implied
+    clocks finite, the power model's 400 W clock the hw_db sustained clock (its definition)
+    and a 300 W limit below it."""
+    df = calibrate.load_kernel_anchors(anchors)
+    ev = validate_kernels.board_vs_shape(df, anchors)
+    assert set(ev["same_shape"]["shape"].str.split().str[0]) >= {"m=4096", "m=8192"}
+    for q in ev["implied"].values():
+        assert np.all(np.isfinite(q["median"])) and q.rows.sum() > 1000
+    dev = hw_db.device("a100_80gb")
+    assert np.isclose(ev["power_clock"][400.0], float(dev.sustained_clock_fraction), atol=2e-3)
+    assert ev["power_clock"][300.0] < ev["power_clock"][400.0]
