@@ -492,3 +492,36 @@ def test_inlined_jits_same_graph_values_and_chunked_map_stays_a_loop():
         jaxpr = str(jax.make_jaxpr(traced)(xs))
         assert "pjit" not in jaxpr
         assert jaxpr.count("scan[") == (1 if chunk == 4 else 0)
+
+
+def test_computed_once_and_materialized_change_no_value_nor_gradient():
+    """Both only decide where XLA keeps a value: values, gradients (through the cond) and
+    vmap are those of the identity; the compiled graph holds the shared chain once."""
+    flags = jnp.array([True, False, True])
+    assert nm.computed_once(flags).tolist() == [True, False, True]
+    tree = {"a": jnp.array([0.0, -0.0, 1.5, jnp.inf]), "b": jnp.float32(2.0)}
+    out = nm.materialized(tree)
+    for k in tree:
+        np.testing.assert_array_equal(np.asarray(out[k]), np.asarray(tree[k]))
+    assert np.signbit(np.asarray(out["a"])[1])            # -0.0 kept
+
+    def chain(x):
+        for _ in range(30):
+            x = jnp.where(x > 1.0, 0.5 * x + 1.0, 1.5 * x)
+        return x
+
+    def f(x, once):
+        y = nm.materialized(chain(x)) if once else chain(x)
+        return y * 2.0 + (y - 1.0) * 3.0 + jnp.where(y > 0, y, 1.0)
+    g = jax.grad(lambda x: f(x, True))(1.25)
+    assert g == pytest.approx(float(jax.grad(lambda x: f(x, False))(1.25)))
+    xs = jnp.linspace(0.5, 3.0, 5)
+    np.testing.assert_array_equal(jax.vmap(lambda x: f(x, True))(xs),
+                                  jax.vmap(lambda x: f(x, False))(xs))
+
+    def outputs(x, once):                 # several results reading the same chain
+        y = nm.materialized(chain(x)) if once else chain(x)
+        return y * 2.0, y + 1.0, jnp.where(y > 0, y, 3.0), y * y, y - x
+    size = [len(jax.jit(lambda x, o=o: outputs(x, o)).lower(1.25).compile().as_text())
+            for o in (True, False)]
+    assert size[0] < 0.5 * size[1]
