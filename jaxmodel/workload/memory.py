@@ -247,7 +247,7 @@ def memory_breakdown(result) -> dict:
     if not isinstance(mem, dict) or any(k not in mem for k in TRAIN_MEMORY_TERMS):
         raise ValueError(f"memory_breakdown: result={type(result).__name__} carries no "
                          f"training memory terms {TRAIN_MEMORY_TERMS}")
-    out = {k: jnp.asarray(mem[k]) / 2.0 ** 30 for k in TRAIN_MEMORY_TERMS}
+    out = {k: mem[k] / 2.0 ** 30 for k in TRAIN_MEMORY_TERMS}   # numbers stay numbers
     out["total"] = sum(out[k] for k in TRAIN_MEMORY_TERMS)
     return out
 
