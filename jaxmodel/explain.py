@@ -15,7 +15,11 @@ are steps. At a switch the derivative is one-sided. :func:`sensitivity` evaluate
 vmapped call, the forward and backward differences ``(ln f(x·e^{±h}) − ln f(x)) / (±h)`` of
 every knob and flags the knob (``kink``) when they disagree by more than
 ``kink_tol·max(1, |ε|)`` — the point sits within a relative step ``h`` of a switch, and
-``elasticity`` then describes one side only (the finite differences give both).
+``elasticity`` then describes one side only (the finite differences give both) — or when
+the elasticity is zero while a difference exceeds ``kink_tol / 10``: a knob the metric
+depends on only through discrete choices (a buffer size deciding which GEMM tiles fit) is
+a staircase, flat between its steps, whose differences measure the steps within ``±h``,
+not a slope.
 
 **Many points** (:func:`sensitivity_batch`, :func:`explain_train_batch`,
 :func:`explain_serve_batch`): the per-point answer — the reverse pass and the ``2k`` vmapped
@@ -245,9 +249,12 @@ def _point_answer(fn, names, h, has_aux):
 
 
 def _kinks(eps, fwd, bwd, fd_ok, kink_tol):
-    """Knobs whose one-sided differences disagree by more than ``kink_tol·max(1, |ε|)``."""
+    """Knobs whose one-sided differences disagree by more than ``kink_tol·max(1, |ε|)``, or
+    with a zero elasticity (below 1e-12: the reverse and forward passes round apart) and a
+    difference over ``kink_tol / 10`` (a step within ``±h`` of a staircase)."""
     kink = np.abs(fwd - bwd) > kink_tol * np.maximum(1.0, np.abs(eps))
-    return kink & np.asarray(fd_ok, bool)
+    step = (np.abs(eps) < 1e-12) & (np.maximum(np.abs(fwd), np.abs(bwd)) > 0.1 * kink_tol)
+    return (kink | step) & np.asarray(fd_ok, bool)
 
 
 def sensitivity(fn: Callable, config, wrt: Sequence[str] | None = None, *,
