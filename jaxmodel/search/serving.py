@@ -74,6 +74,7 @@ from jaxmodel import serving as _srv
 from jaxmodel import speculative as _spec
 from jaxmodel.batching import ONE_SHOT_COMPILE_OPTIONS, jit_leaves, map_points
 from jaxmodel.numerics import REASONS, pareto_mask
+from jaxmodel.parallel.gemm_table import deferred_gemm, gemms_batched
 from jaxmodel.types import Model, Parallelism, System
 from jaxmodel.workload.layer import variant_of
 
@@ -139,8 +140,8 @@ def _evaluate(table, rows, system, isl, osl, ttft_slo, tpot_slo, disagg: bool):
 #: (XLA's HLO passes unchanged, LLVM level 0: the inference graph with its GEMM tile
 #: searches compiles in less time; the same numbers to float rounding), traced with the
 #: jitted jax.numpy helpers inlined (no loops inside: :func:`jaxmodel.batching.inlined_jits`).
-_tables_jit = jit_leaves(_srv._serving_costs, compiler_options=ONE_SHOT_COMPILE_OPTIONS,
-                         inline=True)
+_tables_jit = jit_leaves(gemms_batched(_srv._serving_costs),
+                         compiler_options=ONE_SHOT_COMPILE_OPTIONS, inline=True)
 #: Stage 2: the steady state of 10⁵ rows (run on many rows: the default optimisation level).
 _evaluate_jit = jit_leaves(_evaluate, cast=False)
 
@@ -479,7 +480,7 @@ def _run_stages(system, model, tables_in, rows, lengths, limits, progress):
     # the name is a static pytree field: without it, models of one family share the
     # executable within a process; the variant of every table (one graph for all parts)
     model_s, variant = dataclasses.replace(model, name=""), variant_of(model, par, system)
-    parts = [(system, model_s, p, *lengths, _srv.Engine(pr, rt, variant, sp))
+    parts = [(system, model_s, p, *lengths, _srv.Engine(pr, rt, variant, sp, deferred_gemm))
              for p, pr, rt, sp in _table_parts((par, prec_b, rt_b, spec_b), n_tables)]
     with _process.stage("search_serving: cost tables", show_after=shown) as st:
         tables_built = _tables_jit.compile_async(*parts[0])
