@@ -23,6 +23,11 @@ fixed (as in a parallelism search).
 (:meth:`GemmTable.for_train_step` does).
 Gradients w.r.t. device knobs do not flow through a table (use the tile search for those).
 
+Within one traced graph, :func:`gemms_batched` de-duplicates without a recording run: the
+hook :func:`deferred_gemm` leaves each GEMM as one equation of the graph, and the graph is
+evaluated with every GEMM of a dependency level timed in one tile search over the distinct
+operand rows (what the serving search's cost tables use).
+
 Example:
     >>> system, model = hw_db.system("dgx_a100", nodes=2), hw_db.model("gpt2-medium")
     >>> par_batch = jm.Parallelism(dp=jnp.array([2.0, 4.0]), tp=jnp.array([8.0, 4.0]))
