@@ -219,8 +219,9 @@ _gemm_p = jax.extend.core.Primitive("deferred_gemm")
 def deferred_gemm(dev, m, n, k, batch=1.0, dtype_bytes=2.0):
     """GEMM hook (the models' static ``gemm=``): the default GEMM model's time of
     ``[batch×m×k]·[batch×k×n]`` (:func:`jaxmodel.workload.blocks.default_gemm`: the tile
-    search with the per-kernel overhead), s — the same number, evaluated where
-    :func:`gemms_batched` puts it: every call of a graph in one de-duplicated tile search.
+    search with the per-kernel overhead), s — the same formula on the same arguments,
+    evaluated where :func:`gemms_batched` puts it: every call of a graph in one
+    de-duplicated tile search.
     Outside :func:`gemms_batched` (or inside loops there) each call is timed where it
     stands. No derivatives (tables built for a search). The arguments' traced leaves are
     the operands; the others (Python and numpy numbers, names) stay as they are, so the
