@@ -171,9 +171,11 @@ class _Ctx(NamedTuple):
             self.system.device, self.par, self.variant, self.rt, decode)[0])
 
 
-def _draft_costs(c: _Ctx, k, spec, one_tok, pre):
+def _draft_costs(c: _Ctx, k, spec, one_tok, pre, head_ends):
     """``(prefill_s, step_s, memory)`` of the proposer of speculative decoding
-    (:mod:`jaxmodel.speculative`) for ``c.mb`` sequences per micro-batch, ``c.b`` per replica.
+    (:mod:`jaxmodel.speculative`) for ``c.mb`` sequences per micro-batch, ``c.b`` per replica;
+    ``head_ends``: the embedding lookup, its all-reduce, the LM head and its all-gather of
+    one draft token (``e["draft"]`` of :func:`_ends`, timed there beside the target's).
 
     - MTP / EAGLE head (DeepSeek-V3 §2.2; Li et al. 2024 §4.1): a draft token is the
       projection ``[mb, 2d]×[2d, d/t]``, one decoder layer of the model's kind at one new
@@ -194,10 +196,10 @@ def _draft_costs(c: _Ctx, k, spec, one_tok, pre):
     d = model.d_model
     tp = jnp.maximum(par.tp, 1.0)
     dec_sys = c.at(True)
-    lookup, ar = serving_embedding(dec_sys, model, par, mb, dtype_s)
-    head_c, head_g = serving_head(dec_sys, model, par, mb, c.gemm, prec)
-    proj1 = gemm_f(c.system.device, mb, d / tp, 2.0 * d, 1.0, dtype_s)
-    projp = gemm_f(c.system.device, mb * prompt, d / tp, 2.0 * d, 1.0, dtype_s)
+    lookup, ar, head_c, head_g = head_ends
+    # the projection of a draft token and of the prompt: one (vmapped) GEMM call
+    proj1, projp = jax.vmap(lambda m: gemm_f(c.system.device, m, d / tp, 2.0 * d, 1.0,
+                                             dtype_s))(jnp.stack([mb, mb * prompt]))
     head_step = one_tok["total"] + proj1 + lookup + ar + head_c + head_g
     head_pre = pre["total"] + projp
     ctx = prompt + c.gen + k
@@ -262,33 +264,41 @@ def _layer_steps(c: _Ctx, kv_samples: int, spec):
 def _ends(c: _Ctx, per_step, spec):
     """The embedding, the ``pp − 1`` stage hops and the LM head of the prompt and of one
     decode step (index 0 / 1 of ``lookup``, ``emb_ar``, ``hop1``), with the runtime's step
-    and per-layer set-up overheads, s."""
+    and per-layer set-up overheads, s. Under speculative decoding a third lane times the
+    embedding and the LM head of one draft token per sequence (``mb`` rows at the decode
+    step's kernel overheads; ``e["draft"]`` = lookup, all-reduce, head, all-gather, for
+    :func:`_draft_costs`): the lanes of one traced call (one copy of each collective and of
+    the head GEMM's tile search in the graph), the same numbers as separate calls."""
     model, par, mb = c.model, c.par, c.mb
-    tokens = jnp.stack([mb * c.prompt, mb * per_step])
-    is_decode = jnp.asarray([False, True])
+    draft = spec is not None
+    tokens = jnp.stack([mb * c.prompt, mb * per_step] + [mb] * draft)
+    is_decode = jnp.asarray([False, True] + [True] * draft)
     lookup, emb_ar = jax.vmap(lambda n, d: serving_embedding(c.at(d), model, par, n, c.dtype_s,
                                                              c.variant))(tokens, is_decode)
     hop1 = jax.vmap(lambda n: _pp_hop(c.system, par, n * model.d_model * c.dtype_s,
-                                      c.variant.net))(tokens)
+                                      c.variant.net))(tokens[:2])
     hops = (jnp.maximum(par.pp, 1.0) - 1.0) * hop1
     emb = lookup + emb_ar
-    e = {"lookup": lookup, "emb_ar": emb_ar, "hop1": hop1, "emb_pre": emb[0],
+    e = {"lookup": lookup[:2], "emb_ar": emb_ar[:2], "hop1": hop1, "emb_pre": emb[0],
          "emb_dec": emb[1], "hop_pre": hops[0], "hop_dec": hops[1], "step": 0.0, "setup": 0.0}
+    rows = jnp.stack([mb, mb * per_step] + [mb] * draft)
     if c.rt is None and spec is None:
         head_c, head_g = serving_head(c.system, model, par, mb, c.gemm, c.prec, c.variant)
         e["head_pre"] = e["head_dec"] = head_c + head_g
     elif c.rt is None:
         head_c, head_g = jax.vmap(lambda n: serving_head(c.system, model, par, n, c.gemm,
-                                                         c.prec, c.variant))(
-            jnp.stack([mb, mb * per_step]))
+                                                         c.prec, c.variant))(rows)
         e["head_pre"], e["head_dec"] = head_c[0] + head_g[0], head_c[1] + head_g[1]
     else:
         head_c, head_g = jax.vmap(lambda n, d: serving_head(c.at(d), model, par, n, c.gemm,
                                                             c.prec, c.variant))(
-            jnp.stack([mb, mb * per_step]), is_decode)
+            rows, is_decode)
         e["head_pre"], e["head_dec"] = head_c[0] + head_g[0], head_c[1] + head_g[1]
         e["step"] = c.rt.step_overhead_s
         e["setup"] = c.rt.context_layer_overhead_s * model.n_layers / jnp.maximum(par.pp, 1.0)
+    if draft:
+        e["draft"] = (lookup[2], emb_ar[2], head_c[2], head_g[2])
+        head_c, head_g = head_c[:2], head_g[:2]
     e["head_c"], e["head_g"] = head_c, head_g
     return e
 
@@ -414,7 +424,7 @@ def _step(system, model, par, options: InferenceOptions, prec, runtime, speculat
     draft_mem = None
     if spec is not None:
         draft_pre, draft_dec, draft_mem = _draft_costs(
-            c, k_d, spec, {k: v[-1] for k, v in steps.items()}, pre)
+            c, k_d, spec, {k: v[-1] for k, v in steps.items()}, pre, e["draft"])
         first_pre, slot_pre = first_pre + draft_pre, slot_pre + draft_pre
         first_dec, slot_dec = first_dec + draft_dec, slot_dec + draft_dec
     ttft = jnp.where(many, first_pre + (n_mb - 1.0) * slot_pre, first_pre) + e["step"] \

@@ -34,7 +34,14 @@ Python: one thread at a time) and each compiles on a thread of its own as soon a
 lowered (XLA releases the GIL while compiling): stage 2 traces while stage 1 compiles, and
 the compilations run side by side. Stage 1 runs in parts of its rows, one per core, side by
 side with one executable (XLA:CPU evaluates its biggest fusion, the tables' GEMM tile
-searches, on one core). Stage 1 is traced with the ``jax.numpy`` helpers' jits
+searches, on one core). Stage 1 times its GEMMs together
+(:func:`jaxmodel.parallel.gemm_table.gemms_batched` with the hook
+:func:`~jaxmodel.parallel.gemm_table.deferred_gemm`): every GEMM of the inference graph (the
+layer lanes, LM heads and draft projections of every table row and batch point) in one
+tile search per kind over the distinct shapes — the decode lanes at three KV lengths share
+their weight GEMMs, tables of one tensor-parallel degree many more — so the graph holds two
+copies of the tile search instead of one per call site and evaluates a fraction of the
+candidates. Stage 1 is traced with the ``jax.numpy`` helpers' jits
 inlined (:func:`jaxmodel.batching.inlined_jits`: the same graph, about 40 % less tracing
 and lowering under its nested ``vmap`` s). On the CPU backend
 (:class:`jaxmodel.batching.jit_leaves`) stage 1, which runs once on tens of rows, compiles with
@@ -74,6 +81,7 @@ from jaxmodel import serving as _srv
 from jaxmodel import speculative as _spec
 from jaxmodel.batching import ONE_SHOT_COMPILE_OPTIONS, jit_leaves, map_points
 from jaxmodel.numerics import REASONS, pareto_mask
+from jaxmodel.parallel.gemm_table import deferred_gemm, gemms_batched
 from jaxmodel.types import Model, Parallelism, System
 from jaxmodel.workload.layer import variant_of
 
@@ -134,13 +142,17 @@ def _evaluate(table, rows, system, isl, osl, ttft_slo, tpot_slo, disagg: bool):
 
 
 #: Stage 1: :func:`jaxmodel.serving.serving_costs` of every (plan, precision, runtime) row
+#: with its GEMMs timed together (:func:`jaxmodel.parallel.gemm_table.gemms_batched`; the
+#: tables' engine carries :func:`~jaxmodel.parallel.gemm_table.deferred_gemm`)
 #: (and :data:`_offline_jit`, the offline column of the same rows): run once per search,
 #: so compiled with :data:`jaxmodel.batching.ONE_SHOT_COMPILE_OPTIONS` on the CPU backend
 #: (XLA's HLO passes unchanged, LLVM level 0: the inference graph with its GEMM tile
 #: searches compiles in less time; the same numbers to float rounding), traced with the
-#: jitted jax.numpy helpers inlined (no loops inside: :func:`jaxmodel.batching.inlined_jits`).
-_tables_jit = jit_leaves(_srv._serving_costs, compiler_options=ONE_SHOT_COMPILE_OPTIONS,
-                         inline=True)
+#: jitted jax.numpy helpers inlined (no loops inside but the GEMMs' own, which
+#: :func:`~jaxmodel.parallel.gemm_table.gemms_batched` builds as a loop:
+#: :func:`jaxmodel.batching.inlined_jits`).
+_tables_jit = jit_leaves(gemms_batched(_srv._serving_costs),
+                         compiler_options=ONE_SHOT_COMPILE_OPTIONS, inline=True)
 #: Stage 2: the steady state of 10⁵ rows (run on many rows: the default optimisation level).
 _evaluate_jit = jit_leaves(_evaluate, cast=False)
 
@@ -479,7 +491,7 @@ def _run_stages(system, model, tables_in, rows, lengths, limits, progress):
     # the name is a static pytree field: without it, models of one family share the
     # executable within a process; the variant of every table (one graph for all parts)
     model_s, variant = dataclasses.replace(model, name=""), variant_of(model, par, system)
-    parts = [(system, model_s, p, *lengths, _srv.Engine(pr, rt, variant, sp))
+    parts = [(system, model_s, p, *lengths, _srv.Engine(pr, rt, variant, sp, deferred_gemm))
              for p, pr, rt, sp in _table_parts((par, prec_b, rt_b, spec_b), n_tables)]
     with _process.stage("search_serving: cost tables", show_after=shown) as st:
         tables_built = _tables_jit.compile_async(*parts[0])

@@ -72,12 +72,15 @@ class Engine(NamedTuple):
     """How the forward steps run (a pytree passed through ``@batched``): ``precision`` and
     ``runtime`` as :func:`jaxmodel.inference` takes them, ``variant`` the static code paths
     (:func:`jaxmodel.workload.layer.variant_of`; for disaggregated serving a pair, prefill
-    pool then decode pool), ``speculative`` None or a :class:`jaxmodel.Speculative`."""
+    pool then decode pool), ``speculative`` None or a :class:`jaxmodel.Speculative`,
+    ``gemm`` the GEMM function of :func:`jaxmodel.inference` (static; None = the tile
+    search)."""
 
     precision: Any = None
     runtime: Any = None
     variant: Any = ANY
     speculative: Any = None
+    gemm: Any = None
 
 
 def scheduler_settings(runtime, **given) -> dict:

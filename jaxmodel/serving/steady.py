@@ -187,7 +187,7 @@ def serving_costs_single(system: System, model: Model, par: Parallelism, isl, os
     osl = jnp.asarray(osl, f)
     rt = _rtp.runtime_arg(engine.runtime)
     r = jax.vmap(lambda n: inference_single(system, model, par, n * dp, isl, osl,
-                                            memory_rule=False, precision=precision,
+                                            engine.gemm, memory_rule=False, precision=precision,
                                             runtime=rt, variant=variant,
                                             speculative=speculative))(grid)
     br = r.breakdown

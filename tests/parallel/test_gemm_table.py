@@ -78,3 +78,29 @@ def test_table_keys_the_compute_dtype_rate():
     assert float(_two_gemms(fast, 128.0, gemm=table.lookup)) == pytest.approx(direct,
                                                                               rel=1e-9)
     assert np.isinf(float(_two_gemms(DEV, 128.0, gemm=table.lookup)))
+
+
+def _chained(dev, m, gemm):
+    """Three GEMMs of a traced size under a vmap (two of one shape), a batched one, and a
+    fourth whose size depends on the first one's time (a second level of
+    :func:`gemm_table.gemms_batched`)."""
+    t = jax.vmap(lambda x: gemm(dev, x, 256.0, 512.0, 1.0, 2.0))(jnp.stack([m, m, 2.0 * m]))
+    b = gemm(dev, m, 64.0, 64.0, m / 32.0, 2.0)
+    m2 = jnp.where(t[0] > 0, 3.0 * m, m)
+    return t, b, gemm(dev, m2, 128.0, 128.0, 1.0, 2.0)
+
+
+def test_deferred_gemms_equal_the_tile_search():
+    ms = jnp.asarray([128.0, 256.0, 128.0, 96.0])
+    want = jax.jit(jax.vmap(lambda m: _chained(DEV, m, gt.default_gemm)))(ms)
+    fn = gt.gemms_batched(lambda x: jax.vmap(lambda m: _chained(DEV, m, gt.deferred_gemm))(x))
+    got = jax.jit(fn)(ms)
+    for w, g in zip(want, got):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
+    assert np.all(np.isfinite(np.asarray(want[2])))
+    # one tile-search loop per kind and level: static batch 1, traced batch, then the
+    # GEMM that depends on a time — not one search per call site
+    eqns = jax.make_jaxpr(fn)(ms).jaxpr.eqns
+    assert not any(e.primitive is gt._gemm_p for e in eqns)
+    assert sum(e.primitive.name == "scan" for e in eqns) == 3
