@@ -61,9 +61,13 @@ def _run(args: list[str], env: dict) -> tuple[float, float, str, str, int]:
 def main() -> pd.DataFrame:
     rows = []
     with tempfile.TemporaryDirectory(prefix="jaxmodel-bench-") as tmp:
+        # TF_CPP_MIN_LOG_LEVEL: this process's own JAX import set it to 1, which a child
+        # would inherit (a shell has none; the command line's default hides jaxlib's cache
+        # loader lines, see jaxmodel.process.prepare_logging)
         base = {k: v for k, v in os.environ.items()
                 if k not in ("JAXMODEL_CACHE_DIR", "JAXMODEL_NO_CACHE", "XLA_FLAGS",
-                             "JAX_COMPILATION_CACHE_DIR", "PYTHONDONTWRITEBYTECODE")}
+                             "JAX_COMPILATION_CACHE_DIR", "PYTHONDONTWRITEBYTECODE",
+                             "TF_CPP_MIN_LOG_LEVEL")}
         env = {**base, "XDG_CACHE_HOME": tmp, "PYTHONPATH": str(ROOT)}
         off = {**env, "JAXMODEL_NO_CACHE": "1"}
         library = {**off, "XLA_FLAGS": "--xla_cpu_use_fusion_emitters=true"}
