@@ -590,12 +590,21 @@ def te_amax_sync_exposed(t_fwd_reduce, t_bwd_reduce, microbatches, interleave, p
         Seconds per step (≥ 0).
     """
     f = jnp.result_type(float)
+    steps, _ = _critical_chunk_steps(microbatches, interleave, pp)
+    t = (jnp.maximum(jnp.asarray(t_fwd_reduce, dtype=f), 0.0)
+         + jnp.maximum(jnp.asarray(t_bwd_reduce, dtype=f), 0.0))
+    return steps * t
+
+
+def _critical_chunk_steps(microbatches, interleave, pp):
+    """``(m·v + p − 1, p)``: the chunk steps on an (interleaved) pipeline's critical path —
+    every micro-batch's ``v`` chunks and the ``p − 1`` of the fill (Narayanan et al.,
+    SC'21, §2.2) — and the stage count, from ``m ≥ 0``, ``v ≥ 1``, ``p ≥ 1``."""
+    f = jnp.result_type(float)
     m = jnp.maximum(jnp.asarray(microbatches, dtype=f), 0.0)
     v = jnp.maximum(jnp.asarray(interleave, dtype=f), 1.0)
     p = jnp.maximum(jnp.asarray(pp, dtype=f), 1.0)
-    t = (jnp.maximum(jnp.asarray(t_fwd_reduce, dtype=f), 0.0)
-         + jnp.maximum(jnp.asarray(t_bwd_reduce, dtype=f), 0.0))
-    return (m * v + p - 1.0) * t
+    return m * v + p - 1.0, p
 
 
 def forward_only_p2p_exposed(t_hop, microbatches, interleave, pp):
@@ -632,12 +641,9 @@ def forward_only_p2p_exposed(t_hop, microbatches, interleave, pp):
     Returns:
         Seconds per pass (≥ 0).
     """
-    f = jnp.result_type(float)
-    m = jnp.maximum(jnp.asarray(microbatches, dtype=f), 0.0)
-    v = jnp.maximum(jnp.asarray(interleave, dtype=f), 1.0)
-    p = jnp.maximum(jnp.asarray(pp, dtype=f), 1.0)
-    t = jnp.maximum(jnp.asarray(t_hop, dtype=f), 0.0)
-    return jnp.where(p > 1.5, (m * v + p - 1.0) * t, 0.0)
+    steps, p = _critical_chunk_steps(microbatches, interleave, pp)
+    t = jnp.maximum(jnp.asarray(t_hop, dtype=jnp.result_type(float)), 0.0)
+    return jnp.where(p > 1.5, steps * t, 0.0)
 
 
 def te_weight_cast_time(dev, n_weights, bytes_per_weight, kernels=1.0):
