@@ -167,8 +167,8 @@ def _fit_front(grid):
         pts = np.stack([grid[0] * grid[1] + grid[1] * grid[2] + grid[0] * grid[2],
                         grid[0], grid[1], grid[3], np.minimum(grid[4], grid[2])])  # (5, C)
         le = np.all(pts[:, :, None] <= pts[:, None, :], axis=0)           # [d, c]: d <= c
-        lt = np.any(pts[:, :, None] < pts[:, None, :], axis=0)
-        dominated = np.any(le & lt, axis=0)
+        # d dominates c: d <= c everywhere and somewhere d < c, i.e. not also c <= d
+        dominated = np.any(le & ~le.T, axis=0)
         _FIT_FRONTS[key] = (grid, grid[:, ~dominated])    # keep grid alive: id stays unique
     return _FIT_FRONTS[key][1]
 
