@@ -51,6 +51,7 @@ import numpy as np
 from jax.interpreters import batching, mlir
 
 from jaxmodel import ops as _ops
+from jaxmodel.numerics import max_of
 from jaxmodel.batching import bucket_width, join_leaves, map_blocks, split_leaves
 from jaxmodel.parallel.train import stage_times, sustained_device
 from jaxmodel.types import Device
@@ -391,7 +392,7 @@ def _timed_together(eqns, read) -> list:
         for e, s in zip(eqns, shapes)]) for j in cols], axis=1)
     uniq, inv = jnp.unique(key, axis=0, return_inverse=True, size=n_rows,
                            fill_value=key[0])
-    n_unique = jnp.max(inv) + 1
+    n_unique = max_of(inv, axis=None) + 1
     width = min(DEDUP_BLOCK, n_rows)
     n_blocks = -(-n_rows // width)
     uniq = jnp.concatenate([uniq, jnp.broadcast_to(uniq[-1:], (n_blocks * width - n_rows,
