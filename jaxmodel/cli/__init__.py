@@ -72,8 +72,8 @@ from jaxmodel.cli.common import (EXAMPLES, _emit, _flatten, _hardware_args,  # n
 from jaxmodel.cli.explain import _cmd_explain, _explain_parser, _explain_text  # noqa: F401
 from jaxmodel.cli.launch import (_export_parser, _launch_result, _search_export,  # noqa: F401
                                  _search_export_option, _write_launch, cmd_export)
-from jaxmodel.cli.predict import (_energy_lines, _predict, _predict_xla_flags,  # noqa: F401
-                                  _print_memory_table, cmd_cost, cmd_list, cmd_predict)
+from jaxmodel.cli.predict import (_energy_lines, _predict, _print_memory_table,  # noqa: F401
+                                  cmd_cost, cmd_list, cmd_predict)
 from jaxmodel.cli.search import (CODESIGN_KEYS, CODESIGN_OPTIONS,  # noqa: F401
                                  DISTRIBUTED_COMMANDS, SWEEP_KEYS, _cmd_distributed,
                                  _distributed_parser, _serve_search_parser, _step_options,

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from jaxmodel.cli.common import _hardware_args, _par_args, _spec_from_args, build_call
-from jaxmodel.cli.predict import _predict_xla_flags
+from jaxmodel.batching import one_shot_xla_flags
 
 
 def _explain_parser(add) -> None:
@@ -56,7 +56,7 @@ def _explain_text(x, top: int) -> str:
 
 
 def _cmd_explain(a) -> Any:
-    _predict_xla_flags()
+    one_shot_xla_flags()
     import jaxmodel as jm
     phase = a.phase or ("train" if a.what == "predict" else "inference")
     if a.what == "serve" and phase == "train":

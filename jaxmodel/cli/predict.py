@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Mapping
 
+from jaxmodel import batching
 from jaxmodel.plan_io import to_jsonable
 from jaxmodel.cli.common import _spec_from_args, build_call
 
@@ -26,16 +27,8 @@ def cmd_list(a) -> Any:
     return out
 
 
-def _predict_xla_flags() -> None:
-    """The command line's compiler options (:func:`jaxmodel.batching.one_shot_xla_flags`),
-    where ``import jaxmodel`` has not added them already."""
-    from jaxmodel.batching import one_shot_xla_flags
-    one_shot_xla_flags()
-
-
 def cmd_predict(a) -> Any:
-    from jaxmodel import batching
-    _predict_xla_flags()
+    batching.one_shot_xla_flags()     # where ``import jaxmodel`` has not added them
     # loading already started by ``import jaxmodel`` (batching.prepare_command_line) where
     # the command line begins with ``predict``; a second request is a no-op
     question = batching.prefetch_question(getattr(a, "argv", None))
@@ -112,7 +105,6 @@ def _energy_lines(a, args, kwargs, raw, spec) -> dict:
     """``joules_per_token`` (per trained / generated token, board energy of all devices) and
     ``power_w_per_gpu`` of a prediction (:mod:`jaxmodel.energy`); none for LoRA steps."""
     import jaxmodel as jm
-    from jaxmodel import batching
     if kwargs.get("finetune") is not None:
         return {}
     system, model, par = args[:3]
