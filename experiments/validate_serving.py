@@ -61,7 +61,8 @@ why). Llama-4's chunked-attention layers decode by TensorRT-LLM's MMHA fallback
 (predicted vs measured per model).
 
 Run: ``python experiments/validate_serving.py`` (a few minutes on CPU; ``--v1`` runs the
-v1.0 set alone, ``--no-v1`` the older sets alone).
+v1.0 set alone, ``--no-v1`` the older sets alone, ``--v1-models "Llama 4 Maverick,..."`` the
+v1.0 rows of those models alone).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import hw_db  # noqa: E402
 import jaxmodel as jm  # noqa: E402
+from jaxmodel.serving.steady import step_time  # noqa: E402
 from jaxmodel.serving_runtime import graph_padded_batch, trtllm_bench_settings  # noqa: E402
 from jaxmodel.workload.params import param_count  # noqa: E402
 
@@ -528,6 +530,9 @@ V1_MOE = ("Llama 4 Scout", "Llama 4 Maverick", "Qwen3-235B-A22B")
 #: ``iteration_implied_ms`` in the output: the iteration time at the model's batch that
 #: would reproduce the measured throughput (``iteration_ms`` × predicted / measured).
 V1_MOE_DEPLOY = "tp_ep"
+#: ``--v1-models A,B``: the v1.0 rows of these models alone (quick iteration; the fits and
+#: leave-one-model-out then run on those rows only). Empty = every row.
+V1_ONLY: tuple = ()
 
 
 def v1_costs(rows: pd.DataFrame):
@@ -626,6 +631,36 @@ def v1_bench_settings(rows) -> list[dict]:
     return out
 
 
+def v1_decode_split(rows, costs, r, step):
+    """Per model, the least-squares ``(a, b)`` of ``implied decode ≈ a·attention + b·rest``
+    over its rows (a diagnostic): each row's modelled decode iteration at its batch
+    (:func:`jaxmodel.serving.steady.step_time` on the cost table) split into the attention
+    share (``ServingCosts.attn_s``, same interpolation) and the rest (GEMMs, norms, TP
+    all-reduces, host step), and the decode time the measured throughput implies (the
+    modelled iteration scaled by predicted / measured, less the iteration's modelled prefill
+    share). ``(1, 1)`` = both parts right; a model whose over-prediction sits in one part
+    shows it there. Returns {model: (a, b)}."""
+    iters = np.asarray(r.iteration_s)
+    ratio = np.asarray(r.throughput_per_gpu) / rows["output_tokens_per_s_per_gpu_derived"].to_numpy(
+        float)
+    batch = np.asarray(r.batch)
+    att, rest, implied = [], [], []
+    for i in range(len(rows)):
+        c = jax.tree.map(lambda x: np.asarray(x)[i], costs)
+        dec = float(step_time(c, batch[i])) + step
+        a = float(step_time(dataclasses.replace(c, step_s=c.attn_s), batch[i]))
+        att.append(a)
+        rest.append(dec - a)
+        implied.append(iters[i] * ratio[i] - (iters[i] - dec))
+    att, rest, implied = map(np.asarray, (att, rest, implied))
+    out = {}
+    for name in rows["model"].unique():
+        k = (rows["model"] == name).to_numpy()
+        out[name] = tuple(np.linalg.lstsq(np.stack([att[k], rest[k]], 1), implied[k],
+                                          rcond=None)[0])
+    return out
+
+
 V1_HELD_GB = (0.0, 2.0, 4.0, 8.0)
 
 
@@ -647,6 +682,8 @@ def v1_memory_sensitivity(rows, costs, step):
 def main_v1():
     os.makedirs(OUT, exist_ok=True)
     rows = pd.read_csv(os.path.join(ANCHORS, V1_FILE))
+    if V1_ONLY:
+        rows = rows[rows["model"].isin(V1_ONLY)].reset_index(drop=True)
     costs = v1_costs(rows)
     dense = ~rows["model"].isin(V1_MOE)
     preset = float(jm.RUNTIMES[V1_PROFILE]["step_overhead_s"])
@@ -664,13 +701,14 @@ def main_v1():
     e_cv = pd.concat(cv).loc[rows.index]
 
     # check: the closed form equals the model run at the preset value (one row)
-    i0 = rows.index[rows["model"] == "Llama 3.1 8B"][0]
-    chk = jm.offline_throughput(hw_db.system("dgx_h100"), hw_db.model("llama3.1-8b"),
-                                jm.Parallelism(dp=8.0), float(rows.loc[i0, "isl"]),
-                                float(rows.loc[i0, "osl"]), precision="fp8",
-                                runtime=V1_PROFILE)
-    assert np.isclose(float(chk.throughput_per_gpu),
-                      float(np.asarray(r_pre.throughput_per_gpu)[i0]), rtol=1e-4), "closed form"
+    for i0 in rows.index[rows["model"] == "Llama 3.1 8B"][:1]:
+        chk = jm.offline_throughput(hw_db.system("dgx_h100"), hw_db.model("llama3.1-8b"),
+                                    jm.Parallelism(dp=8.0), float(rows.loc[i0, "isl"]),
+                                    float(rows.loc[i0, "osl"]), precision="fp8",
+                                    runtime=V1_PROFILE)
+        assert np.isclose(float(chk.throughput_per_gpu),
+                          float(np.asarray(r_pre.throughput_per_gpu)[i0]), rtol=1e-4), \
+            "closed form"
 
     print(f"TensorRT-LLM v1.0, DGX H100 FP8 offline throughput ({len(rows)} rows; MoE rows "
           f"deployed as {V1_MOE_DEPLOY}):")
@@ -709,6 +747,9 @@ def main_v1():
     print(f"  all rows {mape(e_pre):.1f} % (leave-one-model-out {mape(e_cv):.1f} %); dense rows "
           f"{mape(e_pre[dense]):.1f} % (leave-one-model-out {mape(e_cv[dense]):.1f} %); "
           f"infeasible rows: {int((~table['feasible']).sum())}")
+    print("  decode split per model, implied ≈ a·attention + b·rest (v1_decode_split; "
+          "diagnostic): " + ", ".join(f"{k} a {a:.2f} b {b:.2f}" for k, (a, b) in
+                                      v1_decode_split(rows, costs, r_pre, preset).items()))
     print("  MAPE per model with memory held outside the KV pool besides the model's count "
           "(diagnostic):")
     for gb, per in v1_memory_sensitivity(rows, costs, preset).items():
@@ -743,6 +784,8 @@ if __name__ == "__main__":
         V1_MOE_DEPLOY = "attention_dp_ep"
     if "--moe-tp" in sys.argv:
         V1_MOE_DEPLOY = "tp"
+    if "--v1-models" in sys.argv:
+        V1_ONLY = tuple(sys.argv[sys.argv.index("--v1-models") + 1].split(","))
     if "--v1" not in sys.argv:
         main()
     if "--no-v1" not in sys.argv:
