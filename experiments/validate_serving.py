@@ -527,6 +527,53 @@ V1_MOE = ("Llama 4 Scout", "Llama 4 Maverick", "Qwen3-235B-A22B")
 #:   cpp/tensorrt_llm/kernels/cutlass_kernels/cutlass_heuristic.cpp): at most a few ms per
 #:   iteration for Maverick's ~9 tokens per expert, and it would slow Qwen3, already under.
 #:
+#: Checked against the Maverick rows after the vision-tower term (``"tp_ep"``; MAPE Scout /
+#: Maverick / Qwen3 15.0 / 40.2 / 4.1 %, all rows 14.3 %), none adopted:
+#:
+#: - Where the gap sits (``v1_decode_split``, printed): the measured-implied decode iteration
+#:   fits ``a·attention + b·rest`` with Qwen3 a 1.03, b 0.97 and Llama-3.1 405B 1.51 / 1.19,
+#:   but Maverick -0.04 / 2.89 and Scout 0.32 / 1.9: on the Llama-4 rows the over-prediction
+#:   grows with the batch, not with the cache read (largest at short contexts and large
+#:   batches), so more chunked-layer attention cost is not what the rows ask for.
+#: - Which weights are not FP8 (``tensorrt_llm/_torch/models/modeling_llama.py``,
+#:   ``Llama4MoE``): the router is built ``Linear(..., quant_config=None)`` in the checkpoint
+#:   dtype (BF16; 24 × 5120 × 128 parameters, 31 MB per GPU); attention, the dense MLP
+#:   layers (``GatedMLP``) and the shared expert take the model's quantisation config (FP8),
+#:   as ``"fp8"`` assumes. The checkpoint's ``exclude_modules`` list was not found in the
+#:   stored sources (the LM head, if excluded as ModelOpt's defaults do: +0.13 GB per GPU and
+#:   a BF16 head GEMM, < 0.5 ms per iteration); the accuracy test asserts its FP8 KV cache.
+#:   No lever of the size needed.
+#: - Llama-4 per-token kernels the layer rows do not list (QK L2 norm on the RoPE layers,
+#:   attention temperature scaling on the NoPE layers, RoPE, the sigmoid top-1 router and the
+#:   input scaling of ``apply_router_weight_on_input``, permute / finalize of the fused MoE):
+#:   each streams a few KB per token and layer; by hand ≈ 1.4 GB and ≈ 300 kernels per
+#:   iteration at 1036 sequences, ~2 ms with their floors (~3 % of the modelled 56.6 ms,
+#:   against the ~39 ms the 128/2048 row implies), and Scout, already under, would lose too.
+#: - The routed experts' grouped GEMM at ~8 rows per expert: the model streams the 16 local
+#:   experts' FP8 weights (2 GB per MoE layer per GPU) at the STREAM bandwidth (2.97 TB/s,
+#:   ``mem_bw_efficiency``), as it does dense GEMMs. No H100 grouped-GEMM anchor exists;
+#:   SGLang's ``benchmark/kernels/fbgemm/README.md`` reports 47-78 % of peak for FP8 grouped
+#:   GEMMs on H200 (Qwen2-57B TP4, 32+ rows per expert), which would add ≤ 6 ms per Maverick
+#:   iteration and slow Qwen3 and Scout alike (not a Maverick-specific term); not adopted.
+#: - MMHA's own occupancy (``mmha_launch_kernel_ex``, ``decoderMaskedMultiheadAttention
+#:   Launch.h``): grid ``(num_heads, batch)``, heads fastest, so the 5 query heads of a KV
+#:   head run as consecutive blocks and can meet its pages in L2 rather than re-reading HBM;
+#:   at ``batch × heads ≥ 4 × SMs`` (every row here) no multi-block split, at most 32 warps
+#:   per SM (registers). Cheaper chunked layers raise every Maverick prediction (with XQA
+#:   bytes on every layer, 105.9 % MAPE), so this cannot close the gap either, though the
+#:   decode split above points the same way.
+#: - Diagnostic beyond the anchor (not fitted): the same perf-overview.md page's H200 column
+#:   (141 GB: ~3× the modelled batch), predicted as here on ``dgx_h200``, is under-predicted
+#:   for Maverick -33 % and Scout -40 % (Qwen3 -11 %, 405B +15 %) with the chunked layers on
+#:   MMHA, +10 % / +14 % with them on XQA; the 0.20 tables' H100 Maverick rows (XQA era:
+#:   1,395 and 1,320 tokens/s per GPU at 128/4096 and 1000/2000) are over-predicted +49 % /
+#:   +70 % with XQA. Measured H200 / H100 per GPU at 128/2048: Maverick 3.75×, Qwen3 2.18×,
+#:   Scout 2.27×; the model gives Maverick 1.7× (both MMHA) to 2.75× (H100 MMHA, H200 XQA).
+#:   What the H100 Maverick rows lose is therefore tied to the H100 itself, as a smaller KV
+#:   pool would be (``v1_memory_sensitivity`` over 0-24 GB: Maverick wants 16-20 GB more held
+#:   per GPU, 405B 12-14, 70B 10-12, Qwen3, Scout and 8B none: not one per-device constant),
+#:   but no TensorRT-LLM v1.0 allocation of that size was found.
+#:
 #: ``iteration_implied_ms`` in the output: the iteration time at the model's batch that
 #: would reproduce the measured throughput (``iteration_ms`` × predicted / measured).
 V1_MOE_DEPLOY = "tp_ep"
