@@ -565,14 +565,21 @@ V1_MOE = ("Llama 4 Scout", "Llama 4 Maverick", "Qwen3-235B-A22B")
 #: - Diagnostic beyond the anchor (not fitted): the same perf-overview.md page's H200 column
 #:   (141 GB: ~3× the modelled batch), predicted as here on ``dgx_h200``, is under-predicted
 #:   for Maverick -33 % and Scout -40 % (Qwen3 -11 %, 405B +15 %) with the chunked layers on
-#:   MMHA, +10 % / +14 % with them on XQA; the 0.20 tables' H100 Maverick rows (XQA era:
-#:   1,395 and 1,320 tokens/s per GPU at 128/4096 and 1000/2000) are over-predicted +49 % /
-#:   +70 % with XQA. Measured H200 / H100 per GPU at 128/2048: Maverick 3.75×, Qwen3 2.18×,
-#:   Scout 2.27×; the model gives Maverick 1.7× (both MMHA) to 2.75× (H100 MMHA, H200 XQA).
-#:   What the H100 Maverick rows lose is therefore tied to the H100 itself, as a smaller KV
-#:   pool would be (``v1_memory_sensitivity`` over 0-24 GB: Maverick wants 16-20 GB more held
-#:   per GPU, 405B 12-14, 70B 10-12, Qwen3, Scout and 8B none: not one per-device constant),
-#:   but no TensorRT-LLM v1.0 allocation of that size was found.
+#:   MMHA, +10 % / +14 % with them on XQA. Measured H200 / H100 per GPU at 128/2048:
+#:   Maverick 3.75×, Qwen3 2.18×, Scout 2.27×; the model gives Maverick 1.7× (both on MMHA)
+#:   to 2.75× (H100 on MMHA, H200 on XQA): no one kernel choice fits both columns. Against
+#:   the 0.20 tables (perf-overview.md of 0.21, "preserved from 0.20": Maverick H200 27,544 /
+#:   18,541 / 21,117 / 12,801 / 5,129 at 128/2048, 128/4096, 500/2000, 2048/2048, 5000/500;
+#:   H100 11,163 / 10,556 at 128/4096, 1000/2000) the v1.0 page has Maverick 1.33-1.79×
+#:   faster on H200 but 0.60× / 0.87× on H100: the H100 Maverick rows moved opposite to the
+#:   H200 ones between the two releases, as if the H100 column ran in the chunked-attention
+#:   regression state of 0.21 (fixed on release/1.0 by the cherry-pick above) and the H200
+#:   column did not, or under another setting the page does not print (a lower
+#:   ``kv_cache_free_gpu_mem_fraction`` after an out-of-memory fall-back would act as a
+#:   smaller pool: ``v1_memory_sensitivity`` over 0-24 GB wants 16-20 GB more held per GPU
+#:   for Maverick, 12-14 for 405B, 10-12 for 70B and none for Qwen3, Scout and 8B: not one
+#:   per-device constant). Neither is a mechanism with a value for these rows; Maverick's
+#:   40 % is left as the model's honest miss.
 #:
 #: ``iteration_implied_ms`` in the output: the iteration time at the model's batch that
 #: would reproduce the measured throughput (``iteration_ms`` × predicted / measured).
