@@ -117,7 +117,10 @@ def test_two_processes_searches_equal_one(tmp_path):
     for out in outs:
         got = out["codesign"]
         assert got.params == want.params and got.value == want.value
-        np.testing.assert_array_equal(got.history, want.history)
+        # each process vmaps its own share of the starts: XLA:CPU vectorises a loop of
+        # another width with other rounding (~1e-7 per operation), which 30 optimizer steps
+        # carry to ~1e-5 in the objective's history; the answer itself is equal
+        np.testing.assert_allclose(got.history, want.history, rtol=1e-4, atol=0)
         assert got.n_evals == want.n_evals
 
 
