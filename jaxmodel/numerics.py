@@ -213,16 +213,20 @@ def computed_once(flag):
 
 
 def materialized(tree):
-    """``tree`` (a pytree of float arrays) unchanged, kept in memory once for all its
-    consumers (XLA:CPU otherwise recomputes a cheap producer chain inside every consumer
-    kernel, see :func:`computed_once`): the values pass through a ``lax.cond`` whose
-    predicate XLA cannot fold, and a conditional is never fused. Exact (the other branch
-    adds ``+0.0``, taken only where the first leaf holds a NaN); under ``vmap`` with a
-    batched predicate JAX evaluates both branches and selects (the same values)."""
+    """``tree`` (a pytree of arrays) unchanged, kept in memory once for all its consumers
+    (XLA:CPU otherwise recomputes a cheap producer chain inside every consumer kernel, see
+    :func:`computed_once`): the values pass through a ``lax.cond`` whose predicate XLA
+    cannot fold, and a conditional is never fused. Exact (the other branch adds ``+0`` to
+    floats, taken only where the first leaf holds a NaN; integer and bool leaves pass as
+    they are); under ``vmap`` with a batched predicate JAX evaluates both branches and
+    selects (the same values)."""
     first = jax.tree_util.tree_leaves(tree)[0]
     keep = jnp.all(first == first)
+
+    def plus_zero(v):       # floats only: integer and bool leaves keep their dtype
+        return v + 0.0 if jnp.issubdtype(jnp.result_type(v), jnp.floating) else v
     return jax.lax.cond(keep, lambda t: t,
-                        lambda t: jax.tree_util.tree_map(lambda v: v + 0.0, t), tree)
+                        lambda t: jax.tree_util.tree_map(plus_zero, t), tree)
 
 
 def first_reason(checks: Iterable[Tuple[jax.Array, str]]):
@@ -234,20 +238,16 @@ def first_reason(checks: Iterable[Tuple[jax.Array, str]]):
     Returns:
         ``feasible`` (bool array) and ``reason`` (int32 array, 0 when feasible).
     """
-    feasible = None
-    reason = None
-    for ok, name in checks:
-        ok = jnp.asarray(ok, dtype=bool)
-        code = jnp.int32(reason_code(name))
-        if feasible is None:
-            feasible = ok
-            reason = jnp.where(ok, jnp.int32(0), code)
-        else:
-            reason = jnp.where((reason == 0) & ~ok, code, reason)
-            feasible = feasible & ok
-    if feasible is None:
+    checks = list(checks)
+    if not checks:
         return jnp.asarray(True), jnp.int32(0)
-    return computed_once(feasible), reason
+    oks = jnp.stack(jnp.broadcast_arrays(*[jnp.asarray(ok, dtype=bool) for ok, _ in checks]))
+    # the rules evaluated once for both results (each is read by many outputs)
+    oks = computed_once(oks)
+    codes = jnp.asarray([reason_code(name) for _, name in checks], dtype=jnp.int32)
+    feasible = computed_once(jnp.all(oks, axis=0))
+    reason = jnp.where(feasible, jnp.int32(0), codes[jnp.argmin(oks, axis=0)])
+    return feasible, reason
 
 
 def where_feasible(feasible, value):

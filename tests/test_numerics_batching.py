@@ -46,6 +46,23 @@ def test_first_reason_picks_first_failure():
     assert nm.reason_name(why) == "heads_not_divisible"
 
 
+def test_first_reason_matches_the_check_by_check_rule_for_mixed_shapes():
+    rng = np.random.default_rng(3)
+    names = ["out_of_memory", "heads_not_divisible", "topology_mismatch", "invalid_workload"]
+    for _ in range(5):
+        oks = [rng.random(4) > 0.3, bool(rng.random() > 0.2), rng.random(4) > 0.3,
+               rng.random(4) > 0.2]
+        ok, why = nm.first_reason(list(zip(oks, names)))
+        for i in range(4):
+            row = [bool(np.broadcast_to(o, (4,))[i]) for o in oks]
+            bad = [n for r, n in zip(row, names) if not r]
+            assert bool(ok[i]) == (not bad)
+            assert nm.reason_name(why[i]) == (bad[0] if bad else "ok")
+    assert why.dtype == jnp.int32 and ok.dtype == jnp.bool_
+    ok, why = nm.first_reason([])
+    assert bool(ok) and int(why) == 0
+
+
 def test_divides():
     assert nm.divides(jnp.array([2.0, 3.0, 0.0]), jnp.array([8.0, 8.0, 8.0])).tolist() == [
         True, False, False]
@@ -504,6 +521,11 @@ def test_computed_once_and_materialized_change_no_value_nor_gradient():
     for k in tree:
         np.testing.assert_array_equal(np.asarray(out[k]), np.asarray(tree[k]))
     assert np.signbit(np.asarray(out["a"])[1])            # -0.0 kept
+    mixed = {"flag": jnp.array([True, False]), "n": jnp.int32(3), "x": jnp.float32(1.5)}
+    out = nm.materialized(mixed)                          # leaves keep their dtypes
+    for k in mixed:
+        assert out[k].dtype == mixed[k].dtype
+        np.testing.assert_array_equal(np.asarray(out[k]), np.asarray(mixed[k]))
 
     def chain(x):
         for _ in range(30):

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxmodel.numerics import computed_once, divides, is_integer, max_of, safe_div
+from jaxmodel.numerics import (computed_once, divides, is_integer, materialized, max_of,
+                               safe_div)
 from jaxmodel.types import TOPOLOGIES, NetLevel, System
 
 __all__ = ["RING", "SWITCH", "FULLY_CONNECTED", "MESH2D", "TORUS2D", "links_per_device",
@@ -116,4 +117,7 @@ def group_tiers(system: System, group_size, stride=1.0):
         spacing.append(jnp.where(s_k < size, s_k, 1.0))
         inner = inner * size
     ok = computed_once(ok & (jnp.abs(rem - 1.0) < 1e-6))
-    return tuple(members), tuple(spacing), ok
+    # each tier's count is a chain through the tiers before it, read by every collective on
+    # the group: kept once (numerics.materialized)
+    members, spacing = materialized((tuple(members), tuple(spacing)))
+    return members, spacing, ok

@@ -239,6 +239,8 @@ def cp_layer_times(system, model, par, micro_batch, seq_len, cp, precision=None,
                          "clash with the layer's own")
     rows, forward = _layer.evaluate_with(gemm, dev, gemms, vectors, backward=True,
                                          precision=prec, forward_rows={**fwd_rows, **up})
+    # every phase's time reads the rows: kept once (numerics.materialized)
+    rows, forward = nx.materialized((rows, forward))
     t_up = forward.pop("norm_upproj")
     fwd_all = sum(a for a, _ in rows.values())
     bwd_all = sum(b for _, b in rows.values())

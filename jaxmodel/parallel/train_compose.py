@@ -269,6 +269,8 @@ def _memory_terms(prep: Prep, st: _Stage, where, work: DPWork, opts: TrainOption
     # quantised_input_delta`, on the s/cp local tokens)
     act_layer = (_cx.cp_activation_bytes(model_s, par_s, b, seq, cp, act_bytes=act_b)
                  + _memory.quantised_input_delta(model_s, par_s, b, seq / cp, prec))
+    # each term below reads them: kept once (numerics.materialized)
+    act_layer, in_flight = nx.materialized((act_layer, in_flight))
     # the last stage's loss holds one micro-batch's logits and their fp32 copy
     # (:func:`jaxmodel.workload.memory.loss_logits_bytes`, the s/cp local tokens)
     mem = _memory.training_memory.single(
@@ -294,6 +296,7 @@ def _memory_terms(prep: Prep, st: _Stage, where, work: DPWork, opts: TrainOption
            for n, group in groups]
     z3c = [_zero.zero3_memory(n, units, group, weight_bytes=c_b, prefetch=prefetch)["weights"]
            for n, group in groups]
+    mem, z3m, z3c = nx.materialized((mem, z3m, z3c))
     z3_on = par_s.zero > 2.5
     mem["fp8_weight_cache"] = jnp.where(z3_on, z3c[0] + z3c[1], mem["fp8_weight_cache"])
     for k in ("weights", "gradients", "optimizer"):
@@ -371,12 +374,14 @@ def compose(prep: Prep, times: dict, options: TrainOptions, precision, finetune=
     opts = with_defaults(options)
     if opts.grad_bytes is None:
         opts = dataclasses.replace(opts, grad_bytes=prec.grad_bytes)
+    prep = prep._replace(**dict(zip(("model", "par", "global_batch", "seq_len"), nx.materialized(
+        (prep.model, prep.par, prep.global_batch, prep.seq_len)))))
     par_s, structure_ok = prep.par, prep.structure_ok
     t = {k: finite(times[k]) for k in STAGE_KEYS}
     m_ = pl.n_microbatches(prep.global_batch, par_s.dp, par_s.micro_batch)
     # per-layer param.grad accumulation (Megatron-LM 2021): every micro-batch but the first
     t["rd_bwd"] = t["rd_bwd"] + (1.0 - 1.0 / jnp.maximum(m_, 1.0)) * t["grad_accum"]
-    st = _slowest_stage(prep, t, opts, prec)
+    st = nx.materialized(_slowest_stage(prep, t, opts, prec))
     where = _plan.placement(prep.system, par_s)
     work, n_opt = _dp_work(prep, st, opts, prec, finetune)
     dpc = data_parallel(prep.system, prep.model, par_s, where, work, opts.dp_overlap, statics)

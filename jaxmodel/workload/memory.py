@@ -33,6 +33,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jaxmodel.batching import batched
+from jaxmodel.numerics import computed_once
 from jaxmodel.parallel.pipeline import stage_layers
 from jaxmodel.types import Model, Parallelism
 from jaxmodel.workload import moe as _moe
@@ -345,7 +346,8 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
         if best is None:
             best = m
         else:
-            more = m["total"] > best["total"]
+            # one comparison of the stages' totals for every term (numerics.computed_once)
+            more = computed_once(m["total"] > best["total"])
             best = {k: jnp.where(more, m[k], best[k]) for k in m}
     return best
 
