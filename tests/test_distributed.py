@@ -77,7 +77,10 @@ def _run(tmp_path, n, scenarios):
 
 
 def _same_frame(got, want):
-    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    # the same plans, reasons and ranking; float32 values equal to rounding: each process
+    # compiles its share at another batch width, and XLA:CPU's loops of another width may
+    # round a few operations differently (seen: <= 1.2e-6 relative, e.g. breakdown.bubble)
+    pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=5e-6, atol=0.0)
     assert got.attrs["n_evaluated"] == want.attrs["n_evaluated"]
 
 
