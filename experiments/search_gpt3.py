@@ -46,6 +46,12 @@ sequence 2k and 8k), beside Dao, "FlashAttention-2: Faster Attention with Better
 and Work Partitioning" (2023, §4.3): end to end "up to 225 TFLOPs/s per A100 (72 % model
 FLOPs utilization)".
 
+Then it undoes one assumption of the best plan at a time (TP overlap, DP overlap, bf16
+gradient reduction, no recomputation, FlashAttention, the micro-batch, the virtual stages;
+and the one the search leaves off, Megatron-core's ``overlap_p2p_comm``) and prints the MFU
+and memory of each: what carries the best plan's MFU. The best plan's memory is printed by
+term (:func:`jaxmodel.memory_breakdown`) beside the device's usable capacity.
+
 Writes ``experiments/out/search_gpt3.csv`` (the top 50 plans).
 
 Run: ``.venv/bin/python experiments/search_gpt3.py [--small]`` (``--small``: 128 GPUs).
@@ -99,11 +105,16 @@ def explain(system, model, row, gb, seq, title):
     print(f"\n== {title}\n   {plan}")
     print(f"   step {t:.3f} s, MFU {float(r.mfu):.3f}, HFU {float(r.hfu):.3f}, memory "
           f"{float(r.memory_bytes) / 2**30:.1f} GiB, {float(r.microbatches):g} micro-batches")
+    dev = system.device
+    usable = float(dev.mem_capacity - dev.runtime_reserved_bytes) / 2**30
+    print("   memory (GiB): " + ", ".join(f"{k} {float(v):.2f}" for k, v in
+                                          jm.memory_breakdown(r).items())
+          + f"; usable {usable:.2f} ({float(dev.mem_capacity) / 2**30:.0f} GiB less "
+          f"{float(dev.runtime_reserved_bytes) / 2**30:.2f} GiB runtime reserve)")
     parts = {k: float(v) for k, v in r.breakdown.items()}
     for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):
         if v > 0:
             print(f"   {k:>10s} {v:8.3f} s  {100 * v / t:5.1f} %")
-    dev = system.device
     n = float(row.dp * row.tp * row.pp)
     flops_dev = float(r.flops_per_step) / n
     peak = float(dev.peak_matrix_flops)
@@ -218,6 +229,40 @@ def walk(system, model, best, gb, seq):
         prev = t if ok else prev
 
 
+#: one assumption of the best plan undone at a time: (label, plan fields, step options);
+#: a callable value takes the best plan's value
+UNDO = (("TP overlap off (serial TP collectives)", {}, dict(tp_overlap=0.0)),
+        ("DP overlap off (reduce after the backward)", {}, dict(dp_overlap=0.0)),
+        ("fp32 gradient reduction", {}, dict(grad_bytes=4.0)),
+        ("selective recompute", dict(recompute="selective"), {}),
+        ("no FlashAttention (unfused softmax)", dict(flash_attention=0.0), {}),
+        ("micro-batch 1", dict(micro_batch=1.0), {}),
+        ("half the virtual stages", dict(interleave=lambda b: max(float(b) / 2, 1.0)), {}),
+        ("stage exchanges beside compute (overlap_p2p_comm)", {}, dict(pp_overlap=1.0)))
+
+
+def carriers(system, model, best, gb, seq):
+    """Print the best plan's MFU with one assumption undone at a time (:data:`UNDO`): how
+    much of the MFU each carries, and whether the plan still fits."""
+    print("\n== what carries the best plan: one assumption undone at a time")
+    base = step(system, model, best, gb, seq)
+    print(f"   {'best plan':<52s} MFU {float(base.mfu):.3f}, memory "
+          f"{float(base.memory_bytes) / 2**30:.1f} GiB")
+    for label, p, o in UNDO:
+        row = best.copy()
+        for k, v in p.items():
+            row[k] = v(best[k]) if callable(v) else v
+        for k, v in o.items():
+            if k in OPTS:
+                row[k] = v
+        extra = {k: v for k, v in o.items() if k not in OPTS}
+        r = step(system, model, row, gb, seq, **extra)
+        why = "" if bool(r.feasible) else \
+            f" (infeasible: {jm.numerics.REASONS[int(r.reason)]})"
+        print(f"   {label:<52s} MFU {float(r.mfu):.3f}, memory "
+              f"{float(r.memory_bytes) / 2**30:.1f} GiB{why}")
+
+
 def fa2_check():
     """Best model MFU of GPT-3 1.3B / 2.7B with FlashAttention-2 on one DGX A100 (module
     docstring), over micro-batches 1-8, printed beside Dao 2023's measured maximum."""
@@ -237,6 +282,32 @@ def fa2_check():
             mfu = max(float(x) for x, ok in zip(r.mfu, r.feasible) if ok)
             print(f"   {name} at {seq:5.0f} tokens: model MFU {mfu:.3f} = "
                   f"{mfu * peak / 1e12:.0f} TFLOP/s per GPU")
+
+
+#: flash-attention's own end-to-end runs (Dao-AILab/flash-attention ``training/README.md``,
+#: "Training speed": one node of 8 A100 80GB SXM4 (400 W) with NVLink, bf16, FlashAttention
+#: 1.x, batch 1M tokens = 512 sequences of 2,048): (name, layers, hidden, heads, tokens/s
+#: of the node); GPT3-2.7B with head dimension 128
+FA1_MEASURED = (("GPT3-1.3B", 24, 2048, 16, 169e3), ("GPT3-2.7B", 32, 2560, 20, 85e3))
+
+
+def fa1_check():
+    """The model's best tokens/s of flash-attention's GPT3-1.3B / 2.7B runs on 8 A100
+    (:data:`FA1_MEASURED`; FlashAttention-1, data parallel, no recomputation, micro-batches
+    1-16) beside the measured ones: an end-to-end check of the compute part on A100."""
+    system = hw_db.system("dgx_a100", nodes=1)
+    print("\n== compute cross-check: flash-attention's GPT-3 runs, FlashAttention-1, 8 A100, "
+          "batch 512 x 2,048 (training/README.md)")
+    for name, layers, h, heads, measured in FA1_MEASURED:
+        model = jm.Model(n_layers=layers, d_model=h, n_heads=heads, n_kv_heads=heads,
+                         head_dim=h / heads, d_ff=4 * h, vocab_size=50257.0,
+                         activation="gelu", tied_embeddings=1.0, name=name)
+        par = jm.Parallelism(dp=8, tp=1, pp=1, micro_batch=jax.numpy.asarray(
+            [1.0, 2.0, 4.0, 8.0, 16.0]), recompute="none", zero=0, flash_attention="fa1")
+        r = jm.train_step(system, model, par, 512, 2048.0)
+        tok = max(float(x) for x, ok in zip(r.tokens_per_s, r.feasible) if ok)
+        print(f"   {name}: model {tok / 1e3:.0f}k tokens/s, measured {measured / 1e3:.0f}k "
+              f"({100 * (tok / measured - 1):+.1f} %)")
 
 
 def main(small=False):
@@ -260,6 +331,7 @@ def main(small=False):
     print(df[cols].head(10).to_string(index=False))
     explain(system, model, df.iloc[0], gb, seq, "best plan")
     walk(system, model, df.iloc[0], gb, seq)
+    carriers(system, model, df.iloc[0], gb, seq)
     no_tp = df[df.tp_overlap == 0]
     if len(no_tp):
         explain(system, model, no_tp.iloc[0], gb, seq, "best plan without TP overlap")
@@ -270,6 +342,7 @@ def main(small=False):
     if len(meg):
         explain(system, model, meg.iloc[0], gb, seq, "best plan with Megatron-LM's TP 8 x PP 12")
     fa2_check()
+    fa1_check()
     print("\npublished A100 MFU for comparison: "
           + "; ".join(f"{k} {v:.3f}" for k, v in PUBLISHED_MFU.items()))
     return df

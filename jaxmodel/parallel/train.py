@@ -122,7 +122,7 @@ memory-bound elementwise kernel moving ``adam_bytes_per_param`` (hw_db/tech/trai
 (:data:`jaxmodel.workload.memory.TRAIN_MEMORY_TERMS`: weights, Transformer Engine's FP8
 weight caches, gradients, optimizer, activations with FP8-stored GEMM inputs and, on the
 last stage, the loss's logits and their fp32 copy, Transformer Engine's userbuffers where
-its TP overlap runs; :func:`jaxmodel.memory_breakdown`),
+its TP overlap runs, the NCCL communicators' buffers; :func:`jaxmodel.memory_breakdown`),
 ZeRO-3 as FSDP2 holds it (:func:`jaxmodel.parallel.zero.impl_costs`); compared with
 ``system.device.mem_capacity`` less ``runtime_reserved_bytes`` (``usable_memory``).
 

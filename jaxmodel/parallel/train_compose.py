@@ -259,7 +259,8 @@ def _memory_terms(prep: Prep, st: _Stage, where, work: DPWork, opts: TrainOption
     sharded over dp·cp; activations of the s/cp local tokens
     (:func:`jaxmodel.parallel.context.cp_activation_bytes`, the workload's inventory at
     cp = 1); ZeRO-3 as FSDP2 holds it; DualPipe's two copies; LoRA's frozen base;
-    Transformer Engine's userbuffers where the TP overlap runs."""
+    Transformer Engine's userbuffers where the TP overlap runs; the NCCL communicators'
+    buffers (:func:`jaxmodel.workload.memory.nccl_buffer_bytes`)."""
     model_s, par_s, seq = prep.model, prep.par, prep.seq_len
     dp, b, cp, pp = par_s.dp, par_s.micro_batch, par_s.cp, par_s.pp
     grad_bytes, act_b = opts.grad_bytes, prec.act_bytes
@@ -313,6 +314,9 @@ def _memory_terms(prep: Prep, st: _Stage, where, work: DPWork, opts: TrainOption
     ub_on = (opts.tp_overlap * _ov.tp_eligible(par_s, prep.system) > 0.0) & (par_s.tp > 1.5)
     mem["tp_comm_buffers"] = jnp.where(
         ub_on, _memory.tp_comm_buffer_bytes(model_s, b * seq / cp, prec), 0.0)
+    # the NCCL communicators the rank runs collectives on (outside the caching allocator)
+    mem["nccl_buffers"] = _memory.nccl_buffer_bytes(
+        model_s, par_s, CONSTANTS["nccl_comm_bytes"], CONSTANTS["nccl_pair_comm_bytes"])
     mem["total"] = sum(mem[k] for k in _memory.TRAIN_MEMORY_TERMS)
     return mem
 

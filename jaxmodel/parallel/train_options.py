@@ -184,7 +184,7 @@ class TrainResult:
         memory: dict bytes per device, the terms of
             :data:`jaxmodel.workload.memory.TRAIN_MEMORY_TERMS` — ``weights``,
             ``fp8_weight_cache``, ``gradients``, ``optimizer``, ``activations``,
-            ``tp_comm_buffers`` — and
+            ``tp_comm_buffers``, ``nccl_buffers`` — and
             ``total``, their sum (:func:`jaxmodel.memory_breakdown` lists them in GiB).
         flops_per_step: model FLOPs of one step (all devices, no recomputation), FLOP.
         achieved_flops_per_device: hardware FLOPs (with the plan's recomputation) / (step

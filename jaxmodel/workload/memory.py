@@ -134,7 +134,7 @@ def _norm_upproj(model: Model, tp, tokens, act_bytes, gemm_bytes):
 #: The terms of a training step's memory (:func:`training_memory`, ``TrainResult.memory``),
 #: bytes per device; they sum to its ``total`` (:func:`memory_breakdown`).
 TRAIN_MEMORY_TERMS = ("weights", "fp8_weight_cache", "gradients", "optimizer", "activations",
-                      "tp_comm_buffers")
+                      "tp_comm_buffers", "nccl_buffers")
 
 #: Transformer Engine's userbuffer communicators (``initialize_ub``, TE 1.8–2.x defaults):
 #: ``(count, of them holding the all-gathered GEMM input)``: the ``ring_exchange``
@@ -189,6 +189,64 @@ def tp_comm_buffer_bytes(model: Model, tokens, prec):
     return per_element * tokens * model.d_model
 
 
+def nccl_group_bytes(group_size, comm_bytes, pair_bytes):
+    """Device memory of one NCCL communicator of ``group_size`` ranks that has run a
+    collective, bytes: ``comm_bytes`` for three ranks or more, ``pair_bytes`` for two, 0 for
+    one (no peer, no connection). Source and values: ``nccl_comm_bytes`` /
+    ``nccl_pair_comm_bytes`` of ``hw_db/tech/training.toml`` (see :func:`nccl_buffer_bytes`).
+    """
+    g = jnp.asarray(group_size)
+    return jnp.where(g > 2.5, comm_bytes, jnp.where(g > 1.5, pair_bytes, 0.0))
+
+
+def nccl_buffer_bytes(model: Model, par: Parallelism, comm_bytes, pair_bytes):
+    """Device memory of the NCCL communicators one rank of a Megatron-core training step
+    runs collectives on, bytes per device.
+
+    NCCL allocates, per communicator, a FIFO per channel and peer connection (NCCL
+    ``src/init.cc`` ``computeBuffSizes``: Simple ``NCCL_BUFFSIZE`` 4 MiB + LL128 4.6875 MiB +
+    LL 0.5 MiB) outside PyTorch's caching allocator; the buffers grow with the channels, not
+    with the ranks (the NCCL maintainers, NVIDIA/nccl issues 864 and 986). One value per
+    communicator (:func:`nccl_group_bytes`): ``comm_bytes`` measured for a process group of
+    more than two ranks on A100, ``pair_bytes`` for two ranks (NVIDIA/nccl issue 964).
+
+    Communicators (Megatron-core ``parallel_state`` groups, core_r0.8.0), each of its size:
+    tensor parallel ``tp`` (the TP / SP collectives), context parallel ``cp``, data parallel
+    with CP ``dp·cp`` (gradient reduce-scatter, parameter all-gather: ``distributed/
+    param_and_grad_buffer.py``), expert parallel ``ep`` and its expert data-parallel group
+    ``dp·cp/ep`` where ``ep > 1``, the embedding group of the first and last stage (2 ranks,
+    ``finalize_model_grads.py`` all-reduces the tied word-embedding gradient when ``pp > 1``),
+    and the gradient-norm / found-inf all-reduce group (``optimizer/clip_grads.py``): the
+    model-parallel group ``tp·cp·pp``, the whole world with the distributed optimizer
+    (``DistributedOptimizer.get_model_parallel_group`` returns None from ZeRO-1). Not counted:
+    the pipeline's send/receive, whose channels share one buffer pool per communicator
+    (NVIDIA/nccl issue 1450), the position-embedding group of a single first-stage rank, and
+    communicators created but never used (NCCL allocates the connections at the first
+    collective). The first stage, the one with the most activations in flight, belongs to
+    every group counted.
+
+    Args:
+        comm_bytes, pair_bytes: bytes of a communicator of ≥ 3 and of 2 ranks
+            (``hw_db/tech/training.toml``: ``nccl_comm_bytes``, ``nccl_pair_comm_bytes``).
+
+    Example (GPT-3 175B, TP 4, PP 6, DP 64, distributed optimizer: the TP, DP, world and
+    embedding groups, 3 × 688 MB + 544 MB):
+        >>> par = jm.Parallelism(dp=64, tp=4, pp=6, zero=1)
+        >>> round(float(jm.workload.memory.nccl_buffer_bytes(
+        ...     hw_db.model("gpt3-175b"), par, 688e6, 544e6)) / 1e6)
+        2608
+    """
+    tp, cp, pp = par.tp, par.cp, par.pp
+    dp_cp = par.dp * cp
+    ep = par.ep
+    world = tp * cp * pp * par.dp
+    stats = jnp.where(par.zero > 0.5, world, tp * cp * pp)
+    embedding = jnp.where((pp > 1.5) & (model.tied_embeddings > 0.5), 2.0, 1.0)
+    expert_dp = jnp.where(ep > 1.5, dp_cp / jnp.maximum(ep, 1.0), 1.0)
+    groups = (tp, cp, dp_cp, ep, expert_dp, embedding, stats)
+    return sum(nccl_group_bytes(g, comm_bytes, pair_bytes) for g in groups)
+
+
 def weight_cache_bytes(prec):
     """Bytes per parameter of the low-precision weight copies kept across the micro-batches
     of a step (0 without a quantised copy, ``weight_copy_bytes = 0``).
@@ -239,7 +297,8 @@ def memory_breakdown(result) -> dict:
     buffer in ``grad_bytes``), ``optimizer`` (master weights + Adam moments, sharded over
     DP×CP by the distributed optimizer from ZeRO-1), ``activations`` (the in-flight
     micro-batches' stored activations), ``tp_comm_buffers`` (Transformer Engine's
-    userbuffers where the TP overlap runs, :func:`tp_comm_buffer_bytes`).
+    userbuffers where the TP overlap runs, :func:`tp_comm_buffer_bytes`), ``nccl_buffers``
+    (the NCCL communicators' buffers, :func:`nccl_buffer_bytes`).
 
     Raises:
         ValueError: ``result`` has no memory terms.
@@ -284,7 +343,9 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
       through the stage's layers, each :func:`activation_bytes_per_layer` with the GEMM
       inputs in :func:`stored_gemm_input_bytes`;
     - ``tp_comm_buffers``: 0 here; the training step adds Transformer Engine's userbuffers
-      (:func:`tp_comm_buffer_bytes`) where its TP overlap runs.
+      (:func:`tp_comm_buffer_bytes`) where its TP overlap runs;
+    - ``nccl_buffers``: 0 here; the training step adds its NCCL communicators' buffers
+      (:func:`nccl_buffer_bytes`).
 
     The model states are divided by ``dp`` from ZeRO stage 1 (optimizer), 2 (+ gradients),
     3 (+ weights and their caches). Three stages are evaluated — the first (embedding),
@@ -341,7 +402,8 @@ def training_memory(model: Model, par: Parallelism, seq_len, in_flight, grad_byt
              "gradients": grad_bytes * sharded(1.5),
              "optimizer": (prec.master_bytes + prec.optim_bytes) * sharded(0.5),
              "activations": flight * layers * act_per_layer + extra,
-             "tp_comm_buffers": 0.0 * params}
+             "tp_comm_buffers": 0.0 * params,
+             "nccl_buffers": 0.0 * params}
         m["total"] = sum(m[k] for k in TRAIN_MEMORY_TERMS)
         if best is None:
             best = m
@@ -382,7 +444,8 @@ def usable_memory(mem_capacity, reserved_bytes, utilization=1.0):
     PyTorch pull request 86509). Not included: the collective library's communicator
     buffers, which grow with the plan's communicators (NCCL, per channel and peer connection:
     ``NCCL_BUFFSIZE`` 4 MiB for the Simple protocol + 4.69 MiB LL128 + 0.5 MiB LL; NCCL
-    ``init.cc`` defaults), nor allocator fragmentation.
+    ``init.cc`` defaults; the training step counts them as its ``nccl_buffers`` term,
+    :func:`nccl_buffer_bytes`), nor allocator fragmentation.
     ``utilization``: the share of the capacity the framework may use, vLLM's
     ``gpu_memory_utilization``, which likewise subtracts its profiled non-torch memory from
     ``utilization · total`` (vLLM ``Worker.determine_num_available_blocks``); 1 for training
