@@ -315,6 +315,7 @@ def test_ll128_executed_efficiency():
     assert float(t32) == pytest.approx(lat + 7 / 4 * n / (B * 0.5), rel=1e-5)
 
 
+@pytest.mark.slow     # compile-heavy; `make test-all`
 def test_ll128_efficiency_zero_gives_finite_times_and_grads():
     """A 0 in a batch is floored (nccl.MIN_LL128_EFFICIENCY): finite time, finite gradient,
     on one tier and on the flat ring across tiers."""

@@ -355,6 +355,7 @@ def test_static_groups_prune_and_partition_the_grid():
     assert len(G._static_groups(8.0, 128.0, 3073.0)) < G.N_CANDIDATES
 
 
+@pytest.mark.slow     # compile-heavy; `make test-all`
 def test_static_shape_gradients_equal_the_full_search(a100):
     shapes = [(8.0, 12288.0, 3072.0, 1.0), (2048.0, 128.0, 2048.0, 192.0)]
 

@@ -205,6 +205,7 @@ def test_per_tensor_collectives_hand_value():
         zero.per_tensor_collectives(s, "all_gather", el, 384.0)[0])
 
 
+@pytest.mark.slow     # compile-heavy; `make test-all`
 def test_per_tensor_collectives_jit_vmap_grad():
     s = hw_db.system("dgx_a100", nodes=48)
 
