@@ -95,9 +95,10 @@ def print_training(model, system, par, r):
         print(f"  {per_gpu:.0f} tokens/s per GPU vs reported "
               f"{REPORTED_TOKENS_PER_S_PER_GPU:.0f} (2.664 M GPU hours for 14.8 T tokens): "
               f"{per_gpu / REPORTED_TOKENS_PER_S_PER_GPU - 1:+.1%}")
-    print("  step breakdown (slowest stage; s and share):")
-    for k, v in r.breakdown.items():
-        print(f"    {k:10s} {float(v):8.3f}  {float(v) / step:6.1%}")
+    if bool(r.feasible):          # an infeasible plan's parts are all +inf: nothing to share
+        print("  step breakdown (slowest stage; s and share):")
+        for k, v in r.breakdown.items():
+            print(f"    {k:10s} {float(v):8.3f}  {float(v) / step:6.1%}")
     print("  memory of the most loaded stage (GiB per GPU, capacity "
           f"{float(system.device.mem_capacity) / GiB:.0f}):")
     for k, v in r.memory.items():
