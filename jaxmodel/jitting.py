@@ -29,14 +29,28 @@ def is_static(leaf: Any) -> bool:
         leaf, "shape")
 
 
+#: Device arrays of at most this many elements are re-typed on the host by
+#: :func:`_as_float`: an eager cast compiles an XLA program of its own (30-50 ms each in a
+#: fresh process: a training result's bool ``feasible`` and int ``reason`` passed on to the
+#: energy model cost a command-line answer ~70 ms), a host cast of a few numbers nothing.
+HOST_CAST_MAX_SIZE = 4096
+
+
 def _as_float(leaf: Any, dtype):
-    """A numeric leaf in the float dtype ``dtype``: traced and device arrays converted on the
-    device, host values as numpy (a compiled call transfers them in one go), shapes
-    (:class:`jax.ShapeDtypeStruct`, for ahead-of-time compilation) re-typed."""
+    """A numeric leaf in the float dtype ``dtype``: traced and large device arrays converted
+    on the device, small device arrays (:data:`HOST_CAST_MAX_SIZE`) and host values as
+    numpy (a compiled call transfers them in one go; the same values: a bool becomes 0 or 1,
+    an integer rounds to nearest either way), shapes (:class:`jax.ShapeDtypeStruct`, for
+    ahead-of-time compilation) re-typed."""
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return leaf if leaf.dtype == dtype else jax.ShapeDtypeStruct(leaf.shape, dtype)
-    if isinstance(leaf, (jax.core.Tracer, jax.Array)):
+    if isinstance(leaf, jax.core.Tracer):
         return leaf.astype(dtype) if leaf.dtype != dtype else leaf
+    if isinstance(leaf, jax.Array):
+        if leaf.dtype == dtype:
+            return leaf
+        return (np.asarray(leaf).astype(dtype) if leaf.size <= HOST_CAST_MAX_SIZE
+                else leaf.astype(dtype))
     return np.asarray(leaf, dtype=dtype)
 
 

@@ -547,3 +547,17 @@ def test_computed_once_and_materialized_change_no_value_nor_gradient():
     size = [len(jax.jit(lambda x, o=o: outputs(x, o)).lower(1.25).compile().as_text())
             for o in (True, False)]
     assert size[0] < 0.5 * size[1]
+
+
+def test_small_device_arrays_are_retyped_on_the_host_large_ones_on_the_device():
+    from jaxmodel import jitting
+    small = [jnp.array([True, False]), jnp.array(2**24 + 1, dtype=jnp.int32)]
+    for x in small:
+        got = jitting._as_float(x, np.float32)
+        assert isinstance(got, np.ndarray) and got.dtype == np.float32
+        np.testing.assert_array_equal(got, np.asarray(x.astype(jnp.float32)))
+    big = jnp.arange(jitting.HOST_CAST_MAX_SIZE + 1, dtype=jnp.int32)
+    got = jitting._as_float(big, np.float32)
+    assert isinstance(got, jax.Array) and got.dtype == jnp.float32
+    same = jnp.ones(3, dtype=jnp.float32)
+    assert jitting._as_float(same, np.float32) is same
