@@ -29,10 +29,10 @@ ui: $(STAMP)
 	$(VENV)/bin/jaxmodel ui
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m ""
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m ""
 
 experiments: $(STAMP)
 	for f in experiments/[!_]*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
