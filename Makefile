@@ -29,10 +29,10 @@ ui: $(STAMP)
 	$(VENV)/bin/jaxmodel ui
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	$(PY) -m pytest -q -n 2
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m ""
+	$(PY) -m pytest -q -n 2 -m ""
 
 experiments: $(STAMP)
 	for f in experiments/[!_]*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -67,24 +67,15 @@ def pytest_configure(config):
         "values at float64 tolerance); the suite's default is float32")
 
 
-#: Test modules whose module-scoped fixtures evaluate big batches (20-50 s each): their tests
-#: run on one pytest-xdist worker (``--dist loadgroup``), so each fixture is computed once,
-#: not once per worker that draws one of the module's tests.
-ONE_WORKER_MODULES = frozenset((
-    "test_fuzz.py", "parallel/test_train.py", "parallel/test_train_cp.py",
-    "parallel/test_zero_impl.py", "parallel/test_plan.py",
-))
-
-
 def pytest_collection_modifyitems(config, items):
-    """Mark the tests of :data:`FLOAT64_MODULES` ``float64`` (``JAXMODEL_TEST_FLOAT32=1``
-    skips that: every test in float32, how to find the module tests that still need
-    float64) and group those of :data:`ONE_WORKER_MODULES` on one xdist worker each."""
+    """Mark the tests of :data:`FLOAT64_MODULES` ``float64``; ``JAXMODEL_TEST_FLOAT32=1``
+    skips that (every test in float32: how to find the module tests that still need
+    float64)."""
+    if os.environ.get("JAXMODEL_TEST_FLOAT32") == "1":
+        return
     for item in items:
         rel = os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/")
-        if rel in ONE_WORKER_MODULES:
-            item.add_marker(pytest.mark.xdist_group(rel))
-        if rel in FLOAT64_MODULES and os.environ.get("JAXMODEL_TEST_FLOAT32") != "1":
+        if rel in FLOAT64_MODULES:
             item.add_marker(pytest.mark.float64)
 
 
