@@ -86,8 +86,8 @@ def shape_families(g: pd.DataFrame) -> dict:
 
 
 def hw_db_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The GEMM rows of ``df`` (:func:`calibrate.load_kernel_anchors`) predicted at the hw_db ``a100_80gb`` constants (no refit) and at the
-    refitted anchor board (:func:`calibrate.fit_board`), per shape family
+    """The GEMM rows of ``df`` (:func:`calibrate.load_kernel_anchors`) predicted at the
+    hw_db ``a100_80gb`` constants (no refit) and at the refitted anchor board (:func:`calibrate.fit_board`), per shape family
     (:func:`shape_families`): rows, measured median TFLOP/s, signed mean error and MAPE (%)
     of each (``hw_db_*``, ``board_*``; signed error = predicted / measured − 1, negative =
     predicted too fast)."""

@@ -52,9 +52,9 @@ Fields and what they change (:func:`device_for`, :func:`jaxmodel.workload.layer.
   query head); TensorRT-LLM pull request 6306 ("Improve Llama4 performance for small
   max_seqlen cases": "XQA does not support chunked attention at the moment, while MMHA
   supports chunked attention but is slower") keeps XQA when ``max_seq_len`` is below the
-  chunk; it reached release/1.0 as a cherry-pick (pull request 7681, September 2025), listed
-  among the known problems of release 0.21 ("a known performance regression (only affect LLaMA4 model)
-  on Hopper") until then. Global (NoPE) layers carry no chunk and keep XQA
+  chunk; it reached release/1.0 as a cherry-pick (pull request 7681, September 2025),
+  listed among the known problems of release 0.21 ("a known performance regression (only
+  affect LLaMA4 model) on Hopper") until then. Global (NoPE) layers carry no chunk and keep XQA
   (``tensorrt_llm/_torch/models/modeling_llama.py``, ``Llama4DecoderLayer``:
   ``attention_chunk_size`` only where ``no_rope_layers[i]`` is 1).
 - ``sustained_clock``: 1 runs the device at its sustained clock (``freq_hz`` ×

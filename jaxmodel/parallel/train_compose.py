@@ -378,8 +378,10 @@ def compose(prep: Prep, times: dict, options: TrainOptions, precision, finetune=
     opts = with_defaults(options)
     if opts.grad_bytes is None:
         opts = dataclasses.replace(opts, grad_bytes=prec.grad_bytes)
-    prep = prep._replace(**dict(zip(("model", "par", "global_batch", "seq_len"), nx.materialized(
-        (prep.model, prep.par, prep.global_batch, prep.seq_len)))))
+    # the sanitised inputs, read by every part below: kept once (numerics.materialized)
+    model_s, par_s, gb, seq = nx.materialized((prep.model, prep.par, prep.global_batch,
+                                               prep.seq_len))
+    prep = prep._replace(model=model_s, par=par_s, global_batch=gb, seq_len=seq)
     par_s, structure_ok = prep.par, prep.structure_ok
     t = {k: finite(times[k]) for k in STAGE_KEYS}
     m_ = pl.n_microbatches(prep.global_batch, par_s.dp, par_s.micro_batch)

@@ -206,9 +206,10 @@ def nccl_buffer_bytes(model: Model, par: Parallelism, comm_bytes, pair_bytes):
     NCCL allocates, per communicator, a FIFO per channel and peer connection (NCCL
     ``src/init.cc`` ``computeBuffSizes``: Simple ``NCCL_BUFFSIZE`` 4 MiB + LL128 4.6875 MiB +
     LL 0.5 MiB) outside PyTorch's caching allocator; the buffers grow with the channels, not
-    with the ranks (the NCCL maintainers' answers on github.com/NVIDIA/nccl, reports 864 and 986). One value per
-    communicator (:func:`nccl_group_bytes`): ``comm_bytes`` measured for a process group of
-    more than two ranks on A100, ``pair_bytes`` for two ranks (a measurement reported on github.com/NVIDIA/nccl, report 964).
+    with the ranks (the NCCL maintainers' answers on github.com/NVIDIA/nccl, reports 864 and
+    986). One value per communicator (:func:`nccl_group_bytes`): ``comm_bytes`` measured for
+    a process group of more than two ranks on A100, ``pair_bytes`` for two ranks (a
+    measurement reported on github.com/NVIDIA/nccl, report 964).
 
     Communicators (Megatron-core ``parallel_state`` groups, core_r0.8.0), each of its size:
     tensor parallel ``tp`` (the TP / SP collectives), context parallel ``cp``, data parallel
@@ -220,8 +221,8 @@ def nccl_buffer_bytes(model: Model, par: Parallelism, comm_bytes, pair_bytes):
     model-parallel group ``tp·cp·pp``, the whole world with the distributed optimizer
     (``DistributedOptimizer.get_model_parallel_group`` returns None from ZeRO-1). Not counted:
     the pipeline's send/receive, whose channels share one buffer pool per communicator
-    (github.com/NVIDIA/nccl, report 1450), the position-embedding group of a single first-stage rank, and
-    communicators created but never used (NCCL allocates the connections at the first
+    (github.com/NVIDIA/nccl, report 1450), the position-embedding group of a single
+    first-stage rank, and communicators created but never used (NCCL allocates the connections at the first
     collective). The first stage, the one with the most activations in flight, belongs to
     every group counted.
 
